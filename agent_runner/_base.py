@@ -1,0 +1,50 @@
+"""Shared pydantic base classes and small helpers (ids, clocks) used across the core."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict
+
+
+def new_id() -> str:
+    """Return a new random identifier (32 hex characters)."""
+    return uuid.uuid4().hex
+
+
+def utcnow() -> datetime:
+    """Return the current time, timezone-aware in UTC."""
+    return datetime.now(UTC)
+
+
+class FrozenModel(BaseModel):
+    """Immutable pydantic model that rejects unknown fields.
+
+    Change a value with `model_copy(update=...)`, which returns a new object.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True, serialize_by_alias=True)
+
+
+class PositionalModel(FrozenModel):
+    """A frozen model whose leading fields may also be passed positionally.
+
+    `UserMessage("hi")` and `UserMessage(content="hi")` build the same message.
+    """
+
+    _positional: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        if args:
+            names = self._positional
+            if len(args) > len(names):
+                raise TypeError(
+                    f"{type(self).__name__} takes at most {len(names)} positional arguments ({len(args)} given)"
+                )
+            for name, value in zip(names, args, strict=False):
+                if name in kwargs:
+                    raise TypeError(f"{type(self).__name__} got multiple values for argument {name!r}")
+                kwargs[name] = value
+        super().__init__(**kwargs)

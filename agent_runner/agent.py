@@ -1,0 +1,138 @@
+"""Agent definitions and the in-memory agent loader."""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from agent_runner.errors import AgentNotFound, DefinitionError
+from agent_runner.models import ChatModel, ToolSpec
+from agent_runner.policy import Budget
+from agent_runner.tools import AgentUserInputTool, AnyTool, Tool
+
+AGENT_ID_PATTERN = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+
+@dataclass(eq=False)
+class Agent:
+    """What an agent is: instructions, a chat model, tools, limits and sub-agents.
+
+    Args:
+        id: Stable id; sub-agents are offered to their parent's model as a tool of this name.
+        version: Version of the definition; snapshots record it and `restore` asks for it.
+        instructions: System message sent first in every model request.
+        chat_model: The `ChatModel` to call.
+        tools: `@tool` functions and at most one `AgentUserInputTool`.
+        max_iterations: Model calls allowed per turn (MAX_ITERATIONS_REACHED beyond).
+        max_attached_messages: Size of the history window read from ChatMemory.
+        budget: Token and cost limits per turn, child turns included (BUDGET_EXCEEDED beyond).
+        sub_agents: Agents this one may delegate a task to; each runs as a child turn.
+        description: What the agent does; shown to a parent model when this agent is a sub-agent.
+    """
+
+    id: str
+    version: str = "1"
+    instructions: str = ""
+    chat_model: ChatModel | None = None
+    tools: Sequence[AnyTool] = field(default_factory=list)
+    max_iterations: int = 10
+    max_attached_messages: int = 50
+    budget: Budget = field(default_factory=Budget)
+    sub_agents: Sequence[Agent] = field(default_factory=list)
+    description: str = ""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.id, str) or not AGENT_ID_PATTERN.match(self.id):
+            raise DefinitionError(f"agent id {self.id!r} must match {AGENT_ID_PATTERN.pattern}")
+        self.version = str(self.version)
+        if self.max_iterations < 1:
+            raise DefinitionError(f"agent {self.id!r}: max_iterations must be at least 1, got {self.max_iterations}")
+        if self.max_attached_messages < 0:
+            raise DefinitionError(f"agent {self.id!r}: max_attached_messages must be >= 0")
+        self.tools = list(self.tools)
+        self.sub_agents = list(self.sub_agents)
+        names: list[str] = []
+        for item in self.tools:
+            if not isinstance(item, Tool | AgentUserInputTool):
+                raise DefinitionError(
+                    f"agent {self.id!r}: {item!r} is not a tool; decorate the function with @tool"
+                )
+            names.append(item.name)
+        names += [sub.id for sub in self.sub_agents]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise DefinitionError(f"agent {self.id!r} has several tools or sub-agents named {duplicates}")
+        self._tools: dict[str, AnyTool] = {t.name: t for t in self.tools}
+        self._sub_agents: dict[str, Agent] = {a.id: a for a in self.sub_agents}
+
+    def tool(self, name: str) -> AnyTool | None:
+        """Return the tool with this name, or None."""
+        return self._tools.get(name)
+
+    def sub_agent(self, name: str) -> Agent | None:
+        """Return the sub-agent offered under this tool name, or None."""
+        return self._sub_agents.get(name)
+
+    @property
+    def user_input_tool(self) -> AgentUserInputTool | None:
+        """The agent's `request_user_input` tool, if it has one."""
+        return next((t for t in self.tools if isinstance(t, AgentUserInputTool)), None)
+
+    def tool_specs(self) -> list[ToolSpec]:
+        """Specs of every tool and sub-agent, as sent to the model."""
+        specs = [t.spec for t in self.tools]
+        for sub in self.sub_agents:
+            specs.append(
+                ToolSpec(
+                    name=sub.id,
+                    description=sub.description or f"Delegate a task to the {sub.id} agent.",
+                    parameters=DELEGATION_PARAMETERS,
+                )
+            )
+        return specs
+
+    def walk(self) -> Iterable[Agent]:
+        """This agent and, recursively, its sub-agents."""
+        yield self
+        for sub in self.sub_agents:
+            yield from sub.walk()
+
+    def __repr__(self) -> str:
+        return f"Agent(id={self.id!r}, version={self.version!r})"
+
+
+DELEGATION_PARAMETERS: dict[str, Any] = {
+    "type": "object",
+    "properties": {"task": {"type": "string", "description": "The task for the sub-agent, self-contained."}},
+    "required": ["task"],
+    "additionalProperties": False,
+}
+
+
+class InMemoryAgentLoader:
+    """An `AgentLoader` over agents registered in this process (sub-agents included)."""
+
+    def __init__(self, agents: Iterable[Agent] = ()) -> None:
+        self._lock = threading.Lock()
+        self._agents: dict[tuple[str, str], Agent] = {}
+        self._latest: dict[str, Agent] = {}
+        for agent in agents:
+            self.register(agent)
+
+    def register(self, agent: Agent) -> None:
+        """Register an agent and its sub-agents; a later registration of the same id and version wins."""
+        with self._lock:
+            for item in agent.walk():
+                self._agents[(item.id, item.version)] = item
+                self._latest[item.id] = item
+
+    def load(self, agent_id: str, version: str | None = None) -> Agent:
+        """Return the agent; the most recently registered version when `version` is None."""
+        with self._lock:
+            agent = self._latest.get(agent_id) if version is None else self._agents.get((agent_id, str(version)))
+        if agent is None:
+            raise AgentNotFound(agent_id, version)
+        return agent

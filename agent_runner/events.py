@@ -1,0 +1,67 @@
+"""Lifecycle events delivered synchronously to listeners in the runner's process."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+
+from pydantic import Field
+
+from agent_runner._base import FrozenModel, new_id, utcnow
+
+
+class AgentEventType(StrEnum):
+    """What happened."""
+
+    TURN_STARTED = "TURN_STARTED"
+    TURN_SUSPENDED = "TURN_SUSPENDED"
+    TURN_RESUMED = "TURN_RESUMED"
+    RETRY_SCHEDULED = "RETRY_SCHEDULED"
+    MODEL_DELTA = "MODEL_DELTA"
+    MODEL_RESPONSE = "MODEL_RESPONSE"
+    TOOL_STARTED = "TOOL_STARTED"
+    TOOL_PROGRESS = "TOOL_PROGRESS"
+    TOOL_COMPLETED = "TOOL_COMPLETED"
+    TURN_COMPLETED = "TURN_COMPLETED"
+    TURN_FAILED = "TURN_FAILED"
+    TURN_CANCELLED = "TURN_CANCELLED"
+    MAX_ITERATIONS_REACHED = "MAX_ITERATIONS_REACHED"
+    MAX_STEPS_REACHED = "MAX_STEPS_REACHED"
+    BUDGET_EXCEEDED = "BUDGET_EXCEEDED"
+    CHAT_MEMORY_ERROR = "CHAT_MEMORY_ERROR"
+    """Projecting a saved turn into ChatMemory failed; the turn is fine and projection is retried."""
+
+    @property
+    def is_terminal(self) -> bool:
+        """Whether the event marks the end of a turn."""
+        return self in TERMINAL_EVENT_TYPES
+
+
+TERMINAL_EVENT_TYPES = frozenset(
+    {
+        AgentEventType.TURN_COMPLETED,
+        AgentEventType.TURN_FAILED,
+        AgentEventType.TURN_CANCELLED,
+        AgentEventType.MAX_ITERATIONS_REACHED,
+        AgentEventType.MAX_STEPS_REACHED,
+        AgentEventType.BUDGET_EXCEEDED,
+    }
+)
+
+
+class AgentEvent(FrozenModel):
+    """One lifecycle event of a turn."""
+
+    event_id: str = Field(default_factory=new_id)
+    type: AgentEventType
+    turn_id: str
+    root_turn_id: str | None = None
+    conversation_id: str | None = None
+    timestamp: datetime = Field(default_factory=utcnow)
+    data: dict[str, Any] = Field(default_factory=dict)
+
+
+AgentEventListener = Callable[[AgentEvent], None]
+"""A function called with every event; it should return quickly and must not drive the runner."""

@@ -1,0 +1,58 @@
+"""Form definitions and validation of submitted form data against a frozen JSON Schema."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import jsonschema
+from jsonschema.exceptions import SchemaError
+
+from agent_runner.errors import DefinitionError
+
+FORM_KEY_PATTERN = r"^[A-Za-z0-9_.:-]{1,128}$"
+
+
+@dataclass(frozen=True)
+class AgentFormDefinition:
+    """A business form the runner can ask the user to fill in.
+
+    Args:
+        key: Stable key the model uses to name the form (`request_user_input(formKey=...)`).
+        description: When to use the form; shown to the model and the user.
+        schema: The JSON Schema of the form's data. It is frozen into the suspension when
+            the turn waits, and submitted data is validated against that frozen copy.
+    """
+
+    key: str
+    description: str = ""
+    schema: dict[str, Any] = field(default_factory=lambda: {"type": "object"})
+
+    def __post_init__(self) -> None:
+        import re
+
+        if not isinstance(self.key, str) or not re.match(FORM_KEY_PATTERN, self.key):
+            raise DefinitionError(f"form key {self.key!r} must match {FORM_KEY_PATTERN}")
+        if not isinstance(self.schema, dict):
+            raise DefinitionError(f"form {self.key!r}: schema must be a JSON Schema object, got {type(self.schema)!r}")
+        try:
+            jsonschema.validators.validator_for(self.schema).check_schema(self.schema)
+        except SchemaError as exc:
+            raise DefinitionError(f"form {self.key!r} has an invalid JSON Schema: {exc.message}") from exc
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return the JSON form of the definition (as frozen into suspensions)."""
+        return {"key": self.key, "description": self.description, "schema": self.schema}
+
+
+def validate_form_data(schema: dict[str, Any], data: Any) -> list[str]:
+    """Validate `data` against `schema` and return readable error strings (empty when valid)."""
+    validator_cls = jsonschema.validators.validator_for(schema)
+    validator = validator_cls(schema, format_checker=validator_cls.FORMAT_CHECKER)
+    errors = sorted(validator.iter_errors(data), key=lambda e: (list(e.absolute_path), e.message))
+    return [_describe(e) for e in errors]
+
+
+def _describe(error: jsonschema.ValidationError) -> str:
+    path = "/".join(str(p) for p in error.absolute_path)
+    return f"{path}: {error.message}" if path else error.message

@@ -1,0 +1,150 @@
+"""Conversation messages: the four model messages and the two page messages.
+
+Model messages (`SystemMessage`, `UserMessage`, `AiMessage`, `ToolMessage`) are what the
+chat model sees. Page messages (`AgentActionMessage`, `AgentFormMessage`) live only in
+`ChatMemory` for a chat page to render approval cards and forms; they are never sent to
+the model. Every message has a stable `id` so that projections into memory are
+idempotent. The union is discriminated by `role`; role values are persisted, so they are
+never renamed.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Annotated, Any, ClassVar, Literal
+
+from pydantic import Field, TypeAdapter
+
+from agent_runner._base import FrozenModel, PositionalModel, new_id
+
+
+class ToolCall(PositionalModel):
+    """A tool call the model asked for."""
+
+    _positional: ClassVar[tuple[str, ...]] = ("id", "name", "arguments")
+
+    id: str
+    """Call id chosen by the model; it correlates the call with its `ToolMessage`."""
+    name: str
+    arguments: dict[str, Any] = Field(default_factory=dict)
+
+
+class _MessageBase(PositionalModel):
+    model_visible: ClassVar[bool] = True
+    """Whether the message is sent to the chat model."""
+
+    id: str = Field(default_factory=new_id)
+    """Stable message id; generated when absent."""
+
+
+class SystemMessage(_MessageBase):
+    """Instructions for the model."""
+
+    _positional: ClassVar[tuple[str, ...]] = ("content",)
+    role: Literal["system"] = "system"
+    content: str
+
+
+class UserMessage(_MessageBase):
+    """A message typed by the user."""
+
+    _positional: ClassVar[tuple[str, ...]] = ("content",)
+    role: Literal["user"] = "user"
+    content: str
+
+
+class AiMessage(_MessageBase):
+    """A model response: text, tool calls, or both."""
+
+    _positional: ClassVar[tuple[str, ...]] = ("content", "tool_calls")
+    role: Literal["assistant"] = "assistant"
+    content: str | None = None
+    tool_calls: list[ToolCall] = Field(default_factory=list)
+
+    @property
+    def has_tool_calls(self) -> bool:
+        """Whether the model asked for at least one tool call."""
+        return bool(self.tool_calls)
+
+
+class ToolMessage(_MessageBase):
+    """The result of one tool call, as the model will read it."""
+
+    _positional: ClassVar[tuple[str, ...]] = ("tool_call_id", "tool_name", "content", "is_error")
+    role: Literal["tool"] = "tool"
+    tool_call_id: str
+    tool_name: str
+    content: str
+    is_error: bool = False
+
+
+class ActionStatus(StrEnum):
+    """State of a page message's action."""
+
+    PENDING = "PENDING"
+    APPROVED = "APPROVED"
+    REJECTED = "REJECTED"
+    SUBMITTED = "SUBMITTED"
+
+
+class _PageMessageBase(_MessageBase):
+    model_visible: ClassVar[bool] = False
+
+    version: int = 0
+    """Compare-and-swap version of the page message; bumped by every update."""
+    turn_id: str
+    action_id: str
+    """The tool call id this page message stands for."""
+    status: ActionStatus = ActionStatus.PENDING
+
+
+class AgentActionMessage(_PageMessageBase):
+    """Approval card for a tool call that waits for a person's decision."""
+
+    role: Literal["agent_action"] = "agent_action"
+    tool_name: str
+    summary: str
+    """Human-readable description of the call; sensitive arguments are masked."""
+    arguments: dict[str, Any] = Field(default_factory=dict)
+    """The call's arguments with sensitive values replaced by `"***"`."""
+
+    def get_actions(self) -> list[str]:
+        """Actions the page may offer: APPROVE and REJECT while pending, none afterwards."""
+        return ["APPROVE", "REJECT"] if self.status is ActionStatus.PENDING else []
+
+
+class AgentFormMessage(_PageMessageBase):
+    """A form the user is asked to fill in, with the full JSON Schema to render and validate."""
+
+    role: Literal["agent_form"] = "agent_form"
+    form_key: str
+    description: str = ""
+    form_schema: dict[str, Any] = Field(alias="schema")
+
+    @property
+    def schema(self) -> dict[str, Any]:  # type: ignore[override]
+        """The JSON Schema of the form, frozen when the turn suspended."""
+        return self.form_schema
+
+    def get_actions(self) -> list[str]:
+        """Actions the page may offer: SUBMIT while pending, none afterwards."""
+        return ["SUBMIT"] if self.status is ActionStatus.PENDING else []
+
+
+ModelMessage = Annotated[SystemMessage | UserMessage | AiMessage | ToolMessage, Field(discriminator="role")]
+"""A message the chat model can see."""
+
+PageMessage = AgentActionMessage | AgentFormMessage
+"""A message only the chat page sees."""
+
+AnyMessage = Annotated[
+    SystemMessage | UserMessage | AiMessage | ToolMessage | AgentActionMessage | AgentFormMessage,
+    Field(discriminator="role"),
+]
+"""Any message a `ChatMemory` can hold."""
+
+ModelMessagesAdapter: TypeAdapter[list[ModelMessage]] = TypeAdapter(list[ModelMessage])
+AnyMessagesAdapter: TypeAdapter[list[AnyMessage]] = TypeAdapter(list[AnyMessage])
+AnyMessageAdapter: TypeAdapter[AnyMessage] = TypeAdapter(AnyMessage)
+
+ROLES_MODEL_VISIBLE = frozenset({"system", "user", "assistant", "tool"})

@@ -1,0 +1,93 @@
+"""Execution limits, retry schedule and close-out message templates."""
+
+from __future__ import annotations
+
+import random
+import string
+from typing import Any
+
+from pydantic import Field, field_validator, model_validator
+
+from agent_runner._base import FrozenModel
+from agent_runner.errors import DefinitionError
+
+TEMPLATE_FIELDS = frozenset({"reason", "turn_id", "tool_call_id", "tool_name"})
+
+
+class RetryPolicy(FrozenModel):
+    """Exponential backoff for recoverable model and tool errors.
+
+    `max_attempts` counts every attempt, the first included: with 3, a call is tried
+    three times before the turn fails. Times are in seconds.
+    """
+
+    max_attempts: int = Field(default=3, ge=1)
+    initial_backoff: float = Field(default=1.0, ge=0)
+    multiplier: float = Field(default=2.0, ge=1)
+    max_backoff: float = Field(default=60.0, ge=0)
+    jitter: float = Field(default=0.1, ge=0, le=1)
+    """Fraction of the backoff added or removed at random, so retries of many turns spread out."""
+
+    def backoff(self, attempt: int, retry_after: float | None = None, rng: random.Random | None = None) -> float:
+        """Seconds to wait after failed attempt number `attempt` (1-based).
+
+        A `retry_after` asked for by the callee wins when it is longer than the backoff.
+        """
+        base = min(self.max_backoff, self.initial_backoff * self.multiplier ** max(0, attempt - 1))
+        if self.jitter:
+            base *= 1 + (rng or random).uniform(-self.jitter, self.jitter)
+        delay = max(0.0, base)
+        if retry_after is not None and retry_after > delay:
+            delay = float(retry_after)
+        return delay
+
+
+class Budget(FrozenModel):
+    """Spending limits of a turn, children included; exceeding one ends the turn with BUDGET_EXCEEDED."""
+
+    max_total_tokens: int | None = Field(default=None, ge=0)
+    max_cost: float | None = Field(default=None, ge=0)
+
+
+def _check_template(value: str, allowed: frozenset[str], what: str) -> str:
+    names = {name for _, name, _, _ in string.Formatter().parse(value) if name}
+    unknown = names - allowed
+    if unknown:
+        raise DefinitionError(f"{what} uses unknown placeholders {sorted(unknown)}; allowed: {sorted(allowed)}")
+    return value
+
+
+class AgentExecutionPolicy(FrozenModel):
+    """Limits and texts that apply to every turn a runner executes.
+
+    The templates close out a turn that ends abnormally (cancelled, failed, over budget,
+    out of iterations or steps): one ToolMessage per unfinished tool call, then one
+    assistant message. Placeholders: `{reason}`, `{turn_id}`, `{tool_call_id}`, `{tool_name}`.
+    """
+
+    max_steps: int = Field(default=200, ge=1)
+    """Steps (model calls plus tool calls) a turn may take before MAX_STEPS_REACHED."""
+    retry: RetryPolicy = Field(default_factory=RetryPolicy)
+    interrupted_tool_message_template: str = "Tool call {tool_name} was not completed: {reason}"
+    interrupted_turn_message_template: str = "This turn ended before it was finished: {reason}"
+    cancellation_reason: str = "turn cancelled by caller"
+
+    @field_validator("interrupted_tool_message_template")
+    @classmethod
+    def _tool_template(cls, value: str) -> str:
+        return _check_template(value, TEMPLATE_FIELDS, "interrupted_tool_message_template")
+
+    @field_validator("interrupted_turn_message_template")
+    @classmethod
+    def _turn_template(cls, value: str) -> str:
+        return _check_template(value, TEMPLATE_FIELDS, "interrupted_turn_message_template")
+
+    @model_validator(mode="after")
+    def _non_empty_reason(self) -> AgentExecutionPolicy:
+        if not self.cancellation_reason:
+            raise DefinitionError("cancellation_reason must not be empty")
+        return self
+
+    def render(self, template: str, **values: Any) -> str:
+        """Fill a close-out template; missing placeholders render as empty strings."""
+        return template.format_map({k: ("" if values.get(k) is None else values[k]) for k in TEMPLATE_FIELDS})

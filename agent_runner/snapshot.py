@@ -1,0 +1,152 @@
+"""The turn snapshot `AgentTurn`: the only state of a turn, saved at every stable boundary."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+
+from pydantic import Field
+
+from agent_runner._base import FrozenModel, utcnow
+from agent_runner.messages import ActionStatus, ModelMessage, ToolCall
+from agent_runner.suspensions import AgentSuspension, Phase
+from agent_runner.usage import Usage
+
+SCHEMA_VERSION = 1
+
+
+class AgentTurnStatus(StrEnum):
+    """Lifecycle status of a turn. Values are stored in databases: add, never rename."""
+
+    READY = "READY"
+    RUNNING = "RUNNING"
+    WAITING_FOR_USER = "WAITING_FOR_USER"
+    WAITING_FOR_APPROVAL = "WAITING_FOR_APPROVAL"
+    WAITING_FOR_CHILD = "WAITING_FOR_CHILD"
+    RETRY_SCHEDULED = "RETRY_SCHEDULED"
+    COMPLETED = "COMPLETED"
+    FAILED = "FAILED"
+    CANCELLED = "CANCELLED"
+    MAX_ITERATIONS_REACHED = "MAX_ITERATIONS_REACHED"
+    MAX_STEPS_REACHED = "MAX_STEPS_REACHED"
+    BUDGET_EXCEEDED = "BUDGET_EXCEEDED"
+
+    @property
+    def is_terminal(self) -> bool:
+        """Whether the turn has ended for good."""
+        return self in TERMINAL_STATUSES
+
+    @property
+    def is_waiting(self) -> bool:
+        """Whether the turn waits for a person, a child turn or a retry time."""
+        return self in WAITING_STATUSES
+
+
+TERMINAL_STATUSES = frozenset(
+    {
+        AgentTurnStatus.COMPLETED,
+        AgentTurnStatus.FAILED,
+        AgentTurnStatus.CANCELLED,
+        AgentTurnStatus.MAX_ITERATIONS_REACHED,
+        AgentTurnStatus.MAX_STEPS_REACHED,
+        AgentTurnStatus.BUDGET_EXCEEDED,
+    }
+)
+WAITING_STATUSES = frozenset(
+    {
+        AgentTurnStatus.WAITING_FOR_USER,
+        AgentTurnStatus.WAITING_FOR_APPROVAL,
+        AgentTurnStatus.WAITING_FOR_CHILD,
+        AgentTurnStatus.RETRY_SCHEDULED,
+    }
+)
+RUNNABLE_STATUSES = frozenset({AgentTurnStatus.READY, AgentTurnStatus.RUNNING})
+"""Statuses a worker may step right away (RETRY_SCHEDULED becomes runnable at `next_retry_at`)."""
+
+
+class ChildLink(FrozenModel):
+    """A child turn created for one delegation call of this turn."""
+
+    tool_call_id: str
+    agent_id: str
+    child_turn_id: str
+    status: AgentTurnStatus | None = None
+    """The child's terminal status once it has been recorded here, else None."""
+    output: str | None = None
+    """The child's final output, or the reason it did not complete."""
+
+
+class PageAction(FrozenModel):
+    """A page message (approval card or form) this turn owns in ChatMemory, and the state to show."""
+
+    message_id: str
+    action_id: str
+    kind: str
+    """`"approval"` or `"form"`."""
+    status: ActionStatus = ActionStatus.PENDING
+    synced: bool = False
+    """Whether ChatMemory is known to show `status`; unsynced actions are reconciled after each save."""
+
+
+class AgentTurn(FrozenModel):
+    """Snapshot of one agent turn. Immutable: the runner derives a new snapshot for every change.
+
+    `messages` holds the turn's whole model-visible history: the history window the turn
+    started from, the new user message, and everything the turn added.
+    """
+
+    id: str
+    agent_id: str
+    agent_version: str = "1"
+    conversation_id: str | None = None
+    parent_turn_id: str | None = None
+    root_turn_id: str
+    status: AgentTurnStatus = AgentTurnStatus.READY
+    phase: Phase = Phase.MODEL
+    messages: list[ModelMessage] = Field(default_factory=list)
+    pending_tool_calls: list[ToolCall] = Field(default_factory=list)
+    """Calls of the latest model response that have no ToolMessage yet, in call order."""
+    suspension: AgentSuspension | None = None
+    version: int = -1
+    """Compare-and-swap version: -1 before the first save, then 0, 1, 2, ..."""
+    model_iterations: int = 0
+    steps: int = 0
+    usage: Usage = Field(default_factory=Usage)
+    attempt: int = 0
+    """Failed attempts of the current model or tool call (reset when one succeeds)."""
+    next_retry_at: datetime | None = None
+    cancel_requested: bool = False
+    final_output: str | None = None
+    error: str | None = None
+    created_at: datetime = Field(default_factory=utcnow)
+    updated_at: datetime = Field(default_factory=utcnow)
+
+    schema_version: int = SCHEMA_VERSION
+    """Layout version of this snapshot, so that old snapshots keep loading."""
+    approved_call_ids: list[str] = Field(default_factory=list)
+    form_data: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    """Form data submitted for tools that raised `AgentFormRequiredException`, by call id."""
+    children: list[ChildLink] = Field(default_factory=list)
+    page_actions: list[PageAction] = Field(default_factory=list)
+    projected_count: int = 0
+    """How many leading `messages` are known to be in ChatMemory."""
+    lease_fence: int | None = None
+    """Fencing number of the lease under which this snapshot was saved, if any."""
+
+    @property
+    def is_terminal(self) -> bool:
+        """Whether the turn has ended for good."""
+        return self.status.is_terminal
+
+    def child(self, tool_call_id: str) -> ChildLink | None:
+        """The child link created for a delegation call, if any."""
+        return next((c for c in self.children if c.tool_call_id == tool_call_id), None)
+
+    def is_runnable(self, now: datetime | None = None) -> bool:
+        """Whether a worker may step the turn now."""
+        if self.status in RUNNABLE_STATUSES:
+            return True
+        if self.status is AgentTurnStatus.RETRY_SCHEDULED:
+            return self.next_retry_at is None or self.next_retry_at <= (now or utcnow())
+        return False

@@ -1,0 +1,109 @@
+"""Why a turn waits (`AgentSuspension`) and how it is continued (`AgentResumeCommand`)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+
+from pydantic import Field
+
+from agent_runner._base import FrozenModel, utcnow
+from agent_runner.forms import AgentFormDefinition
+
+
+class Phase(StrEnum):
+    """Where a turn continues: calling the model, or executing recorded tool calls."""
+
+    MODEL = "MODEL"
+    TOOLS = "TOOLS"
+
+
+class SuspensionType(StrEnum):
+    """What a suspended turn waits for."""
+
+    USER_INPUT = "USER_INPUT"
+    TOOL_APPROVAL = "TOOL_APPROVAL"
+    CHILD_AGENT = "CHILD_AGENT"
+    RETRY = "RETRY"
+
+
+class AgentSuspension(FrozenModel):
+    """The reason a turn stopped without finishing, saved in its snapshot.
+
+    `correlation_id` is the tool call id the resume command must name (None for a plain
+    text question). For forms, `form` holds the full definition, schema included, frozen
+    when the turn suspended: submitted data is validated against it, never against a
+    schema the model or the client supplies.
+    """
+
+    type: SuspensionType
+    correlation_id: str | None = None
+    message: str = ""
+    resume_phase: Phase = Phase.MODEL
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    form: AgentFormDefinition | None = None
+    created_at: datetime = Field(default_factory=utcnow)
+
+    @classmethod
+    def user_input(cls, message: str) -> AgentSuspension:
+        """A plain-text question; the answer arrives as `AgentResumeCommand.user_input(text)`."""
+        return cls(type=SuspensionType.USER_INPUT, message=message, resume_phase=Phase.MODEL)
+
+
+class ResumeType(StrEnum):
+    """Kinds of resume command."""
+
+    USER_INPUT = "USER_INPUT"
+    APPROVE_TOOL = "APPROVE_TOOL"
+    REJECT_TOOL = "REJECT_TOOL"
+    CHILD_COMPLETED = "CHILD_COMPLETED"
+    RETRY = "RETRY"
+
+
+class AgentResumeCommand(FrozenModel):
+    """An immutable instruction to continue a suspended turn. Build one with the class methods."""
+
+    type: ResumeType
+    content: str | None = None
+    tool_call_id: str | None = None
+    data: dict[str, Any] | None = None
+    reason: str | None = None
+    child_turn_id: str | None = None
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    """Who decided, through which channel, why; carried into the TURN_RESUMED event for audit."""
+
+    @classmethod
+    def user_input(cls, content_or_call_id: str, data: dict[str, Any] | None = None) -> AgentResumeCommand:
+        """Answer a user-input suspension.
+
+        `user_input("O-1001")` answers a plain-text question with a new user message;
+        `user_input(call_id, {...})` submits form data for the pending call `call_id`.
+        """
+        if data is None:
+            return cls(type=ResumeType.USER_INPUT, content=content_or_call_id)
+        return cls(type=ResumeType.USER_INPUT, tool_call_id=content_or_call_id, data=data)
+
+    @classmethod
+    def approve_tool(cls, tool_call_id: str) -> AgentResumeCommand:
+        """Approve the pending call; the saved call runs as the model made it."""
+        return cls(type=ResumeType.APPROVE_TOOL, tool_call_id=tool_call_id)
+
+    @classmethod
+    def reject_tool(cls, tool_call_id: str, reason: str = "rejected by the user") -> AgentResumeCommand:
+        """Reject the pending call; the model is told the reason and answers."""
+        return cls(type=ResumeType.REJECT_TOOL, tool_call_id=tool_call_id, reason=reason)
+
+    @classmethod
+    def child_completed(cls, child_turn_id: str) -> AgentResumeCommand:
+        """Record that a child turn ended (normally sent by the runner itself)."""
+        return cls(type=ResumeType.CHILD_COMPLETED, child_turn_id=child_turn_id)
+
+    @classmethod
+    def retry(cls) -> AgentResumeCommand:
+        """Retry a RETRY_SCHEDULED turn now, even before `next_retry_at`."""
+        return cls(type=ResumeType.RETRY)
+
+    def with_metadata(self, key: str, value: Any) -> AgentResumeCommand:
+        """Return a copy with one more metadata entry."""
+        return self.model_copy(update={"metadata": {**self.metadata, key: value}})

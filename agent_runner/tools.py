@@ -1,0 +1,269 @@
+"""Tools: the `@tool` decorator, argument schemas, the tool context and the user-input tool."""
+
+from __future__ import annotations
+
+import contextvars
+import inspect
+import json
+import re
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, overload
+
+import pydantic
+from pydantic import ConfigDict, ValidationError, create_model
+
+from agent_runner.errors import AgentRunnerError, DefinitionError
+from agent_runner.forms import AgentFormDefinition
+from agent_runner.messages import ToolCall
+from agent_runner.models import ToolSpec
+
+TOOL_NAME_PATTERN = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+USER_INPUT_TOOL_NAME = "request_user_input"
+
+
+class Tool:
+    """A function the model may call, with a JSON Schema for its arguments.
+
+    Build one with the `@tool` decorator. Calling the `Tool` object calls the function
+    directly, so decorated functions stay usable in plain code and tests.
+    """
+
+    def __init__(
+        self,
+        function: Callable[..., Any],
+        *,
+        name: str | None = None,
+        description: str | None = None,
+        requires_approval: bool = False,
+        sensitive: Sequence[str] = (),
+    ) -> None:
+        self.function = function
+        self.name = name or function.__name__
+        if not TOOL_NAME_PATTERN.match(self.name):
+            raise DefinitionError(f"tool name {self.name!r} must match {TOOL_NAME_PATTERN.pattern}")
+        self.description = description if description is not None else inspect.cleandoc(function.__doc__ or "")
+        self.requires_approval = requires_approval
+        self._arguments_model = _arguments_model(function, self.name)
+        self.parameters: dict[str, Any] = self._arguments_model.model_json_schema()
+        self.parameters.pop("title", None)
+        unknown = set(sensitive) - set(self._arguments_model.model_fields)
+        if unknown:
+            raise DefinitionError(f"tool {self.name!r} marks unknown arguments as sensitive: {sorted(unknown)}")
+        self.sensitive = frozenset(sensitive)
+
+    @property
+    def spec(self) -> ToolSpec:
+        """What the model is told about this tool."""
+        return ToolSpec(name=self.name, description=self.description, parameters=self.parameters)
+
+    def validate_arguments(self, arguments: Mapping[str, Any]) -> dict[str, Any]:
+        """Validate the model's arguments and return them converted to the function's types.
+
+        Raises:
+            ToolArgumentsError: The arguments do not fit the schema.
+        """
+        from agent_runner.errors import ToolArgumentsError
+
+        try:
+            model = self._arguments_model.model_validate(dict(arguments))
+        except ValidationError as exc:
+            errors = [f"{'.'.join(str(p) for p in e['loc']) or '(arguments)'}: {e['msg']}" for e in exc.errors()]
+            raise ToolArgumentsError(self.name, errors) from None
+        return {name: getattr(model, name) for name in self._arguments_model.model_fields}
+
+    def invoke(self, arguments: Mapping[str, Any]) -> Any:
+        """Validate the arguments and call the function."""
+        return self.function(**self.validate_arguments(arguments))
+
+    def masked_arguments(self, arguments: Mapping[str, Any]) -> dict[str, Any]:
+        """Return the arguments with sensitive values replaced, for display on a page."""
+        return {k: ("***" if k in self.sensitive else v) for k, v in arguments.items()}
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.function(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"Tool(name={self.name!r}, requires_approval={self.requires_approval})"
+
+
+def _arguments_model(function: Callable[..., Any], tool_name: str) -> type[pydantic.BaseModel]:
+    signature = inspect.signature(function)
+    try:
+        hints = inspect.get_annotations(function, eval_str=True)
+    except Exception as exc:  # a forward reference the tool's module cannot resolve
+        raise DefinitionError(f"tool {tool_name!r}: cannot resolve its type hints: {exc}") from exc
+    fields: dict[str, Any] = {}
+    for parameter in signature.parameters.values():
+        if parameter.kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD):
+            raise DefinitionError(f"tool {tool_name!r}: *args and **kwargs cannot be described to a model")
+        annotation = hints.get(parameter.name, Any)
+        default = ... if parameter.default is inspect.Parameter.empty else parameter.default
+        fields[parameter.name] = (annotation, default)
+    config = ConfigDict(extra="forbid")
+    return create_model(f"{tool_name}_arguments", __config__=config, **fields)
+
+
+@overload
+def tool(function: Callable[..., Any], /) -> Tool: ...
+
+
+@overload
+def tool(
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    requires_approval: bool = False,
+    sensitive: Sequence[str] = (),
+) -> Callable[[Callable[..., Any]], Tool]: ...
+
+
+def tool(
+    function: Callable[..., Any] | None = None,
+    /,
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    requires_approval: bool = False,
+    sensitive: Sequence[str] = (),
+) -> Tool | Callable[[Callable[..., Any]], Tool]:
+    """Turn a function into a `Tool`; usable bare (`@tool`) or with keywords.
+
+    Args:
+        function: The function; its type hints become the JSON Schema of the arguments.
+        name: Tool name shown to the model (default: the function name).
+        description: Description shown to the model (default: the docstring).
+        requires_approval: Suspend for a person's approval before every call.
+        sensitive: Argument names never shown on approval cards or page messages.
+    """
+
+    def wrap(fn: Callable[..., Any]) -> Tool:
+        return Tool(fn, name=name, description=description, requires_approval=requires_approval, sensitive=sensitive)
+
+    return wrap(function) if function is not None else wrap
+
+
+@dataclass
+class AgentUserInputTool:
+    """The built-in `request_user_input` tool: the model asks the user to fill in one of these forms.
+
+    The runner never executes it; it suspends the turn with the form's full JSON Schema
+    frozen into the suspension, and the submitted data becomes the call's ToolMessage.
+    """
+
+    forms: list[AgentFormDefinition] = field(default_factory=list)
+    name: ClassVar[str] = USER_INPUT_TOOL_NAME
+    requires_approval: ClassVar[bool] = False
+    sensitive: ClassVar[frozenset[str]] = frozenset()
+
+    def __post_init__(self) -> None:
+        keys = [f.key for f in self.forms]
+        if len(set(keys)) != len(keys):
+            raise DefinitionError(f"request_user_input has duplicate form keys: {keys}")
+
+    def form(self, key: str) -> AgentFormDefinition | None:
+        """Return the registered form with this key, or None."""
+        return next((f for f in self.forms if f.key == key), None)
+
+    @property
+    def description(self) -> str:
+        """Description shown to the model, listing the forms it may request."""
+        lines = ["Ask the user to fill in a form. Never guess missing fields; request the form instead. Forms:"]
+        lines += [f"- {f.key}: {f.description}" for f in self.forms]
+        return "\n".join(lines)
+
+    @property
+    def parameters(self) -> dict[str, Any]:
+        """JSON Schema of the arguments: `{"formKey": <one of the form keys>}`."""
+        return {
+            "type": "object",
+            "properties": {"formKey": {"type": "string", "description": "Key of the form to show the user."}},
+            "required": ["formKey"],
+            "additionalProperties": False,
+        }
+
+    @property
+    def spec(self) -> ToolSpec:
+        """What the model is told about this tool."""
+        return ToolSpec(name=self.name, description=self.description, parameters=self.parameters)
+
+    def masked_arguments(self, arguments: Mapping[str, Any]) -> dict[str, Any]:
+        """Arguments as shown on a page (nothing here is sensitive)."""
+        return dict(arguments)
+
+
+AnyTool = Tool | AgentUserInputTool
+
+
+@dataclass(frozen=True)
+class _ToolScope:
+    turn_id: str
+    tool_call: ToolCall
+    submitted_form_data: dict[str, Any]
+    progress: Callable[[Any], None]
+
+
+_current: contextvars.ContextVar[_ToolScope | None] = contextvars.ContextVar("agent_tool_context", default=None)
+
+
+class AgentToolContext:
+    """What a running tool knows about its call. Get it with `AgentToolContext.current()`."""
+
+    def __init__(self, scope: _ToolScope) -> None:
+        self._scope = scope
+
+    @classmethod
+    def current(cls) -> AgentToolContext:
+        """Return the context of the tool call running in this thread.
+
+        Raises:
+            AgentRunnerError: Called outside a tool run by the runner.
+        """
+        scope = _current.get()
+        if scope is None:
+            raise AgentRunnerError("AgentToolContext.current() is only available inside a tool run by the runner")
+        return cls(scope)
+
+    @property
+    def turn_id(self) -> str:
+        """Id of the turn that made the call."""
+        return self._scope.turn_id
+
+    @property
+    def tool_call(self) -> ToolCall:
+        """The call being executed."""
+        return self._scope.tool_call
+
+    def get_idempotency_key(self) -> str:
+        """A key that is the same on every retry and re-execution of this call; use it for side effects."""
+        return f"{self._scope.turn_id}:{self._scope.tool_call.id}"
+
+    def get_submitted_form_data(self) -> dict[str, Any]:
+        """The form data the user submitted for this call, or `{}` when none was submitted."""
+        return dict(self._scope.submitted_form_data)
+
+    def report_progress(self, data: Any) -> None:
+        """Emit a TOOL_PROGRESS event with `data` (JSON-serializable)."""
+        self._scope.progress(data)
+
+
+@contextmanager
+def tool_scope(
+    turn_id: str, tool_call: ToolCall, submitted_form_data: dict[str, Any], progress: Callable[[Any], None]
+) -> Iterator[None]:
+    """Make `AgentToolContext.current()` describe this call while the block runs."""
+    token = _current.set(_ToolScope(turn_id, tool_call, submitted_form_data, progress))
+    try:
+        yield
+    finally:
+        _current.reset(token)
+
+
+def encode_tool_result(value: Any) -> str:
+    """Encode a tool's return value as ToolMessage content: strings as-is, anything else as JSON."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, pydantic.BaseModel):
+        return value.model_dump_json()
+    return json.dumps(value, ensure_ascii=False, default=str)

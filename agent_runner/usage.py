@@ -1,0 +1,25 @@
+"""Token and cost accounting."""
+
+from __future__ import annotations
+
+from agent_runner._base import FrozenModel
+
+
+class Usage(FrozenModel):
+    """Tokens and cost of one model call, or the running total of a turn."""
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cost: float = 0.0
+
+    @property
+    def total_tokens(self) -> int:
+        """Input plus output tokens."""
+        return self.input_tokens + self.output_tokens
+
+    def __add__(self, other: Usage) -> Usage:
+        return Usage(
+            input_tokens=self.input_tokens + other.input_tokens,
+            output_tokens=self.output_tokens + other.output_tokens,
+            cost=self.cost + other.cost,
+        )
