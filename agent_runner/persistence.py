@@ -172,3 +172,29 @@ class TurnDispatcher(Protocol):
     def dispatch(self, turn: AgentTurn) -> None:
         """Arrange for the turn to be stepped; duplicates must be harmless."""
         ...
+
+
+@runtime_checkable
+class ConversationGuard(Protocol):
+    """A fast, shared marker of the one active turn per conversation (for example in Redis).
+
+    The turn store stays the truth: its unique index on active conversation turns is the
+    backstop when the guard lost its data. The runner consults the guard before creating a
+    conversation turn and repairs it from the store when the two disagree.
+    """
+
+    def claim(self, conversation_id: str, turn_id: str) -> str:
+        """Mark `turn_id` active if the conversation has no holder; return the holder after the call."""
+        ...
+
+    def holder(self, conversation_id: str) -> str | None:
+        """Return the turn id marked active, or None."""
+        ...
+
+    def replace(self, conversation_id: str, expected_holder: str, turn_id: str) -> bool:
+        """Atomically move the mark from `expected_holder` (known to be terminal) to `turn_id`."""
+        ...
+
+    def release(self, conversation_id: str, turn_id: str) -> bool:
+        """Clear the mark if `turn_id` holds it; False otherwise."""
+        ...
