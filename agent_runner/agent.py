@@ -67,6 +67,7 @@ class Agent:
             raise DefinitionError(f"agent {self.id!r} has several tools or sub-agents named {duplicates}")
         self._tools: dict[str, AnyTool] = {t.name: t for t in self.tools}
         self._sub_agents: dict[str, Agent] = {a.id: a for a in self.sub_agents}
+        self._specs: list[ToolSpec] | None = None
 
     def tool(self, name: str) -> AnyTool | None:
         """Return the tool with this name, or None."""
@@ -82,7 +83,9 @@ class Agent:
         return next((t for t in self.tools if isinstance(t, AgentUserInputTool)), None)
 
     def tool_specs(self) -> list[ToolSpec]:
-        """Specs of every tool and sub-agent, as sent to the model."""
+        """Specs of every tool and sub-agent, as sent to the model (computed once)."""
+        if self._specs is not None:
+            return self._specs
         specs = [t.spec for t in self.tools]
         for sub in self.sub_agents:
             specs.append(
@@ -92,6 +95,7 @@ class Agent:
                     parameters=DELEGATION_PARAMETERS,
                 )
             )
+        self._specs = specs
         return specs
 
     def walk(self) -> Iterable[Agent]:

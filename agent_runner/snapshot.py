@@ -87,6 +87,8 @@ class PageAction(FrozenModel):
     status: ActionStatus = ActionStatus.PENDING
     synced: bool = False
     """Whether ChatMemory is known to show `status`; unsynced actions are reconciled after each save."""
+    payload: dict[str, Any] = Field(default_factory=dict)
+    """The page message as first shown (JSON), so a failed projection can be redone from the snapshot."""
 
 
 class AgentTurn(FrozenModel):

@@ -1,0 +1,151 @@
+"""agent-runner: durable, resumable LLM agent turns.
+
+Run a turn in-process with `AgentRunner.run`, or `start` it and let a worker (the
+embedded `AgentWorker` or the Celery workers in `workers`) advance it. A turn saves a
+snapshot at every stable boundary, suspends without holding a thread when it needs a
+person, a child turn or a delayed retry, and is resumed from any process.
+"""
+
+from agent_runner.agent import Agent, InMemoryAgentLoader
+from agent_runner.errors import (
+    AgentConversationBusyException,
+    AgentFormRequiredException,
+    AgentNotFound,
+    AgentRunnerError,
+    DefinitionError,
+    FormProtocolError,
+    InvalidResumeCommand,
+    InvalidTransitionError,
+    LeaseHeldError,
+    LeaseLostError,
+    RecoverableError,
+    StoreError,
+    StoreUnavailableError,
+    ToolArgumentsError,
+    ToolError,
+    TurnError,
+    TurnNotFound,
+    VersionConflictError,
+)
+from agent_runner.events import AgentEvent, AgentEventListener, AgentEventType
+from agent_runner.forms import AgentFormDefinition
+from agent_runner.in_memory import (
+    InMemoryAgentTurnStore,
+    InMemoryChatMemory,
+    InMemoryChatMemoryProvider,
+    InMemoryTurnLease,
+)
+from agent_runner.messages import (
+    ActionStatus,
+    AgentActionMessage,
+    AgentFormMessage,
+    AiMessage,
+    AnyMessage,
+    ModelMessage,
+    SystemMessage,
+    ToolCall,
+    ToolMessage,
+    UserMessage,
+)
+from agent_runner.middleware import Middleware
+from agent_runner.models import ChatModel, ChatRequest, ChatResponse, ScriptedChatModel, ToolSpec
+from agent_runner.persistence import (
+    AgentLoader,
+    AgentTurnStore,
+    ChatMemory,
+    ChatMemoryProvider,
+    ConversationGuard,
+    Lease,
+    TurnDispatcher,
+    TurnLease,
+    TurnRef,
+)
+from agent_runner.policy import AgentExecutionPolicy, Budget, RetryPolicy
+from agent_runner.runner import AgentRunner, AgentStepResult
+from agent_runner.snapshot import AgentTurn, AgentTurnStatus, ChildLink, PageAction
+from agent_runner.suspensions import AgentResumeCommand, AgentSuspension, Phase, ResumeType, SuspensionType
+from agent_runner.tools import AgentToolContext, AgentUserInputTool, Tool, tool
+from agent_runner.usage import Usage
+
+__all__ = [
+    # Agents and tools
+    "Agent",
+    "AgentFormDefinition",
+    "AgentToolContext",
+    "AgentUserInputTool",
+    "Tool",
+    "tool",
+    # Messages
+    "ActionStatus",
+    "AgentActionMessage",
+    "AgentFormMessage",
+    "AiMessage",
+    "AnyMessage",
+    "ModelMessage",
+    "SystemMessage",
+    "ToolCall",
+    "ToolMessage",
+    "UserMessage",
+    # Chat models
+    "ChatModel",
+    "ChatRequest",
+    "ChatResponse",
+    "ScriptedChatModel",
+    "ToolSpec",
+    "Usage",
+    # Turns
+    "AgentResumeCommand",
+    "AgentSuspension",
+    "AgentTurn",
+    "AgentTurnStatus",
+    "ChildLink",
+    "PageAction",
+    "Phase",
+    "ResumeType",
+    "SuspensionType",
+    # Runner
+    "AgentExecutionPolicy",
+    "AgentRunner",
+    "AgentStepResult",
+    "Budget",
+    "Middleware",
+    "RetryPolicy",
+    # Events
+    "AgentEvent",
+    "AgentEventListener",
+    "AgentEventType",
+    # Backends
+    "AgentLoader",
+    "AgentTurnStore",
+    "ChatMemory",
+    "ChatMemoryProvider",
+    "ConversationGuard",
+    "InMemoryAgentLoader",
+    "InMemoryAgentTurnStore",
+    "InMemoryChatMemory",
+    "InMemoryChatMemoryProvider",
+    "InMemoryTurnLease",
+    "Lease",
+    "TurnDispatcher",
+    "TurnLease",
+    "TurnRef",
+    # Errors
+    "AgentConversationBusyException",
+    "AgentFormRequiredException",
+    "AgentNotFound",
+    "AgentRunnerError",
+    "DefinitionError",
+    "FormProtocolError",
+    "InvalidResumeCommand",
+    "InvalidTransitionError",
+    "LeaseHeldError",
+    "LeaseLostError",
+    "RecoverableError",
+    "StoreError",
+    "StoreUnavailableError",
+    "ToolArgumentsError",
+    "ToolError",
+    "TurnError",
+    "TurnNotFound",
+    "VersionConflictError",
+]

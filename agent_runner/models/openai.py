@@ -1,0 +1,409 @@
+"""Chat model adapter for OpenAI and OpenAI-compatible servers (vLLM, Ollama, LiteLLM, ...).
+
+Needs the optional `openai` extra (`pip install agent-runner[openai]`). Nothing else in
+`agent_runner` imports this module, so the core keeps working without the SDK.
+
+Failures are sorted for the runner's retry policy: timeouts, connection errors, 408, 409,
+429 and 5xx become `RecoverableError` (carrying the server's Retry-After); every other API
+error becomes the deterministic `ModelAPIError`. SDK-level retries are off by default so
+the runner alone decides when to call again, with backoff that survives a process restart.
+
+Tool-call arguments that are not a JSON object do not raise: the call is kept with
+`arguments == {INVALID_ARGUMENTS_KEY: {"raw": <text>, "error": <what is wrong>}}`, which no
+tool schema accepts, so the runner answers it with an error `ToolMessage` and the model
+can correct itself on its next call.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
+from typing import TYPE_CHECKING, Any, Final
+
+import openai
+
+from agent_runner._base import new_id
+from agent_runner.errors import AgentRunnerError, DefinitionError, RecoverableError
+from agent_runner.messages import AiMessage, SystemMessage, ToolCall, ToolMessage, UserMessage
+from agent_runner.models import ChatRequest, ChatResponse, ToolSpec
+from agent_runner.usage import Usage
+
+if TYPE_CHECKING:
+    from openai.types.chat import (
+        ChatCompletion,
+        ChatCompletionChunk,
+        ChatCompletionFunctionToolParam,
+        ChatCompletionMessageFunctionToolCallParam,
+        ChatCompletionMessageParam,
+    )
+    from openai.types.completion_usage import CompletionUsage
+
+INVALID_ARGUMENTS_KEY: Final = "__invalid_arguments__"
+"""Key of the only entry in `ToolCall.arguments` when the model's arguments could not be parsed.
+
+Its value is `{"raw": <the text the model sent>, "error": <why it is not a JSON object>}`.
+"""
+
+DEFAULT_TIMEOUT: Final = 120.0
+"""Seconds to wait for a response (or, when streaming, between two chunks)."""
+
+_CONNECT_TIMEOUT: Final = 10.0
+_RETRYABLE_STATUS: Final = frozenset({408, 409, 429})
+# Keyword arguments of `chat.completions.create` that the adapter fills from the request.
+_RESERVED_SETTINGS: Final = frozenset({"model", "messages", "tools", "stream"})
+_DETAIL_LIMIT: Final = 500
+# Error types of an `error` event inside a stream that a later call may not hit again.
+_TRANSIENT_STREAM_ERRORS: Final = ("server_error", "rate_limit", "overloaded", "timeout", "unavailable")
+
+
+class ModelAPIError(AgentRunnerError):
+    """The model API rejected the request in a way that repeating it will not fix.
+
+    Raised for 400, 401, 403, 404, 422 and other non-retryable statuses, for an error
+    reported inside a stream that is not transient, and for a response the adapter cannot
+    read. The runner fails the turn instead of scheduling a retry.
+
+    Args:
+        status_code: The HTTP status, or None when the failure had none (stream error, bad body).
+        message: What went wrong, without credentials.
+    """
+
+    def __init__(self, status_code: int | None, message: str) -> None:
+        self.status_code = status_code
+        super().__init__(message)
+
+
+class OpenAIChatModel:
+    """A `ChatModel` that calls the chat-completions endpoint of an OpenAI-compatible server.
+
+    Args:
+        model: Model name sent with every request.
+        base_url: Server URL, for example `http://localhost:11434/v1`; the SDK default
+            (or `OPENAI_BASE_URL`) when None.
+        api_key: API key; `OPENAI_API_KEY` when None. Servers that check no key still need
+            a non-empty string here.
+        client: A ready `openai.OpenAI` client to use instead of building one; then
+            `base_url`, `api_key` and `timeout` must be left unset. It is not closed by `close()`.
+        stream: Stream the answer and pass each text delta to `ChatRequest.on_delta`.
+        timeout: Read timeout in seconds of the client built here (connecting gets at most 10 s).
+        max_retries: SDK-level retries. Keep 0 so that the runner's retry policy, which
+            honours Retry-After and survives restarts, is the only one.
+        price: `(input, output)` price per million tokens, used to fill `Usage.cost`.
+        **settings: Passed to `chat.completions.create` unchanged (`temperature`,
+            `max_tokens`, `tool_choice`, `extra_body`, ...).
+
+    Raises:
+        DefinitionError: Conflicting arguments, or no API key anywhere.
+    """
+
+    def __init__(
+        self,
+        model: str,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        client: openai.OpenAI | None = None,
+        stream: bool = False,
+        *,
+        timeout: float | None = None,
+        max_retries: int = 0,
+        price: tuple[float, float] | None = None,
+        **settings: Any,
+    ) -> None:
+        reserved = sorted(_RESERVED_SETTINGS & settings.keys())
+        if reserved:
+            raise DefinitionError(f"OpenAIChatModel sets {reserved} itself; they cannot be given as settings")
+        if client is not None:
+            given = [
+                name
+                for name, value in (("base_url", base_url), ("api_key", api_key), ("timeout", timeout))
+                if value is not None
+            ]
+            if given:
+                raise DefinitionError(f"OpenAIChatModel got a client and {given}; configure the client instead")
+            # A copy that shares the caller's connection pool, with our retry setting.
+            self._client = client.with_options(max_retries=max_retries)
+            self._owns_client = False
+        else:
+            read = DEFAULT_TIMEOUT if timeout is None else timeout
+            try:
+                self._client = openai.OpenAI(
+                    api_key=api_key,
+                    base_url=base_url,
+                    max_retries=max_retries,
+                    timeout=openai.Timeout(read, connect=min(read, _CONNECT_TIMEOUT)),
+                )
+            except openai.OpenAIError as exc:
+                raise DefinitionError(
+                    "OpenAIChatModel needs an API key: pass api_key (any non-empty string for a server "
+                    "that checks none) or set OPENAI_API_KEY"
+                ) from exc
+            self._owns_client = True
+        self.model = model
+        self.stream = stream
+        self.price = price
+        self.settings: dict[str, Any] = settings
+        self._base_url = str(self._client.base_url)
+
+    def generate(self, request: ChatRequest) -> ChatResponse:
+        """Call the model once and return its message and usage.
+
+        Raises:
+            RecoverableError: Timeout, connection failure, 408, 409, 429 or 5xx; `retry_after`
+                carries the server's Retry-After in seconds when it sent one.
+            ModelAPIError: Any other failure of the API.
+        """
+        messages = [_to_openai_message(message) for message in request.messages]
+        arguments: dict[str, Any] = dict(self.settings)
+        if request.tools:
+            tools: list[ChatCompletionFunctionToolParam] = [_to_openai_tool(spec) for spec in request.tools]
+            arguments["tools"] = tools
+        try:
+            if self.stream:
+                # Without include_usage a streamed answer reports no tokens, and budgets would never trip.
+                arguments.setdefault("stream_options", {"include_usage": True})
+                chunks = self._client.chat.completions.create(
+                    model=self.model, messages=messages, stream=True, **arguments
+                )
+                with chunks:
+                    return self._collect_stream(chunks, request)
+            completion = self._client.chat.completions.create(
+                model=self.model, messages=messages, stream=False, **arguments
+            )
+            return self._read_completion(completion)
+        except openai.OpenAIError as exc:
+            raise self._translate_error(exc) from exc
+
+    def close(self) -> None:
+        """Close the HTTP connections of the client built here (an injected client is left open)."""
+        if self._owns_client:
+            self._client.close()
+
+    def __enter__(self) -> OpenAIChatModel:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"OpenAIChatModel(model={self.model!r}, base_url={self._base_url!r}, stream={self.stream})"
+
+    def _read_completion(self, completion: ChatCompletion) -> ChatResponse:
+        if not completion.choices:
+            raise ModelAPIError(None, f"model {self.model!r} at {self._base_url} answered without any choice")
+        message = completion.choices[0].message
+        calls: list[ToolCall] = []
+        for call in message.tool_calls or []:
+            if call.type != "function":
+                # Only function tools are ever offered, so anything else is a server bug.
+                raise ModelAPIError(None, f"model {self.model!r} returned an unsupported {call.type!r} tool call")
+            calls.append(_tool_call(call.id, call.function.name, call.function.arguments))
+        return ChatResponse(
+            message=AiMessage(content=_text(message.content, message.refusal), tool_calls=calls),
+            usage=self._usage(completion.usage),
+        )
+
+    def _collect_stream(self, chunks: openai.Stream[ChatCompletionChunk], request: ChatRequest) -> ChatResponse:
+        content: list[str] = []
+        refusal: list[str] = []
+        partial_calls: dict[int, _PartialToolCall] = {}
+        usage: CompletionUsage | None = None
+        for chunk in chunks:
+            if chunk.usage is not None:
+                usage = chunk.usage
+            # The usage chunk has no choices, and with n > 1 only the first choice is kept.
+            for choice in chunk.choices:
+                if choice.index != 0:
+                    continue
+                delta = choice.delta
+                if delta.content:
+                    content.append(delta.content)
+                    if request.on_delta is not None:
+                        request.on_delta(delta.content)
+                if delta.refusal:
+                    refusal.append(delta.refusal)
+                for piece in delta.tool_calls or []:
+                    partial = partial_calls.setdefault(piece.index, _PartialToolCall())
+                    # The id and name come once, in the first piece of a call; some servers
+                    # repeat them in later pieces, so only the first value counts.
+                    if piece.id and not partial.id:
+                        partial.id = piece.id
+                    if piece.function is not None:
+                        if piece.function.name and not partial.name:
+                            partial.name = piece.function.name
+                        if piece.function.arguments:
+                            partial.arguments.append(piece.function.arguments)
+        calls = [
+            _tool_call(partial.id, partial.name, "".join(partial.arguments))
+            for _, partial in sorted(partial_calls.items())
+        ]
+        text = _text("".join(content) or None, "".join(refusal) or None)
+        return ChatResponse(message=AiMessage(content=text, tool_calls=calls), usage=self._usage(usage))
+
+    def _usage(self, usage: CompletionUsage | None) -> Usage:
+        if usage is None:
+            return Usage()
+        input_tokens = usage.prompt_tokens or 0
+        output_tokens = usage.completion_tokens or 0
+        cost = 0.0
+        if self.price is not None:
+            cost = (input_tokens * self.price[0] + output_tokens * self.price[1]) / 1_000_000
+        return Usage(input_tokens=input_tokens, output_tokens=output_tokens, cost=cost)
+
+    def _translate_error(self, exc: openai.OpenAIError) -> AgentRunnerError:
+        where = f"model {self.model!r} at {self._base_url}"
+        if isinstance(exc, openai.APITimeoutError):
+            return RecoverableError(f"{where} did not answer in time")
+        if isinstance(exc, openai.APIConnectionError):
+            return RecoverableError(f"{where} could not be reached: {self._redact(str(exc))}")
+        if isinstance(exc, openai.APIStatusError):
+            status = exc.status_code
+            message = f"{where} answered HTTP {status}: {self._redact(_error_detail(exc))}"
+            if status in _RETRYABLE_STATUS or status >= 500:
+                return RecoverableError(message, retry_after=parse_retry_after(exc.response.headers))
+            return ModelAPIError(status, message)
+        if isinstance(exc, openai.APIError):
+            # An `error` event in the middle of a stream: no status, only the error's type.
+            message = f"{where} reported an error while streaming: {self._redact(_error_detail(exc))}"
+            kind = f"{exc.type or ''} {exc.code or ''}".lower()
+            if any(marker in kind for marker in _TRANSIENT_STREAM_ERRORS):
+                return RecoverableError(message)
+            return ModelAPIError(None, message)
+        return ModelAPIError(None, f"{where} failed: {self._redact(str(exc))}")
+
+    def _redact(self, text: str) -> str:
+        # Some proxies echo the key they rejected; error messages end up in snapshots and logs.
+        key = self._client.api_key
+        if key and len(key) >= 4:
+            text = text.replace(key, "***")
+        return text
+
+
+@dataclass
+class _PartialToolCall:
+    """A tool call being assembled from stream pieces that share one `index`."""
+
+    id: str | None = None
+    name: str = ""
+    arguments: list[str] = field(default_factory=list)
+
+
+def parse_tool_arguments(text: str) -> dict[str, Any]:
+    """Parse a model's tool-call arguments, never raising.
+
+    Empty text means no arguments. Text that is not a JSON object becomes
+    `{INVALID_ARGUMENTS_KEY: {"raw": text, "error": reason}}`.
+    """
+    if not text.strip():
+        return {}
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        return {INVALID_ARGUMENTS_KEY: {"raw": text, "error": f"not valid JSON: {exc}"}}
+    if not isinstance(value, dict):
+        return {
+            INVALID_ARGUMENTS_KEY: {"raw": text, "error": f"a JSON object was expected, got {type(value).__name__}"}
+        }
+    return value
+
+
+def parse_retry_after(headers: Mapping[str, str], now: datetime | None = None) -> float | None:
+    """Return the wait a response asks for, in seconds, or None when it asks for none.
+
+    Reads `retry-after-ms` (sent by OpenAI) and then `Retry-After`, which holds either
+    seconds or an HTTP date. A date in the past means no wait (0.0); an unreadable value
+    is ignored.
+    """
+    milliseconds = _non_negative_float(headers.get("retry-after-ms"))
+    if milliseconds is not None:
+        return milliseconds / 1000
+    value = headers.get("retry-after")
+    if value is None:
+        return None
+    seconds = _non_negative_float(value)
+    if seconds is not None:
+        return seconds
+    try:
+        when = parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:
+        # RFC 9110 dates are always GMT; the parser leaves "-0000" dates naive.
+        when = when.replace(tzinfo=UTC)
+    return max(0.0, (when - (now or datetime.now(UTC))).total_seconds())
+
+
+def _non_negative_float(value: str | None) -> float | None:
+    if value is None:
+        return None
+    try:
+        number = float(value)
+    except ValueError:
+        return None
+    return number if math.isfinite(number) and number >= 0 else None
+
+
+def _tool_call(call_id: str | None, name: str, arguments: str) -> ToolCall:
+    # Some OpenAI-compatible servers omit call ids; the runner needs one to pair the ToolMessage.
+    return ToolCall(id=call_id or f"call_{new_id()}", name=name, arguments=parse_tool_arguments(arguments))
+
+
+def _text(content: str | None, refusal: str | None) -> str | None:
+    # A refusal replaces the content, and the person reading the turn should see why.
+    return content if content is not None else refusal
+
+
+def _error_detail(exc: openai.APIError) -> str:
+    body = exc.body
+    if isinstance(body, Mapping) and isinstance(body.get("message"), str):
+        detail: str = body["message"]
+    elif isinstance(body, str) and body.strip():
+        detail = body
+    else:
+        detail = exc.message
+    detail = " ".join(detail.split())
+    return detail if len(detail) <= _DETAIL_LIMIT else detail[: _DETAIL_LIMIT - 3] + "..."
+
+
+def _to_openai_tool(spec: ToolSpec) -> ChatCompletionFunctionToolParam:
+    return {
+        "type": "function",
+        "function": {"name": spec.name, "description": spec.description, "parameters": spec.parameters},
+    }
+
+
+def _to_openai_message(message: SystemMessage | UserMessage | AiMessage | ToolMessage) -> ChatCompletionMessageParam:
+    match message:
+        case SystemMessage():
+            return {"role": "system", "content": message.content}
+        case UserMessage():
+            return {"role": "user", "content": message.content}
+        case ToolMessage():
+            return {"role": "tool", "tool_call_id": message.tool_call_id, "content": message.content}
+        case AiMessage():
+            if not message.tool_calls:
+                return {"role": "assistant", "content": message.content or ""}
+            # Arguments are always re-encoded as valid JSON, also for a call kept under
+            # INVALID_ARGUMENTS_KEY: several servers parse them and answer 400 otherwise.
+            calls: list[ChatCompletionMessageFunctionToolCallParam] = [
+                {
+                    "id": call.id,
+                    "type": "function",
+                    "function": {"name": call.name, "arguments": json.dumps(call.arguments, ensure_ascii=False)},
+                }
+                for call in message.tool_calls
+            ]
+            return {"role": "assistant", "content": message.content, "tool_calls": calls}
+
+
+__all__ = [
+    "DEFAULT_TIMEOUT",
+    "INVALID_ARGUMENTS_KEY",
+    "ModelAPIError",
+    "OpenAIChatModel",
+    "parse_retry_after",
+    "parse_tool_arguments",
+]

@@ -1,0 +1,1 @@
+"""Celery workers for agent-runner."""
