@@ -225,6 +225,7 @@ class InMemoryChatMemoryProvider:
         self._memories: dict[str, InMemoryChatMemory] = {}
 
     def __call__(self, conversation_id: str) -> InMemoryChatMemory:
+        """Return the conversation's memory, creating it on first use."""
         with self._lock:
             memory = self._memories.get(conversation_id)
             if memory is None:

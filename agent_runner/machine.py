@@ -185,7 +185,7 @@ def _plan_tool(turn: AgentTurn, agent: Agent, call: ToolCall) -> StepPlan:
             resume_phase=Phase.TOOLS,
             metadata={"tool_name": tool.name, "arguments": masked},
         )
-        payload = {
+        payload: dict[str, Any] = {
             "role": "agent_action",
             "id": page_message_id(turn.id, call.id),
             "turn_id": turn.id,
@@ -217,7 +217,7 @@ def form_suspension(turn: AgentTurn, call: ToolCall, form: AgentFormDefinition, 
         metadata={"form_source": source, "tool_name": call.name, "form_key": form.key},
         form=form,
     )
-    payload = {
+    payload: dict[str, Any] = {
         "role": "agent_form",
         "id": page_message_id(turn.id, call.id),
         "turn_id": turn.id,

@@ -15,7 +15,7 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field, TypeAdapter
 
-from agent_runner._base import FrozenModel, PositionalModel, new_id
+from agent_runner._base import PositionalModel, new_id
 
 
 class ToolCall(PositionalModel):

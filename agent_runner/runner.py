@@ -421,9 +421,9 @@ class AgentRunner:
             on_delta=(lambda text: self._emit(AgentEventType.MODEL_DELTA, turn, delta=text)) if self._listeners else None,
         )
         try:
-            response = chain(self.middleware, "wrap_model", chat_model.generate)(request)
-            if isinstance(response, AiMessage):
-                response = ChatResponse(message=response)
+            raw: object = chain(self.middleware, "wrap_model", chat_model.generate)(request)
+            # Lenient with hand-written models and middleware that return a bare AiMessage.
+            response = ChatResponse(message=raw) if isinstance(raw, AiMessage) else raw
             if not isinstance(response, ChatResponse):
                 raise DefinitionError(f"chat model returned {type(response).__name__}, expected ChatResponse")
         except Exception as exc:

@@ -82,6 +82,7 @@ class Tool:
         return {k: ("***" if k in self.sensitive else v) for k, v in arguments.items()}
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Call the underlying function directly (no validation, no context)."""
         return self.function(*args, **kwargs)
 
     def __repr__(self) -> str:

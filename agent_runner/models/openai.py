@@ -16,9 +16,10 @@ can correct itself on its next call.
 
 from __future__ import annotations
 
+import inspect
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
@@ -142,6 +143,9 @@ class OpenAIChatModel:
                     "that checks none) or set OPENAI_API_KEY"
                 ) from exc
             self._owns_client = True
+        self._check_settings(settings)
+        if price is not None and (len(price) != 2 or min(price) < 0):
+            raise DefinitionError(f"price must be (input, output) per million tokens, both >= 0, got {price!r}")
         self.model = model
         self.stream = stream
         self.price = price
@@ -161,21 +165,27 @@ class OpenAIChatModel:
         if request.tools:
             tools: list[ChatCompletionFunctionToolParam] = [_to_openai_tool(spec) for spec in request.tools]
             arguments["tools"] = tools
-        try:
-            if self.stream:
-                # Without include_usage a streamed answer reports no tokens, and budgets would never trip.
-                arguments.setdefault("stream_options", {"include_usage": True})
+        if self.stream:
+            # Without include_usage a streamed answer reports no tokens, and budgets would never trip.
+            arguments.setdefault("stream_options", {"include_usage": True})
+            try:
                 chunks = self._client.chat.completions.create(
                     model=self.model, messages=messages, stream=True, **arguments
                 )
-                with chunks:
-                    return self._collect_stream(chunks, request)
+            except openai.OpenAIError as exc:
+                raise self._translate_error(exc) from exc
+            with chunks:
+                return self._collect_stream(chunks, request.on_delta)
+        try:
             completion = self._client.chat.completions.create(
                 model=self.model, messages=messages, stream=False, **arguments
             )
             return self._read_completion(completion)
         except openai.OpenAIError as exc:
             raise self._translate_error(exc) from exc
+        except (AttributeError, TypeError, ValueError) as exc:
+            # A body that is not a chat completion, typically an HTML page from a wrong base_url.
+            raise self._unreadable(exc) from exc
 
     def close(self) -> None:
         """Close the HTTP connections of the client built here (an injected client is left open)."""
@@ -190,6 +200,18 @@ class OpenAIChatModel:
 
     def __repr__(self) -> str:
         return f"OpenAIChatModel(model={self.model!r}, base_url={self._base_url!r}, stream={self.stream})"
+
+    def _check_settings(self, settings: Mapping[str, Any]) -> None:
+        # Caught here rather than as a TypeError in the middle of a turn, which would fail it.
+        parameters = inspect.signature(self._client.chat.completions.create).parameters
+        if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+            return
+        unknown = sorted(set(settings) - set(parameters))
+        if unknown:
+            raise DefinitionError(
+                f"OpenAIChatModel got unknown settings {unknown}; pass parameters that only some servers "
+                "understand in extra_body={...}"
+            )
 
     def _read_completion(self, completion: ChatCompletion) -> ChatResponse:
         if not completion.choices:
@@ -206,42 +228,25 @@ class OpenAIChatModel:
             usage=self._usage(completion.usage),
         )
 
-    def _collect_stream(self, chunks: openai.Stream[ChatCompletionChunk], request: ChatRequest) -> ChatResponse:
-        content: list[str] = []
-        refusal: list[str] = []
-        partial_calls: dict[int, _PartialToolCall] = {}
-        usage: CompletionUsage | None = None
-        for chunk in chunks:
-            if chunk.usage is not None:
-                usage = chunk.usage
-            # The usage chunk has no choices, and with n > 1 only the first choice is kept.
-            for choice in chunk.choices:
-                if choice.index != 0:
-                    continue
-                delta = choice.delta
-                if delta.content:
-                    content.append(delta.content)
-                    if request.on_delta is not None:
-                        request.on_delta(delta.content)
-                if delta.refusal:
-                    refusal.append(delta.refusal)
-                for piece in delta.tool_calls or []:
-                    partial = partial_calls.setdefault(piece.index, _PartialToolCall())
-                    # The id and name come once, in the first piece of a call; some servers
-                    # repeat them in later pieces, so only the first value counts.
-                    if piece.id and not partial.id:
-                        partial.id = piece.id
-                    if piece.function is not None:
-                        if piece.function.name and not partial.name:
-                            partial.name = piece.function.name
-                        if piece.function.arguments:
-                            partial.arguments.append(piece.function.arguments)
-        calls = [
-            _tool_call(partial.id, partial.name, "".join(partial.arguments))
-            for _, partial in sorted(partial_calls.items())
-        ]
-        text = _text("".join(content) or None, "".join(refusal) or None)
-        return ChatResponse(message=AiMessage(content=text, tool_calls=calls), usage=self._usage(usage))
+    def _collect_stream(
+        self, chunks: openai.Stream[ChatCompletionChunk], on_delta: Callable[[str], None] | None
+    ) -> ChatResponse:
+        assembly = _StreamAssembly()
+        iterator = iter(chunks)
+        while True:
+            # Only reading the stream is guarded: an error raised by `on_delta` belongs to
+            # the caller and must reach it unchanged.
+            try:
+                text = assembly.add(next(iterator))
+            except StopIteration:
+                break
+            except openai.OpenAIError as exc:
+                raise self._translate_error(exc) from exc
+            except (AttributeError, TypeError, ValueError) as exc:
+                raise self._unreadable(exc) from exc
+            if text and on_delta is not None:
+                on_delta(text)
+        return ChatResponse(message=assembly.message(), usage=self._usage(assembly.usage))
 
     def _usage(self, usage: CompletionUsage | None) -> Usage:
         if usage is None:
@@ -258,7 +263,13 @@ class OpenAIChatModel:
         if isinstance(exc, openai.APITimeoutError):
             return RecoverableError(f"{where} did not answer in time")
         if isinstance(exc, openai.APIConnectionError):
-            return RecoverableError(f"{where} could not be reached: {self._redact(str(exc))}")
+            # The SDK's own message is a constant; the transport error under it says what failed.
+            cause = exc.__cause__ or exc
+            return RecoverableError(
+                f"{where} could not be reached or dropped the connection: {self._redact(str(cause))}"
+            )
+        if isinstance(exc, openai.APIResponseValidationError):
+            return self._unreadable(exc)
         if isinstance(exc, openai.APIStatusError):
             status = exc.status_code
             message = f"{where} answered HTTP {status}: {self._redact(_error_detail(exc))}"
@@ -273,6 +284,13 @@ class OpenAIChatModel:
                 return RecoverableError(message)
             return ModelAPIError(None, message)
         return ModelAPIError(None, f"{where} failed: {self._redact(str(exc))}")
+
+    def _unreadable(self, exc: Exception) -> ModelAPIError:
+        return ModelAPIError(
+            None,
+            f"model {self.model!r} at {self._base_url} sent a response that is not a chat completion "
+            f"({self._redact(str(exc))}); check base_url",
+        )
 
     def _redact(self, text: str) -> str:
         # Some proxies echo the key they rejected; error messages end up in snapshots and logs.
@@ -289,6 +307,49 @@ class _PartialToolCall:
     id: str | None = None
     name: str = ""
     arguments: list[str] = field(default_factory=list)
+
+
+@dataclass
+class _StreamAssembly:
+    """The answer being assembled from the chunks of a stream."""
+
+    content: list[str] = field(default_factory=list)
+    refusal: list[str] = field(default_factory=list)
+    calls: dict[int, _PartialToolCall] = field(default_factory=dict)
+    usage: CompletionUsage | None = None
+
+    def add(self, chunk: ChatCompletionChunk) -> str | None:
+        """Take in one chunk and return its text delta, if it has one."""
+        if chunk.usage is not None:
+            self.usage = chunk.usage
+        text: str | None = None
+        # The usage chunk has no choices, and with n > 1 only the first choice is kept.
+        for choice in chunk.choices:
+            if choice.index != 0:
+                continue
+            delta = choice.delta
+            if delta.content:
+                text = delta.content
+                self.content.append(text)
+            if delta.refusal:
+                self.refusal.append(delta.refusal)
+            for piece in delta.tool_calls or []:
+                partial = self.calls.setdefault(piece.index, _PartialToolCall())
+                # The id and name come once, in the first piece of a call; some servers
+                # repeat them in later pieces, so only the first value counts.
+                if piece.id and not partial.id:
+                    partial.id = piece.id
+                if piece.function is not None:
+                    if piece.function.name and not partial.name:
+                        partial.name = piece.function.name
+                    if piece.function.arguments:
+                        partial.arguments.append(piece.function.arguments)
+        return text
+
+    def message(self) -> AiMessage:
+        """The assembled answer, tool calls in index order."""
+        calls = [_tool_call(p.id, p.name, "".join(p.arguments)) for _, p in sorted(self.calls.items())]
+        return AiMessage(content=_text("".join(self.content) or None, "".join(self.refusal) or None), tool_calls=calls)
 
 
 def parse_tool_arguments(text: str) -> dict[str, Any]:

@@ -1,0 +1,66 @@
+# Every target creates (once) and reuses the virtual environment in .venv.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+PYTEST_ARGS ?=
+
+.DEFAULT_GOAL := help
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[all,dev]'
+	touch $(STAMP)
+
+.PHONY: install
+install: $(STAMP) ## Create .venv and install the project with every extra
+
+.PHONY: demo
+demo: $(STAMP) ## Run the support-ticket demo on the embedded default (SQLite, no services)
+	$(BIN)/python -m workers.demo
+
+.PHONY: services
+services: ## Start local PostgreSQL and Redis if they are down (no-op when they run)
+	@bash deploy/local-services.sh
+
+.PHONY: test
+test: $(STAMP) services ## Run every test: unit, contract over all backends, integration with real services
+	$(BIN)/python -m pytest -q -m "not slow" $(PYTEST_ARGS)
+
+.PHONY: test-unit
+test-unit: $(STAMP) ## Fast tests that need no services
+	$(BIN)/python -m pytest -q tests/unit tests/test_architecture.py $(PYTEST_ARGS)
+
+.PHONY: chaos
+chaos: $(STAMP) services ## Long soak and chaos runs
+	$(BIN)/python -m pytest -q -m slow $(PYTEST_ARGS)
+
+.PHONY: lint
+lint: $(STAMP) ## ruff format check and lint
+	$(BIN)/ruff check agent_runner store workers tests bench
+
+.PHONY: format
+format: $(STAMP) ## Format and autofix
+	$(BIN)/ruff format agent_runner store workers tests bench
+	$(BIN)/ruff check --fix agent_runner store workers tests bench
+
+.PHONY: typecheck
+typecheck: $(STAMP) ## mypy (strict)
+	$(BIN)/mypy
+
+.PHONY: bench
+bench: $(STAMP) services ## Run the benchmarks and print ratios against in-run baselines
+	$(BIN)/python bench/step_overhead.py
+	@if [ -f bench/store_growth.py ]; then $(BIN)/python bench/store_growth.py; fi
+
+.PHONY: all
+all: lint typecheck test ## Lint, typecheck and test
+
+.PHONY: clean
+clean: ## Remove the virtual environment and caches
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis .agent-runner
+
+.PHONY: help
+help: ## Show this help
+	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-12s %s\n", $$1, $$2}'
