@@ -1,0 +1,350 @@
+"""The `agent-runner` command line: operate turns from a terminal.
+
+Every command reads the database from `--database-url` or `AGENT_RUNNER_DATABASE_URL`
+(default: the embedded SQLite file `./agent_runner.db`). Human-readable output by default,
+`--json` for scripts. Errors exit non-zero with a message on standard error: 2 for bad
+input (unknown turn, invalid form data, a command that does not fit the turn), 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import sys
+import time
+from collections.abc import Callable, Iterable
+from typing import Any, NoReturn
+
+import click
+
+from agent_runner import (
+    Agent,
+    AgentLoader,
+    AgentResumeCommand,
+    AgentRunner,
+    AgentRunnerError,
+    AgentTurn,
+    AgentTurnStatus,
+    InMemoryAgentLoader,
+    InvalidResumeCommand,
+    TurnNotFound,
+)
+
+DEFAULT_DATABASE_URL = "sqlite:///./agent_runner.db"
+EXIT_BAD_INPUT = 2
+
+
+def _fail(message: str, code: int = 1, details: Iterable[str] = ()) -> NoReturn:
+    click.echo(f"error: {message}", err=True)
+    for line in details:
+        click.echo(f"  - {line}", err=True)
+    sys.exit(code)
+
+
+def load_agents(spec: str | None) -> AgentLoader:
+    """Build an agent loader from `module:attribute` (an AgentLoader, an Agent or a list of Agents)."""
+    if not spec:
+        return InMemoryAgentLoader()
+    module_name, _, attribute = spec.partition(":")
+    if not module_name or not attribute:
+        raise click.BadParameter(f"expected module:attribute, got {spec!r}", param_hint="AGENT_RUNNER_AGENT_LOADER")
+    try:
+        value: Any = getattr(importlib.import_module(module_name), attribute)
+    except (ImportError, AttributeError) as exc:
+        raise click.BadParameter(f"cannot load {spec!r}: {exc}", param_hint="AGENT_RUNNER_AGENT_LOADER") from exc
+    if callable(value) and not isinstance(value, Agent | AgentLoader):
+        value = value()
+    if isinstance(value, Agent):
+        return InMemoryAgentLoader([value])
+    if isinstance(value, AgentLoader):
+        return value
+    if isinstance(value, list | tuple) and all(isinstance(a, Agent) for a in value):
+        return InMemoryAgentLoader(value)
+    raise click.BadParameter(
+        f"{spec!r} is a {type(value).__name__}, not an AgentLoader or a list of Agents",
+        param_hint="AGENT_RUNNER_AGENT_LOADER",
+    )
+
+
+class _Context:
+    def __init__(self, database_url: str, agents: str | None, as_json: bool) -> None:
+        self.database_url = database_url
+        self.agents = agents
+        self.as_json = as_json
+        self._runner: AgentRunner | None = None
+
+    def runner(self) -> AgentRunner:
+        if self._runner is None:
+            from store import SqlAgentTurnStore, SqlChatMemoryProvider
+
+            self._runner = AgentRunner(
+                turn_store=SqlAgentTurnStore(self.database_url),
+                agent_loader=load_agents(self.agents),
+                chat_memory_provider=SqlChatMemoryProvider(self.database_url),
+            )
+        return self._runner
+
+    def emit(self, data: Any, human: Callable[[], None]) -> None:
+        if self.as_json:
+            click.echo(json.dumps(data, indent=2, default=str))
+        else:
+            human()
+
+
+pass_context = click.make_pass_decorator(_Context)
+
+
+@click.group()
+@click.option(
+    "--database-url",
+    envvar="AGENT_RUNNER_DATABASE_URL",
+    default=DEFAULT_DATABASE_URL,
+    show_default=True,
+    help="SQLAlchemy URL of the turn store.",
+)
+@click.option("--agents", envvar="AGENT_RUNNER_AGENT_LOADER", default=None, help="module:attribute of the agents.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable JSON output.")
+@click.pass_context
+def main(ctx: click.Context, database_url: str, agents: str | None, as_json: bool) -> None:
+    """Operate agent-runner turns: inspect, resume, cancel, migrate, run a worker."""
+    ctx.obj = _Context(database_url, agents, as_json)
+
+
+@main.command()
+def demo() -> None:
+    """Run the support-desk demo on a temporary SQLite file."""
+    from workers.demo import main as run_demo
+
+    sys.exit(run_demo([]))
+
+
+@main.group()
+def db() -> None:
+    """Database schema commands."""
+
+
+@db.command("upgrade")
+@pass_context
+def db_upgrade(obj: _Context) -> None:
+    """Migrate the database to the newest schema (idempotent)."""
+    from store import migrate
+
+    try:
+        migrate(obj.database_url)
+    except AgentRunnerError as exc:
+        _fail(str(exc))
+    obj.emit({"upgraded": True}, lambda: click.echo("database schema is up to date"))
+
+
+@main.command()
+@click.option("--concurrency", default=2, show_default=True, help="Stepping threads.")
+@click.option("--lease-ttl", default=30.0, show_default=True, help="Seconds a turn lease lasts without renewal.")
+@click.option("--poll-interval", default=0.5, show_default=True, help="Seconds between polls when idle.")
+@click.option("--run-for", type=float, default=None, help="Stop after this many seconds (default: until Ctrl-C).")
+@pass_context
+def worker(obj: _Context, concurrency: int, lease_ttl: float, poll_interval: float, run_for: float | None) -> None:
+    """Run the embedded AgentWorker (SQL leases, no Redis or Celery needed)."""
+    from agent_runner.worker import AgentWorker
+    from store import SqlTurnLease
+
+    runner = obj.runner()
+    embedded = AgentWorker(
+        runner,
+        lease=SqlTurnLease(obj.database_url),
+        concurrency=concurrency,
+        lease_ttl=lease_ttl,
+        poll_interval=poll_interval,
+    )
+    click.echo(f"worker {embedded.owner} stepping turns with {concurrency} thread(s); Ctrl-C stops", err=True)
+    embedded.start()
+    try:
+        deadline = None if run_for is None else time.monotonic() + run_for
+        while deadline is None or time.monotonic() < deadline:
+            time.sleep(0.2)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        embedded.stop()
+
+
+@main.group()
+def turns() -> None:
+    """Inspect turns."""
+
+
+def _summary(turn: AgentTurn) -> dict[str, Any]:
+    return {
+        "id": turn.id,
+        "agent_id": turn.agent_id,
+        "status": turn.status.value,
+        "phase": turn.phase.value,
+        "conversation_id": turn.conversation_id,
+        "parent_turn_id": turn.parent_turn_id,
+        "version": turn.version,
+        "steps": turn.steps,
+        "updated_at": turn.updated_at.isoformat(),
+    }
+
+
+@turns.command("list")
+@click.option(
+    "--status",
+    "statuses",
+    multiple=True,
+    type=click.Choice([s.value for s in AgentTurnStatus], case_sensitive=False),
+    help="Only turns in this status (repeatable).",
+)
+@click.option("--conversation", default=None, help="Only turns of this conversation.")
+@click.option("--limit", default=50, show_default=True)
+@pass_context
+def turns_list(obj: _Context, statuses: tuple[str, ...], conversation: str | None, limit: int) -> None:
+    """List turns, most recently updated first."""
+    found = obj.runner().turn_store.list_turns(
+        statuses=[AgentTurnStatus(s.upper()) for s in statuses] or None, conversation_id=conversation, limit=limit
+    )
+
+    def human() -> None:
+        if not found:
+            click.echo("no turns")
+        for turn in found:
+            click.echo(f"{turn.id}  {turn.status.value:<22} {turn.agent_id:<20} {turn.updated_at:%Y-%m-%d %H:%M:%S}")
+
+    obj.emit([_summary(t) for t in found], human)
+
+
+def _load(obj: _Context, turn_id: str) -> AgentTurn:
+    try:
+        return obj.runner().turn_store.load(turn_id)
+    except TurnNotFound as exc:
+        _fail(str(exc), EXIT_BAD_INPUT)
+
+
+def _safe_history(turn: AgentTurn) -> list[dict[str, Any]]:
+    history: list[dict[str, Any]] = []
+    for message in turn.messages:
+        item: dict[str, Any] = {"role": message.role}
+        content = getattr(message, "content", None)
+        if content is not None:
+            item["content"] = content
+        if message.role == "assistant" and message.tool_calls:  # type: ignore[union-attr]
+            item["tool_calls"] = [c.name for c in message.tool_calls]  # type: ignore[union-attr]
+        if message.role == "tool":
+            item["tool_name"] = message.tool_name  # type: ignore[union-attr]
+            item["is_error"] = message.is_error  # type: ignore[union-attr]
+        history.append(item)
+    return history
+
+
+@turns.command("show")
+@click.argument("turn_id")
+@pass_context
+def turns_show(obj: _Context, turn_id: str) -> None:
+    """Show a turn: status, suspension and history (tool arguments are not shown)."""
+    turn = _load(obj, turn_id)
+    suspension = turn.suspension
+    data = {
+        **_summary(turn),
+        "error": turn.error,
+        "final_output": turn.final_output,
+        "pending_tool_calls": [{"id": c.id, "name": c.name} for c in turn.pending_tool_calls],
+        "suspension": None
+        if suspension is None
+        else {
+            "type": suspension.type.value,
+            "correlation_id": suspension.correlation_id,
+            "message": suspension.message,
+            "form": None if suspension.form is None else suspension.form.to_dict(),
+        },
+        "history": _safe_history(turn),
+    }
+
+    def human() -> None:
+        click.echo(f"turn {turn.id}  ({turn.agent_id} v{turn.agent_version})")
+        click.echo(f"  status   {turn.status.value}  phase {turn.phase.value}  version {turn.version}")
+        if turn.error:
+            click.echo(f"  error    {turn.error}")
+        if suspension is not None:
+            click.echo(f"  waiting  {suspension.type.value} on {suspension.correlation_id or '-'}: {suspension.message}")
+            if suspension.form is not None:
+                click.echo("  form schema " + json.dumps(suspension.form.schema))
+        click.echo("  history")
+        for item in data["history"]:
+            extra = f" -> {', '.join(item['tool_calls'])}" if item.get("tool_calls") else ""
+            click.echo(f"    {item['role']:<9} {item.get('content') or ''}{extra}")
+
+    obj.emit(data, human)
+
+
+@main.command()
+@click.argument("turn_id")
+@click.option("--approve", "approve", metavar="CALL", default=None, help="Approve the pending tool call CALL.")
+@click.option("--reject", "reject", metavar="CALL", default=None, help="Reject the pending tool call CALL.")
+@click.option("--reason", default="rejected by the operator", show_default=True, help="Why, with --reject.")
+@click.option("--input", "text", metavar="TEXT", default=None, help="Answer a plain-text question.")
+@click.option("--form", "form", nargs=2, metavar="CALL JSON", default=None, help="Submit form data for CALL.")
+@click.option("--retry", is_flag=True, help="Retry a RETRY_SCHEDULED turn now.")
+@click.option("--run", "run_now", is_flag=True, help="Continue the turn in this process (needs --agents).")
+@pass_context
+def resume(
+    obj: _Context,
+    turn_id: str,
+    approve: str | None,
+    reject: str | None,
+    reason: str,
+    text: str | None,
+    form: tuple[str, str] | None,
+    retry: bool,
+    run_now: bool,
+) -> None:
+    """Resume a waiting turn; by default it is saved runnable for a worker to continue."""
+    chosen = [x for x in (approve, reject, text, form, retry or None) if x is not None]
+    if len(chosen) != 1:
+        _fail("give exactly one of --approve, --reject, --input, --form, --retry", EXIT_BAD_INPUT)
+    if approve is not None:
+        command = AgentResumeCommand.approve_tool(approve)
+    elif reject is not None:
+        command = AgentResumeCommand.reject_tool(reject, reason)
+    elif text is not None:
+        command = AgentResumeCommand.user_input(text)
+    elif form is not None:
+        try:
+            data = json.loads(form[1])
+        except json.JSONDecodeError as exc:
+            _fail(f"--form data is not valid JSON: {exc}", EXIT_BAD_INPUT)
+        if not isinstance(data, dict):
+            _fail("--form data must be a JSON object", EXIT_BAD_INPUT)
+        command = AgentResumeCommand.user_input(form[0], data)
+    else:
+        command = AgentResumeCommand.retry()
+    command = command.with_metadata("channel", "cli").with_metadata("operator", os.environ.get("USER", "unknown"))
+    runner = obj.runner()
+    try:
+        turn = runner.resume(turn_id, command) if run_now else runner.submit_resume(turn_id, command)
+    except TurnNotFound as exc:
+        _fail(str(exc), EXIT_BAD_INPUT)
+    except InvalidResumeCommand as exc:
+        _fail(str(exc), EXIT_BAD_INPUT, exc.errors)
+    except AgentRunnerError as exc:
+        _fail(str(exc))
+    obj.emit(_summary(turn), lambda: click.echo(f"turn {turn.id} is {turn.status.value}"))
+
+
+@main.command()
+@click.argument("turn_id")
+@click.option("--reason", default=None, help="Reason recorded in the close-out (default: the policy's).")
+@pass_context
+def cancel(obj: _Context, turn_id: str, reason: str | None) -> None:
+    """Cancel a turn and its children (a running turn stops at its next boundary)."""
+    try:
+        turn = obj.runner().cancel(turn_id, reason)
+    except TurnNotFound as exc:
+        _fail(str(exc), EXIT_BAD_INPUT)
+    except AgentRunnerError as exc:
+        _fail(str(exc))
+    message = "cancel requested; it stops at its next boundary" if turn.status is AgentTurnStatus.RUNNING else ""
+    obj.emit(_summary(turn), lambda: click.echo(f"turn {turn.id} is {turn.status.value} {message}".rstrip()))
+
+
+if __name__ == "__main__":
+    main()
