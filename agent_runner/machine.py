@@ -23,7 +23,7 @@ from agent_runner.models import ChatResponse
 from agent_runner.policy import AgentExecutionPolicy
 from agent_runner.snapshot import AgentTurn, AgentTurnStatus, ChildLink, PageAction
 from agent_runner.suspensions import AgentResumeCommand, AgentSuspension, Phase, ResumeType, SuspensionType
-from agent_runner.tools import AgentUserInputTool, Tool
+from agent_runner.tools import INVALID_ARGUMENTS_KEY, AgentUserInputTool, Tool
 
 S = AgentTurnStatus
 _TERMINAL = frozenset(s for s in S if s.is_terminal)
@@ -159,6 +159,14 @@ def budget_exceeded(turn: AgentTurn, agent: Agent) -> str | None:
 
 
 def _plan_tool(turn: AgentTurn, agent: Agent, call: ToolCall) -> StepPlan:
+    invalid = call.arguments.get(INVALID_ARGUMENTS_KEY)
+    if isinstance(invalid, dict) and len(call.arguments) == 1:
+        return WriteToolResult(
+            call,
+            f"The arguments for tool {call.name!r} were not a JSON object ({invalid.get('error')}), so the tool "
+            "was not run. Call it again with a JSON object that matches its parameters.",
+            True,
+        )
     sub_agent = agent.sub_agent(call.name)
     if sub_agent is not None:
         return _plan_delegation(turn, agent, call)

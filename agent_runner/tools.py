@@ -21,6 +21,12 @@ from agent_runner.models import ToolSpec
 
 TOOL_NAME_PATTERN = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 USER_INPUT_TOOL_NAME = "request_user_input"
+INVALID_ARGUMENTS_KEY = "__invalid_arguments__"
+"""Key under which a model adapter keeps tool-call arguments that were not a JSON object.
+
+The value is `{"raw": <the text the model sent>, "error": <why it did not parse>}`; the
+runner answers such a call with an error ToolMessage so the model can correct itself.
+"""
 
 
 class Tool:

@@ -4,8 +4,9 @@ Needs the optional `openai` extra (`pip install agent-runner[openai]`). Nothing 
 `agent_runner` imports this module, so the core keeps working without the SDK.
 
 Failures are sorted for the runner's retry policy: timeouts, connection errors, 408, 409,
-429 and 5xx become `RecoverableError` (carrying the server's Retry-After); every other API
-error becomes the deterministic `ModelAPIError`. SDK-level retries are off by default so
+429, 5xx and a stream cut off before its finish reason become `RecoverableError` (carrying
+the server's Retry-After); every other API error, and a body that is not a chat
+completion, becomes the deterministic `ModelAPIError`. SDK-level retries are off by default so
 the runner alone decides when to call again, with backoff that survives a process restart.
 
 Tool-call arguments that are not a JSON object do not raise: the call is kept with
@@ -26,11 +27,13 @@ from email.utils import parsedate_to_datetime
 from typing import TYPE_CHECKING, Any, Final
 
 import openai
+from openai.resources.chat import Completions
 
 from agent_runner._base import new_id
 from agent_runner.errors import AgentRunnerError, DefinitionError, RecoverableError
 from agent_runner.messages import AiMessage, SystemMessage, ToolCall, ToolMessage, UserMessage
 from agent_runner.models import ChatRequest, ChatResponse, ToolSpec
+from agent_runner.tools import INVALID_ARGUMENTS_KEY
 from agent_runner.usage import Usage
 
 if TYPE_CHECKING:
@@ -42,12 +45,6 @@ if TYPE_CHECKING:
         ChatCompletionMessageParam,
     )
     from openai.types.completion_usage import CompletionUsage
-
-INVALID_ARGUMENTS_KEY: Final = "__invalid_arguments__"
-"""Key of the only entry in `ToolCall.arguments` when the model's arguments could not be parsed.
-
-Its value is `{"raw": <the text the model sent>, "error": <why it is not a JSON object>}`.
-"""
 
 DEFAULT_TIMEOUT: Final = 120.0
 """Seconds to wait for a response (or, when streaming, between two chunks)."""
@@ -114,9 +111,9 @@ class OpenAIChatModel:
         price: tuple[float, float] | None = None,
         **settings: Any,
     ) -> None:
-        reserved = sorted(_RESERVED_SETTINGS & settings.keys())
-        if reserved:
-            raise DefinitionError(f"OpenAIChatModel sets {reserved} itself; they cannot be given as settings")
+        _check_settings(settings)
+        if price is not None and (len(price) != 2 or min(price) < 0):
+            raise DefinitionError(f"price must be (input, output) per million tokens, both >= 0, got {price!r}")
         if client is not None:
             given = [
                 name
@@ -143,9 +140,6 @@ class OpenAIChatModel:
                     "that checks none) or set OPENAI_API_KEY"
                 ) from exc
             self._owns_client = True
-        self._check_settings(settings)
-        if price is not None and (len(price) != 2 or min(price) < 0):
-            raise DefinitionError(f"price must be (input, output) per million tokens, both >= 0, got {price!r}")
         self.model = model
         self.stream = stream
         self.price = price
@@ -201,18 +195,6 @@ class OpenAIChatModel:
     def __repr__(self) -> str:
         return f"OpenAIChatModel(model={self.model!r}, base_url={self._base_url!r}, stream={self.stream})"
 
-    def _check_settings(self, settings: Mapping[str, Any]) -> None:
-        # Caught here rather than as a TypeError in the middle of a turn, which would fail it.
-        parameters = inspect.signature(self._client.chat.completions.create).parameters
-        if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
-            return
-        unknown = sorted(set(settings) - set(parameters))
-        if unknown:
-            raise DefinitionError(
-                f"OpenAIChatModel got unknown settings {unknown}; pass parameters that only some servers "
-                "understand in extra_body={...}"
-            )
-
     def _read_completion(self, completion: ChatCompletion) -> ChatResponse:
         if not completion.choices:
             raise ModelAPIError(None, f"model {self.model!r} at {self._base_url} answered without any choice")
@@ -246,6 +228,10 @@ class OpenAIChatModel:
                 raise self._unreadable(exc) from exc
             if text and on_delta is not None:
                 on_delta(text)
+        if not assembly.finished:
+            # A connection closed early can look like a normal end of the body; saving the
+            # partial answer as final would be wrong, and asking again usually succeeds.
+            raise RecoverableError(f"model {self.model!r} at {self._base_url} ended the stream before finishing")
         return ChatResponse(message=assembly.message(), usage=self._usage(assembly.usage))
 
     def _usage(self, usage: CompletionUsage | None) -> Usage:
@@ -317,6 +303,8 @@ class _StreamAssembly:
     refusal: list[str] = field(default_factory=list)
     calls: dict[int, _PartialToolCall] = field(default_factory=dict)
     usage: CompletionUsage | None = None
+    finished: bool = False
+    """Whether a finish reason arrived; without one the stream was cut off."""
 
     def add(self, chunk: ChatCompletionChunk) -> str | None:
         """Take in one chunk and return its text delta, if it has one."""
@@ -327,6 +315,8 @@ class _StreamAssembly:
         for choice in chunk.choices:
             if choice.index != 0:
                 continue
+            if choice.finish_reason is not None:
+                self.finished = True
             delta = choice.delta
             if delta.content:
                 text = delta.content
@@ -350,6 +340,22 @@ class _StreamAssembly:
         """The assembled answer, tool calls in index order."""
         calls = [_tool_call(p.id, p.name, "".join(p.arguments)) for _, p in sorted(self.calls.items())]
         return AiMessage(content=_text("".join(self.content) or None, "".join(self.refusal) or None), tool_calls=calls)
+
+
+def _check_settings(settings: Mapping[str, Any]) -> None:
+    reserved = sorted(_RESERVED_SETTINGS & settings.keys())
+    if reserved:
+        raise DefinitionError(f"OpenAIChatModel sets {reserved} itself; they cannot be given as settings")
+    # Caught here rather than as a TypeError in the middle of a turn, which would fail it.
+    parameters = inspect.signature(Completions.create).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+        return
+    unknown = sorted(set(settings) - set(parameters) - {"self"})
+    if unknown:
+        raise DefinitionError(
+            f"OpenAIChatModel got unknown settings {unknown}; pass parameters that only some servers "
+            "understand in extra_body={...}"
+        )
 
 
 def parse_tool_arguments(text: str) -> dict[str, Any]:
