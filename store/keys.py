@@ -1,0 +1,65 @@
+"""Every Redis key the store uses, built under one configurable namespace prefix.
+
+No other module spells a key; they all ask a `RedisKeys` for it, so the layout can be
+read (and changed) in one place:
+
+| key | type | lifetime | written by |
+|---|---|---|---|
+| `{prefix}:turn:{<turn_id>}:lease` | hash `owner`, `fence` | the lease TTL | `lease_acquire.lua`, `lease_renew.lua`, `lease_release.lua` |
+| `{prefix}:turn:{<turn_id>}:fence` | integer counter | no expiry | `lease_acquire.lua` |
+| `{prefix}:conversation:{<conversation_id>}:active-turn` | string, a turn id | until released | `guard_*.lua` |
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+DEFAULT_PREFIX = "agent-runner"
+"""The namespace of every key unless a deployment chooses another one."""
+
+_GLOB_SPECIAL = re.compile(r"([\\*?\[\]])")
+
+
+def _require_id(kind: str, value: str) -> str:
+    # An empty id would give the empty hash tag `{}`, which Redis Cluster ignores: the lease
+    # and fence keys of one turn could then land in different slots and no script could
+    # touch both.
+    if not value:
+        raise ValueError(f"a Redis key needs a non-empty {kind}, got {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class RedisKeys:
+    """Builds the Redis keys of one namespace.
+
+    The id inside each key is wrapped in braces, a Redis Cluster hash tag: the keys that
+    one script touches together (a turn's lease and its fence counter) always hash to the
+    same slot.
+
+    Attributes:
+        prefix: The namespace every key starts with, followed by `:`.
+    """
+
+    prefix: str = DEFAULT_PREFIX
+
+    def __post_init__(self) -> None:
+        if not self.prefix:
+            raise ValueError(f"the Redis key prefix must not be empty, got {self.prefix!r}")
+
+    def turn_lease(self, turn_id: str) -> str:
+        """Return the key of the turn's lease: a hash of `owner` and `fence` that expires with the lease."""
+        return f"{self.prefix}:turn:{{{_require_id('turn id', turn_id)}}}:lease"
+
+    def turn_fence(self, turn_id: str) -> str:
+        """Return the key of the turn's fencing counter, which outlives every lease of the turn."""
+        return f"{self.prefix}:turn:{{{_require_id('turn id', turn_id)}}}:fence"
+
+    def active_turn(self, conversation_id: str) -> str:
+        """Return the key holding the id of the conversation's active turn."""
+        return f"{self.prefix}:conversation:{{{_require_id('conversation id', conversation_id)}}}:active-turn"
+
+    def pattern(self) -> str:
+        """Return a `SCAN MATCH` pattern matching every key of this namespace and no other."""
+        return _GLOB_SPECIAL.sub(r"\\\1", self.prefix) + ":*"
