@@ -30,6 +30,8 @@ from agent_runner.errors import (
     InvalidTransitionError,
     RecoverableError,
     ToolError,
+    TurnError,
+    TurnNotFound,
     VersionConflictError,
 )
 from agent_runner.events import AgentEvent, AgentEventListener, AgentEventType
@@ -136,7 +138,6 @@ class AgentRunner:
         self.clock = clock
         self._listeners: list[AgentEventListener] = []
         self._local = threading.local()
-        self._step_chain = chain(self.middleware, "wrap_step", self._step)
 
     # --- Public API --------------------------------------------------------------------------
 
@@ -200,7 +201,19 @@ class AgentRunner:
         A turn that is not runnable (waiting, terminal, or a retry that is not due) is
         returned unchanged.
         """
-        return self._step_chain(turn)
+        if not self.middleware:
+            return self._step(turn)
+        produced: list[AgentStepResult] = []
+
+        def innermost(_: AgentTurn) -> AgentStepResult:
+            # Middleware observes steps but cannot change the state flow: the step runs on the
+            # caller's snapshot, and its own result is returned whatever the middleware returns.
+            result = self._step(turn)
+            produced.append(result)
+            return result
+
+        chain(self.middleware, "wrap_step", innermost)(turn)
+        return produced[0] if produced else self._step(turn)
 
     def run_until_blocked(self, turn: AgentTurn) -> AgentTurn:
         """Step the turn until it waits or ends, and return the last snapshot.
@@ -282,6 +295,13 @@ class AgentRunner:
         """
         if turn.status not in (S.READY, S.RUNNING):
             raise InvalidTransitionError(turn.status, machine.SUSPENSION_STATUS[suspension.type], {S.READY, S.RUNNING})
+        if turn.pending_tool_calls:
+            # A user message cannot sit between a tool call and its result: the model API
+            # would reject the history. Suspend before the model step or after the tools ran.
+            raise TurnError(
+                f"turn {turn.id!r} has {len(turn.pending_tool_calls)} unanswered tool call(s); "
+                "it can be suspended only when no tool call is pending"
+            )
         now = self.clock()
         suspended = machine.apply_suspension(turn, machine.Suspend(suspension, None), now, count_step=False)
         saved = self._save(suspended, turn.version)
@@ -643,7 +663,10 @@ class AgentRunner:
     def _apply_resume(self, turn_id: str, command: AgentResumeCommand) -> AgentTurn:
         if command.type is ResumeType.CHILD_COMPLETED:
             turn = self.turn_store.load(turn_id)
-            child = self.turn_store.load(command.child_turn_id) if command.child_turn_id else None
+            try:
+                child = self.turn_store.load(command.child_turn_id) if command.child_turn_id else None
+            except TurnNotFound:
+                child = None  # an unknown child id makes the command invalid; the turn itself exists
             if child is None or child.parent_turn_id != turn_id:
                 raise InvalidResumeCommand(
                     f"turn {command.child_turn_id!r} is not a child of turn {turn_id!r}", turn_id=turn_id
