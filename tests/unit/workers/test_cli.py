@@ -1,0 +1,164 @@
+"""The `agent-runner` command line, driven as a subprocess on a SQLite store."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agent_runner import (
+    Agent,
+    AgentFormDefinition,
+    AgentRunner,
+    AgentTurn,
+    AgentTurnStatus,
+    AgentUserInputTool,
+    AiMessage,
+    ScriptedChatModel,
+    ToolCall,
+    tool,
+)
+from store import SqlAgentTurnStore
+
+ROOT = Path(__file__).resolve().parents[3]
+FORM = AgentFormDefinition(
+    key="details",
+    description="ticket details",
+    schema={"type": "object", "properties": {"system": {"type": "string"}}, "required": ["system"]},
+)
+
+
+@tool(requires_approval=True)
+def deploy(service: str) -> str:
+    """Deploy a service."""
+    return f"deployed {service}"
+
+
+def _agent(first: AiMessage) -> Agent:
+    return Agent(
+        id="ops",
+        chat_model=ScriptedChatModel([first, AiMessage(content="done")]),
+        tools=[deploy, AgentUserInputTool(forms=[FORM])],
+    )
+
+
+def cli(url: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "workers.cli", "--database-url", url, *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
+    )
+
+
+@pytest.fixture
+def url(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path / 'cli.db'}"
+
+
+def _waiting_turn(url: str, first: AiMessage) -> AgentTurn:
+    store = SqlAgentTurnStore(url)
+    try:
+        return AgentRunner(turn_store=store).run(_agent(first), "please deploy")
+    finally:
+        store.close()
+
+
+def _stored(url: str, turn_id: str) -> AgentTurn:
+    store = SqlAgentTurnStore(url)
+    try:
+        return store.load(turn_id)
+    finally:
+        store.close()
+
+
+APPROVAL = AiMessage(tool_calls=[ToolCall("c1", "deploy", {"service": "api"})])
+FORM_REQUEST = AiMessage(tool_calls=[ToolCall("f1", "request_user_input", {"formKey": "details"})])
+
+
+def test_list_and_show_print_turns_readably_and_as_json(url: str) -> None:
+    # Given a turn waiting for approval
+    turn = _waiting_turn(url, APPROVAL)
+    # When listing and showing it
+    listed = cli(url, "turns", "list")
+    shown = cli(url, "--json", "turns", "show", turn.id)
+    filtered = cli(url, "--json", "turns", "list", "--status", "COMPLETED")
+    # Then both succeed, and the JSON parses with the suspension and a history without arguments
+    assert listed.returncode == 0 and turn.id in listed.stdout and "WAITING_FOR_APPROVAL" in listed.stdout
+    data: dict[str, Any] = json.loads(shown.stdout)
+    assert data["status"] == "WAITING_FOR_APPROVAL"
+    assert data["suspension"]["correlation_id"] == "c1"
+    assert all("arguments" not in item for item in data["history"])
+    assert json.loads(filtered.stdout) == []
+
+
+def test_approve_saves_the_turn_runnable_for_a_worker(url: str) -> None:
+    turn = _waiting_turn(url, APPROVAL)
+    result = cli(url, "--json", "resume", turn.id, "--approve", "c1")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["status"] == "RUNNING"
+    assert _stored(url, turn.id).approved_call_ids == ["c1"]
+
+
+def test_reject_writes_the_reason_for_the_model(url: str) -> None:
+    turn = _waiting_turn(url, APPROVAL)
+    result = cli(url, "resume", turn.id, "--reject", "c1", "--reason", "change freeze")
+    assert result.returncode == 0, result.stderr
+    stored = _stored(url, turn.id)
+    assert stored.status is AgentTurnStatus.RUNNING
+    assert "change freeze" in stored.messages[-1].content  # type: ignore[union-attr]
+
+
+def test_form_input_is_validated_against_the_frozen_schema(url: str) -> None:
+    # Given a turn waiting for a form
+    turn = _waiting_turn(url, FORM_REQUEST)
+    # When invalid data is submitted, then the CLI exits 2 with the schema error and nothing changes
+    bad = cli(url, "resume", turn.id, "--form", "f1", '{"system": 5}')
+    assert bad.returncode == 2
+    assert "is not of type 'string'" in bad.stderr
+    assert _stored(url, turn.id).version == turn.version
+    # When valid data is submitted, then the turn is runnable again
+    good = cli(url, "resume", turn.id, "--form", "f1", '{"system": "db"}')
+    assert good.returncode == 0, good.stderr
+    assert _stored(url, turn.id).status is AgentTurnStatus.RUNNING
+
+
+def test_cancel_closes_out_a_waiting_turn(url: str) -> None:
+    turn = _waiting_turn(url, APPROVAL)
+    result = cli(url, "cancel", turn.id, "--reason", "not needed")
+    assert result.returncode == 0, result.stderr
+    stored = _stored(url, turn.id)
+    assert stored.status is AgentTurnStatus.CANCELLED
+    assert "not needed" in (stored.error or "")
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("turns", "show", "no-such-turn"),
+        ("resume", "no-such-turn", "--approve", "c1"),
+        ("cancel", "no-such-turn"),
+    ],
+)
+def test_an_unknown_turn_exits_2_with_a_clear_message(url: str, args: tuple[str, ...]) -> None:
+    _waiting_turn(url, APPROVAL)  # creates the database
+    result = cli(url, *args)
+    assert result.returncode == 2
+    assert "no-such-turn" in result.stderr and "does not exist" in result.stderr
+
+
+def test_a_stale_call_id_is_refused(url: str) -> None:
+    turn = _waiting_turn(url, APPROVAL)
+    result = cli(url, "resume", turn.id, "--approve", "other-call")
+    assert result.returncode == 2
+    assert "other-call" in result.stderr
+
+
+def test_db_upgrade_is_idempotent(url: str) -> None:
+    assert cli(url, "db", "upgrade").returncode == 0
+    assert cli(url, "db", "upgrade").returncode == 0
