@@ -227,11 +227,11 @@ def _safe_history(turn: AgentTurn) -> list[dict[str, Any]]:
         content = getattr(message, "content", None)
         if content is not None:
             item["content"] = content
-        if message.role == "assistant" and message.tool_calls:  # type: ignore[union-attr]
-            item["tool_calls"] = [c.name for c in message.tool_calls]  # type: ignore[union-attr]
+        if message.role == "assistant" and message.tool_calls:
+            item["tool_calls"] = [c.name for c in message.tool_calls]
         if message.role == "tool":
-            item["tool_name"] = message.tool_name  # type: ignore[union-attr]
-            item["is_error"] = message.is_error  # type: ignore[union-attr]
+            item["tool_name"] = message.tool_name
+            item["is_error"] = message.is_error
         history.append(item)
     return history
 
