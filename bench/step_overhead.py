@@ -103,14 +103,20 @@ def main() -> None:
     print("| workload | steps/s median | min | max | turns/s | us/step | runner/baseline time |")
     print("|---|---|---|---|---|---|---|")
     per_step: dict[str, float] = {}
-    for label, k, history in [("W K=10", 10, 0), ("W K=50", 50, 0), ("W K=10 + 10 prior", 10, 10),
-                              ("W K=10 + 500 prior", 10, 500)]:
+    for label, k, history in [
+        ("W K=10", 10, 0),
+        ("W K=50", 50, 0),
+        ("W K=10 + 10 prior", 10, 10),
+        ("W K=10 + 500 prior", 10, 500),
+    ]:
         turns = max(5, args.turns * 10 // k) if k > 10 else args.turns
         med, lo, hi = _measure(lambda k=k, history=history, turns=turns: run_turns(k, turns, history), args.repeats)
         per_step[label] = 1e6 / med
         steps_per_turn = 2 * k + 1
-        print(f"| {label} | {med:,.0f} | {lo:,.0f} | {hi:,.0f} | {med / steps_per_turn:,.1f} | {1e6 / med:.0f} "
-              f"| {base[0] / med:.1f}x |")
+        print(
+            f"| {label} | {med:,.0f} | {lo:,.0f} | {hi:,.0f} | {med / steps_per_turn:,.1f} | {1e6 / med:.0f} "
+            f"| {base[0] / med:.1f}x |"
+        )
     ratio = per_step["W K=10 + 500 prior"] / per_step["W K=10 + 10 prior"]
     print(f"\nper-step time at 500 vs 10 prior messages: {ratio:.2f}x (flat in history means close to 1)")
 

@@ -1,0 +1,326 @@
+"""`Inbox`: user messages queued per conversation until the conversation is free for a new turn.
+
+A message arrives while its conversation still has an active turn; it waits here as
+PENDING. When the conversation is free, a sweep claims the next message (PROCESSING),
+starts a turn with it and marks it COMPLETED, or puts it back for a retry. Queued messages
+are not written to ChatMemory: the turn started from them projects them when it begins.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from enum import StrEnum
+from types import TracebackType
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection, Engine
+
+from agent_runner._base import utcnow
+from store._engine import AnyRow, UrlOrEngine, dialect_insert, display_url, resolve_engine, translated_errors, writer
+from store.migrations import ensure_embedded_schema
+from store.schema import NON_TERMINAL_STATUSES, inbox_conversations, inbox_messages, turns
+
+
+class InboxStatus(StrEnum):
+    """Where a queued message is in its life. Values are stored: add, never rename."""
+
+    PENDING = "PENDING"
+    PROCESSING = "PROCESSING"
+    COMPLETED = "COMPLETED"
+    FAILED = "FAILED"
+
+
+@dataclass(frozen=True)
+class InboxMessage:
+    """A queued user message.
+
+    Attributes:
+        message_id: Caller-chosen id; enqueueing the same id again changes nothing.
+        conversation_id: The conversation the message belongs to.
+        content: The message text.
+        sequence: Position in the conversation's queue (1, 2, ...; gaps are possible).
+        status: PENDING, PROCESSING, COMPLETED or FAILED.
+        turn_id: The turn started from the message, once COMPLETED.
+        error: Why the message FAILED.
+    """
+
+    message_id: str
+    conversation_id: str
+    content: str
+    sequence: int
+    status: InboxStatus
+    turn_id: str | None = None
+    error: str | None = None
+
+
+_COLUMNS = (
+    inbox_messages.c.message_id,
+    inbox_messages.c.conversation_id,
+    inbox_messages.c.content,
+    inbox_messages.c.sequence,
+    inbox_messages.c.status,
+    inbox_messages.c.turn_id,
+    inbox_messages.c.error,
+)
+
+
+def _record(row: AnyRow) -> InboxMessage:
+    return InboxMessage(
+        message_id=row.message_id,
+        conversation_id=row.conversation_id,
+        content=row.content,
+        sequence=row.sequence,
+        status=InboxStatus(row.status),
+        turn_id=row.turn_id,
+        error=row.error,
+    )
+
+
+class Inbox:
+    """Per-conversation queues of user messages in PostgreSQL or SQLite.
+
+    `claim_next` is atomic across processes and keeps each conversation's order: a
+    conversation never has two messages PROCESSING, and a message is claimed only after
+    every earlier one is COMPLETED or FAILED.
+
+    Args:
+        url_or_engine: A database URL or an engine to share. An engine made from a URL is
+            disposed of by `close()`; one passed in is left open.
+    """
+
+    def __init__(self, url_or_engine: UrlOrEngine) -> None:
+        self._engine, self._owns_engine = resolve_engine(url_or_engine)
+        self._writer = writer(self._engine)
+        try:
+            ensure_embedded_schema(self._engine)
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def engine(self) -> Engine:
+        """The engine this inbox uses."""
+        return self._engine
+
+    def close(self) -> None:
+        """Dispose of the engine if this inbox made it."""
+        if self._owns_engine:
+            self._engine.dispose()
+
+    def __enter__(self) -> Inbox:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Inbox({display_url(self._engine.url)!r})"
+
+    def enqueue(self, conversation_id: str, message_id: str, content: str) -> InboxMessage:
+        """Queue a message at the end of its conversation; return the stored record.
+
+        Idempotent on `message_id`: enqueueing an id again returns the record already
+        stored (whatever its conversation, content or status) and changes nothing.
+        """
+        now = utcnow()
+        with translated_errors(self._engine, f"enqueueing message {message_id!r}"):
+            with self._writer.begin() as connection:
+                existing = self._get(connection, message_id)
+                if existing is not None:
+                    return existing
+                # The counter row hands out sequence numbers; its row lock orders concurrent
+                # enqueuers of one conversation. It is also the row claimers lock.
+                counter = dialect_insert(connection, inbox_conversations).values(
+                    conversation_id=conversation_id, last_sequence=1
+                )
+                counter = counter.on_conflict_do_update(
+                    index_elements=[inbox_conversations.c.conversation_id],
+                    set_={"last_sequence": inbox_conversations.c.last_sequence + 1},
+                )
+                sequence = connection.execute(counter.returning(inbox_conversations.c.last_sequence)).scalar_one()
+                insert = (
+                    dialect_insert(connection, inbox_messages)
+                    .values(
+                        message_id=message_id,
+                        conversation_id=conversation_id,
+                        sequence=sequence,
+                        content=content,
+                        status=InboxStatus.PENDING.value,
+                        attempts=0,
+                        created_at=now,
+                        updated_at=now,
+                    )
+                    .on_conflict_do_nothing(index_elements=[inbox_messages.c.message_id])
+                    .returning(*_COLUMNS)
+                )
+                row = connection.execute(insert).first()
+                if row is not None:
+                    return _record(row)
+                # A concurrent enqueue of the same id committed first.
+                raced = self._get(connection, message_id)
+                assert raced is not None
+                return raced
+
+    def get(self, message_id: str) -> InboxMessage | None:
+        """Return the stored record of a message, or None."""
+        with translated_errors(self._engine, f"reading message {message_id!r}"), self._engine.connect() as connection:
+            return self._get(connection, message_id)
+
+    @staticmethod
+    def _get(connection: Connection, message_id: str) -> InboxMessage | None:
+        row = connection.execute(sa.select(*_COLUMNS).where(inbox_messages.c.message_id == message_id)).first()
+        return None if row is None else _record(row)
+
+    def claim_next(self, conversation_id: str) -> InboxMessage | None:
+        """Move the conversation's oldest PENDING message to PROCESSING and return it.
+
+        Returns None when the conversation has no PENDING message, already has one
+        PROCESSING, or another process is claiming for it at this very moment.
+        """
+        with translated_errors(self._engine, f"claiming from conversation {conversation_id!r}"):
+            with self._writer.begin() as connection:
+                if connection.dialect.name == "postgresql":
+                    return self._claim_locked(connection, conversation_id)
+                return self._claim_guarded(connection, conversation_id)
+
+    def _claim_locked(self, connection: Connection, conversation_id: str) -> InboxMessage | None:
+        # Claimers of one conversation serialize on its counter row. SKIP LOCKED makes a
+        # second claimer give up at once instead of queueing behind the first: the first
+        # will hand out the next message, and the second has other conversations to serve.
+        # Locking message rows instead would let the second claimer skip the locked first
+        # message and take the one after it, breaking the order.
+        locked = connection.execute(
+            sa.select(inbox_conversations.c.conversation_id)
+            .where(inbox_conversations.c.conversation_id == conversation_id)
+            .with_for_update(skip_locked=True)
+        ).first()
+        if locked is None:
+            return None
+        # Under READ COMMITTED this statement sees every claim committed before the lock
+        # was granted, so a message PROCESSING elsewhere is visible here.
+        processing = (
+            sa.select(sa.literal(1))
+            .where(
+                inbox_messages.c.conversation_id == conversation_id,
+                inbox_messages.c.status == InboxStatus.PROCESSING.value,
+            )
+            .exists()
+        )
+        candidate = connection.execute(
+            sa.select(*_COLUMNS, processing.label("busy"))
+            .where(
+                inbox_messages.c.conversation_id == conversation_id,
+                inbox_messages.c.status == InboxStatus.PENDING.value,
+            )
+            .order_by(inbox_messages.c.sequence)
+            .limit(1)
+        ).first()
+        if candidate is None or candidate.busy:
+            return None
+        connection.execute(
+            sa.update(inbox_messages)
+            .where(inbox_messages.c.message_id == candidate.message_id)
+            .values(status=InboxStatus.PROCESSING.value, attempts=inbox_messages.c.attempts + 1, updated_at=utcnow())
+        )
+        return replace(_record(candidate), status=InboxStatus.PROCESSING)
+
+    def _claim_guarded(self, connection: Connection, conversation_id: str) -> InboxMessage | None:
+        # SQLite runs one writer at a time (this transaction began IMMEDIATE), so a single
+        # UPDATE whose WHERE re-checks the conditions is atomic.
+        earlier = inbox_messages.alias("earlier")
+        other = inbox_messages.alias("other")
+        oldest_pending = (
+            sa.select(earlier.c.message_id)
+            .where(earlier.c.conversation_id == conversation_id, earlier.c.status == InboxStatus.PENDING.value)
+            .order_by(earlier.c.sequence)
+            .limit(1)
+            .scalar_subquery()
+        )
+        processing = (
+            sa.select(sa.literal(1))
+            .where(other.c.conversation_id == conversation_id, other.c.status == InboxStatus.PROCESSING.value)
+            .exists()
+        )
+        row = connection.execute(
+            sa.update(inbox_messages)
+            .where(
+                inbox_messages.c.message_id == oldest_pending,
+                inbox_messages.c.status == InboxStatus.PENDING.value,
+                ~processing,
+            )
+            .values(status=InboxStatus.PROCESSING.value, attempts=inbox_messages.c.attempts + 1, updated_at=utcnow())
+            .returning(*_COLUMNS)
+        ).first()
+        return None if row is None else _record(row)
+
+    def mark_completed(self, message_id: str, turn_id: str) -> bool:
+        """Record that the PROCESSING message started `turn_id`; False when it was not PROCESSING."""
+        return self._move(message_id, (InboxStatus.PROCESSING,), InboxStatus.COMPLETED, turn_id=turn_id)
+
+    def release_for_retry(self, message_id: str) -> bool:
+        """Put a PROCESSING message back to PENDING at its place in the queue; False when it was not PROCESSING."""
+        return self._move(message_id, (InboxStatus.PROCESSING,), InboxStatus.PENDING)
+
+    def mark_failed(self, message_id: str, error: str) -> bool:
+        """Give up on a PENDING or PROCESSING message; False when it had already ended.
+
+        The conversation's later messages can then be claimed.
+        """
+        return self._move(message_id, (InboxStatus.PENDING, InboxStatus.PROCESSING), InboxStatus.FAILED, error=error)
+
+    def _move(
+        self,
+        message_id: str,
+        sources: tuple[InboxStatus, ...],
+        target: InboxStatus,
+        *,
+        turn_id: str | None = None,
+        error: str | None = None,
+    ) -> bool:
+        values: dict[str, Any] = {"status": target.value, "updated_at": utcnow()}
+        if turn_id is not None:
+            values["turn_id"] = turn_id
+        if error is not None:
+            values["error"] = error
+        statement = (
+            sa.update(inbox_messages)
+            .where(inbox_messages.c.message_id == message_id, inbox_messages.c.status.in_([s.value for s in sources]))
+            .values(values)
+        )
+        with translated_errors(self._engine, f"marking message {message_id!r} {target.value}"):
+            with self._writer.begin() as connection:
+                return connection.execute(statement).rowcount == 1
+
+    def conversations_ready(self, limit: int = 100) -> list[str]:
+        """Return conversations that can start a turn from their inbox, oldest waiting message first.
+
+        A conversation is ready when it has a PENDING message, none PROCESSING, and no
+        non-terminal turn in the turn store.
+        """
+        if limit <= 0:
+            return []
+        processing = inbox_messages.alias("processing")
+        pending = inbox_messages.alias("pending")
+        query = (
+            sa.select(pending.c.conversation_id)
+            .where(
+                pending.c.status == InboxStatus.PENDING.value,
+                ~sa.select(sa.literal(1))
+                .where(
+                    processing.c.conversation_id == pending.c.conversation_id,
+                    processing.c.status == InboxStatus.PROCESSING.value,
+                )
+                .exists(),
+                ~sa.select(sa.literal(1))
+                .where(turns.c.conversation_id == pending.c.conversation_id, turns.c.status.in_(NON_TERMINAL_STATUSES))
+                .exists(),
+            )
+            .group_by(pending.c.conversation_id)
+            .order_by(sa.func.min(pending.c.created_at), pending.c.conversation_id)
+            .limit(limit)
+        )
+        with translated_errors(self._engine, "listing ready conversations"), self._engine.connect() as connection:
+            return list(connection.execute(query).scalars())

@@ -1,0 +1,93 @@
+"""Alembic migrations of the agent-runner tables, and `migrate` to apply them.
+
+The migration scripts live beside this file (`env.py`, `versions/`); no `alembic.ini` is
+needed. To write a new revision, run for example:
+
+    python -c "from alembic import command; from store.migrations import alembic_config; \\
+        command.revision(alembic_config(), 'add a column', autogenerate=False)"
+"""
+
+from __future__ import annotations
+
+import zlib
+from functools import lru_cache
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection, Engine
+
+from store._engine import UrlOrEngine, resolve_engine, translated_errors, writer
+from store.schema import VERSION_TABLE
+
+if TYPE_CHECKING:
+    from alembic.config import Config
+
+MIGRATIONS_DIR = Path(__file__).resolve().parent
+
+# Key of the PostgreSQL advisory lock that serializes concurrent upgrades (several
+# workers starting at once), derived from a fixed name so every process agrees on it.
+_LOCK_KEY = zlib.crc32(b"agent-runner migrations")
+
+
+def alembic_config(connection: Connection | None = None) -> Config:
+    """Return an Alembic configuration for these migrations, optionally bound to an open connection."""
+    from alembic.config import Config
+
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS_DIR))
+    if connection is not None:
+        config.attributes["connection"] = connection
+    return config
+
+
+@lru_cache(maxsize=1)
+def head_revision() -> str | None:
+    """The newest revision of the migration scripts."""
+    from alembic.script import ScriptDirectory
+
+    return ScriptDirectory.from_config(alembic_config()).get_current_head()
+
+
+def current_revision(connection: Connection) -> str | None:
+    """The revision the database is at, or None when the tables were never created."""
+    from alembic.runtime.migration import MigrationContext
+
+    context = MigrationContext.configure(connection, opts={"version_table": VERSION_TABLE})
+    return context.get_current_revision()
+
+
+def migrate(url_or_engine: UrlOrEngine) -> None:
+    """Upgrade the database to the newest revision (Alembic `upgrade head`); a no-op when it is current.
+
+    Safe to call from several processes at once: on PostgreSQL an advisory lock serializes
+    them, on SQLite the write lock does.
+
+    Raises:
+        StoreUnavailableError: The database could not be reached; nothing was changed.
+    """
+    from alembic import command
+
+    engine, owned = resolve_engine(url_or_engine)
+    try:
+        with translated_errors(engine, "migrating the agent-runner tables"), writer(engine).begin() as connection:
+            if connection.dialect.name == "postgresql":
+                connection.execute(sa.text("SELECT pg_advisory_xact_lock(:key)"), {"key": _LOCK_KEY})
+            command.upgrade(alembic_config(connection), "head")
+    finally:
+        if owned:
+            engine.dispose()
+
+
+def ensure_embedded_schema(engine: Engine) -> None:
+    """Migrate a SQLite database that is missing the tables or behind; PostgreSQL is migrated explicitly.
+
+    The embedded default must work on first use with nothing set up, while a shared
+    production database is upgraded by a deliberate `migrate` at deploy time.
+    """
+    if engine.dialect.name != "sqlite":
+        return
+    with translated_errors(engine, "checking the agent-runner tables"), engine.connect() as connection:
+        current = current_revision(connection)
+    if current != head_revision():
+        migrate(engine)

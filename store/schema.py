@@ -1,0 +1,181 @@
+"""The SQL tables of the durable backends (SQLAlchemy Core), shared by PostgreSQL and SQLite.
+
+The Alembic migrations in `store.migrations` create exactly this schema; a test compares
+the migrated database with `metadata`, so a change here needs a new migration.
+
+Tables:
+    agent_turns: one header row per turn. `version` is the compare-and-swap counter;
+        `message_count` says how many rows of `agent_turn_messages` belong to the stored
+        snapshot; `state` holds the rest of the snapshot (suspension, pending calls,
+        children, usage, ...) as JSON.
+    agent_turn_messages: the turn's messages, append-only, keyed by (turn_id, seq).
+    agent_chat_conversations / agent_chat_messages: ChatMemory, with a per-conversation
+        sequence counter.
+    agent_inbox_conversations / agent_inbox_messages: the inbox of queued user messages.
+    agent_turn_leases: the SQL turn lease (owner, fence, expiry).
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Dialect
+
+from agent_runner.snapshot import AgentTurnStatus
+
+NON_TERMINAL_STATUSES: tuple[str, ...] = tuple(s.value for s in AgentTurnStatus if not s.is_terminal)
+"""Statuses of a turn that still holds its conversation."""
+
+ACTIVE_TURN_PREDICATE = "status IN ({})".format(", ".join(f"'{s}'" for s in NON_TERMINAL_STATUSES))
+"""Predicate of the partial unique index on active conversation turns.
+
+Migration 0001 spells out the same list: a new non-terminal status needs a migration that
+recreates the index.
+"""
+
+VERSION_TABLE = "agent_runner_alembic_version"
+"""Alembic's revision table for these tables, named so it cannot clash with an application's own."""
+
+
+class UtcDateTime(sa.types.TypeDecorator[datetime]):
+    """A timezone-aware UTC timestamp on both databases.
+
+    PostgreSQL stores `timestamptz`; SQLite has no timezone support and stores the UTC
+    wall time as text, which sorts and compares correctly because every value is UTC.
+    Naive values are taken to be UTC.
+    """
+
+    impl = sa.DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        """Convert to UTC before storing."""
+        if value is None:
+            return None
+        value = value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        """Return an aware UTC datetime."""
+        if value is None:
+            return None
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+def _json() -> sa.types.TypeEngine[Any]:
+    # Plain `json`, not `jsonb`, on PostgreSQL: it keeps the text as written, so key order
+    # (the field order of a form's JSON Schema, say) survives the round trip.
+    return sa.JSON(none_as_null=True)
+
+
+metadata = sa.MetaData(
+    naming_convention={
+        "pk": "pk_%(table_name)s",
+        "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+        "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+        "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+        "ck": "ck_%(table_name)s_%(constraint_name)s",
+    }
+)
+
+turns = sa.Table(
+    "agent_turns",
+    metadata,
+    sa.Column("id", sa.String, primary_key=True),
+    sa.Column("agent_id", sa.String, nullable=False),
+    sa.Column("agent_version", sa.String, nullable=False),
+    sa.Column("conversation_id", sa.String, nullable=True),
+    sa.Column("parent_turn_id", sa.String, nullable=True),
+    sa.Column("root_turn_id", sa.String, nullable=False),
+    sa.Column("status", sa.String(32), nullable=False),
+    sa.Column("phase", sa.String(16), nullable=False),
+    sa.Column("version", sa.Integer, nullable=False),
+    sa.Column("message_count", sa.Integer, nullable=False),
+    sa.Column("cancel_requested", sa.Boolean, nullable=False),
+    sa.Column("lease_fence", sa.BigInteger, nullable=True),
+    sa.Column("next_retry_at", UtcDateTime, nullable=True),
+    sa.Column("created_at", UtcDateTime, nullable=False),
+    sa.Column("updated_at", UtcDateTime, nullable=False),
+    sa.Column("state", _json(), nullable=False),
+    # The durable backstop of "one active turn per conversation": two creators racing past
+    # every other check still cannot both commit a non-terminal turn.
+    sa.Index(
+        "ix_agent_turns_active_conversation",
+        "conversation_id",
+        unique=True,
+        postgresql_where=sa.text(ACTIVE_TURN_PREDICATE),
+        sqlite_where=sa.text(ACTIVE_TURN_PREDICATE),
+    ),
+    sa.Index("ix_agent_turns_conversation_updated", "conversation_id", "updated_at"),
+    sa.Index("ix_agent_turns_parent", "parent_turn_id"),
+    sa.Index("ix_agent_turns_status_updated", "status", "updated_at"),
+    sa.Index("ix_agent_turns_status_retry", "status", "next_retry_at"),
+)
+
+turn_messages = sa.Table(
+    "agent_turn_messages",
+    metadata,
+    sa.Column("turn_id", sa.String, sa.ForeignKey("agent_turns.id", ondelete="CASCADE"), primary_key=True),
+    sa.Column("seq", sa.Integer, primary_key=True),
+    sa.Column("message_id", sa.String, nullable=False),
+    sa.Column("role", sa.String(32), nullable=False),
+    sa.Column("payload", _json(), nullable=False),
+)
+
+chat_conversations = sa.Table(
+    "agent_chat_conversations",
+    metadata,
+    sa.Column("conversation_id", sa.String, primary_key=True),
+    sa.Column("last_seq", sa.Integer, nullable=False),
+)
+
+chat_messages = sa.Table(
+    "agent_chat_messages",
+    metadata,
+    sa.Column("conversation_id", sa.String, primary_key=True),
+    sa.Column("seq", sa.Integer, primary_key=True),
+    sa.Column("message_id", sa.String, nullable=False),
+    sa.Column("role", sa.String(32), nullable=False),
+    sa.Column("model_visible", sa.Boolean, nullable=False),
+    sa.Column("version", sa.Integer, nullable=False),
+    sa.Column("payload", _json(), nullable=False),
+    sa.Column("created_at", UtcDateTime, nullable=False),
+    sa.UniqueConstraint("conversation_id", "message_id", name="uq_agent_chat_messages_conversation_message"),
+    sa.Index("ix_agent_chat_messages_model_window", "conversation_id", "model_visible", "seq"),
+)
+
+inbox_conversations = sa.Table(
+    "agent_inbox_conversations",
+    metadata,
+    sa.Column("conversation_id", sa.String, primary_key=True),
+    sa.Column("last_sequence", sa.Integer, nullable=False),
+)
+
+inbox_messages = sa.Table(
+    "agent_inbox_messages",
+    metadata,
+    sa.Column("message_id", sa.String, primary_key=True),
+    sa.Column("conversation_id", sa.String, nullable=False),
+    sa.Column("sequence", sa.Integer, nullable=False),
+    sa.Column("content", sa.Text, nullable=False),
+    sa.Column("status", sa.String(16), nullable=False),
+    sa.Column("turn_id", sa.String, nullable=True),
+    sa.Column("error", sa.Text, nullable=True),
+    sa.Column("attempts", sa.Integer, nullable=False),
+    sa.Column("created_at", UtcDateTime, nullable=False),
+    sa.Column("updated_at", UtcDateTime, nullable=False),
+    sa.UniqueConstraint("conversation_id", "sequence", name="uq_agent_inbox_messages_conversation_sequence"),
+    sa.Index("ix_agent_inbox_messages_conversation_status", "conversation_id", "status", "sequence"),
+    sa.Index("ix_agent_inbox_messages_status_created", "status", "created_at"),
+)
+
+turn_leases = sa.Table(
+    "agent_turn_leases",
+    metadata,
+    sa.Column("turn_id", sa.String, primary_key=True),
+    sa.Column("owner", sa.String, nullable=True),
+    sa.Column("fence", sa.BigInteger, nullable=False),
+    sa.Column("expires_at_ms", sa.BigInteger, nullable=False),
+)

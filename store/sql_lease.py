@@ -1,0 +1,156 @@
+"""`SqlTurnLease`: the turn lease in a SQL table, so the embedded default needs no Redis."""
+
+from __future__ import annotations
+
+from types import TracebackType
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine
+from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.sql.compiler import SQLCompiler
+from sqlalchemy.sql.functions import FunctionElement
+
+from agent_runner.persistence import Lease
+from store._engine import UrlOrEngine, dialect_insert, display_url, resolve_engine, translated_errors, writer
+from store.migrations import ensure_embedded_schema
+from store.schema import turn_leases
+
+
+class _NowMs(FunctionElement[int]):
+    """The database server's clock in milliseconds since the Unix epoch.
+
+    Expiry is judged by one clock, the server's, so workers whose clocks drift apart
+    still agree on when a lease has expired.
+    """
+
+    type = sa.BigInteger()
+    inherit_cache = True
+    name = "now_ms"
+
+
+@compiles(_NowMs, "postgresql")
+def _now_ms_postgresql(element: _NowMs, compiler: SQLCompiler, **kw: Any) -> str:
+    return "CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT)"
+
+
+@compiles(_NowMs, "sqlite")
+def _now_ms_sqlite(element: _NowMs, compiler: SQLCompiler, **kw: Any) -> str:
+    # julianday('now') has millisecond resolution; 2440587.5 is the Julian day of the Unix epoch.
+    return "CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER)"
+
+
+def _check_ttl(ttl_ms: int) -> None:
+    if ttl_ms < 1:
+        raise ValueError(f"a lease TTL must be a positive number of milliseconds, got {ttl_ms!r}")
+
+
+class SqlTurnLease:
+    """A `TurnLease` kept in the `agent_turn_leases` table of PostgreSQL or SQLite.
+
+    One row per turn holds the owner, the fence and the expiry time. Acquiring is one
+    INSERT ... ON CONFLICT DO UPDATE that takes the row only when it is free, expired, or
+    already this owner's, and increments the fence under the row lock, so fences strictly
+    increase per turn and two owners can never both hold an unexpired lease. Releasing
+    keeps the row (and so the fence counter). Renew and release check owner and fence.
+
+    Args:
+        url_or_engine: A database URL or an engine to share. An engine made from a URL is
+            disposed of by `close()`; one passed in is left open.
+    """
+
+    def __init__(self, url_or_engine: UrlOrEngine) -> None:
+        self._engine, self._owns_engine = resolve_engine(url_or_engine)
+        self._writer = writer(self._engine)
+        try:
+            ensure_embedded_schema(self._engine)
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def engine(self) -> Engine:
+        """The engine this lease uses."""
+        return self._engine
+
+    def close(self) -> None:
+        """Dispose of the engine if this lease made it."""
+        if self._owns_engine:
+            self._engine.dispose()
+
+    def __enter__(self) -> SqlTurnLease:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"SqlTurnLease({display_url(self._engine.url)!r})"
+
+    def acquire(self, turn_id: str, owner: str, ttl_ms: int) -> Lease | None:
+        """Take the lease if it is free or expired; None when another owner holds it.
+
+        An owner that already holds the lease gets it again with a new fence, which retires
+        its earlier `Lease`.
+
+        Raises:
+            ValueError: `ttl_ms` is not positive.
+        """
+        _check_ttl(ttl_ms)
+        now = _NowMs()
+        insert = dialect_insert(self._engine, turn_leases).values(
+            turn_id=turn_id, owner=owner, fence=1, expires_at_ms=now + ttl_ms
+        )
+        statement = insert.on_conflict_do_update(
+            index_elements=[turn_leases.c.turn_id],
+            set_={
+                "owner": insert.excluded.owner,
+                "fence": turn_leases.c.fence + 1,
+                "expires_at_ms": insert.excluded.expires_at_ms,
+            },
+            where=sa.or_(turn_leases.c.expires_at_ms <= now, turn_leases.c.owner == insert.excluded.owner),
+        ).returning(turn_leases.c.fence)
+        with translated_errors(self._engine, f"acquiring the lease of turn {turn_id!r}"):
+            with self._writer.begin() as connection:
+                fence = connection.execute(statement).scalar()
+        return None if fence is None else Lease(turn_id, owner, fence)
+
+    def renew(self, lease: Lease, ttl_ms: int) -> bool:
+        """Extend the lease; False when it is no longer held by this owner (expired or taken over).
+
+        Raises:
+            ValueError: `ttl_ms` is not positive.
+        """
+        _check_ttl(ttl_ms)
+        now = _NowMs()
+        statement = (
+            sa.update(turn_leases)
+            .where(
+                turn_leases.c.turn_id == lease.turn_id,
+                turn_leases.c.owner == lease.owner,
+                turn_leases.c.fence == lease.fence,
+                turn_leases.c.expires_at_ms > now,
+            )
+            .values(expires_at_ms=now + ttl_ms)
+        )
+        with translated_errors(self._engine, f"renewing the lease of turn {lease.turn_id!r}"):
+            with self._writer.begin() as connection:
+                return connection.execute(statement).rowcount == 1
+
+    def release(self, lease: Lease) -> bool:
+        """Give the lease up; False when it was no longer held by this owner."""
+        # The row stays, without owner and expired, so the next acquisition continues the fence.
+        statement = (
+            sa.update(turn_leases)
+            .where(
+                turn_leases.c.turn_id == lease.turn_id,
+                turn_leases.c.owner == lease.owner,
+                turn_leases.c.fence == lease.fence,
+            )
+            .values(owner=None, expires_at_ms=0)
+        )
+        with translated_errors(self._engine, f"releasing the lease of turn {lease.turn_id!r}"):
+            with self._writer.begin() as connection:
+                return connection.execute(statement).rowcount == 1

@@ -1,0 +1,527 @@
+"""`SqlAgentTurnStore`: turn snapshots in PostgreSQL or SQLite.
+
+A turn is one header row in `agent_turns` plus its messages in `agent_turn_messages`.
+Messages are only ever appended, so a save writes the header and the messages added since
+the stored snapshot, and costs the same at message 10 as at message 5,000.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from datetime import datetime
+from functools import lru_cache
+from types import TracebackType
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy import exc as sa_exc
+from sqlalchemy.engine import Connection, Engine
+
+from agent_runner.errors import (
+    AgentConversationBusyException,
+    LeaseLostError,
+    StoreUnavailableError,
+    TurnNotFound,
+    VersionConflictError,
+)
+from agent_runner.in_memory import stored_snapshot
+from agent_runner.messages import ModelMessage
+from agent_runner.persistence import TurnRef
+from agent_runner.snapshot import AgentTurn, AgentTurnStatus
+from store._engine import AnyRow, UrlOrEngine, dialect_insert, display_url, resolve_engine, translated_errors, writer
+from store.migrations import ensure_embedded_schema
+from store.schema import NON_TERMINAL_STATUSES, turn_messages, turns
+
+_COLUMN_FIELDS = frozenset(
+    {
+        "id",
+        "agent_id",
+        "agent_version",
+        "conversation_id",
+        "parent_turn_id",
+        "root_turn_id",
+        "status",
+        "phase",
+        "version",
+        "cancel_requested",
+        "lease_fence",
+        "next_retry_at",
+        "created_at",
+        "updated_at",
+    }
+)
+_STATE_EXCLUDED = set(_COLUMN_FIELDS | {"messages"})
+"""Snapshot fields kept outside the `state` JSON: the header columns, and the message table."""
+
+_SAVE_ATTEMPTS = 5
+_SINGLE_STATEMENT_MESSAGES = 32
+"""Most new messages a PostgreSQL save writes in its single statement; more go through executemany."""
+_REMEMBERED_TURNS = 10_000
+
+_RUNNABLE = (AgentTurnStatus.READY.value, AgentTurnStatus.RUNNING.value)
+
+
+def _header(turn: AgentTurn) -> dict[str, Any]:
+    return {
+        "agent_id": turn.agent_id,
+        "agent_version": turn.agent_version,
+        "conversation_id": turn.conversation_id,
+        "parent_turn_id": turn.parent_turn_id,
+        "root_turn_id": turn.root_turn_id,
+        "status": turn.status.value,
+        "phase": turn.phase.value,
+        "version": turn.version,
+        "message_count": len(turn.messages),
+        "cancel_requested": turn.cancel_requested,
+        "lease_fence": turn.lease_fence,
+        "next_retry_at": turn.next_retry_at,
+        "created_at": turn.created_at,
+        "updated_at": turn.updated_at,
+        "state": turn.model_dump(mode="json", exclude=_STATE_EXCLUDED),
+    }
+
+
+def _message_rows(turn_id: str, messages: Sequence[ModelMessage], start: int) -> list[dict[str, Any]]:
+    return [
+        {
+            "turn_id": turn_id,
+            "seq": seq,
+            "message_id": message.id,
+            "role": message.role,
+            "payload": message.model_dump(mode="json"),
+        }
+        for seq, message in enumerate(messages[start:], start)
+    ]
+
+
+def _snapshot(header: AnyRow, payloads: list[Any]) -> AgentTurn:
+    data = dict(header.state)
+    data.update(
+        id=header.id,
+        agent_id=header.agent_id,
+        agent_version=header.agent_version,
+        conversation_id=header.conversation_id,
+        parent_turn_id=header.parent_turn_id,
+        root_turn_id=header.root_turn_id,
+        status=header.status,
+        phase=header.phase,
+        version=header.version,
+        cancel_requested=header.cancel_requested,
+        lease_fence=header.lease_fence,
+        next_retry_at=header.next_retry_at,
+        created_at=header.created_at,
+        updated_at=header.updated_at,
+        messages=payloads,
+    )
+    return AgentTurn.model_validate(data)
+
+
+@lru_cache(maxsize=4)
+def _guarded_update(sets_cancel: bool, sets_fence: bool) -> sa.Update:
+    """The compare-and-swap UPDATE of a header, built once per shape and reused with new parameters.
+
+    It matches only the expected version and message count, and a fence no lower than the
+    stored one; parameters are `new_<column>` and `match_id/version/count/fence`.
+    """
+    skipped = set()
+    if not sets_cancel:
+        skipped.add("cancel_requested")
+    if not sets_fence:
+        skipped.add("lease_fence")
+    values = {
+        column: sa.bindparam(f"new_{column.name}", type_=column.type)
+        for column in turns.columns
+        if column.name != "id" and column.name not in skipped
+    }
+    conditions = [
+        turns.c.id == sa.bindparam("match_id"),
+        turns.c.version == sa.bindparam("match_version"),
+        turns.c.message_count == sa.bindparam("match_count"),
+    ]
+    if sets_fence:
+        fence = sa.bindparam("match_fence", type_=turns.c.lease_fence.type)
+        conditions.append(sa.or_(turns.c.lease_fence.is_(None), turns.c.lease_fence <= fence))
+    return sa.update(turns).where(*conditions).values(values).returning(turns.c.cancel_requested, turns.c.lease_fence)
+
+
+_MESSAGE_COLUMNS = ("turn_id", "seq", "message_id", "role", "payload")
+
+
+@lru_cache(maxsize=64)
+def _update_with_messages(sets_cancel: bool, sets_fence: bool, added: int) -> sa.Select[Any]:
+    """`_guarded_update` and the INSERT of `added` messages as one PostgreSQL statement.
+
+    Each message row is selected FROM the UPDATE's RETURNING, so rows exist only when the
+    header matched. Parameters are those of `_guarded_update` plus `m<i>_<column>`.
+    """
+    header = _guarded_update(sets_cancel, sets_fence).cte("header")
+    statement = sa.select(header.c.cancel_requested, header.c.lease_fence)
+    if added:
+        selects = [
+            sa.select(
+                *(
+                    sa.bindparam(f"m{index}_{name}", type_=turn_messages.c[name].type).label(name)
+                    for name in _MESSAGE_COLUMNS
+                )
+            ).select_from(header)
+            for index in range(added)
+        ]
+        source = selects[0] if added == 1 else sa.union_all(*selects)
+        insert = sa.insert(turn_messages).from_select(list(_MESSAGE_COLUMNS), source)
+        statement = statement.add_cte(insert.cte("added"))
+    return statement
+
+
+def _ref(row: AnyRow) -> TurnRef:
+    return TurnRef(row.id, row.version, AgentTurnStatus(row.status), row.updated_at, row.next_retry_at)
+
+
+class SqlAgentTurnStore:
+    """An `AgentTurnStore` in PostgreSQL (psycopg 3) or SQLite, with the same behaviour as the in-memory store.
+
+    Every save is one transaction: a compare-and-swap UPDATE of the header guarded by
+    `version` and by the lease fence, plus an INSERT of the new messages only. On
+    PostgreSQL, saving a turn this store last saw at the expected version is a single
+    autocommitted statement, one round trip to the server. A partial unique index over the
+    non-terminal turns of a conversation makes the one-active-turn rule hold across
+    processes; a violation is reported as `AgentConversationBusyException`.
+
+    A SQLite database is created and migrated on first use (the embedded default);
+    PostgreSQL is migrated with `store.migrate` at deploy time.
+
+    Args:
+        url_or_engine: A database URL such as `postgresql+psycopg://user@host/db` or
+            `sqlite:///./agent_runner.db`, or an engine to share with other backends. An
+            engine made from a URL is disposed of by `close()`; one passed in is left open.
+
+    Raises:
+        StoreUnavailableError: From any method, when the database could not complete the
+            operation (connection lost, serialization failure, locked); nothing was written.
+    """
+
+    def __init__(self, url_or_engine: UrlOrEngine) -> None:
+        self._engine, self._owns_engine = resolve_engine(url_or_engine)
+        self._writer = writer(self._engine)
+        self._single_statement = self._engine.dialect.name == "postgresql"
+        # (version, message_count) of recently seen snapshots. A save whose expected
+        # version is remembered knows which messages are new without reading the header
+        # first; the UPDATE still checks the count, so a wrong entry costs a retry, never data.
+        self._counts: OrderedDict[str, tuple[int, int]] = OrderedDict()
+        self._counts_lock = threading.Lock()
+        try:
+            ensure_embedded_schema(self._engine)
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def engine(self) -> Engine:
+        """The engine this store uses."""
+        return self._engine
+
+    def close(self) -> None:
+        """Dispose of the engine if this store made it."""
+        if self._owns_engine:
+            self._engine.dispose()
+
+    def __enter__(self) -> SqlAgentTurnStore:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"SqlAgentTurnStore({display_url(self._engine.url)!r})"
+
+    # --- Reads -------------------------------------------------------------------------------
+
+    def load(self, turn_id: str) -> AgentTurn:
+        """Return the stored snapshot.
+
+        Raises:
+            TurnNotFound: No turn has this id.
+        """
+        with translated_errors(self._engine, f"loading turn {turn_id!r}"), self._engine.connect() as connection:
+            header = connection.execute(sa.select(turns).where(turns.c.id == turn_id)).first()
+            if header is None:
+                raise TurnNotFound(turn_id)
+            return self._assemble(connection, [header])[0]
+
+    def find_active_turn(self, conversation_id: str) -> AgentTurn | None:
+        """Return the conversation's non-terminal turn, or None."""
+        query = (
+            sa.select(turns)
+            .where(turns.c.conversation_id == conversation_id, turns.c.status.in_(NON_TERMINAL_STATUSES))
+            .limit(1)
+        )
+        with translated_errors(self._engine, f"finding the active turn of {conversation_id!r}"):
+            with self._engine.connect() as connection:
+                header = connection.execute(query).first()
+                return None if header is None else self._assemble(connection, [header])[0]
+
+    def list_turns(
+        self,
+        *,
+        statuses: Sequence[AgentTurnStatus] | None = None,
+        conversation_id: str | None = None,
+        parent_turn_id: str | None = None,
+        limit: int = 100,
+    ) -> list[AgentTurn]:
+        """Return turns matching every given filter, most recently updated first."""
+        if limit <= 0:
+            return []
+        query = sa.select(turns)
+        if statuses is not None:
+            query = query.where(turns.c.status.in_([AgentTurnStatus(s).value for s in statuses]))
+        if conversation_id is not None:
+            query = query.where(turns.c.conversation_id == conversation_id)
+        if parent_turn_id is not None:
+            query = query.where(turns.c.parent_turn_id == parent_turn_id)
+        query = query.order_by(turns.c.updated_at.desc(), turns.c.id).limit(limit)
+        with translated_errors(self._engine, "listing turns"), self._engine.connect() as connection:
+            headers = list(connection.execute(query))
+            return self._assemble(connection, headers) if headers else []
+
+    def list_runnable(self, now: datetime, limit: int = 100) -> list[TurnRef]:
+        """Return READY and RUNNING turns and RETRY_SCHEDULED turns due at `now`, oldest first."""
+        if limit <= 0:
+            return []
+        due_retry = sa.and_(
+            turns.c.status == AgentTurnStatus.RETRY_SCHEDULED.value,
+            sa.or_(turns.c.next_retry_at.is_(None), turns.c.next_retry_at <= now),
+        )
+        query = (
+            sa.select(turns.c.id, turns.c.version, turns.c.status, turns.c.updated_at, turns.c.next_retry_at)
+            .where(sa.or_(turns.c.status.in_(_RUNNABLE), due_retry))
+            .order_by(turns.c.updated_at, turns.c.id)
+            .limit(limit)
+        )
+        with translated_errors(self._engine, "listing runnable turns"), self._engine.connect() as connection:
+            return [_ref(row) for row in connection.execute(query)]
+
+    def list_stale_running(self, updated_before: datetime, limit: int = 100) -> list[TurnRef]:
+        """Return RUNNING turns whose last save is older than `updated_before`, oldest first."""
+        if limit <= 0:
+            return []
+        query = (
+            sa.select(turns.c.id, turns.c.version, turns.c.status, turns.c.updated_at, turns.c.next_retry_at)
+            .where(turns.c.status == AgentTurnStatus.RUNNING.value, turns.c.updated_at < updated_before)
+            .order_by(turns.c.updated_at, turns.c.id)
+            .limit(limit)
+        )
+        with translated_errors(self._engine, "listing stale running turns"), self._engine.connect() as connection:
+            return [_ref(row) for row in connection.execute(query)]
+
+    def _assemble(self, connection: Connection, headers: Sequence[AnyRow]) -> list[AgentTurn]:
+        """Build snapshots from header rows, reading their messages in one query."""
+        query = sa.select(turn_messages.c.turn_id, turn_messages.c.seq, turn_messages.c.payload)
+        if len(headers) == 1:
+            # Messages past the header's count belong to a save that committed after the
+            # header was read; the header decides what this snapshot is.
+            query = query.where(
+                turn_messages.c.turn_id == headers[0].id, turn_messages.c.seq < headers[0].message_count
+            )
+        else:
+            query = query.where(turn_messages.c.turn_id.in_([h.id for h in headers]))
+        payloads: dict[str, list[Any]] = {h.id: [] for h in headers}
+        counts = {h.id: h.message_count for h in headers}
+        for row in connection.execute(query.order_by(turn_messages.c.turn_id, turn_messages.c.seq)):
+            if row.seq < counts[row.turn_id]:
+                payloads[row.turn_id].append(row.payload)
+        snapshots = [_snapshot(h, payloads[h.id]) for h in headers]
+        for snapshot in snapshots:
+            self._remember(snapshot)
+        return snapshots
+
+    # --- Writes ------------------------------------------------------------------------------
+
+    def save(self, turn: AgentTurn, expected_version: int) -> AgentTurn:
+        """Store `turn` if the stored version equals `expected_version` (-1: create it).
+
+        Returns the stored snapshot: `version` is `expected_version + 1`, `cancel_requested`
+        is the stored flag or'ed with the new one, and the lease fence never goes down.
+
+        Messages are append-only: the stored snapshot's messages must be a prefix of
+        `turn.messages` (the runner only ever adds messages).
+
+        Raises:
+            VersionConflictError: The stored version differs, or the turn exists when creating.
+            AgentConversationBusyException: The save would give the conversation a second
+                non-terminal turn.
+            LeaseLostError: `turn.lease_fence` is lower than the stored fence.
+            StoreUnavailableError: The database failed mid-save; nothing was written.
+        """
+        with translated_errors(self._engine, f"saving turn {turn.id!r}"):
+            for _ in range(_SAVE_ATTEMPTS):
+                stored = self._create(turn) if expected_version == -1 else self._update(turn, expected_version)
+                if stored is not None:
+                    self._remember(stored)
+                    return stored
+        raise StoreUnavailableError(f"saving turn {turn.id!r} kept racing with concurrent writers; try again")
+
+    def _create(self, turn: AgentTurn) -> AgentTurn | None:
+        """Insert a new turn; None when a conflicting active turn ended meanwhile (try again)."""
+        stored = stored_snapshot(turn, None, -1)
+        # ON CONFLICT DO NOTHING covers the primary key and the active-conversation index
+        # alike and, unlike a failed INSERT, leaves the PostgreSQL transaction usable for
+        # finding out which of the two it was.
+        insert = (
+            dialect_insert(self._engine, turns)
+            .values(id=turn.id, **_header(stored))
+            .on_conflict_do_nothing()
+            .returning(turns.c.id)
+        )
+        with self._writer.begin() as connection:
+            if connection.execute(insert).first() is not None:
+                rows = _message_rows(turn.id, turn.messages, 0)
+                if rows:
+                    connection.execute(sa.insert(turn_messages), rows)
+                return stored
+            existing = connection.execute(sa.select(turns.c.version).where(turns.c.id == turn.id)).scalar()
+            if existing is not None:
+                raise VersionConflictError(turn.id, -1, existing)
+            self._raise_if_busy(connection, turn)
+        return None
+
+    def _update(self, turn: AgentTurn, expected_version: int) -> AgentTurn | None:
+        """Compare-and-swap an existing turn; None when a remembered count was stale (try again)."""
+        # The cancel flag only ever goes from False to True and the fence only up, so a
+        # snapshot without them leaves the stored values alone; RETURNING reads them back.
+        sets_cancel = turn.cancel_requested
+        sets_fence = turn.lease_fence is not None
+        parameters = {f"new_{name}": value for name, value in _header(turn).items()}
+        parameters["new_version"] = expected_version + 1
+        parameters["match_id"] = turn.id
+        parameters["match_version"] = expected_version
+        parameters["match_fence"] = turn.lease_fence
+        known = self._remembered_count(turn.id, expected_version)
+        if (
+            known is not None
+            and self._single_statement
+            and 0 <= len(turn.messages) - known <= _SINGLE_STATEMENT_MESSAGES
+        ):
+            return self._update_in_one_statement(turn, expected_version, known, parameters)
+        try:
+            with self._writer.begin() as connection:
+                if known is None:
+                    known = connection.execute(
+                        sa.select(turns.c.message_count).where(
+                            turns.c.id == turn.id, turns.c.version == expected_version
+                        )
+                    ).scalar()
+                    if known is None:
+                        self._raise_conflict(connection, turn, expected_version)
+                        return None
+                parameters["match_count"] = known
+                row = connection.execute(_guarded_update(sets_cancel, sets_fence), parameters).first()
+                if row is None:
+                    self._raise_conflict(connection, turn, expected_version)
+                    self._forget(turn.id)
+                    return None
+                count = len(turn.messages)
+                if count > known:
+                    connection.execute(sa.insert(turn_messages), _message_rows(turn.id, turn.messages, known))
+                elif count < known:
+                    connection.execute(
+                        sa.delete(turn_messages).where(turn_messages.c.turn_id == turn.id, turn_messages.c.seq >= count)
+                    )
+        except sa_exc.IntegrityError:
+            # Only the active-conversation index can refuse this UPDATE. PostgreSQL has
+            # aborted the transaction, so look for the other turn on a fresh one.
+            with self._engine.connect() as connection:
+                self._raise_if_busy(connection, turn)
+            return None
+        stored = turn.model_copy(update={"cancel_requested": row.cancel_requested, "lease_fence": row.lease_fence})
+        return stored_snapshot(turn, stored, expected_version)
+
+    def _update_in_one_statement(
+        self, turn: AgentTurn, expected_version: int, known: int, parameters: dict[str, Any]
+    ) -> AgentTurn | None:
+        """The PostgreSQL fast path: header UPDATE and message INSERT as one autocommitted statement.
+
+        A statement is atomic on its own, so no BEGIN and COMMIT round trips are needed: the
+        save costs one round trip. The INSERT reads the UPDATE's RETURNING, so when the
+        guard matches no row nothing at all is written.
+        """
+        rows = _message_rows(turn.id, turn.messages, known)
+        for index, row in enumerate(rows):
+            parameters.update({f"m{index}_{name}": value for name, value in row.items()})
+        parameters["match_count"] = known
+        statement = _update_with_messages(turn.cancel_requested, turn.lease_fence is not None, len(rows))
+        try:
+            with self._engine.connect() as connection:
+                connection = connection.execution_options(isolation_level="AUTOCOMMIT")
+                stored = connection.execute(statement, parameters).first()
+                if stored is None:
+                    self._raise_conflict(connection, turn, expected_version)
+                    self._forget(turn.id)
+                    return None
+        except sa_exc.IntegrityError:
+            with self._engine.connect() as connection:
+                self._raise_if_busy(connection, turn)
+            return None
+        current = turn.model_copy(
+            update={"cancel_requested": stored.cancel_requested, "lease_fence": stored.lease_fence}
+        )
+        return stored_snapshot(turn, current, expected_version)
+
+    def _raise_conflict(self, connection: Connection, turn: AgentTurn, expected_version: int) -> None:
+        """Raise why a guarded UPDATE matched no row; return when only the remembered count was wrong."""
+        current = connection.execute(
+            sa.select(turns.c.version, turns.c.lease_fence).where(turns.c.id == turn.id)
+        ).first()
+        if current is None or current.version != expected_version:
+            raise VersionConflictError(turn.id, expected_version, None if current is None else current.version)
+        if turn.lease_fence is not None and current.lease_fence is not None and turn.lease_fence < current.lease_fence:
+            raise LeaseLostError(turn.id, turn.lease_fence)
+
+    def _raise_if_busy(self, connection: Connection, turn: AgentTurn) -> None:
+        if turn.conversation_id is None or turn.status.is_terminal:
+            return
+        active = connection.execute(
+            sa.select(turns.c.id, turns.c.status)
+            .where(
+                turns.c.conversation_id == turn.conversation_id,
+                turns.c.status.in_(NON_TERMINAL_STATUSES),
+                turns.c.id != turn.id,
+            )
+            .limit(1)
+        ).first()
+        if active is not None:
+            raise AgentConversationBusyException(turn.conversation_id, active.id, AgentTurnStatus(active.status))
+
+    def request_cancel(self, turn_id: str) -> AgentTurn:
+        """Set the turn's cancel flag without changing its version; return the stored snapshot.
+
+        Raises:
+            TurnNotFound: No turn has this id.
+        """
+        with translated_errors(self._engine, f"cancelling turn {turn_id!r}"), self._writer.begin() as connection:
+            flagged = connection.execute(
+                sa.update(turns).where(turns.c.id == turn_id).values(cancel_requested=True).returning(turns)
+            ).first()
+            if flagged is None:
+                raise TurnNotFound(turn_id)
+            return self._assemble(connection, [flagged])[0]
+
+    # --- Remembered message counts -----------------------------------------------------------
+
+    def _remember(self, turn: AgentTurn) -> None:
+        with self._counts_lock:
+            self._counts[turn.id] = (turn.version, len(turn.messages))
+            self._counts.move_to_end(turn.id)
+            if len(self._counts) > _REMEMBERED_TURNS:
+                self._counts.popitem(last=False)
+
+    def _remembered_count(self, turn_id: str, version: int) -> int | None:
+        with self._counts_lock:
+            entry = self._counts.get(turn_id)
+        return entry[1] if entry is not None and entry[0] == version else None
+
+    def _forget(self, turn_id: str) -> None:
+        with self._counts_lock:
+            self._counts.pop(turn_id, None)

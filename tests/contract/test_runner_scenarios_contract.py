@@ -1,0 +1,213 @@
+"""End-to-end runner scenarios through every store, with a fresh runner after every suspension.
+
+Each phase of a scenario uses a new `AgentRunner` with its own loader and, for the SQL
+backends, its own store and chat memory objects (new engines, nothing remembered), as a
+separate web request or worker process would.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+import store
+from agent_runner import (
+    ActionStatus,
+    Agent,
+    AgentActionMessage,
+    AgentConversationBusyException,
+    AgentFormDefinition,
+    AgentFormMessage,
+    AgentResumeCommand,
+    AgentRunner,
+    AgentTurnStatus,
+    AgentUserInputTool,
+    AiMessage,
+    InMemoryAgentLoader,
+    RecoverableError,
+    ScriptedChatModel,
+    SuspensionType,
+    ToolCall,
+    ToolMessage,
+    UserMessage,
+    tool,
+)
+from agent_runner.persistence import AgentTurnStore, ChatMemoryProvider
+
+S = AgentTurnStatus
+
+RunnerFactory = Callable[[Agent], AgentRunner]
+
+
+@pytest.fixture
+def fresh_runner(
+    database_url: str | None, turn_store: AgentTurnStore, chat_memory_provider: ChatMemoryProvider
+) -> Iterator[RunnerFactory]:
+    """Returns a new runner on the same database each time it is called."""
+    opened: list[store.SqlAgentTurnStore | store.SqlChatMemoryProvider] = []
+
+    def make(agent: Agent) -> AgentRunner:
+        if database_url is None:
+            turns, memories = turn_store, chat_memory_provider
+        else:
+            sql_turns = store.SqlAgentTurnStore(database_url)
+            sql_memories = store.SqlChatMemoryProvider(database_url)
+            opened.extend([sql_turns, sql_memories])
+            turns, memories = sql_turns, sql_memories
+        return AgentRunner(turn_store=turns, agent_loader=InMemoryAgentLoader([agent]), chat_memory_provider=memories)
+
+    try:
+        yield make
+    finally:
+        for item in opened:
+            item.close()
+
+
+def test_an_approved_tool_call_completes_the_turn_across_runners(
+    fresh_runner: RunnerFactory, chat_memory_provider: ChatMemoryProvider
+) -> None:
+    created: list[dict[str, Any]] = []
+
+    @tool(requires_approval=True)
+    def create_ticket(affected_system: str, impact_scope: str) -> str:
+        """Create a support ticket."""
+        created.append({"affected_system": affected_system, "impact_scope": impact_scope})
+        return "TICKET-1"
+
+    call = ToolCall("call-1", "create_ticket", {"affected_system": "CRM", "impact_scope": "ALL_USERS"})
+    model = ScriptedChatModel([AiMessage(tool_calls=[call]), AiMessage("Ticket TICKET-1 created ✓")])
+    agent = Agent(id="support", instructions="Help.", chat_model=model, tools=[create_ticket])
+
+    # Given a conversation turn that waits for approval
+    waiting = fresh_runner(agent).run("support", "CRM is down for everyone", conversation_id="c-1")
+    assert waiting.status is S.WAITING_FOR_APPROVAL
+    assert waiting.suspension is not None and waiting.suspension.correlation_id == "call-1"
+    assert created == []
+
+    # Then the conversation is busy for another runner
+    with pytest.raises(AgentConversationBusyException) as busy:
+        fresh_runner(agent).run("support", "hello?", conversation_id="c-1")
+    assert busy.value.active_turn_id == waiting.id
+
+    # When another runner restores it and the approval arrives
+    runner = fresh_runner(agent)
+    restored = runner.restore(waiting.id)
+    assert restored.pending_tool_calls == [call]
+    done = runner.resume(waiting.id, AgentResumeCommand.approve_tool("call-1").with_metadata("approverId", "u-100"))
+
+    # Then the saved call ran once, as the model made it, and the turn completed
+    assert done.status is S.COMPLETED
+    assert done.final_output == "Ticket TICKET-1 created ✓"
+    assert created == [{"affected_system": "CRM", "impact_scope": "ALL_USERS"}]
+    assert model.calls == 2
+    assert fresh_runner(agent).restore(done.id) == done
+
+    # And ChatMemory shows the history with the approval card decided in place
+    history = chat_memory_provider("c-1").get_messages(100)
+    assert [m.role for m in history] == ["user", "assistant", "agent_action", "tool", "assistant"]
+    card = history[2]
+    assert isinstance(card, AgentActionMessage) and card.status is ActionStatus.APPROVED and card.version == 1
+    assert isinstance(history[3], ToolMessage) and history[3].content == "TICKET-1"
+
+    # And the next turn of the conversation may start, with the history window
+    model_2 = ScriptedChatModel([AiMessage("You're welcome")])
+    agent_2 = Agent(id="support", instructions="Help.", chat_model=model_2, tools=[create_ticket])
+    follow_up = fresh_runner(agent_2).run("support", "thanks", conversation_id="c-1")
+    assert follow_up.status is S.COMPLETED
+    sent = [m.role for m in model_2.requests[0].messages]
+    assert sent == ["system", "user", "assistant", "tool", "assistant", "user"]
+
+
+def test_a_form_is_frozen_and_its_data_resumes_the_turn_across_runners(
+    fresh_runner: RunnerFactory, chat_memory_provider: ChatMemoryProvider
+) -> None:
+    ticket_form = AgentFormDefinition(
+        key="support_ticket_details",
+        description="Details of the ticket",
+        schema={
+            "type": "object",
+            "properties": {"affected_system": {"type": "string"}, "impact_scope": {"enum": ["ONE_USER", "ALL_USERS"]}},
+            "required": ["affected_system", "impact_scope"],
+        },
+    )
+    ask = ToolCall("call-f", "request_user_input", {"formKey": "support_ticket_details"})
+    model = ScriptedChatModel([AiMessage(tool_calls=[ask]), AiMessage("Thanks, noted.")])
+    agent = Agent(id="support", chat_model=model, tools=[AgentUserInputTool(forms=[ticket_form])])
+
+    waiting = fresh_runner(agent).run("support", "I need help", conversation_id="c-form")
+    assert waiting.status is S.WAITING_FOR_USER
+    assert waiting.suspension is not None and waiting.suspension.type is SuspensionType.USER_INPUT
+    assert waiting.suspension.form is not None and waiting.suspension.form.schema == ticket_form.schema
+
+    data = {"affected_system": "ERP — 会計", "impact_scope": "ONE_USER"}
+    done = fresh_runner(agent).resume(waiting.id, AgentResumeCommand.user_input("call-f", data))
+    assert done.status is S.COMPLETED
+    tool_message = next(m for m in done.messages if isinstance(m, ToolMessage))
+    assert tool_message.tool_call_id == "call-f" and "会計" in tool_message.content
+    page = chat_memory_provider("c-form").get_messages(100)
+    forms = [m for m in page if isinstance(m, AgentFormMessage)]
+    assert len(forms) == 1 and forms[0].status is ActionStatus.SUBMITTED
+
+
+def test_a_scheduled_retry_resumes_at_the_same_phase_across_runners(fresh_runner: RunnerFactory) -> None:
+    model = ScriptedChatModel([RecoverableError("rate limited", retry_after=30), AiMessage("finally")])
+    agent = Agent(id="support", chat_model=model)
+
+    scheduled = fresh_runner(agent).run("support", "hi")
+    assert scheduled.status is S.RETRY_SCHEDULED and scheduled.next_retry_at is not None
+    runner = fresh_runner(agent)
+    assert [r.turn_id for r in runner.turn_store.list_runnable(scheduled.next_retry_at)] == [scheduled.id]
+    done = runner.resume(scheduled.id, AgentResumeCommand.retry())
+    assert done.status is S.COMPLETED and done.final_output == "finally"
+    assert fresh_runner(agent).restore(scheduled.id) == done
+
+
+def test_cancelling_a_waiting_turn_closes_it_out_and_frees_the_conversation(fresh_runner: RunnerFactory) -> None:
+    @tool(requires_approval=True)
+    def wipe_disk(disk: str) -> str:
+        """Wipe a disk."""
+        raise AssertionError("never approved, never run")
+
+    model = ScriptedChatModel([AiMessage(tool_calls=[ToolCall("call-w", "wipe_disk", {"disk": "sda"})])])
+    agent = Agent(id="ops", chat_model=model, tools=[wipe_disk])
+    waiting = fresh_runner(agent).run("ops", "clean up", conversation_id="c-ops")
+    assert waiting.status is S.WAITING_FOR_APPROVAL
+
+    cancelled = fresh_runner(agent).cancel(waiting.id)
+    assert cancelled.status is S.CANCELLED
+    closing = [m for m in cancelled.messages if isinstance(m, ToolMessage)]
+    assert [m.tool_call_id for m in closing] == ["call-w"]
+    assert isinstance(cancelled.messages[-1], AiMessage)
+    assert fresh_runner(agent).turn_store.find_active_turn("c-ops") is None
+
+
+def test_child_turns_are_stored_and_complete_the_parent(fresh_runner: RunnerFactory) -> None:
+    researcher = Agent(
+        id="researcher",
+        chat_model=ScriptedChatModel(lambda request: AiMessage(f"found: {request.messages[-1].content}")),  # type: ignore[union-attr]
+    )
+    calls = [ToolCall("d-1", "researcher", {"task": "prices"}), ToolCall("d-2", "researcher", {"task": "stock"})]
+    parent_model = ScriptedChatModel([AiMessage(tool_calls=calls), AiMessage("summary")])
+    parent = Agent(id="lead", chat_model=parent_model, sub_agents=[researcher])
+
+    done = fresh_runner(parent).run("lead", "research")
+    assert done.status is S.COMPLETED
+    runner = fresh_runner(parent)
+    children = runner.turn_store.list_turns(parent_turn_id=done.id)
+    assert sorted(c.final_output or "" for c in children) == ["found: prices", "found: stock"]
+    assert all(c.root_turn_id == done.id and c.conversation_id is None for c in children)
+    outputs = {m.tool_call_id: m.content for m in done.messages if isinstance(m, ToolMessage)}
+    assert outputs == {"d-1": "found: prices", "d-2": "found: stock"}
+    assert runner.restore(done.id) == done
+
+
+def test_history_from_chat_memory_feeds_the_next_turn(fresh_runner: RunnerFactory) -> None:
+    model = ScriptedChatModel(lambda request: AiMessage(f"seen {len(request.messages)}"))
+    agent = Agent(id="echo", chat_model=model, max_attached_messages=3)
+    for text in ["one", "two", "three"]:
+        turn = fresh_runner(agent).run("echo", UserMessage(text), conversation_id="c-echo")
+        assert turn.status is S.COMPLETED
+    # The third turn saw the newest 3 messages of the conversation plus its own user message
+    assert [m.content for m in model.requests[-1].messages] == ["seen 1", "two", "seen 3", "three"]
