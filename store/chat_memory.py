@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from types import TracebackType
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
@@ -12,8 +11,8 @@ from agent_runner._base import utcnow
 from agent_runner.errors import StoreError, VersionConflictError
 from agent_runner.in_memory import model_window
 from agent_runner.messages import AnyMessage, AnyMessageAdapter, AnyMessagesAdapter, ModelMessage
-from store._engine import UrlOrEngine, dialect_insert, display_url, resolve_engine, translated_errors, writer
-from store.migrations import ensure_embedded_schema
+from store._backend import SqlBackend
+from store._engine import UrlOrEngine, dialect_insert, display_url, translated_errors, writer
 from store.schema import chat_conversations, chat_messages
 
 
@@ -145,7 +144,7 @@ class SqlChatMemory:
         raise VersionConflictError(message.id, expected_version, stored.version, what="message")
 
 
-class SqlChatMemoryProvider:
+class SqlChatMemoryProvider(SqlBackend):
     """A `ChatMemoryProvider` over SQL: `provider(conversation_id)` returns that conversation's `SqlChatMemory`.
 
     Every memory it returns shares the provider's engine (and connection pool).
@@ -156,34 +155,8 @@ class SqlChatMemoryProvider:
     """
 
     def __init__(self, url_or_engine: UrlOrEngine) -> None:
-        self._engine, self._owns_engine = resolve_engine(url_or_engine)
-        try:
-            ensure_embedded_schema(self._engine)
-        except BaseException:
-            self.close()
-            raise
+        super().__init__(url_or_engine)
 
     def __call__(self, conversation_id: str) -> SqlChatMemory:
         """Return the conversation's memory."""
         return SqlChatMemory(self._engine, conversation_id)
-
-    @property
-    def engine(self) -> Engine:
-        """The engine the memories use."""
-        return self._engine
-
-    def close(self) -> None:
-        """Dispose of the engine if this provider made it."""
-        if self._owns_engine:
-            self._engine.dispose()
-
-    def __enter__(self) -> SqlChatMemoryProvider:
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
-    ) -> None:
-        self.close()
-
-    def __repr__(self) -> str:
-        return f"SqlChatMemoryProvider({display_url(self._engine.url)!r})"

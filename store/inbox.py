@@ -10,15 +10,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from enum import StrEnum
-from types import TracebackType
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.engine import Connection
 
 from agent_runner._base import utcnow
-from store._engine import AnyRow, UrlOrEngine, dialect_insert, display_url, resolve_engine, translated_errors, writer
-from store.migrations import ensure_embedded_schema
+from store._backend import SqlBackend
+from store._engine import AnyRow, UrlOrEngine, dialect_insert, translated_errors
 from store.schema import NON_TERMINAL_STATUSES, inbox_conversations, inbox_messages, turns
 
 
@@ -77,7 +76,7 @@ def _record(row: AnyRow) -> InboxMessage:
     )
 
 
-class Inbox:
+class Inbox(SqlBackend):
     """Per-conversation queues of user messages in PostgreSQL or SQLite.
 
     `claim_next` is atomic across processes and keeps each conversation's order: a
@@ -90,34 +89,7 @@ class Inbox:
     """
 
     def __init__(self, url_or_engine: UrlOrEngine) -> None:
-        self._engine, self._owns_engine = resolve_engine(url_or_engine)
-        self._writer = writer(self._engine)
-        try:
-            ensure_embedded_schema(self._engine)
-        except BaseException:
-            self.close()
-            raise
-
-    @property
-    def engine(self) -> Engine:
-        """The engine this inbox uses."""
-        return self._engine
-
-    def close(self) -> None:
-        """Dispose of the engine if this inbox made it."""
-        if self._owns_engine:
-            self._engine.dispose()
-
-    def __enter__(self) -> Inbox:
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
-    ) -> None:
-        self.close()
-
-    def __repr__(self) -> str:
-        return f"Inbox({display_url(self._engine.url)!r})"
+        super().__init__(url_or_engine)
 
     def enqueue(self, conversation_id: str, message_id: str, content: str) -> InboxMessage:
         """Queue a message at the end of its conversation; return the stored record.

@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-from types import TracebackType
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.engine import Engine
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.functions import FunctionElement
 
 from agent_runner.persistence import Lease
-from store._engine import UrlOrEngine, dialect_insert, display_url, resolve_engine, translated_errors, writer
-from store.migrations import ensure_embedded_schema
+from store._backend import SqlBackend
+from store._engine import UrlOrEngine, dialect_insert, translated_errors
 from store.schema import turn_leases
 
 
@@ -45,7 +43,7 @@ def _check_ttl(ttl_ms: int) -> None:
         raise ValueError(f"a lease TTL must be a positive number of milliseconds, got {ttl_ms!r}")
 
 
-class SqlTurnLease:
+class SqlTurnLease(SqlBackend):
     """A `TurnLease` kept in the `agent_turn_leases` table of PostgreSQL or SQLite.
 
     One row per turn holds the owner, the fence and the expiry time. Acquiring is one
@@ -60,34 +58,7 @@ class SqlTurnLease:
     """
 
     def __init__(self, url_or_engine: UrlOrEngine) -> None:
-        self._engine, self._owns_engine = resolve_engine(url_or_engine)
-        self._writer = writer(self._engine)
-        try:
-            ensure_embedded_schema(self._engine)
-        except BaseException:
-            self.close()
-            raise
-
-    @property
-    def engine(self) -> Engine:
-        """The engine this lease uses."""
-        return self._engine
-
-    def close(self) -> None:
-        """Dispose of the engine if this lease made it."""
-        if self._owns_engine:
-            self._engine.dispose()
-
-    def __enter__(self) -> SqlTurnLease:
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
-    ) -> None:
-        self.close()
-
-    def __repr__(self) -> str:
-        return f"SqlTurnLease({display_url(self._engine.url)!r})"
+        super().__init__(url_or_engine)
 
     def acquire(self, turn_id: str, owner: str, ttl_ms: int) -> Lease | None:
         """Take the lease if it is free or expired; None when another owner holds it.

@@ -12,12 +12,11 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from datetime import datetime
 from functools import lru_cache
-from types import TracebackType
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
-from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.engine import Connection
 
 from agent_runner.errors import (
     AgentConversationBusyException,
@@ -30,8 +29,8 @@ from agent_runner.in_memory import stored_snapshot
 from agent_runner.messages import ModelMessage
 from agent_runner.persistence import TurnRef
 from agent_runner.snapshot import AgentTurn, AgentTurnStatus
-from store._engine import AnyRow, UrlOrEngine, dialect_insert, display_url, resolve_engine, translated_errors, writer
-from store.migrations import ensure_embedded_schema
+from store._backend import SqlBackend
+from store._engine import AnyRow, UrlOrEngine, dialect_insert, translated_errors
 from store.schema import NON_TERMINAL_STATUSES, turn_messages, turns
 
 _COLUMN_FIELDS = frozenset(
@@ -178,7 +177,7 @@ def _ref(row: AnyRow) -> TurnRef:
     return TurnRef(row.id, row.version, AgentTurnStatus(row.status), row.updated_at, row.next_retry_at)
 
 
-class SqlAgentTurnStore:
+class SqlAgentTurnStore(SqlBackend):
     """An `AgentTurnStore` in PostgreSQL (psycopg 3) or SQLite, with the same behaviour as the in-memory store.
 
     Every save is one transaction: a compare-and-swap UPDATE of the header guarded by
@@ -202,40 +201,13 @@ class SqlAgentTurnStore:
     """
 
     def __init__(self, url_or_engine: UrlOrEngine) -> None:
-        self._engine, self._owns_engine = resolve_engine(url_or_engine)
-        self._writer = writer(self._engine)
+        super().__init__(url_or_engine)
         self._single_statement = self._engine.dialect.name == "postgresql"
         # (version, message_count) of recently seen snapshots. A save whose expected
         # version is remembered knows which messages are new without reading the header
         # first; the UPDATE still checks the count, so a wrong entry costs a retry, never data.
         self._counts: OrderedDict[str, tuple[int, int]] = OrderedDict()
         self._counts_lock = threading.Lock()
-        try:
-            ensure_embedded_schema(self._engine)
-        except BaseException:
-            self.close()
-            raise
-
-    @property
-    def engine(self) -> Engine:
-        """The engine this store uses."""
-        return self._engine
-
-    def close(self) -> None:
-        """Dispose of the engine if this store made it."""
-        if self._owns_engine:
-            self._engine.dispose()
-
-    def __enter__(self) -> SqlAgentTurnStore:
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
-    ) -> None:
-        self.close()
-
-    def __repr__(self) -> str:
-        return f"SqlAgentTurnStore({display_url(self._engine.url)!r})"
 
     # --- Reads -------------------------------------------------------------------------------
 
