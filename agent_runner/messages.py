@@ -101,6 +101,15 @@ class _PageMessageBase(_MessageBase):
 class AgentActionMessage(_PageMessageBase):
     """Approval card for a tool call that waits for a person's decision."""
 
+    _positional: ClassVar[tuple[str, ...]] = (
+        "id",
+        "version",
+        "turn_id",
+        "action_id",
+        "tool_name",
+        "summary",
+        "status",
+    )
     role: Literal["agent_action"] = "agent_action"
     tool_name: str
     summary: str
@@ -116,6 +125,7 @@ class AgentActionMessage(_PageMessageBase):
 class AgentFormMessage(_PageMessageBase):
     """A form the user is asked to fill in, with the full JSON Schema to render and validate."""
 
+    _positional: ClassVar[tuple[str, ...]] = ("id", "version", "turn_id", "action_id", "form_key", "schema", "status")
     role: Literal["agent_form"] = "agent_form"
     form_key: str
     description: str = ""

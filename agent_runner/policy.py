@@ -4,22 +4,24 @@ from __future__ import annotations
 
 import random
 import string
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic import Field, field_validator, model_validator
 
-from agent_runner._base import FrozenModel
+from agent_runner._base import PositionalModel
 from agent_runner.errors import DefinitionError
 
 TEMPLATE_FIELDS = frozenset({"reason", "turn_id", "tool_call_id", "tool_name"})
 
 
-class RetryPolicy(FrozenModel):
+class RetryPolicy(PositionalModel):
     """Exponential backoff for recoverable model and tool errors.
 
     `max_attempts` counts every attempt, the first included: with 3, a call is tried
     three times before the turn fails. Times are in seconds.
     """
+
+    _positional: ClassVar[tuple[str, ...]] = ("max_attempts", "initial_backoff", "multiplier", "max_backoff", "jitter")
 
     max_attempts: int = Field(default=3, ge=1)
     initial_backoff: float = Field(default=1.0, ge=0)
@@ -42,8 +44,10 @@ class RetryPolicy(FrozenModel):
         return delay
 
 
-class Budget(FrozenModel):
+class Budget(PositionalModel):
     """Spending limits of a turn, children included; exceeding one ends the turn with BUDGET_EXCEEDED."""
+
+    _positional: ClassVar[tuple[str, ...]] = ("max_total_tokens", "max_cost")
 
     max_total_tokens: int | None = Field(default=None, ge=0)
     max_cost: float | None = Field(default=None, ge=0)
@@ -57,13 +61,21 @@ def _check_template(value: str, allowed: frozenset[str], what: str) -> str:
     return value
 
 
-class AgentExecutionPolicy(FrozenModel):
+class AgentExecutionPolicy(PositionalModel):
     """Limits and texts that apply to every turn a runner executes.
 
     The templates close out a turn that ends abnormally (cancelled, failed, over budget,
     out of iterations or steps): one ToolMessage per unfinished tool call, then one
     assistant message. Placeholders: `{reason}`, `{turn_id}`, `{tool_call_id}`, `{tool_name}`.
     """
+
+    _positional: ClassVar[tuple[str, ...]] = (
+        "max_steps",
+        "retry",
+        "interrupted_tool_message_template",
+        "interrupted_turn_message_template",
+        "cancellation_reason",
+    )
 
     max_steps: int = Field(default=200, ge=1)
     """Steps (model calls plus tool calls) a turn may take before MAX_STEPS_REACHED."""

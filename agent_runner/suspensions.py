@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from datetime import datetime
 from enum import StrEnum
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic import Field
 
-from agent_runner._base import FrozenModel, utcnow
+from agent_runner._base import FrozenModel, PositionalModel, utcnow
 from agent_runner.forms import AgentFormDefinition
 
 
@@ -28,7 +28,7 @@ class SuspensionType(StrEnum):
     RETRY = "RETRY"
 
 
-class AgentSuspension(FrozenModel):
+class AgentSuspension(PositionalModel):
     """The reason a turn stopped without finishing, saved in its snapshot.
 
     `correlation_id` is the tool call id the resume command must name (None for a plain
@@ -36,6 +36,15 @@ class AgentSuspension(FrozenModel):
     when the turn suspended: submitted data is validated against it, never against a
     schema the model or the client supplies.
     """
+
+    _positional: ClassVar[tuple[str, ...]] = (
+        "type",
+        "correlation_id",
+        "message",
+        "resume_phase",
+        "metadata",
+        "form",
+    )
 
     type: SuspensionType
     correlation_id: str | None = None

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
-from agent_runner._base import FrozenModel
+from typing import ClassVar
+
+from agent_runner._base import PositionalModel
 
 
-class Usage(FrozenModel):
+class Usage(PositionalModel):
     """Tokens and cost of one model call, or the running total of a turn."""
+
+    _positional: ClassVar[tuple[str, ...]] = ("input_tokens", "output_tokens", "cost")
 
     input_tokens: int = 0
     output_tokens: int = 0

@@ -4,26 +4,30 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 from pydantic import ConfigDict, Field
 
-from agent_runner._base import FrozenModel
+from agent_runner._base import PositionalModel
 from agent_runner.errors import DefinitionError
 from agent_runner.messages import AiMessage, ModelMessage
 from agent_runner.usage import Usage
 
 
-class ToolSpec(FrozenModel):
+class ToolSpec(PositionalModel):
     """What the model is told about one tool."""
+
+    _positional: ClassVar[tuple[str, ...]] = ("name", "description", "parameters")
 
     name: str
     description: str = ""
     parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object", "properties": {}})
 
 
-class ChatRequest(FrozenModel):
+class ChatRequest(PositionalModel):
     """One request to a chat model: the model-visible messages (instructions first) and the tools."""
+
+    _positional: ClassVar[tuple[str, ...]] = ("messages", "tools")
 
     model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
 
@@ -33,8 +37,10 @@ class ChatRequest(FrozenModel):
     """Called by streaming models with each text delta; the runner turns it into MODEL_DELTA events."""
 
 
-class ChatResponse(FrozenModel):
+class ChatResponse(PositionalModel):
     """A model's answer and what it cost."""
+
+    _positional: ClassVar[tuple[str, ...]] = ("message", "usage")
 
     message: AiMessage
     usage: Usage = Field(default_factory=Usage)
