@@ -14,6 +14,11 @@ if ! pg_isready -h 127.0.0.1 -p 5432 >/dev/null 2>&1; then
     pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql | head -n 1)" main start
   fi
 fi
+# RabbitMQ is only needed by the tests that run Celery on the AMQP broker.
+if command -v rabbitmqctl >/dev/null 2>&1 && ! rabbitmqctl status >/dev/null 2>&1; then
+  rabbitmq-server -detached >/dev/null 2>&1
+  timeout 60 rabbitmqctl await_startup >/dev/null 2>&1 || echo "warning: RabbitMQ did not start" >&2
+fi
 for _ in $(seq 1 30); do
   redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1 && pg_isready -h 127.0.0.1 -p 5432 >/dev/null 2>&1 && exit 0
   sleep 1

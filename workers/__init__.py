@@ -1,1 +1,24 @@
-"""Celery workers for agent-runner."""
+"""Celery workers for agent-runner.
+
+`celery -A workers.app worker` runs turns; `celery -A workers.app beat` schedules the
+sweeps; `workers.build_runner()` gives a web app a runner whose `start`, `submit_resume`
+and `cancel` enqueue work for the workers. Importing this package loads neither Celery nor
+the store: `build_runner` is imported on first use.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from workers.wiring import build_runner
+
+__all__ = ["build_runner"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "build_runner":
+        from workers.wiring import build_runner
+
+        return build_runner
+    raise AttributeError(f"module 'workers' has no attribute {name!r}")

@@ -1,0 +1,281 @@
+"""Worker processes and a per-test deployment for the Celery worker tests (used by `conftest.py` and the tests).
+
+Worker processes run `celery -A workers.app worker` with the prefork pool, in their own
+process group, and are stopped by process group id: SIGTERM, then SIGKILL when they do
+not exit in time.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from celery_agents import DETAILS_FORM, LEDGER_URL_VARIABLE
+from redis import Redis
+
+import store
+from agent_runner import AgentResumeCommand, AgentTurn, AgentTurnStatus, SuspensionType
+from workers.app import create_app
+from workers.settings import WorkerSettings
+from workers.wiring import Wiring, build_wiring
+
+ROOT = Path(__file__).resolve().parents[3]
+HERE = Path(__file__).resolve().parent
+CELERY = str(Path(sys.executable).with_name("celery"))
+DEFAULT_DATABASE_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/15"
+RABBITMQ_URL = os.environ.get("AGENT_RUNNER_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672//")
+WORKER_START_TIMEOUT_S = 45.0
+WORKER_STOP_TIMEOUT_S = 15.0
+
+
+@dataclass
+class WorkerProcess:
+    """A `celery worker` (or `celery beat`) process started by a test."""
+
+    name: str
+    process: subprocess.Popen[bytes]
+    log: Path
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def kill(self) -> None:
+        """SIGKILL the whole process group: the main process and its pool children die at once."""
+        _signal_group(self.pid, signal.SIGKILL)
+        self.process.wait(WORKER_STOP_TIMEOUT_S)
+
+    def stop(self) -> None:
+        """SIGTERM (warm shutdown), then SIGKILL after a bound; always reaps the process group."""
+        if self.alive():
+            _signal_group(self.pid, signal.SIGTERM)
+            try:
+                self.process.wait(WORKER_STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                pass
+        # Pool children may outlive a main process that died first.
+        _signal_group(self.pid, signal.SIGKILL)
+        if self.alive():
+            self.process.wait(WORKER_STOP_TIMEOUT_S)
+
+
+def _signal_group(pgid: int, signum: int) -> None:
+    try:
+        os.killpg(pgid, signum)
+    except ProcessLookupError:
+        pass
+
+
+@dataclass
+class Cluster:
+    """A per-test deployment: settings, a producer-side wiring, and the processes it started."""
+
+    env: dict[str, str]
+    tmp_path: Path
+    redis_url: str
+    settings: WorkerSettings = field(init=False)
+    wiring: Wiring = field(init=False)
+    processes: list[WorkerProcess] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.settings = WorkerSettings.from_env(self.env)
+        self.celery_app = create_app(self.settings)
+        self.wiring = build_wiring(self.settings, self.celery_app)
+
+    @property
+    def runner(self) -> Any:
+        return self.wiring.runner
+
+    @property
+    def turn_store(self) -> store.SqlAgentTurnStore:
+        return self.wiring.turn_store
+
+    # --- processes ---------------------------------------------------------------------------
+
+    def start_worker(self, name: str, concurrency: int = 2, wait: bool = True) -> WorkerProcess:
+        args = [
+            CELERY,
+            "-A",
+            "workers.app",
+            "worker",
+            "--pool=prefork",
+            f"--concurrency={concurrency}",
+            f"--hostname={name}-{uuid.uuid4().hex[:6]}@%h",
+            "--without-gossip",
+            "--without-mingle",
+            "--without-heartbeat",
+            "--loglevel=INFO",
+        ]
+        worker = self._spawn(name, args)
+        if wait:
+            self.wait_ready(worker)
+        return worker
+
+    def start_beat(self) -> WorkerProcess:
+        args = [
+            CELERY,
+            "-A",
+            "workers.app",
+            "beat",
+            "--loglevel=INFO",
+            f"--schedule={self.tmp_path / 'beat-schedule'}",
+        ]
+        return self._spawn("beat", args)
+
+    def _spawn(self, name: str, args: list[str]) -> WorkerProcess:
+        log = self.tmp_path / f"{name}-{len(self.processes)}.log"
+        with log.open("wb") as sink:
+            process = subprocess.Popen(
+                args, cwd=ROOT, env=self.env, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        worker = WorkerProcess(name, process, log)
+        self.processes.append(worker)
+        return worker
+
+    def wait_ready(self, worker: WorkerProcess) -> None:
+        deadline = time.monotonic() + WORKER_START_TIMEOUT_S
+        while " ready." not in worker.output():
+            if not worker.alive():
+                pytest.fail(f"worker {worker.name} exited with {worker.process.returncode}:\n{worker.output()[-4000:]}")
+            if time.monotonic() > deadline:
+                pytest.fail(
+                    f"worker {worker.name} not ready after {WORKER_START_TIMEOUT_S}s:\n{worker.output()[-4000:]}"
+                )
+            time.sleep(0.1)
+
+    def stop_all(self) -> None:
+        for worker in self.processes:
+            worker.stop()
+
+    def logs(self) -> str:
+        return "\n".join(f"===== {w.name} (pid {w.pid})\n{w.output()[-6000:]}" for w in self.processes)
+
+    # --- turns, people, ledger ---------------------------------------------------------------
+
+    def load(self, turn_id: str) -> AgentTurn:
+        return self.turn_store.load(turn_id)
+
+    def wait_for(
+        self, predicate: Callable[[], bool], timeout: float, what: str, tick: Callable[[], None] = lambda: None
+    ) -> None:
+        deadline = time.monotonic() + timeout
+        while not predicate():
+            if time.monotonic() > deadline:
+                pytest.fail(f"timed out after {timeout}s waiting for {what}\n{self.logs()}")
+            tick()
+            time.sleep(0.05)
+
+    def answer_people(self, turn_ids: list[str]) -> None:
+        """Play the people: approve pending approvals and fill in pending forms of these turns."""
+        for turn_id in turn_ids:
+            turn = self.load(turn_id)
+            suspension = turn.suspension
+            if suspension is None or turn.is_terminal:
+                continue
+            call_id = suspension.correlation_id or ""
+            if turn.status is AgentTurnStatus.WAITING_FOR_APPROVAL:
+                command = AgentResumeCommand.approve_tool(call_id).with_metadata("approverId", "test")
+            elif turn.status is AgentTurnStatus.WAITING_FOR_USER and suspension.type is SuspensionType.USER_INPUT:
+                assert suspension.form is not None and suspension.form.key == DETAILS_FORM.key
+                command = AgentResumeCommand.user_input(call_id, {"value": "filled"})
+            else:
+                continue
+            self.runner.submit_resume(turn_id, command)
+
+    def ledger(self) -> list[dict[str, Any]]:
+        engine = sa.create_engine(self.settings.database_url)
+        try:
+            with engine.connect() as connection:
+                rows = connection.execute(sa.text("SELECT * FROM test_ledger ORDER BY effect")).mappings()
+                return [dict(row) for row in rows]
+        finally:
+            engine.dispose()
+
+    def attempts(self) -> dict[str, tuple[int, float]]:
+        engine = sa.create_engine(self.settings.database_url)
+        try:
+            with engine.connect() as connection:
+                rows = connection.execute(sa.text("SELECT idempotency_key, attempts, last_at FROM test_attempts"))
+                return {row[0]: (int(row[1]), float(row[2])) for row in rows}
+        finally:
+            engine.dispose()
+
+    def queue_length(self) -> int:
+        """Messages waiting in the test's queue (Redis broker: every priority list of the queue)."""
+        prefix = self.settings.broker_key_prefix or ""
+        client: Redis[Any] = Redis.from_url(self.settings.broker_url, socket_timeout=5)
+        try:
+            keys = client.keys(f"{prefix}{self.settings.queue}*")
+            return sum(int(client.llen(key)) for key in keys if client.type(key) == b"list")
+        finally:
+            client.close()
+
+    def purge_queue(self) -> int:
+        with self.celery_app.connection_for_write() as connection:
+            return int(connection.default_channel.queue_purge(self.settings.queue) or 0)
+
+    def close(self) -> None:
+        self.wiring.close()
+
+
+def cluster_env(
+    *, schema_url: str, redis_url: str, namespace: str, broker_url: str | None = None, **overrides: str
+) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AGENT_RUNNER_", "CELERY_"))}
+    env.update(
+        {
+            "AGENT_RUNNER_DATABASE_URL": schema_url,
+            LEDGER_URL_VARIABLE: schema_url,
+            "AGENT_RUNNER_REDIS_URL": redis_url,
+            "AGENT_RUNNER_REDIS_PREFIX": namespace,
+            "CELERY_BROKER_URL": broker_url or redis_url,
+            "AGENT_RUNNER_BROKER_KEY_PREFIX": f"{namespace}:broker:",
+            "AGENT_RUNNER_QUEUE": f"{namespace}-queue",
+            "AGENT_RUNNER_LEASE_TTL_S": "2",
+            "AGENT_RUNNER_SWEEP_INTERVAL_S": "1",
+            "AGENT_RUNNER_AGENT_LOADER": "celery_agents:build_loader",
+            "AGENT_RUNNER_INBOX_AGENT": "inbox-agent",
+            "AGENT_RUNNER_RETRY_MAX_ATTEMPTS": "4",
+            "AGENT_RUNNER_RETRY_INITIAL_BACKOFF_S": "0.2",
+            "AGENT_RUNNER_RETRY_MULTIPLIER": "1.5",
+            "AGENT_RUNNER_RETRY_JITTER": "0",
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")])),
+        }
+    )
+    env.update(overrides)
+    return env
+
+
+def delete_prefix(redis_url: str, prefix: str) -> None:
+    client: Redis[Any] = Redis.from_url(redis_url, socket_timeout=5)
+    try:
+        keys = list(client.scan_iter(match=f"{prefix}*", count=1000))
+        for start in range(0, len(keys), 500):
+            client.delete(*keys[start : start + 500])
+    finally:
+        client.close()
+
+
+def delete_amqp_queue(cluster: Cluster) -> None:
+    try:
+        with cluster.celery_app.connection_for_write() as connection:
+            connection.default_channel.queue_delete(cluster.settings.queue)
+    except Exception as exc:  # the queue may never have been declared
+        print(f"could not delete queue {cluster.settings.queue}: {exc}")

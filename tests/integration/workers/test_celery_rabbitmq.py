@@ -1,0 +1,64 @@
+"""The same short scenario with RabbitMQ as the broker: steps, approvals, ETA retries, fan-out, the inbox."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+import pytest
+from celery_cluster import RABBITMQ_URL, Cluster
+from celery_workload import Scenario, run_workload, scenario
+from kombu import Connection
+
+from agent_runner import AgentTurnStatus
+from store import InboxStatus
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def amqp_url() -> str:
+    url = os.environ.get("AGENT_RUNNER_TEST_AMQP_URL", RABBITMQ_URL)
+    try:
+        with Connection(url, connect_timeout=3) as connection:
+            connection.ensure_connection(max_retries=1)
+    except Exception as exc:
+        pytest.fail(f"RabbitMQ at {url} is unreachable ({type(exc).__name__}: {exc}); start it first")
+    return url
+
+
+def test_mixed_turns_and_the_inbox_run_with_rabbitmq_as_the_broker(
+    make_cluster: Callable[..., Cluster], amqp_url: str
+) -> None:
+    # Given a worker consuming from RabbitMQ, and an idle conversation with two queued messages
+    cluster = make_cluster(broker_url=amqp_url)
+    cluster.start_worker("w1")
+    inbox = cluster.wiring.inbox
+    for label in ("r1", "r2"):
+        inbox.enqueue("conv-rabbit", f"id-{label}", label)
+    cluster.wiring.dispatcher.send_inbox("conv-rabbit")
+
+    # When turns of every kind run, one of them retried after a 1 s ETA
+    scenarios = [scenario(i) for i in range(7)]
+    scenarios.append(
+        Scenario(
+            {"kind": "retry", "label": "eta", "failures": 1, "after": 1.0}, AgentTurnStatus.COMPLETED, ("eta:flaky",)
+        )
+    )
+
+    def inbox_done() -> bool:
+        return (
+            all(
+                inbox.get(f"id-{label}").status is InboxStatus.COMPLETED  # type: ignore[union-attr]
+                for label in ("r1", "r2")
+            )
+            and cluster.turn_store.find_active_turn("conv-rabbit") is None
+        )
+
+    # Then each ends as expected with its side effects made once, and both messages ran in order
+    run_workload(cluster, scenarios, timeout=60, other_effects=("inbox:r1", "inbox:r2"), others_done=inbox_done)
+    turns = sorted(cluster.turn_store.list_turns(conversation_id="conv-rabbit"), key=lambda t: t.created_at)
+    assert [(t.status, t.final_output) for t in turns] == [
+        (AgentTurnStatus.COMPLETED, "done:r1"),
+        (AgentTurnStatus.COMPLETED, "done:r2"),
+    ]

@@ -1,0 +1,247 @@
+"""The deployment files parse, and every command they run is a real entry point of this project."""
+
+from __future__ import annotations
+
+import importlib
+import re
+import shlex
+import tomllib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import click
+import pytest
+import yaml
+from celery import Celery
+from celery.bin.base import CLIContext
+from celery.bin.celery import celery as celery_cli
+
+from workers.settings import WorkerSettings
+
+ROOT = Path(__file__).resolve().parents[2]
+DEPLOY = ROOT / "deploy"
+OUR_IMAGES = ("agent-runner:", "registry.example.com/agent-runner:")
+
+# Executables of third-party images that the files may run (health checks, servers).
+THIRD_PARTY = {"postgres": {"pg_isready"}, "redis": {"redis-server", "redis-cli"}}
+
+# Celery subcommands shipped by plugins the image installs, beside Celery's own.
+PLUGIN_SUBCOMMANDS = {"flower": "flower"}
+
+
+def _known_variables() -> set[str]:
+    source = (ROOT / "workers" / "settings.py").read_text()
+    return set(re.findall(r'"((?:AGENT_RUNNER|CELERY)_[A-Z_]+)"', source))
+
+
+def _console_scripts() -> dict[str, str]:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    return dict(project.get("scripts", {}))
+
+
+def check_command(argv: list[str], image: str = "agent-runner:local") -> None:
+    """Fail unless `argv` is a command the image can run: a real Celery app and subcommand, or a console script."""
+    assert argv, "empty command"
+    program, *args = argv
+    if not image.startswith(OUR_IMAGES):
+        base = image.split("/")[-1].split(":")[0]
+        assert program in THIRD_PARTY.get(base, set()), f"{program!r} is not known to run in {image!r}"
+        return
+    if program == "celery":
+        _check_celery(args)
+    elif program in _console_scripts():
+        _check_console_script(_console_scripts()[program], args)
+    elif program in ("python", "python3") and args[:1] == ["-m"]:
+        importlib.import_module(args[1])
+    else:
+        pytest.fail(f"{argv} runs {program!r}, which is not an entry point of this project")
+
+
+def _check_celery(args: list[str]) -> None:
+    assert args[:1] in (["-A"], ["--app"]), f"celery needs -A <app> first, got {args}"
+    target = args[1]
+    module_name, _, attribute = target.partition(":")
+    module = importlib.import_module(module_name)
+    app = getattr(module, attribute or "app")
+    assert isinstance(app, Celery), f"{target} is not a Celery app"
+    subcommand = args[2]
+    if subcommand in PLUGIN_SUBCOMMANDS:
+        dockerfile = (DEPLOY / "Dockerfile").read_text()
+        assert PLUGIN_SUBCOMMANDS[subcommand] in dockerfile, f"the image does not install {subcommand}"
+        return
+    command = celery_cli.commands.get(subcommand)
+    assert command is not None, f"celery has no subcommand {subcommand!r}"
+    # Parsing the options checks their names and values without running anything.
+    try:
+        command.make_context(subcommand, list(args[3:]), obj=CLIContext(app, no_color=True, workdir=None, quiet=True))
+    except click.UsageError as exc:
+        raise AssertionError(f"celery {subcommand} {args[3:]}: {exc}") from exc
+
+
+def _check_console_script(target: str, args: list[str]) -> None:
+    module_name, _, attribute = target.partition(":")
+    command: Any = getattr(importlib.import_module(module_name), attribute)
+    for word in args:
+        if word.startswith("-"):
+            break
+        assert isinstance(command, click.Group), f"{target} has no subcommand {word!r}"
+        command = command.commands.get(word)
+        assert command is not None, f"{target} has no subcommand {word!r}"
+    assert isinstance(command, click.Command) and not isinstance(command, click.Group), f"{args} is incomplete"
+
+
+def _compose() -> dict[str, Any]:
+    loaded = yaml.safe_load((DEPLOY / "compose.yaml").read_text())
+    assert isinstance(loaded, dict)
+    return loaded
+
+
+def _k8s_documents() -> Iterator[tuple[Path, dict[str, Any]]]:
+    for path in sorted((DEPLOY / "k8s").glob("*.yaml")):
+        for document in yaml.safe_load_all(path.read_text()):
+            if document:
+                yield path, document
+
+
+def _pod_spec(document: dict[str, Any]) -> dict[str, Any] | None:
+    if document["kind"] in ("Deployment", "Job", "StatefulSet", "DaemonSet"):
+        spec: dict[str, Any] = document["spec"]["template"]["spec"]
+        return spec
+    return None
+
+
+def _env_example() -> dict[str, str]:
+    values: dict[str, str] = {}
+    for line in (DEPLOY / ".env.example").read_text().splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            key, _, value = line.partition("=")
+            values[key] = value
+    return values
+
+
+# --- compose ----------------------------------------------------------------------------------
+
+
+def test_every_compose_command_is_a_real_entry_point() -> None:
+    services = _compose()["services"]
+    checked = 0
+    for name, service in services.items():
+        image = service.get("image", "agent-runner:local")
+        if "command" in service:
+            command = service["command"]
+            check_command(command if isinstance(command, list) else shlex.split(command), image)
+            checked += 1
+        health = service.get("healthcheck", {}).get("test")
+        if health:
+            assert health[0] in ("CMD", "CMD-SHELL"), f"{name}: healthcheck must use CMD"
+            check_command(health[1:], image)
+    assert checked >= 5
+
+
+def test_compose_has_the_services_of_a_deployment() -> None:
+    services = _compose()["services"]
+    assert {"postgres", "redis", "migrate", "worker", "beat", "flower"} <= set(services)
+    assert services["migrate"]["command"] == ["agent-runner", "db", "upgrade"]
+    assert services["migrate"]["restart"] == "no"
+    # --scale worker=N needs no fixed name or host port on the worker.
+    assert "container_name" not in services["worker"] and "ports" not in services["worker"]
+    assert services["worker"]["depends_on"]["migrate"]["condition"] == "service_completed_successfully"
+    assert services["beat"]["command"][:4] == ["celery", "-A", "workers.app", "beat"]
+
+
+def test_compose_sets_only_variables_the_workers_read() -> None:
+    known = _known_variables()
+    app = _compose()["x-app"]
+    assert set(app["environment"]) <= known
+
+
+# --- Kubernetes -------------------------------------------------------------------------------
+
+
+def test_every_kubernetes_container_runs_a_real_entry_point() -> None:
+    containers = 0
+    for path, document in _k8s_documents():
+        pod = _pod_spec(document)
+        if pod is None:
+            continue
+        for container in pod.get("initContainers", []) + pod["containers"]:
+            argv = list(container.get("command", [])) + list(container.get("args", []))
+            try:
+                check_command(argv, container["image"])
+            except AssertionError as exc:
+                raise AssertionError(f"{path.name}: {container['name']}: {exc}") from exc
+            containers += 1
+    assert containers == 3
+
+
+def test_kubernetes_manifests_have_one_beat_workers_a_migration_job_and_the_settings() -> None:
+    by_kind: dict[tuple[str, str], dict[str, Any]] = {
+        (doc["kind"], doc["metadata"]["name"]): doc for _, doc in _k8s_documents() if "metadata" in doc
+    }
+    beat = by_kind[("Deployment", "agent-runner-beat")]
+    assert beat["spec"]["replicas"] == 1
+    assert beat["spec"]["strategy"]["type"] == "Recreate"
+    assert ("Deployment", "agent-runner-worker") in by_kind
+    job = by_kind[("Job", "agent-runner-migrate")]
+    assert job["spec"]["template"]["spec"]["containers"][0]["command"] == ["agent-runner", "db", "upgrade"]
+
+    config = by_kind[("ConfigMap", "agent-runner")]["data"]
+    secret = by_kind[("Secret", "agent-runner")]["stringData"]
+    assert set(config) | set(secret) <= _known_variables()
+    # The URLs with credentials live in the Secret only.
+    assert {"AGENT_RUNNER_DATABASE_URL", "AGENT_RUNNER_REDIS_URL", "CELERY_BROKER_URL"} <= set(secret)
+    assert not {"AGENT_RUNNER_DATABASE_URL", "AGENT_RUNNER_REDIS_URL", "CELERY_BROKER_URL"} & set(config)
+    WorkerSettings.from_env({**config, **secret})
+
+    for _, document in _k8s_documents():
+        pod = _pod_spec(document)
+        for container in (pod or {}).get("containers", []):
+            refs = {ref[key]["name"] for ref in container.get("envFrom", []) for key in ref}
+            assert refs == {"agent-runner"}
+
+
+def test_kustomization_lists_every_manifest() -> None:
+    listed = set(yaml.safe_load((DEPLOY / "k8s" / "kustomization.yaml").read_text())["resources"])
+    assert listed == {p.name for p in (DEPLOY / "k8s").glob("*.yaml")} - {"kustomization.yaml"}
+
+
+# --- .env.example -----------------------------------------------------------------------------
+
+
+def test_env_example_holds_valid_settings_of_known_variables() -> None:
+    values = _env_example()
+    known = _known_variables() | {"POSTGRES_PASSWORD"}
+    assert set(values) <= known
+    settings = WorkerSettings.from_env(values)
+    assert settings.agent_loader == "workers.demo:build_agent"
+
+
+def test_the_example_agent_loader_resolves() -> None:
+    from workers.wiring import load_agent_loader
+
+    loader = load_agent_loader(_env_example()["AGENT_RUNNER_AGENT_LOADER"])
+    assert loader.load(_env_example()["AGENT_RUNNER_INBOX_AGENT"]).id == "support-agent"
+
+
+def test_dockerfile_installs_the_packages_the_commands_need() -> None:
+    dockerfile = (DEPLOY / "Dockerfile").read_text()
+    assert re.search(r'pip install "?\.\[[^\]]*celery[^\]]*\]', dockerfile)
+    assert "cli" in re.search(r"\.\[([^\]]*)\]", dockerfile).group(1)  # type: ignore[union-attr]
+    assert "USER 10001" in dockerfile
+
+
+def test_a_wrong_command_is_rejected() -> None:
+    # The checker itself must fail on the mistakes it exists to catch.
+    for argv in (
+        ["celery", "-A", "workers.app", "wroker"],
+        ["celery", "-A", "workers.nope", "worker"],
+        ["celery", "-A", "workers.app", "worker", "--concurrancy=2"],
+        ["celery", "-A", "workers.app", "worker", "--loglevel=LOUD"],
+        ["agent-runner", "db", "upgrad"],
+        ["agent-runner", "db"],
+        ["migrate.sh"],
+    ):
+        with pytest.raises((AssertionError, ImportError, pytest.fail.Exception)):
+            check_command(argv)

@@ -1,0 +1,156 @@
+"""The periodic sweeps Celery beat schedules: they repair what a lost message or a dead worker left behind.
+
+The fast paths (the dispatcher's messages, the follow-up a task sends, the inbox request a
+terminal turn sends) move work along in milliseconds; these sweeps only compensate, so
+they read the store, the one source of truth, and re-send messages:
+
+- `sweep_inbox`: conversations with a PENDING inbox message and no active turn get a
+  `dispatch_inbox`; a message left PROCESSING by a worker that died mid-dispatch is
+  settled first (COMPLETED if its turn exists, else back to PENDING).
+- `sweep_stale_turns`: RUNNING and READY turns that nobody touched for a lease TTL and
+  whose lease is free (their worker died, or their message was lost) get a `step_turn`.
+- `sweep_due_retries`: due RETRY_SCHEDULED turns whose ETA message was never sent (a wait
+  beyond `AGENT_RUNNER_MAX_ETA_S`) or is overdue by a sweep interval (lost, purged) get a
+  `step_turn`; parents stuck in WAITING_FOR_CHILD whose children ended are reconciled.
+
+Every sweep only sends idempotent messages, so a sweep that runs twice (two beats by
+mistake, a sweep overlapping the next) costs some no-op deliveries and nothing else.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime, timedelta
+
+import sqlalchemy as sa
+
+from agent_runner import AgentRunnerError, AgentTurnStatus, TurnRef
+from store.inbox import InboxStatus
+from store.schema import inbox_messages
+from workers.app import SWEEP_DUE_RETRIES, SWEEP_INBOX, SWEEP_STALE_TURNS, app
+from workers.tasks import turn_started_from
+from workers.wiring import Wiring, current
+
+logger = logging.getLogger("workers.beat")
+
+SWEEP_BATCH = 500
+"""Most items one sweep handles; the rest waits for the next sweep, oldest first."""
+
+
+def sweep_inbox(wiring: Wiring) -> int:
+    """Settle stuck inbox claims, then request a dispatch for every idle conversation with a PENDING message.
+
+    Returns the number of conversations a `dispatch_inbox` was sent for.
+    """
+    _settle_stuck_claims(wiring)
+    conversations = wiring.inbox.conversations_ready(SWEEP_BATCH)
+    for conversation_id in conversations:
+        wiring.dispatcher.send_inbox(conversation_id)
+    return len(conversations)
+
+
+def _settle_stuck_claims(wiring: Wiring) -> int:
+    """Finish or undo inbox claims older than two lease TTLs (the claimer died between claim and mark).
+
+    A claimer that is only slow is not harmed: if its message goes back to PENDING, the next
+    claim finds the turn it started (by the message id) and marks the message COMPLETED
+    instead of starting a second turn.
+    """
+    cutoff = wiring.runner.clock() - timedelta(seconds=2 * wiring.settings.lease_ttl_s)
+    query = (
+        sa.select(inbox_messages.c.message_id, inbox_messages.c.conversation_id)
+        .where(inbox_messages.c.status == InboxStatus.PROCESSING.value, inbox_messages.c.updated_at < cutoff)
+        .order_by(inbox_messages.c.updated_at)
+        .limit(SWEEP_BATCH)
+    )
+    with wiring.inbox.engine.connect() as connection:
+        stuck = list(connection.execute(query))
+    for message_id, conversation_id in stuck:
+        try:
+            turn_id = turn_started_from(wiring, conversation_id, message_id)
+            if turn_id is not None:
+                wiring.inbox.mark_completed(message_id, turn_id)
+            else:
+                wiring.inbox.release_for_retry(message_id)
+        except AgentRunnerError as exc:
+            logger.warning("could not settle inbox message %s: %s", message_id, exc)
+    return len(stuck)
+
+
+def sweep_stale_turns(wiring: Wiring) -> int:
+    """Re-enqueue RUNNING and READY turns idle for a lease TTL whose lease is free; return how many."""
+    now = wiring.runner.clock()
+    cutoff = now - timedelta(seconds=wiring.settings.lease_ttl_s)
+    candidates = list(wiring.turn_store.list_stale_running(cutoff, SWEEP_BATCH))
+    candidates += [
+        ref
+        for ref in wiring.turn_store.list_runnable(now, SWEEP_BATCH)
+        if ref.status is AgentTurnStatus.READY and ref.updated_at < cutoff
+    ]
+    return sum(_resend(wiring, ref) for ref in candidates)
+
+
+def sweep_due_retries(wiring: Wiring) -> int:
+    """Re-enqueue due retries the broker will not deliver, and reconcile stuck parents; return the turns sent."""
+    settings = wiring.settings
+    now = wiring.runner.clock()
+    max_eta = timedelta(seconds=settings.max_eta_s)
+    grace = timedelta(seconds=settings.sweep_interval_s)
+    sent = 0
+    for ref in wiring.turn_store.list_runnable(now, SWEEP_BATCH):
+        if ref.status is not AgentTurnStatus.RETRY_SCHEDULED:
+            continue
+        due = ref.next_retry_at or ref.updated_at
+        # The dispatcher sent an ETA message exactly when the wait was within the limit; such
+        # a retry is left to its message unless it is overdue (the message was lost or purged).
+        had_eta_message = due - ref.updated_at <= max_eta
+        if had_eta_message and due > now - grace:
+            continue
+        sent += _resend(wiring, ref)
+    _reconcile_parents(wiring, now - timedelta(seconds=settings.lease_ttl_s))
+    return sent
+
+
+def _reconcile_parents(wiring: Wiring, updated_before: datetime) -> int:
+    """Record ended children in parents that have waited since `updated_before`; resumed parents are dispatched."""
+    waiting = wiring.turn_store.list_turns(statuses=[AgentTurnStatus.WAITING_FOR_CHILD], limit=SWEEP_BATCH)
+    reconciled = 0
+    for parent in waiting:
+        if parent.updated_at >= updated_before:
+            continue  # its children are most likely still running, and the last one resumes it
+        try:
+            wiring.runner.reconcile_children(parent.id)
+            reconciled += 1
+        except AgentRunnerError as exc:
+            logger.warning("could not reconcile the children of turn %s: %s", parent.id, exc)
+    return reconciled
+
+
+def _resend(wiring: Wiring, ref: TurnRef) -> int:
+    """Send a step for `ref` unless a live worker holds its lease; 1 if sent."""
+    try:
+        if wiring.lease.holder(ref.turn_id) is not None:
+            return 0  # a live worker is on it (a long model call); its lease expires if it dies
+    except AgentRunnerError as exc:
+        logger.warning("could not read the lease of turn %s, sending anyway: %s", ref.turn_id, exc)
+    return int(wiring.dispatcher.send_step(ref.turn_id, ref.version))
+
+
+def _sweep_inbox() -> int:
+    """Celery entry point of `sweep_inbox`."""
+    return sweep_inbox(current())
+
+
+def _sweep_stale_turns() -> int:
+    """Celery entry point of `sweep_stale_turns`."""
+    return sweep_stale_turns(current())
+
+
+def _sweep_due_retries() -> int:
+    """Celery entry point of `sweep_due_retries`."""
+    return sweep_due_retries(current())
+
+
+sweep_inbox_task = app.task(name=SWEEP_INBOX, ignore_result=True)(_sweep_inbox)
+sweep_stale_turns_task = app.task(name=SWEEP_STALE_TURNS, ignore_result=True)(_sweep_stale_turns)
+sweep_due_retries_task = app.task(name=SWEEP_DUE_RETRIES, ignore_result=True)(_sweep_due_retries)

@@ -1,0 +1,248 @@
+"""Settings of the Celery workers, read from the environment.
+
+Every value has a default that works on a laptop with nothing running but Redis (and
+SQLite as the store). The Celery app reads them at import, `workers.build_runner()` at call
+time. A value that cannot be used raises `SettingsError`, which names the variable, so a
+misconfigured deployment fails at start-up rather than on the first turn.
+
+| variable | default | meaning |
+|---|---|---|
+| `AGENT_RUNNER_DATABASE_URL` | `sqlite:///./agent_runner.db` | the SQL store (turns, chat memory, inbox) |
+| `AGENT_RUNNER_REDIS_URL` | `redis://127.0.0.1:6379/0` | leases and the conversation guard |
+| `AGENT_RUNNER_REDIS_PREFIX` | `agent-runner` | namespace of the Redis keys |
+| `CELERY_BROKER_URL` | the Redis URL | the Celery broker (Redis or RabbitMQ) |
+| `AGENT_RUNNER_BROKER_KEY_PREFIX` | none | Redis broker only: prefix of every broker key, to share a database |
+| `AGENT_RUNNER_QUEUE` | `agent-runner` | the queue every task of this app uses |
+| `AGENT_RUNNER_LEASE_TTL_S` | `30` | seconds a turn lease lasts without renewal |
+| `AGENT_RUNNER_SWEEP_INTERVAL_S` | `10` | seconds between beat sweeps |
+| `AGENT_RUNNER_MAX_ETA_S` | `300` | longest retry wait sent to the broker as an ETA |
+| `AGENT_RUNNER_VISIBILITY_TIMEOUT_S` | `3600` | Redis broker: seconds before an unacknowledged message is redelivered |
+| `AGENT_RUNNER_STEPS_PER_TASK` | `4` | steps one task may run under one lease before it re-enqueues |
+| `AGENT_RUNNER_TASK_SOFT_TIME_LIMIT_S` | `600` | Celery soft time limit of a task |
+| `AGENT_RUNNER_TASK_TIME_LIMIT_S` | `720` | Celery hard time limit of a task |
+| `AGENT_RUNNER_AGENT_LOADER` | none | `module:attribute`: an `AgentLoader`, a list of `Agent`s, or a function returning one |
+| `AGENT_RUNNER_INBOX_AGENT` | none | agent id that answers queued inbox messages |
+| `AGENT_RUNNER_MAX_STEPS` | `200` | steps a turn may take (MAX_STEPS_REACHED beyond) |
+| `AGENT_RUNNER_RETRY_MAX_ATTEMPTS` | `3` | attempts of a recoverable model or tool call |
+| `AGENT_RUNNER_RETRY_INITIAL_BACKOFF_S` | `1` | first retry delay |
+| `AGENT_RUNNER_RETRY_MULTIPLIER` | `2` | growth of the delay per attempt |
+| `AGENT_RUNNER_RETRY_MAX_BACKOFF_S` | `60` | longest retry delay |
+| `AGENT_RUNNER_RETRY_JITTER` | `0.1` | random fraction added to or removed from a delay |
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TypeVar
+
+from agent_runner import AgentExecutionPolicy, AgentRunnerError, RetryPolicy
+
+T = TypeVar("T", int, float)
+
+DEFAULT_DATABASE_URL = "sqlite:///./agent_runner.db"
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+DEFAULT_QUEUE = "agent-runner"
+
+_QUEUE_NAME = re.compile(r"^[A-Za-z0-9_.:-]{1,200}$")
+_IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
+
+
+class SettingsError(AgentRunnerError):
+    """An environment variable of the workers holds a value that cannot be used.
+
+    Attributes:
+        variable: The name of the environment variable.
+        value: The value found (None when it was missing).
+    """
+
+    def __init__(self, variable: str, value: str | None, reason: str) -> None:
+        self.variable = variable
+        self.value = value
+        shown = f"{variable} is not set" if value is None else f"{variable}={value!r} is invalid"
+        super().__init__(f"{shown}: {reason}")
+
+
+@dataclass(frozen=True)
+class WorkerSettings:
+    """Configuration of the Celery app, the worker processes and `workers.build_runner()`.
+
+    Build it with `WorkerSettings.from_env()`; the attributes mirror the environment
+    variables listed in this module's docstring.
+    """
+
+    database_url: str = DEFAULT_DATABASE_URL
+    redis_url: str = DEFAULT_REDIS_URL
+    redis_prefix: str = "agent-runner"
+    broker_url: str = DEFAULT_REDIS_URL
+    broker_key_prefix: str | None = None
+    queue: str = DEFAULT_QUEUE
+    lease_ttl_s: float = 30.0
+    sweep_interval_s: float = 10.0
+    max_eta_s: float = 300.0
+    visibility_timeout_s: float = 3600.0
+    steps_per_task: int = 4
+    soft_time_limit_s: float = 600.0
+    time_limit_s: float = 720.0
+    agent_loader: str | None = None
+    inbox_agent: str | None = None
+    max_steps: int = 200
+    retry_max_attempts: int = 3
+    retry_initial_backoff_s: float = 1.0
+    retry_multiplier: float = 2.0
+    retry_max_backoff_s: float = 60.0
+    retry_jitter: float = 0.1
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> WorkerSettings:
+        """Read the settings from `environ` (default: `os.environ`).
+
+        Raises:
+            SettingsError: A variable holds a value that cannot be used; the error names it.
+        """
+        env = os.environ if environ is None else environ
+        redis_url = _url(env, "AGENT_RUNNER_REDIS_URL", DEFAULT_REDIS_URL)
+        settings = cls(
+            database_url=_url(env, "AGENT_RUNNER_DATABASE_URL", DEFAULT_DATABASE_URL),
+            redis_url=redis_url,
+            redis_prefix=_text(env, "AGENT_RUNNER_REDIS_PREFIX", "agent-runner"),
+            broker_url=_url(env, "CELERY_BROKER_URL", redis_url),
+            broker_key_prefix=_optional_text(env, "AGENT_RUNNER_BROKER_KEY_PREFIX"),
+            queue=_queue(env),
+            lease_ttl_s=_number(env, "AGENT_RUNNER_LEASE_TTL_S", 30.0, float, minimum=0.1),
+            sweep_interval_s=_number(env, "AGENT_RUNNER_SWEEP_INTERVAL_S", 10.0, float, minimum=0.1),
+            max_eta_s=_number(env, "AGENT_RUNNER_MAX_ETA_S", 300.0, float, minimum=0.0),
+            visibility_timeout_s=_number(env, "AGENT_RUNNER_VISIBILITY_TIMEOUT_S", 3600.0, float, minimum=1.0),
+            steps_per_task=_number(env, "AGENT_RUNNER_STEPS_PER_TASK", 4, int, minimum=1),
+            soft_time_limit_s=_number(env, "AGENT_RUNNER_TASK_SOFT_TIME_LIMIT_S", 600.0, float, minimum=1.0),
+            time_limit_s=_number(env, "AGENT_RUNNER_TASK_TIME_LIMIT_S", 720.0, float, minimum=1.0),
+            agent_loader=_import_path(env, "AGENT_RUNNER_AGENT_LOADER"),
+            inbox_agent=_optional_text(env, "AGENT_RUNNER_INBOX_AGENT"),
+            max_steps=_number(env, "AGENT_RUNNER_MAX_STEPS", 200, int, minimum=1),
+            retry_max_attempts=_number(env, "AGENT_RUNNER_RETRY_MAX_ATTEMPTS", 3, int, minimum=1),
+            retry_initial_backoff_s=_number(env, "AGENT_RUNNER_RETRY_INITIAL_BACKOFF_S", 1.0, float, minimum=0.0),
+            retry_multiplier=_number(env, "AGENT_RUNNER_RETRY_MULTIPLIER", 2.0, float, minimum=1.0),
+            retry_max_backoff_s=_number(env, "AGENT_RUNNER_RETRY_MAX_BACKOFF_S", 60.0, float, minimum=0.0),
+            retry_jitter=_number(env, "AGENT_RUNNER_RETRY_JITTER", 0.1, float, minimum=0.0, maximum=1.0),
+        )
+        settings._check_consistency(env)
+        return settings
+
+    def _check_consistency(self, env: Mapping[str, str]) -> None:
+        # With the Redis broker a message not acknowledged within the visibility timeout is
+        # delivered again. ETA messages are held unacknowledged until they are due, and
+        # task_acks_late keeps a running task's message unacknowledged until it returns, so
+        # both must stay well inside the timeout or every such message is repeated.
+        if self.max_eta_s * 2 > self.visibility_timeout_s:
+            raise SettingsError(
+                "AGENT_RUNNER_MAX_ETA_S",
+                env.get("AGENT_RUNNER_MAX_ETA_S"),
+                f"must be at most half of AGENT_RUNNER_VISIBILITY_TIMEOUT_S ({self.visibility_timeout_s:g} s)",
+            )
+        if self.time_limit_s >= self.visibility_timeout_s:
+            raise SettingsError(
+                "AGENT_RUNNER_TASK_TIME_LIMIT_S",
+                env.get("AGENT_RUNNER_TASK_TIME_LIMIT_S"),
+                f"must be below AGENT_RUNNER_VISIBILITY_TIMEOUT_S ({self.visibility_timeout_s:g} s)",
+            )
+        if self.soft_time_limit_s >= self.time_limit_s:
+            raise SettingsError(
+                "AGENT_RUNNER_TASK_SOFT_TIME_LIMIT_S",
+                env.get("AGENT_RUNNER_TASK_SOFT_TIME_LIMIT_S"),
+                f"must be below AGENT_RUNNER_TASK_TIME_LIMIT_S ({self.time_limit_s:g} s)",
+            )
+
+    @property
+    def lease_ttl_ms(self) -> int:
+        """The lease TTL in milliseconds, as the lease API takes it."""
+        return max(1, int(self.lease_ttl_s * 1000))
+
+    @property
+    def step_time_budget_s(self) -> float:
+        """Seconds after which a task stops taking new steps and re-enqueues the turn.
+
+        Half the soft time limit, so the step in flight when the budget runs out still has
+        room to finish before Celery interrupts it.
+        """
+        return self.soft_time_limit_s / 2
+
+    def policy(self) -> AgentExecutionPolicy:
+        """The execution policy (step limit and retry schedule) the workers run turns with."""
+        return AgentExecutionPolicy(
+            max_steps=self.max_steps,
+            retry=RetryPolicy(
+                max_attempts=self.retry_max_attempts,
+                initial_backoff=self.retry_initial_backoff_s,
+                multiplier=self.retry_multiplier,
+                max_backoff=self.retry_max_backoff_s,
+                jitter=self.retry_jitter,
+            ),
+        )
+
+
+def _raw(env: Mapping[str, str], name: str) -> str | None:
+    # An empty variable counts as unset: compose and Kubernetes render unset values as "".
+    value = env.get(name)
+    if value is None or not value.strip():
+        return None
+    return value.strip()
+
+
+def _text(env: Mapping[str, str], name: str, default: str) -> str:
+    return _raw(env, name) or default
+
+
+def _optional_text(env: Mapping[str, str], name: str) -> str | None:
+    return _raw(env, name)
+
+
+def _url(env: Mapping[str, str], name: str, default: str) -> str:
+    value = _raw(env, name)
+    if value is None:
+        return default
+    if "://" not in value:
+        raise SettingsError(name, value, "expected a URL such as scheme://host/...")
+    return value
+
+
+def _queue(env: Mapping[str, str]) -> str:
+    value = _raw(env, "AGENT_RUNNER_QUEUE")
+    if value is None:
+        return DEFAULT_QUEUE
+    if not _QUEUE_NAME.match(value):
+        raise SettingsError("AGENT_RUNNER_QUEUE", value, "use letters, digits and . _ : - (at most 200)")
+    return value
+
+
+def _import_path(env: Mapping[str, str], name: str) -> str | None:
+    value = _raw(env, name)
+    if value is not None and not _IMPORT_PATH.match(value):
+        raise SettingsError(name, value, "expected module:attribute, for example myapp.agents:loader")
+    return value
+
+
+def _number(
+    env: Mapping[str, str],
+    name: str,
+    default: T,
+    kind: Callable[[str], T],
+    *,
+    minimum: float,
+    maximum: float | None = None,
+) -> T:
+    value = _raw(env, name)
+    if value is None:
+        return default
+    try:
+        number = kind(value)
+    except ValueError:
+        raise SettingsError(name, value, f"expected {'an integer' if kind is int else 'a number'}") from None
+    if number != number or number in (float("inf"), float("-inf")):  # NaN or infinite
+        raise SettingsError(name, value, "expected a finite number")
+    if number < minimum:
+        raise SettingsError(name, value, f"must be at least {minimum:g}")
+    if maximum is not None and number > maximum:
+        raise SettingsError(name, value, f"must be at most {maximum:g}")
+    return number

@@ -1,0 +1,279 @@
+"""The Celery tasks that advance turns: `step_turn` and `dispatch_inbox`.
+
+Both are thin: they take a lease or a claim, call the runner, and let the runner's
+dispatcher enqueue whatever became runnable. Both are idempotent, because every broker
+here delivers at least once: a message may arrive twice, late, or after its turn moved on.
+
+`step_turn(turn_id, version)` follows the lease-and-fence protocol of the embedded
+`AgentWorker`:
+
+1. Take the turn's lease. Held by someone else: do nothing (that holder re-checks the
+   turn after it releases, and a dead holder's lease expires into the stale-turn sweep).
+2. Load the snapshot. A different version (a stale or duplicate delivery), a status that
+   is not runnable, or a retry that is not due yet: do nothing.
+3. Step the turn up to `AGENT_RUNNER_STEPS_PER_TASK` times while it is READY or RUNNING,
+   each save stamped with the lease's fence so that a worker whose lease was taken over
+   cannot overwrite newer work.
+4. Release the lease, then reload the turn: if it is runnable (the step budget ran out, or
+   someone resumed it while the lease was held and their message was dropped in step 1),
+   enqueue exactly one follow-up. Releasing first matters: a follow-up sent while the
+   lease is still held could be delivered at once and dropped in step 1.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from datetime import timedelta
+from enum import StrEnum
+
+from agent_runner import (
+    AgentConversationBusyException,
+    AgentRunnerError,
+    AgentTurn,
+    AgentTurnStatus,
+    LeaseLostError,
+    StoreUnavailableError,
+    TurnNotFound,
+    UserMessage,
+    VersionConflictError,
+)
+from store import InboxMessage
+from workers.app import DISPATCH_INBOX, STEP_TURN, app
+from workers.wiring import Wiring, current
+
+logger = logging.getLogger("workers.tasks")
+
+_RUNNABLE = (AgentTurnStatus.READY, AgentTurnStatus.RUNNING)
+_RELEASE_MARGIN = timedelta(seconds=0.25)
+_TRANSIENT_RETRY_DELAY = timedelta(seconds=1)
+
+
+class StepOutcome(StrEnum):
+    """What one `step_turn` delivery did (the task's return value, shown in the worker log)."""
+
+    STEPPED = "stepped"
+    LEASE_HELD = "lease-held"
+    STALE = "stale"
+    NOT_FOUND = "not-found"
+    NOT_RUNNABLE = "not-runnable"
+    NOT_DUE = "not-due"
+
+
+class InboxOutcome(StrEnum):
+    """What one `dispatch_inbox` delivery did."""
+
+    STARTED = "started"
+    ALREADY_STARTED = "already-started"
+    EMPTY = "empty"
+    BUSY = "busy"
+    FAILED = "failed"
+    NO_AGENT = "no-agent"
+
+
+# --- step_turn --------------------------------------------------------------------------------
+
+
+def advance(wiring: Wiring, turn_id: str, version: int) -> StepOutcome:
+    """Run one `step_turn` delivery against `wiring` (see the module docstring).
+
+    Raises:
+        StoreUnavailableError: The lease backend or the database could not be reached
+            before anything was done; the delivery may be retried.
+    """
+    keeper = wiring.keeper
+    lease = keeper.acquire(turn_id)
+    if lease is None:
+        return StepOutcome.LEASE_HELD
+    last: AgentTurn | None = None
+    error: Exception | None = None
+    try:
+        try:
+            turn = wiring.turn_store.load(turn_id)
+        except TurnNotFound:
+            return StepOutcome.NOT_FOUND
+        if turn.version != version:
+            return StepOutcome.STALE
+        if not turn.is_runnable(wiring.runner.clock()):
+            if turn.status is AgentTurnStatus.RETRY_SCHEDULED:
+                # Delivered early (clock skew between machines, or a duplicate): put the
+                # ETA back so the retry is not left to the slower sweep.
+                wiring.dispatcher.dispatch(turn)
+                return StepOutcome.NOT_DUE
+            return StepOutcome.NOT_RUNNABLE
+        last, error = _step_under_lease(wiring, turn, lease.fence)
+    finally:
+        keeper.release(lease)
+    if last is not None:
+        _follow_up(wiring, last, error)
+    return StepOutcome.STEPPED
+
+
+def _step_under_lease(wiring: Wiring, turn: AgentTurn, fence: int) -> tuple[AgentTurn, Exception | None]:
+    """Step `turn` while it stays runnable, within the step and time budgets.
+
+    Returns the last snapshot seen, and the exception that stopped the stepping, if any.
+    """
+    settings = wiring.settings
+    runner = wiring.runner
+    deadline = time.monotonic() + settings.step_time_budget_s
+    steps = 0
+    while steps < settings.steps_per_task:
+        # The first step may be a due retry; after that only READY and RUNNING go on, so a
+        # retry scheduled by this very step waits for its ETA instead of running at once.
+        runnable = turn.status in _RUNNABLE or (steps == 0 and turn.is_runnable(runner.clock()))
+        if not runnable or wiring.keeper.is_lost(turn.id):
+            break
+        if steps > 0 and time.monotonic() > deadline:
+            break
+        fenced = turn.model_copy(update={"lease_fence": fence})
+        try:
+            result = runner.step(fenced)
+        except LeaseLostError:
+            logger.warning("turn %s moved on under another worker's lease; stopping", turn.id)
+            break
+        except Exception as exc:
+            # The snapshot in the store is intact (every save is atomic): the turn stays as
+            # last saved, and the follow-up decides when to try again.
+            logger.exception("step of turn %s failed; it stays as last saved", turn.id)
+            return turn, exc
+        steps += 1
+        turn = result.turn
+        if isinstance(result.error, VersionConflictError):
+            break
+    return turn, None
+
+
+def _follow_up(wiring: Wiring, last: AgentTurn, error: Exception | None) -> None:
+    """After the lease is released, enqueue one more step if the turn is runnable now."""
+    now = wiring.runner.clock()
+    if error is not None:
+        if isinstance(error, AgentRunnerError) and error.retryable:
+            # A database or Redis blip: try again shortly.
+            wiring.dispatcher.send_step(last.id, last.version, eta=now + _TRANSIENT_RETRY_DELAY)
+        else:
+            # Not transient (an agent this worker does not know, a bug): an immediate
+            # follow-up would fail the same way in a hot loop. The stale-turn sweep retries
+            # it once per sweep interval, after a lease TTL.
+            logger.error("turn %s is left to the stale-turn sweep after %s", last.id, type(error).__name__)
+        return
+    try:
+        latest = wiring.turn_store.load(last.id)
+    except AgentRunnerError as exc:
+        logger.warning("could not reload turn %s after stepping (the sweeps will check it): %s", last.id, exc)
+        return
+    if latest.status is AgentTurnStatus.RETRY_SCHEDULED and latest.version == last.version:
+        # Scheduled by this task: the runner sent the ETA message already. Only a retry due
+        # about now may have been delivered while the lease was still held, and dropped.
+        if latest.next_retry_at is None or latest.next_retry_at <= now + _RELEASE_MARGIN:
+            wiring.dispatcher.dispatch(latest)
+        return
+    if latest.is_runnable(now):
+        wiring.dispatcher.send_step(latest.id, latest.version)
+
+
+def _step_turn(turn_id: str, version: int) -> str:
+    """Advance the turn by up to `AGENT_RUNNER_STEPS_PER_TASK` steps if this delivery is current."""
+    return advance(current(), turn_id, version).value
+
+
+step_turn = app.task(
+    name=STEP_TURN,
+    ignore_result=True,
+    # Only failures to reach Redis or the database before anything was done reach Celery;
+    # the same delivery can simply run again.
+    autoretry_for=(StoreUnavailableError,),
+    retry_backoff=True,
+    retry_backoff_max=60,
+    max_retries=10,
+)(_step_turn)
+"""`step_turn(turn_id, version)`: advance one turn; a no-op for stale and duplicate deliveries."""
+
+
+# --- dispatch_inbox ---------------------------------------------------------------------------
+
+
+def start_next_message(wiring: Wiring, conversation_id: str) -> InboxOutcome:
+    """Start a turn from the conversation's next PENDING inbox message, if the conversation is free.
+
+    The turn's user message takes the inbox message's id. Before starting, the conversation
+    is checked for a turn already started from that id (a run that crashed between starting
+    the turn and marking the message), so a message never starts two turns.
+    """
+    agent_id = wiring.settings.inbox_agent
+    if agent_id is None:
+        logger.error("inbox message waiting in %s but AGENT_RUNNER_INBOX_AGENT is not set", conversation_id)
+        return InboxOutcome.NO_AGENT
+    if wiring.turn_store.find_active_turn(conversation_id) is not None:
+        return InboxOutcome.BUSY  # the turn's end asks again
+    message = wiring.inbox.claim_next(conversation_id)
+    if message is None:
+        return InboxOutcome.EMPTY
+    return _start_claimed(wiring, agent_id, message)
+
+
+def _start_claimed(wiring: Wiring, agent_id: str, message: InboxMessage) -> InboxOutcome:
+    inbox = wiring.inbox
+    existing = turn_started_from(wiring, message.conversation_id, message.message_id)
+    if existing is not None:
+        inbox.mark_completed(message.message_id, existing)
+        return InboxOutcome.ALREADY_STARTED
+    try:
+        turn = wiring.runner.start(
+            agent_id,
+            UserMessage(id=message.message_id, content=message.content),
+            conversation_id=message.conversation_id,
+        )
+    except AgentConversationBusyException:
+        inbox.release_for_retry(message.message_id)
+        # The active turn may have ended while this message was claimed, and its end's
+        # request for the next message then found the conversation claimed: ask again.
+        if wiring.turn_store.find_active_turn(message.conversation_id) is None:
+            wiring.dispatcher.send_inbox(message.conversation_id)
+        return InboxOutcome.BUSY
+    except AgentRunnerError as exc:
+        if exc.retryable:
+            inbox.release_for_retry(message.message_id)
+            raise
+        inbox.mark_failed(message.message_id, f"{type(exc).__name__}: {exc}")
+        return InboxOutcome.FAILED
+    except Exception as exc:
+        logger.exception("starting a turn from inbox message %s failed", message.message_id)
+        inbox.mark_failed(message.message_id, f"{type(exc).__name__}: {exc}")
+        return InboxOutcome.FAILED
+    inbox.mark_completed(message.message_id, turn.id)
+    return InboxOutcome.STARTED
+
+
+def turn_started_from(wiring: Wiring, conversation_id: str, message_id: str) -> str | None:
+    """Return the id of the turn started from inbox message `message_id`, or None.
+
+    A turn's first save projects its user message into ChatMemory, so one indexed read
+    answers the common case (no turn). Only when the message is there are the
+    conversation's turns searched for the first one that carries it.
+    """
+    runner = wiring.runner
+    if runner.chat_memory_provider is None or runner.chat_memory_provider(conversation_id).get(message_id) is None:
+        return None
+    turns = wiring.turn_store.list_turns(conversation_id=conversation_id, limit=100)
+    carrying = [t for t in turns if any(m.id == message_id for m in t.messages)]
+    if not carrying:
+        # Projected, so a turn was started from it, but it is beyond the search window.
+        return turns[0].id if turns else None
+    return min(carrying, key=lambda t: t.created_at).id
+
+
+def _dispatch_inbox(conversation_id: str) -> str:
+    """Start a turn from the conversation's next queued message if the conversation is idle."""
+    return start_next_message(current(), conversation_id).value
+
+
+dispatch_inbox = app.task(
+    name=DISPATCH_INBOX,
+    ignore_result=True,
+    autoretry_for=(StoreUnavailableError,),
+    retry_backoff=True,
+    retry_backoff_max=60,
+    max_retries=10,
+)(_dispatch_inbox)
+"""`dispatch_inbox(conversation_id)`: start the next queued message of an idle conversation."""
