@@ -142,11 +142,27 @@ class InMemoryAgentTurnStore:
 
     def list_stale_running(self, updated_before: datetime, limit: int = 100) -> list[TurnRef]:
         """Return RUNNING turns not saved since `updated_before`."""
+        return self.list_idle([AgentTurnStatus.RUNNING], updated_before, limit)
+
+    def list_idle(
+        self, statuses: Sequence[AgentTurnStatus], updated_before: datetime, limit: int = 100
+    ) -> list[TurnRef]:
+        """Return turns in one of `statuses` not saved since `updated_before`, oldest first."""
+        wanted = set(statuses)
+        with self._lock:
+            turns = [t for t in self._turns.values() if t.status in wanted and t.updated_at < updated_before]
+        turns.sort(key=lambda t: t.updated_at)
+        return [_ref(t) for t in turns[:limit]]
+
+    def list_due_retries(self, now: datetime, limit: int = 100) -> list[TurnRef]:
+        """Return RETRY_SCHEDULED turns due at `now`, earliest due first."""
         with self._lock:
             turns = [
-                t for t in self._turns.values() if t.status is AgentTurnStatus.RUNNING and t.updated_at < updated_before
+                t
+                for t in self._turns.values()
+                if t.status is AgentTurnStatus.RETRY_SCHEDULED and (t.next_retry_at is None or t.next_retry_at <= now)
             ]
-        turns.sort(key=lambda t: t.updated_at)
+        turns.sort(key=lambda t: t.next_retry_at or t.updated_at)
         return [_ref(t) for t in turns[:limit]]
 
 

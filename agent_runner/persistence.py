@@ -83,6 +83,16 @@ class AgentTurnStore(Protocol):
         """Return RUNNING turns whose last save is older than `updated_before`, oldest first."""
         ...
 
+    def list_idle(
+        self, statuses: Sequence[AgentTurnStatus], updated_before: datetime, limit: int = 100
+    ) -> list[TurnRef]:
+        """Return turns in one of `statuses` not saved since `updated_before`, oldest first (for sweeps)."""
+        ...
+
+    def list_due_retries(self, now: datetime, limit: int = 100) -> list[TurnRef]:
+        """Return RETRY_SCHEDULED turns due at `now`, earliest due first."""
+        ...
+
 
 @runtime_checkable
 class AgentLoader(Protocol):

@@ -9,6 +9,7 @@ are not written to ChatMemory: the turn started from them projects them when it 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
@@ -265,6 +266,25 @@ class Inbox(SqlBackend):
         with translated_errors(self._engine, f"marking message {message_id!r} {target.value}"):
             with self._writer.begin() as connection:
                 return connection.execute(statement).rowcount == 1
+
+    def stale_claims(self, claimed_before: datetime, limit: int = 100) -> list[InboxMessage]:
+        """Return PROCESSING messages claimed before `claimed_before`, oldest first.
+
+        A claim that old most likely belongs to a dispatcher that died between `claim_next`
+        and `mark_completed`; a sweep settles it.
+        """
+        if limit <= 0:
+            return []
+        query = (
+            sa.select(*_COLUMNS)
+            .where(
+                inbox_messages.c.status == InboxStatus.PROCESSING.value, inbox_messages.c.updated_at < claimed_before
+            )
+            .order_by(inbox_messages.c.updated_at, inbox_messages.c.message_id)
+            .limit(limit)
+        )
+        with translated_errors(self._engine, "listing stale inbox claims"), self._engine.connect() as connection:
+            return [_record(row) for row in connection.execute(query)]
 
     def conversations_ready(self, limit: int = 100) -> list[str]:
         """Return conversations that can start a turn from their inbox, oldest waiting message first.

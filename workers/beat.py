@@ -22,11 +22,7 @@ from __future__ import annotations
 import logging
 from datetime import datetime, timedelta
 
-import sqlalchemy as sa
-
 from agent_runner import AgentRunnerError, AgentTurnStatus, TurnRef
-from store.inbox import InboxStatus
-from store.schema import inbox_messages
 from workers.app import SWEEP_DUE_RETRIES, SWEEP_INBOX, SWEEP_STALE_TURNS, app
 from workers.tasks import turn_started_from
 from workers.wiring import Wiring, current
@@ -57,17 +53,11 @@ def _settle_stuck_claims(wiring: Wiring) -> int:
     instead of starting a second turn.
     """
     cutoff = wiring.runner.clock() - timedelta(seconds=2 * wiring.settings.lease_ttl_s)
-    query = (
-        sa.select(inbox_messages.c.message_id, inbox_messages.c.conversation_id)
-        .where(inbox_messages.c.status == InboxStatus.PROCESSING.value, inbox_messages.c.updated_at < cutoff)
-        .order_by(inbox_messages.c.updated_at)
-        .limit(SWEEP_BATCH)
-    )
-    with wiring.inbox.engine.connect() as connection:
-        stuck = list(connection.execute(query))
-    for message_id, conversation_id in stuck:
+    stuck = wiring.inbox.stale_claims(cutoff, SWEEP_BATCH)
+    for claim in stuck:
+        message_id = claim.message_id
         try:
-            turn_id = turn_started_from(wiring, conversation_id, message_id)
+            turn_id = turn_started_from(wiring, claim.conversation_id, message_id)
             if turn_id is not None:
                 wiring.inbox.mark_completed(message_id, turn_id)
             else:
@@ -81,12 +71,7 @@ def sweep_stale_turns(wiring: Wiring) -> int:
     """Re-enqueue RUNNING and READY turns idle for a lease TTL whose lease is free; return how many."""
     now = wiring.runner.clock()
     cutoff = now - timedelta(seconds=wiring.settings.lease_ttl_s)
-    candidates = list(wiring.turn_store.list_stale_running(cutoff, SWEEP_BATCH))
-    candidates += [
-        ref
-        for ref in wiring.turn_store.list_runnable(now, SWEEP_BATCH)
-        if ref.status is AgentTurnStatus.READY and ref.updated_at < cutoff
-    ]
+    candidates = wiring.turn_store.list_idle([AgentTurnStatus.RUNNING, AgentTurnStatus.READY], cutoff, SWEEP_BATCH)
     return sum(_resend(wiring, ref) for ref in candidates)
 
 
@@ -97,9 +82,7 @@ def sweep_due_retries(wiring: Wiring) -> int:
     max_eta = timedelta(seconds=settings.max_eta_s)
     grace = timedelta(seconds=settings.sweep_interval_s)
     sent = 0
-    for ref in wiring.turn_store.list_runnable(now, SWEEP_BATCH):
-        if ref.status is not AgentTurnStatus.RETRY_SCHEDULED:
-            continue
+    for ref in wiring.turn_store.list_due_retries(now, SWEEP_BATCH):
         due = ref.next_retry_at or ref.updated_at
         # The dispatcher sent an ETA message exactly when the wait was within the limit; such
         # a retry is left to its message unless it is overdue (the message was lost or purged).
@@ -113,16 +96,16 @@ def sweep_due_retries(wiring: Wiring) -> int:
 
 def _reconcile_parents(wiring: Wiring, updated_before: datetime) -> int:
     """Record ended children in parents that have waited since `updated_before`; resumed parents are dispatched."""
-    waiting = wiring.turn_store.list_turns(statuses=[AgentTurnStatus.WAITING_FOR_CHILD], limit=SWEEP_BATCH)
+    # Parents saved recently most likely still have running children, the last of which
+    # resumes them; only those waiting longer than a lease TTL are checked.
+    waiting = wiring.turn_store.list_idle([AgentTurnStatus.WAITING_FOR_CHILD], updated_before, SWEEP_BATCH)
     reconciled = 0
     for parent in waiting:
-        if parent.updated_at >= updated_before:
-            continue  # its children are most likely still running, and the last one resumes it
         try:
-            wiring.runner.reconcile_children(parent.id)
+            wiring.runner.reconcile_children(parent.turn_id)
             reconciled += 1
         except AgentRunnerError as exc:
-            logger.warning("could not reconcile the children of turn %s: %s", parent.id, exc)
+            logger.warning("could not reconcile the children of turn %s: %s", parent.turn_id, exc)
     return reconciled
 
 

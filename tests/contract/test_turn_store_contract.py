@@ -394,6 +394,36 @@ def test_list_stale_running_returns_old_running_turns_oldest_first(turn_store: A
     assert [r.turn_id for r in turn_store.list_stale_running(T0 + timedelta(hours=1), limit=1)] == ["run-0"]
 
 
+def test_list_idle_returns_turns_of_the_given_statuses_not_saved_since_oldest_first(
+    turn_store: AgentTurnStore,
+) -> None:
+    # Given turns in several statuses saved at different times
+    turn_store.save(make_turn("ready-old", status=S.READY, updated_at=T0), -1)
+    turn_store.save(make_turn("waiting-old", status=S.WAITING_FOR_CHILD, updated_at=T0 + timedelta(minutes=1)), -1)
+    turn_store.save(make_turn("running-old", status=S.RUNNING, updated_at=T0 + timedelta(minutes=2)), -1)
+    turn_store.save(make_turn("ready-new", status=S.READY, updated_at=T0 + timedelta(hours=2)), -1)
+    turn_store.save(make_turn("done-old", status=S.COMPLETED, updated_at=T0 - timedelta(hours=1)), -1)
+    cutoff = T0 + timedelta(hours=1)
+    # Then only the requested statuses older than the cutoff come back, oldest first
+    refs = turn_store.list_idle([S.READY, S.RUNNING], cutoff)
+    assert [r.turn_id for r in refs] == ["ready-old", "running-old"]
+    assert [r.turn_id for r in turn_store.list_idle([S.WAITING_FOR_CHILD], cutoff)] == ["waiting-old"]
+    assert [r.turn_id for r in turn_store.list_idle([S.READY, S.RUNNING], cutoff, limit=1)] == ["ready-old"]
+    assert turn_store.list_idle([], cutoff) == []
+
+
+def test_list_due_retries_returns_only_due_retries_earliest_due_first(turn_store: AgentTurnStore) -> None:
+    now = T0 + timedelta(hours=1)
+    turn_store.save(make_turn("due-late", status=S.RETRY_SCHEDULED, next_retry_at=now - timedelta(seconds=1)), -1)
+    turn_store.save(make_turn("due-early", status=S.RETRY_SCHEDULED, next_retry_at=now - timedelta(minutes=5)), -1)
+    turn_store.save(make_turn("not-due", status=S.RETRY_SCHEDULED, next_retry_at=now + timedelta(minutes=5)), -1)
+    turn_store.save(make_turn("ready", status=S.READY, updated_at=T0), -1)
+    refs = turn_store.list_due_retries(now)
+    assert [r.turn_id for r in refs] == ["due-early", "due-late"]
+    assert refs[0].next_retry_at == now - timedelta(minutes=5)
+    assert [r.turn_id for r in turn_store.list_due_retries(now, limit=1)] == ["due-early"]
+
+
 def test_timestamps_keep_their_instant_whatever_the_offset(turn_store: AgentTurnStore) -> None:
     paris = datetime(2026, 3, 1, 13, 30, 0, 250000, tzinfo=UTC).astimezone(ZoneInfo("Europe/Paris"))
     saved = turn_store.save(make_turn("tz", updated_at=paris, created_at=paris), -1)

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from datetime import timedelta
 
 import pytest
 
 from agent_runner import AgentTurn, AgentTurnStatus
+from agent_runner._base import utcnow
 from store import Inbox, InboxMessage, InboxStatus, SqlAgentTurnStore
 
 
@@ -85,3 +87,18 @@ def test_ready_conversations_have_pending_work_and_no_active_turn(sql_url: str, 
         turns.save(saved.model_copy(update={"status": AgentTurnStatus.CANCELLED}), 0)
     assert inbox.conversations_ready() == ["c-busy", "c-free"]
     assert inbox.conversations_ready(limit=1) == ["c-busy"]
+
+
+def test_stale_claims_lists_only_processing_messages_claimed_before_the_cutoff(inbox: Inbox) -> None:
+    # Given one claimed and one pending message
+    inbox.enqueue("c-1", "m-0", "first")
+    inbox.enqueue("c-2", "m-1", "other")
+    claimed = inbox.claim_next("c-1")
+    assert claimed is not None
+    # Then a cutoff in the future finds the claim, and one in the past finds nothing
+    future = utcnow() + timedelta(minutes=1)
+    assert [m.message_id for m in inbox.stale_claims(future)] == ["m-0"]
+    assert inbox.stale_claims(utcnow() - timedelta(minutes=1)) == []
+    # And a completed claim is no longer stale
+    inbox.mark_completed("m-0", "turn-0")
+    assert inbox.stale_claims(future) == []
