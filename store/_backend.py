@@ -21,6 +21,13 @@ class SqlBackend:
     def __init__(self, url_or_engine: UrlOrEngine) -> None:
         self._engine, self._owns_engine = resolve_engine(url_or_engine)
         self._writer = writer(self._engine)
+        # On PostgreSQL, reads and single-statement writes run in autocommit: one statement is
+        # atomic by itself, and at READ COMMITTED (the default) each statement of a transaction
+        # sees a snapshot of its own anyway, so BEGIN and COMMIT or ROLLBACK would only add two
+        # round trips. SQLite keeps its explicit transactions (see `store._engine.WRITE`).
+        autocommit = self._engine.dialect.name == "postgresql"
+        self._reader = self._engine.execution_options(isolation_level="AUTOCOMMIT") if autocommit else self._engine
+        self._statement_writer = self._reader if autocommit else self._writer
         try:
             ensure_embedded_schema(self._engine)
         except BaseException:

@@ -84,7 +84,7 @@ class SqlTurnLease(SqlBackend):
             where=sa.or_(turn_leases.c.expires_at_ms <= now, turn_leases.c.owner == insert.excluded.owner),
         ).returning(turn_leases.c.fence)
         with translated_errors(self._engine, f"acquiring the lease of turn {turn_id!r}"):
-            with self._writer.begin() as connection:
+            with self._statement_writer.begin() as connection:
                 fence = connection.execute(statement).scalar()
         return None if fence is None else Lease(turn_id, owner, fence)
 
@@ -107,7 +107,7 @@ class SqlTurnLease(SqlBackend):
             .values(expires_at_ms=now + ttl_ms)
         )
         with translated_errors(self._engine, f"renewing the lease of turn {lease.turn_id!r}"):
-            with self._writer.begin() as connection:
+            with self._statement_writer.begin() as connection:
                 return connection.execute(statement).rowcount == 1
 
     def release(self, lease: Lease) -> bool:
@@ -123,5 +123,5 @@ class SqlTurnLease(SqlBackend):
             .values(owner=None, expires_at_ms=0)
         )
         with translated_errors(self._engine, f"releasing the lease of turn {lease.turn_id!r}"):
-            with self._writer.begin() as connection:
+            with self._statement_writer.begin() as connection:
                 return connection.execute(statement).rowcount == 1

@@ -217,7 +217,7 @@ class SqlAgentTurnStore(SqlBackend):
         Raises:
             TurnNotFound: No turn has this id.
         """
-        with translated_errors(self._engine, f"loading turn {turn_id!r}"), self._engine.connect() as connection:
+        with translated_errors(self._engine, f"loading turn {turn_id!r}"), self._reader.connect() as connection:
             header = connection.execute(sa.select(turns).where(turns.c.id == turn_id)).first()
             if header is None:
                 raise TurnNotFound(turn_id)
@@ -231,7 +231,7 @@ class SqlAgentTurnStore(SqlBackend):
             .limit(1)
         )
         with translated_errors(self._engine, f"finding the active turn of {conversation_id!r}"):
-            with self._engine.connect() as connection:
+            with self._reader.connect() as connection:
                 header = connection.execute(query).first()
                 return None if header is None else self._assemble(connection, [header])[0]
 
@@ -254,7 +254,7 @@ class SqlAgentTurnStore(SqlBackend):
         if parent_turn_id is not None:
             query = query.where(turns.c.parent_turn_id == parent_turn_id)
         query = query.order_by(turns.c.updated_at.desc(), turns.c.id).limit(limit)
-        with translated_errors(self._engine, "listing turns"), self._engine.connect() as connection:
+        with translated_errors(self._engine, "listing turns"), self._reader.connect() as connection:
             headers = list(connection.execute(query))
             return self._assemble(connection, headers) if headers else []
 
@@ -272,20 +272,42 @@ class SqlAgentTurnStore(SqlBackend):
             .order_by(turns.c.updated_at, turns.c.id)
             .limit(limit)
         )
-        with translated_errors(self._engine, "listing runnable turns"), self._engine.connect() as connection:
+        with translated_errors(self._engine, "listing runnable turns"), self._reader.connect() as connection:
             return [_ref(row) for row in connection.execute(query)]
 
     def list_stale_running(self, updated_before: datetime, limit: int = 100) -> list[TurnRef]:
         """Return RUNNING turns whose last save is older than `updated_before`, oldest first."""
+        return self.list_idle([AgentTurnStatus.RUNNING], updated_before, limit)
+
+    def list_idle(
+        self, statuses: Sequence[AgentTurnStatus], updated_before: datetime, limit: int = 100
+    ) -> list[TurnRef]:
+        """Return turns in one of `statuses` not saved since `updated_before`, oldest first (for sweeps)."""
+        if limit <= 0 or not statuses:
+            return []
+        query = (
+            sa.select(turns.c.id, turns.c.version, turns.c.status, turns.c.updated_at, turns.c.next_retry_at)
+            .where(turns.c.status.in_([s.value for s in statuses]), turns.c.updated_at < updated_before)
+            .order_by(turns.c.updated_at, turns.c.id)
+            .limit(limit)
+        )
+        with translated_errors(self._engine, "listing idle turns"), self._reader.connect() as connection:
+            return [_ref(row) for row in connection.execute(query)]
+
+    def list_due_retries(self, now: datetime, limit: int = 100) -> list[TurnRef]:
+        """Return RETRY_SCHEDULED turns due at `now`, earliest due first."""
         if limit <= 0:
             return []
         query = (
             sa.select(turns.c.id, turns.c.version, turns.c.status, turns.c.updated_at, turns.c.next_retry_at)
-            .where(turns.c.status == AgentTurnStatus.RUNNING.value, turns.c.updated_at < updated_before)
-            .order_by(turns.c.updated_at, turns.c.id)
+            .where(
+                turns.c.status == AgentTurnStatus.RETRY_SCHEDULED.value,
+                sa.or_(turns.c.next_retry_at.is_(None), turns.c.next_retry_at <= now),
+            )
+            .order_by(turns.c.next_retry_at, turns.c.id)
             .limit(limit)
         )
-        with translated_errors(self._engine, "listing stale running turns"), self._engine.connect() as connection:
+        with translated_errors(self._engine, "listing due retries"), self._reader.connect() as connection:
             return [_ref(row) for row in connection.execute(query)]
 
     def _assemble(self, connection: Connection, headers: Sequence[AnyRow]) -> list[AgentTurn]:
