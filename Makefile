@@ -50,9 +50,14 @@ typecheck: $(STAMP) ## mypy (strict)
 	$(BIN)/mypy
 
 .PHONY: bench
-bench: $(STAMP) services ## Run the benchmarks and print ratios against in-run baselines
-	$(BIN)/python bench/step_overhead.py
-	@if [ -f bench/store_growth.py ]; then $(BIN)/python bench/store_growth.py; fi
+BENCH_STAMP := $(VENV)/.installed-bench
+
+$(BENCH_STAMP): $(STAMP)
+	$(BIN)/python -m pip install --quiet -e '.[all,dev,bench]'
+	touch $(BENCH_STAMP)
+
+bench: $(BENCH_STAMP) services ## Run every benchmark; writes docs/benchmarks.md and docs/bench_*.png (BENCH_ARGS=--quick for a smoke run)
+	$(BIN)/python bench/run.py $(BENCH_ARGS)
 
 .PHONY: all
 all: lint typecheck test ## Lint, typecheck and test

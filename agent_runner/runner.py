@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -56,6 +56,7 @@ from agent_runner.persistence import (
     ChatMemory,
     ChatMemoryProvider,
     ConversationGuard,
+    Lease,
     TurnDispatcher,
 )
 from agent_runner.policy import AgentExecutionPolicy
@@ -67,6 +68,12 @@ logger = logging.getLogger("agent_runner")
 
 S = AgentTurnStatus
 _CAS_ATTEMPTS = 20
+
+LeaseScope = Callable[[str], AbstractContextManager[Lease | None]]
+"""Holds a turn's lease for the duration of a `with` block.
+
+It yields the lease, or None when another holder advanced the turn until it stopped being
+runnable (so there is nothing left to step)."""
 
 TERMINAL_EVENTS: dict[AgentTurnStatus, AgentEventType] = {
     S.COMPLETED: AgentEventType.TURN_COMPLETED,
@@ -111,6 +118,10 @@ class AgentRunner:
         conversation_guard: A shared fast marker of active conversation turns (for example
             Redis); the turn store remains the truth.
         clock: Returns the current UTC time (tests may pass a fake clock).
+        lease_scope: When set, `run`, `resume` and `run_until_blocked` step a turn only while
+            holding its lease from this scope, and stamp the lease's fence on every save. An
+            `AgentWorker` sets it on the runner it serves, so a turn run in the caller's
+            thread is never stepped at the same time by the worker's polling threads.
     """
 
     def __init__(
@@ -124,6 +135,7 @@ class AgentRunner:
         dispatcher: TurnDispatcher | None = None,
         conversation_guard: ConversationGuard | None = None,
         clock: Callable[[], datetime] = utcnow,
+        lease_scope: LeaseScope | None = None,
     ) -> None:
         self.turn_store: AgentTurnStore = turn_store if turn_store is not None else InMemoryAgentTurnStore()
         self.agent_loader: AgentLoader = agent_loader if agent_loader is not None else InMemoryAgentLoader()
@@ -136,6 +148,7 @@ class AgentRunner:
         self.dispatcher = dispatcher
         self.conversation_guard = conversation_guard
         self.clock = clock
+        self.lease_scope = lease_scope
         self._listeners: list[AgentEventListener] = []
         self._local = threading.local()
 
@@ -220,7 +233,25 @@ class AgentRunner:
 
         A RETRY_SCHEDULED turn that is due is retried once; a retry scheduled during the
         run ends the run (the thread is not held while waiting).
+
+        With a `lease_scope`, the turn is stepped under its lease, taken from the newest
+        stored snapshot; when another holder ran the turn until it blocked meanwhile, that
+        snapshot is returned as it is.
         """
+        scope = self.lease_scope
+        if scope is None or not turn.is_runnable(self.clock()):
+            return self._run_until_blocked(turn)
+        # Workers poll the store for READY and RUNNING turns: stepping here without the
+        # lease could call the model or a tool twice, once here and once on a worker.
+        with scope(turn.id) as lease:
+            if lease is None:
+                return self.turn_store.load(turn.id)
+            # The snapshot passed in may predate a holder that worked on the turn while this
+            # thread waited for the lease; continue from the stored one, under our fence.
+            current = self.turn_store.load(turn.id)
+            return self._run_until_blocked(current.model_copy(update={"lease_fence": lease.fence}))
+
+    def _run_until_blocked(self, turn: AgentTurn) -> AgentTurn:
         first = True
         with self._driving(turn.id):
             while True:

@@ -6,6 +6,14 @@ the lease on a heartbeat while a long model or tool call runs, and releases it w
 turn blocks or ends. A worker that dies leaves its turns RUNNING with a lease that simply
 expires; any other worker then picks them up. With the SQL store and the SQL lease this
 runs a whole deployment in one process with SQLite and no Redis or Celery.
+
+Mutual exclusion has two layers. Inside one worker, a table of claimed turns keeps two of
+its threads off the same turn: lease backends let an owner acquire its own lease again
+(with a new fence), so the lease alone would not separate threads that share the
+worker's owner token. Across workers and processes, the lease decides. The fence is the
+last line of defence: a worker that paused past its TTL (a long GC pause, a frozen VM)
+and wakes up still believing it holds the lease has its saves refused by the store once
+the new holder has saved.
 """
 
 from __future__ import annotations
@@ -14,36 +22,92 @@ import logging
 import os
 import socket
 import threading
+import time
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 from agent_runner._base import new_id
 from agent_runner.errors import AgentRunnerError, LeaseLostError, TurnNotFound, VersionConflictError
 from agent_runner.in_memory import InMemoryTurnLease
-from agent_runner.persistence import Lease, TurnLease
+from agent_runner.persistence import AgentTurnStore, Lease, TurnLease
 from agent_runner.runner import AgentRunner
-from agent_runner.snapshot import AgentTurn, AgentTurnStatus
+from agent_runner.snapshot import RUNNABLE_STATUSES, AgentTurn
 
 logger = logging.getLogger("agent_runner.worker")
+
+_MAX_BACKOFF_S = 30.0
+"""Longest pause before a turn whose step raised is tried again by the same worker."""
+
+_FOREGROUND_WAIT_S = 0.05
+"""How often a foreground run waiting for a lease held elsewhere looks again."""
+
+_shared_leases: weakref.WeakKeyDictionary[AgentTurnStore, InMemoryTurnLease] = weakref.WeakKeyDictionary()
+_shared_leases_lock = threading.Lock()
+
+
+def _in_process_lease(turn_store: AgentTurnStore) -> TurnLease:
+    """The in-process lease shared by every default-leased worker of `turn_store`.
+
+    Two workers built without `lease=` on the same store would otherwise each have a lease
+    of their own, and nothing would stop them from stepping one turn at the same time.
+    """
+    with _shared_leases_lock:
+        try:
+            lease = _shared_leases.get(turn_store)
+            if lease is None:
+                lease = _shared_leases[turn_store] = InMemoryTurnLease()
+        except TypeError:  # a store that cannot be weakly referenced or hashed
+            return InMemoryTurnLease()
+        return lease
+
+
+@dataclass
+class _Claim:
+    """A turn this worker is working on: its lease and the state of its renewals."""
+
+    turn_id: str
+    thread: int
+    """Identity of the thread that claimed it (the only one allowed to re-enter it)."""
+    lease: Lease | None = None
+    """None while the lease is being asked for."""
+    renewed_at: float = 0.0
+    """`time.monotonic()` when the last successful acquire or renew was *sent*.
+
+    The lease lasts its TTL from when the backend handled the request, which is no earlier
+    than this, so counting from here never overestimates the time left."""
+    lost: bool = False
+    """A renewal was refused: another owner may hold the lease now."""
 
 
 class AgentWorker:
     """Advances runnable turns of `runner`'s store under per-turn leases.
 
+    `run_once` makes one pass in the calling thread; `start` runs passes on `concurrency`
+    background threads until `stop`. Either way each turn is stepped only by the holder of
+    its lease, until it blocks, ends, or used `max_steps_per_claim` steps.
+
     Args:
         runner: The runner whose store, agents and policy are used. If it has no dispatcher,
             the worker becomes its dispatcher: turns started, resumed with `submit_resume`,
-            child turns and parents whose children ended are then run by this worker (on its
-            threads) instead of inline.
+            child turns and parents whose children ended wake the worker's threads. If it
+            has no `lease_scope`, the worker provides it, so `run`, `resume` and
+            `run_until_blocked` in other threads step a turn only under its lease too.
         lease: Per-turn mutual exclusion shared by every worker on the store (default: an
-            in-process lease, enough for workers of one process).
+            in-process lease shared by the workers of this process on the same store;
+            workers in several processes need a shared one such as `store.SqlTurnLease`).
         concurrency: Number of threads stepping turns.
         lease_ttl: Seconds a lease lasts without renewal; a dead worker's turns are picked up
-            by others after this long. Renewed every `lease_ttl / 3` while a step runs.
+            by others after this long. Renewed every `lease_ttl / 3` while a turn is held.
         poll_interval: Seconds between polls of the store when there is nothing to do.
         max_steps_per_claim: Steps one turn may take under one lease before the worker lets
             other turns go first.
         batch_size: Runnable turns fetched per poll.
+        owner: The lease owner token; unique per worker (default: host, pid and a random part).
+
+    Raises:
+        ValueError: A count or duration is not positive.
     """
 
     def __init__(
@@ -58,69 +122,102 @@ class AgentWorker:
         batch_size: int = 50,
         owner: str | None = None,
     ) -> None:
-        if concurrency < 1:
-            raise ValueError(f"concurrency must be at least 1, got {concurrency}")
+        if concurrency < 1 or max_steps_per_claim < 1 or batch_size < 1:
+            raise ValueError(
+                "concurrency, max_steps_per_claim and batch_size must be at least 1, got "
+                f"{concurrency}, {max_steps_per_claim} and {batch_size}"
+            )
         if lease_ttl <= 0 or poll_interval <= 0:
-            raise ValueError("lease_ttl and poll_interval must be positive")
+            raise ValueError(f"lease_ttl and poll_interval must be positive, got {lease_ttl} and {poll_interval}")
         self.runner = runner
-        self.lease: TurnLease = lease if lease is not None else InMemoryTurnLease()
+        self.lease: TurnLease = lease if lease is not None else _in_process_lease(runner.turn_store)
         self.concurrency = concurrency
-        self.lease_ttl_ms = int(lease_ttl * 1000)
+        self.lease_ttl_ms = max(1, int(lease_ttl * 1000))
         self.poll_interval = poll_interval
         self.max_steps_per_claim = max_steps_per_claim
         self.batch_size = batch_size
         self.owner = owner or f"{socket.gethostname()}:{os.getpid()}:{new_id()[:8]}"
         if runner.dispatcher is None:
             runner.dispatcher = self
+        if runner.lease_scope is None:
+            runner.lease_scope = self.hold
+        self._lock = threading.Lock()
+        self._claims: dict[str, _Claim] = {}
+        self._backoff: dict[str, tuple[float, float]] = {}
         self._wake = threading.Event()
-        self._stopping = threading.Event()
+        self._stop: threading.Event | None = None
         self._threads: list[threading.Thread] = []
-        self._held: dict[str, Lease] = {}
-        self._lost: set[str] = set()
-        self._held_lock = threading.Lock()
+        self._heartbeat: threading.Thread | None = None
+        self._heartbeat_wake = threading.Event()
 
     # --- Dispatcher ---------------------------------------------------------------------------
 
     def dispatch(self, turn: AgentTurn) -> None:
-        """Wake the polling threads: a turn became runnable."""
+        """Wake the polling threads: a turn became runnable (it is found by the next poll)."""
         self._wake.set()
 
     # --- Running ------------------------------------------------------------------------------
 
+    @property
+    def is_running(self) -> bool:
+        """Whether background threads started by `start` are still alive."""
+        return any(thread.is_alive() for thread in self._threads)
+
     def run_once(self) -> int:
-        """Step every runnable turn this worker can lease, each until it blocks or ends; return the steps made."""
-        steps = 0
-        refs = self.runner.turn_store.list_runnable(self.runner.clock(), self.batch_size)
-        for ref in refs:
-            if self._stopping.is_set():
-                break
-            steps += self._advance(ref.turn_id)
-        return steps
+        """Make one pass in this thread over the runnable turns; return the steps made.
+
+        Each runnable turn this worker can lease is stepped until it blocks, ends, or used
+        `max_steps_per_claim` steps. Turns whose lease is held elsewhere are skipped. Turns
+        that become runnable during the pass (child turns, a parent whose last child ended)
+        are left to the next pass.
+
+        Raises:
+            StoreError: The store could not list the runnable turns.
+        """
+        return self._run_pass(None)
 
     def start(self) -> None:
-        """Start the stepping threads and the lease heartbeat."""
-        if self._threads:
-            return
-        self._stopping.clear()
-        for index in range(self.concurrency):
-            thread = threading.Thread(target=self._loop, name=f"agent-worker-{index}", daemon=True)
-            thread.start()
-            self._threads.append(thread)
-        heartbeat = threading.Thread(target=self._heartbeat, name="agent-worker-heartbeat", daemon=True)
-        heartbeat.start()
-        self._threads.append(heartbeat)
+        """Start the stepping threads (a no-op while they run)."""
+        with self._lock:
+            if self._stop is not None and not self._stop.is_set() and self.is_running:
+                return
+            # Each start gets its own stop event: threads left running by a `stop` that timed
+            # out keep theirs set and finish, instead of being revived by this start.
+            stop = threading.Event()
+            self._stop = stop
+            self._threads = [t for t in self._threads if t.is_alive()]
+            for index in range(self.concurrency):
+                thread = threading.Thread(target=self._loop, args=(stop,), name=f"agent-worker-{index}", daemon=True)
+                thread.start()
+                self._threads.append(thread)
 
     def stop(self, timeout: float = 30.0) -> bool:
-        """Stop after the steps in flight; return False if a thread was still busy after `timeout` seconds."""
-        self._stopping.set()
+        """Stop the stepping threads; return whether they all ended within `timeout` seconds.
+
+        A step in flight (a model or tool call) is not interrupted: its thread ends after it,
+        and its lease keeps being renewed until then, so no other worker takes the turn over
+        while it runs. A thread still busy after `timeout` goes on to the end of its step.
+        """
+        with self._lock:
+            stop = self._stop
+            threads = list(self._threads)
+        if stop is not None:
+            stop.set()
         self._wake.set()
-        per_thread = timeout / max(1, len(self._threads))
-        stopped = True
-        for thread in self._threads:
-            thread.join(per_thread)
-            stopped = stopped and not thread.is_alive()
-        self._threads = [t for t in self._threads if t.is_alive()]
-        return stopped
+        deadline = time.monotonic() + max(0.0, timeout)
+        current = threading.current_thread()
+        for thread in threads:
+            if thread is not current:
+                thread.join(max(0.0, deadline - time.monotonic()))
+        alive = [t for t in threads if t.is_alive()]
+        with self._lock:
+            self._threads = [t for t in self._threads if t.is_alive()]
+            heartbeat = self._heartbeat if not self._claims else None
+        if heartbeat is not None and heartbeat is not current and not alive:
+            # Nothing is held any more: let the heartbeat thread notice now rather than a beat later.
+            self._heartbeat_wake.set()
+            heartbeat.join(max(0.0, min(1.0, deadline - time.monotonic())))
+        return not alive
 
     def __enter__(self) -> AgentWorker:
         self.start()
@@ -129,91 +226,260 @@ class AgentWorker:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    def _loop(self) -> None:
-        while not self._stopping.is_set():
+    def _loop(self, stop: threading.Event) -> None:
+        while not stop.is_set():
+            # Clear before polling, not after: a dispatch that arrives during the pass then
+            # makes the wait below return at once instead of being forgotten.
+            self._wake.clear()
             try:
-                steps = self.run_once()
+                steps = self._run_pass(stop)
             except Exception:
-                logger.exception("worker poll failed; retrying after %ss", self.poll_interval)
+                logger.exception(
+                    "worker %s: polling the store failed; trying again in %ss", self.owner, self.poll_interval
+                )
                 steps = 0
-            if steps == 0:
+            if steps == 0 and not stop.is_set():
                 self._wake.wait(self.poll_interval)
-                self._wake.clear()
 
-    def _heartbeat(self) -> None:
-        interval = self.lease_ttl_ms / 3000
-        while not self._stopping.wait(interval):
-            with self._held_lock:
-                held = list(self._held.values())
-            for lease in held:
-                try:
-                    renewed = self.lease.renew(lease, self.lease_ttl_ms)
-                except AgentRunnerError as exc:
-                    logger.warning("renewing the lease of turn %s failed: %s", lease.turn_id, exc)
-                    continue
-                if not renewed:
-                    with self._held_lock:
-                        self._lost.add(lease.turn_id)
-                    logger.warning("lost the lease of turn %s; its next save will be refused", lease.turn_id)
-
-    @contextmanager
-    def _leased(self, turn_id: str) -> Iterator[Lease | None]:
-        try:
-            lease = self.lease.acquire(turn_id, self.owner, self.lease_ttl_ms)
-        except AgentRunnerError as exc:
-            logger.warning("could not ask for the lease of turn %s: %s", turn_id, exc)
-            lease = None
-        if lease is None:
-            yield None
-            return
-        with self._held_lock:
-            self._held[turn_id] = lease
-            self._lost.discard(turn_id)
-        try:
-            yield lease
-        finally:
-            with self._held_lock:
-                self._held.pop(turn_id, None)
-                self._lost.discard(turn_id)
+    def _run_pass(self, stop: threading.Event | None) -> int:
+        now = self.runner.clock()
+        with self._lock:
+            # Turns backing off after a failure stay at the head of the list (it is ordered by
+            # last save, which a failed step does not change): fetch that many more, or a few
+            # broken turns would hide every other runnable turn from this worker.
+            ticks = time.monotonic()
+            self._backoff = {k: v for k, v in self._backoff.items() if v[0] > ticks}
+            extra = len(self._backoff)
+        refs = self.runner.turn_store.list_runnable(now, self.batch_size + extra)
+        steps = 0
+        for ref in refs:
+            if stop is not None and stop.is_set():
+                break
+            if self._is_backing_off(ref.turn_id):
+                continue
             try:
-                self.lease.release(lease)
-            except AgentRunnerError as exc:
-                logger.warning("releasing the lease of turn %s failed (it will expire): %s", turn_id, exc)
+                steps += self._advance(ref.turn_id, stop)
+            except Exception:
+                # One broken turn (an unknown agent, a store error) must not stop the others.
+                logger.exception("worker %s: advancing turn %s failed; trying it again later", self.owner, ref.turn_id)
+                self._back_off(ref.turn_id)
+        return steps
 
-    def _advance(self, turn_id: str) -> int:
+    def _advance(self, turn_id: str, stop: threading.Event | None) -> int:
         """Step one turn under its lease until it blocks, ends, or used its share of steps."""
-        with self._leased(turn_id) as lease:
-            if lease is None:
+        with self._claim(turn_id) as claim:
+            if claim is None or claim.lease is None:
                 return 0
+            fence = claim.lease.fence
             try:
+                # Loaded after the lease was taken: whatever the poll saw may be stale.
                 turn = self.runner.turn_store.load(turn_id)
             except TurnNotFound:
                 return 0
             steps = 0
             first = True
-            while steps < self.max_steps_per_claim and not self._stopping.is_set():
-                runnable = turn.status in (AgentTurnStatus.READY, AgentTurnStatus.RUNNING) or (
-                    first and turn.is_runnable(self.runner.clock())
-                )
-                if not runnable:
+            while steps < self.max_steps_per_claim:
+                if stop is not None and stop.is_set():
+                    break
+                # A due retry is taken once per claim; after that only READY and RUNNING, so a
+                # turn that keeps failing is not retried in a tight loop under one lease.
+                runnable = turn.status in RUNNABLE_STATUSES or (first and turn.is_runnable(self.runner.clock()))
+                if not runnable or not self._may_step(claim):
                     break
                 first = False
-                with self._held_lock:
-                    if turn_id in self._lost:
-                        break
                 # Every save of this step carries the fence: if the lease was taken over
                 # meanwhile, the store refuses the save instead of clobbering newer work.
-                fenced = turn.model_copy(update={"lease_fence": lease.fence})
+                fenced = turn.model_copy(update={"lease_fence": fence})
                 try:
                     result = self.runner.step(fenced)
                 except LeaseLostError:
-                    logger.warning("turn %s moved on under another worker's lease; stopping", turn_id)
-                    break
+                    logger.warning("worker %s: turn %s moved on under a newer lease; leaving it", self.owner, turn_id)
+                    return steps
                 except Exception:
-                    logger.exception("step of turn %s failed; it stays runnable and will be retried", turn_id)
-                    break
-                steps += 1
+                    logger.exception(
+                        "worker %s: a step of turn %s raised; the turn stays runnable and is tried again later",
+                        self.owner,
+                        turn_id,
+                    )
+                    self._back_off(turn_id)
+                    return steps
                 turn = result.turn
                 if isinstance(result.error, VersionConflictError):
-                    break
+                    break  # someone else saved first; the next poll starts from their snapshot
+                steps += 1
+            self._forgive(turn_id)
+            self._cancel_if_flagged(turn)
             return steps
+
+    def _cancel_if_flagged(self, turn: AgentTurn) -> None:
+        """End a turn that blocked while a cancel was requested during its last step.
+
+        `cancel` on a RUNNING turn only sets the flag and leaves the end to the stepping
+        thread. If the step in flight then suspended the turn, the flag sits on a waiting
+        turn that no poll lists: the thread that saw it must end it.
+        """
+        if turn.cancel_requested and not turn.is_terminal and not turn.is_runnable(self.runner.clock()):
+            try:
+                self.runner.cancel(turn.id)
+            except AgentRunnerError as exc:
+                logger.warning("worker %s: cancelling turn %s failed: %s", self.owner, turn.id, exc)
+
+    # --- Leases -------------------------------------------------------------------------------
+
+    @contextmanager
+    def hold(self, turn_id: str) -> Iterator[Lease | None]:
+        """Hold the turn's lease for the `with` block, renewed by the heartbeat; the runner's `lease_scope`.
+
+        Waits while another holder steps the turn. Yields the lease, or None once the turn
+        is no longer runnable (the other holder ran it until it blocked or ended). The
+        thread that holds the lease may enter `hold` again for the same turn.
+
+        Raises:
+            StoreError: The lease backend or the store failed (the caller is told rather than
+                left waiting for a backend that is down).
+        """
+        with self._lock:
+            existing = self._claims.get(turn_id)
+        if existing is not None and existing.thread == threading.get_ident() and existing.lease is not None:
+            # Re-entered by the holding thread: the outer `with` releases the lease.
+            yield existing.lease
+            return
+        while True:
+            with self._claim(turn_id, quiet=False) as claim:
+                if claim is not None and claim.lease is not None:
+                    yield claim.lease
+                    return
+            if not self.runner.turn_store.load(turn_id).is_runnable(self.runner.clock()):
+                yield None
+                return
+            time.sleep(min(self.poll_interval, _FOREGROUND_WAIT_S))
+
+    @contextmanager
+    def _claim(self, turn_id: str, *, quiet: bool = True) -> Iterator[_Claim | None]:
+        """Claim the turn in this worker and take its lease; yield None when either is taken.
+
+        With `quiet`, a lease backend error is logged and treated as "taken" (the poll comes
+        back to the turn later); otherwise it is raised.
+        """
+        with self._lock:
+            claimed_here = turn_id in self._claims
+            if not claimed_here:
+                claim = self._claims[turn_id] = _Claim(turn_id, threading.get_ident())
+        if claimed_here:
+            yield None  # another thread of this worker has it
+            return
+        try:
+            sent = time.monotonic()
+            try:
+                lease = self.lease.acquire(turn_id, self.owner, self.lease_ttl_ms)
+            except AgentRunnerError as exc:
+                if not quiet:
+                    raise
+                logger.warning("worker %s: could not ask for the lease of turn %s: %s", self.owner, turn_id, exc)
+                lease = None
+            if lease is None:
+                yield None
+                return
+            with self._lock:
+                claim.lease = lease
+                claim.renewed_at = sent
+                self._ensure_heartbeat()
+            try:
+                yield claim
+            finally:
+                # Forget the claim before releasing: once released, another worker may take
+                # the turn, and the heartbeat must not renew (or count as lost) a lease that is
+                # no longer ours.
+                with self._lock:
+                    self._claims.pop(turn_id, None)
+                try:
+                    self.lease.release(lease)
+                except AgentRunnerError as exc:
+                    logger.warning(
+                        "worker %s: releasing the lease of turn %s failed (it expires on its own): %s",
+                        self.owner,
+                        turn_id,
+                        exc,
+                    )
+        finally:
+            with self._lock:
+                if self._claims.get(turn_id) is claim:
+                    del self._claims[turn_id]
+
+    def _may_step(self, claim: _Claim) -> bool:
+        """Whether the claim's lease is safely ours for the start of another step."""
+        if claim.lost:
+            logger.warning("worker %s: lost the lease of turn %s; leaving it", self.owner, claim.turn_id)
+            return False
+        # Renewals go out every TTL/3. Past two thirds of the TTL without one that succeeded,
+        # the backend is failing and the lease may run out mid-step: start nothing new.
+        age = time.monotonic() - claim.renewed_at
+        if age * 1000 > self.lease_ttl_ms * 2 / 3:
+            logger.warning(
+                "worker %s: the lease of turn %s was last renewed %.1fs ago; leaving it", self.owner, claim.turn_id, age
+            )
+            return False
+        return True
+
+    def _ensure_heartbeat(self) -> None:
+        # Called with self._lock held. The heartbeat runs while any lease is held, including
+        # during `run_once` and foreground runs without started threads, and during a stop
+        # that waits for a step in flight.
+        if self._heartbeat is None or not self._heartbeat.is_alive():
+            self._heartbeat_wake.clear()
+            self._heartbeat = threading.Thread(target=self._renew_loop, name="agent-worker-heartbeat", daemon=True)
+            self._heartbeat.start()
+
+    def _renew_loop(self) -> None:
+        # With nothing held, the thread ends at its next beat rather than at once, so a worker
+        # going from one turn to the next keeps one heartbeat thread instead of one per turn.
+        interval = self.lease_ttl_ms / 3000
+        while True:
+            self._heartbeat_wake.wait(interval)
+            self._heartbeat_wake.clear()
+            with self._lock:
+                if not self._claims:
+                    self._heartbeat = None  # decided under the lock that `_ensure_heartbeat` takes
+                    return
+                held = [c for c in self._claims.values() if c.lease is not None and not c.lost]
+            for claim in held:
+                self._renew(claim)
+
+    def _renew(self, claim: _Claim) -> None:
+        assert claim.lease is not None
+        sent = time.monotonic()
+        try:
+            renewed = self.lease.renew(claim.lease, self.lease_ttl_ms)
+        except Exception as exc:
+            # A backend outage: keep the step going and try again on the next beat. If the
+            # outage outlasts the TTL, `_may_step` stops further steps and the fence refuses
+            # the saves of this one once another worker has taken over.
+            logger.warning("worker %s: renewing the lease of turn %s failed: %s", self.owner, claim.turn_id, exc)
+            return
+        with self._lock:
+            if renewed:
+                claim.renewed_at = sent
+            elif self._claims.get(claim.turn_id) is claim:
+                claim.lost = True
+                logger.warning(
+                    "worker %s: the lease of turn %s expired or was taken over; its next save may be refused",
+                    self.owner,
+                    claim.turn_id,
+                )
+
+    # --- Failures -----------------------------------------------------------------------------
+
+    def _back_off(self, turn_id: str) -> None:
+        with self._lock:
+            delay = self._backoff.get(turn_id, (0.0, self.poll_interval))[1]
+            delay = min(delay * 2, _MAX_BACKOFF_S)
+            self._backoff[turn_id] = (time.monotonic() + delay, delay)
+
+    def _forgive(self, turn_id: str) -> None:
+        with self._lock:
+            self._backoff.pop(turn_id, None)
+
+    def _is_backing_off(self, turn_id: str) -> bool:
+        with self._lock:
+            entry = self._backoff.get(turn_id)
+        return entry is not None and entry[0] > time.monotonic()

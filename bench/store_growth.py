@@ -11,28 +11,25 @@ Two in-run references: the floor (a transaction that inserts one small row), and
 that rewrites the whole snapshot as one JSON row per save, which is what the append-only
 message table avoids.
 
-Run: `python bench/store_growth.py` (PostgreSQL from AGENT_RUNNER_BENCH_DATABASE_URL, else
-AGENT_RUNNER_TEST_DATABASE_URL, else postgresql+psycopg://postgres@127.0.0.1:5432/test).
+Run: `python bench/store_growth.py [--quick] [--json PATH]` (PostgreSQL from
+AGENT_RUNNER_BENCH_DATABASE_URL, else postgresql+psycopg://postgres@127.0.0.1:5432/test).
 Everything happens in a temporary schema that is dropped at the end.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import statistics
 import time
-import uuid
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
 from datetime import timedelta
 from typing import Any
 
 import psycopg
 import sqlalchemy as sa
-from sqlalchemy import event
-from sqlalchemy.engine import Connection, Engine, make_url
+from _common import DriverBytes, arguments, database_url, libpq, log, pg_schema, write_results
+from sqlalchemy.engine import make_url
 
 import store
 from agent_runner import AgentTurn, AgentTurnStatus, AiMessage, ToolCall, ToolMessage, Usage, UserMessage
@@ -51,34 +48,6 @@ class Measure:
     transactions: float
     payload_bytes: float
     wal_bytes: float
-
-
-def database_url() -> str:
-    return (
-        os.environ.get("AGENT_RUNNER_BENCH_DATABASE_URL")
-        or os.environ.get("AGENT_RUNNER_TEST_DATABASE_URL")
-        or "postgresql+psycopg://postgres@127.0.0.1:5432/test"
-    )
-
-
-def libpq(url: str) -> str:
-    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
-
-
-@contextmanager
-def temporary_schema(url: str) -> Iterator[str]:
-    schema = f"agent_runner_bench_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(libpq(url), autocommit=True) as admin:
-        admin.execute(f'CREATE SCHEMA "{schema}"')
-    try:
-        yield (
-            make_url(url)
-            .update_query_dict({"options": f"-csearch_path={schema}"})
-            .render_as_string(hide_password=False)
-        )
-    finally:
-        with psycopg.connect(libpq(url), autocommit=True) as admin:
-            admin.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
 
 
 def message(index: int) -> UserMessage | AiMessage | ToolMessage:
@@ -114,28 +83,6 @@ def next_step(turn: AgentTurn) -> AgentTurn:
     )
 
 
-class Counters:
-    """Counts statements and parameter bytes sent through an engine."""
-
-    def __init__(self, engine: Engine) -> None:
-        self.statements = 0
-        self.payload_bytes = 0
-        event.listen(engine, "before_cursor_execute", self._statement)
-
-    def _statement(self, conn: Connection, cursor: Any, statement: str, parameters: Any, *rest: Any) -> None:
-        self.statements += 1
-        self.payload_bytes += len(statement.encode()) + len(json.dumps(parameters, default=_unwrap).encode())
-
-    def reset(self) -> None:
-        self.statements = self.payload_bytes = 0
-
-
-def _unwrap(value: Any) -> Any:
-    # JSON parameters reach the driver wrapped (psycopg's `Json`); count what they hold.
-    wrapped = getattr(value, "obj", None)
-    return wrapped if wrapped is not None else str(value)
-
-
 def next_transaction_id(admin: psycopg.Connection[Any]) -> int:
     # Every writing transaction on the server takes the next id, whether it was committed
     # explicitly or ran as one autocommitted statement; reading it assigns none.
@@ -151,11 +98,11 @@ def wal_position(admin: psycopg.Connection[Any]) -> int:
 
 
 def measure(
-    steps: int, counters: Counters, admin: psycopg.Connection[Any], save_one: Callable[[int], float]
+    steps: int, counters: DriverBytes, admin: psycopg.Connection[Any], save_one: Callable[[int], float]
 ) -> Measure:
     for index in range(WARMUP):
         save_one(index)
-    counters.reset()
+    counters.take()
     wal_before = wal_position(admin)
     xid_before = next_transaction_id(admin)
     elapsed = sum(save_one(WARMUP + index) for index in range(steps))
@@ -165,7 +112,7 @@ def measure(
         save_ms=elapsed / steps * 1000,
         statements=counters.statements / steps,
         transactions=transactions / steps,
-        payload_bytes=counters.payload_bytes / steps,
+        payload_bytes=counters.bytes / steps,
         wal_bytes=wal_bytes / steps,
     )
 
@@ -173,7 +120,7 @@ def measure(
 def bench_sql_store(url: str, admin: psycopg.Connection[Any], length: int, run: int) -> Measure:
     engine = store.make_engine(url)
     turns = store.SqlAgentTurnStore(engine)
-    counters = Counters(engine)
+    counters = DriverBytes(engine)
     state = {"turn": turns.save(turn_with_history(f"t-{length}-{run}", length), -1)}
 
     def save_one(_: int) -> float:
@@ -201,7 +148,7 @@ def bench_whole_snapshot(url: str, admin: psycopg.Connection[Any], length: int, 
     """Reference: the same steps saved as one compare-and-swapped row holding the whole snapshot."""
     engine = store.make_engine(url)
     snapshot_rows.create(engine, checkfirst=True)
-    counters = Counters(engine)
+    counters = DriverBytes(engine)
     turn = turn_with_history(f"s-{length}-{run}", length).model_copy(update={"version": 0})
     with engine.begin() as connection:
         connection.execute(
@@ -274,10 +221,11 @@ def print_table(title: str, results: dict[int, Measure]) -> None:
 
 
 def main() -> None:
+    args = arguments(__doc__)  # --quick changes nothing here: the whole run takes seconds
     url = database_url()
+    log("store growth: save cost against history length")
     print(f"PostgreSQL: {make_url(url).render_as_string(hide_password=True)}; median of {RUNS} runs")
-    with temporary_schema(url) as bench_url, psycopg.connect(libpq(url), autocommit=True) as admin:
-        store.migrate(bench_url)
+    with pg_schema("bench") as (bench_url, _schema), psycopg.connect(libpq(url), autocommit=True) as admin:
         floor = statistics.median(bench_floor(bench_url, admin) for _ in range(RUNS))
         sql_results = {
             length: median_measure([bench_sql_store(bench_url, admin, length, run) for run in range(RUNS)])
@@ -287,6 +235,17 @@ def main() -> None:
             length: median_measure([bench_whole_snapshot(bench_url, admin, length, run) for run in range(RUNS)])
             for length in HISTORIES
         }
+    write_results(
+        args.json,
+        {
+            "floor_ms": floor,
+            "steps": STEPS,
+            "snapshot_steps": SNAPSHOT_STEPS,
+            "runs": RUNS,
+            "sql_store": {str(length): asdict(m) for length, m in sql_results.items()},
+            "whole_snapshot": {str(length): asdict(m) for length, m in snapshot_results.items()},
+        },
+    )
     print(f"\nfloor: a one-row INSERT transaction takes {floor:.3f} ms")
     print_table(f"SqlAgentTurnStore.save, {STEPS} steps per run (header UPDATE + new-message INSERT)", sql_results)
     print_table(

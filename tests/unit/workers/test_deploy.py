@@ -19,7 +19,7 @@ from celery.bin.celery import celery as celery_cli
 
 from workers.settings import WorkerSettings
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 DEPLOY = ROOT / "deploy"
 OUR_IMAGES = ("agent-runner:", "registry.example.com/agent-runner:")
 
