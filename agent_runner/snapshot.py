@@ -6,7 +6,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from agent_runner._base import FrozenModel, utcnow
 from agent_runner.messages import ActionStatus, ModelMessage, ToolCall
@@ -103,7 +103,8 @@ class AgentTurn(FrozenModel):
     agent_version: str = "1"
     conversation_id: str | None = None
     parent_turn_id: str | None = None
-    root_turn_id: str
+    root_turn_id: str = ""
+    """Id of the root of this turn's tree; a root turn's own id (the default)."""
     status: AgentTurnStatus = AgentTurnStatus.READY
     phase: Phase = Phase.MODEL
     messages: list[ModelMessage] = Field(default_factory=list)
@@ -135,6 +136,13 @@ class AgentTurn(FrozenModel):
     """How many leading `messages` are known to be in ChatMemory."""
     lease_fence: int | None = None
     """Fencing number of the lease under which this snapshot was saved, if any."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _root_defaults_to_self(cls, data: Any) -> Any:
+        if isinstance(data, dict) and not data.get("root_turn_id") and data.get("id"):
+            return {**data, "root_turn_id": data["id"]}
+        return data
 
     @property
     def is_terminal(self) -> bool:
