@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import inspect
 import json
@@ -80,8 +81,21 @@ class Tool:
         return {name: getattr(model, name) for name in self._arguments_model.model_fields}
 
     def invoke(self, arguments: Mapping[str, Any]) -> Any:
-        """Validate the arguments and call the function."""
-        return self.function(**self.validate_arguments(arguments))
+        """Validate the arguments and call the function (an `async def` tool runs to completion here)."""
+        result = self.function(**self.validate_arguments(arguments))
+        if inspect.iscoroutine(result):
+            try:
+                asyncio.get_running_loop()
+            except RuntimeError:
+                # The usual case: the runner steps turns on plain threads, so the coroutine
+                # gets a loop of its own, with the tool context copied into it.
+                return asyncio.run(result)
+            result.close()
+            raise DefinitionError(
+                f"async tool {self.name!r} was called from a thread that runs an event loop; "
+                "run the AgentRunner in a worker thread (for example with asyncio.to_thread)"
+            )
+        return result
 
     def masked_arguments(self, arguments: Mapping[str, Any]) -> dict[str, Any]:
         """Return the arguments with sensitive values replaced, for display on a page."""

@@ -214,3 +214,27 @@ def test_tool_context_describes_the_running_call() -> None:
     # Then: turn id and call are right, no form data, and each call has its own key
     assert [(t, c, f) for t, c, f, _ in seen] == [(turn.id, "c1", {}), (turn.id, "c2", {})]
     assert seen[0][3] != seen[1][3]
+
+
+def test_an_async_tool_runs_to_completion_with_its_context() -> None:
+    import asyncio
+
+    from agent_runner import Agent, AgentRunner, AgentToolContext, AiMessage, ScriptedChatModel, ToolCall, tool
+
+    seen: list[str] = []
+
+    # Given an async tool that awaits and reads its context
+    @tool
+    async def fetch(order_id: str) -> str:
+        """Fetch an order."""
+        await asyncio.sleep(0)
+        seen.append(AgentToolContext.current().get_idempotency_key())
+        return f"order {order_id}"
+
+    model = ScriptedChatModel([AiMessage(tool_calls=[ToolCall("c1", "fetch", {"order_id": "7"})]), AiMessage("ok")])
+    # When a turn calls it
+    turn = AgentRunner().run(Agent(id="a", chat_model=model, tools=[fetch]), "go")
+    # Then its awaited result is the ToolMessage and the context was available inside the coroutine
+    assert turn.status == "COMPLETED"
+    assert turn.messages[2].content == "order 7"  # type: ignore[union-attr]
+    assert seen == [f"{turn.id}:c1"]
