@@ -64,6 +64,13 @@ class InMemoryAgentTurnStore:
             raise TurnNotFound(turn_id)
         return turn
 
+    def get_ref(self, turn_id: str) -> TurnRef:
+        """Return the stored turn's reference (id, version, status, times) or raise `TurnNotFound`."""
+        turn = self._turns.get(turn_id)
+        if turn is None:
+            raise TurnNotFound(turn_id)
+        return _ref(turn)
+
     def save(self, turn: AgentTurn, expected_version: int) -> AgentTurn:
         """Compare-and-swap the snapshot; see `AgentTurnStore.save`."""
         with self._lock:

@@ -11,8 +11,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
+from agent_runner._base import utcnow
 from agent_runner.messages import AnyMessage, ModelMessage
-from agent_runner.snapshot import AgentTurn, AgentTurnStatus
+from agent_runner.snapshot import RUNNABLE_STATUSES, AgentTurn, AgentTurnStatus
 
 if TYPE_CHECKING:
     from agent_runner.agent import Agent
@@ -28,6 +29,14 @@ class TurnRef:
     updated_at: datetime
     next_retry_at: datetime | None = None
 
+    def is_runnable(self, now: datetime | None = None) -> bool:
+        """Whether a worker may step the turn now (the same rule as `AgentTurn.is_runnable`)."""
+        if self.status in RUNNABLE_STATUSES:
+            return True
+        if self.status is AgentTurnStatus.RETRY_SCHEDULED:
+            return self.next_retry_at is None or self.next_retry_at <= (now or utcnow())
+        return False
+
 
 @runtime_checkable
 class AgentTurnStore(Protocol):
@@ -35,6 +44,17 @@ class AgentTurnStore(Protocol):
 
     def load(self, turn_id: str) -> AgentTurn:
         """Return the stored snapshot.
+
+        Raises:
+            TurnNotFound: No turn has this id.
+        """
+        ...
+
+    def get_ref(self, turn_id: str) -> TurnRef:
+        """Return the stored turn's id, version, status and times, without its messages or state.
+
+        For decisions that need only the header (is the turn runnable, has it moved on),
+        this is cheaper than `load`, whose cost grows with the history.
 
         Raises:
             TurnNotFound: No turn has this id.

@@ -1,11 +1,13 @@
 """`AgentWorker`: the embedded worker that advances runnable turns on background threads.
 
-It polls the turn store for READY, RUNNING and due RETRY_SCHEDULED turns, takes each
-turn's lease before touching it, stamps the lease's fencing number on every save, renews
-the lease on a heartbeat while a long model or tool call runs, and releases it when the
-turn blocks or ends. A worker that dies leaves its turns RUNNING with a lease that simply
-expires; any other worker then picks them up. With the SQL store and the SQL lease this
-runs a whole deployment in one process with SQLite and no Redis or Celery.
+It steps the turns handed to it by the runner's dispatch first, and polls the turn store
+for READY, RUNNING and due RETRY_SCHEDULED turns as the safety net (turns made runnable by
+other processes, dispatches it did not keep). It takes each turn's lease before touching
+it, stamps the lease's fencing number on every save, renews the lease on a heartbeat
+while a long model or tool call runs, and releases it when the turn blocks or ends. A
+worker that dies leaves its turns RUNNING with a lease that simply expires; any other
+worker then picks them up. With the SQL store and the SQL lease this runs a whole
+deployment in one process with SQLite and no Redis or Celery.
 
 Mutual exclusion has two layers. Inside one worker, a table of claimed turns keeps two of
 its threads off the same turn: lease backends let an owner acquire its own lease again
@@ -24,6 +26,7 @@ import socket
 import threading
 import time
 import weakref
+from collections import OrderedDict
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -42,6 +45,9 @@ _MAX_BACKOFF_S = 30.0
 
 _FOREGROUND_WAIT_S = 0.05
 """How often a foreground run waiting for a lease held elsewhere looks again."""
+
+_DISPATCHED_TURNS = 1_000
+"""Most dispatched turn ids a worker keeps for its threads; older ones are left to the poll."""
 
 _shared_leases: weakref.WeakKeyDictionary[AgentTurnStore, InMemoryTurnLease] = weakref.WeakKeyDictionary()
 _shared_leases_lock = threading.Lock()
@@ -100,7 +106,8 @@ class AgentWorker:
         concurrency: Number of threads stepping turns.
         lease_ttl: Seconds a lease lasts without renewal; a dead worker's turns are picked up
             by others after this long. Renewed every `lease_ttl / 3` while a turn is held.
-        poll_interval: Seconds between polls of the store when there is nothing to do.
+        poll_interval: Seconds between polls of the store by each thread. Dispatched turns do
+            not wait for a poll; a poll that found work is followed by another at once.
         max_steps_per_claim: Steps one turn may take under one lease before the worker lets
             other turns go first.
         batch_size: Runnable turns fetched per poll.
@@ -144,6 +151,9 @@ class AgentWorker:
         self._lock = threading.Lock()
         self._claims: dict[str, _Claim] = {}
         self._backoff: dict[str, tuple[float, float]] = {}
+        # Turns handed over by `dispatch`, oldest first (an ordered set), for the threads to
+        # try before they poll. Losing one costs latency only: the poll finds every runnable turn.
+        self._dispatched: OrderedDict[str, None] = OrderedDict()
         self._wake = threading.Event()
         self._stop: threading.Event | None = None
         self._threads: list[threading.Thread] = []
@@ -153,8 +163,21 @@ class AgentWorker:
     # --- Dispatcher ---------------------------------------------------------------------------
 
     def dispatch(self, turn: AgentTurn) -> None:
-        """Wake the polling threads: a turn became runnable (it is found by the next poll)."""
+        """Hand a runnable turn to the stepping threads: the next thread to wake tries it first.
+
+        The thread goes to the turn directly instead of polling the store for it. A turn that
+        is not runnable yet (a retry that is not due) is left to the poll, which finds it
+        when it is due; so are turns beyond the last `_DISPATCHED_TURNS` dispatched.
+        """
+        if turn.is_runnable(self.runner.clock()):
+            self._enqueue(turn.id)
         self._wake.set()
+
+    def _enqueue(self, turn_id: str) -> None:
+        with self._lock:
+            self._dispatched[turn_id] = None
+            if len(self._dispatched) > _DISPATCHED_TURNS:
+                self._dispatched.popitem(last=False)
 
     # --- Running ------------------------------------------------------------------------------
 
@@ -167,14 +190,17 @@ class AgentWorker:
         """Make one pass in this thread over the runnable turns; return the steps made.
 
         Each runnable turn this worker can lease is stepped until it blocks, ends, or used
-        `max_steps_per_claim` steps. Turns whose lease is held elsewhere are skipped. Turns
-        that become runnable during the pass (child turns, a parent whose last child ended)
-        are left to the next pass.
+        `max_steps_per_claim` steps: first the turns dispatched to it, then those the store
+        lists. Turns whose lease is held elsewhere are skipped. Turns that become runnable
+        during the pass (child turns, a parent whose last child ended) are left to the next
+        pass.
 
         Raises:
             StoreError: The store could not list the runnable turns.
         """
-        return self._run_pass(None)
+        seen: set[str] = set()
+        steps = self._run_dispatched(None, seen)
+        return steps + self._run_polled(None, seen)
 
     def start(self) -> None:
         """Start the stepping threads (a no-op while they run)."""
@@ -227,43 +253,84 @@ class AgentWorker:
         self.stop()
 
     def _loop(self, stop: threading.Event) -> None:
+        next_poll = 0.0  # time.monotonic() at which this thread polls the store next
         while not stop.is_set():
-            # Clear before polling, not after: a dispatch that arrives during the pass then
+            # Clear before looking, not after: a dispatch that arrives during the pass then
             # makes the wait below return at once instead of being forgotten.
             self._wake.clear()
+            seen: set[str] = set()
             try:
-                steps = self._run_pass(stop)
+                steps = self._run_dispatched(stop, seen)
+                # Dispatched turns do not wait for the poll, and a wake-up does not poll
+                # either: polling is the safety net, once per interval, or again at once
+                # after a poll that found work (more may wait beyond one batch).
+                if time.monotonic() >= next_poll:
+                    polled = self._run_polled(stop, seen)
+                    steps += polled
+                    next_poll = 0.0 if polled else time.monotonic() + self.poll_interval
             except Exception:
                 logger.exception(
                     "worker %s: polling the store failed; trying again in %ss", self.owner, self.poll_interval
                 )
                 steps = 0
+                next_poll = time.monotonic() + self.poll_interval
             if steps == 0 and not stop.is_set():
-                self._wake.wait(self.poll_interval)
+                self._wake.wait(max(0.0, next_poll - time.monotonic()))
 
-    def _run_pass(self, stop: threading.Event | None) -> int:
+    def _run_dispatched(self, stop: threading.Event | None, seen: set[str]) -> int:
+        """Advance the turns dispatched before this call, oldest first; add them to `seen`."""
+        with self._lock:
+            waiting = len(self._dispatched)
+        steps = 0
+        for _ in range(waiting):
+            if stop is not None and stop.is_set():
+                break
+            with self._lock:
+                if not self._dispatched:
+                    break
+                turn_id, _ = self._dispatched.popitem(last=False)
+            if turn_id in seen or self._is_backing_off(turn_id):
+                continue  # a turn backing off is found again by the poll once it may run
+            seen.add(turn_id)
+            steps += self._try_advance(turn_id, stop)
+        return steps
+
+    def _run_polled(self, stop: threading.Event | None, seen: set[str]) -> int:
+        """Advance the runnable turns the store lists, except those in `seen` or dispatched meanwhile."""
         now = self.runner.clock()
         with self._lock:
             # Turns backing off after a failure stay at the head of the list (it is ordered by
             # last save, which a failed step does not change): fetch that many more, or a few
-            # broken turns would hide every other runnable turn from this worker.
+            # broken turns would hide every other runnable turn from this worker. The same
+            # goes for the turns this pass skips.
             ticks = time.monotonic()
             self._backoff = {k: v for k, v in self._backoff.items() if v[0] > ticks}
-            extra = len(self._backoff)
+            extra = len(self._backoff) + len(seen) + len(self._dispatched)
         refs = self.runner.turn_store.list_runnable(now, self.batch_size + extra)
         steps = 0
         for ref in refs:
             if stop is not None and stop.is_set():
                 break
-            if self._is_backing_off(ref.turn_id):
+            if ref.turn_id in seen or self._is_backing_off(ref.turn_id) or self._is_dispatched(ref.turn_id):
+                # Tried in this pass already, backing off, or dispatched during the pass (the
+                # next pass takes those first).
                 continue
-            try:
-                steps += self._advance(ref.turn_id, stop)
-            except Exception:
-                # One broken turn (an unknown agent, a store error) must not stop the others.
-                logger.exception("worker %s: advancing turn %s failed; trying it again later", self.owner, ref.turn_id)
-                self._back_off(ref.turn_id)
+            seen.add(ref.turn_id)
+            steps += self._try_advance(ref.turn_id, stop)
         return steps
+
+    def _try_advance(self, turn_id: str, stop: threading.Event | None) -> int:
+        try:
+            return self._advance(turn_id, stop)
+        except Exception:
+            # One broken turn (an unknown agent, a store error) must not stop the others.
+            logger.exception("worker %s: advancing turn %s failed; trying it again later", self.owner, turn_id)
+            self._back_off(turn_id)
+            return 0
+
+    def _is_dispatched(self, turn_id: str) -> bool:
+        with self._lock:
+            return turn_id in self._dispatched
 
     def _advance(self, turn_id: str, stop: threading.Event | None) -> int:
         """Step one turn under its lease until it blocks, ends, or used its share of steps."""
@@ -272,7 +339,7 @@ class AgentWorker:
                 return 0
             fence = claim.lease.fence
             try:
-                # Loaded after the lease was taken: whatever the poll saw may be stale.
+                # Loaded after the lease was taken: whatever the poll or the dispatch saw may be stale.
                 turn = self.runner.turn_store.load(turn_id)
             except TurnNotFound:
                 return 0
@@ -305,10 +372,14 @@ class AgentWorker:
                     return steps
                 turn = result.turn
                 if isinstance(result.error, VersionConflictError):
-                    break  # someone else saved first; the next poll starts from their snapshot
+                    break  # someone else saved first; the next pass starts from their snapshot
                 steps += 1
             self._forgive(turn_id)
             self._cancel_if_flagged(turn)
+            if steps >= self.max_steps_per_claim and turn.status in RUNNABLE_STATUSES:
+                # Its share is used up, not its work: queue it behind the turns dispatched
+                # meanwhile rather than leave it to the next poll.
+                self._enqueue(turn_id)
             return steps
 
     def _cancel_if_flagged(self, turn: AgentTurn) -> None:
@@ -349,7 +420,7 @@ class AgentWorker:
                 if claim is not None and claim.lease is not None:
                     yield claim.lease
                     return
-            if not self.runner.turn_store.load(turn_id).is_runnable(self.runner.clock()):
+            if not self.runner.turn_store.get_ref(turn_id).is_runnable(self.runner.clock()):
                 yield None
                 return
             time.sleep(min(self.poll_interval, _FOREGROUND_WAIT_S))

@@ -217,8 +217,8 @@ def _projection_cost(data: dict[str, Any]) -> str:
         return ""
     return (
         f" In a conversation a step costs {plain['median'] / fresh['median']:.1f}x as much: after each save the "
-        "new messages are appended to the chat memory in a transaction of its own (BEGIN, sequence counter upsert, "
-        "message insert, COMMIT), which takes longer than the save."
+        "new messages are appended to the chat memory, one more autocommitted statement (the sequence counter upsert "
+        "and the message insert together), so a second round trip and commit per step."
     )
 
 
@@ -276,7 +276,7 @@ def durable_section(data: dict[str, Any]) -> str:
             "`SqlAgentTurnStore` (and `SqlChatMemoryProvider` for conversations) on one engine, `runner.run` in one "
             "thread: the READY snapshot, then one compare-and-swap save per step (header UPDATE and new-message INSERT "
             "as one autocommitted statement). In a conversation each save is followed by the projection of the new "
-            "messages into the chat memory (one more transaction).",
+            "messages into the chat memory (one more statement).",
             table(["workload", "turns per rep", "steps/s", "turns/s", "ms/step", "CPU ms/step (this process)"], rows),
             "The difference between ms/step and CPU ms/step is time spent waiting for PostgreSQL (one round trip "
             "and one commit per step; the server runs on the same 2 cores)." + _projection_cost(data),
@@ -416,8 +416,9 @@ def resume_section(resume: dict[str, Any] | None, celery: dict[str, Any] | None)
     text = [
         "A turn waits for approval of its one tool call. The clock starts before `submit_resume(turn_id, "
         "approve_tool(call_id))` and stops when the COMPLETED snapshot is saved: the resume's save, the worker's "
-        "pick-up (lease, load), the tool step and the final model step. In-process: the worker's threads are woken by "
-        "the runner's dispatch and the completion is the TURN_COMPLETED event. Celery: `submit_resume` sends a "
+        "pick-up (lease, load), the tool step and the final model step. In-process: the runner's dispatch hands the "
+        "turn to a worker thread (no poll of the store) and the completion is the TURN_COMPLETED event. Celery: "
+        "`submit_resume` sends a "
         "`step_turn` message and the completion is a `pg_notify` from a trigger on the COMPLETED update, received at "
         "commit. Values in ms, median of 3 repetitions (min-max) of each repetition's p50 and p99.",
         table(["path", "p50 ms", "p99 ms", "samples"], rows),

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import datetime
+from functools import lru_cache
+from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import Engine
 
 from agent_runner._base import utcnow
@@ -15,6 +19,64 @@ from store._backend import SqlBackend
 from store._engine import UrlOrEngine, dialect_insert, display_url, translated_errors, writer
 from store.schema import chat_conversations, chat_messages
 
+_SINGLE_STATEMENT_MESSAGES = 32
+"""Most messages a PostgreSQL append writes in its single statement; more go through a transaction.
+
+Each count has a statement of its own (compiled once and cached), so the bound keeps both
+the statements and their parameter lists small."""
+
+_MESSAGE_COLUMNS = ("conversation_id", "seq", "message_id", "role", "model_visible", "version", "payload", "created_at")
+
+
+@lru_cache(maxsize=_SINGLE_STATEMENT_MESSAGES)
+def _append_statement(added: int) -> postgresql.Insert:
+    """The PostgreSQL append of `added` messages as one statement.
+
+    A data-modifying CTE reserves the block of sequence numbers on the conversation's
+    counter row (taking its row lock, which orders concurrent appenders as the transaction
+    did), and the INSERT numbers the messages from the counter's RETURNING. Parameters:
+    `conversation_id`, `added`, `created_at`, and `m<i>_<column>` for each message.
+    """
+    counter = postgresql.insert(chat_conversations).values(
+        conversation_id=sa.bindparam("conversation_id"), last_seq=sa.bindparam("added", type_=sa.Integer)
+    )
+    reserved = (
+        counter.on_conflict_do_update(
+            index_elements=[chat_conversations.c.conversation_id],
+            set_={"last_seq": chat_conversations.c.last_seq + counter.excluded.last_seq},
+        )
+        .returning(chat_conversations.c.last_seq)
+        .cte("reserved")
+    )
+    shared = {"conversation_id", "created_at"}
+    selects = []
+    for index in range(added):
+        columns: list[Any] = []
+        for name in _MESSAGE_COLUMNS:
+            if name == "seq":
+                # The block ends at last_seq: message `index` of `added` takes last_seq - (added - 1 - index).
+                columns.append((reserved.c.last_seq - sa.literal_column(str(added - 1 - index))).label(name))
+            else:
+                key = name if name in shared else f"m{index}_{name}"
+                columns.append(sa.bindparam(key, type_=chat_messages.c[name].type).label(name))
+        selects.append(sa.select(*columns).select_from(reserved))
+    source = selects[0] if added == 1 else sa.union_all(*selects)
+    return (
+        postgresql.insert(chat_messages)
+        .from_select(list(_MESSAGE_COLUMNS), source)
+        .on_conflict_do_nothing(index_elements=[chat_messages.c.conversation_id, chat_messages.c.message_id])
+    )
+
+
+def _message_row(message: AnyMessage) -> dict[str, Any]:
+    return {
+        "message_id": message.id,
+        "role": message.role,
+        "model_visible": message.model_visible,
+        "version": getattr(message, "version", 0),
+        "payload": message.model_dump(mode="json"),
+    }
+
 
 class SqlChatMemory:
     """The `ChatMemory` of one conversation, stored in SQL. Build it with `SqlChatMemoryProvider`.
@@ -22,13 +84,28 @@ class SqlChatMemory:
     Messages are ordered by a per-conversation sequence number and unique by id within the
     conversation, so appending is idempotent: a projection that is retried after a crash
     skips what it already wrote. Page messages change only by compare-and-swap on their
-    `version`; nothing is deleted.
+    `version`; nothing is deleted. On PostgreSQL, reads and appends of up to 32 messages are
+    single autocommitted statements, one round trip each.
+
+    Args:
+        engine: The engine of the chat tables.
+        conversation_id: The conversation this memory holds.
+        backend: The provider whose connection settings for `engine` to reuse, if any.
     """
 
-    def __init__(self, engine: Engine, conversation_id: str) -> None:
+    def __init__(self, engine: Engine, conversation_id: str, *, backend: SqlBackend | None = None) -> None:
         self.conversation_id = conversation_id
         self._engine = engine
-        self._writer = writer(engine)
+        if backend is not None and backend.engine is engine:
+            # The provider's engine views, made once rather than for every memory it hands out.
+            self._writer = backend._writer
+            self._reader = backend._reader
+        else:
+            self._writer = writer(engine)
+            # See `SqlBackend`: single statements on PostgreSQL run in autocommit.
+            postgres = engine.dialect.name == "postgresql"
+            self._reader = engine.execution_options(isolation_level="AUTOCOMMIT") if postgres else engine
+        self._single_statement = engine.dialect.name == "postgresql"
 
     def __repr__(self) -> str:
         return f"SqlChatMemory({display_url(self._engine.url)!r}, {self.conversation_id!r})"
@@ -54,7 +131,7 @@ class SqlChatMemory:
             query = query.where(chat_messages.c.model_visible.is_(True))
         query = query.order_by(chat_messages.c.seq.desc()).limit(count)
         with translated_errors(self._engine, f"reading conversation {self.conversation_id!r}"):
-            with self._engine.connect() as connection:
+            with self._reader.connect() as connection:
                 payloads = list(connection.execute(query).scalars())
         payloads.reverse()
         return AnyMessagesAdapter.validate_python(payloads)
@@ -65,7 +142,7 @@ class SqlChatMemory:
             chat_messages.c.conversation_id == self.conversation_id, chat_messages.c.message_id == message_id
         )
         with translated_errors(self._engine, f"reading conversation {self.conversation_id!r}"):
-            with self._engine.connect() as connection:
+            with self._reader.connect() as connection:
                 payload = connection.execute(query).scalar()
         return None if payload is None else AnyMessageAdapter.validate_python(payload)
 
@@ -75,6 +152,9 @@ class SqlChatMemory:
             return
         now = utcnow()
         with translated_errors(self._engine, f"appending to conversation {self.conversation_id!r}"):
+            if self._single_statement and len(messages) <= _SINGLE_STATEMENT_MESSAGES:
+                self._append_in_one_statement(messages, now)
+                return
             with self._writer.begin() as connection:
                 # Reserve a block of sequence numbers on the conversation's counter row. The
                 # row lock orders concurrent appenders; numbers of skipped duplicates are
@@ -89,22 +169,29 @@ class SqlChatMemory:
                 last = connection.execute(counter.returning(chat_conversations.c.last_seq)).scalar_one()
                 first = last - len(messages) + 1
                 rows = [
-                    {
-                        "conversation_id": self.conversation_id,
-                        "seq": seq,
-                        "message_id": message.id,
-                        "role": message.role,
-                        "model_visible": message.model_visible,
-                        "version": getattr(message, "version", 0),
-                        "payload": message.model_dump(mode="json"),
-                        "created_at": now,
-                    }
+                    {"conversation_id": self.conversation_id, "seq": seq, **_message_row(message), "created_at": now}
                     for seq, message in enumerate(messages, first)
                 ]
                 insert = dialect_insert(connection, chat_messages).on_conflict_do_nothing(
                     index_elements=[chat_messages.c.conversation_id, chat_messages.c.message_id]
                 )
                 connection.execute(insert, rows)
+
+    def _append_in_one_statement(self, messages: Sequence[AnyMessage], now: datetime) -> None:
+        """The PostgreSQL append: counter and messages in one autocommitted statement, one round trip.
+
+        A statement is atomic by itself, so the sequence block is reserved only if the
+        messages are written, as in the transaction it replaces.
+        """
+        parameters: dict[str, Any] = {
+            "conversation_id": self.conversation_id,
+            "added": len(messages),
+            "created_at": now,
+        }
+        for index, message in enumerate(messages):
+            parameters.update({f"m{index}_{name}": value for name, value in _message_row(message).items()})
+        with self._reader.connect() as connection:
+            connection.execute(_append_statement(len(messages)), parameters)
 
     def update(self, message: AnyMessage, expected_version: int) -> AnyMessage:
         """Replace a page message if its stored version is `expected_version`; return it with version + 1.
@@ -159,4 +246,4 @@ class SqlChatMemoryProvider(SqlBackend):
 
     def __call__(self, conversation_id: str) -> SqlChatMemory:
         """Return the conversation's memory."""
-        return SqlChatMemory(self._engine, conversation_id)
+        return SqlChatMemory(self._engine, conversation_id, backend=self)

@@ -43,6 +43,11 @@ def _check_ttl(ttl_ms: int) -> None:
         raise ValueError(f"a lease TTL must be a positive number of milliseconds, got {ttl_ms!r}")
 
 
+def _held(lease: Lease) -> dict[str, Any]:
+    """Parameters matching the row of a lease still held by its owner, with its fence."""
+    return {"match_turn_id": lease.turn_id, "match_owner": lease.owner, "match_fence": lease.fence}
+
+
 class SqlTurnLease(SqlBackend):
     """A `TurnLease` kept in the `agent_turn_leases` table of PostgreSQL or SQLite.
 
@@ -59,6 +64,32 @@ class SqlTurnLease(SqlBackend):
 
     def __init__(self, url_or_engine: UrlOrEngine) -> None:
         super().__init__(url_or_engine)
+        # Built once and executed with new parameters: making the SQLAlchemy construct on
+        # every call costs more CPU than executing it from the compiled cache.
+        now = _NowMs()
+        ttl = sa.bindparam("ttl_ms", type_=sa.BigInteger)
+        insert = dialect_insert(self._engine, turn_leases).values(
+            turn_id=sa.bindparam("turn_id"), owner=sa.bindparam("owner"), fence=1, expires_at_ms=now + ttl
+        )
+        self._acquire = insert.on_conflict_do_update(
+            index_elements=[turn_leases.c.turn_id],
+            set_={
+                "owner": insert.excluded.owner,
+                "fence": turn_leases.c.fence + 1,
+                "expires_at_ms": insert.excluded.expires_at_ms,
+            },
+            where=sa.or_(turn_leases.c.expires_at_ms <= now, turn_leases.c.owner == insert.excluded.owner),
+        ).returning(turn_leases.c.fence)
+        held = (
+            turn_leases.c.turn_id == sa.bindparam("match_turn_id"),
+            turn_leases.c.owner == sa.bindparam("match_owner"),
+            turn_leases.c.fence == sa.bindparam("match_fence", type_=sa.BigInteger),
+        )
+        self._renew = (
+            sa.update(turn_leases).where(*held, turn_leases.c.expires_at_ms > now).values(expires_at_ms=now + ttl)
+        )
+        # The row stays, without owner and expired, so the next acquisition continues the fence.
+        self._release = sa.update(turn_leases).where(*held).values(owner=None, expires_at_ms=0)
 
     def acquire(self, turn_id: str, owner: str, ttl_ms: int) -> Lease | None:
         """Take the lease if it is free or expired; None when another owner holds it.
@@ -70,22 +101,10 @@ class SqlTurnLease(SqlBackend):
             ValueError: `ttl_ms` is not positive.
         """
         _check_ttl(ttl_ms)
-        now = _NowMs()
-        insert = dialect_insert(self._engine, turn_leases).values(
-            turn_id=turn_id, owner=owner, fence=1, expires_at_ms=now + ttl_ms
-        )
-        statement = insert.on_conflict_do_update(
-            index_elements=[turn_leases.c.turn_id],
-            set_={
-                "owner": insert.excluded.owner,
-                "fence": turn_leases.c.fence + 1,
-                "expires_at_ms": insert.excluded.expires_at_ms,
-            },
-            where=sa.or_(turn_leases.c.expires_at_ms <= now, turn_leases.c.owner == insert.excluded.owner),
-        ).returning(turn_leases.c.fence)
+        parameters = {"turn_id": turn_id, "owner": owner, "ttl_ms": ttl_ms}
         with translated_errors(self._engine, f"acquiring the lease of turn {turn_id!r}"):
             with self._statement_writer.begin() as connection:
-                fence = connection.execute(statement).scalar()
+                fence = connection.execute(self._acquire, parameters).scalar()
         return None if fence is None else Lease(turn_id, owner, fence)
 
     def renew(self, lease: Lease, ttl_ms: int) -> bool:
@@ -95,33 +114,13 @@ class SqlTurnLease(SqlBackend):
             ValueError: `ttl_ms` is not positive.
         """
         _check_ttl(ttl_ms)
-        now = _NowMs()
-        statement = (
-            sa.update(turn_leases)
-            .where(
-                turn_leases.c.turn_id == lease.turn_id,
-                turn_leases.c.owner == lease.owner,
-                turn_leases.c.fence == lease.fence,
-                turn_leases.c.expires_at_ms > now,
-            )
-            .values(expires_at_ms=now + ttl_ms)
-        )
+        parameters = {**_held(lease), "ttl_ms": ttl_ms}
         with translated_errors(self._engine, f"renewing the lease of turn {lease.turn_id!r}"):
             with self._statement_writer.begin() as connection:
-                return connection.execute(statement).rowcount == 1
+                return connection.execute(self._renew, parameters).rowcount == 1
 
     def release(self, lease: Lease) -> bool:
         """Give the lease up; False when it was no longer held by this owner."""
-        # The row stays, without owner and expired, so the next acquisition continues the fence.
-        statement = (
-            sa.update(turn_leases)
-            .where(
-                turn_leases.c.turn_id == lease.turn_id,
-                turn_leases.c.owner == lease.owner,
-                turn_leases.c.fence == lease.fence,
-            )
-            .values(owner=None, expires_at_ms=0)
-        )
         with translated_errors(self._engine, f"releasing the lease of turn {lease.turn_id!r}"):
             with self._statement_writer.begin() as connection:
-                return connection.execute(statement).rowcount == 1
+                return connection.execute(self._release, _held(lease)).rowcount == 1

@@ -2,7 +2,9 @@
 
 A turn is one header row in `agent_turns` plus its messages in `agent_turn_messages`.
 Messages are only ever appended, so a save writes the header and the messages added since
-the stored snapshot, and costs the same at message 10 as at message 5,000.
+the stored snapshot, and costs the same at message 10 as at message 5,000. For the same
+reason a store keeps the messages of the turns it recently saved or loaded, and a load
+reads the header and only the messages added since (usually none).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from agent_runner.errors import (
     VersionConflictError,
 )
 from agent_runner.in_memory import stored_snapshot
-from agent_runner.messages import ModelMessage
+from agent_runner.messages import ModelMessage, ModelMessagesAdapter
 from agent_runner.persistence import TurnRef
 from agent_runner.snapshot import AgentTurn, AgentTurnStatus
 from store._backend import SqlBackend
@@ -58,6 +60,13 @@ _SAVE_ATTEMPTS = 5
 _SINGLE_STATEMENT_MESSAGES = 32
 """Most new messages a PostgreSQL save writes in its single statement; more go through executemany."""
 _REMEMBERED_TURNS = 10_000
+_CACHED_HISTORIES = 512
+"""Most turns whose messages a store keeps in memory for its next load of them."""
+_CACHED_MESSAGES = 50_000
+"""Most messages kept in memory over all those turns; a longer history alone is not kept.
+
+A message of a few hundred characters takes about 1 KB as a Python object, so this bounds
+the cache near 50 MB for such messages (more for large tool results)."""
 
 _RUNNABLE = (AgentTurnStatus.READY.value, AgentTurnStatus.RUNNING.value)
 
@@ -95,7 +104,12 @@ def _message_rows(turn_id: str, messages: Sequence[ModelMessage], start: int) ->
     ]
 
 
-def _snapshot(header: AnyRow, payloads: list[Any]) -> AgentTurn:
+def _snapshot(header: AnyRow, messages: list[ModelMessage]) -> AgentTurn:
+    """Build a snapshot from its header row and its messages, already validated.
+
+    Only the header goes through validation here: validating a message costs far more than
+    the header, and the messages are either just validated or taken from an earlier snapshot.
+    """
     data = dict(header.state)
     data.update(
         id=header.id,
@@ -112,9 +126,9 @@ def _snapshot(header: AnyRow, payloads: list[Any]) -> AgentTurn:
         next_retry_at=header.next_retry_at,
         created_at=header.created_at,
         updated_at=header.updated_at,
-        messages=payloads,
+        messages=[],
     )
-    return AgentTurn.model_validate(data)
+    return AgentTurn.model_validate(data).model_copy(update={"messages": messages})
 
 
 @lru_cache(maxsize=4)
@@ -177,6 +191,121 @@ def _ref(row: AnyRow) -> TurnRef:
     return TurnRef(row.id, row.version, AgentTurnStatus(row.status), row.updated_at, row.next_retry_at)
 
 
+_REF_COLUMNS = (turns.c.id, turns.c.version, turns.c.status, turns.c.updated_at, turns.c.next_retry_at)
+
+_GET_REF = sa.select(*_REF_COLUMNS).where(turns.c.id == sa.bindparam("turn_id"))
+"""The header fields of a `TurnRef`; parameter `turn_id`."""
+
+_DUE_RETRY = sa.and_(
+    turns.c.status == AgentTurnStatus.RETRY_SCHEDULED.value,
+    sa.or_(
+        turns.c.next_retry_at.is_(None), turns.c.next_retry_at <= sa.bindparam("now", type_=turns.c.next_retry_at.type)
+    ),
+)
+
+_LIST_RUNNABLE = (
+    sa.select(*_REF_COLUMNS)
+    .where(sa.or_(turns.c.status.in_(_RUNNABLE), _DUE_RETRY))
+    .order_by(turns.c.updated_at, turns.c.id)
+    .limit(sa.bindparam("limit", type_=sa.Integer))
+)
+"""The poll of the embedded workers; parameters `now` and `limit`."""
+
+_LIST_DUE_RETRIES = (
+    sa.select(*_REF_COLUMNS)
+    .where(_DUE_RETRY)
+    .order_by(turns.c.next_retry_at, turns.c.id)
+    .limit(sa.bindparam("limit", type_=sa.Integer))
+)
+"""The due-retry sweep; parameters `now` and `limit`."""
+
+_LOAD_HEADER = (
+    sa.select(turns, turn_messages.c.message_id.label("probe_id"))
+    .select_from(
+        turns.outerjoin(
+            turn_messages,
+            sa.and_(turn_messages.c.turn_id == turns.c.id, turn_messages.c.seq == sa.bindparam("probe_seq")),
+        )
+    )
+    .where(turns.c.id == sa.bindparam("turn_id"))
+)
+"""A turn's header, plus the id of its message at `probe_seq` (NULL when there is none).
+
+The probe checks in the same round trip that the last message of a remembered history is
+still the one stored at its position; parameters `turn_id` and `probe_seq`.
+"""
+
+_MESSAGES_BETWEEN = (
+    sa.select(turn_messages.c.payload)
+    .where(
+        turn_messages.c.turn_id == sa.bindparam("turn_id"),
+        turn_messages.c.seq >= sa.bindparam("start"),
+        turn_messages.c.seq < sa.bindparam("stop"),
+    )
+    .order_by(turn_messages.c.seq)
+)
+"""Payloads of a turn's messages `start <= seq < stop`, in order."""
+
+
+class _Histories:
+    """A bounded LRU of the message lists of recently saved or loaded turns, by turn id.
+
+    Each entry is a message sequence and the count of its leading messages that were
+    stored at seq 0..count-1 under that turn. Turn messages never change once written
+    and a save only adds rows, so those messages stay the turn's first `count` messages
+    in every later snapshot, whichever process saved it: a load needs only the header and
+    the rows from `count` on. The header's `message_count` still decides how long the
+    snapshot is, and the load probes the message at `count - 1`, so a history that was
+    cut and rewritten by another process (a save with fewer messages) is detected and
+    read in full instead.
+
+    Memory is bounded twice: at most `max_turns` entries and `max_messages` messages in
+    all, least recently used dropped first. Terminal turns take no more steps, so their
+    entries are dropped rather than kept for a load that rarely comes.
+    """
+
+    def __init__(self, max_turns: int = _CACHED_HISTORIES, max_messages: int = _CACHED_MESSAGES) -> None:
+        self.max_turns = max_turns
+        self.max_messages = max_messages
+        self._entries: OrderedDict[str, tuple[list[ModelMessage], int]] = OrderedDict()
+        self._messages = 0
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    @property
+    def message_count(self) -> int:
+        """Messages held over all entries."""
+        return self._messages
+
+    def get(self, turn_id: str) -> tuple[list[ModelMessage], int] | None:
+        """Return the remembered (messages, count) of the turn, marking it recently used."""
+        with self._lock:
+            entry = self._entries.get(turn_id)
+            if entry is not None:
+                self._entries.move_to_end(turn_id)
+            return entry
+
+    def put(self, turn: AgentTurn) -> None:
+        """Remember the turn's messages (no copy: snapshots and their message lists are immutable)."""
+        count = len(turn.messages)
+        with self._lock:
+            self._drop(turn.id)
+            if turn.status.is_terminal or count > self.max_messages:
+                return
+            self._entries[turn.id] = (turn.messages, count)
+            self._messages += count
+            while len(self._entries) > self.max_turns or self._messages > self.max_messages:
+                _, (_, evicted) = self._entries.popitem(last=False)
+                self._messages -= evicted
+
+    def _drop(self, turn_id: str) -> None:
+        entry = self._entries.pop(turn_id, None)
+        if entry is not None:
+            self._messages -= entry[1]
+
+
 class SqlAgentTurnStore(SqlBackend):
     """An `AgentTurnStore` in PostgreSQL (psycopg 3) or SQLite, with the same behaviour as the in-memory store.
 
@@ -208,20 +337,52 @@ class SqlAgentTurnStore(SqlBackend):
         # first; the UPDATE still checks the count, so a wrong entry costs a retry, never data.
         self._counts: OrderedDict[str, tuple[int, int]] = OrderedDict()
         self._counts_lock = threading.Lock()
+        self._histories = _Histories()
 
     # --- Reads -------------------------------------------------------------------------------
 
     def load(self, turn_id: str) -> AgentTurn:
         """Return the stored snapshot.
 
+        A turn this store saved or loaded recently costs one query for the header, plus one
+        for the messages other processes added since, if any.
+
         Raises:
             TurnNotFound: No turn has this id.
         """
+        remembered = self._histories.get(turn_id)
+        known = 0 if remembered is None else remembered[1]
         with translated_errors(self._engine, f"loading turn {turn_id!r}"), self._reader.connect() as connection:
-            header = connection.execute(sa.select(turns).where(turns.c.id == turn_id)).first()
+            header = connection.execute(_LOAD_HEADER, {"turn_id": turn_id, "probe_seq": known - 1}).first()
             if header is None:
                 raise TurnNotFound(turn_id)
-            return self._assemble(connection, [header])[0]
+            count = header.message_count
+            if remembered is None or known > count or (known > 0 and header.probe_id != remembered[0][known - 1].id):
+                # Nothing remembered, or not a prefix of what is stored now: read it all.
+                known = 0
+                messages: list[ModelMessage] = []
+            else:
+                messages = remembered[0][:known]  # a new list: extending it leaves the remembered one alone
+            if known < count:
+                payloads = connection.execute(
+                    _MESSAGES_BETWEEN, {"turn_id": turn_id, "start": known, "stop": count}
+                ).scalars()
+                messages.extend(ModelMessagesAdapter.validate_python(list(payloads)))
+        snapshot = _snapshot(header, messages)
+        self._remember(snapshot)
+        return snapshot
+
+    def get_ref(self, turn_id: str) -> TurnRef:
+        """Return the stored turn's id, version, status and times: one header read, no messages.
+
+        Raises:
+            TurnNotFound: No turn has this id.
+        """
+        with translated_errors(self._engine, f"reading turn {turn_id!r}"), self._reader.connect() as connection:
+            row = connection.execute(_GET_REF, {"turn_id": turn_id}).first()
+        if row is None:
+            raise TurnNotFound(turn_id)
+        return _ref(row)
 
     def find_active_turn(self, conversation_id: str) -> AgentTurn | None:
         """Return the conversation's non-terminal turn, or None."""
@@ -262,18 +423,8 @@ class SqlAgentTurnStore(SqlBackend):
         """Return READY and RUNNING turns and RETRY_SCHEDULED turns due at `now`, oldest first."""
         if limit <= 0:
             return []
-        due_retry = sa.and_(
-            turns.c.status == AgentTurnStatus.RETRY_SCHEDULED.value,
-            sa.or_(turns.c.next_retry_at.is_(None), turns.c.next_retry_at <= now),
-        )
-        query = (
-            sa.select(turns.c.id, turns.c.version, turns.c.status, turns.c.updated_at, turns.c.next_retry_at)
-            .where(sa.or_(turns.c.status.in_(_RUNNABLE), due_retry))
-            .order_by(turns.c.updated_at, turns.c.id)
-            .limit(limit)
-        )
         with translated_errors(self._engine, "listing runnable turns"), self._reader.connect() as connection:
-            return [_ref(row) for row in connection.execute(query)]
+            return [_ref(row) for row in connection.execute(_LIST_RUNNABLE, {"now": now, "limit": limit})]
 
     def list_stale_running(self, updated_before: datetime, limit: int = 100) -> list[TurnRef]:
         """Return RUNNING turns whose last save is older than `updated_before`, oldest first."""
@@ -286,7 +437,7 @@ class SqlAgentTurnStore(SqlBackend):
         if limit <= 0 or not statuses:
             return []
         query = (
-            sa.select(turns.c.id, turns.c.version, turns.c.status, turns.c.updated_at, turns.c.next_retry_at)
+            sa.select(*_REF_COLUMNS)
             .where(turns.c.status.in_([s.value for s in statuses]), turns.c.updated_at < updated_before)
             .order_by(turns.c.updated_at, turns.c.id)
             .limit(limit)
@@ -298,17 +449,8 @@ class SqlAgentTurnStore(SqlBackend):
         """Return RETRY_SCHEDULED turns due at `now`, earliest due first."""
         if limit <= 0:
             return []
-        query = (
-            sa.select(turns.c.id, turns.c.version, turns.c.status, turns.c.updated_at, turns.c.next_retry_at)
-            .where(
-                turns.c.status == AgentTurnStatus.RETRY_SCHEDULED.value,
-                sa.or_(turns.c.next_retry_at.is_(None), turns.c.next_retry_at <= now),
-            )
-            .order_by(turns.c.next_retry_at, turns.c.id)
-            .limit(limit)
-        )
         with translated_errors(self._engine, "listing due retries"), self._reader.connect() as connection:
-            return [_ref(row) for row in connection.execute(query)]
+            return [_ref(row) for row in connection.execute(_LIST_DUE_RETRIES, {"now": now, "limit": limit})]
 
     def _assemble(self, connection: Connection, headers: Sequence[AnyRow]) -> list[AgentTurn]:
         """Build snapshots from header rows, reading their messages in one query."""
@@ -326,7 +468,7 @@ class SqlAgentTurnStore(SqlBackend):
         for row in connection.execute(query.order_by(turn_messages.c.turn_id, turn_messages.c.seq)):
             if row.seq < counts[row.turn_id]:
                 payloads[row.turn_id].append(row.payload)
-        snapshots = [_snapshot(h, payloads[h.id]) for h in headers]
+        snapshots = [_snapshot(h, ModelMessagesAdapter.validate_python(payloads[h.id])) for h in headers]
         for snapshot in snapshots:
             self._remember(snapshot)
         return snapshots
@@ -502,7 +644,7 @@ class SqlAgentTurnStore(SqlBackend):
                 raise TurnNotFound(turn_id)
             return self._assemble(connection, [flagged])[0]
 
-    # --- Remembered message counts -----------------------------------------------------------
+    # --- Remembered message counts and histories ---------------------------------------------
 
     def _remember(self, turn: AgentTurn) -> None:
         with self._counts_lock:
@@ -510,6 +652,7 @@ class SqlAgentTurnStore(SqlBackend):
             self._counts.move_to_end(turn.id)
             if len(self._counts) > _REMEMBERED_TURNS:
                 self._counts.popitem(last=False)
+        self._histories.put(turn)
 
     def _remembered_count(self, turn_id: str, version: int) -> int | None:
         with self._counts_lock:

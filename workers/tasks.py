@@ -14,9 +14,11 @@ here delivers at least once: a message may arrive twice, late, or after its turn
 3. Step the turn up to `AGENT_RUNNER_STEPS_PER_TASK` times while it is READY or RUNNING,
    each save stamped with the lease's fence so that a worker whose lease was taken over
    cannot overwrite newer work.
-4. Release the lease, then reload the turn: if it is runnable (the step budget ran out, or
-   someone resumed it while the lease was held and their message was dropped in step 1),
-   enqueue exactly one follow-up. Releasing first matters: a follow-up sent while the
+4. Release the lease, then enqueue exactly one follow-up if the turn is runnable: when the
+   step budget ran out, for the version this task saved last; when the turn stopped
+   waiting, after reading its header again (status, version and retry time; no
+   messages), since someone may have resumed it while the lease was held and their
+   message was dropped in step 1. Releasing first matters: a follow-up sent while the
    lease is still held could be delivered at once and dropped in step 1.
 """
 
@@ -157,19 +159,29 @@ def _follow_up(wiring: Wiring, last: AgentTurn, error: Exception | None) -> None
             # it once per sweep interval, after a lease TTL.
             logger.error("turn %s is left to the stale-turn sweep after %s", last.id, type(error).__name__)
         return
+    if last.status in _RUNNABLE:
+        # The budget ran out (or the lease was lost). No read is needed: while this task held
+        # the lease, nobody else could step the turn, and a save made since then gives it a
+        # newer version, which turns this message into a stale no-op.
+        wiring.dispatcher.send_step(last.id, last.version)
+        return
+    if last.is_terminal:
+        return  # an ended turn is never resumed
     try:
-        latest = wiring.turn_store.load(last.id)
+        # Waiting or a scheduled retry: a resume may have come while the lease was held. The
+        # header alone decides; a full load would read and validate the whole history.
+        latest = wiring.turn_store.get_ref(last.id)
     except AgentRunnerError as exc:
-        logger.warning("could not reload turn %s after stepping (the sweeps will check it): %s", last.id, exc)
+        logger.warning("could not re-read turn %s after stepping (the sweeps will check it): %s", last.id, exc)
         return
     if latest.status is AgentTurnStatus.RETRY_SCHEDULED and latest.version == last.version:
         # Scheduled by this task: the runner sent the ETA message already. Only a retry due
         # about now may have been delivered while the lease was still held, and dropped.
         if latest.next_retry_at is None or latest.next_retry_at <= now + _RELEASE_MARGIN:
-            wiring.dispatcher.dispatch(latest)
+            wiring.dispatcher.send_step(latest.turn_id, latest.version, eta=latest.next_retry_at)
         return
     if latest.is_runnable(now):
-        wiring.dispatcher.send_step(latest.id, latest.version)
+        wiring.dispatcher.send_step(latest.turn_id, latest.version)
 
 
 def _step_turn(turn_id: str, version: int) -> str:

@@ -88,6 +88,16 @@ def turn_store(database_url: str | None) -> Iterator[AgentTurnStore]:
 
 
 @pytest.fixture
+def other_turn_store(turn_store: AgentTurnStore, database_url: str | None) -> Iterator[AgentTurnStore]:
+    """A second store on the same data, as another process would have; the same one in memory."""
+    if database_url is None:
+        yield turn_store
+        return
+    with store.SqlAgentTurnStore(database_url) as sql_store:
+        yield sql_store
+
+
+@pytest.fixture
 def chat_memory_provider(database_url: str | None) -> Iterator[ChatMemoryProvider]:
     if database_url is None:
         yield InMemoryChatMemoryProvider()

@@ -209,6 +209,56 @@ def test_a_snapshot_without_messages_round_trips(turn_store: AgentTurnStore) -> 
     assert turn_store.load("empty").messages == grown.messages
 
 
+def test_a_load_returns_the_messages_another_store_appended(
+    turn_store: AgentTurnStore, other_turn_store: AgentTurnStore
+) -> None:
+    # Given a turn this store created and loaded (so it may remember its messages)
+    created = turn_store.save(make_turn("t-1"), -1)
+    assert turn_store.load("t-1") == created
+    # When another store instance (another process) adds messages over several saves
+    theirs = other_turn_store.load("t-1")
+    for version in range(3):
+        theirs = other_turn_store.save(advance(theirs, add=2, status=S.RUNNING), version)
+    # Then this store loads the whole history, in order, as the other store saved it
+    loaded = turn_store.load("t-1")
+    assert loaded == theirs
+    assert [m.id for m in loaded.messages] == ["t-1-u0", *(f"t-1-a{i}" for i in range(1, 7))]
+    # And its next save and the other store's next load agree on every message
+    ours = turn_store.save(advance(loaded, add=1), loaded.version)
+    assert other_turn_store.load("t-1") == ours
+    assert turn_store.load("t-1") == ours
+
+
+def test_a_load_returns_a_history_another_store_cut_and_rewrote(
+    turn_store: AgentTurnStore, other_turn_store: AgentTurnStore
+) -> None:
+    # Given a turn of four messages that this store saved
+    created = turn_store.save(advance(make_turn("t-1"), add=3), -1)
+    # When another store saves it with two messages, then with different ones after them
+    shorter = other_turn_store.save(created.model_copy(update={"messages": created.messages[:2]}), 0)
+    rewritten = [*shorter.messages, *(AiMessage(id=f"other-{i}", content=f"other {i}") for i in range(3))]
+    theirs = other_turn_store.save(shorter.model_copy(update={"messages": rewritten}), 1)
+    # Then this store loads what is stored now, not the messages it saved first
+    loaded = turn_store.load("t-1")
+    assert loaded == theirs
+    assert [m.id for m in loaded.messages] == ["t-1-u0", "t-1-a1", "other-0", "other-1", "other-2"]
+
+
+def test_get_ref_reads_the_header_of_the_stored_turn(turn_store: AgentTurnStore) -> None:
+    retry_at = T0 + timedelta(minutes=5)
+    created = turn_store.save(make_turn("t-1"), -1)
+    saved = turn_store.save(
+        advance(created, status=S.RETRY_SCHEDULED, next_retry_at=retry_at, updated_at=T0 + timedelta(minutes=1)), 0
+    )
+    ref = turn_store.get_ref("t-1")
+    assert (ref.turn_id, ref.version, ref.status) == ("t-1", 1, S.RETRY_SCHEDULED)
+    assert (ref.updated_at, ref.next_retry_at) == (saved.updated_at, retry_at)
+    assert ref.is_runnable(retry_at) and not ref.is_runnable(retry_at - timedelta(seconds=1))
+    with pytest.raises(TurnNotFound) as raised:
+        turn_store.get_ref("nope")
+    assert raised.value.turn_id == "nope"
+
+
 # --- One active turn per conversation --------------------------------------------------------
 
 

@@ -6,6 +6,7 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
@@ -38,7 +39,8 @@ from agent_runner import (
     UserMessage,
     tool,
 )
-from agent_runner.worker import AgentWorker
+from agent_runner.persistence import TurnRef
+from agent_runner.worker import _DISPATCHED_TURNS, AgentWorker
 
 S = AgentTurnStatus
 WAIT_S = 10.0
@@ -689,6 +691,79 @@ def test_max_steps_per_claim_lets_other_turns_go_first() -> None:
     while steps := worker.run_once():
         total += steps
     assert total == 2 * steps_to_finish(2)
+
+
+class CountingPolls(InMemoryAgentTurnStore):
+    """An in-memory store that counts the worker's polls."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.polls = 0
+
+    def list_runnable(self, now: datetime, limit: int = 100) -> list[TurnRef]:
+        self.polls += 1
+        return super().list_runnable(now, limit)
+
+
+def test_a_dispatched_turn_runs_at_once_without_a_poll(workers: list[AgentWorker]) -> None:
+    # Given a running worker whose poll comes only every minute, after its first poll
+    store = CountingPolls()
+    runner = AgentRunner(turn_store=store)
+    worker = AgentWorker(runner, poll_interval=60)
+    workers.append(worker)
+    worker.start()
+    wait_for(lambda: store.polls == 1, what="the first poll")
+    # When turns are started (the runner dispatches them to the worker)
+    started = [runner.start(Agent(id="a", chat_model=looping_model("work_tool", calls=0)), f"hi {n}") for n in range(3)]
+    # Then the worker runs them right away, without polling the store for them
+    for turn in started:
+        wait_for(lambda t=turn: store.load(t.id).status is S.COMPLETED, timeout=5, what="the dispatched turn")
+    assert store.polls == 1
+
+
+def test_a_dispatched_turn_that_used_its_share_of_steps_goes_on_without_a_poll(workers: list[AgentWorker]) -> None:
+    @tool
+    def work(n: int) -> str:
+        """Work."""
+        return "ok"
+
+    store = CountingPolls()
+    runner = AgentRunner(turn_store=store)
+    worker = AgentWorker(runner, poll_interval=60, max_steps_per_claim=1)
+    workers.append(worker)
+    worker.start()
+    wait_for(lambda: store.polls == 1, what="the first poll")
+    # When a turn of 5 steps is dispatched to a worker that gives a turn one step per claim
+    turn = runner.start(Agent(id="w", chat_model=looping_model("work"), tools=[work]), "go")
+    # Then it is queued again after each step and completes long before the next poll
+    wait_for(lambda: store.load(turn.id).status is S.COMPLETED, timeout=5, what="the turn")
+    assert store.load(turn.id).steps == steps_to_finish(2)
+    assert store.polls == 1
+
+
+def test_dispatched_turn_ids_are_bounded_and_waiting_turns_are_left_to_the_poll() -> None:
+    clock = FakeClock()
+    runner = AgentRunner(clock=clock)
+    worker = AgentWorker(runner)
+    # A retry that is not due yet is not queued: the poll finds it once it is due
+    worker.dispatch(
+        AgentTurn(
+            id="later",
+            agent_id="a",
+            status=S.RETRY_SCHEDULED,
+            next_retry_at=clock.now + timedelta(minutes=1),
+            messages=[UserMessage("x")],
+        )
+    )
+    assert list(worker._dispatched) == []
+    # Runnable turns are queued once each, and only the newest ones are kept
+    turns = [AgentTurn(id=f"t-{n}", agent_id="a", messages=[UserMessage("x")]) for n in range(_DISPATCHED_TURNS + 200)]
+    for turn in [*turns, *turns[-10:]]:
+        worker.dispatch(turn)
+    assert list(worker._dispatched) == [t.id for t in turns[-_DISPATCHED_TURNS:]]
+    # Dispatched ids of turns that are not in the store cost nothing but a look
+    assert worker.run_once() == 0
+    assert list(worker._dispatched) == []
 
 
 def test_a_worker_can_be_stopped_without_starting_restarted_and_used_after_a_stop() -> None:
