@@ -1,10 +1,24 @@
-"""Shared test configuration: service URLs come from the environment (see DESIGN section 6)."""
+"""Shared test configuration and service fixtures.
+
+Service URLs come from the environment (`AGENT_RUNNER_TEST_DATABASE_URL`,
+`AGENT_RUNNER_TEST_REDIS_URL`). PostgreSQL may be shared with other suites running at the
+same time: each test works in a schema of its own (selected with `search_path`, so child
+processes only need the URL) and drops it afterwards. An unreachable server fails the
+tests that need it; it never skips them.
+"""
 
 from __future__ import annotations
 
 import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
 
+import psycopg
 import pytest
+from sqlalchemy.engine import make_url
+
+import store
 
 TEST_DATABASE_URL = os.environ.get(
     "AGENT_RUNNER_TEST_DATABASE_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
@@ -16,3 +30,54 @@ TEST_REDIS_URL = os.environ.get("AGENT_RUNNER_TEST_REDIS_URL", "redis://127.0.0.
 def _no_real_model_keys(monkeypatch: pytest.MonkeyPatch) -> None:
     # Tests never talk to a hosted model: an accidental real call fails for lack of a key.
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+
+
+def libpq_url(url: str) -> str:
+    """The same server as a plain libpq URL, for psycopg connections made by the tests."""
+    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+
+
+@pytest.fixture(scope="session")
+def postgres_url() -> str:
+    """The test server's URL; fails (never skips) when the server does not answer."""
+    try:
+        with psycopg.connect(libpq_url(TEST_DATABASE_URL), connect_timeout=5) as connection:
+            connection.execute("SELECT 1")
+    except psycopg.Error as exc:
+        shown = make_url(TEST_DATABASE_URL).render_as_string(hide_password=True)
+        pytest.fail(f"PostgreSQL at {shown} is unreachable ({type(exc).__name__}); start it first")
+    return TEST_DATABASE_URL
+
+
+@pytest.fixture
+def admin(postgres_url: str) -> Iterator[psycopg.Connection[tuple[object, ...]]]:
+    """An autocommit connection to the test server, outside any store."""
+    with psycopg.connect(libpq_url(postgres_url), autocommit=True) as connection:
+        yield connection
+
+
+@pytest.fixture
+def empty_pg_url(postgres_url: str) -> Iterator[str]:
+    """A URL whose connections work in a fresh, empty schema of this test alone."""
+    schema = f"agent_runner_test_{uuid.uuid4().hex[:16]}"
+    with psycopg.connect(libpq_url(postgres_url), autocommit=True) as connection:
+        connection.execute(f'CREATE SCHEMA "{schema}"')
+    try:
+        url = make_url(postgres_url).update_query_dict({"options": f"-csearch_path={schema}"})
+        yield url.render_as_string(hide_password=False)
+    finally:
+        with psycopg.connect(libpq_url(postgres_url), autocommit=True) as connection:
+            connection.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
+@pytest.fixture
+def pg_url(empty_pg_url: str) -> str:
+    """A URL of a fresh schema migrated to the newest revision."""
+    store.migrate(empty_pg_url)
+    return empty_pg_url
+
+
+@pytest.fixture
+def sqlite_url(tmp_path: Path) -> str:
+    """A URL of a new SQLite file (the stores migrate it on first use)."""
+    return f"sqlite:///{tmp_path / 'agent_runner.db'}"

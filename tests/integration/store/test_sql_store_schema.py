@@ -42,7 +42,11 @@ def table_names(url: str) -> set[str]:
 
 
 @pytest.mark.parametrize(
-    "database", ["sqlite_url", pytest.param("empty_pg_url", marks=pytest.mark.integration)], ids=["sqlite", "postgres"]
+    "database",
+    [
+        pytest.param("sqlite_url", id="sqlite"),
+        pytest.param("empty_pg_url", id="postgres", marks=pytest.mark.integration),
+    ],
 )
 def test_the_migrated_schema_equals_the_models(database: str, request: pytest.FixtureRequest) -> None:
     url = str(request.getfixturevalue(database))

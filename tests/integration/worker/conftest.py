@@ -18,53 +18,16 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-import psycopg
 import pytest
 from redis import Redis
 from redis.exceptions import RedisError
-from sqlalchemy.engine import make_url
 
-import store
 from store._scripts import redact_url
 from store.keys import RedisKeys
 
-DEFAULT_TEST_DATABASE_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 DEFAULT_TEST_REDIS_URL = "redis://127.0.0.1:6379/15"
 FLUSH_DB = int(os.environ.get("AGENT_RUNNER_TEST_REDIS_FLUSH_DB", "14"))
 """The Redis database number the flush test may empty; no other test uses it."""
-
-
-def _libpq(url: str) -> str:
-    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
-
-
-@pytest.fixture(scope="session")
-def postgres_url() -> str:
-    """The test server's URL; fails (never skips) when the server does not answer."""
-    url = os.environ.get("AGENT_RUNNER_TEST_DATABASE_URL", DEFAULT_TEST_DATABASE_URL)
-    try:
-        with psycopg.connect(_libpq(url), connect_timeout=5) as connection:
-            connection.execute("SELECT 1")
-    except psycopg.Error as exc:
-        shown = make_url(url).render_as_string(hide_password=True)
-        pytest.fail(f"PostgreSQL at {shown} is unreachable ({type(exc).__name__}); start it first")
-    return url
-
-
-@pytest.fixture
-def pg_url(postgres_url: str) -> Iterator[str]:
-    """A URL whose connections work in a fresh, migrated schema of this test alone."""
-    schema = f"agent_runner_worker_{uuid.uuid4().hex[:16]}"
-    with psycopg.connect(_libpq(postgres_url), autocommit=True) as admin:
-        admin.execute(f'CREATE SCHEMA "{schema}"')
-    try:
-        url = make_url(postgres_url).update_query_dict({"options": f"-csearch_path={schema}"})
-        rendered = url.render_as_string(hide_password=False)
-        store.migrate(rendered)
-        yield rendered
-    finally:
-        with psycopg.connect(_libpq(postgres_url), autocommit=True) as admin:
-            admin.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
 
 
 @pytest.fixture

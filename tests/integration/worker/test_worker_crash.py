@@ -25,7 +25,12 @@ class Backend:
     redis_prefix: str | None = None
 
 
-@pytest.fixture(params=["sqlite-with-sql-lease", "postgres-with-redis-lease"])
+@pytest.fixture(
+    params=[
+        "sqlite-with-sql-lease",
+        "postgres-with-redis-lease",
+    ]
+)
 def backend(request: pytest.FixtureRequest) -> Backend:
     if request.param == "sqlite-with-sql-lease":
         return Backend(str(request.getfixturevalue("sqlite_url")), "sql")

@@ -18,7 +18,13 @@ pytestmark = pytest.mark.integration
 STALE_TTL_MS = 400
 
 
-@pytest.fixture(params=["sqlite-with-sql-lease", "postgres-with-sql-lease", "postgres-with-redis-lease"])
+@pytest.fixture(
+    params=[
+        "sqlite-with-sql-lease",
+        "postgres-with-sql-lease",
+        "postgres-with-redis-lease",
+    ]
+)
 def backends(request: pytest.FixtureRequest) -> Iterator[tuple[SqlAgentTurnStore, TurnLease]]:
     database, lease_kind = request.param.split("-with-")
     url = str(request.getfixturevalue("sqlite_url" if database == "sqlite" else "pg_url"))

@@ -25,7 +25,13 @@ TURNS = 100
 ACTIVE = [s for s in AgentTurnStatus if not s.is_terminal]
 
 
-@pytest.mark.parametrize("database", ["sqlite", "postgres"])
+@pytest.mark.parametrize(
+    "database",
+    [
+        "sqlite",
+        "postgres",
+    ],
+)
 def test_two_worker_processes_complete_100_turns_without_stepping_a_turn_twice_at_once(
     database: str, request: pytest.FixtureRequest, tmp_path: Path
 ) -> None:
