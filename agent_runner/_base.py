@@ -48,3 +48,8 @@ class PositionalModel(FrozenModel):
                     raise TypeError(f"{type(self).__name__} got multiple values for argument {name!r}")
                 kwargs[name] = value
         super().__init__(**kwargs)
+
+    # Validation of nested data (loading a snapshot with thousands of messages) passes
+    # fields by name, so pydantic may skip this Python-level __init__ there, as it does for
+    # BaseModel's own: it is only needed when a program constructs a model positionally.
+    __init__.__pydantic_base_init__ = True  # type: ignore[attr-defined]
