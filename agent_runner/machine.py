@@ -16,9 +16,9 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from agent_runner.agent import Agent
-from agent_runner.errors import InvalidResumeCommand, InvalidTransitionError
+from agent_runner.errors import InvalidResumeCommand, InvalidTransitionError, ToolArgumentsError
 from agent_runner.forms import AgentFormDefinition, validate_form_data
-from agent_runner.messages import ActionStatus, AiMessage, ModelMessage, ToolCall, ToolMessage
+from agent_runner.messages import ActionStatus, AiMessage, ModelMessage, ToolCall, ToolMessage, UserMessage
 from agent_runner.models import ChatResponse
 from agent_runner.policy import AgentExecutionPolicy
 from agent_runner.snapshot import AgentTurn, AgentTurnStatus, ChildLink, PageAction
@@ -177,8 +177,6 @@ def _plan_tool(turn: AgentTurn, agent: Agent, call: ToolCall) -> StepPlan:
     if isinstance(tool, AgentUserInputTool):
         return _plan_user_input(turn, tool, call)
     if tool.requires_approval and call.id not in turn.approved_call_ids:
-        from agent_runner.errors import ToolArgumentsError
-
         try:
             tool.validate_arguments(call.arguments)
         except ToolArgumentsError as exc:
@@ -493,8 +491,6 @@ def _resume_user_input(
             raise InvalidResumeCommand(
                 f"turn {turn.id!r} asked a plain-text question; answer it with user_input(text)", turn_id=turn.id
             )
-        from agent_runner.messages import UserMessage
-
         message = UserMessage(id=next_message_id(turn), content=command.content)
         return transition(turn, S.RUNNING, now, suspension=None, phase=Phase.MODEL, messages=[*turn.messages, message])
     if command.data is None:

@@ -60,7 +60,7 @@ from agent_runner.persistence import (
     TurnDispatcher,
 )
 from agent_runner.policy import AgentExecutionPolicy
-from agent_runner.snapshot import AgentTurn, AgentTurnStatus, ChildLink
+from agent_runner.snapshot import AgentTurn, AgentTurnStatus, ChildLink, PageAction
 from agent_runner.suspensions import AgentResumeCommand, AgentSuspension, ResumeType, SuspensionType
 from agent_runner.tools import Tool, encode_tool_result, tool_scope
 
@@ -203,7 +203,7 @@ class AgentRunner:
         """
         turn = self.turn_store.load(turn_id)
         self.agent_loader.load(turn.agent_id, turn.agent_version)
-        turn = self._project(turn, full=True)
+        turn = self._project(turn)
         if turn.status is S.WAITING_FOR_CHILD:
             turn = self._reconcile_children(turn)
         return turn
@@ -735,18 +735,19 @@ class AgentRunner:
             raise DefinitionError("conversation turns need AgentRunner(chat_memory_provider=...)")
         return self.chat_memory_provider(conversation_id)
 
-    def _project(self, turn: AgentTurn, *, full: bool = False) -> AgentTurn:
+    def _project(self, turn: AgentTurn) -> AgentTurn:
         """Copy new messages and page-action states of a saved turn into its ChatMemory.
 
-        Idempotent (stable ids, compare-and-swap updates), so a retry after a crash never
-        duplicates. A failure is reported as a CHAT_MEMORY_ERROR event and retried after the
+        Messages before `projected_count` and actions marked `synced` are known to be in
+        ChatMemory; everything after is (re)applied. Idempotent (stable ids, compare-and-swap
+        updates), so a retry after a crash never duplicates. A failure is reported as a CHAT_MEMORY_ERROR event and retried after the
         next save or on `restore`; it never fails the turn, whose store is the truth.
         """
         if turn.conversation_id is None or self.chat_memory_provider is None:
             return turn
-        start = 0 if full else turn.projected_count
+        start = turn.projected_count
         new = [m for m in turn.messages[start:] if not isinstance(m, SystemMessage)]
-        unsynced = [a for a in turn.page_actions if not a.synced or full]
+        unsynced = [a for a in turn.page_actions if not a.synced]
         if not new and not unsynced and start == len(turn.messages):
             return turn
         try:
@@ -755,7 +756,7 @@ class AgentRunner:
                 memory.append(new)
             actions = list(turn.page_actions)
             for index, action in enumerate(actions):
-                if action.synced and not full:
+                if action.synced:
                     continue
                 self._sync_page_action(memory, action)
                 actions[index] = action.model_copy(update={"synced": True})
@@ -765,7 +766,7 @@ class AgentRunner:
             return turn
         return turn.model_copy(update={"projected_count": len(turn.messages), "page_actions": actions})
 
-    def _sync_page_action(self, memory: ChatMemory, action: Any) -> None:
+    def _sync_page_action(self, memory: ChatMemory, action: PageAction) -> None:
         for _ in range(_CAS_ATTEMPTS):
             stored = memory.get(action.message_id)
             if stored is None:

@@ -15,7 +15,7 @@ from typing import Any, ClassVar, overload
 import pydantic
 from pydantic import ConfigDict, ValidationError, create_model
 
-from agent_runner.errors import AgentRunnerError, DefinitionError
+from agent_runner.errors import AgentRunnerError, DefinitionError, ToolArgumentsError
 from agent_runner.forms import AgentFormDefinition
 from agent_runner.messages import ToolCall
 from agent_runner.models import ToolSpec
@@ -71,8 +71,6 @@ class Tool:
         Raises:
             ToolArgumentsError: The arguments do not fit the schema.
         """
-        from agent_runner.errors import ToolArgumentsError
-
         try:
             model = self._arguments_model.model_validate(dict(arguments))
         except ValidationError as exc:
