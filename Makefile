@@ -38,6 +38,7 @@ chaos: $(STAMP) services ## Long soak and chaos runs
 
 .PHONY: lint
 lint: $(STAMP) ## ruff format check and lint
+	$(BIN)/ruff format --check agent_runner store workers tests bench
 	$(BIN)/ruff check agent_runner store workers tests bench
 
 .PHONY: format

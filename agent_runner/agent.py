@@ -57,9 +57,7 @@ class Agent:
         names: list[str] = []
         for item in self.tools:
             if not isinstance(item, Tool | AgentUserInputTool):
-                raise DefinitionError(
-                    f"agent {self.id!r}: {item!r} is not a tool; decorate the function with @tool"
-                )
+                raise DefinitionError(f"agent {self.id!r}: {item!r} is not a tool; decorate the function with @tool")
             names.append(item.name)
         names += [sub.id for sub in self.sub_agents]
         duplicates = sorted({n for n in names if names.count(n) > 1})

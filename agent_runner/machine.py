@@ -173,7 +173,9 @@ def _plan_tool(turn: AgentTurn, agent: Agent, call: ToolCall) -> StepPlan:
     tool = agent.tool(call.name)
     if tool is None:
         known = sorted([t.name for t in agent.tools] + [a.id for a in agent.sub_agents])
-        return WriteToolResult(call, f"Unknown tool {call.name!r}. Available tools: {', '.join(known) or 'none'}.", True)
+        return WriteToolResult(
+            call, f"Unknown tool {call.name!r}. Available tools: {', '.join(known) or 'none'}.", True
+        )
     if isinstance(tool, AgentUserInputTool):
         return _plan_user_input(turn, tool, call)
     if tool.requires_approval and call.id not in turn.approved_call_ids:
@@ -200,7 +202,9 @@ def _plan_tool(turn: AgentTurn, agent: Agent, call: ToolCall) -> StepPlan:
             "summary": summary,
             "arguments": masked,
         }
-        return Suspend(suspension, PageAction(message_id=payload["id"], action_id=call.id, kind="approval", payload=payload))
+        return Suspend(
+            suspension, PageAction(message_id=payload["id"], action_id=call.id, kind="approval", payload=payload)
+        )
     return ExecuteTool(call, tool)
 
 
@@ -404,7 +408,9 @@ def close_out(
     closing = policy.render(policy.interrupted_turn_message_template, reason=reason, turn_id=turn.id)
     messages.append(AiMessage(id=f"{turn.id}-{len(messages)}", content=closing))
     actions = [
-        a.model_copy(update={"status": ActionStatus.REJECTED, "synced": False}) if a.status is ActionStatus.PENDING else a
+        a.model_copy(update={"status": ActionStatus.REJECTED, "synced": False})
+        if a.status is ActionStatus.PENDING
+        else a
         for a in turn.page_actions
     ]
     return transition(
@@ -437,7 +443,9 @@ def apply_resume(
         raise InvalidResumeCommand(f"turn {turn.id!r} has ended ({turn.status}); it cannot be resumed", turn_id=turn.id)
     suspension = turn.suspension
     if suspension is None or turn.status not in TRANSITIONS or not turn.status.is_waiting:
-        raise InvalidResumeCommand(f"turn {turn.id!r} is {turn.status}, not waiting for a resume command", turn_id=turn.id)
+        raise InvalidResumeCommand(
+            f"turn {turn.id!r} is {turn.status}, not waiting for a resume command", turn_id=turn.id
+        )
     expected = _EXPECTED_SUSPENSION[command.type]
     if suspension.type is not expected:
         raise InvalidResumeCommand(
@@ -571,7 +579,10 @@ def _resume_child(turn: AgentTurn, command: AgentResumeCommand, child: AgentTurn
     still_running = [c.child_turn_id for c in children if c.status is None]
     if still_running:
         suspension = (turn.suspension or AgentSuspension(type=SuspensionType.CHILD_AGENT)).model_copy(
-            update={"metadata": {"child_turn_ids": still_running}, "message": f"waiting for {len(still_running)} child turn(s)"}
+            update={
+                "metadata": {"child_turn_ids": still_running},
+                "message": f"waiting for {len(still_running)} child turn(s)",
+            }
         )
         return transition(turn, S.WAITING_FOR_CHILD, now, children=children, usage=usage, suspension=suspension)
     return transition(turn, S.RUNNING, now, children=children, usage=usage, suspension=None, phase=Phase.TOOLS)

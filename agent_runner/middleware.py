@@ -33,9 +33,7 @@ class Middleware:
         """Wrap one tool execution; `call_next` returns the tool's raw return value."""
         return call_next(tool_call)
 
-    def wrap_step(
-        self, turn: AgentTurn, call_next: Callable[[AgentTurn], AgentStepResult]
-    ) -> AgentStepResult:
+    def wrap_step(self, turn: AgentTurn, call_next: Callable[[AgentTurn], AgentStepResult]) -> AgentStepResult:
         """Wrap one runner step."""
         return call_next(turn)
 

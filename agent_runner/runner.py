@@ -447,7 +447,11 @@ class AgentRunner:
                     updated, message = machine.apply_tool_result(running, call, content, is_error, now)
                     saved = self._save(updated, expected)
                     self._emit(
-                        AgentEventType.TOOL_COMPLETED, saved, tool_call_id=call.id, tool_name=call.name, is_error=is_error
+                        AgentEventType.TOOL_COMPLETED,
+                        saved,
+                        tool_call_id=call.id,
+                        tool_name=call.name,
+                        is_error=is_error,
                     )
                     return AgentStepResult(turn=saved, tool_messages=[message])
                 case machine.Suspend():
@@ -469,7 +473,9 @@ class AgentRunner:
         request = ChatRequest.model_construct(
             messages=self._request_messages(turn, agent),
             tools=agent.tool_specs(),
-            on_delta=(lambda text: self._emit(AgentEventType.MODEL_DELTA, turn, delta=text)) if self._listeners else None,
+            on_delta=(lambda text: self._emit(AgentEventType.MODEL_DELTA, turn, delta=text))
+            if self._listeners
+            else None,
         )
         try:
             raw: object = chain(self.middleware, "wrap_model", chat_model.generate)(request)
@@ -668,7 +674,9 @@ class AgentRunner:
             except VersionConflictError:
                 continue
             if saved.status is S.RUNNING:
-                self._emit(AgentEventType.TURN_RESUMED, saved, command=ResumeType.CHILD_COMPLETED, child_turn_id=child.id)
+                self._emit(
+                    AgentEventType.TURN_RESUMED, saved, command=ResumeType.CHILD_COMPLETED, child_turn_id=child.id
+                )
                 return saved
             return None
         raise VersionConflictError(parent_id, -1, None)

@@ -265,7 +265,9 @@ def turns_show(obj: _Context, turn_id: str) -> None:
         if turn.error:
             click.echo(f"  error    {turn.error}")
         if suspension is not None:
-            click.echo(f"  waiting  {suspension.type.value} on {suspension.correlation_id or '-'}: {suspension.message}")
+            click.echo(
+                f"  waiting  {suspension.type.value} on {suspension.correlation_id or '-'}: {suspension.message}"
+            )
             if suspension.form is not None:
                 click.echo("  form schema " + json.dumps(suspension.form.schema))
         click.echo("  history")

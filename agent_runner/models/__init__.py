@@ -103,9 +103,7 @@ class ScriptedChatModel:
                 item: ScriptItem = self._function(request)
             else:
                 if self._position >= len(self._items):
-                    raise IndexError(
-                        f"ScriptedChatModel ran out of scripted responses after {len(self._items)} calls"
-                    )
+                    raise IndexError(f"ScriptedChatModel ran out of scripted responses after {len(self._items)} calls")
                 item = self._items[self._position]
                 self._position += 1
         if isinstance(item, BaseException):
