@@ -165,6 +165,8 @@ class AgentRunner:
         *,
         history: Sequence[ModelMessage] | None = None,
         conversation_id: str | None = None,
+        tenant_id: str | None = None,
+        metadata: dict[str, Any] | None = None,
     ) -> AgentTurn:
         """Create a turn and run it in this thread until it is blocked or ends.
 
@@ -174,11 +176,15 @@ class AgentRunner:
             history: Explicit earlier messages (copied into the turn; no conversation is bound).
             conversation_id: Run inside this conversation: history comes from its ChatMemory and
                 only one turn of the conversation may be active at a time.
+            tenant_id: The tenant that owns the turn (inherited by its child turns).
+            metadata: JSON data kept with the turn.
 
         Raises:
             AgentConversationBusyException: The conversation already has an active turn.
         """
-        turn = self._create(agent, message, history=history, conversation_id=conversation_id)
+        turn = self._create(
+            agent, message, history=history, conversation_id=conversation_id, tenant_id=tenant_id, metadata=metadata
+        )
         return self.run_until_blocked(turn)
 
     def start(
@@ -188,9 +194,13 @@ class AgentRunner:
         *,
         history: Sequence[ModelMessage] | None = None,
         conversation_id: str | None = None,
+        tenant_id: str | None = None,
+        metadata: dict[str, Any] | None = None,
     ) -> AgentTurn:
-        """Create and save a READY turn without running it (a worker picks it up)."""
-        turn = self._create(agent, message, history=history, conversation_id=conversation_id)
+        """Create and save a READY turn without running it (a worker picks it up); arguments as for `run`."""
+        turn = self._create(
+            agent, message, history=history, conversation_id=conversation_id, tenant_id=tenant_id, metadata=metadata
+        )
         self._dispatch(turn)
         return turn
 
@@ -360,6 +370,8 @@ class AgentRunner:
         *,
         history: Sequence[ModelMessage] | None,
         conversation_id: str | None,
+        tenant_id: str | None = None,
+        metadata: dict[str, Any] | None = None,
     ) -> AgentTurn:
         agent = self._resolve_agent(agent_ref)
         user = UserMessage(content=message) if isinstance(message, str) else message
@@ -382,6 +394,8 @@ class AgentRunner:
             root_turn_id=turn_id,
             messages=[*window, user],
             projected_count=len(window),
+            tenant_id=tenant_id,
+            metadata=dict(metadata or {}),
             created_at=now,
             updated_at=now,
         )
@@ -619,6 +633,7 @@ class AgentRunner:
                 parent_turn_id=parent.id,
                 root_turn_id=parent.root_turn_id,
                 messages=[UserMessage(id=f"{child_id}-0", content=task)],
+                tenant_id=parent.tenant_id,
                 created_at=now,
                 updated_at=now,
             )

@@ -136,6 +136,11 @@ class AgentTurn(FrozenModel):
     """How many leading `messages` are known to be in ChatMemory."""
     lease_fence: int | None = None
     """Fencing number of the lease under which this snapshot was saved, if any."""
+    tenant_id: str | None = None
+    """The tenant that owns the turn (set by the HTTP server when API keys are configured);
+    child turns inherit it. None in a single-tenant deployment."""
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    """Caller-supplied JSON data kept with the turn (for example a request or user id)."""
 
     @model_validator(mode="before")
     @classmethod
