@@ -89,6 +89,8 @@ class PageAction(FrozenModel):
     """Whether ChatMemory is known to show `status`; unsynced actions are reconciled after each save."""
     payload: dict[str, Any] = Field(default_factory=dict)
     """The page message as first shown (JSON), so a failed projection can be redone from the snapshot."""
+    decision: dict[str, Any] = Field(default_factory=dict)
+    """`decided_by`, `decided_at` and `reason` of the decision, once there is one (shown on the page message)."""
 
 
 class AgentTurn(FrozenModel):
