@@ -8,7 +8,6 @@ input (unknown turn, invalid form data, a command that does not fit the turn), 1
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import sys
@@ -19,19 +18,17 @@ from typing import Any, NoReturn
 import click
 
 from agent_runner import (
-    Agent,
-    AgentLoader,
     AgentResumeCommand,
     AgentRunner,
     AgentRunnerError,
     AgentTurn,
     AgentTurnStatus,
-    InMemoryAgentLoader,
     InvalidResumeCommand,
     TurnNotFound,
 )
+from workers.agents import load_agent_loader
+from workers.settings import DEFAULT_DATABASE_URL, SettingsError
 
-DEFAULT_DATABASE_URL = "sqlite:///./agent_runner.db"
 EXIT_BAD_INPUT = 2
 
 
@@ -40,31 +37,6 @@ def _fail(message: str, code: int = 1, details: Iterable[str] = ()) -> NoReturn:
     for line in details:
         click.echo(f"  - {line}", err=True)
     sys.exit(code)
-
-
-def load_agents(spec: str | None) -> AgentLoader:
-    """Build an agent loader from `module:attribute` (an AgentLoader, an Agent or a list of Agents)."""
-    if not spec:
-        return InMemoryAgentLoader()
-    module_name, _, attribute = spec.partition(":")
-    if not module_name or not attribute:
-        raise click.BadParameter(f"expected module:attribute, got {spec!r}", param_hint="AGENT_RUNNER_AGENT_LOADER")
-    try:
-        value: Any = getattr(importlib.import_module(module_name), attribute)
-    except (ImportError, AttributeError) as exc:
-        raise click.BadParameter(f"cannot load {spec!r}: {exc}", param_hint="AGENT_RUNNER_AGENT_LOADER") from exc
-    if callable(value) and not isinstance(value, Agent | AgentLoader):
-        value = value()
-    if isinstance(value, Agent):
-        return InMemoryAgentLoader([value])
-    if isinstance(value, AgentLoader):
-        return value
-    if isinstance(value, list | tuple) and all(isinstance(a, Agent) for a in value):
-        return InMemoryAgentLoader(value)
-    raise click.BadParameter(
-        f"{spec!r} is a {type(value).__name__}, not an AgentLoader or a list of Agents",
-        param_hint="AGENT_RUNNER_AGENT_LOADER",
-    )
 
 
 class _Context:
@@ -78,9 +50,13 @@ class _Context:
         if self._runner is None:
             from store import SqlAgentTurnStore, SqlChatMemoryProvider
 
+            try:
+                loader = load_agent_loader(self.agents)
+            except SettingsError as exc:
+                _fail(str(exc), EXIT_BAD_INPUT)
             self._runner = AgentRunner(
                 turn_store=SqlAgentTurnStore(self.database_url),
-                agent_loader=load_agents(self.agents),
+                agent_loader=loader,
                 chat_memory_provider=SqlChatMemoryProvider(self.database_url),
             )
         return self._runner

@@ -16,6 +16,7 @@ from agent_runner import (
     ChatRequest,
     InMemoryAgentTurnStore,
     InMemoryTurnLease,
+    LeaseKeeper,
     Middleware,
     ScriptedChatModel,
     ToolCall,
@@ -23,10 +24,11 @@ from agent_runner import (
     tool,
 )
 from agent_runner.persistence import TurnRef
-from workers.app import STEP_TURN
+from workers.dispatch import CeleryDispatcher
+from workers.names import STEP_TURN
 from workers.settings import WorkerSettings
 from workers.tasks import StepOutcome, advance
-from workers.wiring import CeleryDispatcher, LeaseKeeper, Wiring
+from workers.wiring import Wiring
 
 
 class RecordingApp:
