@@ -30,7 +30,7 @@ test: $(STAMP) services ## Run every test: unit, contract over all backends, int
 
 .PHONY: test-unit
 test-unit: $(STAMP) ## Fast tests that need no services
-	$(BIN)/python -m pytest -q tests/unit tests/test_architecture.py $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q tests/unit tests/test_architecture.py tests/test_layout.py $(PYTEST_ARGS)
 
 .PHONY: chaos
 chaos: $(STAMP) services ## Long soak and chaos runs

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-from turn_kit import EventLog, RecordingStore, protocol_violations, tool_messages
 
 from agent_runner import (
     Agent,
@@ -25,6 +24,7 @@ from agent_runner import (
     UserMessage,
     tool,
 )
+from tests.unit.agent_runner.turn_kit import EventLog, RecordingStore, protocol_violations, tool_messages
 
 S = AgentTurnStatus
 

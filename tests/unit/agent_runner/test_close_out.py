@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from turn_kit import EventLog, FakeClock, RecordingStore, protocol_violations
-
 from agent_runner import (
     Agent,
     AgentEventType,
@@ -27,6 +25,7 @@ from agent_runner import (
     Usage,
     tool,
 )
+from tests.unit.agent_runner.turn_kit import EventLog, FakeClock, RecordingStore, protocol_violations
 
 S = AgentTurnStatus
 TOOL_TEMPLATE = "[{tool_name} {tool_call_id} of {turn_id}] not run: {reason}"

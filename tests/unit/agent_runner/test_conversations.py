@@ -8,15 +8,6 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 
 import pytest
-from turn_kit import (
-    TICKET_FORM,
-    TICKET_SCHEMA,
-    VALID_TICKET,
-    EventLog,
-    FakeClock,
-    protocol_violations,
-    ticket_scenario,
-)
 
 from agent_runner import (
     ActionStatus,
@@ -51,6 +42,15 @@ from agent_runner import (
     UserMessage,
     VersionConflictError,
     tool,
+)
+from tests.unit.agent_runner.turn_kit import (
+    TICKET_FORM,
+    TICKET_SCHEMA,
+    VALID_TICKET,
+    EventLog,
+    FakeClock,
+    protocol_violations,
+    ticket_scenario,
 )
 
 S = AgentTurnStatus

@@ -6,7 +6,6 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from turn_kit import VALID_TICKET, EventLog, ticket_scenario
 
 from agent_runner import (
     Agent,
@@ -28,6 +27,7 @@ from agent_runner import (
     ToolCall,
     tool,
 )
+from tests.unit.agent_runner.turn_kit import VALID_TICKET, EventLog, ticket_scenario
 
 E = AgentEventType
 S = AgentTurnStatus

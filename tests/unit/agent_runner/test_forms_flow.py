@@ -6,7 +6,6 @@ import json
 from typing import Any
 
 import pytest
-from turn_kit import TICKET_FORM, TICKET_SCHEMA, VALID_TICKET, FakeClock, protocol_violations, tool_messages
 
 from agent_runner import (
     Agent,
@@ -28,6 +27,14 @@ from agent_runner import (
     SuspensionType,
     ToolCall,
     tool,
+)
+from tests.unit.agent_runner.turn_kit import (
+    TICKET_FORM,
+    TICKET_SCHEMA,
+    VALID_TICKET,
+    FakeClock,
+    protocol_violations,
+    tool_messages,
 )
 
 S = AgentTurnStatus

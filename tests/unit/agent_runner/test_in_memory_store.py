@@ -5,7 +5,6 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
-from turn_kit import START
 
 from agent_runner import (
     ActionStatus,
@@ -31,6 +30,7 @@ from agent_runner import (
     UserMessage,
     VersionConflictError,
 )
+from tests.unit.agent_runner.turn_kit import START
 
 S = AgentTurnStatus
 

@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from turn_kit import FakeClock, RecordingStore, protocol_violations
 
 from agent_runner import (
     Agent,
@@ -35,6 +34,7 @@ from agent_runner import (
     ToolCall,
     tool,
 )
+from tests.unit.agent_runner.turn_kit import FakeClock, RecordingStore, protocol_violations
 
 DETAILS = AgentFormDefinition(
     key="details",

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-from turn_kit import VALID_TICKET, TicketScenario, ticket_scenario
 
 from agent_runner import (
     Agent,
@@ -19,6 +18,7 @@ from agent_runner import (
     TurnNotFound,
     tool,
 )
+from tests.unit.agent_runner.turn_kit import VALID_TICKET, TicketScenario, ticket_scenario
 
 S = AgentTurnStatus
 

@@ -6,7 +6,6 @@ import random
 from datetime import timedelta
 
 import pytest
-from turn_kit import START, EventLog, FakeClock, protocol_violations, tool_messages
 
 from agent_runner import (
     Agent,
@@ -27,6 +26,7 @@ from agent_runner import (
     ToolCall,
     tool,
 )
+from tests.unit.agent_runner.turn_kit import START, EventLog, FakeClock, protocol_violations, tool_messages
 
 S = AgentTurnStatus
 

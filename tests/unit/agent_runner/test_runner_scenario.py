@@ -5,15 +5,6 @@ from __future__ import annotations
 import json
 
 import pytest
-from turn_kit import (
-    TICKET_FORM,
-    TICKET_SCHEMA,
-    VALID_TICKET,
-    RecordingStore,
-    protocol_violations,
-    ticket_scenario,
-    tool_messages,
-)
 
 from agent_runner import (
     Agent,
@@ -43,6 +34,15 @@ from agent_runner import (
     UserMessage,
     VersionConflictError,
     tool,
+)
+from tests.unit.agent_runner.turn_kit import (
+    TICKET_FORM,
+    TICKET_SCHEMA,
+    VALID_TICKET,
+    RecordingStore,
+    protocol_violations,
+    ticket_scenario,
+    tool_messages,
 )
 
 S = AgentTurnStatus

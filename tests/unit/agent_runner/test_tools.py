@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Literal
 
 import pytest
-from turn_kit import TICKET_FORM, tool_messages
 
 from agent_runner import (
     Agent,
@@ -23,6 +22,7 @@ from agent_runner import (
     ToolError,
     tool,
 )
+from tests.unit.agent_runner.turn_kit import TICKET_FORM, tool_messages
 
 
 @tool

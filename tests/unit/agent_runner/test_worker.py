@@ -10,7 +10,6 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
-from turn_kit import FakeClock, RecordingStore, protocol_violations, tool_messages
 
 from agent_runner import (
     Agent,
@@ -41,6 +40,7 @@ from agent_runner import (
 )
 from agent_runner.persistence import TurnRef
 from agent_runner.worker import _DISPATCHED_TURNS, AgentWorker
+from tests.unit.agent_runner.turn_kit import FakeClock, RecordingStore, protocol_violations, tool_messages
 
 S = AgentTurnStatus
 WAIT_S = 10.0

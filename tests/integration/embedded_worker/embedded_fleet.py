@@ -1,7 +1,7 @@
 """Agents, tools and process handling shared by the embedded worker integration tests.
 
 The same module is imported by the test process (to start turns and check them) and by
-the worker processes that `embedded_worker_main.py` runs, so both sides know the agents.
+the worker processes that `embedded_worker_main` runs, so both sides know the agents.
 Tools and the step log write JSON lines to files: they survive a SIGKILL of the writer
 (each line is flushed to the OS as soon as it is written) and need no database of their own.
 """
@@ -36,9 +36,10 @@ from agent_runner import (
     UserMessage,
     tool,
 )
+from tests.helpers.processes import with_tests_importable
 
-HERE = Path(__file__).resolve().parent
-MAIN = HERE / "embedded_worker_main.py"
+MAIN_MODULE = f"{__package__}.embedded_worker_main"
+"""The module a worker process runs (with `python -m`)."""
 SLOW_ONCE_S = 60.0
 """How long the first execution of `slow_once` lasts: far longer than any test waits."""
 
@@ -257,10 +258,10 @@ def spawn_worker(
     ledger: Path | None = None,
     step_log: Path | None = None,
 ) -> WorkerProcess:
-    """Start `embedded_worker_main.py` in a process group of its own; stop it with `stop` or `kill` in a `finally`."""
+    """Start `embedded_worker_main` in a process group of its own; stop it with `stop` or `kill` in a `finally`."""
     ready = folder / f"ready-{name}"
     log_file = folder / f"worker-{name}.log"
-    args = [sys.executable, str(MAIN), "--database-url", database_url, "--lease", lease]
+    args = [sys.executable, "-m", MAIN_MODULE, "--database-url", database_url, "--lease", lease]
     args += ["--lease-ttl", str(lease_ttl), "--concurrency", str(concurrency), "--poll-interval", str(poll_interval)]
     args += ["--ready-file", str(ready)]
     if redis_url is not None:
@@ -270,5 +271,6 @@ def spawn_worker(
     if step_log is not None:
         args += ["--step-log", str(step_log)]
     with log_file.open("wb") as log:
-        process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        env = with_tests_importable(os.environ)
+        process = subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     return WorkerProcess(name, process, ready, log_file)

@@ -8,11 +8,11 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from celery_agents import LEDGER_URL_VARIABLE
-from celery_cluster import Cluster
 
 from agent_runner import AgentRunner, AgentTurn, AgentTurnStatus
 from store import InboxStatus, RedisTurnLease
+from tests.integration.celery_workers.celery_agents import LEDGER_URL_VARIABLE
+from tests.integration.celery_workers.celery_cluster import Cluster
 from workers.beat import sweep_due_retries, sweep_inbox, sweep_stale_turns
 
 pytestmark = pytest.mark.integration

@@ -6,12 +6,12 @@ import os
 from collections.abc import Callable
 
 import pytest
-from celery_cluster import RABBITMQ_URL, Cluster
-from celery_workload import Scenario, run_workload, scenario
 from kombu import Connection
 
 from agent_runner import AgentTurnStatus
 from store import InboxStatus
+from tests.integration.celery_workers.celery_cluster import RABBITMQ_URL, Cluster
+from tests.integration.celery_workers.celery_workload import Scenario, run_workload, scenario
 
 pytestmark = pytest.mark.integration
 

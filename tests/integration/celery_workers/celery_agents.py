@@ -220,5 +220,5 @@ def build_agents() -> list[Agent]:
 
 
 def build_loader() -> InMemoryAgentLoader:
-    """Entry point for `AGENT_RUNNER_AGENT_LOADER=celery_agents:build_loader`."""
+    """Entry point for `AGENT_RUNNER_AGENT_LOADER=tests.integration.celery_workers.celery_agents:build_loader`."""
     return InMemoryAgentLoader(build_agents())

@@ -12,14 +12,14 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-import embedded_fleet
 import pytest
-from embedded_fleet import history_problems, loader, read_jsonl, wait_for
 from redis import Redis
 
 from agent_runner import AgentConversationBusyException, AgentRunner, AgentTurnStatus, ToolMessage
 from agent_runner.worker import AgentWorker
 from store import RedisConversationGuard, RedisTurnLease, SqlAgentTurnStore, SqlChatMemoryProvider
+from tests.integration.embedded_worker import embedded_fleet
+from tests.integration.embedded_worker.embedded_fleet import history_problems, loader, read_jsonl, wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -7,10 +7,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from embedded_fleet import WorkerProcess, history_problems, loader, read_jsonl, spawn_worker, wait_for
 
 from agent_runner import AgentRunner, AgentTurnStatus, ToolMessage
 from store import SqlAgentTurnStore
+from tests.integration.embedded_worker.embedded_fleet import (
+    WorkerProcess,
+    history_problems,
+    loader,
+    read_jsonl,
+    spawn_worker,
+    wait_for,
+)
 
 pytestmark = pytest.mark.integration
 
