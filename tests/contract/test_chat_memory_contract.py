@@ -45,7 +45,7 @@ def form(message_id: str = "form-1") -> AgentFormMessage:
 
 
 def conversation() -> list[AnyMessage]:
-    call = ToolCall("call-1", "lookup", {"order": "1001"})
+    call = ToolCall(id="call-1", name="lookup", arguments={"order": "1001"})
     return [
         UserMessage(id="u1", content="where is order 1001?"),
         AiMessage(id="a1", tool_calls=[call]),

@@ -111,8 +111,8 @@ def looping_model(tool_name: str, calls: int) -> ScriptedChatModel:
         newest = max((i for i, m in enumerate(request.messages) if isinstance(m, UserMessage)), default=-1)
         done = sum(1 for m in request.messages[newest + 1 :] if isinstance(m, ToolMessage))
         if done < calls:
-            return AiMessage(tool_calls=[ToolCall(f"call-{done}", tool_name, {"n": done})])
-        return AiMessage(f"finished after {done} tool calls")
+            return AiMessage(tool_calls=[ToolCall(id=f"call-{done}", name=tool_name, arguments={"n": done})])
+        return AiMessage(content=f"finished after {done} tool calls")
 
     return ScriptedChatModel(respond)
 

@@ -47,10 +47,10 @@ def test_tool_call_takes_id_name_and_arguments_positionally() -> None:
 
 
 def test_system_and_ai_messages_have_their_roles_and_defaults() -> None:
-    assert SystemMessage("be brief").role == "system"
+    assert SystemMessage(content="be brief").role == "system"
     ai = AiMessage()
     assert (ai.role, ai.content, ai.tool_calls) == ("assistant", None, [])
-    assert AiMessage("done").content == "done"
+    assert AiMessage(content="done").content == "done"
 
 
 def test_a_positional_argument_given_twice_is_rejected() -> None:
@@ -65,7 +65,7 @@ def test_too_many_positional_arguments_are_rejected() -> None:
 
 def test_every_message_gets_a_distinct_generated_id_when_none_is_given() -> None:
     # Given: two identical messages without ids
-    first, second = UserMessage("hi"), UserMessage("hi")
+    first, second = UserMessage(content="hi"), UserMessage(content="hi")
     # Then: both have ids, and they differ; an explicit id is kept
     assert first.id and second.id and first.id != second.id
     assert UserMessage("hi", id="m-1").id == "m-1"
@@ -75,7 +75,13 @@ def test_model_messages_are_model_visible_and_page_messages_are_not() -> None:
     action = AgentActionMessage(turn_id="t", action_id="c1", tool_name="x", summary="x()")
     form = AgentFormMessage(turn_id="t", action_id="c2", form_key="k", schema={"type": "object"})
     assert all(
-        m.model_visible for m in (SystemMessage("s"), UserMessage("u"), AiMessage("a"), ToolMessage("c", "t", "r"))
+        m.model_visible
+        for m in (
+            SystemMessage(content="s"),
+            UserMessage(content="u"),
+            AiMessage(content="a"),
+            ToolMessage(tool_call_id="c", tool_name="t", content="r"),
+        )
     )
     assert not action.model_visible
     assert not form.model_visible
@@ -85,10 +91,12 @@ def test_every_message_kind_round_trips_through_json_by_role() -> None:
     # Given: one message of each kind
     adapter: TypeAdapter[list[AnyMessage]] = TypeAdapter(list[AnyMessage])
     messages = [
-        SystemMessage("s"),
-        UserMessage("u"),
-        AiMessage("a", [ToolCall("c1", "lookup", {"q": 1, "nested": {"x": [1, 2]}})]),
-        ToolMessage("c1", "lookup", "r", True),
+        SystemMessage(content="s"),
+        UserMessage(content="u"),
+        AiMessage(
+            content="a", tool_calls=[ToolCall(id="c1", name="lookup", arguments={"q": 1, "nested": {"x": [1, 2]}})]
+        ),
+        ToolMessage(tool_call_id="c1", tool_name="lookup", content="r", is_error=True),
         AgentActionMessage(turn_id="t", action_id="c1", tool_name="lookup", summary="lookup(q=1)", version=3),
         AgentFormMessage(turn_id="t", action_id="c2", form_key="k", schema={"type": "object"}),
     ]
@@ -100,7 +108,7 @@ def test_every_message_kind_round_trips_through_json_by_role() -> None:
 
 
 def test_messages_are_immutable() -> None:
-    message = UserMessage("hi")
+    message = UserMessage(content="hi")
     with pytest.raises(ValidationError):
         message.content = "changed"  # type: ignore[misc]
 

@@ -173,9 +173,11 @@ def ticket_scenario(chat_memory_provider: ChatMemoryProvider | None = None) -> T
 
     model = ScriptedChatModel(
         [
-            AiMessage(tool_calls=[ToolCall("c1", "request_user_input", {"formKey": TICKET_FORM.key})]),
-            AiMessage(tool_calls=[ToolCall("c2", "create_ticket", VALID_TICKET)]),
-            AiMessage("Ticket T-1 created."),
+            AiMessage(
+                tool_calls=[ToolCall(id="c1", name="request_user_input", arguments={"formKey": TICKET_FORM.key})]
+            ),
+            AiMessage(tool_calls=[ToolCall(id="c2", name="create_ticket", arguments=VALID_TICKET)]),
+            AiMessage(content="Ticket T-1 created."),
         ]
     )
     agent = Agent(

@@ -77,8 +77,8 @@ def _stored(url: str, turn_id: str) -> AgentTurn:
         store.close()
 
 
-APPROVAL = AiMessage(tool_calls=[ToolCall("c1", "deploy", {"service": "api"})])
-FORM_REQUEST = AiMessage(tool_calls=[ToolCall("f1", "request_user_input", {"formKey": "details"})])
+APPROVAL = AiMessage(tool_calls=[ToolCall(id="c1", name="deploy", arguments={"service": "api"})])
+FORM_REQUEST = AiMessage(tool_calls=[ToolCall(id="f1", name="request_user_input", arguments={"formKey": "details"})])
 
 
 def test_list_and_show_print_turns_readably_and_as_json(url: str) -> None:
