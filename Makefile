@@ -47,7 +47,7 @@ format: $(STAMP) ## Format and autofix
 	$(BIN)/ruff check --fix agent_runner store workers tests bench
 
 .PHONY: typecheck
-typecheck: $(STAMP) ## mypy (strict)
+typecheck: $(STAMP) ## Strict mypy over agent_runner, store, workers and tests (the packages in pyproject.toml)
 	$(BIN)/mypy
 
 .PHONY: bench

@@ -190,7 +190,7 @@ def test_cancelling_a_waiting_turn_closes_it_out_and_frees_the_conversation(fres
 def test_child_turns_are_stored_and_complete_the_parent(fresh_runner: RunnerFactory) -> None:
     researcher = Agent(
         id="researcher",
-        chat_model=ScriptedChatModel(lambda request: AiMessage(content=f"found: {request.messages[-1].content}")),  # type: ignore[union-attr]
+        chat_model=ScriptedChatModel(lambda request: AiMessage(content=f"found: {request.messages[-1].content}")),
     )
     calls = [
         ToolCall(id="d-1", name="researcher", arguments={"task": "prices"}),

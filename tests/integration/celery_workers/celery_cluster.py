@@ -222,8 +222,11 @@ class Cluster:
         prefix = self.settings.broker_key_prefix or ""
         client: Redis[Any] = Redis.from_url(self.settings.broker_url, socket_timeout=5)
         try:
-            keys = client.keys(f"{prefix}{self.settings.queue}*")
-            return sum(int(client.llen(key)) for key in keys if client.type(key) == b"list")
+            waiting = 0
+            for key in client.keys(f"{prefix}{self.settings.queue}*"):
+                if client.type(key) == b"list":  # type: ignore[no-untyped-call]  # untyped in types-redis
+                    waiting += client.llen(key)
+            return waiting
         finally:
             client.close()
 

@@ -26,6 +26,8 @@ from agent_runner import (
     AgentStepResult,
     AgentToolContext,
     AgentTurn,
+    AgentTurnStatus,
+    AgentTurnStore,
     AiMessage,
     ChatRequest,
     InMemoryAgentLoader,
@@ -184,6 +186,16 @@ def history_problems(turn: AgentTurn) -> list[str]:
         if isinstance(later, ToolMessage) and not isinstance(earlier, AiMessage | ToolMessage):
             problems.append(f"ToolMessage {later.id} follows a {earlier.role} message")
     return problems
+
+
+def turn_with_status(turns: AgentTurnStore, turn_id: str, status: AgentTurnStatus) -> Callable[[], AgentTurn | None]:
+    """A probe for `wait_for`: the turn once it has `status`, None before."""
+
+    def probe() -> AgentTurn | None:
+        turn = turns.load(turn_id)
+        return turn if turn.status is status else None
+
+    return probe
 
 
 def wait_for(probe: Callable[[], T | None], timeout: float, what: str) -> T:

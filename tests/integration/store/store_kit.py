@@ -10,7 +10,7 @@ from sqlalchemy import event
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.engine.interfaces import DBAPICursor, ExecutionContext
 
-from agent_runner import AgentTurn, AgentTurnStatus, AiMessage, UserMessage
+from agent_runner import AgentTurn, AgentTurnStatus, AiMessage, ModelMessage, UserMessage
 
 
 @dataclass
@@ -56,7 +56,9 @@ def recording(engine: Engine) -> Iterator[Recorded]:
 
 def turn_with_history(turn_id: str, length: int) -> AgentTurn:
     """A new turn holding `length` user messages of about 210 characters each."""
-    history = [UserMessage(id=f"{turn_id}-{i}", content=f"message {i} " + "x" * 200) for i in range(length)]
+    history: list[ModelMessage] = [
+        UserMessage(id=f"{turn_id}-{i}", content=f"message {i} " + "x" * 200) for i in range(length)
+    ]
     return AgentTurn(id=turn_id, agent_id="a", root_turn_id=turn_id, messages=history)
 
 

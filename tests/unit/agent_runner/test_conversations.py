@@ -412,6 +412,7 @@ def test_updating_a_page_message_with_a_stale_version_raises_and_changes_nothing
     with pytest.raises(VersionConflictError):
         memory.update(card.model_copy(update={"status": ActionStatus.APPROVED}), card.version)
     [stored] = _page_messages(memory)
+    assert isinstance(stored, AgentActionMessage)
     assert (stored.status, stored.summary, stored.version) == (ActionStatus.PENDING, "edited", card.version + 1)
 
 

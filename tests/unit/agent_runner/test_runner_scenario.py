@@ -22,6 +22,7 @@ from agent_runner import (
     InMemoryChatMemoryProvider,
     InvalidResumeCommand,
     InvalidTransitionError,
+    ModelMessage,
     Phase,
     ScriptedChatModel,
     SuspensionType,
@@ -140,7 +141,7 @@ def test_start_saves_a_ready_turn_and_runs_nothing() -> None:
     runner = AgentRunner()
     turn = runner.start(Agent(id="greeter", chat_model=model), "hi", history=[UserMessage(content="earlier")])
     assert turn.status is S.READY and turn.version == 0
-    assert [m.content for m in turn.messages] == ["earlier", "hi"]  # type: ignore[union-attr]
+    assert [m.content for m in turn.messages] == ["earlier", "hi"]
     assert model.calls == 0
     assert runner.turn_store.load(turn.id) == turn
     # And a later run_until_blocked does the work
@@ -169,7 +170,7 @@ def test_model_requests_start_with_the_instructions_and_carry_the_tool_specs() -
 
 def test_explicit_history_is_sent_to_the_model_before_the_new_message() -> None:
     # Given: earlier messages passed explicitly
-    history = [UserMessage(content="order 1001?"), AiMessage(content="It shipped.")]
+    history: list[ModelMessage] = [UserMessage(content="order 1001?"), AiMessage(content="It shipped.")]
     model = ScriptedChatModel([AiMessage(content="Yes.")])
     # When: a turn runs with them
     turn = AgentRunner().run(Agent(id="greeter", chat_model=model), "really?", history=history)

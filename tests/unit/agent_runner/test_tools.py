@@ -257,5 +257,5 @@ def test_an_async_tool_runs_to_completion_with_its_context() -> None:
     turn = AgentRunner().run(Agent(id="a", chat_model=model, tools=[fetch]), "go")
     # Then its awaited result is the ToolMessage and the context was available inside the coroutine
     assert turn.status == "COMPLETED"
-    assert turn.messages[2].content == "order 7"  # type: ignore[union-attr]
+    assert turn.messages[2].content == "order 7"
     assert seen == [f"{turn.id}:c1"]

@@ -38,7 +38,7 @@ from agent_runner import (
     UserMessage,
     tool,
 )
-from agent_runner.persistence import TurnRef
+from agent_runner.persistence import AgentTurnStore, TurnRef
 from agent_runner.worker import _DISPATCHED_TURNS, AgentWorker
 from tests.unit.agent_runner.turn_kit import FakeClock, RecordingStore, protocol_violations, tool_messages
 
@@ -253,14 +253,18 @@ def test_a_due_retry_is_picked_up_and_one_not_due_is_not() -> None:
     assert len(attempts) == 2 and attempts[0] == attempts[1]
 
 
+def completed(turns: AgentTurnStore, turn_id: str) -> Callable[[], bool]:
+    """A condition for `wait_for`: the turn has completed."""
+    return lambda: turns.load(turn_id).status is S.COMPLETED
+
+
+def echoing_model(name: str) -> ScriptedChatModel:
+    """A model that answers every request with its name and the last message's content."""
+    return ScriptedChatModel(lambda request: AiMessage(content=f"{name}: {request.messages[-1].content}"))
+
+
 def _delegating_runner(lease: WatchedLease, children: int) -> tuple[AgentRunner, Agent, LeaseChecker]:
-    subs = [
-        Agent(
-            id=f"sub-{i}",
-            chat_model=ScriptedChatModel(lambda r, i=i: AiMessage(content=f"sub-{i}: {r.messages[-1].content}")),
-        )
-        for i in range(children)
-    ]
+    subs = [Agent(id=f"sub-{i}", chat_model=echoing_model(f"sub-{i}")) for i in range(children)]
     calls = [ToolCall(id=f"d{i}", name=f"sub-{i}", arguments={"task": f"part {i}"}) for i in range(children)]
 
     def lead_model(request: ChatRequest) -> AiMessage:
@@ -305,7 +309,7 @@ def test_children_fan_out_completes_with_running_worker_threads(workers: list[Ag
     worker.start()
     parents = [runner.start(lead, f"job {n}") for n in range(3)]
     for parent in parents:
-        wait_for(lambda p=parent: runner.turn_store.load(p.id).status is S.COMPLETED, what="the parent to complete")
+        wait_for(completed(runner.turn_store, parent.id), what="the parent to complete")
     assert checker.violations == []
 
 
@@ -718,7 +722,7 @@ def test_a_dispatched_turn_runs_at_once_without_a_poll(workers: list[AgentWorker
     started = [runner.start(Agent(id="a", chat_model=looping_model("work_tool", calls=0)), f"hi {n}") for n in range(3)]
     # Then the worker runs them right away, without polling the store for them
     for turn in started:
-        wait_for(lambda t=turn: store.load(t.id).status is S.COMPLETED, timeout=5, what="the dispatched turn")
+        wait_for(completed(store, turn.id), timeout=5, what="the dispatched turn")
     assert store.polls == 1
 
 

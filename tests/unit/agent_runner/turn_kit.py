@@ -18,10 +18,10 @@ from agent_runner import (
     AgentTurn,
     AgentUserInputTool,
     AiMessage,
+    AnyMessage,
     ChatMemoryProvider,
     InMemoryAgentLoader,
     InMemoryAgentTurnStore,
-    ModelMessage,
     ScriptedChatModel,
     SystemMessage,
     ToolCall,
@@ -97,7 +97,7 @@ class EventLog:
         return [e for e in self.events if e.type is event_type]
 
 
-def protocol_violations(messages: Sequence[ModelMessage], pending_ids: Collection[str] = ()) -> list[str]:
+def protocol_violations(messages: Sequence[AnyMessage], pending_ids: Collection[str] = ()) -> list[str]:
     """Describe every break of the tool-call protocol in a model-visible history.
 
     Each assistant tool call must be answered by exactly one ToolMessage before the next

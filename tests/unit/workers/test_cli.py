@@ -20,6 +20,7 @@ from agent_runner import (
     AiMessage,
     ScriptedChatModel,
     ToolCall,
+    ToolMessage,
     tool,
 )
 from store import SqlAgentTurnStore
@@ -111,7 +112,8 @@ def test_reject_writes_the_reason_for_the_model(url: str) -> None:
     assert result.returncode == 0, result.stderr
     stored = _stored(url, turn.id)
     assert stored.status is AgentTurnStatus.RUNNING
-    assert "change freeze" in stored.messages[-1].content  # type: ignore[union-attr]
+    reply = stored.messages[-1]
+    assert isinstance(reply, ToolMessage) and "change freeze" in reply.content
 
 
 def test_form_input_is_validated_against_the_frozen_schema(url: str) -> None:
