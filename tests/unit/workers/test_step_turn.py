@@ -67,8 +67,8 @@ def lookup(n: int) -> str:
 def two_lookups(request: ChatRequest) -> AiMessage:
     done = sum(1 for m in request.messages if isinstance(m, ToolMessage))
     if done < 2:
-        return AiMessage(tool_calls=[ToolCall(f"call-{done}", "lookup", {"n": done})])
-    return AiMessage("done")
+        return AiMessage(tool_calls=[ToolCall(id=f"call-{done}", name="lookup", arguments={"n": done})])
+    return AiMessage(content="done")
 
 
 @tool(requires_approval=True)
@@ -79,8 +79,8 @@ def refund(n: int) -> str:
 
 def one_refund(request: ChatRequest) -> AiMessage:
     if not any(isinstance(m, ToolMessage) for m in request.messages):
-        return AiMessage(tool_calls=[ToolCall("call-0", "refund", {"n": 1})])
-    return AiMessage("done")
+        return AiMessage(tool_calls=[ToolCall(id="call-0", name="refund", arguments={"n": 1})])
+    return AiMessage(content="done")
 
 
 class ApprovedWhileTheLeaseIsHeld(Middleware):

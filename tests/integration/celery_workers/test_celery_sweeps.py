@@ -8,11 +8,11 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from celery_agents import LEDGER_URL_VARIABLE
-from celery_cluster import Cluster
 
-from agent_runner import AgentRunner, AgentTurn, AgentTurnStatus
+from agent_runner import AgentRunner, AgentTurn, AgentTurnStatus, AgentTurnStore
 from store import InboxStatus, RedisTurnLease
+from tests.integration.celery_workers.celery_agents import LEDGER_URL_VARIABLE
+from tests.integration.celery_workers.celery_cluster import Cluster
 from workers.beat import sweep_due_retries, sweep_inbox, sweep_stale_turns
 
 pytestmark = pytest.mark.integration
@@ -115,7 +115,7 @@ def test_retry_sweep_runs_a_wait_longer_than_the_eta_limit(make_cluster: Callabl
 class _ParentUnreachable:
     """A turn store through which a child cannot reach its parent: the worker dies right after the child's save."""
 
-    def __init__(self, inner: Any, parent_id: str) -> None:
+    def __init__(self, inner: AgentTurnStore, parent_id: str) -> None:
         self._inner = inner
         self._parent_id = parent_id
 
@@ -139,7 +139,7 @@ def test_retry_sweep_resumes_a_parent_whose_last_child_ended_without_telling_it(
     waiting = quiet.step(quiet.step(parent).turn).turn  # the delegation calls, then the children
     assert waiting.status is AgentTurnStatus.WAITING_FOR_CHILD
     dying = AgentRunner(
-        turn_store=_ParentUnreachable(cluster.turn_store, parent.id),  # type: ignore[arg-type]
+        turn_store=_ParentUnreachable(cluster.turn_store, parent.id),
         agent_loader=cluster.runner.agent_loader,
         policy=cluster.settings.policy(),
     )
