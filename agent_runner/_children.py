@@ -47,6 +47,7 @@ class ChildTurns:
                 parent_turn_id=parent.id,
                 root_turn_id=parent.root_turn_id,
                 messages=[UserMessage(id=f"{child_id}-0", content=task)],
+                root_conversation_id=parent.root_conversation_id or parent.conversation_id,
                 tenant_id=parent.tenant_id,
                 created_at=now,
                 updated_at=now,

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from agent_runner.errors import AgentConversationBusyException, AgentRunnerError
+from agent_runner.events import AgentEvent
 from agent_runner.persistence import AgentTurnStore, ConversationGuard
 from agent_runner.snapshot import AgentTurn
 
@@ -25,8 +26,8 @@ class ConversationGate:
         self.turn_store = turn_store
         self.guard = guard
 
-    def create(self, turn: AgentTurn) -> AgentTurn:
-        """Save a new turn (version -1).
+    def create(self, turn: AgentTurn, events: Sequence[AgentEvent] = ()) -> AgentTurn:
+        """Save a new turn (version -1) with the events its creation causes.
 
         Raises:
             AgentConversationBusyException: The conversation already has an active turn.
@@ -35,10 +36,10 @@ class ConversationGate:
         conversation = turn.conversation_id
         guard = self.guard
         if conversation is None or guard is None:
-            return self.turn_store.save(turn, -1)
+            return self.turn_store.save(turn, -1, events)
         self._claim(guard, conversation, turn.id)
         try:
-            return self.turn_store.save(turn, -1)
+            return self.turn_store.save(turn, -1, events)
         except AgentConversationBusyException as busy:
             # The guard had lost track (for example Redis lost its data): repair it from the store.
             self._call(guard.replace, conversation, turn.id, busy.active_turn_id)

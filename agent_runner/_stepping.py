@@ -11,6 +11,9 @@ The rules live here once:
   time budgets;
 - every save carries the lease's fencing number, so a holder whose lease was taken over has
   its saves refused instead of overwriting newer work;
+- a step that raises an unexpected exception is counted in the snapshot, and the turn ends
+  FAILED after `AgentExecutionPolicy.max_step_failures` such steps in a row, so a poison turn
+  (a bug, a model response that cannot be saved) is not retried, and billed, for ever;
 - a cancel flag found on a turn that blocked (the cancel came while its last step ran) ends
   it here, since no poll would find a waiting turn again;
 - a child turn that ended tells its parent once the loop is over.
@@ -50,7 +53,9 @@ class StopReason(StrEnum):
     CONFLICT = "conflict"
     """Someone else saved the turn first (a resume, a cancel); the result holds their snapshot."""
     FAILED = "failed"
-    """A step raised; the turn stays as last saved and `error` holds the exception."""
+    """A step raised; the turn stays as last saved (with the failure counted) and `error`
+    holds the exception. When that failure was one too many, the turn has ended FAILED and
+    the reason is ENDED instead, with `error` still set."""
 
 
 @dataclass(frozen=True)
@@ -114,8 +119,13 @@ def advance(
                 break
             except Exception as exc:
                 # Every save is atomic: the turn stays as last saved, and the caller decides
-                # when it is tried again.
+                # when it is tried again, unless it failed this way too often in a row.
                 stopped, error = StopReason.FAILED, exc
+                turn = runner._step_failed(
+                    turn if fence is None else turn.model_copy(update={"lease_fence": fence}), exc
+                )
+                if turn.is_terminal:
+                    stopped = StopReason.ENDED
                 break
             turn = result.turn
             if isinstance(result.error, VersionConflictError):

@@ -20,7 +20,7 @@ from agent_runner.errors import InvalidResumeCommand, InvalidTransitionError, To
 from agent_runner.forms import AgentFormDefinition, validate_form_data
 from agent_runner.messages import ActionStatus, AiMessage, ModelMessage, ToolCall, ToolMessage, UserMessage
 from agent_runner.models import ChatResponse
-from agent_runner.policy import AgentExecutionPolicy
+from agent_runner.policy import AgentExecutionPolicy, RetryPolicy
 from agent_runner.snapshot import AgentTurn, AgentTurnStatus, ChildLink, PageAction
 from agent_runner.suspensions import AgentResumeCommand, AgentSuspension, Phase, ResumeType, SuspensionType
 from agent_runner.tools import INVALID_ARGUMENTS_KEY, AgentUserInputTool, Tool
@@ -270,10 +270,13 @@ def _plan_delegation(turn: AgentTurn, agent: Agent, call: ToolCall) -> StepPlan:
 
 
 def start_running(turn: AgentTurn, now: datetime) -> AgentTurn:
-    """Move a READY or due RETRY_SCHEDULED turn to RUNNING (in memory; saved with the step)."""
+    """Move a READY or due RETRY_SCHEDULED turn to RUNNING (in memory; saved with the step).
+
+    A step that gets as far as saving has not failed: the count of failed steps restarts.
+    """
     if turn.status is S.RUNNING:
-        return turn
-    return transition(turn, S.RUNNING, now, suspension=None, next_retry_at=None)
+        return turn if turn.step_failures == 0 else turn.model_copy(update={"step_failures": 0})
+    return transition(turn, S.RUNNING, now, suspension=None, next_retry_at=None, step_failures=0)
 
 
 def apply_model_response(turn: AgentTurn, response: ChatResponse, now: datetime) -> tuple[AgentTurn, AiMessage]:
@@ -352,17 +355,15 @@ def apply_children_spawned(turn: AgentTurn, links: list[ChildLink], now: datetim
     return transition(turn, S.WAITING_FOR_CHILD, now, children=children, suspension=suspension, steps=turn.steps + 1)
 
 
-def schedule_retry(
-    turn: AgentTurn, error: str, delay: float, policy: AgentExecutionPolicy, now: datetime
-) -> AgentTurn | None:
+def schedule_retry(turn: AgentTurn, error: str, delay: float, retry: RetryPolicy, now: datetime) -> AgentTurn | None:
     """Schedule another attempt of the current call, or return None when attempts are used up."""
     attempt = turn.attempt + 1
-    if attempt >= policy.retry.max_attempts:
+    if attempt >= retry.max_attempts:
         return None
     due = now + timedelta(seconds=delay)
     suspension = AgentSuspension(
         type=SuspensionType.RETRY,
-        message=f"attempt {attempt} of {policy.retry.max_attempts} failed: {error}",
+        message=f"attempt {attempt} of {retry.max_attempts} failed: {error}",
         resume_phase=turn.phase,
         metadata={"attempt": attempt, "error": error},
     )

@@ -51,7 +51,7 @@ from agent_runner.persistence import (
     ConversationGuard,
     TurnDispatcher,
 )
-from agent_runner.policy import AgentExecutionPolicy
+from agent_runner.policy import AgentExecutionPolicy, RetryPolicy
 from agent_runner.snapshot import AgentTurn, AgentTurnStatus
 from agent_runner.suspensions import AgentResumeCommand, AgentSuspension, ResumeType, SuspensionType
 from agent_runner.tools import Tool, encode_tool_result, tool_scope
@@ -454,13 +454,17 @@ class AgentRunner:
             root_turn_id=turn_id,
             messages=[*window, user],
             projected_count=len(window),
+            root_conversation_id=conversation_id,
             tenant_id=tenant_id,
             metadata=dict(metadata or {}),
             created_at=now,
             updated_at=now,
         )
-        saved = self._gate.create(turn)
-        self._emit(AgentEventType.TURN_STARTED, saved, agent_id=agent.id, agent_version=agent.version)
+        started = self._event(
+            AgentEventType.TURN_STARTED, turn, 0, 0, {"agent_id": agent.id, "agent_version": agent.version}
+        )
+        saved = self._gate.create(turn, [started])
+        self._deliver(started)
         return self._projection.project(saved)
 
     # --- Stepping ----------------------------------------------------------------------------
@@ -470,19 +474,25 @@ class AgentRunner:
         if not turn.is_runnable(now):
             return AgentStepResult(turn=turn)
         expected = turn.version
+        self._carried(turn.id).clear()  # nothing carries over from a step that raised
         if turn.status is S.RETRY_SCHEDULED:
-            self._emit(AgentEventType.TURN_RESUMED, turn, reason="retry due", attempt=turn.attempt)
+            self._carry(AgentEventType.TURN_RESUMED, turn, reason="retry due", attempt=turn.attempt)
         agent = self.agent_for(turn)
         running = machine.start_running(turn, now)
         plan = machine.plan_step(running, agent, self.policy)
         try:
+            if turn.status is S.READY and isinstance(plan, machine.CallModel):
+                # Taken off the queue: say so durably before the model call, which may take a
+                # while, so that clients can tell a queued turn from a running one.
+                running = self._save(running, expected, (AgentEventType.TURN_RUNNING, {}))
+                expected = running.version
             match plan:
                 case machine.Terminate(status=status, reason=reason):
                     return AgentStepResult(turn=self._finish(running, status, reason, expected_version=expected))
                 case machine.CallModel():
                     return self._call_model(running, agent, expected)
                 case machine.ExecuteTool(call=call, tool=tool):
-                    return self._execute_tool(running, call, tool, expected)
+                    return self._execute_tool(running, call, tool, expected, agent.retry or self.policy.retry)
                 case machine.WriteToolResult(call=call, content=content, is_error=is_error):
                     updated, message = machine.apply_tool_result(running, call, content, is_error, now)
                     saved = self._save(updated, expected, _tool_completed(call, is_error))
@@ -516,16 +526,17 @@ class AgentRunner:
             if not isinstance(response, ChatResponse):
                 raise DefinitionError(f"chat model returned {type(response).__name__}, expected ChatResponse")
         except Exception as exc:
-            return self._failed_call(turn, exc, expected)
+            return self._failed_call(turn, exc, expected, agent.retry or self.policy.retry)
         updated, message = machine.apply_model_response(turn, response, self.clock())
         response = ChatResponse.model_construct(message=message, usage=response.usage)
         event = {
             "message_id": message.id,
+            "content": message.content,
             "tool_calls": [c.name for c in message.tool_calls],
             "input_tokens": response.usage.input_tokens,
             "output_tokens": response.usage.output_tokens,
         }
-        saved = self._save(updated, expected, (AgentEventType.MODEL_RESPONSE, event))
+        saved = self._save(updated, expected, (AgentEventType.MODEL_RESPONSE, event), _terminal_event(updated))
         if saved.is_terminal:
             self._after_terminal(saved)
         return AgentStepResult(turn=saved, response=response)
@@ -537,8 +548,10 @@ class AgentRunner:
         messages.extend(turn.messages)
         return messages
 
-    def _execute_tool(self, turn: AgentTurn, call: ToolCall, tool: Tool, expected: int) -> AgentStepResult:
-        self._emit(AgentEventType.TOOL_STARTED, turn, tool_call_id=call.id, tool_name=call.name)
+    def _execute_tool(
+        self, turn: AgentTurn, call: ToolCall, tool: Tool, expected: int, retry: RetryPolicy
+    ) -> AgentStepResult:
+        self._carry(AgentEventType.TOOL_STARTED, turn, tool_call_id=call.id, tool_name=call.name)
         submitted = turn.form_data.get(call.id, {})
 
         def progress(data: Any) -> None:
@@ -562,19 +575,27 @@ class AgentRunner:
             suspended = machine.apply_suspension(turn, plan, self.clock())
             return AgentStepResult(turn=self._save(suspended, expected, self._suspended_event(suspended)))
         except Exception as exc:
-            return self._failed_call(turn, exc, expected)
+            return self._failed_call(turn, exc, expected, retry, tool.retry_on)
         updated, message = machine.apply_tool_result(turn, call, content, is_error, self.clock())
         saved = self._save(updated, expected, _tool_completed(call, is_error))
         return AgentStepResult(turn=saved, tool_messages=[message])
 
-    def _failed_call(self, turn: AgentTurn, exc: Exception, expected: int) -> AgentStepResult:
-        """A model or tool call raised: retry later if recoverable and attempts remain, else fail."""
+    def _failed_call(
+        self,
+        turn: AgentTurn,
+        exc: Exception,
+        expected: int,
+        retry: RetryPolicy,
+        retry_on: tuple[type[BaseException], ...] = (),
+    ) -> AgentStepResult:
+        """A model or tool call raised: retry later if transient and attempts remain, else fail."""
         if isinstance(exc, VersionConflictError):
             raise exc
         description = f"{type(exc).__name__}: {exc}"
-        if isinstance(exc, RecoverableError):
-            delay = self.policy.retry.backoff(turn.attempt + 1, exc.retry_after)
-            scheduled = machine.schedule_retry(turn, description, delay, self.policy, self.clock())
+        if retry.is_transient(exc, retry_on):
+            retry_after = exc.retry_after if isinstance(exc, RecoverableError) else None
+            delay = retry.backoff(turn.attempt + 1, retry_after)
+            scheduled = machine.schedule_retry(turn, description, delay, retry, self.clock())
             if scheduled is not None:
                 event = {
                     "attempt": scheduled.attempt,
@@ -604,17 +625,42 @@ class AgentRunner:
         ended = machine.close_out(turn, status, reason, self.policy, self.clock())
         if steps is not None:
             ended = ended.model_copy(update={"steps": steps})
-        saved = self._save(ended, expected)
+        saved = self._save(ended, expected, _terminal_event(ended))
         self._after_terminal(saved)
         return saved
 
     def _after_terminal(self, turn: AgentTurn) -> None:
-        self._emit(TERMINAL_EVENTS[turn.status], turn, error=turn.error, final_output=turn.final_output)
         self._children.cancel_unfinished(turn)
         self._gate.release(turn)
         if turn.parent_turn_id is not None and not self._is_driving(turn.id):
             # A child that ended outside a stepping loop (cancelled, resumed elsewhere) tells its parent now.
             self._children.child_ended(turn)
+
+    def _step_failed(self, turn: AgentTurn, exc: Exception) -> AgentTurn:
+        """Count a step that raised; end the turn FAILED when that makes too many in a row.
+
+        Transient store and lease errors are not the turn's fault and are not counted; nor
+        can anything be counted while the store is unreachable. Returns the newest snapshot.
+        """
+        if isinstance(exc, AgentRunnerError) and exc.retryable:
+            return turn
+        description = f"{type(exc).__name__}: {exc}"
+        try:
+            # The step may have saved before it raised (a READY turn is saved RUNNING first):
+            # count on the stored snapshot, under the caller's fence.
+            current = self.turn_store.load(turn.id)
+            if current.is_terminal:
+                return current
+            current = current.model_copy(update={"lease_fence": turn.lease_fence})
+            failures = current.step_failures + 1
+            if failures >= self.policy.max_step_failures:
+                logger.error("turn %s failed %d steps in a row; ending it: %s", turn.id, failures, description)
+                reason = f"a step failed {failures} times in a row: {description}"
+                return self._finish(current, S.FAILED, reason[:2000])
+            return self.turn_store.save(current.model_copy(update={"step_failures": failures}), current.version)
+        except AgentRunnerError as error:
+            logger.warning("could not count the failed step of turn %s: %s", turn.id, error)
+            return turn
 
     def _cancel_quietly(self, turn_id: str, reason: str | None = None) -> AgentTurn | None:
         """Cancel a turn; a failure is logged (the turn then ends by a later cancel or a sweep)."""
@@ -640,10 +686,14 @@ class AgentRunner:
             machine.apply_resume(turn, command, self.clock(), child=child)  # validate before writing
             recorded = self._children.record(turn_id, child)
             return recorded if recorded is not None else self.turn_store.load(turn_id)
-        event = (
-            AgentEventType.TURN_RESUMED,
-            {"command": command.type, "tool_call_id": command.tool_call_id, "metadata": command.metadata},
-        )
+        resumed: dict[str, Any] = {
+            "command": command.type,
+            "tool_call_id": command.tool_call_id,
+            "metadata": command.metadata,
+        }
+        if command.reason is not None:
+            resumed["reason"] = command.reason
+        event = (AgentEventType.TURN_RESUMED, resumed)
 
         def attempt() -> AgentTurn:
             # Re-validated against the newest snapshot each time: a concurrent decision wins once.
@@ -654,14 +704,56 @@ class AgentRunner:
 
     # --- Persistence and events --------------------------------------------------------------
 
-    def _save(self, turn: AgentTurn, expected_version: int, event: PendingEvent = None) -> AgentTurn:
-        """Compare-and-swap save, then project into ChatMemory and emit the event the save caused."""
-        saved = self.turn_store.save(turn, expected_version)
+    def _save(self, turn: AgentTurn, expected_version: int, *events: PendingEvent) -> AgentTurn:
+        """Compare-and-swap save with the events it causes, then project into ChatMemory and deliver them.
+
+        The events are written in the same transaction as the snapshot (a saved state never
+        lacks its events, an event never describes an unsaved state), with ids made of the
+        turn id, the saved version and their position, so a step re-run after a crash cannot
+        write them twice. Events carried from earlier in the step (TOOL_STARTED, a retry
+        coming due) are saved with them; listeners saw those already.
+        """
+        version = expected_version + 1
+        carried = self._carried(turn.id)
+        built = list(carried)
+        carried.clear()
+        delivered = len(built)
+        for pending in events:
+            if pending is not None:
+                built.append(self._event(pending[0], turn, version, len(built), pending[1]))
+        saved = self.turn_store.save(turn, expected_version, built)
         if saved.conversation_id is not None:
             saved = self._projection.project(saved)
-        if event is not None:
-            self._emit(event[0], saved, **event[1])
+        for event in built[delivered:]:
+            self._deliver(event)
         return saved
+
+    def _event(
+        self, event_type: AgentEventType, turn: AgentTurn, version: int, index: int, data: dict[str, Any]
+    ) -> AgentEvent:
+        """A durable event of the save that gives `turn` the version `version`."""
+        return AgentEvent(
+            event_id=f"{turn.id}:{version}:{index}",
+            type=event_type,
+            turn_id=turn.id,
+            root_turn_id=turn.root_turn_id,
+            conversation_id=turn.conversation_id or turn.root_conversation_id,
+            timestamp=self.clock(),
+            data={"status": turn.status.value, "version": version, **data},
+        )
+
+    def _carried(self, turn_id: str) -> list[AgentEvent]:
+        carried: dict[str, list[AgentEvent]] | None = getattr(self._local, "carried", None)
+        if carried is None:
+            carried = self._local.carried = {}
+        return carried.setdefault(turn_id, [])
+
+    def _carry(self, event_type: AgentEventType, turn: AgentTurn, **data: Any) -> None:
+        """Deliver a durable event now and save it with the turn's next save (it precedes any save)."""
+        carried = self._carried(turn.id)
+        event = self._event(event_type, turn, turn.version + 1, len(carried), data)
+        carried.append(event)
+        self._deliver(event)
 
     @staticmethod
     def _suspended_event(turn: AgentTurn) -> PendingEvent:
@@ -671,20 +763,25 @@ class AgentRunner:
         self._emit(AgentEventType.CHAT_MEMORY_ERROR, turn, error=error)
 
     def _emit(self, event_type: AgentEventType, turn: AgentTurn, **data: Any) -> None:
+        """Deliver an event that is not saved (MODEL_DELTA, TOOL_PROGRESS, CHAT_MEMORY_ERROR) to the listeners."""
         if not self._listeners:
             return
-        event = AgentEvent(
-            type=event_type,
-            turn_id=turn.id,
-            root_turn_id=turn.root_turn_id,
-            conversation_id=turn.conversation_id,
-            data={"status": turn.status.value, "version": turn.version, **data},
+        self._deliver(
+            AgentEvent(
+                type=event_type,
+                turn_id=turn.id,
+                root_turn_id=turn.root_turn_id,
+                conversation_id=turn.conversation_id or turn.root_conversation_id,
+                data={"status": turn.status.value, "version": turn.version, **data},
+            )
         )
+
+    def _deliver(self, event: AgentEvent) -> None:
         for listener in list(self._listeners):
             try:
                 listener(event)
             except Exception:
-                logger.exception("event listener %r raised on %s; the turn goes on", listener, event_type)
+                logger.exception("event listener %r raised on %s; the turn goes on", listener, event.type)
 
     @contextmanager
     def _driving(self, turn_id: str) -> Iterator[None]:
@@ -710,6 +807,12 @@ def _raise_failure(result: AdvanceResult) -> AgentTurn:
     if result.error is not None and result.stopped in (StopReason.FAILED, StopReason.LEASE_LOST):
         raise result.error
     return result.turn
+
+
+def _terminal_event(turn: AgentTurn) -> PendingEvent:
+    if not turn.is_terminal:
+        return None
+    return (TERMINAL_EVENTS[turn.status], {"error": turn.error, "final_output": turn.final_output})
 
 
 def _tool_completed(call: ToolCall, is_error: bool) -> PendingEvent:
