@@ -15,6 +15,8 @@ from agent_runner.errors import (
     AgentRunnerError,
     DefinitionError,
     FormProtocolError,
+    InvalidCursor,
+    InvalidEventQuery,
     InvalidResumeCommand,
     InvalidTransitionError,
     LeaseHeldError,
@@ -28,12 +30,20 @@ from agent_runner.errors import (
     TurnNotFound,
     VersionConflictError,
 )
-from agent_runner.events import AgentEvent, AgentEventListener, AgentEventType
+from agent_runner.events import (
+    DURABLE_EVENT_TYPES,
+    EPHEMERAL_EVENT_TYPES,
+    AgentEvent,
+    AgentEventListener,
+    AgentEventType,
+)
+from agent_runner.feed import EventFeed
 from agent_runner.forms import AgentFormDefinition
 from agent_runner.in_memory import (
     InMemoryAgentTurnStore,
     InMemoryChatMemory,
     InMemoryChatMemoryProvider,
+    InMemoryLiveEvents,
     InMemoryTurnLease,
 )
 from agent_runner.leasing import HeldLease, LeaseKeeper
@@ -57,7 +67,9 @@ from agent_runner.persistence import (
     ChatMemory,
     ChatMemoryProvider,
     ConversationGuard,
+    EventLog,
     Lease,
+    LiveEventChannel,
     TurnDispatcher,
     TurnLease,
     TurnRef,
@@ -120,6 +132,12 @@ __all__ = [
     "AgentEvent",
     "AgentEventListener",
     "AgentEventType",
+    "DURABLE_EVENT_TYPES",
+    "EPHEMERAL_EVENT_TYPES",
+    "EventFeed",
+    "EventLog",
+    "InMemoryLiveEvents",
+    "LiveEventChannel",
     # Backends
     "AgentLoader",
     "AgentTurnStore",
@@ -144,6 +162,8 @@ __all__ = [
     "AgentRunnerError",
     "DefinitionError",
     "FormProtocolError",
+    "InvalidCursor",
+    "InvalidEventQuery",
     "InvalidResumeCommand",
     "InvalidTransitionError",
     "LeaseHeldError",
