@@ -43,6 +43,7 @@ def test_the_scenario_emits_its_events_in_order() -> None:
     # Then: the listener saw this exact sequence
     assert sc.events.types() == [
         E.TURN_STARTED,
+        E.TURN_RUNNING,
         E.MODEL_RESPONSE,
         E.TURN_SUSPENDED,
         E.TURN_RESUMED,
@@ -90,7 +91,7 @@ def test_a_listener_that_raises_never_breaks_the_turn() -> None:
     # Then: the turn completed and later listeners still got every event
     assert turn.status is S.COMPLETED
     assert log.types()[0] is E.TURN_STARTED and log.types()[-1] is E.TURN_COMPLETED
-    assert len(log.types()) == 11
+    assert len(log.types()) == 12
 
 
 class StreamingModel:

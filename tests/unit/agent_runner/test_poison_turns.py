@@ -16,6 +16,7 @@ from agent_runner import (
     AgentWorker,
     AiMessage,
     ChatRequest,
+    ChatResponse,
     InMemoryAgentTurnStore,
     StopReason,
     StoreUnavailableError,
@@ -38,9 +39,9 @@ class CountingModel:
         self.calls = 0
         self.answer = answer
 
-    def generate(self, request: ChatRequest) -> AiMessage:
+    def generate(self, request: ChatRequest) -> ChatResponse:
         self.calls += 1
-        return AiMessage(self.answer)
+        return ChatResponse(message=AiMessage(content=self.answer))
 
 
 def test_a_turn_whose_steps_keep_raising_ends_failed_after_max_step_failures() -> None:

@@ -132,7 +132,8 @@ def test_run_saves_the_ready_snapshot_before_calling_the_model() -> None:
     first = store.saved[0]
     assert (first.status, first.version) == (S.READY, 0)
     assert [m.content for m in first.messages if isinstance(m, UserMessage)] == ["hi"]
-    assert seen_at_call == [[S.READY]]
+    # (then RUNNING: taken off the queue, so that clients can tell it is being worked on)
+    assert seen_at_call == [[S.READY, S.RUNNING]]
     assert turn.status is S.COMPLETED
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Sequence
 
 import pytest
 
@@ -15,6 +16,7 @@ from agent_runner import (
     DefinitionError,
     RetryPolicy,
     ScriptedChatModel,
+    Tool,
     ToolCall,
     tool,
 )
@@ -30,24 +32,23 @@ class TicketApiDown(Exception):
     pass
 
 
-def _agent(tool_fn: object, retry: RetryPolicy | None = None) -> Agent:
+def _agent(tool_fn: Tool, retry: RetryPolicy | None = None) -> Agent:
     model = ScriptedChatModel(
-        [AiMessage(tool_calls=[ToolCall(id="c1", name="work", arguments={})]), AiMessage("done")]
+        [AiMessage(tool_calls=[ToolCall(id="c1", name="work", arguments={})]), AiMessage(content="done")]
     )
-    return Agent(id="a", chat_model=model, tools=[tool_fn], retry=retry)  # type: ignore[list-item]
+    return Agent(id="a", chat_model=model, tools=[tool_fn], retry=retry)
 
 
-def _failing(error: BaseException, times: int = 1, **options: object) -> object:
+def _failing(error: BaseException, times: int = 1, retry_on: Sequence[type[BaseException]] = ()) -> Tool:
     calls = {"n": 0}
 
-    @tool(name="work", **options)  # type: ignore[call-overload]
     def work() -> str:
         calls["n"] += 1
         if calls["n"] <= times:
             raise error
         return "ok"
 
-    return work
+    return Tool(work, retry_on=retry_on)
 
 
 @pytest.mark.parametrize(

@@ -54,7 +54,7 @@ def test_the_setup_function_adds_listeners_and_middleware(plugin_module: str) ->
     from agent_runner import AiMessage, ScriptedChatModel
     from agent_runner.agent import Agent
 
-    runner.run(Agent(id="a", chat_model=ScriptedChatModel([AiMessage("hi")])), "hello")
+    runner.run(Agent(id="a", chat_model=ScriptedChatModel([AiMessage(content="hi")])), "hello")
     assert [e.type.value for e in SEEN][-1] == "TURN_COMPLETED"
 
 
