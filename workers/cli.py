@@ -8,7 +8,9 @@ input (unknown turn, invalid form data, a command that does not fit the turn), 1
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
+import ipaddress
 import json
 import os
 import sys
@@ -181,6 +183,68 @@ def worker(obj: _Context, concurrency: int, lease_ttl: float, poll_interval: flo
         pass
     finally:
         embedded.stop()
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+@main.command()
+@click.option(
+    "--agents", "agents_spec", default=None, help="module:attribute of the agents (default: --agents of the group)."
+)
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535), help="Port to listen on.")
+@click.option(
+    "--worker",
+    "worker_mode",
+    type=click.Choice(["embedded", "celery", "none"]),
+    default=None,
+    help="Who steps turns: threads in this process, Celery workers, or nobody here "
+    "(default: AGENT_RUNNER_API_WORKER, else embedded on SQLite and celery otherwise).",
+)
+@click.option("--concurrency", type=click.IntRange(1, 64), default=None, help="Threads of the embedded worker.")
+@pass_context
+def serve(
+    obj: _Context, agents_spec: str | None, host: str, port: int, worker_mode: str | None, concurrency: int | None
+) -> None:
+    """Serve the HTTP API (and the console) for web apps; see docs/http-api.md."""
+    try:
+        import uvicorn
+
+        from workers.api import ApiSettings, WorkerMode, create_app
+    except ImportError as exc:
+        _fail(f"serving needs the api extra (pip install 'agent-runner[api]'): {exc}", EXIT_BAD_INPUT)
+    spec = agents_spec or obj.agents
+    if not spec:
+        _fail("give the agents to serve with --agents module:attribute (or AGENT_RUNNER_AGENT_LOADER)", EXIT_BAD_INPUT)
+    loader = load_agents(spec)
+    try:
+        settings = ApiSettings.from_env({**os.environ, "AGENT_RUNNER_DATABASE_URL": obj.database_url})
+    except AgentRunnerError as exc:
+        _fail(str(exc), EXIT_BAD_INPUT)
+    if not settings.keys.enabled and not _is_loopback(host):
+        _fail(
+            f"refusing to listen on {host}: without AGENT_RUNNER_API_KEYS the API has no authentication, "
+            "so it only listens on a loopback address (127.0.0.1, ::1, localhost). Set "
+            "AGENT_RUNNER_API_KEYS='tenant:key,...' to serve other hosts.",
+            EXIT_BAD_INPUT,
+        )
+    if concurrency is not None:
+        settings = dataclasses.replace(settings, worker_concurrency=concurrency)
+    app = create_app(
+        settings, agents=loader, database_url=obj.database_url, worker=WorkerMode(worker_mode) if worker_mode else None
+    )
+    mode = app.state.settings.worker_mode.value
+    click.echo(
+        f"serving {len(getattr(loader, 'agents', list)())} agent(s) on http://{host}:{port} (worker: {mode})", err=True
+    )
+    uvicorn.run(app, host=host, port=port, log_level="info", timeout_graceful_shutdown=5)
 
 
 @main.group()
