@@ -63,19 +63,51 @@ def masked_arguments(agent: Agent | None, call: ToolCall) -> dict[str, Any]:
     return dict(call.arguments) if tool is None else tool.masked_arguments(call.arguments)
 
 
-def tool_call_view(agent: Agent | None, call: ToolCall) -> dict[str, Any]:
+ArgumentMask = Callable[[ToolCall], dict[str, Any]]
+"""Returns the arguments of a call as they may be shown."""
+
+
+def agent_mask(agent: Agent | None) -> ArgumentMask:
+    """The mask of one agent's calls (every value masked when the agent is unknown)."""
+    return lambda call: masked_arguments(agent, call)
+
+
+def catalog_mask(loader: AgentLoader) -> ArgumentMask:
+    """A mask for calls whose agent is not known, such as those in a conversation's history.
+
+    An argument is masked when any agent the loader lists marks it sensitive on a tool of
+    that name; every argument of a tool no listed agent has is masked.
+    """
+    lister = getattr(loader, "agents", None)
+    sensitive: dict[str, set[str]] = {}
+    for agent in lister() if callable(lister) else []:
+        for tool in agent.tools:
+            sensitive.setdefault(tool.name, set()).update(tool.sensitive)
+        for sub in agent.sub_agents:
+            sensitive.setdefault(sub.id, set())
+
+    def mask(call: ToolCall) -> dict[str, Any]:
+        names = sensitive.get(call.name)
+        if names is None:
+            return {name: MASK for name in call.arguments}
+        return {k: (MASK if k in names else v) for k, v in call.arguments.items()}
+
+    return mask
+
+
+def tool_call_view(mask: ArgumentMask, call: ToolCall) -> dict[str, Any]:
     """`{"id", "name", "arguments"}` with the arguments masked."""
-    return {"id": call.id, "name": call.name, "arguments": masked_arguments(agent, call)}
+    return {"id": call.id, "name": call.name, "arguments": mask(call)}
 
 
-def message_view(agent: Agent | None, message: AnyMessage) -> dict[str, Any]:
+def message_view(mask: ArgumentMask, message: AnyMessage) -> dict[str, Any]:
     """The JSON of a model or page message, with the arguments of its tool calls masked.
 
     Page messages already hold masked arguments (they were masked when the card was made).
     """
     data = message.model_dump(mode="json")
     if isinstance(message, AiMessage) and message.tool_calls:
-        data["tool_calls"] = [tool_call_view(agent, call) for call in message.tool_calls]
+        data["tool_calls"] = [tool_call_view(mask, call) for call in message.tool_calls]
     return data
 
 
@@ -93,7 +125,7 @@ def suspension_view(turn: AgentTurn, agent: Agent | None) -> dict[str, Any] | No
         "correlation_id": suspension.correlation_id,
         "message": suspension.message,
         "form": None if suspension.form is None else suspension.form.to_dict(),
-        "tool_call": None if call is None else tool_call_view(agent, call),
+        "tool_call": None if call is None else tool_call_view(agent_mask(agent), call),
     }
 
 
@@ -112,6 +144,7 @@ def turn_view(
         messages: Include the turn's messages.
         show_conversation: Maps the stored conversation id to the one shown.
     """
+    mask = agent_mask(agent)
     view: dict[str, Any] = {
         "id": turn.id,
         "agent_id": turn.agent_id,
@@ -122,7 +155,7 @@ def turn_view(
         "status": turn.status.value,
         "phase": turn.phase.value,
         "suspension": suspension_view(turn, agent),
-        "pending_tool_calls": [tool_call_view(agent, call) for call in turn.pending_tool_calls],
+        "pending_tool_calls": [tool_call_view(mask, call) for call in turn.pending_tool_calls],
         "final_output": turn.final_output,
         "error": turn.error,
         "usage": turn.usage.model_dump(mode="json"),
@@ -137,7 +170,7 @@ def turn_view(
         "version": turn.version,
     }
     if messages:
-        view["messages"] = [message_view(agent, message) for message in turn.messages]
+        view["messages"] = [message_view(mask, message) for message in turn.messages]
     return view
 
 
