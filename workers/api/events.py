@@ -41,9 +41,6 @@ KEEPALIVE_S = 10.0
 STREAM_THREADS = 256
 """Streams that can wait on the feed at the same time; more wait for a free thread."""
 
-_TERMINAL_EVENT_WAIT_S = 2.0
-"""How long a stream whose root turn has ended waits for its terminal event to become readable."""
-
 _limiter: anyio.CapacityLimiter | None = None
 
 _CURSOR_PATTERN = r"^[A-Za-z0-9._:-]{0,256}$"
@@ -129,6 +126,17 @@ class _Stream:
             self.cursor = events[-1].cursor
         return events
 
+    def root_end_stored(self) -> bool:
+        """Whether the root turn's terminal event is readable, wherever it lies in the stream."""
+        after: str | None = None
+        while True:
+            page = self.feed.read(root_turn_id=self.root_turn_id, after=after, limit=DEFAULT_EVENT_PAGE)
+            if any(e.turn_id == self.root_turn_id and e.type.is_terminal for e in page):
+                return True
+            if len(page) < DEFAULT_EVENT_PAGE:
+                return False
+            after = page[-1].cursor
+
     def next_event(self, timeout: float) -> AgentEvent | None:
         """The next event, waiting up to `timeout` seconds for one; None when none came."""
         if self._following is None:
@@ -179,22 +187,21 @@ async def _replay(stream: _Stream, page: list[AgentEvent], write: _Writer) -> As
 
 
 async def _finish(runtime: Runtime, stream: _Stream, write: _Writer, root_turn_id: str) -> AsyncIterator[str]:
-    """If the root turn has ended: send the rest of its events, then `end`; else nothing."""
+    """If the root turn has ended and its terminal event is out: send what is left, then `end`.
+
+    The terminal event is stored with the turn's last save, but on PostgreSQL it becomes
+    readable a moment later (see the event log), so the status alone does not end the
+    stream. When this stream has not sent that event, it either lies before the client's
+    cursor (stored, so `end` now) or is not readable yet (the follow brings it).
+    """
     ref = await _in_thread(runtime.turn_store.get_ref, root_turn_id)
     if not ref.status.is_terminal:
         return
-    # The terminal event is stored with the last save. On PostgreSQL it may take a moment
-    # to become readable (see the event log); unless it already went out (or lies before the
-    # client's cursor, which a short wait cannot tell apart), give it that moment.
-    deadline = time.monotonic() + _TERMINAL_EVENT_WAIT_S
-    while True:
-        async for chunk in _replay(stream, await _in_thread(stream.read_page), write):
-            yield chunk
-        if write.root_ended or time.monotonic() > deadline:
-            break
-        await anyio.sleep(0.05)
-    yield _end(root_turn_id, ref.status.value)
-    write.root_ended = True
+    async for chunk in _replay(stream, await _in_thread(stream.read_page), write):
+        yield chunk
+    if write.root_ended or await _in_thread(stream.root_end_stored):
+        yield _end(root_turn_id, ref.status.value)
+        write.root_ended = True
 
 
 async def _follow(
