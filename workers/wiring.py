@@ -48,10 +48,13 @@ class Wiring:
     guard: store.RedisConversationGuard
     dispatcher: CeleryDispatcher
     keeper: LeaseKeeper
+    live: store.RedisLiveEvents
+    """The live event channel every event of this process's runner is published to."""
     engine: Engine = field(repr=False)
 
     def close(self) -> None:
         """Close the Redis clients and the database pool."""
+        self.live.close()
         self.lease.close()
         self.guard.close()
         self.engine.dispose()
@@ -97,8 +100,13 @@ def build_wiring(
         dispatcher=dispatcher,
         conversation_guard=guard,
     )
-    if settings.inbox_agent is not None:
-        runner.add_event_listener(InboxNotifier(dispatcher))
+    # Every event leaves the process: deltas and progress live only, durable events as a
+    # wake-up for followers (they are read from the store).
+    live = store.RedisLiveEvents(settings.redis_url, prefix=settings.redis_prefix)
+    runner.add_event_listener(live.publish)
+    # A turn that ends frees its conversation for the next queued message (queued messages
+    # name their agent, or fall back to AGENT_RUNNER_INBOX_AGENT).
+    runner.add_event_listener(InboxNotifier(dispatcher))
     apply_runner_setup(runner, settings.runner_setup)
     return Wiring(
         settings=settings,
@@ -110,6 +118,7 @@ def build_wiring(
         guard=guard,
         dispatcher=dispatcher,
         keeper=LeaseKeeper(lease, settings.lease_ttl_ms, name=f"celery worker {os.getpid()}"),
+        live=live,
         engine=engine,
     )
 

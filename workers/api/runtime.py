@@ -270,35 +270,25 @@ def _stop_worker(worker: AgentWorker) -> None:
 
 def _celery_runtime(settings: ApiSettings, agent_loader: AgentLoader | None) -> Runtime:
     # The only place the HTTP server touches the Celery wiring.
-    from workers import app as app_module
+    from workers.app import create_app
     from workers.wiring import build_wiring
 
     worker_settings = settings.workers
-    celery_app: Any = (
-        app_module.app if worker_settings == app_module.settings else app_module.create_app(worker_settings)
-    )
+    # A producer sends tasks by name: an app of its own, configured from the server's settings.
+    celery_app: Any = create_app(worker_settings)
     wiring = build_wiring(worker_settings, celery_app, agent_loader=agent_loader)
     try:
         idempotency = store.IdempotencyKeys(wiring.engine)
-        live = store.RedisLiveEvents(worker_settings.redis_url, prefix=worker_settings.redis_prefix)
     except BaseException:
         wiring.close()
         raise
-    # Events of what this process does (starts, resumes, cancels) go live too; the workers
-    # publish those of the steps.
-    wiring.runner.add_event_listener(live.publish)
+    # The wiring publishes the events of what this process does (starts, resumes, cancels)
+    # to the live channel, like the workers do for the steps.
+    live = wiring.live
     runner = wiring.runner
     memories = runner.chat_memory_provider
     assert isinstance(memories, store.SqlChatMemoryProvider)
     dispatcher = wiring.dispatcher
-    if worker_settings.inbox_agent is None:
-        # The wiring asks for the next inbox message when a turn ends only when a default
-        # inbox agent is configured; messages queued here name their agent, so ask always.
-        def ask_for_next(event: AgentEvent) -> None:
-            if event.type.is_terminal and event.conversation_id is not None:
-                dispatcher.send_inbox(event.conversation_id)
-
-        runner.add_event_listener(ask_for_next)
 
     def check_redis() -> None:
         wiring.guard.holder("agent-runner-readiness-probe")
@@ -320,5 +310,4 @@ def _celery_runtime(settings: ApiSettings, agent_loader: AgentLoader | None) -> 
         checks={"database": _database_check(wiring.engine), "redis": check_redis, "broker": check_broker},
     )
     runtime._stops.append(wiring.close)
-    runtime._stops.append(live.close)
     return runtime

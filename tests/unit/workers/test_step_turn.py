@@ -115,6 +115,7 @@ def wiring(
         guard=None,  # type: ignore[arg-type]
         dispatcher=dispatcher,
         keeper=LeaseKeeper(InMemoryTurnLease(), 30_000),
+        live=None,  # type: ignore[arg-type]
         engine=None,  # type: ignore[arg-type]
     )
     return built, store, app
