@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
@@ -505,6 +506,13 @@ class AgentRunner:
         except VersionConflictError as conflict:
             # Someone else advanced the turn (a resume, a cancel, another worker): never
             # overwrite it; hand back the newer snapshot.
+            logger.warning(
+                "turn %s changed while a step ran (the step expected version %s, the store has %s); "
+                "the step's save is dropped and the newer snapshot wins",
+                turn.id,
+                conflict.expected_version,
+                conflict.actual_version,
+            )
             return AgentStepResult(turn=self.turn_store.load(turn.id), error=conflict)
         raise AssertionError(f"unhandled plan {plan!r}")  # pragma: no cover
 
@@ -515,9 +523,7 @@ class AgentRunner:
         request = ChatRequest.model_construct(
             messages=self._request_messages(turn, agent),
             tools=agent.tool_specs(),
-            on_delta=(lambda text: self._emit(AgentEventType.MODEL_DELTA, turn, delta=text))
-            if self._listeners
-            else None,
+            on_delta=_DeltaSink(self, turn),
         )
         try:
             raw: object = chain(self.middleware, "wrap_model", chat_model.generate)(request)
@@ -525,6 +531,10 @@ class AgentRunner:
             response = ChatResponse(message=raw) if isinstance(raw, AiMessage) else raw
             if not isinstance(response, ChatResponse):
                 raise DefinitionError(f"chat model returned {type(response).__name__}, expected ChatResponse")
+        except _CancelledMidCall:
+            # Cancelled while the answer streamed in: stop paying for it and end the turn now.
+            reason = self.policy.cancellation_reason
+            return AgentStepResult(turn=self._finish(turn, S.CANCELLED, reason, expected_version=expected))
         except Exception as exc:
             return self._failed_call(turn, exc, expected, agent.retry or self.policy.retry)
         updated, message = machine.apply_model_response(turn, response, self.clock())
@@ -800,6 +810,38 @@ class AgentRunner:
     def _is_driving(self, turn_id: str) -> bool:
         driving: set[str] | None = getattr(self._local, "driving", None)
         return bool(driving) and turn_id in driving  # type: ignore[operator]
+
+
+class _CancelledMidCall(Exception):
+    """Raised through a streaming model call whose turn was cancelled meanwhile."""
+
+
+class _DeltaSink:
+    """`ChatRequest.on_delta` of one model call: MODEL_DELTA events, and a watch on the cancel flag.
+
+    A cancel of a RUNNING turn only sets its flag. While the answer streams, the flag is
+    read at most every `CANCEL_CHECK_S` seconds; once it is seen, the stream is abandoned
+    (the model adapter stops reading, so no more tokens are paid for) and the turn ends.
+    """
+
+    CANCEL_CHECK_S = 0.5
+
+    def __init__(self, runner: AgentRunner, turn: AgentTurn) -> None:
+        self.runner = runner
+        self.turn = turn
+        self.next_check = time.monotonic() + self.CANCEL_CHECK_S
+
+    def __call__(self, text: str) -> None:
+        now = time.monotonic()
+        if now >= self.next_check:
+            self.next_check = now + self.CANCEL_CHECK_S
+            try:
+                cancelled = self.runner.turn_store.get_ref(self.turn.id).cancel_requested
+            except AgentRunnerError:
+                cancelled = False  # the store is the truth; its blip must not break the stream
+            if cancelled:
+                raise _CancelledMidCall(self.turn.id)
+        self.runner._emit(AgentEventType.MODEL_DELTA, self.turn, delta=text)
 
 
 def _raise_failure(result: AdvanceResult) -> AgentTurn:
