@@ -6,7 +6,7 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from agent_runner.errors import AgentConversationBusyException, AgentRunnerError
+from agent_runner.errors import AgentConversationBusyException, AgentRunnerError, VersionConflictError
 from agent_runner.events import AgentEvent
 from agent_runner.persistence import AgentTurnStore, ConversationGuard
 from agent_runner.snapshot import AgentTurn
@@ -43,6 +43,10 @@ class ConversationGate:
         except AgentConversationBusyException as busy:
             # The guard had lost track (for example Redis lost its data): repair it from the store.
             self._call(guard.replace, conversation, turn.id, busy.active_turn_id)
+            raise
+        except VersionConflictError:
+            # A turn with this id is stored (a repeated start with a chosen id): a mark under
+            # this id is that turn's, so it stays.
             raise
         except BaseException:
             self._call(guard.release, conversation, turn.id)

@@ -40,6 +40,10 @@ class AgentEventType(StrEnum):
     BUDGET_EXCEEDED = "BUDGET_EXCEEDED"
     CHAT_MEMORY_ERROR = "CHAT_MEMORY_ERROR"
     """Projecting a saved turn into ChatMemory failed; the turn is fine and projection is retried."""
+    DEADLINE_APPROACHING = "DEADLINE_APPROACHING"
+    """A waiting approval or form is most of the way to its deadline (emitted once, for reminders).
+
+    `data` holds `correlation_id`, `suspension_type`, `deadline` and `on_timeout`."""
 
     @property
     def is_terminal(self) -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any
 
 import jsonschema
@@ -22,11 +23,20 @@ class AgentFormDefinition:
         description: When to use the form; shown to the model and the user.
         schema: The JSON Schema of the form's data. It is frozen into the suspension when
             the turn waits, and submitted data is validated against that frozen copy.
+        timeout: How long a person has to fill the form in (a `timedelta` or seconds);
+            None waits for ever. The deadline is recorded in the suspension.
+        on_timeout: What happens when the deadline passes: `"reject"` answers the call
+            with an error ToolMessage saying nobody filled the form in (the model goes on),
+            `"submit"` submits `default_data` as if a person had.
+        default_data: The data `"submit"` submits; it must match `schema`.
     """
 
     key: str
     description: str = ""
     schema: dict[str, Any] = field(default_factory=lambda: {"type": "object"})
+    timeout: timedelta | float | None = None
+    on_timeout: str = "reject"
+    default_data: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         import re
@@ -39,10 +49,40 @@ class AgentFormDefinition:
             jsonschema.validators.validator_for(self.schema).check_schema(self.schema)
         except SchemaError as exc:
             raise DefinitionError(f"form {self.key!r} has an invalid JSON Schema: {exc.message}") from exc
+        _check_timeout(self)
 
     def to_dict(self) -> dict[str, Any]:
         """Return the JSON form of the definition (as frozen into suspensions)."""
         return {"key": self.key, "description": self.description, "schema": self.schema}
+
+
+def timeout_delta(value: timedelta | float | None, what: str) -> timedelta | None:
+    """`value` as a positive `timedelta` (numbers are seconds); None stays None.
+
+    Raises:
+        DefinitionError: The value is not a positive duration.
+    """
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, timedelta | int | float):
+        raise DefinitionError(f"{what} must be a timedelta or a number of seconds, got {value!r}")
+    delta = value if isinstance(value, timedelta) else timedelta(seconds=value)
+    if not delta > timedelta(0):
+        raise DefinitionError(f"{what} must be positive, got {value!r}")
+    return delta
+
+
+def _check_timeout(form: AgentFormDefinition) -> None:
+    # The definition is frozen: normalize through object.__setattr__, as dataclasses do.
+    object.__setattr__(form, "timeout", timeout_delta(form.timeout, f"form {form.key!r}: timeout"))
+    if form.on_timeout not in ("reject", "submit"):
+        raise DefinitionError(f"form {form.key!r}: on_timeout must be 'reject' or 'submit', got {form.on_timeout!r}")
+    if form.on_timeout == "submit":
+        if form.default_data is None:
+            raise DefinitionError(f"form {form.key!r}: on_timeout='submit' needs default_data")
+        errors = validate_form_data(form.schema, form.default_data)
+        if errors:
+            raise DefinitionError(f"form {form.key!r}: default_data does not match the schema: " + "; ".join(errors))
 
 
 class FormDataError(str):

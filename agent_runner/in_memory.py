@@ -280,6 +280,13 @@ class InMemoryAgentTurnStore:
         turns.sort(key=lambda t: t.next_retry_at or t.updated_at)
         return [_ref(t) for t in turns[:limit]]
 
+    def list_due_timers(self, now: datetime, limit: int = 100) -> list[TurnRef]:
+        """Return waiting turns whose deadline reminder or deadline is due at `now`, earliest first."""
+        with self._lock:
+            due = [(t.wake_at, t) for t in self._turns.values() if t.wake_at is not None and t.wake_at <= now]
+        due.sort(key=lambda item: (item[0], item[1].id))
+        return [_ref(t) for _, t in due[:limit]]
+
 
 def model_window(messages: Sequence[AnyMessage], count: int) -> list[ModelMessage]:
     """Return the newest `count` model-visible messages, oldest first, without a leading orphan ToolMessage."""

@@ -22,7 +22,15 @@ from agent_runner.messages import ActionStatus, AiMessage, ModelMessage, ToolCal
 from agent_runner.models import ChatResponse
 from agent_runner.policy import AgentExecutionPolicy, RetryPolicy
 from agent_runner.snapshot import AgentTurn, AgentTurnStatus, ChildLink, PageAction
-from agent_runner.suspensions import AgentResumeCommand, AgentSuspension, Phase, ResumeType, SuspensionType
+from agent_runner.suspensions import (
+    DEADLINE_REASON,
+    AgentResumeCommand,
+    AgentSuspension,
+    Phase,
+    ResumeType,
+    SuspensionType,
+    TimeoutAction,
+)
 from agent_runner.tools import INVALID_ARGUMENTS_KEY, AgentUserInputTool, Tool
 
 S = AgentTurnStatus
@@ -113,10 +121,12 @@ class WriteToolResult:
 
 @dataclass(frozen=True)
 class Suspend:
-    """Stop and wait for a person."""
+    """Stop and wait for a person (until `timeout`, if set; then `on_timeout` applies)."""
 
     suspension: AgentSuspension
     page_action: PageAction | None
+    timeout: timedelta | None = None
+    on_timeout: TimeoutAction | None = None
 
 
 @dataclass(frozen=True)
@@ -203,7 +213,10 @@ def _plan_tool(turn: AgentTurn, agent: Agent, call: ToolCall) -> StepPlan:
             "arguments": masked,
         }
         return Suspend(
-            suspension, PageAction(message_id=payload["id"], action_id=call.id, kind="approval", payload=payload)
+            suspension,
+            PageAction(message_id=payload["id"], action_id=call.id, kind="approval", payload=payload),
+            timeout=tool.approval_timeout,
+            on_timeout=TimeoutAction(tool.on_timeout) if tool.approval_timeout is not None else None,
         )
     return ExecuteTool(call, tool)
 
@@ -236,7 +249,13 @@ def form_suspension(turn: AgentTurn, call: ToolCall, form: AgentFormDefinition, 
         "description": form.description,
         "schema": form.schema,
     }
-    return Suspend(suspension, PageAction(message_id=payload["id"], action_id=call.id, kind="form", payload=payload))
+    timeout = form.timeout if isinstance(form.timeout, timedelta) else None
+    return Suspend(
+        suspension,
+        PageAction(message_id=payload["id"], action_id=call.id, kind="form", payload=payload),
+        timeout=timeout,
+        on_timeout=TimeoutAction(form.on_timeout) if timeout is not None else None,
+    )
 
 
 def page_message_id(turn_id: str, tool_call_id: str) -> str:
@@ -326,19 +345,43 @@ def _without_call(calls: list[ToolCall], call_id: str) -> list[ToolCall]:
     return list(calls)
 
 
-def apply_suspension(turn: AgentTurn, plan: Suspend, now: datetime, *, count_step: bool = True) -> AgentTurn:
-    """Suspend the turn; the status follows from the suspension type."""
+def apply_suspension(
+    turn: AgentTurn, plan: Suspend, now: datetime, *, count_step: bool = True, reminder: float | None = None
+) -> AgentTurn:
+    """Suspend the turn; the status follows from the suspension type.
+
+    With a `plan.timeout`, the suspension records its deadline (now + timeout), the default
+    applied then, and, with `reminder` (a fraction of the timeout), when DEADLINE_APPROACHING is due.
+    """
     actions = turn.page_actions
     if plan.page_action is not None:
         actions = [a for a in actions if a.message_id != plan.page_action.message_id] + [plan.page_action]
+    suspension = plan.suspension
+    if plan.timeout is not None and plan.on_timeout is not None:
+        suspension = AgentSuspension.model_validate(
+            {
+                **dict(suspension),
+                "created_at": now,
+                "deadline": now + plan.timeout,
+                "on_timeout": plan.on_timeout,
+                "remind_at": None if reminder is None else now + plan.timeout * reminder,
+            }
+        )
     return transition(
         turn,
-        SUSPENSION_STATUS[plan.suspension.type],
+        SUSPENSION_STATUS[suspension.type],
         now,
-        suspension=plan.suspension,
+        suspension=suspension,
         page_actions=actions,
         steps=turn.steps + (1 if count_step else 0),
     )
+
+
+def apply_reminder(turn: AgentTurn, now: datetime) -> AgentTurn:
+    """Record that the DEADLINE_APPROACHING reminder of the turn's suspension went out."""
+    if turn.suspension is None:
+        return turn
+    return touch(turn, now, suspension=turn.suspension.model_copy(update={"reminded_at": now}))
 
 
 def apply_children_spawned(turn: AgentTurn, links: list[ChildLink], now: datetime) -> AgentTurn:
@@ -448,6 +491,8 @@ def apply_resume(
         raise InvalidResumeCommand(
             f"turn {turn.id!r} is {turn.status}, not waiting for a resume command", turn_id=turn.id
         )
+    if command.type is ResumeType.DEADLINE:
+        return _resume_deadline(turn, suspension, command, now)
     expected = _EXPECTED_SUSPENSION[command.type]
     if suspension.type is not expected:
         raise InvalidResumeCommand(
@@ -463,6 +508,7 @@ def apply_resume(
             return _resume_child(turn, command, child, now)
         case ResumeType.RETRY:
             return transition(turn, S.RUNNING, now, suspension=None, next_retry_at=None)
+    raise InvalidResumeCommand(f"unknown command type {command.type}", turn_id=turn.id)  # pragma: no cover
 
 
 _EXPECTED_SUSPENSION = {
@@ -520,7 +566,11 @@ def _decide_action(
     now: datetime,
     reason: str | None = None,
 ) -> list[PageAction]:
-    record = decision(decider(command), now, reason)
+    if command.type is ResumeType.DEADLINE:
+        reason = DEADLINE_REASON
+    record = decision(
+        decider(command) or (SYSTEM_DECIDER if command.type is ResumeType.DEADLINE else None), now, reason
+    )
     return [
         a.model_copy(update={"status": status, "synced": False, "decision": record}) if a.action_id == call_id else a
         for a in turn.page_actions
@@ -544,9 +594,20 @@ def _resume_user_input(
             turn_id=turn.id,
         )
     call = _check_call_id(turn, suspension, command)
+    return _submit_form(turn, suspension, call, command.data, command, now)
+
+
+def _submit_form(
+    turn: AgentTurn,
+    suspension: AgentSuspension,
+    call: ToolCall,
+    data: dict[str, Any],
+    command: AgentResumeCommand,
+    now: datetime,
+) -> AgentTurn:
     form = suspension.form
     schema = form.schema if form is not None else {"type": "object"}
-    errors = validate_form_data(schema, command.data)
+    errors = validate_form_data(schema, data)
     if errors:
         raise InvalidResumeCommand(
             f"form data for call {call.id!r} does not match the form's schema: " + "; ".join(errors),
@@ -562,11 +623,11 @@ def _resume_user_input(
             now,
             suspension=None,
             phase=Phase.TOOLS,
-            form_data={**turn.form_data, call.id: dict(command.data)},
+            form_data={**turn.form_data, call.id: dict(data)},
             page_actions=actions,
         )
     resumed = transition(turn, S.RUNNING, now, suspension=None, page_actions=actions)
-    content = json.dumps(command.data, ensure_ascii=False, sort_keys=False)
+    content = json.dumps(data, ensure_ascii=False, sort_keys=False)
     resumed, _ = apply_tool_result(resumed, call, content, False, now)
     # Writing the answer is part of the resume, not a step of the turn.
     return resumed.model_copy(update={"steps": turn.steps})
@@ -576,7 +637,13 @@ def _resume_approval(
     turn: AgentTurn, suspension: AgentSuspension, command: AgentResumeCommand, now: datetime
 ) -> AgentTurn:
     call = _check_call_id(turn, suspension, command)
-    if command.type is ResumeType.APPROVE_TOOL:
+    return _decide_approval(turn, call, command.type is ResumeType.APPROVE_TOOL, command, now)
+
+
+def _decide_approval(
+    turn: AgentTurn, call: ToolCall, approved: bool, command: AgentResumeCommand, now: datetime
+) -> AgentTurn:
+    if approved:
         return transition(
             turn,
             S.RUNNING,
@@ -589,8 +656,43 @@ def _resume_approval(
     reason = command.reason or "rejected by the user"
     actions = _decide_action(turn, call.id, ActionStatus.REJECTED, command, now, reason)
     resumed = transition(turn, S.RUNNING, now, suspension=None, page_actions=actions)
-    resumed, _ = apply_tool_result(resumed, call, f"The user rejected this tool call: {reason}", True, now)
+    if command.type is ResumeType.DEADLINE:
+        content = "Nobody approved this tool call before its deadline, so it was not run."
+    else:
+        content = f"The user rejected this tool call: {reason}"
+    resumed, _ = apply_tool_result(resumed, call, content, True, now)
     return resumed.model_copy(update={"steps": turn.steps})
+
+
+def _resume_deadline(
+    turn: AgentTurn, suspension: AgentSuspension, command: AgentResumeCommand, now: datetime
+) -> AgentTurn:
+    """Apply the suspension's `on_timeout` default once its deadline has passed."""
+    if suspension.deadline is None or suspension.on_timeout is None:
+        raise InvalidResumeCommand(f"turn {turn.id!r} waits without a deadline", turn_id=turn.id)
+    if now < suspension.deadline:
+        raise InvalidResumeCommand(
+            f"the deadline of turn {turn.id!r} is {suspension.deadline.isoformat()}; it has not passed",
+            turn_id=turn.id,
+        )
+    call = _check_call_id(turn, suspension, command)
+    match suspension.on_timeout:
+        case TimeoutAction.APPROVE | TimeoutAction.REJECT if suspension.type is SuspensionType.TOOL_APPROVAL:
+            return _decide_approval(turn, call, suspension.on_timeout is TimeoutAction.APPROVE, command, now)
+        case TimeoutAction.SUBMIT if suspension.form is not None and suspension.form.default_data is not None:
+            return _submit_form(turn, suspension, call, dict(suspension.form.default_data), command, now)
+        case TimeoutAction.REJECT if suspension.form is not None:
+            actions = _decide_action(turn, call.id, ActionStatus.REJECTED, command, now)
+            resumed = transition(turn, S.RUNNING, now, suspension=None, page_actions=actions)
+            content = (
+                f"Nobody filled in the form {suspension.form.key!r} before its deadline. "
+                "Go on without it, or tell the user what is missing."
+            )
+            resumed, _ = apply_tool_result(resumed, call, content, True, now)
+            return resumed.model_copy(update={"steps": turn.steps})
+    raise InvalidResumeCommand(  # pragma: no cover - AgentSuspension validates the combination
+        f"turn {turn.id!r}: on_timeout {suspension.on_timeout} does not apply to {suspension.type}", turn_id=turn.id
+    )
 
 
 def _resume_child(turn: AgentTurn, command: AgentResumeCommand, child: AgentTurn | None, now: datetime) -> AgentTurn:

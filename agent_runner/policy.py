@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import random
 import string
-from typing import Any, ClassVar
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import Field, field_validator, model_validator
 
 from agent_runner._base import PositionalModel
 from agent_runner.errors import DefinitionError, RecoverableError
+
+if TYPE_CHECKING:
+    from agent_runner.agent import Agent
 
 TEMPLATE_FIELDS = frozenset({"reason", "turn_id", "tool_call_id", "tool_name"})
 
@@ -66,6 +70,16 @@ class RetryPolicy(PositionalModel):
         return delay
 
 
+def _override(base: RetryPolicy, fields: Mapping[str, Any], agent_id: str) -> RetryPolicy:
+    unknown = set(fields) - set(RetryPolicy.model_fields)
+    if unknown:
+        raise DefinitionError(
+            f"retry override of agent {agent_id!r} names unknown fields {sorted(unknown)}; "
+            f"known: {sorted(RetryPolicy.model_fields)}"
+        )
+    return RetryPolicy.model_validate({**dict(base), **fields})
+
+
 class Budget(PositionalModel):
     """Spending limits of a turn, children included; exceeding one ends the turn with BUDGET_EXCEEDED."""
 
@@ -109,6 +123,13 @@ class AgentExecutionPolicy(PositionalModel):
     """Consecutive steps that may raise an unexpected exception (a bug, a poison model response
     that cannot be saved) before the turn ends FAILED, instead of being retried for ever.
     Transient infrastructure errors (an unreachable store or lease backend) do not count."""
+    deadline_reminder: float | None = Field(default=0.8, gt=0, lt=1)
+    """Fraction of the time between a suspension and its deadline after which the
+    DEADLINE_APPROACHING event is emitted, once (None: no reminder)."""
+    retry_overrides: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    """Per agent id, `RetryPolicy` fields that override the agent's own policy (`Agent(retry=...)`,
+    else `retry`), for example from the deployment's configuration: `{"support-agent":
+    {"max_attempts": 5}}`. Fields not named keep the agent's values."""
 
     @field_validator("interrupted_tool_message_template")
     @classmethod
@@ -125,6 +146,19 @@ class AgentExecutionPolicy(PositionalModel):
         if not self.cancellation_reason:
             raise DefinitionError("cancellation_reason must not be empty")
         return self
+
+    @field_validator("retry_overrides")
+    @classmethod
+    def _known_retry_fields(cls, value: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        for agent_id, fields in value.items():
+            _override(RetryPolicy(), fields, agent_id)  # every field valid on its own
+        return value
+
+    def retry_for(self, agent: Agent) -> RetryPolicy:
+        """The retry schedule of `agent`'s calls: its overrides over `agent.retry`, else over `retry`."""
+        base = agent.retry or self.retry
+        fields = self.retry_overrides.get(agent.id)
+        return base if not fields else _override(base, fields, agent.id)
 
     def render(self, template: str, **values: Any) -> str:
         """Fill a close-out template; missing placeholders render as empty strings."""

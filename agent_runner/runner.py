@@ -251,10 +251,33 @@ class AgentRunner:
         conversation_id: str | None = None,
         tenant_id: str | None = None,
         metadata: dict[str, Any] | None = None,
+        turn_id: str | None = None,
     ) -> AgentTurn:
-        """Create and save a READY turn without running it (a worker picks it up); arguments as for `run`."""
+        """Create and save a READY turn without running it (a worker picks it up).
+
+        Args:
+            agent: An `Agent`, or the id of one the agent loader knows.
+            message: The new user message.
+            history: Explicit earlier messages (copied into the turn; no conversation is bound).
+            conversation_id: Start inside this conversation (see `run`).
+            tenant_id: The tenant that owns the turn (inherited by its child turns).
+            metadata: JSON data kept with the turn.
+            turn_id: The new turn's id (default: a random one). A start with an id that is
+                already stored raises `VersionConflictError`, which makes a start that may
+                be repeated (a scheduled tick) happen once.
+
+        Raises:
+            AgentConversationBusyException: The conversation already has an active turn.
+            VersionConflictError: A turn with `turn_id` is stored already.
+        """
         turn = self._create(
-            agent, message, history=history, conversation_id=conversation_id, tenant_id=tenant_id, metadata=metadata
+            agent,
+            message,
+            history=history,
+            conversation_id=conversation_id,
+            tenant_id=tenant_id,
+            metadata=metadata,
+            turn_id=turn_id,
         )
         self._execution.dispatch(turn)
         return turn
@@ -403,6 +426,51 @@ class AgentRunner:
         suspended = machine.apply_suspension(turn, machine.Suspend(suspension, None), self.clock(), count_step=False)
         return self._save(suspended, turn.version, self._suspended_event(suspended))
 
+    def apply_deadline(self, turn_id: str) -> AgentTurn:
+        """Act on a waiting turn whose deadline reminder or deadline has come (the deadline sweep calls this).
+
+        Once the deadline has passed, the suspension's `on_timeout` default goes through the
+        normal resume path (`AgentResumeCommand.deadline_passed`, decided by `"system"` with
+        the reason "deadline passed", then `submit_resume`), so its events and page actions
+        are those of any decision and a worker continues the turn. A decision that came
+        first wins; the default is then not applied. Before the deadline, once the reminder
+        time has passed, DEADLINE_APPROACHING is saved with the turn and emitted, once.
+        Otherwise nothing changes.
+
+        Returns:
+            The newest snapshot.
+        """
+        due: list[AgentSuspension] = []
+
+        def attempt() -> AgentTurn:
+            turn = self.turn_store.load(turn_id)
+            suspension = turn.suspension
+            now = self.clock()
+            if suspension is None or turn.wake_at is None or suspension.deadline is None or turn.wake_at > now:
+                return turn
+            if suspension.deadline <= now:
+                due.append(suspension)
+                return turn
+            data = {
+                "correlation_id": suspension.correlation_id,
+                "suspension_type": suspension.type.value,
+                "deadline": suspension.deadline.isoformat(),
+                "on_timeout": None if suspension.on_timeout is None else suspension.on_timeout.value,
+            }
+            reminded = machine.apply_reminder(turn, now)
+            return self._save(reminded, turn.version, (AgentEventType.DEADLINE_APPROACHING, data))
+
+        turn = retry_on_conflict(turn_id, attempt)
+        if not due:
+            return turn
+        command = AgentResumeCommand.deadline_passed(due[0].correlation_id).with_metadata(
+            "decided_by", machine.SYSTEM_DECIDER
+        )
+        try:
+            return self.submit_resume(turn_id, command)
+        except InvalidResumeCommand:
+            return self.turn_store.load(turn_id)  # decided (or cancelled) meanwhile: that decision stands
+
     def agent_for(self, turn: AgentTurn) -> Agent:
         """The agent definition of a turn, from the loader."""
         return self.agent_loader.load(turn.agent_id, turn.agent_version)
@@ -433,6 +501,7 @@ class AgentRunner:
         conversation_id: str | None,
         tenant_id: str | None = None,
         metadata: dict[str, Any] | None = None,
+        turn_id: str | None = None,
     ) -> AgentTurn:
         agent = self._resolve_agent(agent_ref)
         user = UserMessage(content=message) if isinstance(message, str) else message
@@ -445,7 +514,7 @@ class AgentRunner:
             window = [m for m in history if m.model_visible]
         elif conversation_id is not None:
             window = self._projection.memory(conversation_id).get_model_messages(agent.max_attached_messages)
-        turn_id = new_id()
+        turn_id = turn_id or new_id()
         now = self.clock()
         turn = AgentTurn(
             id=turn_id,
@@ -493,13 +562,13 @@ class AgentRunner:
                 case machine.CallModel():
                     return self._call_model(running, agent, expected)
                 case machine.ExecuteTool(call=call, tool=tool):
-                    return self._execute_tool(running, call, tool, expected, agent.retry or self.policy.retry)
+                    return self._execute_tool(running, call, tool, expected, self.policy.retry_for(agent))
                 case machine.WriteToolResult(call=call, content=content, is_error=is_error):
                     updated, message = machine.apply_tool_result(running, call, content, is_error, now)
                     saved = self._save(updated, expected, _tool_completed(call, is_error))
                     return AgentStepResult(turn=saved, tool_messages=[message])
                 case machine.Suspend():
-                    suspended = machine.apply_suspension(running, plan, now)
+                    suspended = machine.apply_suspension(running, plan, now, reminder=self.policy.deadline_reminder)
                     return AgentStepResult(turn=self._save(suspended, expected, self._suspended_event(suspended)))
                 case machine.SpawnChildren(calls=calls):
                     return AgentStepResult(turn=self._children.spawn(running, calls, expected))
@@ -536,7 +605,7 @@ class AgentRunner:
             reason = self.policy.cancellation_reason
             return AgentStepResult(turn=self._finish(turn, S.CANCELLED, reason, expected_version=expected))
         except Exception as exc:
-            return self._failed_call(turn, exc, expected, agent.retry or self.policy.retry)
+            return self._failed_call(turn, exc, expected, self.policy.retry_for(agent))
         updated, message = machine.apply_model_response(turn, response, self.clock())
         response = ChatResponse.model_construct(message=message, usage=response.usage)
         event = {
@@ -582,7 +651,7 @@ class AgentRunner:
                 failed = self._finish(turn, S.FAILED, str(error), expected_version=expected)
                 return AgentStepResult(turn=failed, error=error)
             plan = machine.form_suspension(turn, call, exc.form, machine.FORM_SOURCE_TOOL, exc.message)
-            suspended = machine.apply_suspension(turn, plan, self.clock())
+            suspended = machine.apply_suspension(turn, plan, self.clock(), reminder=self.policy.deadline_reminder)
             return AgentStepResult(turn=self._save(suspended, expected, self._suspended_event(suspended)))
         except Exception as exc:
             return self._failed_call(turn, exc, expected, retry, tool.retry_on)
@@ -871,4 +940,7 @@ def _suspension_data(suspension: AgentSuspension | None) -> dict[str, Any]:
     }
     if suspension.type is SuspensionType.USER_INPUT and suspension.form is not None:
         data["form_key"] = suspension.form.key
+    if suspension.deadline is not None and suspension.on_timeout is not None:
+        data["deadline"] = suspension.deadline.isoformat()
+        data["on_timeout"] = suspension.on_timeout.value
     return data

@@ -61,6 +61,8 @@ WAITING_STATUSES = frozenset(
         AgentTurnStatus.RETRY_SCHEDULED,
     }
 )
+DEADLINE_STATUSES = frozenset({AgentTurnStatus.WAITING_FOR_USER, AgentTurnStatus.WAITING_FOR_APPROVAL})
+"""Statuses whose suspension may carry a deadline (an approval or a form)."""
 RUNNABLE_STATUSES = frozenset({AgentTurnStatus.READY, AgentTurnStatus.RUNNING})
 """Statuses a worker may step right away (RETRY_SCHEDULED becomes runnable at `next_retry_at`)."""
 
@@ -160,6 +162,13 @@ class AgentTurn(FrozenModel):
     def is_terminal(self) -> bool:
         """Whether the turn has ended for good."""
         return self.status.is_terminal
+
+    @property
+    def wake_at(self) -> datetime | None:
+        """When the deadline sweep must next look at this waiting turn (its reminder or deadline), else None."""
+        if self.suspension is None or self.status not in DEADLINE_STATUSES:
+            return None
+        return self.suspension.wake_at
 
     def child(self, tool_call_id: str) -> ChildLink | None:
         """The child link created for a delegation call, if any."""

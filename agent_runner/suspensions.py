@@ -6,7 +6,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any, ClassVar
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from agent_runner._base import FrozenModel, PositionalModel, utcnow
 from agent_runner.forms import AgentFormDefinition
@@ -26,6 +26,22 @@ class SuspensionType(StrEnum):
     TOOL_APPROVAL = "TOOL_APPROVAL"
     CHILD_AGENT = "CHILD_AGENT"
     RETRY = "RETRY"
+
+
+class TimeoutAction(StrEnum):
+    """What happens to a waiting tool call or form when its deadline passes.
+
+    `APPROVE` and `REJECT` decide an approval; `REJECT` on a form answers the call with an
+    error ToolMessage saying nobody filled it in; `SUBMIT` submits the form's `default_data`.
+    """
+
+    APPROVE = "approve"
+    REJECT = "reject"
+    SUBMIT = "submit"
+
+
+DEADLINE_REASON = "deadline passed"
+"""The reason recorded on a decision taken because a deadline passed."""
 
 
 class AgentSuspension(PositionalModel):
@@ -53,6 +69,41 @@ class AgentSuspension(PositionalModel):
     metadata: dict[str, Any] = Field(default_factory=dict)
     form: AgentFormDefinition | None = None
     created_at: datetime = Field(default_factory=utcnow)
+    deadline: datetime | None = None
+    """When the decision is due; after it, `on_timeout` is applied (by a sweep) as if decided by `"system"`."""
+    on_timeout: TimeoutAction | None = None
+    """The default applied when `deadline` passes (set together with it)."""
+    remind_at: datetime | None = None
+    """When the DEADLINE_APPROACHING event is due (a fraction of the way to the deadline), if any."""
+    reminded_at: datetime | None = None
+    """When DEADLINE_APPROACHING was emitted; it is emitted once."""
+
+    @model_validator(mode="after")
+    def _deadline_has_a_default(self) -> AgentSuspension:
+        if (self.deadline is None) != (self.on_timeout is None):
+            raise ValueError("deadline and on_timeout are set together")
+        if self.on_timeout is None:
+            return self
+        if self.type is SuspensionType.TOOL_APPROVAL:
+            allowed = {TimeoutAction.APPROVE, TimeoutAction.REJECT}
+        elif self.type is SuspensionType.USER_INPUT and self.form is not None and self.correlation_id is not None:
+            allowed = {TimeoutAction.REJECT, TimeoutAction.SUBMIT}
+        else:
+            raise ValueError("a deadline applies to a tool approval or a form, not to this suspension")
+        if self.on_timeout not in allowed:
+            raise ValueError(f"on_timeout {self.on_timeout.value!r} does not apply to a {self.type.value} suspension")
+        if self.on_timeout is TimeoutAction.SUBMIT and (self.form is None or self.form.default_data is None):
+            raise ValueError("on_timeout 'submit' needs a form with default_data")
+        return self
+
+    @property
+    def wake_at(self) -> datetime | None:
+        """When a sweep must next look at this suspension: its reminder, then its deadline (None: never)."""
+        if self.deadline is None:
+            return None
+        if self.remind_at is not None and self.reminded_at is None and self.remind_at < self.deadline:
+            return self.remind_at
+        return self.deadline
 
     @classmethod
     def user_input(cls, message: str) -> AgentSuspension:
@@ -68,6 +119,8 @@ class ResumeType(StrEnum):
     REJECT_TOOL = "REJECT_TOOL"
     CHILD_COMPLETED = "CHILD_COMPLETED"
     RETRY = "RETRY"
+    DEADLINE = "DEADLINE"
+    """The suspension's deadline passed: apply its `on_timeout` default."""
 
 
 class AgentResumeCommand(FrozenModel):
@@ -112,6 +165,14 @@ class AgentResumeCommand(FrozenModel):
     def retry(cls) -> AgentResumeCommand:
         """Retry a RETRY_SCHEDULED turn now, even before `next_retry_at`."""
         return cls(type=ResumeType.RETRY)
+
+    @classmethod
+    def deadline_passed(cls, correlation_id: str | None) -> AgentResumeCommand:
+        """Apply the `on_timeout` default of the waiting call `correlation_id`, whose deadline has passed.
+
+        Normally sent by the deadline sweep (`AgentRunner.apply_deadline`); refused before the deadline.
+        """
+        return cls(type=ResumeType.DEADLINE, tool_call_id=correlation_id)
 
     def with_metadata(self, key: str, value: Any) -> AgentResumeCommand:
         """Return a copy with one more metadata entry."""

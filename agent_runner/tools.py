@@ -10,13 +10,14 @@ import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any, ClassVar, overload
 
 import pydantic
 from pydantic import ConfigDict, ValidationError, create_model
 
 from agent_runner.errors import AgentRunnerError, DefinitionError, ToolArgumentsError
-from agent_runner.forms import AgentFormDefinition
+from agent_runner.forms import AgentFormDefinition, timeout_delta
 from agent_runner.messages import ToolCall
 from agent_runner.models import ToolSpec
 
@@ -46,6 +47,8 @@ class Tool:
         requires_approval: bool = False,
         sensitive: Sequence[str] = (),
         retry_on: Sequence[type[BaseException]] = (),
+        approval_timeout: timedelta | float | None = None,
+        on_timeout: str = "reject",
     ) -> None:
         self.function = function
         self.name = name or function.__name__
@@ -66,6 +69,14 @@ class Tool:
         self.retry_on: tuple[type[BaseException], ...] = tuple(retry_on)
         """Exception types of this tool that mean "try again later" (besides `RecoverableError`
         and the retry policy's own `retry_on`)."""
+        self.approval_timeout = timeout_delta(approval_timeout, f"tool {self.name!r}: approval_timeout")
+        """How long a call waits for a person's decision before `on_timeout` applies (None: for ever)."""
+        if self.approval_timeout is not None and not requires_approval:
+            raise DefinitionError(f"tool {self.name!r}: approval_timeout needs requires_approval=True")
+        if on_timeout not in ("reject", "approve"):
+            raise DefinitionError(f"tool {self.name!r}: on_timeout must be 'reject' or 'approve', got {on_timeout!r}")
+        self.on_timeout = on_timeout
+        """What a call whose approval deadline passed becomes: `"reject"` or `"approve"`."""
 
     @property
     def spec(self) -> ToolSpec:
@@ -143,6 +154,8 @@ def tool(
     requires_approval: bool = False,
     sensitive: Sequence[str] = (),
     retry_on: Sequence[type[BaseException]] = (),
+    approval_timeout: timedelta | float | None = None,
+    on_timeout: str = "reject",
 ) -> Callable[[Callable[..., Any]], Tool]: ...
 
 
@@ -155,6 +168,8 @@ def tool(
     requires_approval: bool = False,
     sensitive: Sequence[str] = (),
     retry_on: Sequence[type[BaseException]] = (),
+    approval_timeout: timedelta | float | None = None,
+    on_timeout: str = "reject",
 ) -> Tool | Callable[[Callable[..., Any]], Tool]:
     """Turn a function into a `Tool`; usable bare (`@tool`) or with keywords.
 
@@ -167,6 +182,12 @@ def tool(
         retry_on: Exception types this tool raises for transient failures (its own client's
             connection errors, say): the call is retried on the retry schedule instead of
             failing the turn.
+        approval_timeout: With `requires_approval`, how long a call waits for a decision
+            (a `timedelta` or seconds). When the deadline passes, the deadline sweep applies
+            `on_timeout` through the normal resume path, recorded as decided by `"system"`
+            with the reason "deadline passed".
+        on_timeout: `"reject"` (the model is told the call was not approved in time) or
+            `"approve"` (the call runs).
     """
 
     def wrap(fn: Callable[..., Any]) -> Tool:
@@ -177,6 +198,8 @@ def tool(
             requires_approval=requires_approval,
             sensitive=sensitive,
             retry_on=retry_on,
+            approval_timeout=approval_timeout,
+            on_timeout=on_timeout,
         )
 
     return wrap(function) if function is not None else wrap

@@ -7,7 +7,8 @@ Tables:
     agent_turns: one header row per turn. `version` is the compare-and-swap counter;
         `message_count` says how many rows of `agent_turn_messages` belong to the stored
         snapshot; `state` holds the rest of the snapshot (suspension, pending calls,
-        children, usage, ...) as JSON.
+        children, usage, ...) as JSON; `wake_at` is when the deadline sweep must look at
+        a waiting turn next.
     agent_turn_messages: the turn's messages, append-only, keyed by (turn_id, seq).
     agent_turn_events: the durable events, append-only, written with the save that caused
         them. `xid` is the writing transaction's id on PostgreSQL (0 on SQLite), the first
@@ -106,6 +107,9 @@ turns = sa.Table(
     sa.Column("updated_at", UtcDateTime, nullable=False),
     sa.Column("state", _json(), nullable=False),
     sa.Column("tenant_id", sa.String, nullable=True),
+    # When the deadline sweep must next look at a waiting turn (its reminder, then its
+    # deadline); NULL for every turn without a deadline. Derived from the state on each save.
+    sa.Column("wake_at", UtcDateTime, nullable=True),
     # The durable backstop of "one active turn per conversation": two creators racing past
     # every other check still cannot both commit a non-terminal turn.
     sa.Index(
@@ -123,6 +127,7 @@ turns = sa.Table(
     sa.Index("ix_agent_turns_tenant_created", "tenant_id", "created_at", "id"),
     sa.Index("ix_agent_turns_status_updated", "status", "updated_at"),
     sa.Index("ix_agent_turns_status_retry", "status", "next_retry_at"),
+    sa.Index("ix_agent_turns_wake", "wake_at"),
 )
 
 turn_messages = sa.Table(

@@ -47,7 +47,7 @@ from agent_runner.events import AgentEvent
 from agent_runner.in_memory import stored_event, stored_snapshot
 from agent_runner.messages import ModelMessage, ModelMessagesAdapter
 from agent_runner.persistence import DEFAULT_EVENT_PAGE, TurnRef, event_scope, format_position, parse_position
-from agent_runner.snapshot import TERMINAL_STATUSES, AgentTurn, AgentTurnStatus
+from agent_runner.snapshot import DEADLINE_STATUSES, TERMINAL_STATUSES, AgentTurn, AgentTurnStatus
 from store._backend import SqlBackend
 from store._engine import AnyRow, UrlOrEngine, dialect_insert, translated_errors
 from store.schema import NON_TERMINAL_STATUSES, turn_events, turn_leases, turn_messages, turns
@@ -108,6 +108,7 @@ def _header(turn: AgentTurn) -> dict[str, Any]:
         "created_at": turn.created_at,
         "updated_at": turn.updated_at,
         "tenant_id": turn.tenant_id,
+        "wake_at": turn.wake_at,
         "state": turn.model_dump(mode="json", exclude=_STATE_EXCLUDED),
     }
 
@@ -334,6 +335,17 @@ _LIST_DUE_RETRIES = (
     .limit(sa.bindparam("limit", type_=sa.Integer))
 )
 """The due-retry sweep; parameters `now` and `limit`."""
+
+_LIST_DUE_TIMERS = (
+    sa.select(*_REF_COLUMNS)
+    .where(
+        turns.c.wake_at <= sa.bindparam("now", type_=turns.c.wake_at.type),
+        turns.c.status.in_([s.value for s in DEADLINE_STATUSES]),
+    )
+    .order_by(turns.c.wake_at, turns.c.id)
+    .limit(sa.bindparam("limit", type_=sa.Integer))
+)
+"""The deadline sweep: waiting turns whose reminder or deadline has come; parameters `now` and `limit`."""
 
 _LOAD_HEADER = (
     sa.select(turns, turn_messages.c.message_id.label("probe_id"))
@@ -646,6 +658,13 @@ class SqlAgentTurnStore(SqlBackend):
             return []
         with translated_errors(self._engine, "listing due retries"), self._reader.connect() as connection:
             return [_ref(row) for row in connection.execute(_LIST_DUE_RETRIES, {"now": now, "limit": limit})]
+
+    def list_due_timers(self, now: datetime, limit: int = 100) -> list[TurnRef]:
+        """Return waiting turns whose deadline reminder or deadline is due at `now`, earliest first (the deadline sweep)."""
+        if limit <= 0:
+            return []
+        with translated_errors(self._engine, "listing due deadlines"), self._reader.connect() as connection:
+            return [_ref(row) for row in connection.execute(_LIST_DUE_TIMERS, {"now": now, "limit": limit})]
 
     def read_events(
         self,

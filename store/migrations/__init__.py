@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
-from store._engine import UrlOrEngine, resolve_engine, translated_errors, writer
+from agent_runner.errors import StoreError
+from store._engine import UrlOrEngine, display_url, resolve_engine, translated_errors, writer
 from store.schema import VERSION_TABLE
 
 if TYPE_CHECKING:
@@ -77,6 +78,79 @@ def migrate(url_or_engine: UrlOrEngine) -> None:
     finally:
         if owned:
             engine.dispose()
+
+
+UPGRADE_COMMAND = "agent-runner db upgrade"
+"""The command that migrates the database named by AGENT_RUNNER_DATABASE_URL (or --database-url)."""
+
+
+class SchemaVersionError(StoreError):
+    """The database's agent-runner tables are missing or at another revision than this code needs.
+
+    Attributes:
+        url: The database, its password masked.
+        current: The revision the database is at (None: no agent-runner tables).
+        head: The revision this code needs.
+    """
+
+    def __init__(self, url: str, current: str | None, head: str | None, known: bool) -> None:
+        self.url = url
+        self.current = current
+        self.head = head
+        if current is None:
+            message = (
+                f"the database {url} has no agent-runner tables (this version needs schema revision {head}); "
+                f"create them with `{UPGRADE_COMMAND}` (AGENT_RUNNER_DATABASE_URL={url})"
+            )
+        elif known:
+            message = (
+                f"the database {url} is at schema revision {current}, this version needs {head}; "
+                f"migrate it with `{UPGRADE_COMMAND}` (AGENT_RUNNER_DATABASE_URL={url})"
+            )
+        else:
+            message = (
+                f"the database {url} is at schema revision {current}, which this version does not know "
+                f"(it needs {head}): it was migrated by a newer agent-runner; deploy that version here too"
+            )
+        super().__init__(message)
+
+
+def check_schema(url_or_engine: UrlOrEngine) -> str:
+    """Check that the database is migrated to the revision this code needs; return that revision.
+
+    Processes that share a database (workers, web apps, the server) call this at start-up,
+    so a deployment that skipped the migration fails at once with the command that fixes
+    it, rather than later with a missing table. SQLite databases are migrated on first use
+    by the backends themselves; check them after building one.
+
+    Raises:
+        SchemaVersionError: The tables are missing, behind, or from a newer version.
+        StoreUnavailableError: The database could not be reached.
+    """
+    engine, owned = resolve_engine(url_or_engine)
+    try:
+        with translated_errors(engine, "checking the agent-runner schema"), engine.connect() as connection:
+            current = current_revision(connection)
+    finally:
+        if owned:
+            engine.dispose()
+    head = head_revision()
+    if current is not None and current == head:
+        return current
+    raise SchemaVersionError(display_url(engine.url), current, head, _is_known(current))
+
+
+def _is_known(revision: str | None) -> bool:
+    """Whether `revision` is one of this code's migrations (an older one, when it is not the head)."""
+    from alembic.script import ScriptDirectory
+    from alembic.util import CommandError
+
+    if revision is None:
+        return False
+    try:
+        return ScriptDirectory.from_config(alembic_config()).get_revision(revision) is not None
+    except CommandError:
+        return False
 
 
 def ensure_embedded_schema(engine: Engine) -> None:

@@ -21,6 +21,7 @@ from agent_runner import (
     Phase,
     SuspensionType,
     SystemMessage,
+    TimeoutAction,
     ToolCall,
     ToolMessage,
     TurnNotFound,
@@ -484,3 +485,46 @@ def test_timestamps_keep_their_instant_whatever_the_offset(turn_store: AgentTurn
     loaded = turn_store.load("tz")
     assert loaded.updated_at == paris
     assert loaded.created_at == saved.created_at
+
+
+def _approval_waiting(turn_id: str, deadline: datetime, remind_at: datetime | None = None) -> AgentTurn:
+    suspension = AgentSuspension(
+        type=SuspensionType.TOOL_APPROVAL,
+        correlation_id="c1",
+        deadline=deadline,
+        on_timeout=TimeoutAction.REJECT,
+        remind_at=remind_at,
+    )
+    return make_turn(
+        turn_id,
+        status=S.WAITING_FOR_APPROVAL,
+        suspension=suspension,
+        pending_tool_calls=[ToolCall(id="c1", name="deploy", arguments={})],
+    )
+
+
+def test_list_due_timers_returns_waiting_turns_whose_reminder_or_deadline_came_earliest_first(
+    turn_store: AgentTurnStore,
+) -> None:
+    # Given waiting approvals with deadlines (one with a reminder before it), and turns without any
+    now = T0 + timedelta(hours=1)
+    list_due_timers = turn_store.list_due_timers  # type: ignore[attr-defined]  # not part of the protocol
+    turn_store.save(_approval_waiting("late", now - timedelta(seconds=1)), -1)
+    turn_store.save(_approval_waiting("reminder", now + timedelta(hours=1), now - timedelta(minutes=2)), -1)
+    turn_store.save(_approval_waiting("early", now - timedelta(minutes=5)), -1)
+    turn_store.save(_approval_waiting("future", now + timedelta(minutes=5)), -1)
+    turn_store.save(make_turn("ready", status=S.READY), -1)
+
+    # Then those whose reminder or deadline came are listed, earliest wake-up first
+    assert [r.turn_id for r in list_due_timers(now)] == ["early", "reminder", "late"]
+    assert [r.turn_id for r in list_due_timers(now, limit=1)] == ["early"]
+
+    # And once reminded, a turn wakes up at its deadline; once decided or ended, never
+    reminded = turn_store.load("reminder")
+    assert reminded.suspension is not None
+    sent = reminded.suspension.model_copy(update={"reminded_at": now})
+    turn_store.save(reminded.model_copy(update={"suspension": sent}), reminded.version)
+    early = turn_store.load("early")
+    turn_store.save(early.model_copy(update={"status": S.CANCELLED, "suspension": None}), early.version)
+    assert [r.turn_id for r in list_due_timers(now)] == ["late"]
+    assert [r.turn_id for r in list_due_timers(now + timedelta(hours=2))] == ["late", "future", "reminder"]
