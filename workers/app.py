@@ -21,14 +21,20 @@ from typing import Any
 
 from celery import Celery, signals
 
-from workers.names import SWEEP_DUE_RETRIES, SWEEP_INBOX, SWEEP_STALE_TURNS
+from workers.names import SWEEP_DEADLINES, SWEEP_DUE_RETRIES, SWEEP_INBOX, SWEEP_STALE_TURNS
 from workers.settings import SettingsError, WorkerSettings
 
 logger = logging.getLogger("workers")
 
 
 def celery_config(settings: WorkerSettings) -> dict[str, Any]:
-    """The Celery configuration for `settings`."""
+    """The Celery configuration for `settings`: safety settings, the sweeps and the scheduled turns in its beat schedule.
+
+    Raises:
+        ScheduleError: `AGENT_RUNNER_SCHEDULES` names schedules that cannot be loaded.
+    """
+    from workers.schedules import beat_entries, load_schedules
+
     transport_options: dict[str, Any] = {"visibility_timeout": settings.visibility_timeout_s}
     if settings.broker_url.startswith(("redis://", "rediss://", "redis+socket://")):
         # Without a socket timeout a publish can wait forever on a connection the network
@@ -82,6 +88,12 @@ def celery_config(settings: WorkerSettings) -> dict[str, Any]:
                 "schedule": settings.sweep_interval_s,
                 "options": sweep_options,
             },
+            "agent-runner-sweep-deadlines": {
+                "task": SWEEP_DEADLINES,
+                "schedule": settings.deadline_sweep_interval_s,
+                "options": {**sweep_options, "expires": settings.deadline_sweep_interval_s},
+            },
+            **beat_entries(load_schedules(settings.schedules), settings.queue),
         },
     }
 
@@ -106,17 +118,24 @@ app = create_app(settings)
 
 
 def _check_agents(sender: Any = None, **_: Any) -> None:
-    """Refuse to start a worker that could not run any turn, rather than fail every task later."""
+    """Refuse to start a worker that could not run any turn, rather than fail every task later.
+
+    It checks the agents, the runner set-up and the database: its schema must be at the
+    revision this code needs (`agent-runner db upgrade` otherwise).
+    """
     if getattr(sender, "app", None) is not app:
         return  # a worker of another Celery app in a process that imported this one
+    from agent_runner import StoreError
     from workers.agents import load_agent_loader, load_runner_setup
+    from workers.wiring import check_database
 
     try:
         if settings.agent_loader is None:
             raise SettingsError("AGENT_RUNNER_AGENT_LOADER", None, "a worker needs agents (module:attribute)")
         load_agent_loader(settings.agent_loader)
         load_runner_setup(settings.runner_setup)
-    except SettingsError as exc:
+        check_database(settings.database_url)
+    except (SettingsError, StoreError) as exc:
         logger.critical("%s", exc)
         # SystemExit passes through Celery's signal dispatch, which logs and swallows Exceptions.
         raise SystemExit(f"agent-runner worker not started: {exc}") from exc

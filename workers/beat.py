@@ -12,19 +12,29 @@ they read the store, the one source of truth, and re-send messages:
 - `sweep_due_retries`: due RETRY_SCHEDULED turns whose ETA message was never sent (a wait
   beyond `AGENT_RUNNER_MAX_ETA_S`) or is overdue by a sweep interval (lost, purged) get a
   `step_turn`; parents stuck in WAITING_FOR_CHILD whose children ended are reconciled.
+- `sweep_deadlines`: approvals and forms whose deadline passed get their `on_timeout`
+  default through the normal resume path (decided by `"system"`, reason "deadline
+  passed"); those past their reminder time get one DEADLINE_APPROACHING event.
 
-Every sweep only sends idempotent messages, so a sweep that runs twice (two beats by
-mistake, a sweep overlapping the next) costs some no-op deliveries and nothing else.
+Every sweep only sends idempotent messages or makes compare-and-swap decisions, so a sweep
+that runs twice (two beats by mistake, a sweep overlapping the next) costs some no-op
+deliveries and nothing else.
+
+Beat also sends `run_schedule` for every tick of the scheduled turns (`workers.schedules`);
+a tick starts its turn once, however many beats sent it.
 """
 
 from __future__ import annotations
 
 import logging
 from datetime import datetime, timedelta
+from typing import Any
 
-from agent_runner import AgentRunnerError, AgentTurnStatus, TurnRef
+from agent_runner import AgentRunnerError, AgentTurnStatus, StoreUnavailableError, TurnRef
 from workers.app import app
-from workers.names import SWEEP_DUE_RETRIES, SWEEP_INBOX, SWEEP_STALE_TURNS
+from workers.deadlines import apply_due_deadlines
+from workers.names import RUN_SCHEDULE, SWEEP_DEADLINES, SWEEP_DUE_RETRIES, SWEEP_INBOX, SWEEP_STALE_TURNS
+from workers.schedules import Schedule, ScheduleOutcome, fire_schedule
 from workers.tasks import turn_started_from
 from workers.wiring import Wiring, current
 
@@ -110,6 +120,19 @@ def _reconcile_parents(wiring: Wiring, updated_before: datetime) -> int:
     return reconciled
 
 
+def sweep_deadlines(wiring: Wiring) -> int:
+    """Send due deadline reminders and apply the defaults of passed deadlines; return the turns handled.
+
+    A turn resumed by its default is enqueued by the runner's dispatcher like any resume.
+    """
+    return apply_due_deadlines(wiring.runner, wiring.turn_store, SWEEP_BATCH)
+
+
+def run_schedule(wiring: Wiring, schedule: Schedule, tick: datetime) -> ScheduleOutcome:
+    """Start (or queue) the turn of one tick of `schedule`; a repeated tick does nothing."""
+    return fire_schedule(wiring.runner, wiring.inbox, schedule, tick, notify_inbox=wiring.dispatcher.send_inbox)
+
+
 def _resend(wiring: Wiring, ref: TurnRef) -> int:
     """Send a step for `ref` unless a live worker holds its lease; 1 if sent."""
     try:
@@ -135,6 +158,26 @@ def _sweep_due_retries() -> int:
     return sweep_due_retries(current())
 
 
+def _sweep_deadlines() -> int:
+    """Celery entry point of `sweep_deadlines`."""
+    return sweep_deadlines(current())
+
+
+def _run_schedule(schedule: dict[str, Any], tick: str) -> str:
+    """Celery entry point of `run_schedule`: the message carries the schedule and the tick's ISO time."""
+    return run_schedule(current(), Schedule.from_dict(schedule), datetime.fromisoformat(tick)).value
+
+
 sweep_inbox_task = app.task(name=SWEEP_INBOX, ignore_result=True)(_sweep_inbox)
 sweep_stale_turns_task = app.task(name=SWEEP_STALE_TURNS, ignore_result=True)(_sweep_stale_turns)
 sweep_due_retries_task = app.task(name=SWEEP_DUE_RETRIES, ignore_result=True)(_sweep_due_retries)
+sweep_deadlines_task = app.task(name=SWEEP_DEADLINES, ignore_result=True)(_sweep_deadlines)
+run_schedule_task = app.task(
+    name=RUN_SCHEDULE,
+    ignore_result=True,
+    # A database blip: the same tick may simply run again (it starts its turn once).
+    autoretry_for=(StoreUnavailableError,),
+    retry_backoff=True,
+    retry_backoff_max=30,
+    max_retries=5,
+)(_run_schedule)

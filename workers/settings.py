@@ -29,17 +29,25 @@ misconfigured deployment fails at start-up rather than on the first turn.
 | `AGENT_RUNNER_RETRY_MULTIPLIER` | `2` | growth of the delay per attempt |
 | `AGENT_RUNNER_RETRY_MAX_BACKOFF_S` | `60` | longest retry delay |
 | `AGENT_RUNNER_RETRY_JITTER` | `0.1` | random fraction added to or removed from a delay |
+| `AGENT_RUNNER_RETRY_POLICIES` | none | JSON: per agent id, `RetryPolicy` fields overriding the agent's own (`retry_on` as `module:Class` names) |
+| `AGENT_RUNNER_DEADLINE_SWEEP_INTERVAL_S` | the sweep interval | seconds between deadline sweeps (reminders and timeouts of approvals and forms) |
+| `AGENT_RUNNER_DEADLINE_REMINDER` | `0.8` | fraction of the way to a deadline at which DEADLINE_APPROACHING is emitted; `0` for none |
+| `AGENT_RUNNER_SCHEDULES` | none | scheduled turns: a `.yaml`, `.yml` or `.json` file, or `module:attribute` of a list of `Schedule`s |
 """
 
 from __future__ import annotations
 
+import importlib
+import json
 import os
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import TypeVar
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
-from agent_runner import AgentExecutionPolicy, AgentRunnerError, RetryPolicy
+from pydantic import ValidationError
+
+from agent_runner import AgentExecutionPolicy, AgentRunnerError, DefinitionError, RetryPolicy
 
 T = TypeVar("T", int, float)
 
@@ -97,6 +105,10 @@ class WorkerSettings:
     retry_multiplier: float = 2.0
     retry_max_backoff_s: float = 60.0
     retry_jitter: float = 0.1
+    retry_overrides: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    deadline_sweep_interval_s: float = 10.0
+    deadline_reminder: float | None = 0.8
+    schedules: str | None = None
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> WorkerSettings:
@@ -130,6 +142,16 @@ class WorkerSettings:
             retry_multiplier=_number(env, "AGENT_RUNNER_RETRY_MULTIPLIER", 2.0, float, minimum=1.0),
             retry_max_backoff_s=_number(env, "AGENT_RUNNER_RETRY_MAX_BACKOFF_S", 60.0, float, minimum=0.0),
             retry_jitter=_number(env, "AGENT_RUNNER_RETRY_JITTER", 0.1, float, minimum=0.0, maximum=1.0),
+            retry_overrides=_retry_overrides(env),
+            deadline_sweep_interval_s=_number(
+                env,
+                "AGENT_RUNNER_DEADLINE_SWEEP_INTERVAL_S",
+                _number(env, "AGENT_RUNNER_SWEEP_INTERVAL_S", 10.0, float, minimum=0.1),
+                float,
+                minimum=0.1,
+            ),
+            deadline_reminder=_reminder(env),
+            schedules=_schedules_spec(env),
         )
         settings._check_consistency(env)
         return settings
@@ -173,7 +195,12 @@ class WorkerSettings:
         return self.soft_time_limit_s / 2
 
     def policy(self) -> AgentExecutionPolicy:
-        """The execution policy (step limit and retry schedule) the workers run turns with."""
+        """The execution policy the workers run turns with: step limit, retry schedules, deadline reminders.
+
+        The retry schedule of an agent's calls is, from strongest to weakest: its entry in
+        `AGENT_RUNNER_RETRY_POLICIES`, then `Agent(retry=...)` in code, then the
+        `AGENT_RUNNER_RETRY_*` defaults.
+        """
         return AgentExecutionPolicy(
             max_steps=self.max_steps,
             retry=RetryPolicy(
@@ -183,6 +210,8 @@ class WorkerSettings:
                 max_backoff=self.retry_max_backoff_s,
                 jitter=self.retry_jitter,
             ),
+            deadline_reminder=self.deadline_reminder,
+            retry_overrides={agent: dict(fields) for agent, fields in self.retry_overrides.items()},
         )
 
 
@@ -225,6 +254,73 @@ def _import_path(env: Mapping[str, str], name: str) -> str | None:
     if value is not None and not _IMPORT_PATH.match(value):
         raise SettingsError(name, value, "expected module:attribute, for example myapp.agents:loader")
     return value
+
+
+_SCHEDULE_FILE = re.compile(r"\.(ya?ml|json)$", re.IGNORECASE)
+
+
+def _schedules_spec(env: Mapping[str, str]) -> str | None:
+    value = _raw(env, "AGENT_RUNNER_SCHEDULES")
+    if value is None or _SCHEDULE_FILE.search(value) or _IMPORT_PATH.match(value):
+        return value
+    raise SettingsError(
+        "AGENT_RUNNER_SCHEDULES",
+        value,
+        "expected a .yaml, .yml or .json file, or module:attribute of a list of workers.schedules.Schedule",
+    )
+
+
+def _reminder(env: Mapping[str, str]) -> float | None:
+    fraction = _number(env, "AGENT_RUNNER_DEADLINE_REMINDER", 0.8, float, minimum=0.0, maximum=0.99)
+    return fraction if fraction > 0 else None
+
+
+def _retry_overrides(env: Mapping[str, str]) -> dict[str, dict[str, Any]]:
+    """`AGENT_RUNNER_RETRY_POLICIES`: `{"agent-id": {"max_attempts": 5, "retry_on": ["module:Error"]}}`."""
+    name = "AGENT_RUNNER_RETRY_POLICIES"
+    value = _raw(env, name)
+    if value is None:
+        return {}
+    try:
+        parsed = json.loads(value)
+    except json.JSONDecodeError as exc:
+        raise SettingsError(name, value, f"expected a JSON object: {exc}") from None
+    if not isinstance(parsed, dict) or not all(isinstance(v, dict) for v in parsed.values()):
+        raise SettingsError(name, value, 'expected {"<agent id>": {"<RetryPolicy field>": value, ...}, ...}')
+    overrides: dict[str, dict[str, Any]] = {}
+    for agent_id, fields in parsed.items():
+        fields = dict(fields)
+        if "retry_on" in fields:
+            fields["retry_on"] = tuple(_exception_class(name, value, item) for item in _names(name, value, fields))
+        overrides[agent_id] = fields
+    try:
+        AgentExecutionPolicy(retry_overrides=overrides)
+    except DefinitionError as exc:
+        raise SettingsError(name, value, str(exc)) from None
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'][1:])}: {e['msg']}" for e in exc.errors())
+        raise SettingsError(name, value, problems) from None
+    return overrides
+
+
+def _names(name: str, value: str, fields: dict[str, Any]) -> list[str]:
+    items = fields["retry_on"]
+    if not isinstance(items, list) or not all(isinstance(item, str) for item in items):
+        raise SettingsError(name, value, 'retry_on is a list of exception classes as "module:Class"')
+    return items
+
+
+def _exception_class(name: str, value: str, spec: str) -> type[BaseException]:
+    module_name, _, attribute = spec.partition(":")
+    try:
+        found: Any = importlib.import_module(module_name) if module_name and attribute else None
+        for part in attribute.split(".") if found is not None else ():
+            found = getattr(found, part)
+    except (ImportError, AttributeError) as exc:
+        raise SettingsError(name, value, f"cannot import {spec!r}: {exc}") from None
+    if not (isinstance(found, type) and issubclass(found, BaseException)):
+        raise SettingsError(name, value, f"{spec!r} is not an exception class (use module:Class)")
+    return found
 
 
 def _number(

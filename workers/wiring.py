@@ -77,12 +77,15 @@ def build_wiring(
 
     Raises:
         SettingsError: The agent loader or the runner set-up (`AGENT_RUNNER_SETUP`) cannot be resolved.
+        SchemaVersionError: The database's tables are missing or at another schema revision
+            than this code needs; the message names `agent-runner db upgrade`.
         StoreUnavailableError: The database could not be reached to check its schema.
     """
     loader = agent_loader if agent_loader is not None else load_agent_loader(settings.agent_loader)
     engine = store.make_engine(settings.database_url)
     try:
-        turn_store = store.SqlAgentTurnStore(engine)
+        turn_store = store.SqlAgentTurnStore(engine)  # migrates a SQLite database, as the embedded default does
+        store.check_schema(engine)
         memories = store.SqlChatMemoryProvider(engine)
         inbox = store.Inbox(engine)
     except BaseException:
@@ -121,6 +124,24 @@ def build_wiring(
         live=live,
         engine=engine,
     )
+
+
+def check_database(database_url: str) -> None:
+    """Check at start-up that the database's schema is the one this code needs (SQLite is migrated first).
+
+    Raises:
+        SchemaVersionError: The tables are missing or at another revision; the message names
+            the command that fixes it, `agent-runner db upgrade`.
+        StoreUnavailableError: The database could not be reached.
+    """
+    from store.migrations import ensure_embedded_schema
+
+    engine = store.make_engine(database_url)
+    try:
+        ensure_embedded_schema(engine)
+        store.check_schema(engine)
+    finally:
+        engine.dispose()
 
 
 _current: tuple[int, Wiring] | None = None

@@ -88,7 +88,9 @@ def test_the_celery_config_is_json_only_late_acking_and_sweeps_on_the_interval()
         "agent_runner.sweep_inbox",
         "agent_runner.sweep_stale_turns",
         "agent_runner.sweep_due_retries",
+        "agent_runner.sweep_deadlines",
     }
+    # Every sweep runs on the interval (the deadline sweep too, unless it has its own).
     assert all(entry["schedule"] == 7.0 and entry["options"]["queue"] == "q1" for entry in schedule.values())
 
 
