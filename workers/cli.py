@@ -16,30 +16,36 @@ import re
 import sys
 import time
 from collections.abc import Callable, Iterable
-from datetime import timedelta
-from typing import Any, NoReturn
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any, NoReturn
+from zoneinfo import ZoneInfo
 
 import click
 
 from agent_runner import (
+    AgentLoader,
     AgentRunner,
     AgentRunnerError,
     AgentTurn,
     AgentTurnStatus,
     InvalidResumeCommand,
 )
-from workers.agents import load_agent_loader
-from workers.settings import DEFAULT_DATABASE_URL, SettingsError
+from workers.agents import apply_runner_setup, load_agent_loader
+from workers.settings import DEFAULT_DATABASE_URL, SettingsError, WorkerSettings
 from workers.views import (
     ErrorKind,
     ResumeAction,
     classify_error,
+    decisions_view,
     find_agent,
     history_view,
     resume_command,
     turn_summary,
     turn_view,
 )
+
+if TYPE_CHECKING:
+    from store import SqlAgentTurnStore
 
 EXIT_BAD_INPUT = 2
 _AGE = re.compile(r"([0-9]{1,9})([smhd])")
@@ -61,26 +67,142 @@ def _fail_with(error: AgentRunnerError) -> NoReturn:
 
 
 class _Context:
-    def __init__(self, database_url: str, agents: str | None, as_json: bool) -> None:
+    """What the commands share: the database URL and where it came from, the agents, the runner.
+
+    Commands that act on turns (`resume`, `cancel`) use the runner the deployment uses:
+    with a broker configured (`CELERY_BROKER_URL` set, or a database other than SQLite)
+    the Celery wiring of `workers.wiring.build_wiring` (dispatching runner, Redis guard),
+    so a resumed turn is enqueued for the workers at once and a cancel frees the
+    conversation's Redis mark; otherwise the embedded runner on the SQL store. Both get
+    `AGENT_RUNNER_SETUP` applied.
+    """
+
+    def __init__(self, database_url: str, agents: str | None, as_json: bool, url_source: str = "") -> None:
         self.database_url = database_url
         self.agents = agents
         self.as_json = as_json
+        self.url_source = url_source
         self._runner: AgentRunner | None = None
+        self._closers: list[Callable[[], object]] = []
+
+    @property
+    def shown_url(self) -> str:
+        """The database URL with its password masked, and where it came from."""
+        from sqlalchemy.engine import make_url
+
+        from store._engine import display_url
+
+        try:
+            shown = display_url(make_url(self.database_url))
+        except Exception:  # an unparsable URL is reported by whoever uses it
+            shown = self.database_url
+        return f"{shown} ({self.url_source})" if self.url_source else shown
+
+    def uses_broker(self) -> bool:
+        """Whether the deployment runs Celery workers: a broker is configured, or the database is not SQLite."""
+        return bool(os.environ.get("CELERY_BROKER_URL", "").strip()) or not self.database_url.startswith("sqlite")
+
+    def settings(self) -> WorkerSettings:
+        """The deployment's settings, with this command line's database and agents."""
+        environ = {**os.environ, "AGENT_RUNNER_DATABASE_URL": self.database_url}
+        if self.agents:
+            environ["AGENT_RUNNER_AGENT_LOADER"] = self.agents
+        try:
+            return WorkerSettings.from_env(environ)
+        except SettingsError as exc:
+            _fail(str(exc), EXIT_BAD_INPUT)
+
+    def require_database(self) -> None:
+        """Refuse to go on against a SQLite file that does not exist (a read would create an empty one)."""
+        from sqlalchemy.engine import make_url
+        from sqlalchemy.exc import ArgumentError
+
+        try:
+            url = make_url(self.database_url)
+        except ArgumentError as exc:
+            _fail(f"--database-url {self.database_url!r} is not a database URL: {exc}", EXIT_BAD_INPUT)
+        if url.get_backend_name() != "sqlite" or url.database in (None, "", ":memory:"):
+            return
+        if not os.path.exists(url.database):
+            _fail(
+                f"no database at {self.shown_url}: the file {url.database} does not exist. "
+                "Point --database-url (or AGENT_RUNNER_DATABASE_URL) at your database; "
+                "`agent-runner db upgrade` creates a new one.",
+                EXIT_BAD_INPUT,
+            )
+
+    def turn_store(self) -> SqlAgentTurnStore:
+        """The SQL turn store, for reading (an existing database at the schema this code needs)."""
+        self.require_database()
+        from store import SchemaVersionError, SqlAgentTurnStore, check_schema
+
+        try:
+            turn_store = SqlAgentTurnStore(self.database_url)
+            self._closers.append(turn_store.close)
+            check_schema(turn_store.engine)
+        except SchemaVersionError as exc:
+            _fail(str(exc))
+        except AgentRunnerError as exc:
+            _fail(f"{exc} (database {self.shown_url})")
+        return turn_store
+
+    def loader(self) -> AgentLoader:
+        """The agents named by --agents (or AGENT_RUNNER_AGENT_LOADER); none when unset."""
+        try:
+            return load_agent_loader(self.agents)
+        except SettingsError as exc:
+            _fail(str(exc), EXIT_BAD_INPUT)
 
     def runner(self) -> AgentRunner:
+        """The runner `resume` and `cancel` act through (see the class docstring)."""
         if self._runner is None:
-            from store import SqlAgentTurnStore, SqlChatMemoryProvider
-
-            try:
-                loader = load_agent_loader(self.agents)
-            except SettingsError as exc:
-                _fail(str(exc), EXIT_BAD_INPUT)
-            self._runner = AgentRunner(
-                turn_store=SqlAgentTurnStore(self.database_url),
-                agent_loader=loader,
-                chat_memory_provider=SqlChatMemoryProvider(self.database_url),
-            )
+            self.require_database()
+            self._runner = self._wired_runner() if self.uses_broker() else self.embedded_runner()
         return self._runner
+
+    def embedded_runner(self) -> AgentRunner:
+        """A runner on the SQL store that works in this process (SQLite migrates itself)."""
+        from store import SqlAgentTurnStore, SqlChatMemoryProvider, make_engine
+
+        settings = self.settings()
+        loader = self.loader()
+        engine = make_engine(self.database_url)
+        self._closers.append(engine.dispose)
+        try:
+            runner = AgentRunner(
+                turn_store=SqlAgentTurnStore(engine),
+                agent_loader=loader,
+                chat_memory_provider=SqlChatMemoryProvider(engine),
+                policy=settings.policy(),
+            )
+            return apply_runner_setup(runner, settings.runner_setup)
+        except SettingsError as exc:
+            _fail(str(exc), EXIT_BAD_INPUT)
+        except AgentRunnerError as exc:
+            _fail(f"{exc} (database {self.shown_url})")
+
+    def _wired_runner(self) -> AgentRunner:
+        from workers.app import create_app
+        from workers.wiring import build_wiring
+
+        settings = self.settings()
+        try:
+            wiring = build_wiring(settings, create_app(settings))
+        except SettingsError as exc:
+            _fail(str(exc), EXIT_BAD_INPUT)
+        except AgentRunnerError as exc:
+            _fail(f"{exc} (database {self.shown_url})")
+        self._closers.append(wiring.close)
+        return wiring.runner
+
+    def close(self) -> None:
+        """Close what the commands opened (pools, Redis clients)."""
+        for close in reversed(self._closers):
+            try:
+                close()
+            except Exception:  # closing is best effort on the way out
+                pass
+        self._closers.clear()
 
     def emit(self, data: Any, human: Callable[[], None]) -> None:
         if self.as_json:
@@ -105,7 +227,18 @@ pass_context = click.make_pass_decorator(_Context)
 @click.pass_context
 def main(ctx: click.Context, database_url: str, agents: str | None, as_json: bool) -> None:
     """Operate agent-runner turns: inspect, resume, cancel, migrate, run a worker."""
-    ctx.obj = _Context(database_url, agents, as_json)
+    source = ctx.get_parameter_source("database_url")
+    origin = (
+        {
+            click.core.ParameterSource.COMMANDLINE: "from --database-url",
+            click.core.ParameterSource.ENVIRONMENT: "from AGENT_RUNNER_DATABASE_URL",
+            click.core.ParameterSource.DEFAULT: "the default",
+        }.get(source, "")
+        if source is not None
+        else ""
+    )
+    ctx.obj = _Context(database_url, agents, as_json, origin)
+    ctx.call_on_close(ctx.obj.close)
 
 
 @main.command()
@@ -145,7 +278,7 @@ def worker(obj: _Context, concurrency: int, lease_ttl: float, poll_interval: flo
     from agent_runner.worker import AgentWorker
     from store import SqlTurnLease
 
-    runner = obj.runner()
+    runner = obj.embedded_runner()
     embedded = AgentWorker(
         runner,
         lease=SqlTurnLease(obj.database_url),
@@ -244,13 +377,13 @@ def turns() -> None:
 @pass_context
 def turns_list(obj: _Context, statuses: tuple[str, ...], conversation: str | None, limit: int) -> None:
     """List turns, most recently updated first."""
-    found = obj.runner().turn_store.list_turns(
+    found = obj.turn_store().list_turns(
         statuses=[AgentTurnStatus(s.upper()) for s in statuses] or None, conversation_id=conversation, limit=limit
     )
 
     def human() -> None:
         if not found:
-            click.echo("no turns")
+            click.echo(f"no turns in {obj.shown_url}")
         for turn in found:
             click.echo(f"{turn.id}  {turn.status.value:<22} {turn.agent_id:<20} {turn.updated_at:%Y-%m-%d %H:%M:%S}")
 
@@ -259,7 +392,7 @@ def turns_list(obj: _Context, statuses: tuple[str, ...], conversation: str | Non
 
 def _load(obj: _Context, turn_id: str) -> AgentTurn:
     try:
-        return obj.runner().turn_store.load(turn_id)
+        return obj.turn_store().load(turn_id)
     except AgentRunnerError as exc:
         _fail_with(exc)
 
@@ -271,7 +404,11 @@ def turns_show(obj: _Context, turn_id: str) -> None:
     """Show a turn: status, suspension and history (tool arguments are not shown)."""
     turn = _load(obj, turn_id)
     suspension = turn.suspension
-    data = {**turn_view(turn, find_agent(obj.runner().agent_loader, turn)), "history": history_view(turn)}
+    data = {
+        **turn_view(turn, find_agent(obj.loader(), turn)),
+        "decisions": decisions_view(turn),
+        "history": history_view(turn),
+    }
 
     def human() -> None:
         click.echo(f"turn {turn.id}  ({turn.agent_id} v{turn.agent_version})")
@@ -282,14 +419,33 @@ def turns_show(obj: _Context, turn_id: str) -> None:
             click.echo(
                 f"  waiting  {suspension.type.value} on {suspension.correlation_id or '-'}: {suspension.message}"
             )
+            if suspension.deadline is not None and suspension.on_timeout is not None:
+                click.echo(f"  deadline {suspension.deadline.isoformat()}, then {suspension.on_timeout.value}")
             if suspension.form is not None:
                 click.echo("  form schema " + json.dumps(suspension.form.schema))
+        if data["decisions"]:
+            click.echo("  decisions")
+        for item in data["decisions"]:
+            click.echo("    " + _decision_line(item))
         click.echo("  history")
         for item in data["history"]:
             extra = f" -> {', '.join(item['tool_calls'])}" if item.get("tool_calls") else ""
             click.echo(f"    {item['role']:<9} {item.get('content') or ''}{extra}")
 
     obj.emit(data, human)
+
+
+def _decision_line(item: dict[str, Any]) -> str:
+    """`approval c2 (deploy): APPROVED by u-100 at 2027-01-11T10:00:00+00:00 - reason`."""
+    subject = item.get("tool_name") or item.get("form_key") or "-"
+    line = f"{item['kind']} {item['action_id']} ({subject}): {item['status']}"
+    if item.get("decided_by"):
+        line += f" by {item['decided_by']}"
+    if item.get("decided_at"):
+        line += f" at {item['decided_at']}"
+    if item.get("reason"):
+        line += f" - {item['reason']}"
+    return line
 
 
 @main.command()
@@ -382,6 +538,7 @@ def prune(obj: _Context, older_than: str, batch_size: int) -> None:
         _fail(str(exc), EXIT_BAD_INPUT)
     if batch_size < 1:
         _fail(f"--batch-size must be at least 1, got {batch_size}", EXIT_BAD_INPUT)
+    obj.require_database()
     from store import SqlAgentTurnStore
 
     try:
@@ -393,6 +550,46 @@ def prune(obj: _Context, older_than: str, batch_size: int) -> None:
         {"pruned_turns": removed, "older_than": older_than},
         lambda: click.echo(f"pruned {removed} turn(s) that ended more than {older_than} ago"),
     )
+
+
+@main.group()
+def schedules() -> None:
+    """Scheduled turns (run by `celery -A workers.app beat`)."""
+
+
+@schedules.command("list")
+@click.option(
+    "--schedules",
+    "spec",
+    envvar="AGENT_RUNNER_SCHEDULES",
+    default=None,
+    help="A .yaml/.json file or module:attribute of the schedules (default: AGENT_RUNNER_SCHEDULES).",
+)
+@pass_context
+def schedules_list(obj: _Context, spec: str | None) -> None:
+    """List the scheduled turns and when each runs next."""
+    from workers.schedules import ScheduleError, load_schedules
+
+    try:
+        found = load_schedules(spec)
+    except ScheduleError as exc:
+        _fail(str(exc), EXIT_BAD_INPUT)
+    now = datetime.now(UTC)
+    rows = [{**schedule.to_dict(), "next_run": schedule.next_run(now).isoformat()} for schedule in found]
+
+    def human() -> None:
+        if not found:
+            click.echo("no schedules (set AGENT_RUNNER_SCHEDULES or pass --schedules)")
+        for schedule in found:
+            upcoming = schedule.next_run(now)
+            local = upcoming.astimezone(ZoneInfo(schedule.timezone))
+            click.echo(
+                f"{schedule.name:<24} {schedule.agent_id:<20} {schedule.describe():<36} "
+                f"conversation {schedule.conversation_id or '-'}  if busy {schedule.if_busy}  "
+                f"next {local:%Y-%m-%d %H:%M:%S %Z}"
+            )
+
+    obj.emit(rows, human)
 
 
 if __name__ == "__main__":

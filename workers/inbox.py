@@ -5,6 +5,9 @@ conversation is free, `start_next_message` claims the next message and starts it
 (saved READY; whoever steps turns takes it from there). The Celery task `dispatch_inbox`,
 the HTTP server's embedded inbox pump and anything else that drains an inbox call it, so
 every path starts a message the same way and at most once.
+
+`enqueue_message` is the public way to queue a message for a conversation that may be
+busy: the message waits its turn, and starts at once when the conversation is free.
 """
 
 from __future__ import annotations
@@ -12,8 +15,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from enum import StrEnum
+from typing import Any
 
-from agent_runner import AgentConversationBusyException, AgentRunner, AgentRunnerError, UserMessage
+from agent_runner import AgentConversationBusyException, AgentRunner, AgentRunnerError, DefinitionError, UserMessage
+from agent_runner._base import new_id
 from store import Inbox, InboxMessage
 
 logger = logging.getLogger("workers.inbox")
@@ -31,6 +36,68 @@ class InboxOutcome(StrEnum):
     BUSY = "busy"
     FAILED = "failed"
     NO_AGENT = "no-agent"
+
+
+def enqueue_message(
+    runner: AgentRunner,
+    conversation_id: str,
+    content: str,
+    *,
+    message_id: str | None = None,
+    agent_id: str | None = None,
+    tenant_id: str | None = None,
+    metadata: dict[str, Any] | None = None,
+    inbox: Inbox | None = None,
+) -> InboxMessage:
+    """Queue a user message for a conversation; its turn starts once the conversation is free.
+
+    The message joins the conversation's inbox (idempotent on `message_id`: queueing the
+    same id again changes nothing), then the next message is asked for: with a runner
+    from `workers.build_runner()` a `dispatch_inbox` message goes to the Celery workers;
+    with any other runner the next message starts here if the conversation is free (the
+    turn is saved READY for whoever steps turns). Either way a message queued behind a
+    busy conversation starts when its active turn ends: the Celery workers (and the HTTP
+    server) ask for the next message then; an embedded deployment of your own calls
+    `start_next_message` when a conversation turn ends.
+
+    Args:
+        runner: The runner of the deployment.
+        conversation_id: The conversation.
+        content: The user's message.
+        message_id: The client's id of the message, which makes a retried call harmless;
+            it becomes the id of the turn's user message (default: a new id).
+        agent_id: The agent that answers it (default: the deployment's inbox agent,
+            `AGENT_RUNNER_INBOX_AGENT`, under Celery; required otherwise).
+        tenant_id: The tenant of the turn started from it.
+        metadata: JSON data kept with that turn.
+        inbox: The inbox to use (default: one on the runner's SQL store).
+
+    Returns:
+        The stored message (PENDING, or already further along when it was queued before).
+
+    Raises:
+        DefinitionError: No inbox was given and the runner's store is not a SQL store.
+        StoreUnavailableError: The database could not be reached; nothing was queued.
+    """
+    if inbox is None:
+        engine = getattr(runner.turn_store, "engine", None)
+        if engine is None:
+            raise DefinitionError("enqueue_message needs inbox=store.Inbox(url) when the runner's store is not SQL")
+        inbox = Inbox(engine)
+    message = inbox.enqueue(
+        conversation_id,
+        message_id or new_id(),
+        content,
+        agent_id=agent_id,
+        tenant_id=tenant_id,
+        metadata=metadata,
+    )
+    send_inbox = getattr(runner.dispatcher, "send_inbox", None)
+    if callable(send_inbox):
+        send_inbox(conversation_id)
+    else:
+        start_next_message(runner, inbox, agent_id, conversation_id)
+    return message
 
 
 def start_next_message(

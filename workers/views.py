@@ -116,7 +116,11 @@ def message_view(mask: ArgumentMask, message: AnyMessage) -> dict[str, Any]:
 
 
 def suspension_view(turn: AgentTurn, agent: Agent | None) -> dict[str, Any] | None:
-    """What the turn waits for: type, correlation id, message, form and the tool call concerned."""
+    """What the turn waits for: type, correlation id, message, form, the tool call concerned, and its deadline.
+
+    `deadline` (ISO 8601, or None) is when `on_timeout` (`"approve"`, `"reject"` or
+    `"submit"`) is applied if nobody decided.
+    """
     suspension = turn.suspension
     if suspension is None:
         return None
@@ -127,7 +131,33 @@ def suspension_view(turn: AgentTurn, agent: Agent | None) -> dict[str, Any] | No
         "message": suspension.message,
         "form": None if suspension.form is None else suspension.form.to_dict(),
         "tool_call": None if call is None else tool_call_view(agent_mask(agent), call),
+        "deadline": None if suspension.deadline is None else suspension.deadline.isoformat(),
+        "on_timeout": None if suspension.on_timeout is None else suspension.on_timeout.value,
     }
+
+
+def decisions_view(turn: AgentTurn) -> list[dict[str, Any]]:
+    """The turn's approval cards and forms: what each stands for, its status, and who decided, when and why.
+
+    `decided_by` is the deciding person (from the resume command's metadata) or
+    `"system"` (a deadline's default, or the turn ending while the action was pending).
+    """
+    views: list[dict[str, Any]] = []
+    for action in turn.page_actions:
+        decision = action.decision
+        views.append(
+            {
+                "action_id": action.action_id,
+                "kind": action.kind,
+                "tool_name": action.payload.get("tool_name"),
+                "form_key": action.payload.get("form_key"),
+                "status": action.status.value,
+                "decided_by": decision.get("decided_by"),
+                "decided_at": decision.get("decided_at"),
+                "reason": decision.get("reason"),
+            }
+        )
+    return views
 
 
 def turn_view(

@@ -119,6 +119,13 @@ class SuspensionView(_Response):
     message: str
     form: FormView | None
     tool_call: ToolCallView | None
+    deadline: str | None = Field(
+        default=None,
+        description="When `on_timeout` applies if nobody decided (ISO 8601); null when the wait has no deadline.",
+    )
+    on_timeout: Literal["approve", "reject", "submit"] | None = Field(
+        default=None, description="What the deadline does: approve or reject the call, or submit the form's default."
+    )
 
 
 class UsageView(_Response):

@@ -1,0 +1,65 @@
+"""`workers.inbox.enqueue_message`: queue a message for a conversation that may be busy (embedded runner)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from agent_runner import (
+    Agent,
+    AgentRunner,
+    AgentTurnStatus,
+    AiMessage,
+    DefinitionError,
+    InMemoryAgentLoader,
+    ScriptedChatModel,
+)
+from store import Inbox, InboxStatus, SqlAgentTurnStore, SqlChatMemoryProvider
+from workers.inbox import enqueue_message, start_next_message
+
+
+@pytest.fixture
+def runner(tmp_path: Path) -> Iterator[AgentRunner]:
+    url = f"sqlite:///{tmp_path / 'inbox.db'}"
+    agent = Agent(id="helper", chat_model=ScriptedChatModel(lambda request: AiMessage(content="noted")))
+    turn_store = SqlAgentTurnStore(url)
+    yield AgentRunner(
+        turn_store=turn_store,
+        agent_loader=InMemoryAgentLoader([agent]),
+        chat_memory_provider=SqlChatMemoryProvider(url),
+    )
+    turn_store.close()
+
+
+def test_a_message_for_a_free_conversation_starts_its_turn_at_once(runner: AgentRunner) -> None:
+    message = enqueue_message(runner, "c1", "first question", message_id="m-1", agent_id="helper")
+
+    turn = runner.turn_store.find_active_turn("c1")
+    assert turn is not None and turn.status is AgentTurnStatus.READY
+    assert turn.messages[-1].id == "m-1" and turn.messages[-1].content == "first question"
+    inbox = Inbox(runner.turn_store.engine)  # type: ignore[attr-defined]
+    stored = inbox.get(message.message_id)
+    assert stored is not None and stored.status is InboxStatus.COMPLETED and stored.turn_id == turn.id
+
+
+def test_a_message_for_a_busy_conversation_waits_for_the_turn_to_end(runner: AgentRunner) -> None:
+    active = runner.start("helper", "working on it", conversation_id="c2")
+
+    queued = enqueue_message(runner, "c2", "one more thing", message_id="m-2", agent_id="helper")
+    again = enqueue_message(runner, "c2", "one more thing", message_id="m-2", agent_id="helper")
+
+    assert queued.status is InboxStatus.PENDING and again.sequence == queued.sequence
+    assert runner.turn_store.find_active_turn("c2") == runner.turn_store.load(active.id)
+    # Once the active turn ends, the next message starts
+    runner.run_until_blocked(runner.turn_store.load(active.id))
+    inbox = Inbox(runner.turn_store.engine)  # type: ignore[attr-defined]
+    start_next_message(runner, inbox, None, "c2")
+    following = runner.turn_store.find_active_turn("c2")
+    assert following is not None and following.messages[-1].id == "m-2"
+
+
+def test_a_runner_without_a_sql_store_needs_an_inbox() -> None:
+    with pytest.raises(DefinitionError, match="inbox="):
+        enqueue_message(AgentRunner(), "c3", "hello", agent_id="helper")
