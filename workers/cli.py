@@ -491,7 +491,10 @@ def resume(
         command = resume_command(ResumeAction.FORM, tool_call_id=form[0], data=data)
     else:
         command = resume_command(ResumeAction.RETRY)
-    command = command.with_metadata("channel", "cli").with_metadata("operator", os.environ.get("USER", "unknown"))
+    operator = os.environ.get("USER", "unknown")
+    # `decided_by` is what the page card and `turns show` report as the decider.
+    command = command.with_metadata("channel", "cli").with_metadata("operator", operator)
+    command = command.with_metadata("decided_by", operator)
     runner = obj.runner()
     try:
         turn = runner.resume(turn_id, command) if run_now else runner.submit_resume(turn_id, command)

@@ -128,16 +128,17 @@ class Cluster:
             self.wait_ready(worker)
         return worker
 
-    def start_beat(self) -> WorkerProcess:
+    def start_beat(self, name: str = "beat") -> WorkerProcess:
+        """Start `celery beat`; each name keeps its own schedule file, as beats on two hosts would."""
         args = [
             CELERY,
             "-A",
             "workers.app",
             "beat",
             "--loglevel=INFO",
-            f"--schedule={self.tmp_path / 'beat-schedule'}",
+            f"--schedule={self.tmp_path / f'{name}-schedule'}",
         ]
-        return self._spawn("beat", args)
+        return self._spawn(name, args)
 
     def _spawn(self, name: str, args: list[str]) -> WorkerProcess:
         log = self.tmp_path / f"{name}-{len(self.processes)}.log"
