@@ -78,7 +78,7 @@ from agent_runner.policy import AgentExecutionPolicy, Budget, RetryPolicy
 from agent_runner.runner import AgentRunner, AgentStepResult
 from agent_runner.snapshot import AgentTurn, AgentTurnStatus, ChildLink, PageAction
 from agent_runner.suspensions import AgentResumeCommand, AgentSuspension, Phase, ResumeType, SuspensionType
-from agent_runner.tools import AgentToolContext, AgentUserInputTool, Tool, tool
+from agent_runner.tools import AgentToolContext, AgentUserInputTool, Tool, ToolOutcome, tool
 from agent_runner.usage import Usage
 from agent_runner.worker import AgentWorker
 
@@ -89,6 +89,7 @@ __all__ = [
     "AgentToolContext",
     "AgentUserInputTool",
     "Tool",
+    "ToolOutcome",
     "tool",
     # Messages
     "ActionStatus",

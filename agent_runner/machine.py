@@ -51,6 +51,9 @@ SUSPENSION_STATUS: dict[SuspensionType, AgentTurnStatus] = {
 
 FORM_SOURCE_USER_INPUT_TOOL = "request_user_input"
 FORM_SOURCE_TOOL = "tool"
+OUTCOME_UNKNOWN = "outcome_unknown"
+"""`reason` in the metadata of a TOOL_APPROVAL suspension that asks a person to settle a call
+whose outcome was not recorded."""
 _CHILD_NAMESPACE = uuid.UUID("5b0c7f4e-8a52-4c8e-9d0b-6f1f3c0a9e21")
 
 
@@ -103,6 +106,14 @@ class ExecuteTool:
 
 
 @dataclass(frozen=True)
+class ReconcileTool:
+    """A non-idempotent call started earlier and its outcome was not recorded: find it out, never re-run blindly."""
+
+    call: ToolCall
+    tool: Tool
+
+
+@dataclass(frozen=True)
 class WriteToolResult:
     """Answer `call` without executing anything (unknown tool, invalid arguments, a child's output)."""
 
@@ -127,7 +138,7 @@ class SpawnChildren:
     """(call, sub-agent, task) for each delegation call that has no child yet."""
 
 
-StepPlan = Terminate | CallModel | ExecuteTool | WriteToolResult | Suspend | SpawnChildren
+StepPlan = Terminate | CallModel | ExecuteTool | ReconcileTool | WriteToolResult | Suspend | SpawnChildren
 
 
 def plan_step(turn: AgentTurn, agent: Agent, policy: AgentExecutionPolicy) -> StepPlan:
@@ -178,6 +189,8 @@ def _plan_tool(turn: AgentTurn, agent: Agent, call: ToolCall) -> StepPlan:
         )
     if isinstance(tool, AgentUserInputTool):
         return _plan_user_input(turn, tool, call)
+    if call.id in turn.started_call_ids:
+        return ReconcileTool(call, tool)
     if tool.requires_approval and call.id not in turn.approved_call_ids:
         try:
             tool.validate_arguments(call.arguments)
@@ -312,6 +325,7 @@ def apply_tool_result(
         pending_tool_calls=pending,
         phase=Phase.TOOLS if pending else Phase.MODEL,
         approved_call_ids=[c for c in turn.approved_call_ids if c != call.id],
+        started_call_ids=[c for c in turn.started_call_ids if c != call.id],
         form_data=form_data,
         attempt=0,
         steps=turn.steps + 1,
@@ -457,7 +471,7 @@ def apply_resume(
     match command.type:
         case ResumeType.USER_INPUT:
             return _resume_user_input(turn, suspension, command, now)
-        case ResumeType.APPROVE_TOOL | ResumeType.REJECT_TOOL:
+        case ResumeType.APPROVE_TOOL | ResumeType.REJECT_TOOL | ResumeType.TOOL_RESULT:
             return _resume_approval(turn, suspension, command, now)
         case ResumeType.CHILD_COMPLETED:
             return _resume_child(turn, command, child, now)
@@ -471,7 +485,52 @@ _EXPECTED_SUSPENSION = {
     ResumeType.REJECT_TOOL: SuspensionType.TOOL_APPROVAL,
     ResumeType.CHILD_COMPLETED: SuspensionType.CHILD_AGENT,
     ResumeType.RETRY: SuspensionType.RETRY,
+    ResumeType.TOOL_RESULT: SuspensionType.TOOL_APPROVAL,
 }
+
+
+def mark_started(turn: AgentTurn, call_id: str, now: datetime) -> AgentTurn:
+    """Record that the body of a non-idempotent call is about to run (saved before it runs)."""
+    return touch(turn, now, started_call_ids=[*turn.started_call_ids, call_id])
+
+
+def unmark_started(turn: AgentTurn, call_id: str) -> AgentTurn:
+    """Forget the start of a call whose body returned or raised: its outcome is known now."""
+    if call_id not in turn.started_call_ids:
+        return turn
+    return turn.model_copy(update={"started_call_ids": [c for c in turn.started_call_ids if c != call_id]})
+
+
+def outcome_unknown_suspension(turn: AgentTurn, call: ToolCall, tool: Tool, note: str) -> Suspend:
+    """Ask a person to settle a call that started and whose outcome was never recorded."""
+    masked = tool.masked_arguments(call.arguments)
+    summary = f"{tool.name}({', '.join(f'{k}={v!r}' for k, v in masked.items())})"
+    message = (
+        f"The call {summary} started but its outcome was not recorded (the worker stopped while it ran)"
+        + (f": {note}" if note else "")
+        + ". Retry it, mark it done with its result, or fail it."
+    )
+    suspension = AgentSuspension(
+        type=SuspensionType.TOOL_APPROVAL,
+        correlation_id=call.id,
+        message=message,
+        resume_phase=Phase.TOOLS,
+        metadata={"reason": OUTCOME_UNKNOWN, "tool_name": tool.name, "arguments": masked, "note": note},
+    )
+    message_id = f"{page_message_id(turn.id, call.id)}-outcome"
+    payload: dict[str, Any] = {
+        "role": "agent_action",
+        "id": message_id,
+        "turn_id": turn.id,
+        "action_id": call.id,
+        "tool_name": tool.name,
+        "summary": message,
+        "arguments": masked,
+        "kind": OUTCOME_UNKNOWN,
+    }
+    return Suspend(
+        suspension, PageAction(message_id=message_id, action_id=call.id, kind=OUTCOME_UNKNOWN, payload=payload)
+    )
 
 
 def _check_call_id(turn: AgentTurn, suspension: AgentSuspension, command: AgentResumeCommand) -> ToolCall:
@@ -576,7 +635,16 @@ def _resume_approval(
     turn: AgentTurn, suspension: AgentSuspension, command: AgentResumeCommand, now: datetime
 ) -> AgentTurn:
     call = _check_call_id(turn, suspension, command)
+    unknown_outcome = suspension.metadata.get("reason") == OUTCOME_UNKNOWN
+    if command.type is ResumeType.TOOL_RESULT and not unknown_outcome:
+        raise InvalidResumeCommand(
+            f"tool call {call.id!r} of turn {turn.id!r} waits for approval; tool_result settles only "
+            "a call whose outcome is unknown",
+            turn_id=turn.id,
+        )
+    started = [c for c in turn.started_call_ids if c != call.id]
     if command.type is ResumeType.APPROVE_TOOL:
+        # For an unknown outcome, approving means "run it again": a person took the risk.
         return transition(
             turn,
             S.RUNNING,
@@ -584,12 +652,23 @@ def _resume_approval(
             suspension=None,
             phase=Phase.TOOLS,
             approved_call_ids=[*turn.approved_call_ids, call.id],
+            started_call_ids=started,
             page_actions=_decide_action(turn, call.id, ActionStatus.APPROVED, command, now),
         )
+    if command.type is ResumeType.TOOL_RESULT:
+        actions = _decide_action(turn, call.id, ActionStatus.SUBMITTED, command, now)
+        resumed = transition(turn, S.RUNNING, now, suspension=None, page_actions=actions, started_call_ids=started)
+        resumed, _ = apply_tool_result(resumed, call, command.content or "", False, now)
+        return resumed.model_copy(update={"steps": turn.steps})
     reason = command.reason or "rejected by the user"
     actions = _decide_action(turn, call.id, ActionStatus.REJECTED, command, now, reason)
-    resumed = transition(turn, S.RUNNING, now, suspension=None, page_actions=actions)
-    resumed, _ = apply_tool_result(resumed, call, f"The user rejected this tool call: {reason}", True, now)
+    resumed = transition(turn, S.RUNNING, now, suspension=None, page_actions=actions, started_call_ids=started)
+    content = (
+        f"This tool call failed (its outcome was unknown and a person marked it failed): {reason}"
+        if unknown_outcome
+        else f"The user rejected this tool call: {reason}"
+    )
+    resumed, _ = apply_tool_result(resumed, call, content, True, now)
     return resumed.model_copy(update={"steps": turn.steps})
 
 

@@ -55,7 +55,7 @@ from agent_runner.persistence import (
 from agent_runner.policy import AgentExecutionPolicy, RetryPolicy
 from agent_runner.snapshot import AgentTurn, AgentTurnStatus
 from agent_runner.suspensions import AgentResumeCommand, AgentSuspension, ResumeType, SuspensionType
-from agent_runner.tools import Tool, encode_tool_result, tool_scope
+from agent_runner.tools import Tool, ToolOutcome, encode_tool_result, tool_scope
 
 logger = logging.getLogger("agent_runner")
 
@@ -494,6 +494,8 @@ class AgentRunner:
                     return self._call_model(running, agent, expected)
                 case machine.ExecuteTool(call=call, tool=tool):
                     return self._execute_tool(running, call, tool, expected, agent.retry or self.policy.retry)
+                case machine.ReconcileTool(call=call, tool=tool):
+                    return self._reconcile_tool(running, call, tool, expected, agent.retry or self.policy.retry)
                 case machine.WriteToolResult(call=call, content=content, is_error=is_error):
                     updated, message = machine.apply_tool_result(running, call, content, is_error, now)
                     saved = self._save(updated, expected, _tool_completed(call, is_error))
@@ -562,6 +564,12 @@ class AgentRunner:
         self, turn: AgentTurn, call: ToolCall, tool: Tool, expected: int, retry: RetryPolicy
     ) -> AgentStepResult:
         self._carry(AgentEventType.TOOL_STARTED, turn, tool_call_id=call.id, tool_name=call.name)
+        if not tool.idempotent:
+            # Saved before the body runs: after a crash, the call is known to have started and
+            # is reconciled instead of being run again. The saves after the body forget the mark.
+            started = self._save(machine.mark_started(turn, call.id, self.clock()), expected)
+            expected = started.version
+            turn = machine.unmark_started(started, call.id)
         submitted = turn.form_data.get(call.id, {})
 
         def progress(data: Any) -> None:
@@ -589,6 +597,36 @@ class AgentRunner:
         updated, message = machine.apply_tool_result(turn, call, content, is_error, self.clock())
         saved = self._save(updated, expected, _tool_completed(call, is_error))
         return AgentStepResult(turn=saved, tool_messages=[message])
+
+    def _reconcile_tool(
+        self, turn: AgentTurn, call: ToolCall, tool: Tool, expected: int, retry: RetryPolicy
+    ) -> AgentStepResult:
+        """Settle a non-idempotent call that started and has no recorded outcome, without re-running it blindly."""
+        outcome = ToolOutcome.unknown("the tool has no reconcile function")
+        if tool.reconciler is not None:
+            key = f"{turn.id}:{call.id}"  # the call's idempotency key (AgentToolContext.get_idempotency_key)
+            try:
+                with tool_scope(turn.id, call, turn.form_data.get(call.id, {}), lambda _: None):
+                    found = tool.reconciler(call, key)
+                if not isinstance(found, ToolOutcome):
+                    raise DefinitionError(f"reconcile of tool {tool.name!r} returned {found!r}, not a ToolOutcome")
+                outcome = found
+            except Exception as exc:
+                outcome = ToolOutcome.unknown(f"reconciling raised {type(exc).__name__}: {exc}")
+        if outcome.state == "done":
+            updated, message = machine.apply_tool_result(
+                turn, call, encode_tool_result(outcome.result), False, self.clock()
+            )
+            completed = (
+                AgentEventType.TOOL_COMPLETED,
+                {"tool_call_id": call.id, "tool_name": call.name, "is_error": False, "reconciled": True},
+            )
+            return AgentStepResult(turn=self._save(updated, expected, completed), tool_messages=[message])
+        if outcome.state == "not_done":
+            return self._execute_tool(machine.unmark_started(turn, call.id), call, tool, expected, retry)
+        plan = machine.outcome_unknown_suspension(turn, call, tool, outcome.note)
+        suspended = machine.apply_suspension(turn, plan, self.clock())
+        return AgentStepResult(turn=self._save(suspended, expected, self._suspended_event(suspended)))
 
     def _failed_call(
         self,

@@ -138,6 +138,8 @@ class AgentTurn(FrozenModel):
     """How many leading `messages` are known to be in ChatMemory."""
     lease_fence: int | None = None
     """Fencing number of the lease under which this snapshot was saved, if any."""
+    started_call_ids: list[str] = Field(default_factory=list)
+    """Calls of non-idempotent tools whose body started and whose outcome is not recorded yet."""
     step_failures: int = 0
     """Consecutive steps that raised an unexpected exception (reset by any step that saves)."""
     root_conversation_id: str | None = None
