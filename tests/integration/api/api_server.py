@@ -178,3 +178,62 @@ TERMINAL = ("COMPLETED", "FAILED", "CANCELLED", "MAX_ITERATIONS_REACHED", "MAX_S
 
 def ended(view: dict[str, Any]) -> bool:
     return view["status"] in TERMINAL
+
+
+def parse_sse(text: str) -> list[dict[str, Any]]:
+    """The events of a server-sent-events body: `{"id", "event", "data"}` (data parsed as JSON), comments dropped."""
+    import json
+
+    events: list[dict[str, Any]] = []
+    for block in text.split("\n\n"):
+        fields: dict[str, Any] = {}
+        for line in block.split("\n"):
+            if not line or line.startswith(":"):
+                continue
+            name, _, value = line.partition(":")
+            fields[name] = value[1:] if value.startswith(" ") else value
+        if fields:
+            if "data" in fields:
+                fields["data"] = json.loads(fields["data"])
+            events.append(fields)
+    return events
+
+
+def read_stream(
+    client: httpx.Client, path: str, *, until_end: bool = True, **kwargs: Any
+) -> tuple[str, list[dict[str, Any]]]:
+    """Read an SSE stream until `event: end` (or until the server closes it); return the raw text and the events."""
+    chunks: list[str] = []
+    with client.stream("GET", path, timeout=httpx.Timeout(30, read=30), **kwargs) as response:
+        assert response.status_code == 200, response.read()
+        assert response.headers["content-type"].startswith("text/event-stream")
+        for chunk in response.iter_text():
+            chunks.append(chunk)
+            if until_end and "event: end\n" in "".join(chunks):
+                break
+    text = "".join(chunks)
+    return text, parse_sse(text)
+
+
+def append_events(database_url: str, turn_id: str, *kinds: tuple[str, dict[str, Any]]) -> None:
+    """Save the turn again with these durable events, as a runner step records them.
+
+    The events go through the turn store's own save (same transaction as the snapshot), so
+    the server's event feed reads them exactly as it reads a runner's.
+    """
+    from agent_runner import AgentEvent, AgentEventType
+    from store import SqlAgentTurnStore
+
+    with SqlAgentTurnStore(database_url) as store:
+        turn = store.load(turn_id)
+        events = [
+            AgentEvent(
+                event_id=f"{turn_id}:{turn.version + 1}:{number}",
+                type=AgentEventType(kind),
+                turn_id=turn_id,
+                root_turn_id=turn.root_turn_id,
+                data=data,
+            )
+            for number, (kind, data) in enumerate(kinds)
+        ]
+        store.save(turn, turn.version, events)

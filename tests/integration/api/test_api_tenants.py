@@ -10,7 +10,19 @@ from typing import Any
 
 import httpx
 import pytest
-from api_server import AGENT_RUNNER, ROOT, ApiServer, assert_error, blocked, database_state, serve, server_env, wait_for
+from api_server import (
+    AGENT_RUNNER,
+    ROOT,
+    ApiServer,
+    append_events,
+    assert_error,
+    blocked,
+    database_state,
+    read_stream,
+    serve,
+    server_env,
+    wait_for,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -103,7 +115,7 @@ def test_another_tenants_turn_is_404_everywhere_and_nothing_changes(
     assert [t["id"] for t in listed] == [turn["id"]]
 
 
-def test_equal_conversation_ids_of_two_tenants_never_meet(a: httpx.Client, b: httpx.Client) -> None:
+def test_equal_conversation_ids_of_two_tenants_never_meet(a: httpx.Client, b: httpx.Client, database_url: str) -> None:
     chat = f"shared-{uuid.uuid4().hex[:8]}"
     first = start(a, "ticket", chat)
     wait_for(a, first["id"], blocked)
@@ -126,6 +138,12 @@ def test_equal_conversation_ids_of_two_tenants_never_meet(a: httpx.Client, b: ht
         listed = client.get("/v1/turns").json()["items"]
         assert chat in {t["conversation_id"] for t in listed}
         assert not any("/" in (t["conversation_id"] or "") for t in listed) and "tenant-" not in str(listed)
+    # Events show the conversation as the tenant knows it, and only to that tenant
+    append_events(database_url, first["id"], ("TURN_STARTED", {"status": "READY"}))
+    _, a_events = read_stream(a, f"/v1/conversations/{chat}/events", params={"follow": "false"}, until_end=False)
+    _, b_events = read_stream(b, f"/v1/conversations/{chat}/events", params={"follow": "false"}, until_end=False)
+    assert [e["data"]["turn_id"] for e in a_events] == [first["id"]]
+    assert a_events[0]["data"]["conversation_id"] == chat and first["id"] not in str(b_events)
     # Queued messages stay with their tenant as well
     queued = b.post(
         "/v1/turns", json={"agent_id": "desk", "input": "b again", "conversation_id": chat, "if_busy": "enqueue"}
