@@ -11,7 +11,18 @@ from typing import Any
 
 import httpx
 import pytest
-from api_server import HERE, ApiServer, assert_error, blocked, ended, eventually, status_is, wait_for
+from api_server import (
+    HERE,
+    ApiServer,
+    append_events,
+    assert_error,
+    blocked,
+    ended,
+    eventually,
+    read_stream,
+    status_is,
+    wait_for,
+)
 
 from tests.conftest import TEST_REDIS_URL
 
@@ -133,3 +144,25 @@ def test_readiness_names_a_broker_that_does_not_answer(pg_url: str, tmp_path: Pa
     finally:
         server.stop()
         delete_prefix(TEST_REDIS_URL, namespace)
+
+
+def test_events_stream_from_the_postgresql_log_and_end_with_the_turn(stack: Stack) -> None:
+    url = stack.cluster.settings.database_url
+    with stack.client() as client:
+        created = client.post(
+            "/v1/turns", json={"agent_id": "desk", "input": "ticket", "conversation_id": "c-3"}
+        ).json()
+        turn_id = created["id"]
+        wait_for(client, turn_id, blocked)
+        append_events(
+            url, turn_id, ("TURN_STARTED", {"status": "READY"}), ("TURN_SUSPENDED", {"status": "WAITING_FOR_USER"})
+        )
+        _, stored = read_stream(client, f"/v1/turns/{turn_id}/events", params={"follow": "false"}, until_end=False)
+        assert [e["event"] for e in stored] == ["TURN_STARTED", "TURN_SUSPENDED"]
+        assert all(e["data"]["conversation_id"] == "c-3" for e in stored)
+        # A stream resumed after the first event gets the rest, then the end once the turn has ended
+        client.post(f"/v1/turns/{turn_id}/cancel")
+        append_events(url, turn_id, ("TURN_CANCELLED", {"status": "CANCELLED"}))
+        _, rest = read_stream(client, f"/v1/turns/{turn_id}/events", headers={"Last-Event-ID": stored[0]["id"]})
+        assert [e["event"] for e in rest] == ["TURN_SUSPENDED", "TURN_CANCELLED", "end"]
+        assert rest[-1]["data"] == {"turn_id": turn_id, "status": "CANCELLED"}
