@@ -121,7 +121,7 @@ def assert_error(response: httpx.Response, status: int, type_name: str | None = 
     assert response.status_code == status, (response.status_code, response.text)
     body = response.json()
     assert set(body) == {"error"}, body
-    error = body["error"]
+    error: dict[str, Any] = body["error"]
     assert isinstance(error["type"], str) and isinstance(error["message"], str) and error["message"]
     assert isinstance(error["details"], list)
     if type_name is not None:

@@ -54,7 +54,8 @@ def b(server: ApiServer) -> Iterator[httpx.Client]:
 def start(client: httpx.Client, text: str, chat: str | None = None) -> dict[str, Any]:
     response = client.post("/v1/turns", json={"agent_id": "desk", "input": text, "conversation_id": chat})
     assert response.status_code == 201, response.text
-    return response.json()
+    view: dict[str, Any] = response.json()
+    return view
 
 
 def test_every_v1_route_needs_a_valid_key(server: ApiServer) -> None:

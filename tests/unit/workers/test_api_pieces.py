@@ -125,7 +125,7 @@ def call_api(url: str, token: str) -> str:
 
 def test_masks_hide_sensitive_arguments_and_everything_of_unknown_tools() -> None:
     agent = Agent(id="a", chat_model=ScriptedChatModel([]), tools=[call_api])
-    call = ToolCall("c1", "call_api", {"url": "u", "token": "secret"})
+    call = ToolCall(id="c1", name="call_api", arguments={"url": "u", "token": "secret"})
     assert masked_arguments(agent, call) == {"url": "u", "token": "***"}
     assert masked_arguments(None, call) == {"url": "***", "token": "***"}
 
@@ -138,4 +138,4 @@ def test_masks_hide_sensitive_arguments_and_everything_of_unknown_tools() -> Non
 
     mask: Any = catalog_mask(Loader())
     assert mask(call) == {"url": "u", "token": "***"}
-    assert mask(ToolCall("c2", "made_up", {"x": 1})) == {"x": "***"}
+    assert mask(ToolCall(id="c2", name="made_up", arguments={"x": 1})) == {"x": "***"}
