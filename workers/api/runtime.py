@@ -213,10 +213,8 @@ def _database_check(engine: Engine) -> Callable[[], None]:
 
 
 def _sql_runtime(settings: ApiSettings, agent_loader: AgentLoader | None) -> Runtime:
-    from workers.wiring import load_agent_loader
-
     worker_settings = settings.workers
-    loader = agent_loader if agent_loader is not None else load_agent_loader(worker_settings.agent_loader)
+    loader = agent_loader if agent_loader is not None else _load_agents(worker_settings.agent_loader)
     engine = store.make_engine(worker_settings.database_url)
     try:
         turn_store = store.SqlAgentTurnStore(engine)
@@ -268,8 +266,15 @@ def _stop_worker(worker: AgentWorker) -> None:
         logger.warning("the embedded worker still had steps in flight after 30 s; their leases expire")
 
 
+def _load_agents(spec: str | None) -> AgentLoader:
+    # The Celery wiring resolves AGENT_RUNNER_AGENT_LOADER for the workers; the server
+    # resolves it the same way (this module is the server's only door to the wiring).
+    from workers.wiring import load_agent_loader
+
+    return load_agent_loader(spec)
+
+
 def _celery_runtime(settings: ApiSettings, agent_loader: AgentLoader | None) -> Runtime:
-    # The only place the HTTP server touches the Celery wiring.
     from workers import app as app_module
     from workers.wiring import build_wiring
 
