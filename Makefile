@@ -34,7 +34,7 @@ test: $(STAMP) services ## Run every test: unit, contract over all backends, int
 
 .PHONY: test-unit
 test-unit: $(STAMP) ## Fast tests that need no services
-	$(BIN)/python -m pytest -q tests/unit tests/test_architecture.py $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q tests/unit tests/test_architecture.py tests/test_layout.py $(PYTEST_ARGS)
 
 .PHONY: chaos
 chaos: $(STAMP) services ## Long soak and chaos runs
@@ -51,7 +51,7 @@ format: $(STAMP) ## Format and autofix
 	$(BIN)/ruff check --fix agent_runner store workers tests bench
 
 .PHONY: typecheck
-typecheck: $(STAMP) ## mypy (strict)
+typecheck: $(STAMP) ## Strict mypy over agent_runner, store, workers and tests (the packages in pyproject.toml)
 	$(BIN)/mypy
 
 .PHONY: bench

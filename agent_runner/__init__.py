@@ -6,6 +6,7 @@ snapshot at every stable boundary, suspends without holding a thread when it nee
 person, a child turn or a delayed retry, and is resumed from any process.
 """
 
+from agent_runner._stepping import AdvanceResult, StopReason
 from agent_runner.agent import Agent, InMemoryAgentLoader
 from agent_runner.errors import (
     AgentConversationBusyException,
@@ -45,6 +46,7 @@ from agent_runner.in_memory import (
     InMemoryLiveEvents,
     InMemoryTurnLease,
 )
+from agent_runner.leasing import HeldLease, LeaseKeeper
 from agent_runner.messages import (
     ActionStatus,
     AgentActionMessage,
@@ -78,6 +80,7 @@ from agent_runner.snapshot import AgentTurn, AgentTurnStatus, ChildLink, PageAct
 from agent_runner.suspensions import AgentResumeCommand, AgentSuspension, Phase, ResumeType, SuspensionType
 from agent_runner.tools import AgentToolContext, AgentUserInputTool, Tool, tool
 from agent_runner.usage import Usage
+from agent_runner.worker import AgentWorker
 
 __all__ = [
     # Agents and tools
@@ -118,10 +121,13 @@ __all__ = [
     # Runner
     "AgentExecutionPolicy",
     "AgentRunner",
+    "AdvanceResult",
     "AgentStepResult",
+    "AgentWorker",
     "Budget",
     "Middleware",
     "RetryPolicy",
+    "StopReason",
     # Events
     "AgentEvent",
     "AgentEventListener",
@@ -143,7 +149,9 @@ __all__ = [
     "InMemoryChatMemory",
     "InMemoryChatMemoryProvider",
     "InMemoryTurnLease",
+    "HeldLease",
     "Lease",
+    "LeaseKeeper",
     "TurnDispatcher",
     "TurnLease",
     "TurnRef",

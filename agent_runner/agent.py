@@ -10,7 +10,7 @@ from typing import Any
 
 from agent_runner.errors import AgentNotFound, DefinitionError
 from agent_runner.models import ChatModel, ToolSpec
-from agent_runner.policy import Budget
+from agent_runner.policy import Budget, RetryPolicy
 from agent_runner.tools import AgentUserInputTool, AnyTool, Tool
 
 AGENT_ID_PATTERN = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
@@ -31,6 +31,8 @@ class Agent:
         budget: Token and cost limits per turn, child turns included (BUDGET_EXCEEDED beyond).
         sub_agents: Agents this one may delegate a task to; each runs as a child turn.
         description: What the agent does; shown to a parent model when this agent is a sub-agent.
+        retry: The retry schedule and transient error types of this agent's model and tool
+            calls (default: the runner's `AgentExecutionPolicy.retry`).
     """
 
     id: str
@@ -43,6 +45,7 @@ class Agent:
     budget: Budget = field(default_factory=Budget)
     sub_agents: Sequence[Agent] = field(default_factory=list)
     description: str = ""
+    retry: RetryPolicy | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.id, str) or not AGENT_ID_PATTERN.match(self.id):

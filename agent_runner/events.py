@@ -22,6 +22,8 @@ class AgentEventType(StrEnum):
     """What happened."""
 
     TURN_STARTED = "TURN_STARTED"
+    TURN_RUNNING = "TURN_RUNNING"
+    """A runner took a READY turn and is stepping it: it is no longer queued."""
     TURN_SUSPENDED = "TURN_SUSPENDED"
     TURN_RESUMED = "TURN_RESUMED"
     RETRY_SCHEDULED = "RETRY_SCHEDULED"

@@ -20,7 +20,7 @@ from agent_runner.errors import InvalidResumeCommand, InvalidTransitionError, To
 from agent_runner.forms import AgentFormDefinition, validate_form_data
 from agent_runner.messages import ActionStatus, AiMessage, ModelMessage, ToolCall, ToolMessage, UserMessage
 from agent_runner.models import ChatResponse
-from agent_runner.policy import AgentExecutionPolicy
+from agent_runner.policy import AgentExecutionPolicy, RetryPolicy
 from agent_runner.snapshot import AgentTurn, AgentTurnStatus, ChildLink, PageAction
 from agent_runner.suspensions import AgentResumeCommand, AgentSuspension, Phase, ResumeType, SuspensionType
 from agent_runner.tools import INVALID_ARGUMENTS_KEY, AgentUserInputTool, Tool
@@ -270,10 +270,13 @@ def _plan_delegation(turn: AgentTurn, agent: Agent, call: ToolCall) -> StepPlan:
 
 
 def start_running(turn: AgentTurn, now: datetime) -> AgentTurn:
-    """Move a READY or due RETRY_SCHEDULED turn to RUNNING (in memory; saved with the step)."""
+    """Move a READY or due RETRY_SCHEDULED turn to RUNNING (in memory; saved with the step).
+
+    A step that gets as far as saving has not failed: the count of failed steps restarts.
+    """
     if turn.status is S.RUNNING:
-        return turn
-    return transition(turn, S.RUNNING, now, suspension=None, next_retry_at=None)
+        return turn if turn.step_failures == 0 else turn.model_copy(update={"step_failures": 0})
+    return transition(turn, S.RUNNING, now, suspension=None, next_retry_at=None, step_failures=0)
 
 
 def apply_model_response(turn: AgentTurn, response: ChatResponse, now: datetime) -> tuple[AgentTurn, AiMessage]:
@@ -352,17 +355,15 @@ def apply_children_spawned(turn: AgentTurn, links: list[ChildLink], now: datetim
     return transition(turn, S.WAITING_FOR_CHILD, now, children=children, suspension=suspension, steps=turn.steps + 1)
 
 
-def schedule_retry(
-    turn: AgentTurn, error: str, delay: float, policy: AgentExecutionPolicy, now: datetime
-) -> AgentTurn | None:
+def schedule_retry(turn: AgentTurn, error: str, delay: float, retry: RetryPolicy, now: datetime) -> AgentTurn | None:
     """Schedule another attempt of the current call, or return None when attempts are used up."""
     attempt = turn.attempt + 1
-    if attempt >= policy.retry.max_attempts:
+    if attempt >= retry.max_attempts:
         return None
     due = now + timedelta(seconds=delay)
     suspension = AgentSuspension(
         type=SuspensionType.RETRY,
-        message=f"attempt {attempt} of {policy.retry.max_attempts} failed: {error}",
+        message=f"attempt {attempt} of {retry.max_attempts} failed: {error}",
         resume_phase=turn.phase,
         metadata={"attempt": attempt, "error": error},
     )
@@ -407,8 +408,9 @@ def close_out(
         )
     closing = policy.render(policy.interrupted_turn_message_template, reason=reason, turn_id=turn.id)
     messages.append(AiMessage(id=f"{turn.id}-{len(messages)}", content=closing))
+    ended = decision(SYSTEM_DECIDER, now, reason)
     actions = [
-        a.model_copy(update={"status": ActionStatus.REJECTED, "synced": False})
+        a.model_copy(update={"status": ActionStatus.CANCELLED, "synced": False, "decision": ended})
         if a.status is ActionStatus.PENDING
         else a
         for a in turn.page_actions
@@ -484,9 +486,43 @@ def _check_call_id(turn: AgentTurn, suspension: AgentSuspension, command: AgentR
     return call
 
 
-def _decide_action(turn: AgentTurn, call_id: str, status: ActionStatus) -> list[PageAction]:
+SYSTEM_DECIDER = "system"
+"""`decided_by` of page actions the runner itself settled (a close-out)."""
+
+DECIDER_METADATA_KEYS = ("decided_by", "approverId", "approver_id", "user_id", "userId")
+"""Resume-command metadata keys that name who decided, in order of preference."""
+
+
+def decision(decided_by: str | None, now: datetime, reason: str | None = None) -> dict[str, Any]:
+    """The `PageAction.decision` record of a decision."""
+    record: dict[str, Any] = {"decided_at": now.isoformat()}
+    if decided_by:
+        record["decided_by"] = decided_by
+    if reason:
+        record["reason"] = reason
+    return record
+
+
+def decider(command: AgentResumeCommand) -> str | None:
+    """Who decided, from a resume command's metadata."""
+    for key in DECIDER_METADATA_KEYS:
+        value = command.metadata.get(key)
+        if value is not None and value != "":
+            return str(value)
+    return None
+
+
+def _decide_action(
+    turn: AgentTurn,
+    call_id: str,
+    status: ActionStatus,
+    command: AgentResumeCommand,
+    now: datetime,
+    reason: str | None = None,
+) -> list[PageAction]:
+    record = decision(decider(command), now, reason)
     return [
-        a.model_copy(update={"status": status, "synced": False}) if a.action_id == call_id else a
+        a.model_copy(update={"status": status, "synced": False, "decision": record}) if a.action_id == call_id else a
         for a in turn.page_actions
     ]
 
@@ -517,7 +553,7 @@ def _resume_user_input(
             turn_id=turn.id,
             errors=errors,
         )
-    actions = _decide_action(turn, call.id, ActionStatus.SUBMITTED)
+    actions = _decide_action(turn, call.id, ActionStatus.SUBMITTED, command, now)
     if suspension.metadata.get("form_source") == FORM_SOURCE_TOOL:
         # The tool runs again from its start and reads the data from its context.
         return transition(
@@ -548,12 +584,11 @@ def _resume_approval(
             suspension=None,
             phase=Phase.TOOLS,
             approved_call_ids=[*turn.approved_call_ids, call.id],
-            page_actions=_decide_action(turn, call.id, ActionStatus.APPROVED),
+            page_actions=_decide_action(turn, call.id, ActionStatus.APPROVED, command, now),
         )
     reason = command.reason or "rejected by the user"
-    resumed = transition(
-        turn, S.RUNNING, now, suspension=None, page_actions=_decide_action(turn, call.id, ActionStatus.REJECTED)
-    )
+    actions = _decide_action(turn, call.id, ActionStatus.REJECTED, command, now, reason)
+    resumed = transition(turn, S.RUNNING, now, suspension=None, page_actions=actions)
     resumed, _ = apply_tool_result(resumed, call, f"The user rejected this tool call: {reason}", True, now)
     return resumed.model_copy(update={"steps": turn.steps})
 

@@ -10,6 +10,7 @@ never renamed.
 
 from __future__ import annotations
 
+from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Any, ClassVar, Literal
 
@@ -85,6 +86,8 @@ class ActionStatus(StrEnum):
     APPROVED = "APPROVED"
     REJECTED = "REJECTED"
     SUBMITTED = "SUBMITTED"
+    CANCELLED = "CANCELLED"
+    """Nobody decided: the turn ended (cancelled, failed, out of budget) while it was pending."""
 
 
 class _PageMessageBase(_MessageBase):
@@ -96,6 +99,11 @@ class _PageMessageBase(_MessageBase):
     action_id: str
     """The tool call id this page message stands for."""
     status: ActionStatus = ActionStatus.PENDING
+    decided_by: str | None = None
+    """Who decided (the resume command's `decided_by` or `approverId` metadata; `"system"` for a close-out)."""
+    decided_at: datetime | None = None
+    reason: str | None = None
+    """Why: the rejection reason, or the reason the turn ended while the action was pending."""
 
 
 class AgentActionMessage(_PageMessageBase):

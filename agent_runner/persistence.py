@@ -30,6 +30,7 @@ class TurnRef:
     status: AgentTurnStatus
     updated_at: datetime
     next_retry_at: datetime | None = None
+    cancel_requested: bool = False
 
     def is_runnable(self, now: datetime | None = None) -> bool:
         """Whether a worker may step the turn now (the same rule as `AgentTurn.is_runnable`)."""
@@ -133,7 +134,9 @@ class EventLog(Protocol):
     root turns and their descendants). Each returned event carries a `cursor`; reading
     `after` it returns exactly the events that follow it, each once, with no gaps, also
     while other transactions (parallel child turns) commit concurrently. The events of one
-    turn come in the order their saves committed.
+    turn come in the order their saves committed. An event may become readable a moment
+    after its save returned (on PostgreSQL, once the write transactions that began before
+    it have ended), so a read returns a prefix of the log that only ever grows.
     """
 
     def read_events(

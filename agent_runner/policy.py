@@ -9,9 +9,17 @@ from typing import Any, ClassVar
 from pydantic import Field, field_validator, model_validator
 
 from agent_runner._base import PositionalModel
-from agent_runner.errors import DefinitionError
+from agent_runner.errors import DefinitionError, RecoverableError
 
 TEMPLATE_FIELDS = frozenset({"reason", "turn_id", "tool_call_id", "tool_name"})
+
+
+DBAPI_TRANSIENT_ERRORS = ("OperationalError", "InterfaceError")
+"""Names of the DB-API 2.0 exception classes that drivers raise for a lost or refused connection."""
+
+
+def _default_retry_on() -> tuple[type[BaseException], ...]:
+    return (ConnectionError, TimeoutError)
 
 
 class RetryPolicy(PositionalModel):
@@ -19,6 +27,12 @@ class RetryPolicy(PositionalModel):
 
     `max_attempts` counts every attempt, the first included: with 3, a call is tried
     three times before the turn fails. Times are in seconds.
+
+    A call is retried when it raises `RecoverableError`, an instance of `retry_on` (by
+    default connection errors and timeouts), or a DB-API 2.0 `OperationalError` or
+    `InterfaceError` (a database driver's dropped connection: psycopg, SQLAlchemy,
+    sqlite3, ...), so a tool whose own database connection was cut is retried on schedule
+    instead of failing the turn. Anything else is deterministic.
     """
 
     _positional: ClassVar[tuple[str, ...]] = ("max_attempts", "initial_backoff", "multiplier", "max_backoff", "jitter")
@@ -29,6 +43,14 @@ class RetryPolicy(PositionalModel):
     max_backoff: float = Field(default=60.0, ge=0)
     jitter: float = Field(default=0.1, ge=0, le=1)
     """Fraction of the backoff added or removed at random, so retries of many turns spread out."""
+    retry_on: tuple[type[BaseException], ...] = Field(default_factory=_default_retry_on)
+    """Exception types that mean "try again later" (besides `RecoverableError`)."""
+
+    def is_transient(self, error: BaseException, extra: tuple[type[BaseException], ...] = ()) -> bool:
+        """Whether `error` should be retried on this schedule (`extra`: a tool's own `retry_on`)."""
+        if isinstance(error, (RecoverableError, *self.retry_on, *extra)):
+            return True
+        return any(kind.__name__ in DBAPI_TRANSIENT_ERRORS for kind in type(error).__mro__)
 
     def backoff(self, attempt: int, retry_after: float | None = None, rng: random.Random | None = None) -> float:
         """Seconds to wait after failed attempt number `attempt` (1-based).
@@ -83,6 +105,10 @@ class AgentExecutionPolicy(PositionalModel):
     interrupted_tool_message_template: str = "Tool call {tool_name} was not completed: {reason}"
     interrupted_turn_message_template: str = "This turn ended before it was finished: {reason}"
     cancellation_reason: str = "turn cancelled by caller"
+    max_step_failures: int = Field(default=3, ge=1)
+    """Consecutive steps that may raise an unexpected exception (a bug, a poison model response
+    that cannot be saved) before the turn ends FAILED, instead of being retried for ever.
+    Transient infrastructure errors (an unreachable store or lease backend) do not count."""
 
     @field_validator("interrupted_tool_message_template")
     @classmethod

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
@@ -19,9 +20,13 @@ from typing import Any
 
 from agent_runner import machine
 from agent_runner._base import new_id, utcnow
+from agent_runner._cas import AGAIN, retry_on_conflict
+from agent_runner._children import ChildTurns
+from agent_runner._conversations import ConversationGate
+from agent_runner._projection import Projection
+from agent_runner._stepping import AdvanceResult, StopReason, advance
 from agent_runner.agent import Agent, InMemoryAgentLoader
 from agent_runner.errors import (
-    AgentConversationBusyException,
     AgentFormRequiredException,
     AgentRunnerError,
     DefinitionError,
@@ -36,44 +41,34 @@ from agent_runner.errors import (
 )
 from agent_runner.events import AgentEvent, AgentEventListener, AgentEventType
 from agent_runner.in_memory import InMemoryAgentTurnStore
-from agent_runner.messages import (
-    ActionStatus,
-    AgentActionMessage,
-    AgentFormMessage,
-    AiMessage,
-    AnyMessage,
-    ModelMessage,
-    SystemMessage,
-    ToolCall,
-    ToolMessage,
-    UserMessage,
-)
+from agent_runner.leasing import HeldLease
+from agent_runner.messages import AiMessage, ModelMessage, SystemMessage, ToolCall, ToolMessage, UserMessage
 from agent_runner.middleware import Middleware, chain
 from agent_runner.models import ChatRequest, ChatResponse
 from agent_runner.persistence import (
     AgentLoader,
     AgentTurnStore,
-    ChatMemory,
     ChatMemoryProvider,
     ConversationGuard,
-    Lease,
     TurnDispatcher,
 )
-from agent_runner.policy import AgentExecutionPolicy
-from agent_runner.snapshot import AgentTurn, AgentTurnStatus, ChildLink, PageAction
+from agent_runner.policy import AgentExecutionPolicy, RetryPolicy
+from agent_runner.snapshot import AgentTurn, AgentTurnStatus
 from agent_runner.suspensions import AgentResumeCommand, AgentSuspension, ResumeType, SuspensionType
 from agent_runner.tools import Tool, encode_tool_result, tool_scope
 
 logger = logging.getLogger("agent_runner")
 
 S = AgentTurnStatus
-_CAS_ATTEMPTS = 20
 
-LeaseScope = Callable[[str], AbstractContextManager[Lease | None]]
+LeaseScope = Callable[[str], AbstractContextManager[HeldLease | None]]
 """Holds a turn's lease for the duration of a `with` block.
 
-It yields the lease, or None when another holder advanced the turn until it stopped being
-runnable (so there is nothing left to step)."""
+It yields the held lease, or None when another holder advanced the turn until it stopped
+being runnable (so there is nothing left to step)."""
+
+PendingEvent = tuple[AgentEventType, dict[str, Any]] | None
+"""An event a save causes: its type and data (None: no event)."""
 
 TERMINAL_EVENTS: dict[AgentTurnStatus, AgentEventType] = {
     S.COMPLETED: AgentEventType.TURN_COMPLETED,
@@ -102,6 +97,44 @@ class AgentStepResult:
     error: BaseException | None = None
 
 
+class _Inline:
+    """Turns run in the calling thread: children are driven recursively, nothing is handed off."""
+
+    def __init__(self, runner: AgentRunner) -> None:
+        self.runner = runner
+
+    def dispatch(self, turn: AgentTurn) -> None:
+        """Nothing to hand over: whoever runs the turn continues it."""
+
+    def children_waiting(self, parent: AgentTurn) -> AgentTurn:
+        """Run the children here; return the parent's latest snapshot."""
+        return self.runner._children.drive(parent)
+
+    def parent_resumed(self, parent: AgentTurn) -> None:
+        """Continue the parent here, unless this thread is already driving it (it continues then)."""
+        if not self.runner._is_driving(parent.id):
+            self.runner.run_until_blocked(parent)
+
+
+class _Dispatching:
+    """Turns that become runnable are handed to a dispatcher (a worker pool, a Celery queue)."""
+
+    def __init__(self, dispatcher: TurnDispatcher) -> None:
+        self.dispatcher = dispatcher
+
+    def dispatch(self, turn: AgentTurn) -> None:
+        """Hand the turn over."""
+        self.dispatcher.dispatch(turn)
+
+    def children_waiting(self, parent: AgentTurn) -> AgentTurn:
+        """The children were dispatched when they were created: the parent just waits."""
+        return parent
+
+    def parent_resumed(self, parent: AgentTurn) -> None:
+        """Hand the parent over."""
+        self.dispatcher.dispatch(parent)
+
+
 class AgentRunner:
     """Runs agent turns as durable state machines.
 
@@ -114,7 +147,8 @@ class AgentRunner:
         middleware: Wrappers of model calls, tool calls and steps; the first is the outermost.
         dispatcher: When set, turns that become runnable outside the calling thread's flow
             (started, resumed with `submit_resume`, child turns, a parent whose last child
-            ended) are handed to it instead of being run in this thread.
+            ended) are handed to it instead of being run in this thread. Without one, the
+            runner works inline: child turns run recursively in the thread that runs the parent.
         conversation_guard: A shared fast marker of active conversation turns (for example
             Redis); the turn store remains the truth.
         clock: Returns the current UTC time (tests may pass a fake clock).
@@ -139,18 +173,39 @@ class AgentRunner:
     ) -> None:
         self.turn_store: AgentTurnStore = turn_store if turn_store is not None else InMemoryAgentTurnStore()
         self.agent_loader: AgentLoader = agent_loader if agent_loader is not None else InMemoryAgentLoader()
-        self.chat_memory_provider = chat_memory_provider
         self.policy = policy if policy is not None else AgentExecutionPolicy()
         self.middleware = list(middleware)
         for item in self.middleware:
             if not isinstance(item, Middleware):
                 raise DefinitionError(f"{item!r} is not a Middleware; subclass agent_runner.Middleware")
-        self.dispatcher = dispatcher
-        self.conversation_guard = conversation_guard
         self.clock = clock
         self.lease_scope = lease_scope
         self._listeners: list[AgentEventListener] = []
         self._local = threading.local()
+        self._projection = Projection(chat_memory_provider, self._projection_failed)
+        self._gate = ConversationGate(self.turn_store, conversation_guard)
+        self._children = ChildTurns(self)
+        self._execution: _Inline | _Dispatching = _Inline(self)
+        self.dispatcher = dispatcher
+
+    @property
+    def dispatcher(self) -> TurnDispatcher | None:
+        """Where turns that become runnable are handed (None: the runner works inline)."""
+        return self._execution.dispatcher if isinstance(self._execution, _Dispatching) else None
+
+    @dispatcher.setter
+    def dispatcher(self, dispatcher: TurnDispatcher | None) -> None:
+        self._execution = _Inline(self) if dispatcher is None else _Dispatching(dispatcher)
+
+    @property
+    def chat_memory_provider(self) -> ChatMemoryProvider | None:
+        """Maps a conversation id to its ChatMemory."""
+        return self._projection.provider
+
+    @property
+    def conversation_guard(self) -> ConversationGuard | None:
+        """The shared marker of active conversation turns, if any."""
+        return self._gate.guard
 
     # --- Public API --------------------------------------------------------------------------
 
@@ -201,7 +256,7 @@ class AgentRunner:
         turn = self._create(
             agent, message, history=history, conversation_id=conversation_id, tenant_id=tenant_id, metadata=metadata
         )
-        self._dispatch(turn)
+        self._execution.dispatch(turn)
         return turn
 
     def restore(self, turn_id: str) -> AgentTurn:
@@ -213,9 +268,9 @@ class AgentRunner:
         """
         turn = self.turn_store.load(turn_id)
         self.agent_loader.load(turn.agent_id, turn.agent_version)
-        turn = self._project(turn)
+        turn = self._projection.project(turn)
         if turn.status is S.WAITING_FOR_CHILD:
-            turn = self._reconcile_children(turn)
+            turn = self._children.reconcile(turn)
         return turn
 
     def step(self, turn: AgentTurn) -> AgentStepResult:
@@ -238,6 +293,32 @@ class AgentRunner:
         chain(self.middleware, "wrap_step", innermost)(turn)
         return produced[0] if produced else self._step(turn)
 
+    def advance(
+        self,
+        turn: AgentTurn,
+        *,
+        fence: int | None = None,
+        max_steps: int | None = None,
+        deadline: float | None = None,
+        may_continue: Callable[[], bool] | None = None,
+    ) -> AdvanceResult:
+        """Step `turn` until it blocks or ends, or a budget or the caller's lease runs out.
+
+        The one stepping loop behind `run_until_blocked`, `AgentWorker` and the Celery task;
+        it does not take a lease itself. A step that raises stops the loop and is reported
+        in the result rather than raised.
+
+        Args:
+            turn: The snapshot to continue from (load it after taking the lease).
+            fence: The lease's fencing number, stamped on every save.
+            max_steps: Most steps to make.
+            deadline: `time.monotonic()` after which no further step starts (the first always may).
+            may_continue: Asked before each step; False stops (a lost lease, a stopping worker).
+        """
+        if may_continue is None:
+            return advance(self, turn, fence=fence, max_steps=max_steps, deadline=deadline)
+        return advance(self, turn, fence=fence, max_steps=max_steps, deadline=deadline, may_continue=may_continue)
+
     def run_until_blocked(self, turn: AgentTurn) -> AgentTurn:
         """Step the turn until it waits or ends, and return the last snapshot.
 
@@ -250,38 +331,16 @@ class AgentRunner:
         """
         scope = self.lease_scope
         if scope is None or not turn.is_runnable(self.clock()):
-            return self._run_until_blocked(turn)
+            return _raise_failure(advance(self, turn))
         # Workers poll the store for READY and RUNNING turns: stepping here without the
         # lease could call the model or a tool twice, once here and once on a worker.
-        with scope(turn.id) as lease:
-            if lease is None:
+        with scope(turn.id) as held:
+            if held is None:
                 return self.turn_store.load(turn.id)
             # The snapshot passed in may predate a holder that worked on the turn while this
             # thread waited for the lease; continue from the stored one, under our fence.
             current = self.turn_store.load(turn.id)
-            return self._run_until_blocked(current.model_copy(update={"lease_fence": lease.fence}))
-
-    def _run_until_blocked(self, turn: AgentTurn) -> AgentTurn:
-        first = True
-        with self._driving(turn.id):
-            while True:
-                if turn.cancel_requested and not turn.is_terminal and not turn.is_runnable(self.clock()):
-                    turn = self._cancel_waiting(turn)
-                    break
-                runnable = turn.status in (S.READY, S.RUNNING) or (first and turn.is_runnable(self.clock()))
-                if not runnable:
-                    break
-                first = False
-                result = self.step(turn)
-                if isinstance(result.error, VersionConflictError):
-                    turn = result.turn
-                    break
-                turn = result.turn
-                if turn.status is S.WAITING_FOR_CHILD and self.dispatcher is None:
-                    turn = self._drive_children(turn)
-        if turn.is_terminal and turn.parent_turn_id is not None:
-            self._after_child_ended(turn)
-        return turn
+            return _raise_failure(advance(self, current, fence=held.fence))
 
     def resume(self, turn_id: str, command: AgentResumeCommand) -> AgentTurn:
         """Validate and apply `command`, then continue the turn in this thread.
@@ -302,7 +361,7 @@ class AgentRunner:
         """
         turn = self._apply_resume(turn_id, command)
         if turn.is_runnable(self.clock()):
-            self._dispatch(turn)
+            self._execution.dispatch(turn)
         return turn
 
     def cancel(self, turn_id: str, reason: str | None = None) -> AgentTurn:
@@ -313,20 +372,18 @@ class AgentRunner:
         next boundary. A turn that already ended is returned unchanged.
         """
         reason = reason or self.policy.cancellation_reason
-        for _ in range(_CAS_ATTEMPTS):
+
+        def attempt() -> AgentTurn | object:
             turn = self.turn_store.load(turn_id)
             if turn.is_terminal:
                 return turn
             if turn.status is S.RUNNING:
                 flagged = self.turn_store.request_cancel(turn_id)
-                if flagged.status is S.RUNNING:
-                    return flagged
-                continue  # it blocked or ended meanwhile: cancel that state instead
-            try:
-                return self._finish(turn, S.CANCELLED, reason)
-            except VersionConflictError:
-                continue
-        raise VersionConflictError(turn_id, -1, None)
+                # It blocked or ended meanwhile: cancel that state instead.
+                return flagged if flagged.status is S.RUNNING else AGAIN
+            return self._finish(turn, S.CANCELLED, reason)
+
+        return retry_on_conflict(turn_id, attempt)  # type: ignore[return-value]
 
     def suspend(self, turn: AgentTurn, suspension: AgentSuspension) -> AgentTurn:
         """Suspend a READY or RUNNING turn with a custom suspension (normally a plain-text question).
@@ -343,11 +400,19 @@ class AgentRunner:
                 f"turn {turn.id!r} has {len(turn.pending_tool_calls)} unanswered tool call(s); "
                 "it can be suspended only when no tool call is pending"
             )
-        now = self.clock()
-        suspended = machine.apply_suspension(turn, machine.Suspend(suspension, None), now, count_step=False)
-        saved = self._save(suspended, turn.version)
-        self._emit(AgentEventType.TURN_SUSPENDED, saved, **_suspension_data(suspension))
-        return saved
+        suspended = machine.apply_suspension(turn, machine.Suspend(suspension, None), self.clock(), count_step=False)
+        return self._save(suspended, turn.version, self._suspended_event(suspended))
+
+    def agent_for(self, turn: AgentTurn) -> Agent:
+        """The agent definition of a turn, from the loader."""
+        return self.agent_loader.load(turn.agent_id, turn.agent_version)
+
+    def reconcile_children(self, turn_id: str) -> AgentTurn:
+        """Recover a parent stuck in WAITING_FOR_CHILD whose children all ended (used by sweeps)."""
+        parent = self._children.reconcile(self.turn_store.load(turn_id))
+        if parent.is_runnable(self.clock()):
+            self._execution.dispatch(parent)
+        return parent
 
     # --- Creation ----------------------------------------------------------------------------
 
@@ -358,10 +423,6 @@ class AgentRunner:
                 register(agent)
             return agent
         return self.agent_loader.load(agent)
-
-    def agent_for(self, turn: AgentTurn) -> Agent:
-        """The agent definition of a turn, from the loader."""
-        return self.agent_loader.load(turn.agent_id, turn.agent_version)
 
     def _create(
         self,
@@ -383,7 +444,7 @@ class AgentRunner:
         if history is not None:
             window = [m for m in history if m.model_visible]
         elif conversation_id is not None:
-            window = self._memory(conversation_id).get_model_messages(agent.max_attached_messages)
+            window = self._projection.memory(conversation_id).get_model_messages(agent.max_attached_messages)
         turn_id = new_id()
         now = self.clock()
         turn = AgentTurn(
@@ -394,48 +455,18 @@ class AgentRunner:
             root_turn_id=turn_id,
             messages=[*window, user],
             projected_count=len(window),
+            root_conversation_id=conversation_id,
             tenant_id=tenant_id,
             metadata=dict(metadata or {}),
             created_at=now,
             updated_at=now,
         )
-        saved = self._create_saved(turn)
-        self._emit(AgentEventType.TURN_STARTED, saved, agent_id=agent.id, agent_version=agent.version)
-        return self._project(saved)
-
-    def _create_saved(self, turn: AgentTurn) -> AgentTurn:
-        conversation = turn.conversation_id
-        guard = self.conversation_guard
-        if conversation is None or guard is None:
-            return self.turn_store.save(turn, -1)
-        self._claim_guard(guard, conversation, turn.id)
-        try:
-            return self.turn_store.save(turn, -1)
-        except AgentConversationBusyException as busy:
-            # The guard had lost track (for example Redis lost its data): repair it from the store.
-            self._guard_call(guard.replace, conversation, turn.id, busy.active_turn_id)
-            raise
-        except BaseException:
-            self._guard_call(guard.release, conversation, turn.id)
-            raise
-
-    def _claim_guard(self, guard: ConversationGuard, conversation: str, turn_id: str) -> None:
-        holder = self._guard_call(guard.claim, conversation, turn_id)
-        if holder is None or holder == turn_id:
-            return
-        active = self.turn_store.find_active_turn(conversation)
-        if active is not None:
-            raise AgentConversationBusyException(conversation, active.id, active.status)
-        # The holder ended (its release was lost): take the mark over; the store's unique
-        # index still decides if two creators race here.
-        self._guard_call(guard.replace, conversation, holder, turn_id)
-
-    def _guard_call(self, method: Callable[..., Any], *args: Any) -> Any:
-        try:
-            return method(*args)
-        except AgentRunnerError as exc:
-            logger.warning("conversation guard unavailable, relying on the turn store: %s", exc)
-            return None
+        started = self._event(
+            AgentEventType.TURN_STARTED, turn, 0, 0, {"agent_id": agent.id, "agent_version": agent.version}
+        )
+        saved = self._gate.create(turn, [started])
+        self._deliver(started)
+        return self._projection.project(saved)
 
     # --- Stepping ----------------------------------------------------------------------------
 
@@ -444,39 +475,44 @@ class AgentRunner:
         if not turn.is_runnable(now):
             return AgentStepResult(turn=turn)
         expected = turn.version
+        self._carried(turn.id).clear()  # nothing carries over from a step that raised
         if turn.status is S.RETRY_SCHEDULED:
-            self._emit(AgentEventType.TURN_RESUMED, turn, reason="retry due", attempt=turn.attempt)
+            self._carry(AgentEventType.TURN_RESUMED, turn, reason="retry due", attempt=turn.attempt)
         agent = self.agent_for(turn)
         running = machine.start_running(turn, now)
         plan = machine.plan_step(running, agent, self.policy)
         try:
+            if turn.status is S.READY and isinstance(plan, machine.CallModel):
+                # Taken off the queue: say so durably before the model call, which may take a
+                # while, so that clients can tell a queued turn from a running one.
+                running = self._save(running, expected, (AgentEventType.TURN_RUNNING, {}))
+                expected = running.version
             match plan:
                 case machine.Terminate(status=status, reason=reason):
                     return AgentStepResult(turn=self._finish(running, status, reason, expected_version=expected))
                 case machine.CallModel():
                     return self._call_model(running, agent, expected)
                 case machine.ExecuteTool(call=call, tool=tool):
-                    return self._execute_tool(running, call, tool, expected)
+                    return self._execute_tool(running, call, tool, expected, agent.retry or self.policy.retry)
                 case machine.WriteToolResult(call=call, content=content, is_error=is_error):
                     updated, message = machine.apply_tool_result(running, call, content, is_error, now)
-                    saved = self._save(updated, expected)
-                    self._emit(
-                        AgentEventType.TOOL_COMPLETED,
-                        saved,
-                        tool_call_id=call.id,
-                        tool_name=call.name,
-                        is_error=is_error,
-                    )
+                    saved = self._save(updated, expected, _tool_completed(call, is_error))
                     return AgentStepResult(turn=saved, tool_messages=[message])
                 case machine.Suspend():
-                    saved = self._save(machine.apply_suspension(running, plan, now), expected)
-                    self._emit(AgentEventType.TURN_SUSPENDED, saved, **_suspension_data(plan.suspension))
-                    return AgentStepResult(turn=saved)
+                    suspended = machine.apply_suspension(running, plan, now)
+                    return AgentStepResult(turn=self._save(suspended, expected, self._suspended_event(suspended)))
                 case machine.SpawnChildren(calls=calls):
-                    return AgentStepResult(turn=self._spawn_children(running, calls, expected))
+                    return AgentStepResult(turn=self._children.spawn(running, calls, expected))
         except VersionConflictError as conflict:
             # Someone else advanced the turn (a resume, a cancel, another worker): never
             # overwrite it; hand back the newer snapshot.
+            logger.warning(
+                "turn %s changed while a step ran (the step expected version %s, the store has %s); "
+                "the step's save is dropped and the newer snapshot wins",
+                turn.id,
+                conflict.expected_version,
+                conflict.actual_version,
+            )
             return AgentStepResult(turn=self.turn_store.load(turn.id), error=conflict)
         raise AssertionError(f"unhandled plan {plan!r}")  # pragma: no cover
 
@@ -487,9 +523,7 @@ class AgentRunner:
         request = ChatRequest.model_construct(
             messages=self._request_messages(turn, agent),
             tools=agent.tool_specs(),
-            on_delta=(lambda text: self._emit(AgentEventType.MODEL_DELTA, turn, delta=text))
-            if self._listeners
-            else None,
+            on_delta=_DeltaSink(self, turn),
         )
         try:
             raw: object = chain(self.middleware, "wrap_model", chat_model.generate)(request)
@@ -497,20 +531,22 @@ class AgentRunner:
             response = ChatResponse(message=raw) if isinstance(raw, AiMessage) else raw
             if not isinstance(response, ChatResponse):
                 raise DefinitionError(f"chat model returned {type(response).__name__}, expected ChatResponse")
+        except _CancelledMidCall:
+            # Cancelled while the answer streamed in: stop paying for it and end the turn now.
+            reason = self.policy.cancellation_reason
+            return AgentStepResult(turn=self._finish(turn, S.CANCELLED, reason, expected_version=expected))
         except Exception as exc:
-            return self._failed_call(turn, exc, expected)
-        now = self.clock()
-        updated, message = machine.apply_model_response(turn, response, now)
-        saved = self._save(updated, expected)
+            return self._failed_call(turn, exc, expected, agent.retry or self.policy.retry)
+        updated, message = machine.apply_model_response(turn, response, self.clock())
         response = ChatResponse.model_construct(message=message, usage=response.usage)
-        self._emit(
-            AgentEventType.MODEL_RESPONSE,
-            saved,
-            message_id=message.id,
-            tool_calls=[c.name for c in message.tool_calls],
-            input_tokens=response.usage.input_tokens,
-            output_tokens=response.usage.output_tokens,
-        )
+        event = {
+            "message_id": message.id,
+            "content": message.content,
+            "tool_calls": [c.name for c in message.tool_calls],
+            "input_tokens": response.usage.input_tokens,
+            "output_tokens": response.usage.output_tokens,
+        }
+        saved = self._save(updated, expected, (AgentEventType.MODEL_RESPONSE, event), _terminal_event(updated))
         if saved.is_terminal:
             self._after_terminal(saved)
         return AgentStepResult(turn=saved, response=response)
@@ -522,8 +558,10 @@ class AgentRunner:
         messages.extend(turn.messages)
         return messages
 
-    def _execute_tool(self, turn: AgentTurn, call: ToolCall, tool: Tool, expected: int) -> AgentStepResult:
-        self._emit(AgentEventType.TOOL_STARTED, turn, tool_call_id=call.id, tool_name=call.name)
+    def _execute_tool(
+        self, turn: AgentTurn, call: ToolCall, tool: Tool, expected: int, retry: RetryPolicy
+    ) -> AgentStepResult:
+        self._carry(AgentEventType.TOOL_STARTED, turn, tool_call_id=call.id, tool_name=call.name)
         submitted = turn.form_data.get(call.id, {})
 
         def progress(data: Any) -> None:
@@ -544,39 +582,44 @@ class AgentRunner:
                 failed = self._finish(turn, S.FAILED, str(error), expected_version=expected)
                 return AgentStepResult(turn=failed, error=error)
             plan = machine.form_suspension(turn, call, exc.form, machine.FORM_SOURCE_TOOL, exc.message)
-            saved = self._save(machine.apply_suspension(turn, plan, self.clock()), expected)
-            self._emit(AgentEventType.TURN_SUSPENDED, saved, **_suspension_data(plan.suspension))
-            return AgentStepResult(turn=saved)
+            suspended = machine.apply_suspension(turn, plan, self.clock())
+            return AgentStepResult(turn=self._save(suspended, expected, self._suspended_event(suspended)))
         except Exception as exc:
-            return self._failed_call(turn, exc, expected)
+            return self._failed_call(turn, exc, expected, retry, tool.retry_on)
         updated, message = machine.apply_tool_result(turn, call, content, is_error, self.clock())
-        saved = self._save(updated, expected)
-        self._emit(AgentEventType.TOOL_COMPLETED, saved, tool_call_id=call.id, tool_name=call.name, is_error=is_error)
+        saved = self._save(updated, expected, _tool_completed(call, is_error))
         return AgentStepResult(turn=saved, tool_messages=[message])
 
-    def _failed_call(self, turn: AgentTurn, exc: Exception, expected: int) -> AgentStepResult:
-        """A model or tool call raised: retry later if recoverable and attempts remain, else fail."""
+    def _failed_call(
+        self,
+        turn: AgentTurn,
+        exc: Exception,
+        expected: int,
+        retry: RetryPolicy,
+        retry_on: tuple[type[BaseException], ...] = (),
+    ) -> AgentStepResult:
+        """A model or tool call raised: retry later if transient and attempts remain, else fail."""
         if isinstance(exc, VersionConflictError):
             raise exc
         description = f"{type(exc).__name__}: {exc}"
-        if isinstance(exc, RecoverableError):
-            now = self.clock()
-            delay = self.policy.retry.backoff(turn.attempt + 1, exc.retry_after)
-            scheduled = machine.schedule_retry(turn, description, delay, self.policy, now)
+        if retry.is_transient(exc, retry_on):
+            retry_after = exc.retry_after if isinstance(exc, RecoverableError) else None
+            delay = retry.backoff(turn.attempt + 1, retry_after)
+            scheduled = machine.schedule_retry(turn, description, delay, retry, self.clock())
             if scheduled is not None:
-                saved = self._save(scheduled, expected)
-                self._emit(
-                    AgentEventType.RETRY_SCHEDULED,
-                    saved,
-                    attempt=saved.attempt,
-                    next_retry_at=saved.next_retry_at.isoformat() if saved.next_retry_at else None,
-                    error=description,
-                )
-                self._dispatch(saved)
+                event = {
+                    "attempt": scheduled.attempt,
+                    "next_retry_at": scheduled.next_retry_at.isoformat() if scheduled.next_retry_at else None,
+                    "error": description,
+                }
+                saved = self._save(scheduled, expected, (AgentEventType.RETRY_SCHEDULED, event))
+                self._execution.dispatch(saved)
                 return AgentStepResult(turn=saved, error=exc)
             description = f"gave up after {turn.attempt + 1} attempts: {description}"
         failed = self._finish(turn, S.FAILED, description, expected_version=expected, steps=turn.steps + 1)
         return AgentStepResult(turn=failed, error=exc)
+
+    # --- Ending ------------------------------------------------------------------------------
 
     def _finish(
         self,
@@ -592,125 +635,50 @@ class AgentRunner:
         ended = machine.close_out(turn, status, reason, self.policy, self.clock())
         if steps is not None:
             ended = ended.model_copy(update={"steps": steps})
-        saved = self._save(ended, expected)
+        saved = self._save(ended, expected, _terminal_event(ended))
         self._after_terminal(saved)
         return saved
 
     def _after_terminal(self, turn: AgentTurn) -> None:
-        self._emit(TERMINAL_EVENTS[turn.status], turn, error=turn.error, final_output=turn.final_output)
-        for link in turn.children:
-            if link.status is None:
-                try:
-                    self.cancel(link.child_turn_id, turn.error or self.policy.cancellation_reason)
-                except AgentRunnerError as exc:
-                    logger.warning("could not cancel child turn %s: %s", link.child_turn_id, exc)
-        if turn.conversation_id is not None and self.conversation_guard is not None:
-            self._guard_call(self.conversation_guard.release, turn.conversation_id, turn.id)
+        self._children.cancel_unfinished(turn)
+        self._gate.release(turn)
         if turn.parent_turn_id is not None and not self._is_driving(turn.id):
-            # A child that ended outside a run loop (cancelled, resumed elsewhere) tells its parent now.
-            self._after_child_ended(turn)
+            # A child that ended outside a stepping loop (cancelled, resumed elsewhere) tells its parent now.
+            self._children.child_ended(turn)
 
-    def _cancel_waiting(self, turn: AgentTurn) -> AgentTurn:
+    def _step_failed(self, turn: AgentTurn, exc: Exception) -> AgentTurn:
+        """Count a step that raised; end the turn FAILED when that makes too many in a row.
+
+        Transient store and lease errors are not the turn's fault and are not counted; nor
+        can anything be counted while the store is unreachable. Returns the newest snapshot.
+        """
+        if isinstance(exc, AgentRunnerError) and exc.retryable:
+            return turn
+        description = f"{type(exc).__name__}: {exc}"
         try:
-            return self._finish(turn, S.CANCELLED, self.policy.cancellation_reason)
-        except VersionConflictError:
-            return self.cancel(turn.id)
+            # The step may have saved before it raised (a READY turn is saved RUNNING first):
+            # count on the stored snapshot, under the caller's fence.
+            current = self.turn_store.load(turn.id)
+            if current.is_terminal:
+                return current
+            current = current.model_copy(update={"lease_fence": turn.lease_fence})
+            failures = current.step_failures + 1
+            if failures >= self.policy.max_step_failures:
+                logger.error("turn %s failed %d steps in a row; ending it: %s", turn.id, failures, description)
+                reason = f"a step failed {failures} times in a row: {description}"
+                return self._finish(current, S.FAILED, reason[:2000])
+            return self.turn_store.save(current.model_copy(update={"step_failures": failures}), current.version)
+        except AgentRunnerError as error:
+            logger.warning("could not count the failed step of turn %s: %s", turn.id, error)
+            return turn
 
-    # --- Child turns -------------------------------------------------------------------------
-
-    def _spawn_children(
-        self, parent: AgentTurn, calls: tuple[tuple[ToolCall, Agent, str], ...], expected: int
-    ) -> AgentTurn:
-        now = self.clock()
-        links: list[ChildLink] = []
-        children: list[AgentTurn] = []
-        for call, sub_agent, task in calls:
-            child_id = machine.child_turn_id(parent.id, call.id)
-            child = AgentTurn(
-                id=child_id,
-                agent_id=sub_agent.id,
-                agent_version=sub_agent.version,
-                parent_turn_id=parent.id,
-                root_turn_id=parent.root_turn_id,
-                messages=[UserMessage(id=f"{child_id}-0", content=task)],
-                tenant_id=parent.tenant_id,
-                created_at=now,
-                updated_at=now,
-            )
-            try:
-                child = self.turn_store.save(child, -1)
-                self._emit(AgentEventType.TURN_STARTED, child, agent_id=sub_agent.id, parent_turn_id=parent.id)
-            except VersionConflictError:
-                child = self.turn_store.load(child_id)  # created by an earlier run of this same step
-            links.append(ChildLink(tool_call_id=call.id, agent_id=sub_agent.id, child_turn_id=child_id))
-            children.append(child)
-        waiting = machine.apply_children_spawned(parent, links, now)
-        saved = self._save(waiting, expected)
-        self._emit(AgentEventType.TURN_SUSPENDED, saved, **_suspension_data(saved.suspension))
-        # Children may have ended before the parent's save (another worker ran them): record those now.
-        saved = self._reconcile_children(saved)
-        for child in children:
-            if not child.is_terminal:
-                self._dispatch(child)
-        return saved
-
-    def _drive_children(self, parent: AgentTurn) -> AgentTurn:
-        """Run the parent's unfinished children in this thread, then return the parent's latest snapshot."""
-        for link in parent.children:
-            if link.status is None:
-                child = self.turn_store.load(link.child_turn_id)
-                if child.is_runnable(self.clock()):
-                    self.run_until_blocked(child)
-        return self.turn_store.load(parent.id)
-
-    def _after_child_ended(self, child: AgentTurn) -> None:
-        """Record an ended child in its parent; the save that records the last child resumes the parent."""
-        assert child.parent_turn_id is not None
-        parent = self._record_child(child.parent_turn_id, child)
-        if parent is None or not parent.is_runnable(self.clock()):
-            return
-        if self.dispatcher is not None:
-            self._dispatch(parent)
-        elif not self._is_driving(parent.id):
-            self.run_until_blocked(parent)
-
-    def _record_child(self, parent_id: str, child: AgentTurn) -> AgentTurn | None:
-        """Apply `child_completed` to the parent with compare-and-swap; None when not applicable (yet)."""
-        command = AgentResumeCommand.child_completed(child.id)
-        for _ in range(_CAS_ATTEMPTS):
-            parent = self.turn_store.load(parent_id)
-            link = next((c for c in parent.children if c.child_turn_id == child.id), None)
-            if parent.status is not S.WAITING_FOR_CHILD or link is None or link.status is not None:
-                # Not waiting yet (its own save will reconcile), or already recorded by someone else.
-                return None
-            try:
-                resumed = machine.apply_resume(parent, command, self.clock(), child=child)
-                saved = self._save(resumed, parent.version)
-            except VersionConflictError:
-                continue
-            if saved.status is S.RUNNING:
-                self._emit(
-                    AgentEventType.TURN_RESUMED, saved, command=ResumeType.CHILD_COMPLETED, child_turn_id=child.id
-                )
-                return saved
+    def _cancel_quietly(self, turn_id: str, reason: str | None = None) -> AgentTurn | None:
+        """Cancel a turn; a failure is logged (the turn then ends by a later cancel or a sweep)."""
+        try:
+            return self.cancel(turn_id, reason)
+        except AgentRunnerError as exc:
+            logger.warning("could not cancel turn %s: %s", turn_id, exc)
             return None
-        raise VersionConflictError(parent_id, -1, None)
-
-    def _reconcile_children(self, parent: AgentTurn) -> AgentTurn:
-        """Record every child that ended but is not recorded yet (after a crash or a lost race)."""
-        for link in parent.children:
-            if link.status is None:
-                child = self.turn_store.load(link.child_turn_id)
-                if child.is_terminal:
-                    self._record_child(parent.id, child)
-        return self.turn_store.load(parent.id)
-
-    def reconcile_children(self, turn_id: str) -> AgentTurn:
-        """Recover a parent stuck in WAITING_FOR_CHILD whose children all ended (used by sweeps)."""
-        parent = self._reconcile_children(self.turn_store.load(turn_id))
-        if parent.is_runnable(self.clock()):
-            self._dispatch(parent)
-        return parent
 
     # --- Resume ------------------------------------------------------------------------------
 
@@ -726,108 +694,108 @@ class AgentRunner:
                     f"turn {command.child_turn_id!r} is not a child of turn {turn_id!r}", turn_id=turn_id
                 )
             machine.apply_resume(turn, command, self.clock(), child=child)  # validate before writing
-            recorded = self._record_child(turn_id, child)
+            recorded = self._children.record(turn_id, child)
             return recorded if recorded is not None else self.turn_store.load(turn_id)
-        for _ in range(_CAS_ATTEMPTS):
+        resumed: dict[str, Any] = {
+            "command": command.type,
+            "tool_call_id": command.tool_call_id,
+            "metadata": command.metadata,
+        }
+        if command.reason is not None:
+            resumed["reason"] = command.reason
+        event = (AgentEventType.TURN_RESUMED, resumed)
+
+        def attempt() -> AgentTurn:
+            # Re-validated against the newest snapshot each time: a concurrent decision wins once.
             turn = self.turn_store.load(turn_id)
-            resumed = machine.apply_resume(turn, command, self.clock())
-            try:
-                saved = self._save(resumed, turn.version)
-            except VersionConflictError:
-                continue  # re-validate against the newer snapshot: a concurrent decision wins once
-            self._emit(
-                AgentEventType.TURN_RESUMED,
-                saved,
-                command=command.type,
-                tool_call_id=command.tool_call_id,
-                metadata=command.metadata,
-            )
-            return saved
-        raise VersionConflictError(turn_id, -1, None)
+            return self._save(machine.apply_resume(turn, command, self.clock()), turn.version, event)
 
-    # --- Persistence, projection, events -----------------------------------------------------
+        return retry_on_conflict(turn_id, attempt)
 
-    def _save(self, turn: AgentTurn, expected_version: int) -> AgentTurn:
-        saved = self.turn_store.save(turn, expected_version)
+    # --- Persistence and events --------------------------------------------------------------
+
+    def _save(self, turn: AgentTurn, expected_version: int, *events: PendingEvent) -> AgentTurn:
+        """Compare-and-swap save with the events it causes, then project into ChatMemory and deliver them.
+
+        The events are written in the same transaction as the snapshot (a saved state never
+        lacks its events, an event never describes an unsaved state), with ids made of the
+        turn id, the saved version and their position, so a step re-run after a crash cannot
+        write them twice. Events carried from earlier in the step (TOOL_STARTED, a retry
+        coming due) are saved with them; listeners saw those already.
+        """
+        version = expected_version + 1
+        carried = self._carried(turn.id)
+        built = list(carried)
+        carried.clear()
+        delivered = len(built)
+        for pending in events:
+            if pending is not None:
+                built.append(self._event(pending[0], turn, version, len(built), pending[1]))
+        saved = self.turn_store.save(turn, expected_version, built)
         if saved.conversation_id is not None:
-            saved = self._project(saved)
+            saved = self._projection.project(saved)
+        for event in built[delivered:]:
+            self._deliver(event)
         return saved
 
-    def _memory(self, conversation_id: str) -> ChatMemory:
-        if self.chat_memory_provider is None:
-            raise DefinitionError("conversation turns need AgentRunner(chat_memory_provider=...)")
-        return self.chat_memory_provider(conversation_id)
-
-    def _project(self, turn: AgentTurn) -> AgentTurn:
-        """Copy new messages and page-action states of a saved turn into its ChatMemory.
-
-        Messages before `projected_count` and actions marked `synced` are known to be in
-        ChatMemory; everything after is (re)applied. Idempotent (stable ids, compare-and-swap
-        updates), so a retry after a crash never duplicates. A failure is reported as a CHAT_MEMORY_ERROR event and retried after the
-        next save or on `restore`; it never fails the turn, whose store is the truth.
-        """
-        if turn.conversation_id is None or self.chat_memory_provider is None:
-            return turn
-        start = turn.projected_count
-        new = [m for m in turn.messages[start:] if not isinstance(m, SystemMessage)]
-        unsynced = [a for a in turn.page_actions if not a.synced]
-        if not new and not unsynced and start == len(turn.messages):
-            return turn
-        try:
-            memory = self._memory(turn.conversation_id)
-            if new:
-                memory.append(new)
-            actions = list(turn.page_actions)
-            for index, action in enumerate(actions):
-                if action.synced:
-                    continue
-                self._sync_page_action(memory, action)
-                actions[index] = action.model_copy(update={"synced": True})
-        except Exception as exc:
-            logger.warning("projecting turn %s into ChatMemory failed: %s", turn.id, exc)
-            self._emit(AgentEventType.CHAT_MEMORY_ERROR, turn, error=f"{type(exc).__name__}: {exc}")
-            return turn
-        return turn.model_copy(update={"projected_count": len(turn.messages), "page_actions": actions})
-
-    def _sync_page_action(self, memory: ChatMemory, action: PageAction) -> None:
-        for _ in range(_CAS_ATTEMPTS):
-            stored = memory.get(action.message_id)
-            if stored is None:
-                message = _page_message(action.payload, action.status)
-                memory.append([message])
-                stored = memory.get(action.message_id)
-                if stored is None or stored.status == action.status:  # type: ignore[union-attr]
-                    return
-            if not isinstance(stored, AgentActionMessage | AgentFormMessage) or stored.status == action.status:
-                return
-            try:
-                memory.update(stored.model_copy(update={"status": action.status}), stored.version)
-                return
-            except VersionConflictError:
-                continue
-
-    def _emit(self, event_type: AgentEventType, turn: AgentTurn, **data: Any) -> None:
-        if not self._listeners:
-            return
-        event = AgentEvent(
+    def _event(
+        self, event_type: AgentEventType, turn: AgentTurn, version: int, index: int, data: dict[str, Any]
+    ) -> AgentEvent:
+        """A durable event of the save that gives `turn` the version `version`."""
+        return AgentEvent(
+            event_id=f"{turn.id}:{version}:{index}",
             type=event_type,
             turn_id=turn.id,
             root_turn_id=turn.root_turn_id,
-            conversation_id=turn.conversation_id,
-            data={"status": turn.status.value, "version": turn.version, **data},
+            conversation_id=turn.conversation_id or turn.root_conversation_id,
+            timestamp=self.clock(),
+            data={"status": turn.status.value, "version": version, **data},
         )
+
+    def _carried(self, turn_id: str) -> list[AgentEvent]:
+        carried: dict[str, list[AgentEvent]] | None = getattr(self._local, "carried", None)
+        if carried is None:
+            carried = self._local.carried = {}
+        return carried.setdefault(turn_id, [])
+
+    def _carry(self, event_type: AgentEventType, turn: AgentTurn, **data: Any) -> None:
+        """Deliver a durable event now and save it with the turn's next save (it precedes any save)."""
+        carried = self._carried(turn.id)
+        event = self._event(event_type, turn, turn.version + 1, len(carried), data)
+        carried.append(event)
+        self._deliver(event)
+
+    @staticmethod
+    def _suspended_event(turn: AgentTurn) -> PendingEvent:
+        return (AgentEventType.TURN_SUSPENDED, _suspension_data(turn.suspension))
+
+    def _projection_failed(self, turn: AgentTurn, error: str) -> None:
+        self._emit(AgentEventType.CHAT_MEMORY_ERROR, turn, error=error)
+
+    def _emit(self, event_type: AgentEventType, turn: AgentTurn, **data: Any) -> None:
+        """Deliver an event that is not saved (MODEL_DELTA, TOOL_PROGRESS, CHAT_MEMORY_ERROR) to the listeners."""
+        if not self._listeners:
+            return
+        self._deliver(
+            AgentEvent(
+                type=event_type,
+                turn_id=turn.id,
+                root_turn_id=turn.root_turn_id,
+                conversation_id=turn.conversation_id or turn.root_conversation_id,
+                data={"status": turn.status.value, "version": turn.version, **data},
+            )
+        )
+
+    def _deliver(self, event: AgentEvent) -> None:
         for listener in list(self._listeners):
             try:
                 listener(event)
             except Exception:
-                logger.exception("event listener %r raised on %s; the turn goes on", listener, event_type)
-
-    def _dispatch(self, turn: AgentTurn) -> None:
-        if self.dispatcher is not None:
-            self.dispatcher.dispatch(turn)
+                logger.exception("event listener %r raised on %s; the turn goes on", listener, event.type)
 
     @contextmanager
     def _driving(self, turn_id: str) -> Iterator[None]:
+        """Mark `turn_id` as being stepped by this thread for the duration of the block."""
         driving: set[str] | None = getattr(self._local, "driving", None)
         if driving is None:
             driving = self._local.driving = set()
@@ -844,11 +812,53 @@ class AgentRunner:
         return bool(driving) and turn_id in driving  # type: ignore[operator]
 
 
-def _page_message(payload: dict[str, Any], status: ActionStatus) -> AnyMessage:
-    data = {**payload, "status": status}
-    if payload.get("role") == "agent_form":
-        return AgentFormMessage.model_validate(data)
-    return AgentActionMessage.model_validate(data)
+class _CancelledMidCall(Exception):
+    """Raised through a streaming model call whose turn was cancelled meanwhile."""
+
+
+class _DeltaSink:
+    """`ChatRequest.on_delta` of one model call: MODEL_DELTA events, and a watch on the cancel flag.
+
+    A cancel of a RUNNING turn only sets its flag. While the answer streams, the flag is
+    read at most every `CANCEL_CHECK_S` seconds; once it is seen, the stream is abandoned
+    (the model adapter stops reading, so no more tokens are paid for) and the turn ends.
+    """
+
+    CANCEL_CHECK_S = 0.5
+
+    def __init__(self, runner: AgentRunner, turn: AgentTurn) -> None:
+        self.runner = runner
+        self.turn = turn
+        self.next_check = time.monotonic() + self.CANCEL_CHECK_S
+
+    def __call__(self, text: str) -> None:
+        now = time.monotonic()
+        if now >= self.next_check:
+            self.next_check = now + self.CANCEL_CHECK_S
+            try:
+                cancelled = self.runner.turn_store.get_ref(self.turn.id).cancel_requested
+            except AgentRunnerError:
+                cancelled = False  # the store is the truth; its blip must not break the stream
+            if cancelled:
+                raise _CancelledMidCall(self.turn.id)
+        self.runner._emit(AgentEventType.MODEL_DELTA, self.turn, delta=text)
+
+
+def _raise_failure(result: AdvanceResult) -> AgentTurn:
+    """The turn of an in-thread run; a step's exception reaches the caller, as from any call."""
+    if result.error is not None and result.stopped in (StopReason.FAILED, StopReason.LEASE_LOST):
+        raise result.error
+    return result.turn
+
+
+def _terminal_event(turn: AgentTurn) -> PendingEvent:
+    if not turn.is_terminal:
+        return None
+    return (TERMINAL_EVENTS[turn.status], {"error": turn.error, "final_output": turn.final_output})
+
+
+def _tool_completed(call: ToolCall, is_error: bool) -> PendingEvent:
+    return (AgentEventType.TOOL_COMPLETED, {"tool_call_id": call.id, "tool_name": call.name, "is_error": is_error})
 
 
 def _suspension_data(suspension: AgentSuspension | None) -> dict[str, Any]:

@@ -89,6 +89,8 @@ class PageAction(FrozenModel):
     """Whether ChatMemory is known to show `status`; unsynced actions are reconciled after each save."""
     payload: dict[str, Any] = Field(default_factory=dict)
     """The page message as first shown (JSON), so a failed projection can be redone from the snapshot."""
+    decision: dict[str, Any] = Field(default_factory=dict)
+    """`decided_by`, `decided_at` and `reason` of the decision, once there is one (shown on the page message)."""
 
 
 class AgentTurn(FrozenModel):
@@ -136,6 +138,11 @@ class AgentTurn(FrozenModel):
     """How many leading `messages` are known to be in ChatMemory."""
     lease_fence: int | None = None
     """Fencing number of the lease under which this snapshot was saved, if any."""
+    step_failures: int = 0
+    """Consecutive steps that raised an unexpected exception (reset by any step that saves)."""
+    root_conversation_id: str | None = None
+    """The conversation of the root turn, on child turns too: events of the whole tree are
+    published under it, so a conversation's event stream includes its child turns."""
     tenant_id: str | None = None
     """The tenant that owns the turn (set by the HTTP server when API keys are configured);
     child turns inherit it. None in a single-tenant deployment."""

@@ -45,6 +45,7 @@ class Tool:
         description: str | None = None,
         requires_approval: bool = False,
         sensitive: Sequence[str] = (),
+        retry_on: Sequence[type[BaseException]] = (),
     ) -> None:
         self.function = function
         self.name = name or function.__name__
@@ -59,6 +60,12 @@ class Tool:
         if unknown:
             raise DefinitionError(f"tool {self.name!r} marks unknown arguments as sensitive: {sorted(unknown)}")
         self.sensitive = frozenset(sensitive)
+        for kind in retry_on:
+            if not (isinstance(kind, type) and issubclass(kind, BaseException)):
+                raise DefinitionError(f"tool {self.name!r}: retry_on takes exception classes, got {kind!r}")
+        self.retry_on: tuple[type[BaseException], ...] = tuple(retry_on)
+        """Exception types of this tool that mean "try again later" (besides `RecoverableError`
+        and the retry policy's own `retry_on`)."""
 
     @property
     def spec(self) -> ToolSpec:
@@ -135,6 +142,7 @@ def tool(
     description: str | None = None,
     requires_approval: bool = False,
     sensitive: Sequence[str] = (),
+    retry_on: Sequence[type[BaseException]] = (),
 ) -> Callable[[Callable[..., Any]], Tool]: ...
 
 
@@ -146,6 +154,7 @@ def tool(
     description: str | None = None,
     requires_approval: bool = False,
     sensitive: Sequence[str] = (),
+    retry_on: Sequence[type[BaseException]] = (),
 ) -> Tool | Callable[[Callable[..., Any]], Tool]:
     """Turn a function into a `Tool`; usable bare (`@tool`) or with keywords.
 
@@ -155,10 +164,20 @@ def tool(
         description: Description shown to the model (default: the docstring).
         requires_approval: Suspend for a person's approval before every call.
         sensitive: Argument names never shown on approval cards or page messages.
+        retry_on: Exception types this tool raises for transient failures (its own client's
+            connection errors, say): the call is retried on the retry schedule instead of
+            failing the turn.
     """
 
     def wrap(fn: Callable[..., Any]) -> Tool:
-        return Tool(fn, name=name, description=description, requires_approval=requires_approval, sensitive=sensitive)
+        return Tool(
+            fn,
+            name=name,
+            description=description,
+            requires_approval=requires_approval,
+            sensitive=sensitive,
+            retry_on=retry_on,
+        )
 
     return wrap(function) if function is not None else wrap
 

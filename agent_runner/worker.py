@@ -32,11 +32,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from agent_runner._base import new_id
-from agent_runner.errors import AgentRunnerError, LeaseLostError, TurnNotFound, VersionConflictError
+from agent_runner._stepping import StopReason
+from agent_runner.errors import AgentRunnerError, TurnNotFound
 from agent_runner.in_memory import InMemoryTurnLease
-from agent_runner.persistence import AgentTurnStore, Lease, TurnLease
+from agent_runner.leasing import HeldLease, LeaseKeeper
+from agent_runner.persistence import AgentTurnStore, TurnLease
 from agent_runner.runner import AgentRunner
-from agent_runner.snapshot import RUNNABLE_STATUSES, AgentTurn
+from agent_runner.snapshot import AgentTurn
 
 logger = logging.getLogger("agent_runner.worker")
 
@@ -71,20 +73,13 @@ def _in_process_lease(turn_store: AgentTurnStore) -> TurnLease:
 
 @dataclass
 class _Claim:
-    """A turn this worker is working on: its lease and the state of its renewals."""
+    """A turn one of this worker's threads is working on."""
 
     turn_id: str
     thread: int
     """Identity of the thread that claimed it (the only one allowed to re-enter it)."""
-    lease: Lease | None = None
+    held: HeldLease | None = None
     """None while the lease is being asked for."""
-    renewed_at: float = 0.0
-    """`time.monotonic()` when the last successful acquire or renew was *sent*.
-
-    The lease lasts its TTL from when the backend handled the request, which is no earlier
-    than this, so counting from here never overestimates the time left."""
-    lost: bool = False
-    """A renewal was refused: another owner may hold the lease now."""
 
 
 class AgentWorker:
@@ -148,6 +143,7 @@ class AgentWorker:
             runner.dispatcher = self
         if runner.lease_scope is None:
             runner.lease_scope = self.hold
+        self.keeper = LeaseKeeper(self.lease, self.lease_ttl_ms, name=f"worker {self.owner}")
         self._lock = threading.Lock()
         self._claims: dict[str, _Claim] = {}
         self._backoff: dict[str, tuple[float, float]] = {}
@@ -157,8 +153,6 @@ class AgentWorker:
         self._wake = threading.Event()
         self._stop: threading.Event | None = None
         self._threads: list[threading.Thread] = []
-        self._heartbeat: threading.Thread | None = None
-        self._heartbeat_wake = threading.Event()
 
     # --- Dispatcher ---------------------------------------------------------------------------
 
@@ -238,11 +232,9 @@ class AgentWorker:
         alive = [t for t in threads if t.is_alive()]
         with self._lock:
             self._threads = [t for t in self._threads if t.is_alive()]
-            heartbeat = self._heartbeat if not self._claims else None
-        if heartbeat is not None and heartbeat is not current and not alive:
-            # Nothing is held any more: let the heartbeat thread notice now rather than a beat later.
-            self._heartbeat_wake.set()
-            heartbeat.join(max(0.0, min(1.0, deadline - time.monotonic())))
+        if not alive and not self.keeper.held:
+            # Nothing is held any more: let the heartbeat thread end now rather than a beat later.
+            self.keeper.stop(max(0.0, min(1.0, deadline - time.monotonic())))
         return not alive
 
     def __enter__(self) -> AgentWorker:
@@ -335,70 +327,40 @@ class AgentWorker:
     def _advance(self, turn_id: str, stop: threading.Event | None) -> int:
         """Step one turn under its lease until it blocks, ends, or used its share of steps."""
         with self._claim(turn_id) as claim:
-            if claim is None or claim.lease is None:
+            if claim is None or claim.held is None:
                 return 0
-            fence = claim.lease.fence
+            held = claim.held
             try:
                 # Loaded after the lease was taken: whatever the poll or the dispatch saw may be stale.
                 turn = self.runner.turn_store.load(turn_id)
             except TurnNotFound:
                 return 0
-            steps = 0
-            first = True
-            while steps < self.max_steps_per_claim:
-                if stop is not None and stop.is_set():
-                    break
-                # A due retry is taken once per claim; after that only READY and RUNNING, so a
-                # turn that keeps failing is not retried in a tight loop under one lease.
-                runnable = turn.status in RUNNABLE_STATUSES or (first and turn.is_runnable(self.runner.clock()))
-                if not runnable or not self._may_step(claim):
-                    break
-                first = False
-                # Every save of this step carries the fence: if the lease was taken over
-                # meanwhile, the store refuses the save instead of clobbering newer work.
-                fenced = turn.model_copy(update={"lease_fence": fence})
-                try:
-                    result = self.runner.step(fenced)
-                except LeaseLostError:
-                    logger.warning("worker %s: turn %s moved on under a newer lease; leaving it", self.owner, turn_id)
-                    return steps
-                except Exception:
-                    logger.exception(
-                        "worker %s: a step of turn %s raised; the turn stays runnable and is tried again later",
-                        self.owner,
-                        turn_id,
-                    )
-                    self._back_off(turn_id)
-                    return steps
-                turn = result.turn
-                if isinstance(result.error, VersionConflictError):
-                    break  # someone else saved first; the next pass starts from their snapshot
-                steps += 1
+            result = self.runner.advance(
+                turn,
+                fence=held.fence,
+                max_steps=self.max_steps_per_claim,
+                may_continue=lambda: (stop is None or not stop.is_set()) and self.keeper.may_step(held),
+            )
+            if result.stopped is StopReason.FAILED:
+                logger.error(
+                    "worker %s: a step of turn %s raised; the turn stays runnable and is tried again later",
+                    self.owner,
+                    turn_id,
+                    exc_info=result.error,
+                )
+                self._back_off(turn_id)
+                return result.steps
             self._forgive(turn_id)
-            self._cancel_if_flagged(turn)
-            if steps >= self.max_steps_per_claim and turn.status in RUNNABLE_STATUSES:
+            if result.stopped is StopReason.BUDGET:
                 # Its share is used up, not its work: queue it behind the turns dispatched
                 # meanwhile rather than leave it to the next poll.
                 self._enqueue(turn_id)
-            return steps
-
-    def _cancel_if_flagged(self, turn: AgentTurn) -> None:
-        """End a turn that blocked while a cancel was requested during its last step.
-
-        `cancel` on a RUNNING turn only sets the flag and leaves the end to the stepping
-        thread. If the step in flight then suspended the turn, the flag sits on a waiting
-        turn that no poll lists: the thread that saw it must end it.
-        """
-        if turn.cancel_requested and not turn.is_terminal and not turn.is_runnable(self.runner.clock()):
-            try:
-                self.runner.cancel(turn.id)
-            except AgentRunnerError as exc:
-                logger.warning("worker %s: cancelling turn %s failed: %s", self.owner, turn.id, exc)
+            return result.steps
 
     # --- Leases -------------------------------------------------------------------------------
 
     @contextmanager
-    def hold(self, turn_id: str) -> Iterator[Lease | None]:
+    def hold(self, turn_id: str) -> Iterator[HeldLease | None]:
         """Hold the turn's lease for the `with` block, renewed by the heartbeat; the runner's `lease_scope`.
 
         Waits while another holder steps the turn. Yields the lease, or None once the turn
@@ -411,14 +373,14 @@ class AgentWorker:
         """
         with self._lock:
             existing = self._claims.get(turn_id)
-        if existing is not None and existing.thread == threading.get_ident() and existing.lease is not None:
+        if existing is not None and existing.thread == threading.get_ident() and existing.held is not None:
             # Re-entered by the holding thread: the outer `with` releases the lease.
-            yield existing.lease
+            yield existing.held
             return
         while True:
             with self._claim(turn_id, quiet=False) as claim:
-                if claim is not None and claim.lease is not None:
-                    yield claim.lease
+                if claim is not None and claim.held is not None:
+                    yield claim.held
                     return
             if not self.runner.turn_store.get_ref(turn_id).is_runnable(self.runner.clock()):
                 yield None
@@ -440,103 +402,29 @@ class AgentWorker:
             yield None  # another thread of this worker has it
             return
         try:
-            sent = time.monotonic()
             try:
-                lease = self.lease.acquire(turn_id, self.owner, self.lease_ttl_ms)
+                held = self.keeper.acquire(turn_id, self.owner)
             except AgentRunnerError as exc:
                 if not quiet:
                     raise
                 logger.warning("worker %s: could not ask for the lease of turn %s: %s", self.owner, turn_id, exc)
-                lease = None
-            if lease is None:
+                held = None
+            if held is None:
                 yield None
                 return
             with self._lock:
-                claim.lease = lease
-                claim.renewed_at = sent
-                self._ensure_heartbeat()
+                claim.held = held
             try:
                 yield claim
             finally:
-                # Forget the claim before releasing: once released, another worker may take
-                # the turn, and the heartbeat must not renew (or count as lost) a lease that is
-                # no longer ours.
+                # Forget the claim before releasing: once released, another worker may take the turn.
                 with self._lock:
                     self._claims.pop(turn_id, None)
-                try:
-                    self.lease.release(lease)
-                except AgentRunnerError as exc:
-                    logger.warning(
-                        "worker %s: releasing the lease of turn %s failed (it expires on its own): %s",
-                        self.owner,
-                        turn_id,
-                        exc,
-                    )
+                self.keeper.release(held)
         finally:
             with self._lock:
                 if self._claims.get(turn_id) is claim:
                     del self._claims[turn_id]
-
-    def _may_step(self, claim: _Claim) -> bool:
-        """Whether the claim's lease is safely ours for the start of another step."""
-        if claim.lost:
-            logger.warning("worker %s: lost the lease of turn %s; leaving it", self.owner, claim.turn_id)
-            return False
-        # Renewals go out every TTL/3. Past two thirds of the TTL without one that succeeded,
-        # the backend is failing and the lease may run out mid-step: start nothing new.
-        age = time.monotonic() - claim.renewed_at
-        if age * 1000 > self.lease_ttl_ms * 2 / 3:
-            logger.warning(
-                "worker %s: the lease of turn %s was last renewed %.1fs ago; leaving it", self.owner, claim.turn_id, age
-            )
-            return False
-        return True
-
-    def _ensure_heartbeat(self) -> None:
-        # Called with self._lock held. The heartbeat runs while any lease is held, including
-        # during `run_once` and foreground runs without started threads, and during a stop
-        # that waits for a step in flight.
-        if self._heartbeat is None or not self._heartbeat.is_alive():
-            self._heartbeat_wake.clear()
-            self._heartbeat = threading.Thread(target=self._renew_loop, name="agent-worker-heartbeat", daemon=True)
-            self._heartbeat.start()
-
-    def _renew_loop(self) -> None:
-        # With nothing held, the thread ends at its next beat rather than at once, so a worker
-        # going from one turn to the next keeps one heartbeat thread instead of one per turn.
-        interval = self.lease_ttl_ms / 3000
-        while True:
-            self._heartbeat_wake.wait(interval)
-            self._heartbeat_wake.clear()
-            with self._lock:
-                if not self._claims:
-                    self._heartbeat = None  # decided under the lock that `_ensure_heartbeat` takes
-                    return
-                held = [c for c in self._claims.values() if c.lease is not None and not c.lost]
-            for claim in held:
-                self._renew(claim)
-
-    def _renew(self, claim: _Claim) -> None:
-        assert claim.lease is not None
-        sent = time.monotonic()
-        try:
-            renewed = self.lease.renew(claim.lease, self.lease_ttl_ms)
-        except Exception as exc:
-            # A backend outage: keep the step going and try again on the next beat. If the
-            # outage outlasts the TTL, `_may_step` stops further steps and the fence refuses
-            # the saves of this one once another worker has taken over.
-            logger.warning("worker %s: renewing the lease of turn %s failed: %s", self.owner, claim.turn_id, exc)
-            return
-        with self._lock:
-            if renewed:
-                claim.renewed_at = sent
-            elif self._claims.get(claim.turn_id) is claim:
-                claim.lost = True
-                logger.warning(
-                    "worker %s: the lease of turn %s expired or was taken over; its next save may be refused",
-                    self.owner,
-                    claim.turn_id,
-                )
 
     # --- Failures -----------------------------------------------------------------------------
 

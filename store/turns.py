@@ -14,8 +14,10 @@ and commit later, so a reader that went past 8 would never see 7. On PostgreSQL 
 therefore records its transaction id (`pg_current_xact_id()`), and a read returns only rows
 whose transaction id is below the oldest transaction still running in its snapshot
 (`pg_snapshot_xmin`): every transaction below that horizon has finished, so nothing can
-later appear before the rows returned. The cursor is `<xid>.<id>` in that order. SQLite
-runs one writer at a time, so ids follow commit order there and the cursor is `0.<id>`.
+later appear before the rows returned. The cursor is `<xid>.<id>` in that order. The
+price is latency, never loss: an event waits until every write transaction that began
+before it, anywhere on the server, has ended. SQLite runs one writer at a time, so ids
+follow commit order there and the cursor is `0.<id>`.
 """
 
 from __future__ import annotations
@@ -293,10 +295,19 @@ def _update_with_messages(sets_cancel: bool, sets_fence: bool, added: int, event
 
 
 def _ref(row: AnyRow) -> TurnRef:
-    return TurnRef(row.id, row.version, AgentTurnStatus(row.status), row.updated_at, row.next_retry_at)
+    return TurnRef(
+        row.id, row.version, AgentTurnStatus(row.status), row.updated_at, row.next_retry_at, row.cancel_requested
+    )
 
 
-_REF_COLUMNS = (turns.c.id, turns.c.version, turns.c.status, turns.c.updated_at, turns.c.next_retry_at)
+_REF_COLUMNS = (
+    turns.c.id,
+    turns.c.version,
+    turns.c.status,
+    turns.c.updated_at,
+    turns.c.next_retry_at,
+    turns.c.cancel_requested,
+)
 
 _GET_REF = sa.select(*_REF_COLUMNS).where(turns.c.id == sa.bindparam("turn_id"))
 """The header fields of a `TurnRef`; parameter `turn_id`."""
@@ -657,7 +668,7 @@ class SqlAgentTurnStore(SqlBackend):
         """
         scope, value = event_scope(root_turn_id, conversation_id)
         after_xid, after_id = (0, 0) if after is None else parse_position(after, 2)
-        if after is not None and after_xid != 0 and not self._single_statement:
+        if after is not None and after_xid != 0 and self._engine.dialect.name != "postgresql":
             raise InvalidCursor(after, "a SQLite event cursor starts with 0.")
         if limit <= 0:
             return []

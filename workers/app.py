@@ -21,15 +21,10 @@ from typing import Any
 
 from celery import Celery, signals
 
+from workers.names import SWEEP_DUE_RETRIES, SWEEP_INBOX, SWEEP_STALE_TURNS
 from workers.settings import SettingsError, WorkerSettings
 
 logger = logging.getLogger("workers")
-
-STEP_TURN = "agent_runner.step_turn"
-DISPATCH_INBOX = "agent_runner.dispatch_inbox"
-SWEEP_INBOX = "agent_runner.sweep_inbox"
-SWEEP_STALE_TURNS = "agent_runner.sweep_stale_turns"
-SWEEP_DUE_RETRIES = "agent_runner.sweep_due_retries"
 
 
 def celery_config(settings: WorkerSettings) -> dict[str, Any]:
@@ -114,12 +109,13 @@ def _check_agents(sender: Any = None, **_: Any) -> None:
     """Refuse to start a worker that could not run any turn, rather than fail every task later."""
     if getattr(sender, "app", None) is not app:
         return  # a worker of another Celery app in a process that imported this one
-    from workers.wiring import load_agent_loader
+    from workers.agents import load_agent_loader, load_runner_setup
 
     try:
         if settings.agent_loader is None:
             raise SettingsError("AGENT_RUNNER_AGENT_LOADER", None, "a worker needs agents (module:attribute)")
         load_agent_loader(settings.agent_loader)
+        load_runner_setup(settings.runner_setup)
     except SettingsError as exc:
         logger.critical("%s", exc)
         # SystemExit passes through Celery's signal dispatch, which logs and swallows Exceptions.

@@ -23,7 +23,8 @@ import logging
 from datetime import datetime, timedelta
 
 from agent_runner import AgentRunnerError, AgentTurnStatus, TurnRef
-from workers.app import SWEEP_DUE_RETRIES, SWEEP_INBOX, SWEEP_STALE_TURNS, app
+from workers.app import app
+from workers.names import SWEEP_DUE_RETRIES, SWEEP_INBOX, SWEEP_STALE_TURNS
 from workers.tasks import turn_started_from
 from workers.wiring import Wiring, current
 

@@ -9,7 +9,6 @@ input (unknown turn, invalid form data, a command that does not fit the turn), 1
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import ipaddress
 import json
 import os
@@ -23,15 +22,14 @@ from typing import Any, NoReturn
 import click
 
 from agent_runner import (
-    Agent,
-    AgentLoader,
     AgentRunner,
     AgentRunnerError,
     AgentTurn,
     AgentTurnStatus,
-    InMemoryAgentLoader,
     InvalidResumeCommand,
 )
+from workers.agents import load_agent_loader
+from workers.settings import DEFAULT_DATABASE_URL, SettingsError
 from workers.views import (
     ErrorKind,
     ResumeAction,
@@ -43,7 +41,6 @@ from workers.views import (
     turn_view,
 )
 
-DEFAULT_DATABASE_URL = "sqlite:///./agent_runner.db"
 EXIT_BAD_INPUT = 2
 _AGE = re.compile(r"([0-9]{1,9})([smhd])")
 _AGE_UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
@@ -63,31 +60,6 @@ def _fail_with(error: AgentRunnerError) -> NoReturn:
     _fail(str(error), EXIT_BAD_INPUT if bad_input else 1, details)
 
 
-def load_agents(spec: str | None) -> AgentLoader:
-    """Build an agent loader from `module:attribute` (an AgentLoader, an Agent or a list of Agents)."""
-    if not spec:
-        return InMemoryAgentLoader()
-    module_name, _, attribute = spec.partition(":")
-    if not module_name or not attribute:
-        raise click.BadParameter(f"expected module:attribute, got {spec!r}", param_hint="AGENT_RUNNER_AGENT_LOADER")
-    try:
-        value: Any = getattr(importlib.import_module(module_name), attribute)
-    except (ImportError, AttributeError) as exc:
-        raise click.BadParameter(f"cannot load {spec!r}: {exc}", param_hint="AGENT_RUNNER_AGENT_LOADER") from exc
-    if callable(value) and not isinstance(value, Agent | AgentLoader):
-        value = value()
-    if isinstance(value, Agent):
-        return InMemoryAgentLoader([value])
-    if isinstance(value, AgentLoader):
-        return value
-    if isinstance(value, list | tuple) and all(isinstance(a, Agent) for a in value):
-        return InMemoryAgentLoader(value)
-    raise click.BadParameter(
-        f"{spec!r} is a {type(value).__name__}, not an AgentLoader or a list of Agents",
-        param_hint="AGENT_RUNNER_AGENT_LOADER",
-    )
-
-
 class _Context:
     def __init__(self, database_url: str, agents: str | None, as_json: bool) -> None:
         self.database_url = database_url
@@ -99,9 +71,13 @@ class _Context:
         if self._runner is None:
             from store import SqlAgentTurnStore, SqlChatMemoryProvider
 
+            try:
+                loader = load_agent_loader(self.agents)
+            except SettingsError as exc:
+                _fail(str(exc), EXIT_BAD_INPUT)
             self._runner = AgentRunner(
                 turn_store=SqlAgentTurnStore(self.database_url),
-                agent_loader=load_agents(self.agents),
+                agent_loader=loader,
                 chat_memory_provider=SqlChatMemoryProvider(self.database_url),
             )
         return self._runner
@@ -227,7 +203,10 @@ def serve(
     spec = agents_spec or obj.agents
     if not spec:
         _fail("give the agents to serve with --agents module:attribute (or AGENT_RUNNER_AGENT_LOADER)", EXIT_BAD_INPUT)
-    loader = load_agents(spec)
+    try:
+        loader = load_agent_loader(spec)
+    except SettingsError as exc:
+        _fail(str(exc), EXIT_BAD_INPUT)
     try:
         settings = ApiSettings.from_env({**os.environ, "AGENT_RUNNER_DATABASE_URL": obj.database_url})
     except AgentRunnerError as exc:

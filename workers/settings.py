@@ -22,6 +22,7 @@ misconfigured deployment fails at start-up rather than on the first turn.
 | `AGENT_RUNNER_TASK_TIME_LIMIT_S` | `720` | Celery hard time limit of a task |
 | `AGENT_RUNNER_AGENT_LOADER` | none | `module:attribute`: an `AgentLoader`, a list of `Agent`s, or a function returning one |
 | `AGENT_RUNNER_INBOX_AGENT` | none | agent id that answers queued inbox messages |
+| `AGENT_RUNNER_SETUP` | none | `module:function` called with every runner this project builds (workers, web app, CLI): add event listeners and middleware there |
 | `AGENT_RUNNER_MAX_STEPS` | `200` | steps a turn may take (MAX_STEPS_REACHED beyond) |
 | `AGENT_RUNNER_RETRY_MAX_ATTEMPTS` | `3` | attempts of a recoverable model or tool call |
 | `AGENT_RUNNER_RETRY_INITIAL_BACKOFF_S` | `1` | first retry delay |
@@ -43,6 +44,7 @@ from agent_runner import AgentExecutionPolicy, AgentRunnerError, RetryPolicy
 T = TypeVar("T", int, float)
 
 DEFAULT_DATABASE_URL = "sqlite:///./agent_runner.db"
+"""The embedded default: a SQLite file in the working directory, migrated on first use."""
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 DEFAULT_QUEUE = "agent-runner"
 
@@ -88,6 +90,7 @@ class WorkerSettings:
     time_limit_s: float = 720.0
     agent_loader: str | None = None
     inbox_agent: str | None = None
+    runner_setup: str | None = None
     max_steps: int = 200
     retry_max_attempts: int = 3
     retry_initial_backoff_s: float = 1.0
@@ -120,6 +123,7 @@ class WorkerSettings:
             time_limit_s=_number(env, "AGENT_RUNNER_TASK_TIME_LIMIT_S", 720.0, float, minimum=1.0),
             agent_loader=_import_path(env, "AGENT_RUNNER_AGENT_LOADER"),
             inbox_agent=_optional_text(env, "AGENT_RUNNER_INBOX_AGENT"),
+            runner_setup=_import_path(env, "AGENT_RUNNER_SETUP"),
             max_steps=_number(env, "AGENT_RUNNER_MAX_STEPS", 200, int, minimum=1),
             retry_max_attempts=_number(env, "AGENT_RUNNER_RETRY_MAX_ATTEMPTS", 3, int, minimum=1),
             retry_initial_backoff_s=_number(env, "AGENT_RUNNER_RETRY_INITIAL_BACKOFF_S", 1.0, float, minimum=0.0),

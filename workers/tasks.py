@@ -25,7 +25,10 @@ here delivers at least once: a message may arrive twice, late, or after its turn
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import time
+import uuid
 from datetime import timedelta
 from enum import StrEnum
 
@@ -33,19 +36,20 @@ from agent_runner import (
     AgentRunnerError,
     AgentTurn,
     AgentTurnStatus,
-    LeaseLostError,
     StoreUnavailableError,
     TurnNotFound,
-    VersionConflictError,
 )
+from agent_runner._stepping import StopReason
+from agent_runner.snapshot import RUNNABLE_STATUSES
 from workers import inbox
-from workers.app import DISPATCH_INBOX, STEP_TURN, app
+from workers.app import app
 from workers.inbox import InboxOutcome
+from workers.names import DISPATCH_INBOX, STEP_TURN
 from workers.wiring import Wiring, current
 
 logger = logging.getLogger("workers.tasks")
 
-_RUNNABLE = (AgentTurnStatus.READY, AgentTurnStatus.RUNNING)
+_OWNER_PREFIX = f"{socket.gethostname()}:{os.getpid()}"
 _RELEASE_MARGIN = timedelta(seconds=0.25)
 _TRANSIENT_RETRY_DELAY = timedelta(seconds=1)
 
@@ -72,8 +76,10 @@ def advance(wiring: Wiring, turn_id: str, version: int) -> StepOutcome:
             before anything was done; the delivery may be retried.
     """
     keeper = wiring.keeper
-    lease = keeper.acquire(turn_id)
-    if lease is None:
+    # A fresh owner per delivery: two deliveries of one turn in one process (a thread pool)
+    # exclude each other like two processes would.
+    held = keeper.acquire(turn_id, f"{_OWNER_PREFIX}:{uuid.uuid4().hex[:12]}")
+    if held is None:
         return StepOutcome.LEASE_HELD
     last: AgentTurn | None = None
     error: Exception | None = None
@@ -91,47 +97,25 @@ def advance(wiring: Wiring, turn_id: str, version: int) -> StepOutcome:
                 wiring.dispatcher.dispatch(turn)
                 return StepOutcome.NOT_DUE
             return StepOutcome.NOT_RUNNABLE
-        last, error = _step_under_lease(wiring, turn, lease.fence)
+        settings = wiring.settings
+        result = wiring.runner.advance(
+            turn,
+            fence=held.fence,
+            max_steps=settings.steps_per_task,
+            deadline=time.monotonic() + settings.step_time_budget_s,
+            may_continue=lambda: keeper.may_step(held),
+        )
+        last = result.turn
+        if result.stopped is StopReason.FAILED:
+            # The snapshot in the store is intact (every save is atomic): the turn stays as
+            # last saved, and the follow-up decides when to try again.
+            logger.error("step of turn %s failed; it stays as last saved", turn_id, exc_info=result.error)
+            error = result.error
     finally:
-        keeper.release(lease)
+        keeper.release(held)
     if last is not None:
         _follow_up(wiring, last, error)
     return StepOutcome.STEPPED
-
-
-def _step_under_lease(wiring: Wiring, turn: AgentTurn, fence: int) -> tuple[AgentTurn, Exception | None]:
-    """Step `turn` while it stays runnable, within the step and time budgets.
-
-    Returns the last snapshot seen, and the exception that stopped the stepping, if any.
-    """
-    settings = wiring.settings
-    runner = wiring.runner
-    deadline = time.monotonic() + settings.step_time_budget_s
-    steps = 0
-    while steps < settings.steps_per_task:
-        # The first step may be a due retry; after that only READY and RUNNING go on, so a
-        # retry scheduled by this very step waits for its ETA instead of running at once.
-        runnable = turn.status in _RUNNABLE or (steps == 0 and turn.is_runnable(runner.clock()))
-        if not runnable or wiring.keeper.is_lost(turn.id):
-            break
-        if steps > 0 and time.monotonic() > deadline:
-            break
-        fenced = turn.model_copy(update={"lease_fence": fence})
-        try:
-            result = runner.step(fenced)
-        except LeaseLostError:
-            logger.warning("turn %s moved on under another worker's lease; stopping", turn.id)
-            break
-        except Exception as exc:
-            # The snapshot in the store is intact (every save is atomic): the turn stays as
-            # last saved, and the follow-up decides when to try again.
-            logger.exception("step of turn %s failed; it stays as last saved", turn.id)
-            return turn, exc
-        steps += 1
-        turn = result.turn
-        if isinstance(result.error, VersionConflictError):
-            break
-    return turn, None
 
 
 def _follow_up(wiring: Wiring, last: AgentTurn, error: Exception | None) -> None:
@@ -147,7 +131,7 @@ def _follow_up(wiring: Wiring, last: AgentTurn, error: Exception | None) -> None
             # it once per sweep interval, after a lease TTL.
             logger.error("turn %s is left to the stale-turn sweep after %s", last.id, type(error).__name__)
         return
-    if last.status in _RUNNABLE:
+    if last.status in RUNNABLE_STATUSES:
         # The budget ran out (or the lease was lost). No read is needed: while this task held
         # the lease, nobody else could step the turn, and a save made since then gives it a
         # newer version, which turns this message into a stale no-op.

@@ -1,7 +1,8 @@
 """Alembic environment: runs the migrations on the connection `store.migrate` passes in.
 
 Without one (the `alembic` command line), it connects to `sqlalchemy.url` from the Alembic
-configuration, else to `AGENT_RUNNER_DATABASE_URL`, else to the embedded SQLite default.
+configuration, else to `AGENT_RUNNER_DATABASE_URL`; `agent-runner db upgrade` is the usual
+way, and knows the embedded default.
 """
 
 from __future__ import annotations
@@ -14,15 +15,12 @@ from sqlalchemy.engine import Connection
 from store._engine import make_engine, writer
 from store.schema import VERSION_TABLE, metadata
 
-DEFAULT_DATABASE_URL = "sqlite:///./agent_runner.db"
-
 
 def _url() -> str:
-    return (
-        context.config.get_main_option("sqlalchemy.url")
-        or os.environ.get("AGENT_RUNNER_DATABASE_URL")
-        or DEFAULT_DATABASE_URL
-    )
+    url = context.config.get_main_option("sqlalchemy.url") or os.environ.get("AGENT_RUNNER_DATABASE_URL")
+    if not url:
+        raise SystemExit("no database to migrate: set AGENT_RUNNER_DATABASE_URL or run `agent-runner db upgrade`")
+    return url
 
 
 def _run(connection: Connection) -> None:

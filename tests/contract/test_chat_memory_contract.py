@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import pytest
 
 from agent_runner import (
@@ -40,12 +42,12 @@ def form(message_id: str = "form-1") -> AgentFormMessage:
         action_id="call-2",
         form_key="support_ticket_details",
         description="Tell us more",
-        schema={"type": "object", "properties": {"z": {"type": "string"}, "a": {"type": "integer"}}},
+        form_schema={"type": "object", "properties": {"z": {"type": "string"}, "a": {"type": "integer"}}},
     )
 
 
 def conversation() -> list[AnyMessage]:
-    call = ToolCall("call-1", "lookup", {"order": "1001"})
+    call = ToolCall(id="call-1", name="lookup", arguments={"order": "1001"})
     return [
         UserMessage(id="u1", content="where is order 1001?"),
         AiMessage(id="a1", tool_calls=[call]),
@@ -57,8 +59,8 @@ def conversation() -> list[AnyMessage]:
     ]
 
 
-def ids(messages: list[AnyMessage] | list[object]) -> list[str]:
-    return [m.id for m in messages]  # type: ignore[attr-defined]
+def ids(messages: Sequence[AnyMessage]) -> list[str]:
+    return [m.id for m in messages]
 
 
 def test_messages_come_back_newest_window_oldest_first(chat_memory_provider: ChatMemoryProvider) -> None:
@@ -132,6 +134,7 @@ def test_update_swaps_a_page_message_and_bumps_its_version(chat_memory_provider:
     form_message = memory.get("form-1")
     assert isinstance(form_message, AgentFormMessage)
     submitted = memory.update(form_message.model_copy(update={"status": ActionStatus.SUBMITTED}), 0)
+    assert isinstance(submitted, AgentFormMessage)
     assert memory.get("form-1") == submitted and submitted.version == 1
 
 

@@ -76,8 +76,10 @@ def test_an_approved_tool_call_completes_the_turn_across_runners(
         created.append({"affected_system": affected_system, "impact_scope": impact_scope})
         return "TICKET-1"
 
-    call = ToolCall("call-1", "create_ticket", {"affected_system": "CRM", "impact_scope": "ALL_USERS"})
-    model = ScriptedChatModel([AiMessage(tool_calls=[call]), AiMessage("Ticket TICKET-1 created ✓")])
+    call = ToolCall(
+        id="call-1", name="create_ticket", arguments={"affected_system": "CRM", "impact_scope": "ALL_USERS"}
+    )
+    model = ScriptedChatModel([AiMessage(tool_calls=[call]), AiMessage(content="Ticket TICKET-1 created ✓")])
     agent = Agent(id="support", instructions="Help.", chat_model=model, tools=[create_ticket])
 
     # Given a conversation turn that waits for approval
@@ -112,7 +114,7 @@ def test_an_approved_tool_call_completes_the_turn_across_runners(
     assert isinstance(history[3], ToolMessage) and history[3].content == "TICKET-1"
 
     # And the next turn of the conversation may start, with the history window
-    model_2 = ScriptedChatModel([AiMessage("You're welcome")])
+    model_2 = ScriptedChatModel([AiMessage(content="You're welcome")])
     agent_2 = Agent(id="support", instructions="Help.", chat_model=model_2, tools=[create_ticket])
     follow_up = fresh_runner(agent_2).run("support", "thanks", conversation_id="c-1")
     assert follow_up.status is S.COMPLETED
@@ -132,8 +134,8 @@ def test_a_form_is_frozen_and_its_data_resumes_the_turn_across_runners(
             "required": ["affected_system", "impact_scope"],
         },
     )
-    ask = ToolCall("call-f", "request_user_input", {"formKey": "support_ticket_details"})
-    model = ScriptedChatModel([AiMessage(tool_calls=[ask]), AiMessage("Thanks, noted.")])
+    ask = ToolCall(id="call-f", name="request_user_input", arguments={"formKey": "support_ticket_details"})
+    model = ScriptedChatModel([AiMessage(tool_calls=[ask]), AiMessage(content="Thanks, noted.")])
     agent = Agent(id="support", chat_model=model, tools=[AgentUserInputTool(forms=[ticket_form])])
 
     waiting = fresh_runner(agent).run("support", "I need help", conversation_id="c-form")
@@ -152,7 +154,7 @@ def test_a_form_is_frozen_and_its_data_resumes_the_turn_across_runners(
 
 
 def test_a_scheduled_retry_resumes_at_the_same_phase_across_runners(fresh_runner: RunnerFactory) -> None:
-    model = ScriptedChatModel([RecoverableError("rate limited", retry_after=30), AiMessage("finally")])
+    model = ScriptedChatModel([RecoverableError("rate limited", retry_after=30), AiMessage(content="finally")])
     agent = Agent(id="support", chat_model=model)
 
     scheduled = fresh_runner(agent).run("support", "hi")
@@ -170,7 +172,9 @@ def test_cancelling_a_waiting_turn_closes_it_out_and_frees_the_conversation(fres
         """Wipe a disk."""
         raise AssertionError("never approved, never run")
 
-    model = ScriptedChatModel([AiMessage(tool_calls=[ToolCall("call-w", "wipe_disk", {"disk": "sda"})])])
+    model = ScriptedChatModel(
+        [AiMessage(tool_calls=[ToolCall(id="call-w", name="wipe_disk", arguments={"disk": "sda"})])]
+    )
     agent = Agent(id="ops", chat_model=model, tools=[wipe_disk])
     waiting = fresh_runner(agent).run("ops", "clean up", conversation_id="c-ops")
     assert waiting.status is S.WAITING_FOR_APPROVAL
@@ -186,10 +190,13 @@ def test_cancelling_a_waiting_turn_closes_it_out_and_frees_the_conversation(fres
 def test_child_turns_are_stored_and_complete_the_parent(fresh_runner: RunnerFactory) -> None:
     researcher = Agent(
         id="researcher",
-        chat_model=ScriptedChatModel(lambda request: AiMessage(f"found: {request.messages[-1].content}")),  # type: ignore[union-attr]
+        chat_model=ScriptedChatModel(lambda request: AiMessage(content=f"found: {request.messages[-1].content}")),
     )
-    calls = [ToolCall("d-1", "researcher", {"task": "prices"}), ToolCall("d-2", "researcher", {"task": "stock"})]
-    parent_model = ScriptedChatModel([AiMessage(tool_calls=calls), AiMessage("summary")])
+    calls = [
+        ToolCall(id="d-1", name="researcher", arguments={"task": "prices"}),
+        ToolCall(id="d-2", name="researcher", arguments={"task": "stock"}),
+    ]
+    parent_model = ScriptedChatModel([AiMessage(tool_calls=calls), AiMessage(content="summary")])
     parent = Agent(id="lead", chat_model=parent_model, sub_agents=[researcher])
 
     done = fresh_runner(parent).run("lead", "research")
@@ -204,10 +211,10 @@ def test_child_turns_are_stored_and_complete_the_parent(fresh_runner: RunnerFact
 
 
 def test_history_from_chat_memory_feeds_the_next_turn(fresh_runner: RunnerFactory) -> None:
-    model = ScriptedChatModel(lambda request: AiMessage(f"seen {len(request.messages)}"))
+    model = ScriptedChatModel(lambda request: AiMessage(content=f"seen {len(request.messages)}"))
     agent = Agent(id="echo", chat_model=model, max_attached_messages=3)
     for text in ["one", "two", "three"]:
-        turn = fresh_runner(agent).run("echo", UserMessage(text), conversation_id="c-echo")
+        turn = fresh_runner(agent).run("echo", UserMessage(content=text), conversation_id="c-echo")
         assert turn.status is S.COMPLETED
     # The third turn saw the newest 3 messages of the conversation plus its own user message
     assert [m.content for m in model.requests[-1].messages] == ["seen 1", "two", "seen 3", "three"]

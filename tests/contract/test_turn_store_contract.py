@@ -64,8 +64,12 @@ def rich_turn(turn_id: str) -> AgentTurn:
             "required": ["affected_system"],
         },
     )
-    call = ToolCall("call-1", "request_user_input", {"formKey": "support_ticket_details"})
-    second = ToolCall("call-2", "create_ticket", {"affected_system": "CRM", "nested": {"b": [1, 2.5, None], "a": True}})
+    call = ToolCall(id="call-1", name="request_user_input", arguments={"formKey": "support_ticket_details"})
+    second = ToolCall(
+        id="call-2",
+        name="create_ticket",
+        arguments={"affected_system": "CRM", "nested": {"b": [1, 2.5, None], "a": True}},
+    )
     return AgentTurn(
         id=turn_id,
         agent_id="support-agent",

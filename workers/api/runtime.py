@@ -25,6 +25,7 @@ from sqlalchemy import Engine, text
 import store
 from agent_runner import AgentEvent, AgentLoader, AgentRunner, AgentRunnerError, EventFeed, InMemoryLiveEvents
 from agent_runner.worker import AgentWorker
+from workers.agents import load_agent_loader
 from workers.api.settings import ApiSettings, WorkerMode
 from workers.inbox import start_next_message, turn_started_from
 
@@ -214,7 +215,7 @@ def _database_check(engine: Engine) -> Callable[[], None]:
 
 def _sql_runtime(settings: ApiSettings, agent_loader: AgentLoader | None) -> Runtime:
     worker_settings = settings.workers
-    loader = agent_loader if agent_loader is not None else _load_agents(worker_settings.agent_loader)
+    loader = agent_loader if agent_loader is not None else load_agent_loader(worker_settings.agent_loader)
     engine = store.make_engine(worker_settings.database_url)
     try:
         turn_store = store.SqlAgentTurnStore(engine)
@@ -266,44 +267,27 @@ def _stop_worker(worker: AgentWorker) -> None:
         logger.warning("the embedded worker still had steps in flight after 30 s; their leases expire")
 
 
-def _load_agents(spec: str | None) -> AgentLoader:
-    # The Celery wiring resolves AGENT_RUNNER_AGENT_LOADER for the workers; the server
-    # resolves it the same way (this module is the server's only door to the wiring).
-    from workers.wiring import load_agent_loader
-
-    return load_agent_loader(spec)
-
-
 def _celery_runtime(settings: ApiSettings, agent_loader: AgentLoader | None) -> Runtime:
-    from workers import app as app_module
+    # The only place the HTTP server touches the Celery wiring.
+    from workers.app import create_app
     from workers.wiring import build_wiring
 
     worker_settings = settings.workers
-    celery_app: Any = (
-        app_module.app if worker_settings == app_module.settings else app_module.create_app(worker_settings)
-    )
+    # A producer sends tasks by name: an app of its own, configured from the server's settings.
+    celery_app: Any = create_app(worker_settings)
     wiring = build_wiring(worker_settings, celery_app, agent_loader=agent_loader)
     try:
         idempotency = store.IdempotencyKeys(wiring.engine)
-        live = store.RedisLiveEvents(worker_settings.redis_url, prefix=worker_settings.redis_prefix)
     except BaseException:
         wiring.close()
         raise
-    # Events of what this process does (starts, resumes, cancels) go live too; the workers
-    # publish those of the steps.
-    wiring.runner.add_event_listener(live.publish)
+    # The wiring publishes the events of what this process does (starts, resumes, cancels)
+    # to the live channel, like the workers do for the steps.
+    live = wiring.live
     runner = wiring.runner
     memories = runner.chat_memory_provider
     assert isinstance(memories, store.SqlChatMemoryProvider)
     dispatcher = wiring.dispatcher
-    if worker_settings.inbox_agent is None:
-        # The wiring asks for the next inbox message when a turn ends only when a default
-        # inbox agent is configured; messages queued here name their agent, so ask always.
-        def ask_for_next(event: AgentEvent) -> None:
-            if event.type.is_terminal and event.conversation_id is not None:
-                dispatcher.send_inbox(event.conversation_id)
-
-        runner.add_event_listener(ask_for_next)
 
     def check_redis() -> None:
         wiring.guard.holder("agent-runner-readiness-probe")
@@ -325,5 +309,4 @@ def _celery_runtime(settings: ApiSettings, agent_loader: AgentLoader | None) -> 
         checks={"database": _database_check(wiring.engine), "redis": check_redis, "broker": check_broker},
     )
     runtime._stops.append(wiring.close)
-    runtime._stops.append(live.close)
     return runtime

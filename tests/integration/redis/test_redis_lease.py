@@ -308,6 +308,7 @@ def test_fences_after_redis_lost_its_data_still_exceed_earlier_fences(
         held = lease.acquire("lost-turn", f"owner-{n}", 1000)
         assert held is not None
         assert lease.release(held)
+    assert held is not None
     before = held.fence
     # When Redis loses every key of the turn (a restart without persistence, a flush)
     redis_client.delete(keys.turn_fence("lost-turn"), keys.turn_lease("lost-turn"))

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import threading
 
-from test_sql_store_saves import recording
-
 from agent_runner import AiMessage, UserMessage
 from store import SqlChatMemoryProvider
+from tests.integration.store.store_kit import recording
 
 
 def test_an_append_is_one_statement_on_postgresql(sql_url: str) -> None:

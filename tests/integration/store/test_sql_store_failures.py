@@ -32,12 +32,12 @@ def with_password(url: str) -> str:
 
 def make_turn(turn_id: str) -> AgentTurn:
     return AgentTurn(
-        id=turn_id, agent_id="a", root_turn_id=turn_id, conversation_id="c-1", messages=[UserMessage("hi")]
+        id=turn_id, agent_id="a", root_turn_id=turn_id, conversation_id="c-1", messages=[UserMessage(content="hi")]
     )
 
 
 def grow(turn: AgentTurn) -> AgentTurn:
-    return turn.model_copy(update={"messages": [*turn.messages, AiMessage("step")], "steps": turn.steps + 1})
+    return turn.model_copy(update={"messages": [*turn.messages, AiMessage(content="step")], "steps": turn.steps + 1})
 
 
 Hook = Callable[[Connection, Any, str, Any, Any, bool], None]

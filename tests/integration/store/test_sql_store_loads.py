@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from test_sql_store_saves import recording, step, turn_with_history
-
 from agent_runner import AgentTurn, AgentTurnStatus, AiMessage
 from store import SqlAgentTurnStore
 from store.turns import _Histories
+from tests.integration.store.store_kit import recording, step, turn_with_history
 
 
 def test_a_load_after_this_store_saved_reads_the_header_only(sql_url: str) -> None:

@@ -8,6 +8,7 @@ from agent_runner import (
     AgentActionMessage,
     AgentTurn,
     AiMessage,
+    ModelMessage,
     ToolCall,
     ToolMessage,
     UserMessage,
@@ -29,8 +30,10 @@ MEGABYTE = ("0123456789abcdef" * 65_536)[:1_000_000] + "✓"
 EMOJI_MEGABYTE = "🦀" * 262_144  # 1 MiB of UTF-8
 
 
-def awkward_messages() -> list[UserMessage | AiMessage | ToolMessage]:
-    call = ToolCall("call-" + AWKWARD[:8], "tool_" + "ü", {AWKWARD: [AWKWARD, {"k": AWKWARD}], "n": 1.5e-300})
+def awkward_messages() -> list[ModelMessage]:
+    call = ToolCall(
+        id="call-" + AWKWARD[:8], name="tool_" + "ü", arguments={AWKWARD: [AWKWARD, {"k": AWKWARD}], "n": 1.5e-300}
+    )
     return [
         UserMessage(id="u-" + AWKWARD[40:60], content=AWKWARD),
         AiMessage(id="a-1", content=AWKWARD, tool_calls=[call]),

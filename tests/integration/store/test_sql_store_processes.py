@@ -9,10 +9,10 @@ from collections.abc import Iterator
 from multiprocessing.pool import Pool
 
 import pytest
-import racers
 
 from agent_runner import AgentTurn, AgentTurnStatus
 from store import Inbox, InboxStatus, SqlAgentTurnStore
+from tests.integration.store import racers
 
 pytestmark = pytest.mark.integration
 

@@ -3,57 +3,10 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass, field
-from typing import Any
 
-from sqlalchemy import event
-from sqlalchemy.engine import Connection, Engine
-
-from agent_runner import AgentTurn, AgentTurnStatus, AiMessage, UserMessage, VersionConflictError
+from agent_runner import VersionConflictError
 from store import SqlAgentTurnStore
-
-
-@dataclass
-class Recorded:
-    statements: list[str] = field(default_factory=list)
-    parameter_chars: int = 0
-    commits: int = 0
-
-
-@contextmanager
-def recording(engine: Engine) -> Iterator[Recorded]:
-    recorded = Recorded()
-
-    def before(conn: Connection, cursor: Any, statement: str, parameters: Any, context: Any, many: bool) -> None:
-        if statement.startswith("BEGIN"):
-            return  # SQLite's own BEGIN, emitted by the store's engine setup
-        recorded.statements.append(statement.split()[0].upper())
-        recorded.parameter_chars += len(repr(parameters))
-
-    def commit(conn: Connection) -> None:
-        recorded.commits += 1
-
-    event.listen(engine, "before_cursor_execute", before)
-    event.listen(engine, "commit", commit)
-    try:
-        yield recorded
-    finally:
-        event.remove(engine, "before_cursor_execute", before)
-        event.remove(engine, "commit", commit)
-
-
-def turn_with_history(turn_id: str, length: int) -> AgentTurn:
-    history = [UserMessage(id=f"{turn_id}-{i}", content=f"message {i} " + "x" * 200) for i in range(length)]
-    return AgentTurn(id=turn_id, agent_id="a", root_turn_id=turn_id, messages=history)
-
-
-def step(turn: AgentTurn) -> AgentTurn:
-    reply = AiMessage(id=f"{turn.id}-r{len(turn.messages)}", content="a reply of fixed size " + "y" * 200)
-    return turn.model_copy(
-        update={"messages": [*turn.messages, reply], "steps": turn.steps + 1, "status": AgentTurnStatus.RUNNING}
-    )
+from tests.integration.store.store_kit import recording, step, turn_with_history
 
 
 def test_a_step_is_one_transaction(sql_url: str) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-from turn_kit import EventLog, protocol_violations, tool_messages
 
 from agent_runner import (
     Agent,
@@ -19,6 +18,7 @@ from agent_runner import (
     ToolCall,
     tool,
 )
+from tests.unit.agent_runner.turn_kit import EventLog, protocol_violations, tool_messages
 
 S = AgentTurnStatus
 
@@ -58,7 +58,7 @@ def _setup(script: list[AiMessage]) -> tuple[AgentRunner, ScriptedChatModel, Ban
 def test_a_tool_that_requires_approval_suspends_before_running_with_the_call_id() -> None:
     # Given: a model asking for a transfer
     runner, model, bank, agent, _ = _setup(
-        [AiMessage(tool_calls=[ToolCall("t1", "transfer", {"to": "bob", "amount": 5})])]
+        [AiMessage(tool_calls=[ToolCall(id="t1", name="transfer", arguments={"to": "bob", "amount": 5})])]
     )
     # When: the turn runs
     turn = runner.run(agent, "pay bob")
@@ -73,7 +73,10 @@ def test_a_tool_that_requires_approval_suspends_before_running_with_the_call_id(
 
 def test_approve_runs_the_saved_call_with_its_arguments_once_without_asking_the_model_again() -> None:
     runner, model, bank, agent, events = _setup(
-        [AiMessage(tool_calls=[ToolCall("t1", "transfer", {"to": "bob", "amount": 5})]), AiMessage("Paid.")]
+        [
+            AiMessage(tool_calls=[ToolCall(id="t1", name="transfer", arguments={"to": "bob", "amount": 5})]),
+            AiMessage(content="Paid."),
+        ]
     )
     turn = runner.run(agent, "pay bob")
     # When: the call is approved, with audit metadata
@@ -90,7 +93,10 @@ def test_approve_runs_the_saved_call_with_its_arguments_once_without_asking_the_
 def test_reject_writes_a_tool_message_with_the_reason_and_then_the_model_answers() -> None:
     # Given: a turn waiting for approval of a transfer
     runner, model, bank, agent, _ = _setup(
-        [AiMessage(tool_calls=[ToolCall("t1", "transfer", {"to": "bob", "amount": 5})]), AiMessage("Not paid.")]
+        [
+            AiMessage(tool_calls=[ToolCall(id="t1", name="transfer", arguments={"to": "bob", "amount": 5})]),
+            AiMessage(content="Not paid."),
+        ]
     )
     turn = runner.run(agent, "pay bob")
     # When: it is rejected with a reason
@@ -113,11 +119,11 @@ def test_reject_moves_on_to_the_next_pending_call_of_the_same_response() -> None
         [
             AiMessage(
                 tool_calls=[
-                    ToolCall("t1", "transfer", {"to": "bob", "amount": 5}),
-                    ToolCall("b1", "balance", {"account": "main"}),
+                    ToolCall(id="t1", name="transfer", arguments={"to": "bob", "amount": 5}),
+                    ToolCall(id="b1", name="balance", arguments={"account": "main"}),
                 ]
             ),
-            AiMessage("Balance is 100."),
+            AiMessage(content="Balance is 100."),
         ]
     )
     turn = runner.run(agent, "pay bob then check")
@@ -134,11 +140,11 @@ def test_each_of_two_approval_calls_suspends_in_call_order() -> None:
         [
             AiMessage(
                 tool_calls=[
-                    ToolCall("t1", "transfer", {"to": "bob", "amount": 5}),
-                    ToolCall("t2", "transfer", {"to": "ann", "amount": 7}),
+                    ToolCall(id="t1", name="transfer", arguments={"to": "bob", "amount": 5}),
+                    ToolCall(id="t2", name="transfer", arguments={"to": "ann", "amount": 7}),
                 ]
             ),
-            AiMessage("Done."),
+            AiMessage(content="Done."),
         ]
     )
     turn = runner.run(agent, "pay both")
@@ -154,7 +160,10 @@ def test_each_of_two_approval_calls_suspends_in_call_order() -> None:
 
 def test_an_approval_call_with_invalid_arguments_is_answered_with_an_error_and_never_offered_for_approval() -> None:
     runner, model, bank, agent, _ = _setup(
-        [AiMessage(tool_calls=[ToolCall("t1", "transfer", {"to": "bob", "amount": "lots"})]), AiMessage("Oops.")]
+        [
+            AiMessage(tool_calls=[ToolCall(id="t1", name="transfer", arguments={"to": "bob", "amount": "lots"})]),
+            AiMessage(content="Oops."),
+        ]
     )
     turn = runner.run(agent, "pay bob")
     assert turn.status is S.COMPLETED
@@ -166,7 +175,10 @@ def test_an_approval_call_with_invalid_arguments_is_answered_with_an_error_and_n
 @pytest.mark.parametrize("decision", ["approve", "reject"])
 def test_a_decision_does_not_count_as_a_model_iteration(decision: str) -> None:
     runner, model, bank, agent, _ = _setup(
-        [AiMessage(tool_calls=[ToolCall("t1", "transfer", {"to": "bob", "amount": 5})]), AiMessage("ok")]
+        [
+            AiMessage(tool_calls=[ToolCall(id="t1", name="transfer", arguments={"to": "bob", "amount": 5})]),
+            AiMessage(content="ok"),
+        ]
     )
     turn = runner.run(agent, "pay bob")
     command = AgentResumeCommand.approve_tool("t1") if decision == "approve" else AgentResumeCommand.reject_tool("t1")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-from turn_kit import EventLog, RecordingStore, protocol_violations, tool_messages
 
 from agent_runner import (
     Agent,
@@ -25,6 +24,7 @@ from agent_runner import (
     UserMessage,
     tool,
 )
+from tests.unit.agent_runner.turn_kit import EventLog, RecordingStore, protocol_violations, tool_messages
 
 S = AgentTurnStatus
 
@@ -34,7 +34,9 @@ def _echo_agent(agent_id: str, tokens: int = 0) -> Agent:
 
     def answer(request: ChatRequest) -> ChatResponse:
         delegated = request.messages[-1].content
-        return ChatResponse(message=AiMessage(f"{agent_id} did: {delegated}"), usage=Usage(output_tokens=tokens))
+        return ChatResponse(
+            message=AiMessage(content=f"{agent_id} did: {delegated}"), usage=Usage(output_tokens=tokens)
+        )
 
     return Agent(id=agent_id, chat_model=ScriptedChatModel(answer))
 
@@ -47,7 +49,10 @@ def deploy(service: str) -> str:
 
 def _approving_agent(agent_id: str = "deployer") -> Agent:
     model = ScriptedChatModel(
-        [AiMessage(tool_calls=[ToolCall("x1", "deploy", {"service": "api"})]), AiMessage("deploy done")]
+        [
+            AiMessage(tool_calls=[ToolCall(id="x1", name="deploy", arguments={"service": "api"})]),
+            AiMessage(content="deploy done"),
+        ]
     )
     return Agent(id=agent_id, chat_model=model, tools=[deploy])
 
@@ -62,7 +67,7 @@ def _lead(
     model = ScriptedChatModel(
         [
             ChatResponse(message=AiMessage(tool_calls=calls), usage=Usage(input_tokens=10)),
-            ChatResponse(message=AiMessage("all done"), usage=Usage(input_tokens=10)),
+            ChatResponse(message=AiMessage(content="all done"), usage=Usage(input_tokens=10)),
         ]
     )
     return Agent(id="lead", chat_model=model, sub_agents=sub_agents, budget=budget or Budget()), model
@@ -73,9 +78,9 @@ def test_delegating_to_three_sub_agents_runs_three_children_and_feeds_their_outp
     lead, model = _lead(
         [_echo_agent("alpha"), _echo_agent("beta"), _echo_agent("gamma")],
         [
-            ToolCall("d1", "gamma", {"task": "third thing"}),
-            ToolCall("d2", "alpha", {"task": "first thing"}),
-            ToolCall("d3", "beta", {"task": "second thing"}),
+            ToolCall(id="d1", name="gamma", arguments={"task": "third thing"}),
+            ToolCall(id="d2", name="alpha", arguments={"task": "first thing"}),
+            ToolCall(id="d3", name="beta", arguments={"task": "second thing"}),
         ],
     )
     provider = InMemoryChatMemoryProvider()
@@ -114,7 +119,10 @@ def test_a_child_that_fails_becomes_an_error_tool_message_in_the_parent() -> Non
     broken = Agent(id="broken", chat_model=ScriptedChatModel([ValueError("model exploded")]))
     lead, _ = _lead(
         [broken, _echo_agent("alpha")],
-        [ToolCall("d1", "broken", {"task": "try"}), ToolCall("d2", "alpha", {"task": "work"})],
+        [
+            ToolCall(id="d1", name="broken", arguments={"task": "try"}),
+            ToolCall(id="d2", name="alpha", arguments={"task": "work"}),
+        ],
     )
     runner = AgentRunner()
     parent = runner.run(lead, "go")
@@ -130,7 +138,10 @@ def test_a_parent_waits_for_a_child_that_needs_approval_and_completes_once_it_is
     # Given: a lead delegating to a quick sub-agent and to one that needs an approval
     lead, model = _lead(
         [_echo_agent("alpha"), _approving_agent()],
-        [ToolCall("d1", "alpha", {"task": "quick"}), ToolCall("d2", "deployer", {"task": "deploy api"})],
+        [
+            ToolCall(id="d1", name="alpha", arguments={"task": "quick"}),
+            ToolCall(id="d2", name="deployer", arguments={"task": "deploy api"}),
+        ],
     )
     runner = AgentRunner()
     # When: the turn runs
@@ -151,7 +162,7 @@ def test_a_parent_waits_for_a_child_that_needs_approval_and_completes_once_it_is
 
 
 def test_child_completed_for_a_child_that_has_not_ended_is_rejected() -> None:
-    lead, _ = _lead([_approving_agent()], [ToolCall("d1", "deployer", {"task": "deploy"})])
+    lead, _ = _lead([_approving_agent()], [ToolCall(id="d1", name="deployer", arguments={"task": "deploy"})])
     runner = AgentRunner()
     parent = runner.run(lead, "go")
     [child] = _children(runner, parent)
@@ -165,7 +176,10 @@ def test_child_completed_for_a_child_that_has_not_ended_is_rejected() -> None:
 def test_cancelling_the_parent_cancels_its_children() -> None:
     lead, _ = _lead(
         [_approving_agent("one"), _approving_agent("two")],
-        [ToolCall("d1", "one", {"task": "a"}), ToolCall("d2", "two", {"task": "b"})],
+        [
+            ToolCall(id="d1", name="one", arguments={"task": "a"}),
+            ToolCall(id="d2", name="two", arguments={"task": "b"}),
+        ],
     )
     runner = AgentRunner()
     parent = runner.run(lead, "go")
@@ -181,7 +195,10 @@ def test_cancelling_the_parent_cancels_its_children() -> None:
 def test_child_usage_counts_into_the_parent_usage() -> None:
     lead, _ = _lead(
         [_echo_agent("alpha", tokens=40), _echo_agent("beta", tokens=7)],
-        [ToolCall("d1", "alpha", {"task": "a"}), ToolCall("d2", "beta", {"task": "b"})],
+        [
+            ToolCall(id="d1", name="alpha", arguments={"task": "a"}),
+            ToolCall(id="d2", name="beta", arguments={"task": "b"}),
+        ],
     )
     parent = AgentRunner().run(lead, "go")
     assert parent.status is S.COMPLETED
@@ -191,7 +208,9 @@ def test_child_usage_counts_into_the_parent_usage() -> None:
 def test_child_usage_counts_against_the_parent_budget() -> None:
     # Given: a parent allowed 30 tokens whose child uses 100
     lead, model = _lead(
-        [_echo_agent("alpha", tokens=100)], [ToolCall("d1", "alpha", {"task": "a"})], budget=Budget(max_total_tokens=30)
+        [_echo_agent("alpha", tokens=100)],
+        [ToolCall(id="d1", name="alpha", arguments={"task": "a"})],
+        budget=Budget(max_total_tokens=30),
     )
     # When: the turn runs
     parent = AgentRunner().run(lead, "go")
@@ -203,7 +222,7 @@ def test_child_usage_counts_against_the_parent_budget() -> None:
 
 
 def test_a_delegation_with_wrong_arguments_is_answered_with_an_error_tool_message() -> None:
-    lead, _ = _lead([_echo_agent("alpha")], [ToolCall("d1", "alpha", {"topic": "x"})])
+    lead, _ = _lead([_echo_agent("alpha")], [ToolCall(id="d1", name="alpha", arguments={"topic": "x"})])
     runner = AgentRunner()
     parent = runner.run(lead, "go")
     [message] = tool_messages(parent)
@@ -213,7 +232,7 @@ def test_a_delegation_with_wrong_arguments_is_answered_with_an_error_tool_messag
 
 
 def test_the_parent_reads_child_outputs_as_tool_messages_in_its_next_model_request() -> None:
-    lead, model = _lead([_echo_agent("alpha")], [ToolCall("d1", "alpha", {"task": "a"})])
+    lead, model = _lead([_echo_agent("alpha")], [ToolCall(id="d1", name="alpha", arguments={"task": "a"})])
     AgentRunner().run(lead, "go")
     last = model.requests[1].messages[-1]
     assert isinstance(last, ToolMessage) and last.content == "alpha did: a"
@@ -221,7 +240,7 @@ def test_the_parent_reads_child_outputs_as_tool_messages_in_its_next_model_reque
 
 def test_a_cancelled_child_becomes_an_error_tool_message_and_the_parent_goes_on() -> None:
     # Given: a parent waiting for a child that waits for approval
-    lead, model = _lead([_approving_agent()], [ToolCall("d1", "deployer", {"task": "deploy"})])
+    lead, model = _lead([_approving_agent()], [ToolCall(id="d1", name="deployer", arguments={"task": "deploy"})])
     runner = AgentRunner()
     parent = runner.run(lead, "go")
     [child] = _children(runner, parent)
@@ -235,7 +254,7 @@ def test_a_cancelled_child_becomes_an_error_tool_message_and_the_parent_goes_on(
 
 
 def test_commands_other_than_child_completed_are_rejected_while_waiting_for_a_child() -> None:
-    lead, _ = _lead([_approving_agent()], [ToolCall("d1", "deployer", {"task": "deploy"})])
+    lead, _ = _lead([_approving_agent()], [ToolCall(id="d1", name="deployer", arguments={"task": "deploy"})])
     runner = AgentRunner()
     parent = runner.run(lead, "go")
     for command in (
@@ -254,7 +273,10 @@ def test_every_snapshot_of_a_delegation_round_trips_through_json() -> None:
     store = RecordingStore()
     lead, _ = _lead(
         [_echo_agent("alpha"), _approving_agent()],
-        [ToolCall("d1", "alpha", {"task": "quick"}), ToolCall("d2", "deployer", {"task": "deploy api"})],
+        [
+            ToolCall(id="d1", name="alpha", arguments={"task": "quick"}),
+            ToolCall(id="d2", name="deployer", arguments={"task": "deploy api"}),
+        ],
     )
     runner = AgentRunner(turn_store=store)
     parent = runner.run(lead, "go")

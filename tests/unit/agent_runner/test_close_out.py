@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from turn_kit import EventLog, FakeClock, RecordingStore, protocol_violations
-
 from agent_runner import (
     Agent,
     AgentEventType,
@@ -27,6 +25,7 @@ from agent_runner import (
     Usage,
     tool,
 )
+from tests.unit.agent_runner.turn_kit import EventLog, FakeClock, RecordingStore, protocol_violations
 
 S = AgentTurnStatus
 TOOL_TEMPLATE = "[{tool_name} {tool_call_id} of {turn_id}] not run: {reason}"
@@ -89,7 +88,14 @@ def test_cancel_on_a_waiting_turn_ends_it_at_once_with_a_closing_message_per_pen
     # Given: a turn waiting for approval of the first of two calls
     rec = Recorder()
     model = ScriptedChatModel(
-        [AiMessage(tool_calls=[ToolCall("p1", "publish", {"text": "x"}), ToolCall("n1", "note", {"text": "y"})])]
+        [
+            AiMessage(
+                tool_calls=[
+                    ToolCall(id="p1", name="publish", arguments={"text": "x"}),
+                    ToolCall(id="n1", name="note", arguments={"text": "y"}),
+                ]
+            )
+        ]
     )
     runner = AgentRunner(policy=_policy(cancellation_reason="stopped by the operator"))
     events = EventLog()
@@ -121,7 +127,7 @@ def test_the_default_cancellation_reason_is_turn_cancelled_by_caller() -> None:
 
 
 def test_cancel_on_a_ready_turn_ends_it_before_any_model_call() -> None:
-    model = ScriptedChatModel([AiMessage("never")])
+    model = ScriptedChatModel([AiMessage(content="never")])
     runner = AgentRunner(policy=_policy())
     turn = runner.start(Agent(id="writer", chat_model=model), "go")
     cancelled = runner.cancel(turn.id, "not needed")
@@ -131,7 +137,7 @@ def test_cancel_on_a_ready_turn_ends_it_before_any_model_call() -> None:
 
 
 def test_cancel_on_a_retry_scheduled_turn_ends_it_at_once() -> None:
-    model = ScriptedChatModel([RecoverableError("timeout"), AiMessage("never")])
+    model = ScriptedChatModel([RecoverableError("timeout"), AiMessage(content="never")])
     runner = AgentRunner(policy=_policy(retry=RetryPolicy(jitter=0)), clock=FakeClock())
     turn = runner.run(Agent(id="writer", chat_model=model), "go")
     assert turn.status is S.RETRY_SCHEDULED
@@ -142,7 +148,7 @@ def test_cancel_on_a_retry_scheduled_turn_ends_it_at_once() -> None:
 
 def test_cancel_on_an_ended_turn_returns_it_unchanged() -> None:
     runner = AgentRunner()
-    turn = runner.run(Agent(id="writer", chat_model=ScriptedChatModel([AiMessage("done")])), "go")
+    turn = runner.run(Agent(id="writer", chat_model=ScriptedChatModel([AiMessage(content="done")])), "go")
     assert runner.cancel(turn.id) == turn
     assert runner.turn_store.load(turn.id).status is S.COMPLETED
 
@@ -161,8 +167,13 @@ def test_cancel_of_a_running_turn_sets_the_flag_and_the_stepping_thread_ends_it_
     rec = Recorder()
     model = ScriptedChatModel(
         [
-            AiMessage(tool_calls=[ToolCall("s1", "stop_me", {}), ToolCall("n1", "note", {"text": "after"})]),
-            AiMessage("x"),
+            AiMessage(
+                tool_calls=[
+                    ToolCall(id="s1", name="stop_me", arguments={}),
+                    ToolCall(id="n1", name="note", arguments={"text": "after"}),
+                ]
+            ),
+            AiMessage(content="x"),
         ]
     )
     store = RecordingStore()
@@ -188,9 +199,9 @@ def test_a_tool_raising_an_unexpected_exception_fails_the_turn_and_closes_out_ev
         [
             AiMessage(
                 tool_calls=[
-                    ToolCall("n1", "note", {"text": "a"}),
-                    ToolCall("k1", "crash", {}),
-                    ToolCall("n2", "note", {"text": "b"}),
+                    ToolCall(id="n1", name="note", arguments={"text": "a"}),
+                    ToolCall(id="k1", name="crash", arguments={}),
+                    ToolCall(id="n2", name="note", arguments={"text": "b"}),
                 ]
             )
         ]
@@ -213,7 +224,10 @@ def test_going_over_the_token_budget_ends_the_turn_with_budget_exceeded_and_clos
         [
             ChatResponse(
                 message=AiMessage(
-                    tool_calls=[ToolCall("n1", "note", {"text": "a"}), ToolCall("n2", "note", {"text": "b"})]
+                    tool_calls=[
+                        ToolCall(id="n1", name="note", arguments={"text": "a"}),
+                        ToolCall(id="n2", name="note", arguments={"text": "b"}),
+                    ]
                 ),
                 usage=Usage(input_tokens=100, output_tokens=50),
             )
@@ -236,7 +250,12 @@ def test_going_over_the_token_budget_ends_the_turn_with_budget_exceeded_and_clos
 
 def test_going_over_the_cost_budget_ends_the_turn_with_budget_exceeded() -> None:
     model = ScriptedChatModel(
-        [ChatResponse(message=AiMessage(tool_calls=[ToolCall("n1", "note", {"text": "a"})]), usage=Usage(cost=0.5))]
+        [
+            ChatResponse(
+                message=AiMessage(tool_calls=[ToolCall(id="n1", name="note", arguments={"text": "a"})]),
+                usage=Usage(cost=0.5),
+            )
+        ]
     )
     agent = Agent(id="writer", chat_model=model, tools=Recorder().tools, budget=Budget(max_cost=0.25))
     turn = AgentRunner(policy=_policy()).run(agent, "go")
@@ -249,7 +268,9 @@ def test_reaching_max_iterations_ends_the_turn_with_max_iterations_reached() -> 
     # Given: an agent allowed two model calls whose model never stops calling tools
     rec = Recorder()
     model = ScriptedChatModel(
-        lambda request: AiMessage(tool_calls=[ToolCall(f"n{len(request.messages)}", "note", {"text": "again"})])
+        lambda request: AiMessage(
+            tool_calls=[ToolCall(id=f"n{len(request.messages)}", name="note", arguments={"text": "again"})]
+        )
     )
     runner = AgentRunner(policy=_policy())
     events = EventLog()
@@ -272,9 +293,9 @@ def test_reaching_max_steps_ends_the_turn_with_max_steps_reached_and_closes_out_
         [
             AiMessage(
                 tool_calls=[
-                    ToolCall("n1", "note", {"text": "a"}),
-                    ToolCall("n2", "note", {"text": "b"}),
-                    ToolCall("n3", "note", {"text": "c"}),
+                    ToolCall(id="n1", name="note", arguments={"text": "a"}),
+                    ToolCall(id="n2", name="note", arguments={"text": "b"}),
+                    ToolCall(id="n3", name="note", arguments={"text": "c"}),
                 ]
             )
         ]
@@ -295,7 +316,9 @@ def test_reaching_max_steps_ends_the_turn_with_max_steps_reached_and_closes_out_
 
 def test_a_turn_that_ended_cannot_be_stepped_further() -> None:
     runner = AgentRunner(policy=_policy(max_steps=1))
-    model = ScriptedChatModel([AiMessage(tool_calls=[ToolCall("n1", "note", {"text": "a"})]), AiMessage("x")])
+    model = ScriptedChatModel(
+        [AiMessage(tool_calls=[ToolCall(id="n1", name="note", arguments={"text": "a"})]), AiMessage(content="x")]
+    )
     turn = runner.run(Agent(id="writer", chat_model=model, tools=Recorder().tools), "go")
     assert turn.status is S.MAX_STEPS_REACHED
     again = runner.step(turn)
@@ -305,7 +328,9 @@ def test_a_turn_that_ended_cannot_be_stepped_further() -> None:
 
 def test_reject_does_not_close_out_the_history() -> None:
     rec = Recorder()
-    model = ScriptedChatModel([AiMessage(tool_calls=[ToolCall("p1", "publish", {"text": "x"})]), AiMessage("Fine.")])
+    model = ScriptedChatModel(
+        [AiMessage(tool_calls=[ToolCall(id="p1", name="publish", arguments={"text": "x"})]), AiMessage(content="Fine.")]
+    )
     runner = AgentRunner(policy=_policy())
     turn = runner.run(Agent(id="writer", chat_model=model, tools=rec.tools), "go")
     turn = runner.resume(turn.id, AgentResumeCommand.reject_tool("p1", reason="no"))

@@ -8,15 +8,6 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 
 import pytest
-from turn_kit import (
-    TICKET_FORM,
-    TICKET_SCHEMA,
-    VALID_TICKET,
-    EventLog,
-    FakeClock,
-    protocol_violations,
-    ticket_scenario,
-)
 
 from agent_runner import (
     ActionStatus,
@@ -52,6 +43,15 @@ from agent_runner import (
     VersionConflictError,
     tool,
 )
+from tests.unit.agent_runner.turn_kit import (
+    TICKET_FORM,
+    TICKET_SCHEMA,
+    VALID_TICKET,
+    EventLog,
+    FakeClock,
+    protocol_violations,
+    ticket_scenario,
+)
 
 S = AgentTurnStatus
 MODEL_ROLES = {"system", "user", "assistant", "tool"}
@@ -73,18 +73,18 @@ def test_the_model_sees_the_memory_window_then_the_new_user_message() -> None:
     provider = InMemoryChatMemoryProvider()
     memory = provider("c-1")
     earlier: list[AnyMessage] = [
-        UserMessage("u1"),
-        AiMessage("a1"),
-        UserMessage("u2"),
-        AiMessage(tool_calls=[ToolCall("t1", "lookup", {})]),
-        ToolMessage("t1", "lookup", "r1"),
-        AiMessage("a3"),
+        UserMessage(content="u1"),
+        AiMessage(content="a1"),
+        UserMessage(content="u2"),
+        AiMessage(tool_calls=[ToolCall(id="t1", name="lookup", arguments={})]),
+        ToolMessage(tool_call_id="t1", tool_name="lookup", content="r1"),
+        AiMessage(content="a3"),
         AgentActionMessage(turn_id="old", action_id="t0", tool_name="x", summary="x()"),
-        UserMessage("u3"),
-        AiMessage("a4"),
+        UserMessage(content="u3"),
+        AiMessage(content="a4"),
     ]
     memory.append(earlier)
-    model = ScriptedChatModel([AiMessage("answer")])
+    model = ScriptedChatModel([AiMessage(content="answer")])
     agent = Agent(id="chat", instructions="Be brief.", chat_model=model, max_attached_messages=4)
     # When: a new turn runs in the conversation
     turn = AgentRunner(chat_memory_provider=provider).run(agent, "u4", conversation_id="c-1")
@@ -98,7 +98,7 @@ def test_the_model_sees_the_memory_window_then_the_new_user_message() -> None:
 
 def test_a_conversation_turn_projects_its_messages_into_memory_with_their_ids_except_the_system_message() -> None:
     provider = InMemoryChatMemoryProvider()
-    model = ScriptedChatModel([AiMessage("hello there")])
+    model = ScriptedChatModel([AiMessage(content="hello there")])
     turn = AgentRunner(chat_memory_provider=provider).run(
         Agent(id="chat", instructions="Be brief.", chat_model=model), "hi", conversation_id="c-1"
     )
@@ -109,7 +109,7 @@ def test_a_conversation_turn_projects_its_messages_into_memory_with_their_ids_ex
 
 def test_the_next_turn_of_a_conversation_sees_the_previous_one() -> None:
     provider = InMemoryChatMemoryProvider()
-    model = ScriptedChatModel([AiMessage("first answer"), AiMessage("second answer")])
+    model = ScriptedChatModel([AiMessage(content="first answer"), AiMessage(content="second answer")])
     runner = AgentRunner(chat_memory_provider=provider)
     agent = Agent(id="chat", chat_model=model)
     runner.run(agent, "first", conversation_id="c-1")
@@ -128,7 +128,9 @@ def test_explicit_history_and_a_conversation_cannot_be_combined() -> None:
 
 
 def _approval_model() -> ScriptedChatModel:
-    return ScriptedChatModel(lambda request: AiMessage(tool_calls=[ToolCall("p1", "publish", {"text": "x"})]))
+    return ScriptedChatModel(
+        lambda request: AiMessage(tool_calls=[ToolCall(id="p1", name="publish", arguments={"text": "x"})])
+    )
 
 
 @tool(requires_approval=True)
@@ -190,17 +192,19 @@ def _turn_in_status(status: AgentTurnStatus, runner: AgentRunner) -> AgentTurn:
     """Start a conversation turn in conversation "c" and bring it to `status`."""
     model_for: dict[AgentTurnStatus, Sequence[AiMessage | BaseException]] = {
         S.READY: [],
-        S.RUNNING: [AiMessage(tool_calls=[ToolCall("p1", "publish", {"text": "x"})])],
+        S.RUNNING: [AiMessage(tool_calls=[ToolCall(id="p1", name="publish", arguments={"text": "x"})])],
         S.WAITING_FOR_USER: [
-            AiMessage(tool_calls=[ToolCall("u1", "request_user_input", {"formKey": TICKET_FORM.key})])
+            AiMessage(tool_calls=[ToolCall(id="u1", name="request_user_input", arguments={"formKey": TICKET_FORM.key})])
         ],
-        S.WAITING_FOR_APPROVAL: [AiMessage(tool_calls=[ToolCall("p1", "publish", {"text": "x"})])],
-        S.WAITING_FOR_CHILD: [AiMessage(tool_calls=[ToolCall("d1", "deputy_agent", {"task": "publish x"})])],
+        S.WAITING_FOR_APPROVAL: [AiMessage(tool_calls=[ToolCall(id="p1", name="publish", arguments={"text": "x"})])],
+        S.WAITING_FOR_CHILD: [
+            AiMessage(tool_calls=[ToolCall(id="d1", name="deputy_agent", arguments={"task": "publish x"})])
+        ],
         S.RETRY_SCHEDULED: [RecoverableError("timeout")],
     }
     agent = Agent(
         id="busy",
-        chat_model=ScriptedChatModel([*model_for[status], AiMessage("next turn answer")]),
+        chat_model=ScriptedChatModel([*model_for[status], AiMessage(content="next turn answer")]),
         tools=[publish, AgentUserInputTool(forms=[TICKET_FORM])],
         sub_agents=[_sub_needing_approval()],
     )
@@ -279,7 +283,10 @@ def _approval_in_conversation(
 ) -> tuple[AgentRunner, InMemoryChatMemory, AgentTurn, ScriptedChatModel]:
     provider = InMemoryChatMemoryProvider()
     model = ScriptedChatModel(
-        [AiMessage(tool_calls=[call or ToolCall("p1", "publish", {"text": "hello"})]), AiMessage("done")]
+        [
+            AiMessage(tool_calls=[call or ToolCall(id="p1", name="publish", arguments={"text": "hello"})]),
+            AiMessage(content="done"),
+        ]
     )
     agent = Agent(id="pub", chat_model=model, tools=list(tools or [publish]))  # type: ignore[arg-type]
     runner = AgentRunner(turn_store=store, chat_memory_provider=provider)
@@ -365,7 +372,8 @@ def test_sensitive_arguments_never_appear_in_the_page_message() -> None:
 
     secret = "hunter2-very-secret"
     runner, memory, turn, _ = _approval_in_conversation(
-        tools=[reset_password], call=ToolCall("r1", "reset_password", {"user": "ann", "password": secret})
+        tools=[reset_password],
+        call=ToolCall(id="r1", name="reset_password", arguments={"user": "ann", "password": secret}),
     )
     # Then: the card names the user but never the password, before and after the decision
     [card] = _page_messages(memory)
@@ -385,7 +393,7 @@ def test_page_messages_are_never_sent_to_the_model() -> None:
     sc.runner.resume(turn.id, AgentResumeCommand.approve_tool("c2"))
     page_ids = {m.id for m in _page_messages(provider("c-1"))}
     assert len(page_ids) == 2
-    follow_up = ScriptedChatModel([AiMessage("anything else?")])
+    follow_up = ScriptedChatModel([AiMessage(content="anything else?")])
     AgentRunner(chat_memory_provider=provider).run(
         Agent(id="next", chat_model=follow_up), "thanks", conversation_id="c-1"
     )
@@ -404,6 +412,7 @@ def test_updating_a_page_message_with_a_stale_version_raises_and_changes_nothing
     with pytest.raises(VersionConflictError):
         memory.update(card.model_copy(update={"status": ActionStatus.APPROVED}), card.version)
     [stored] = _page_messages(memory)
+    assert isinstance(stored, AgentActionMessage)
     assert (stored.status, stored.summary, stored.version) == (ActionStatus.PENDING, "edited", card.version + 1)
 
 
@@ -523,7 +532,10 @@ def test_a_memory_failure_on_append_never_fails_the_turn_and_restore_reprojects_
     agent = Agent(
         id="pub",
         chat_model=ScriptedChatModel(
-            [AiMessage(tool_calls=[ToolCall("p1", "publish", {"text": "x"})]), AiMessage("done")]
+            [
+                AiMessage(tool_calls=[ToolCall(id="p1", name="publish", arguments={"text": "x"})]),
+                AiMessage(content="done"),
+            ]
         ),
         tools=[publish],
     )
@@ -549,7 +561,10 @@ def test_a_memory_that_was_down_for_the_whole_turn_is_filled_by_restore_from_ano
     agent = Agent(
         id="pub",
         chat_model=ScriptedChatModel(
-            [AiMessage(tool_calls=[ToolCall("p1", "publish", {"text": "x"})]), AiMessage("done")]
+            [
+                AiMessage(tool_calls=[ToolCall(id="p1", name="publish", arguments={"text": "x"})]),
+                AiMessage(content="done"),
+            ]
         ),
         tools=[publish],
     )
@@ -572,7 +587,10 @@ def test_a_crash_right_after_a_memory_write_never_duplicates_messages() -> None:
     agent = Agent(
         id="pub",
         chat_model=ScriptedChatModel(
-            [AiMessage(tool_calls=[ToolCall("p1", "publish", {"text": "x"})]), AiMessage("done")]
+            [
+                AiMessage(tool_calls=[ToolCall(id="p1", name="publish", arguments={"text": "x"})]),
+                AiMessage(content="done"),
+            ]
         ),
         tools=[publish],
     )
@@ -594,7 +612,7 @@ def test_close_out_reaches_memory_so_the_next_turn_sends_a_protocol_valid_histor
     first = runner.run(Agent(id="pub", chat_model=_approval_model(), tools=[publish]), "publish x", conversation_id="c")
     runner.cancel(first.id)
     # When: the next turn of the conversation runs
-    model = ScriptedChatModel([AiMessage("ok")])
+    model = ScriptedChatModel([AiMessage(content="ok")])
     runner.run(Agent(id="next", instructions="Be brief.", chat_model=model), "try again", conversation_id="c")
     # Then: its request is assistant tool call -> tool answer -> closing assistant -> new user
     sent = model.requests[0].messages

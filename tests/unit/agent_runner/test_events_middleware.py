@@ -6,7 +6,6 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from turn_kit import VALID_TICKET, EventLog, ticket_scenario
 
 from agent_runner import (
     Agent,
@@ -28,6 +27,7 @@ from agent_runner import (
     ToolCall,
     tool,
 )
+from tests.unit.agent_runner.turn_kit import VALID_TICKET, EventLog, ticket_scenario
 
 E = AgentEventType
 S = AgentTurnStatus
@@ -43,6 +43,7 @@ def test_the_scenario_emits_its_events_in_order() -> None:
     # Then: the listener saw this exact sequence
     assert sc.events.types() == [
         E.TURN_STARTED,
+        E.TURN_RUNNING,
         E.MODEL_RESPONSE,
         E.TURN_SUSPENDED,
         E.TURN_RESUMED,
@@ -90,7 +91,7 @@ def test_a_listener_that_raises_never_breaks_the_turn() -> None:
     # Then: the turn completed and later listeners still got every event
     assert turn.status is S.COMPLETED
     assert log.types()[0] is E.TURN_STARTED and log.types()[-1] is E.TURN_COMPLETED
-    assert len(log.types()) == 11
+    assert len(log.types()) == 12
 
 
 class StreamingModel:
@@ -103,7 +104,7 @@ class StreamingModel:
         for piece in self.pieces:
             if request.on_delta is not None:
                 request.on_delta(piece)
-        return ChatResponse(message=AiMessage("".join(self.pieces)))
+        return ChatResponse(message=AiMessage(content="".join(self.pieces)))
 
 
 def test_deltas_passed_to_on_delta_become_model_delta_events_before_the_response() -> None:
@@ -126,7 +127,9 @@ def test_report_progress_inside_a_tool_emits_tool_progress_between_start_and_com
             ctx.report_progress({"percent": done})
         return "exported"
 
-    model = ScriptedChatModel([AiMessage(tool_calls=[ToolCall("e1", "export", {"rows": 10})]), AiMessage("ok")])
+    model = ScriptedChatModel(
+        [AiMessage(tool_calls=[ToolCall(id="e1", name="export", arguments={"rows": 10})]), AiMessage(content="ok")]
+    )
     runner = AgentRunner()
     log = EventLog()
     runner.add_event_listener(log)
@@ -177,8 +180,8 @@ def test_middleware_wraps_steps_model_calls_and_tool_calls_with_the_first_regist
     def answer(request: ChatRequest) -> AiMessage:
         trace.append("model")
         if len(request.messages) == 1:
-            return AiMessage(tool_calls=[ToolCall("p1", "ping", {})])
-        return AiMessage("done")
+            return AiMessage(tool_calls=[ToolCall(id="p1", name="ping", arguments={})])
+        return AiMessage(content="done")
 
     runner = AgentRunner(middleware=[Tracing("A", trace), Tracing("B", trace)])
     # When: the turn runs
@@ -194,11 +197,11 @@ class CannedAnswer(Middleware):
     """Answers every model call itself (a cache hit)."""
 
     def wrap_model(self, request: ChatRequest, call_next: Callable[[ChatRequest], ChatResponse]) -> ChatResponse:
-        return ChatResponse(message=AiMessage("from cache"))
+        return ChatResponse(message=AiMessage(content="from cache"))
 
 
 def test_a_model_middleware_may_answer_without_calling_the_model_and_the_runner_records_it() -> None:
-    model = ScriptedChatModel([AiMessage("from model")])
+    model = ScriptedChatModel([AiMessage(content="from model")])
     turn = AgentRunner(middleware=[CannedAnswer()]).run(Agent(id="cached", chat_model=model), "hi")
     assert (turn.status, turn.final_output, model.calls) == (S.COMPLETED, "from cache", 0)
 
@@ -213,7 +216,7 @@ def test_a_step_middleware_sees_each_step_result_with_its_snapshot() -> None:
             return result
 
     runner = AgentRunner(middleware=[Watch()])
-    turn = runner.run(Agent(id="w", chat_model=ScriptedChatModel([AiMessage("ok")])), "hi")
+    turn = runner.run(Agent(id="w", chat_model=ScriptedChatModel([AiMessage(content="ok")])), "hi")
     assert seen == [(S.COMPLETED, turn.version)]
 
 
@@ -248,7 +251,9 @@ def test_step_middleware_cannot_change_the_state_flow(middleware: Middleware) ->
         """Pay."""
         return "paid"
 
-    model = ScriptedChatModel([AiMessage(tool_calls=[ToolCall("p1", "pay", {"amount": 1})]), AiMessage("done")])
+    model = ScriptedChatModel(
+        [AiMessage(tool_calls=[ToolCall(id="p1", name="pay", arguments={"amount": 1})]), AiMessage(content="done")]
+    )
     runner = AgentRunner(middleware=[middleware])
     # When: the turn runs
     turn = runner.run(Agent(id="payer", chat_model=model, tools=[pay]), "go")

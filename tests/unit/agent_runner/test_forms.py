@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from turn_kit import TICKET_SCHEMA
 
 from agent_runner import AgentFormDefinition, DefinitionError
+from tests.unit.agent_runner.turn_kit import TICKET_SCHEMA
 
 
 def test_form_definition_takes_key_description_and_schema_and_returns_the_schema_dict() -> None:

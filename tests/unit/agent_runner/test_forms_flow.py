@@ -6,7 +6,6 @@ import json
 from typing import Any
 
 import pytest
-from turn_kit import TICKET_FORM, TICKET_SCHEMA, VALID_TICKET, FakeClock, protocol_violations, tool_messages
 
 from agent_runner import (
     Agent,
@@ -28,6 +27,14 @@ from agent_runner import (
     SuspensionType,
     ToolCall,
     tool,
+)
+from tests.unit.agent_runner.turn_kit import (
+    TICKET_FORM,
+    TICKET_SCHEMA,
+    VALID_TICKET,
+    FakeClock,
+    protocol_violations,
+    tool_messages,
 )
 
 S = AgentTurnStatus
@@ -77,7 +84,10 @@ class Shipper:
 
 def _shipping_turn(shipper: Shipper, *, clock: FakeClock | None = None) -> tuple[AgentRunner, ScriptedChatModel, str]:
     model = ScriptedChatModel(
-        [AiMessage(tool_calls=[ToolCall("s1", "ship", {"order_id": "O-1"})]), AiMessage("Shipped.")]
+        [
+            AiMessage(tool_calls=[ToolCall(id="s1", name="ship", arguments={"order_id": "O-1"})]),
+            AiMessage(content="Shipped."),
+        ]
     )
     policy = AgentExecutionPolicy(retry=RetryPolicy(jitter=0))
     runner = AgentRunner(policy=policy, clock=clock or FakeClock())
@@ -164,14 +174,16 @@ def test_form_data_for_a_tool_form_that_fails_the_schema_is_rejected_and_changes
 
 
 def _input_agent(call: ToolCall) -> tuple[AgentRunner, ScriptedChatModel, Agent]:
-    model = ScriptedChatModel([AiMessage(tool_calls=[call]), AiMessage("ok"), AiMessage("ok")])
+    model = ScriptedChatModel([AiMessage(tool_calls=[call]), AiMessage(content="ok"), AiMessage(content="ok")])
     agent = Agent(id="intake", chat_model=model, tools=[AgentUserInputTool(forms=[TICKET_FORM, SHIPPING_FORM])])
     return AgentRunner(), model, agent
 
 
 def test_an_unknown_form_key_is_answered_with_an_error_tool_message_instead_of_a_suspension() -> None:
     # Given: the model asks for a form that is not registered
-    runner, model, agent = _input_agent(ToolCall("u1", "request_user_input", {"formKey": "no_such_form"}))
+    runner, model, agent = _input_agent(
+        ToolCall(id="u1", name="request_user_input", arguments={"formKey": "no_such_form"})
+    )
     # When: the turn runs
     turn = runner.run(agent, "help")
     # Then: it did not suspend; the model was told the known keys and answered
@@ -185,7 +197,9 @@ def test_an_unknown_form_key_is_answered_with_an_error_tool_message_instead_of_a
 def test_the_frozen_form_schema_never_comes_from_the_model() -> None:
     # Given: the model tries to send its own schema along with the form key
     loose = {"type": "object"}
-    runner, _, agent = _input_agent(ToolCall("u1", "request_user_input", {"formKey": TICKET_FORM.key, "schema": loose}))
+    runner, _, agent = _input_agent(
+        ToolCall(id="u1", name="request_user_input", arguments={"formKey": TICKET_FORM.key, "schema": loose})
+    )
     # When: the turn runs
     turn = runner.run(agent, "help")
     # Then: either the call is refused, or the registered schema is the one frozen
@@ -197,7 +211,9 @@ def test_the_frozen_form_schema_never_comes_from_the_model() -> None:
 
 def test_form_data_for_request_user_input_becomes_the_tool_message_and_the_turn_returns_to_model() -> None:
     # Given: the turn waiting for the ticket form
-    runner, model, agent = _input_agent(ToolCall("u1", "request_user_input", {"formKey": TICKET_FORM.key}))
+    runner, model, agent = _input_agent(
+        ToolCall(id="u1", name="request_user_input", arguments={"formKey": TICKET_FORM.key})
+    )
     turn = runner.run(agent, "help")
     # When: the data is submitted without running
     turn = runner.submit_resume(turn.id, AgentResumeCommand.user_input("u1", VALID_TICKET))

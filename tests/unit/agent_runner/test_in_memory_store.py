@@ -5,7 +5,6 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
-from turn_kit import START
 
 from agent_runner import (
     ActionStatus,
@@ -31,6 +30,7 @@ from agent_runner import (
     UserMessage,
     VersionConflictError,
 )
+from tests.unit.agent_runner.turn_kit import START
 
 S = AgentTurnStatus
 
@@ -41,7 +41,7 @@ def _turn(turn_id: str = "t-1", conversation_id: str | None = None, **changes: o
         agent_id="a",
         root_turn_id=turn_id,
         conversation_id=conversation_id,
-        messages=[UserMessage("hi")],
+        messages=[UserMessage(content="hi")],
         **changes,  # type: ignore[arg-type]
     )
 
@@ -138,7 +138,7 @@ def test_list_runnable_returns_ready_turns_and_due_retries_only() -> None:
 def test_chat_memory_returns_the_newest_messages_of_both_kinds_oldest_first() -> None:
     memory = InMemoryChatMemory("c")
     card = AgentActionMessage(turn_id="t", action_id="c1", tool_name="x", summary="x()")
-    memory.append([UserMessage("1"), AiMessage("2"), card, UserMessage("3")])
+    memory.append([UserMessage(content="1"), AiMessage(content="2"), card, UserMessage(content="3")])
     assert [m.id for m in memory.get_messages(2)] == [card.id, memory.get_messages(1)[0].id]
     assert len(memory.get_messages(10)) == 4
     assert memory.get_messages(0) == []
@@ -149,12 +149,12 @@ def test_model_messages_skip_page_messages_and_never_start_with_an_orphan_tool_m
     memory = InMemoryChatMemory("c")
     memory.append(
         [
-            UserMessage("q"),
-            AiMessage(tool_calls=[ToolCall("t1", "lookup", {})]),
-            ToolMessage("t1", "lookup", "r"),
+            UserMessage(content="q"),
+            AiMessage(tool_calls=[ToolCall(id="t1", name="lookup", arguments={})]),
+            ToolMessage(tool_call_id="t1", tool_name="lookup", content="r"),
             AgentActionMessage(turn_id="t", action_id="c1", tool_name="x", summary="x()"),
-            AiMessage("a"),
-            UserMessage("q2"),
+            AiMessage(content="a"),
+            UserMessage(content="q2"),
         ]
     )
     # When / Then: the orphan ToolMessage is dropped from the front; page messages never count
@@ -166,7 +166,7 @@ def test_model_messages_skip_page_messages_and_never_start_with_an_orphan_tool_m
 
 def test_append_is_idempotent_by_message_id() -> None:
     memory = InMemoryChatMemory("c")
-    first, second = UserMessage("1"), AiMessage("2")
+    first, second = UserMessage(content="1"), AiMessage(content="2")
     memory.append([first])
     memory.append([first, second])
     memory.append([second, first])

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from enum import StrEnum
+from typing import TypeVar
 
 import pytest
-from pydantic import TypeAdapter, ValidationError
+from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from agent_runner import (
     ActionStatus,
@@ -25,10 +27,21 @@ from agent_runner import (
     UserMessage,
 )
 
+M = TypeVar("M", bound=BaseModel)
+
+
+def unchecked(model: type[M]) -> Callable[..., M]:
+    """`model`'s constructor as the runtime accepts it: positional fields and aliases as keywords.
+
+    Type checkers derive a keyword-only signature with field names from a pydantic model, so
+    they reject `UserMessage("hi")` and `AgentFormMessage(schema=...)` although both work.
+    """
+    return model
+
 
 def test_user_message_takes_its_content_positionally_or_by_keyword() -> None:
     # Given / When: the two spellings
-    positional = UserMessage("hi")
+    positional = unchecked(UserMessage)("hi")
     keyword = UserMessage(content="hi")
     # Then: same content and role
     assert positional.content == keyword.content == "hi"
@@ -36,46 +49,52 @@ def test_user_message_takes_its_content_positionally_or_by_keyword() -> None:
 
 
 def test_tool_message_takes_call_id_tool_name_and_content_positionally() -> None:
-    message = ToolMessage("c1", "t", "x")
+    message = unchecked(ToolMessage)("c1", "t", "x")
     assert (message.tool_call_id, message.tool_name, message.content, message.is_error) == ("c1", "t", "x", False)
     assert message.role == "tool"
 
 
 def test_tool_call_takes_id_name_and_arguments_positionally() -> None:
-    call = ToolCall("c1", "lookup", {"q": "1001"})
+    call = unchecked(ToolCall)("c1", "lookup", {"q": "1001"})
     assert (call.id, call.name, call.arguments) == ("c1", "lookup", {"q": "1001"})
 
 
 def test_system_and_ai_messages_have_their_roles_and_defaults() -> None:
-    assert SystemMessage("be brief").role == "system"
+    assert SystemMessage(content="be brief").role == "system"
     ai = AiMessage()
     assert (ai.role, ai.content, ai.tool_calls) == ("assistant", None, [])
-    assert AiMessage("done").content == "done"
+    assert AiMessage(content="done").content == "done"
 
 
 def test_a_positional_argument_given_twice_is_rejected() -> None:
     with pytest.raises(TypeError):
-        UserMessage("hi", content="again")
+        unchecked(UserMessage)("hi", content="again")
 
 
 def test_too_many_positional_arguments_are_rejected() -> None:
     with pytest.raises(TypeError):
-        UserMessage("a", "b")
+        unchecked(UserMessage)("a", "b")
 
 
 def test_every_message_gets_a_distinct_generated_id_when_none_is_given() -> None:
     # Given: two identical messages without ids
-    first, second = UserMessage("hi"), UserMessage("hi")
+    first, second = UserMessage(content="hi"), UserMessage(content="hi")
     # Then: both have ids, and they differ; an explicit id is kept
     assert first.id and second.id and first.id != second.id
-    assert UserMessage("hi", id="m-1").id == "m-1"
+    assert UserMessage(content="hi", id="m-1").id == "m-1"
 
 
 def test_model_messages_are_model_visible_and_page_messages_are_not() -> None:
     action = AgentActionMessage(turn_id="t", action_id="c1", tool_name="x", summary="x()")
-    form = AgentFormMessage(turn_id="t", action_id="c2", form_key="k", schema={"type": "object"})
+    form = AgentFormMessage(turn_id="t", action_id="c2", form_key="k", form_schema={"type": "object"})
     assert all(
-        m.model_visible for m in (SystemMessage("s"), UserMessage("u"), AiMessage("a"), ToolMessage("c", "t", "r"))
+        m.model_visible
+        for m in (
+            SystemMessage(content="s"),
+            UserMessage(content="u"),
+            AiMessage(content="a"),
+            ToolMessage(tool_call_id="c", tool_name="t", content="r"),
+        )
     )
     assert not action.model_visible
     assert not form.model_visible
@@ -84,13 +103,15 @@ def test_model_messages_are_model_visible_and_page_messages_are_not() -> None:
 def test_every_message_kind_round_trips_through_json_by_role() -> None:
     # Given: one message of each kind
     adapter: TypeAdapter[list[AnyMessage]] = TypeAdapter(list[AnyMessage])
-    messages = [
-        SystemMessage("s"),
-        UserMessage("u"),
-        AiMessage("a", [ToolCall("c1", "lookup", {"q": 1, "nested": {"x": [1, 2]}})]),
-        ToolMessage("c1", "lookup", "r", True),
+    messages: list[AnyMessage] = [
+        SystemMessage(content="s"),
+        UserMessage(content="u"),
+        AiMessage(
+            content="a", tool_calls=[ToolCall(id="c1", name="lookup", arguments={"q": 1, "nested": {"x": [1, 2]}})]
+        ),
+        ToolMessage(tool_call_id="c1", tool_name="lookup", content="r", is_error=True),
         AgentActionMessage(turn_id="t", action_id="c1", tool_name="lookup", summary="lookup(q=1)", version=3),
-        AgentFormMessage(turn_id="t", action_id="c2", form_key="k", schema={"type": "object"}),
+        AgentFormMessage(turn_id="t", action_id="c2", form_key="k", form_schema={"type": "object"}),
     ]
     # When: they go through JSON and back
     restored = adapter.validate_json(adapter.dump_json(messages))
@@ -100,7 +121,7 @@ def test_every_message_kind_round_trips_through_json_by_role() -> None:
 
 
 def test_messages_are_immutable() -> None:
-    message = UserMessage("hi")
+    message = UserMessage(content="hi")
     with pytest.raises(ValidationError):
         message.content = "changed"  # type: ignore[misc]
 
@@ -133,7 +154,7 @@ def test_action_message_offers_approve_and_reject_only_while_pending() -> None:
 
 def test_form_message_offers_submit_only_while_pending_and_exposes_its_schema() -> None:
     schema = {"type": "object", "properties": {"a": {"type": "string"}}}
-    form = AgentFormMessage(turn_id="t", action_id="c1", form_key="k", schema=schema)
+    form = unchecked(AgentFormMessage)(turn_id="t", action_id="c1", form_key="k", schema=schema)
     assert form.schema == schema
     assert form.get_actions() == ["SUBMIT"]
     assert form.model_copy(update={"status": ActionStatus.SUBMITTED}).get_actions() == []

@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from turn_kit import FakeClock, RecordingStore, protocol_violations
 
 from agent_runner import (
     Agent,
@@ -35,6 +34,7 @@ from agent_runner import (
     ToolCall,
     tool,
 )
+from tests.unit.agent_runner.turn_kit import FakeClock, RecordingStore, protocol_violations
 
 DETAILS = AgentFormDefinition(
     key="details",
@@ -107,23 +107,23 @@ class World:
 def _call(kind: str, call_id: str) -> ToolCall:
     match kind:
         case "approve":
-            return ToolCall(call_id, "approve_me", {"n": 1})
+            return ToolCall(id=call_id, name="approve_me", arguments={"n": 1})
         case "plain":
-            return ToolCall(call_id, "fetch", {"n": 1})
+            return ToolCall(id=call_id, name="fetch", arguments={"n": 1})
         case "flaky":
-            return ToolCall(call_id, "fetch", {"n": 2, "flaky": True})
+            return ToolCall(id=call_id, name="fetch", arguments={"n": 2, "flaky": True})
         case "form_tool":
-            return ToolCall(call_id, "configure", {})
+            return ToolCall(id=call_id, name="configure", arguments={})
         case "greedy_form":
-            return ToolCall(call_id, "configure_twice", {})
+            return ToolCall(id=call_id, name="configure_twice", arguments={})
         case "user_input":
-            return ToolCall(call_id, "request_user_input", {"formKey": "details"})
+            return ToolCall(id=call_id, name="request_user_input", arguments={"formKey": "details"})
         case "bad_form_key":
-            return ToolCall(call_id, "request_user_input", {"formKey": "nope"})
+            return ToolCall(id=call_id, name="request_user_input", arguments={"formKey": "nope"})
         case "unknown":
-            return ToolCall(call_id, "no_such_tool", {})
+            return ToolCall(id=call_id, name="no_such_tool", arguments={})
         case _:
-            return ToolCall(call_id, "fetch", {"n": "not a number"})
+            return ToolCall(id=call_id, name="fetch", arguments={"n": "not a number"})
 
 
 _calls = st.lists(st.sampled_from(CALL_KINDS), min_size=1, max_size=3).map(lambda kinds: ("calls", *kinds))
@@ -135,7 +135,7 @@ def _script(specs: list[tuple[str, ...]]) -> list[AiMessage | BaseException]:
     counter = 0
     for spec in specs:
         if spec[0] == "final":
-            items.append(AiMessage("final answer"))
+            items.append(AiMessage(content="final answer"))
         elif spec[0] == "recoverable":
             items.append(RecoverableError("model timeout"))
         else:
@@ -143,8 +143,8 @@ def _script(specs: list[tuple[str, ...]]) -> list[AiMessage | BaseException]:
             for kind in spec[1:]:
                 counter += 1
                 calls.append(_call(kind, f"k{counter}"))
-            items.append(AiMessage("working", calls))
-    return items + [AiMessage("wrap up")] * 12
+            items.append(AiMessage(content="working", tool_calls=calls))
+    return items + [AiMessage(content="wrap up")] * 12
 
 
 def _valid_command(turn: AgentTurn, choice: str) -> AgentResumeCommand:

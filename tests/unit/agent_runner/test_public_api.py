@@ -94,7 +94,7 @@ def test_recoverable_error_takes_a_message_and_an_optional_retry_after() -> None
 
 def test_usage_and_chat_response_defaults() -> None:
     assert (Usage().input_tokens, Usage().output_tokens, Usage().cost) == (0, 0, 0.0)
-    assert ChatResponse(message=AiMessage("x")).usage == Usage()
+    assert ChatResponse(message=AiMessage(content="x")).usage == Usage()
     assert Usage(input_tokens=1, output_tokens=2, cost=0.5) + Usage(input_tokens=3) == Usage(
         input_tokens=4, output_tokens=2, cost=0.5
     )
@@ -102,16 +102,16 @@ def test_usage_and_chat_response_defaults() -> None:
 
 def test_chat_request_holds_messages_and_tool_specs() -> None:
     spec = ToolSpec(name="lookup", description="Look up.", parameters={"type": "object", "properties": {}})
-    request = ChatRequest(messages=[UserMessage("hi")], tools=[spec])
+    request = ChatRequest(messages=[UserMessage(content="hi")], tools=[spec])
     assert request.tools == [spec] and request.on_delta is None
 
 
 def test_scripted_model_returns_its_items_one_per_call_and_raises_exception_items() -> None:
     # Given: a script of a message, a response with usage, and an error
-    first = AiMessage("one")
+    first = AiMessage(content="one")
     usage = Usage(input_tokens=5)
-    model = ScriptedChatModel([first, ChatResponse(message=AiMessage("two"), usage=usage), ValueError("three")])
-    request = ChatRequest(messages=[UserMessage("hi")])
+    model = ScriptedChatModel([first, ChatResponse(message=AiMessage(content="two"), usage=usage), ValueError("three")])
+    request = ChatRequest(messages=[UserMessage(content="hi")])
     # When / Then: each call uses the next item, a bare message wrapped in a response without usage
     assert model.generate(request) == ChatResponse(message=first)
     second = model.generate(request)
@@ -123,16 +123,16 @@ def test_scripted_model_returns_its_items_one_per_call_and_raises_exception_item
 
 
 def test_scripted_model_built_from_a_function_answers_every_request_with_it() -> None:
-    model = ScriptedChatModel(lambda request: AiMessage(f"{len(request.messages)} messages"))
-    request = ChatRequest(messages=[UserMessage("a"), UserMessage("b")])
+    model = ScriptedChatModel(lambda request: AiMessage(content=f"{len(request.messages)} messages"))
+    request = ChatRequest(messages=[UserMessage(content="a"), UserMessage(content="b")])
     assert model.generate(request).message.content == "2 messages"
     assert model.generate(request).message.content == "2 messages"
     assert model.calls == 2
 
 
 def test_scripted_model_that_ran_out_of_items_raises() -> None:
-    model = ScriptedChatModel([AiMessage("only")])
-    request = ChatRequest(messages=[UserMessage("hi")])
+    model = ScriptedChatModel([AiMessage(content="only")])
+    request = ChatRequest(messages=[UserMessage(content="hi")])
     model.generate(request)
     with pytest.raises(Exception) as caught:
         model.generate(request)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-from turn_kit import VALID_TICKET, TicketScenario, ticket_scenario
 
 from agent_runner import (
     Agent,
@@ -19,6 +18,7 @@ from agent_runner import (
     TurnNotFound,
     tool,
 )
+from tests.unit.agent_runner.turn_kit import VALID_TICKET, TicketScenario, ticket_scenario
 
 S = AgentTurnStatus
 
@@ -107,7 +107,14 @@ def test_approving_an_already_approved_call_while_the_next_call_waits_is_rejecte
         return "sent"
 
     model = ScriptedChatModel(
-        [AiMessage(tool_calls=[ToolCall("s1", "send", {"to": "a"}), ToolCall("s2", "send", {"to": "b"})])]
+        [
+            AiMessage(
+                tool_calls=[
+                    ToolCall(id="s1", name="send", arguments={"to": "a"}),
+                    ToolCall(id="s2", name="send", arguments={"to": "b"}),
+                ]
+            )
+        ]
     )
     runner = AgentRunner()
     turn = runner.run(Agent(id="mailer", chat_model=model, tools=[send]), "go")
@@ -132,7 +139,14 @@ def test_a_decision_on_a_pending_call_that_is_not_the_one_waiting_is_rejected() 
         return "sent"
 
     model = ScriptedChatModel(
-        [AiMessage(tool_calls=[ToolCall("s1", "send", {"to": "a"}), ToolCall("s2", "send", {"to": "b"})])]
+        [
+            AiMessage(
+                tool_calls=[
+                    ToolCall(id="s1", name="send", arguments={"to": "a"}),
+                    ToolCall(id="s2", name="send", arguments={"to": "b"}),
+                ]
+            )
+        ]
     )
     runner = AgentRunner()
     turn = runner.run(Agent(id="mailer", chat_model=model, tools=[send]), "go")
@@ -147,7 +161,9 @@ def test_a_decision_on_a_pending_call_that_is_not_the_one_waiting_is_rejected() 
 
 def test_form_data_for_a_plain_text_question_is_rejected_and_changes_nothing() -> None:
     runner = AgentRunner()
-    turn = runner.start(Agent(id="orders", chat_model=ScriptedChatModel([AiMessage("ok")])), "where is my order?")
+    turn = runner.start(
+        Agent(id="orders", chat_model=ScriptedChatModel([AiMessage(content="ok")])), "where is my order?"
+    )
     turn = runner.suspend(turn, AgentSuspension.user_input("please give the order number"))
     with pytest.raises(InvalidResumeCommand):
         runner.resume(turn.id, AgentResumeCommand.user_input("c1", {"order": "O-1001"}))
@@ -157,7 +173,9 @@ def test_form_data_for_a_plain_text_question_is_rejected_and_changes_nothing() -
 @pytest.mark.parametrize("state", ["ready", "running"])
 def test_resume_of_a_turn_that_is_not_waiting_is_rejected(state: str) -> None:
     runner = AgentRunner()
-    model = ScriptedChatModel([AiMessage(tool_calls=[ToolCall("x1", "nothing", {})]), AiMessage("ok")])
+    model = ScriptedChatModel(
+        [AiMessage(tool_calls=[ToolCall(id="x1", name="nothing", arguments={})]), AiMessage(content="ok")]
+    )
     turn = runner.start(Agent(id="idle", chat_model=model), "go")
     if state == "running":
         turn = runner.step(turn).turn

@@ -6,7 +6,6 @@ import random
 from datetime import timedelta
 
 import pytest
-from turn_kit import START, EventLog, FakeClock, protocol_violations, tool_messages
 
 from agent_runner import (
     Agent,
@@ -27,6 +26,7 @@ from agent_runner import (
     ToolCall,
     tool,
 )
+from tests.unit.agent_runner.turn_kit import START, EventLog, FakeClock, protocol_violations, tool_messages
 
 S = AgentTurnStatus
 
@@ -66,7 +66,7 @@ def test_a_recoverable_model_error_schedules_a_retry_after_the_initial_backoff()
     # Given: a model that times out once
     clock = FakeClock()
     runner, events = _runner(RetryPolicy(initial_backoff=2, multiplier=3, jitter=0), clock)
-    model = ScriptedChatModel([RecoverableError("timeout"), AiMessage("hello")])
+    model = ScriptedChatModel([RecoverableError("timeout"), AiMessage(content="hello")])
     # When: the turn runs
     turn = runner.run(Agent(id="greeter", chat_model=model), "hi")
     # Then: it is saved RETRY_SCHEDULED, due after the initial backoff, at the MODEL phase
@@ -88,7 +88,7 @@ def test_a_recoverable_model_error_schedules_a_retry_after_the_initial_backoff()
 def test_the_second_retry_waits_initial_backoff_times_multiplier() -> None:
     clock = FakeClock()
     runner, _ = _runner(RetryPolicy(max_attempts=5, initial_backoff=2, multiplier=3, jitter=0), clock)
-    model = ScriptedChatModel([RecoverableError("a"), RecoverableError("b"), AiMessage("ok")])
+    model = ScriptedChatModel([RecoverableError("a"), RecoverableError("b"), AiMessage(content="ok")])
     turn = runner.run(Agent(id="greeter", chat_model=model), "hi")
     clock.advance(1)
     turn = runner.resume(turn.id, AgentResumeCommand.retry())
@@ -99,7 +99,7 @@ def test_the_second_retry_waits_initial_backoff_times_multiplier() -> None:
 def test_retry_after_from_the_callee_wins_over_a_shorter_backoff() -> None:
     clock = FakeClock()
     runner, _ = _runner(RetryPolicy(initial_backoff=1, jitter=0), clock)
-    model = ScriptedChatModel([RecoverableError("429", retry_after=30), AiMessage("ok")])
+    model = ScriptedChatModel([RecoverableError("429", retry_after=30), AiMessage(content="ok")])
     turn = runner.run(Agent(id="greeter", chat_model=model), "hi")
     assert turn.next_retry_at == START + timedelta(seconds=30)
 
@@ -137,7 +137,12 @@ def test_a_recoverable_tool_error_retries_the_tool_with_the_same_idempotency_key
 
     clock = FakeClock()
     runner, _ = _runner(RetryPolicy(initial_backoff=4, jitter=0), clock)
-    model = ScriptedChatModel([AiMessage(tool_calls=[ToolCall("r1", "reserve", {"seat": "1A"})]), AiMessage("Done.")])
+    model = ScriptedChatModel(
+        [
+            AiMessage(tool_calls=[ToolCall(id="r1", name="reserve", arguments={"seat": "1A"})]),
+            AiMessage(content="Done."),
+        ]
+    )
     # When: the turn runs
     turn = runner.run(Agent(id="booker", chat_model=model, tools=[reserve]), "book")
     # Then: a retry of the TOOLS phase is scheduled, with the call still pending
@@ -157,7 +162,7 @@ def test_a_retry_before_it_is_due_is_not_run_by_run_until_blocked_but_is_once_du
     # Given: a retry due in 2 seconds
     clock = FakeClock()
     runner, _ = _runner(RetryPolicy(initial_backoff=2, jitter=0), clock)
-    model = ScriptedChatModel([RecoverableError("timeout"), AiMessage("hello")])
+    model = ScriptedChatModel([RecoverableError("timeout"), AiMessage(content="hello")])
     turn = runner.run(Agent(id="greeter", chat_model=model), "hi")
     # When: it is driven before it is due
     early = runner.run_until_blocked(turn)
@@ -173,7 +178,7 @@ def test_a_retry_before_it_is_due_is_not_run_by_run_until_blocked_but_is_once_du
 def test_retry_command_is_accepted_before_next_retry_at() -> None:
     clock = FakeClock()
     runner, _ = _runner(RetryPolicy(initial_backoff=3600, jitter=0), clock)
-    model = ScriptedChatModel([RecoverableError("timeout"), AiMessage("hello")])
+    model = ScriptedChatModel([RecoverableError("timeout"), AiMessage(content="hello")])
     turn = runner.run(Agent(id="greeter", chat_model=model), "hi")
     assert turn.next_retry_at is not None and turn.next_retry_at > clock()
     assert runner.resume(turn.id, AgentResumeCommand.retry()).status is S.COMPLETED
@@ -192,7 +197,9 @@ def test_a_deterministic_model_error_fails_the_turn_at_once() -> None:
 def test_a_retry_schedule_does_not_close_out_the_history() -> None:
     clock = FakeClock()
     runner, _ = _runner(RetryPolicy(jitter=0), clock)
-    model = ScriptedChatModel([AiMessage(tool_calls=[ToolCall("x1", "flaky", {})]), AiMessage("ok")])
+    model = ScriptedChatModel(
+        [AiMessage(tool_calls=[ToolCall(id="x1", name="flaky", arguments={})]), AiMessage(content="ok")]
+    )
 
     @tool
     def flaky() -> str:
@@ -208,7 +215,7 @@ def test_a_retry_schedule_does_not_close_out_the_history() -> None:
 def test_the_step_that_schedules_a_retry_reports_the_recoverable_error() -> None:
     runner, _ = _runner(RetryPolicy(jitter=0), FakeClock())
     failure = RecoverableError("timeout")
-    model = ScriptedChatModel([failure, AiMessage("ok")])
+    model = ScriptedChatModel([failure, AiMessage(content="ok")])
     turn = runner.start(Agent(id="greeter", chat_model=model), "hi")
     result = runner.step(turn)
     assert result.error is failure
@@ -221,7 +228,7 @@ def test_the_step_that_fails_the_turn_reports_the_exception() -> None:
         """Broken."""
         raise KeyError("missing")
 
-    model = ScriptedChatModel([AiMessage(tool_calls=[ToolCall("b1", "broken", {})])])
+    model = ScriptedChatModel([AiMessage(tool_calls=[ToolCall(id="b1", name="broken", arguments={})])])
     runner, _ = _runner(RetryPolicy(), FakeClock())
     turn = runner.step(runner.start(Agent(id="b", chat_model=model, tools=[broken]), "go")).turn
     result = runner.step(turn)
@@ -245,7 +252,9 @@ def test_a_tool_call_re_executed_after_a_crash_gets_the_same_idempotency_key() -
             raise ProcessCrash
         return "charged"
 
-    model = ScriptedChatModel([AiMessage(tool_calls=[ToolCall("c1", "charge", {"amount": 5})]), AiMessage("done")])
+    model = ScriptedChatModel(
+        [AiMessage(tool_calls=[ToolCall(id="c1", name="charge", arguments={"amount": 5})]), AiMessage(content="done")]
+    )
     agent = Agent(id="biller", chat_model=model, tools=[charge])
     store, loader = InMemoryAgentTurnStore(), InMemoryAgentLoader([agent])
     first = AgentRunner(turn_store=store, agent_loader=loader)

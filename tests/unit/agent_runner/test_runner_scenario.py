@@ -5,15 +5,6 @@ from __future__ import annotations
 import json
 
 import pytest
-from turn_kit import (
-    TICKET_FORM,
-    TICKET_SCHEMA,
-    VALID_TICKET,
-    RecordingStore,
-    protocol_violations,
-    ticket_scenario,
-    tool_messages,
-)
 
 from agent_runner import (
     Agent,
@@ -31,6 +22,7 @@ from agent_runner import (
     InMemoryChatMemoryProvider,
     InvalidResumeCommand,
     InvalidTransitionError,
+    ModelMessage,
     Phase,
     ScriptedChatModel,
     SuspensionType,
@@ -43,6 +35,15 @@ from agent_runner import (
     UserMessage,
     VersionConflictError,
     tool,
+)
+from tests.unit.agent_runner.turn_kit import (
+    TICKET_FORM,
+    TICKET_SCHEMA,
+    VALID_TICKET,
+    RecordingStore,
+    protocol_violations,
+    ticket_scenario,
+    tool_messages,
 )
 
 S = AgentTurnStatus
@@ -122,7 +123,7 @@ def test_run_saves_the_ready_snapshot_before_calling_the_model() -> None:
 
     def answer(request: object) -> AiMessage:
         seen_at_call.append([t.status for t in store.saved])
-        return AiMessage("hello")
+        return AiMessage(content="hello")
 
     agent = Agent(id="greeter", chat_model=ScriptedChatModel(answer))
     # When: a turn runs
@@ -131,16 +132,17 @@ def test_run_saves_the_ready_snapshot_before_calling_the_model() -> None:
     first = store.saved[0]
     assert (first.status, first.version) == (S.READY, 0)
     assert [m.content for m in first.messages if isinstance(m, UserMessage)] == ["hi"]
-    assert seen_at_call == [[S.READY]]
+    # (then RUNNING: taken off the queue, so that clients can tell it is being worked on)
+    assert seen_at_call == [[S.READY, S.RUNNING]]
     assert turn.status is S.COMPLETED
 
 
 def test_start_saves_a_ready_turn_and_runs_nothing() -> None:
-    model = ScriptedChatModel([AiMessage("hello")])
+    model = ScriptedChatModel([AiMessage(content="hello")])
     runner = AgentRunner()
-    turn = runner.start(Agent(id="greeter", chat_model=model), "hi", history=[UserMessage("earlier")])
+    turn = runner.start(Agent(id="greeter", chat_model=model), "hi", history=[UserMessage(content="earlier")])
     assert turn.status is S.READY and turn.version == 0
-    assert [m.content for m in turn.messages] == ["earlier", "hi"]  # type: ignore[union-attr]
+    assert [m.content for m in turn.messages] == ["earlier", "hi"]
     assert model.calls == 0
     assert runner.turn_store.load(turn.id) == turn
     # And a later run_until_blocked does the work
@@ -148,8 +150,10 @@ def test_start_saves_a_ready_turn_and_runs_nothing() -> None:
 
 
 def test_a_final_answer_completes_the_turn_after_one_model_call() -> None:
-    model = ScriptedChatModel([ChatResponse(message=AiMessage("hello"), usage=Usage(input_tokens=3, output_tokens=2))])
-    turn = AgentRunner().run(Agent(id="greeter", chat_model=model), UserMessage("hi"))
+    model = ScriptedChatModel(
+        [ChatResponse(message=AiMessage(content="hello"), usage=Usage(input_tokens=3, output_tokens=2))]
+    )
+    turn = AgentRunner().run(Agent(id="greeter", chat_model=model), UserMessage(content="hi"))
     assert (turn.status, turn.final_output, turn.model_iterations) == (S.COMPLETED, "hello", 1)
     assert turn.usage == Usage(input_tokens=3, output_tokens=2)
     assert model.calls == 1
@@ -167,8 +171,8 @@ def test_model_requests_start_with_the_instructions_and_carry_the_tool_specs() -
 
 def test_explicit_history_is_sent_to_the_model_before_the_new_message() -> None:
     # Given: earlier messages passed explicitly
-    history = [UserMessage("order 1001?"), AiMessage("It shipped.")]
-    model = ScriptedChatModel([AiMessage("Yes.")])
+    history: list[ModelMessage] = [UserMessage(content="order 1001?"), AiMessage(content="It shipped.")]
+    model = ScriptedChatModel([AiMessage(content="Yes.")])
     # When: a turn runs with them
     turn = AgentRunner().run(Agent(id="greeter", chat_model=model), "really?", history=history)
     # Then: the model saw history then the new message; no conversation is bound
@@ -190,8 +194,13 @@ def test_tool_calls_are_saved_as_pending_before_any_execution() -> None:
     store = InMemoryAgentTurnStore()
     model = ScriptedChatModel(
         [
-            AiMessage(tool_calls=[ToolCall("a", "lookup", {"q": "1"}), ToolCall("b", "lookup", {"q": "2"})]),
-            AiMessage("ok"),
+            AiMessage(
+                tool_calls=[
+                    ToolCall(id="a", name="lookup", arguments={"q": "1"}),
+                    ToolCall(id="b", name="lookup", arguments={"q": "2"}),
+                ]
+            ),
+            AiMessage(content="ok"),
         ]
     )
     runner = AgentRunner(turn_store=store)
@@ -217,7 +226,9 @@ def test_step_result_holds_the_response_tool_messages_error_and_new_snapshot() -
         """Look up."""
         return "found " + q
 
-    model = ScriptedChatModel([AiMessage(tool_calls=[ToolCall("a", "lookup", {"q": "1"})]), AiMessage("ok")])
+    model = ScriptedChatModel(
+        [AiMessage(tool_calls=[ToolCall(id="a", name="lookup", arguments={"q": "1"})]), AiMessage(content="ok")]
+    )
     runner = AgentRunner()
     turn = runner.start(Agent(id="looker", chat_model=model, tools=[lookup]), "go")
     # When: the model step runs
@@ -256,7 +267,9 @@ def test_a_new_runner_sharing_store_and_loader_continues_without_repeating_the_s
         executed.append(q)
         return q
 
-    model = ScriptedChatModel([AiMessage(tool_calls=[ToolCall("a", "lookup", {"q": "1"})]), AiMessage("done")])
+    model = ScriptedChatModel(
+        [AiMessage(tool_calls=[ToolCall(id="a", name="lookup", arguments={"q": "1"})]), AiMessage(content="done")]
+    )
     agent = Agent(id="looker", chat_model=model, tools=[lookup])
     store, loader = InMemoryAgentTurnStore(), InMemoryAgentLoader([agent])
     first_runner = AgentRunner(turn_store=store, agent_loader=loader)
@@ -303,12 +316,12 @@ def test_restore_with_a_loader_that_lacks_the_agent_raises_agent_not_found() -> 
 
 def test_an_agent_passed_to_run_is_registered_so_restore_finds_it() -> None:
     runner = AgentRunner()
-    turn = runner.start(Agent(id="greeter", chat_model=ScriptedChatModel([AiMessage("hi")])), "hi")
+    turn = runner.start(Agent(id="greeter", chat_model=ScriptedChatModel([AiMessage(content="hi")])), "hi")
     assert runner.restore(turn.id) == turn
 
 
 def test_run_by_agent_id_loads_the_agent_from_the_loader() -> None:
-    model = ScriptedChatModel([AiMessage("hello")])
+    model = ScriptedChatModel([AiMessage(content="hello")])
     runner = AgentRunner(agent_loader=InMemoryAgentLoader([Agent(id="greeter", version="2", chat_model=model)]))
     turn = runner.run("greeter", "hi")
     assert (turn.agent_id, turn.agent_version, turn.status) == ("greeter", "2", S.COMPLETED)
@@ -336,7 +349,7 @@ def test_submit_resume_saves_running_and_runs_nothing_until_run_until_blocked() 
 
 def test_plain_text_suspend_then_user_input_adds_a_user_message() -> None:
     # Given: a started turn suspended with a plain-text question
-    model = ScriptedChatModel([AiMessage("Order O-1001 shipped.")])
+    model = ScriptedChatModel([AiMessage(content="Order O-1001 shipped.")])
     runner = AgentRunner()
     turn = runner.start(Agent(id="orders", chat_model=model), "where is my order?")
     turn = runner.suspend(turn, AgentSuspension.user_input("please give the order number"))
@@ -361,7 +374,13 @@ def test_suspend_is_refused_on_a_waiting_turn() -> None:
 
 def test_stepping_a_stale_snapshot_never_overwrites_the_newer_one() -> None:
     # Given: a turn advanced by one step, and the older snapshot kept aside
-    model = ScriptedChatModel([AiMessage(tool_calls=[ToolCall("a", "missing", {})]), AiMessage("x"), AiMessage("y")])
+    model = ScriptedChatModel(
+        [
+            AiMessage(tool_calls=[ToolCall(id="a", name="missing", arguments={})]),
+            AiMessage(content="x"),
+            AiMessage(content="y"),
+        ]
+    )
     runner = AgentRunner()
     stale = runner.start(Agent(id="looker", chat_model=model), "go")
     newer = runner.step(stale).turn
@@ -389,7 +408,9 @@ def test_plain_text_suspend_of_a_turn_with_pending_calls_is_refused() -> None:
         """Look up."""
         return q
 
-    model = ScriptedChatModel([AiMessage(tool_calls=[ToolCall("a", "lookup", {"q": "1"})]), AiMessage("done")])
+    model = ScriptedChatModel(
+        [AiMessage(tool_calls=[ToolCall(id="a", name="lookup", arguments={"q": "1"})]), AiMessage(content="done")]
+    )
     runner = AgentRunner()
     turn = runner.step(runner.start(Agent(id="looker", chat_model=model, tools=[lookup]), "go")).turn
     assert turn.status is S.RUNNING and turn.pending_tool_calls

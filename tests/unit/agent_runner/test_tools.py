@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Literal
 
 import pytest
-from turn_kit import TICKET_FORM, tool_messages
 
 from agent_runner import (
     Agent,
@@ -23,6 +22,7 @@ from agent_runner import (
     ToolError,
     tool,
 )
+from tests.unit.agent_runner.turn_kit import TICKET_FORM, tool_messages
 
 
 @tool
@@ -136,8 +136,13 @@ def test_tool_results_are_json_encoded_unless_they_are_strings() -> None:
 
     model = ScriptedChatModel(
         [
-            AiMessage(tool_calls=[ToolCall("c1", "totals", {}), ToolCall("c2", "lookup_order", {"order_id": "7"})]),
-            AiMessage("done"),
+            AiMessage(
+                tool_calls=[
+                    ToolCall(id="c1", name="totals", arguments={}),
+                    ToolCall(id="c2", name="lookup_order", arguments={"order_id": "7"}),
+                ]
+            ),
+            AiMessage(content="done"),
         ]
     )
     agent = Agent(id="tooling", chat_model=model, tools=[totals, lookup_order])
@@ -158,7 +163,9 @@ def test_invalid_arguments_become_an_error_tool_message_and_the_tool_does_not_ru
         runs.append(n)
         return "ok"
 
-    model = ScriptedChatModel([AiMessage(tool_calls=[ToolCall("c1", "count", {"n": "many"})]), AiMessage("sorry")])
+    model = ScriptedChatModel(
+        [AiMessage(tool_calls=[ToolCall(id="c1", name="count", arguments={"n": "many"})]), AiMessage(content="sorry")]
+    )
     agent = Agent(id="tooling", chat_model=model, tools=[count])
     # When: the turn runs
     turn = AgentRunner().run(agent, "go")
@@ -171,7 +178,9 @@ def test_invalid_arguments_become_an_error_tool_message_and_the_tool_does_not_ru
 
 
 def test_an_unknown_tool_name_becomes_an_error_tool_message() -> None:
-    model = ScriptedChatModel([AiMessage(tool_calls=[ToolCall("c1", "delete_everything", {})]), AiMessage("ok")])
+    model = ScriptedChatModel(
+        [AiMessage(tool_calls=[ToolCall(id="c1", name="delete_everything", arguments={})]), AiMessage(content="ok")]
+    )
     agent = Agent(id="tooling", chat_model=model, tools=[lookup_order])
     turn = AgentRunner().run(agent, "go")
     [message] = tool_messages(turn)
@@ -186,7 +195,12 @@ def test_a_tool_error_becomes_an_error_tool_message_with_its_text() -> None:
         """Charge."""
         raise ToolError("card declined")
 
-    model = ScriptedChatModel([AiMessage(tool_calls=[ToolCall("c1", "charge", {"amount": 5})]), AiMessage("declined")])
+    model = ScriptedChatModel(
+        [
+            AiMessage(tool_calls=[ToolCall(id="c1", name="charge", arguments={"amount": 5})]),
+            AiMessage(content="declined"),
+        ]
+    )
     turn = AgentRunner().run(Agent(id="tooling", chat_model=model, tools=[charge]), "go")
     [message] = tool_messages(turn)
     assert (message.is_error, message.content) == (True, "card declined")
@@ -206,8 +220,13 @@ def test_tool_context_describes_the_running_call() -> None:
 
     model = ScriptedChatModel(
         [
-            AiMessage(tool_calls=[ToolCall("c1", "inspect_call", {"x": 1}), ToolCall("c2", "inspect_call", {"x": 2})]),
-            AiMessage("ok"),
+            AiMessage(
+                tool_calls=[
+                    ToolCall(id="c1", name="inspect_call", arguments={"x": 1}),
+                    ToolCall(id="c2", name="inspect_call", arguments={"x": 2}),
+                ]
+            ),
+            AiMessage(content="ok"),
         ]
     )
     turn = AgentRunner().run(Agent(id="tooling", chat_model=model, tools=[inspect_call]), "go")
@@ -231,10 +250,12 @@ def test_an_async_tool_runs_to_completion_with_its_context() -> None:
         seen.append(AgentToolContext.current().get_idempotency_key())
         return f"order {order_id}"
 
-    model = ScriptedChatModel([AiMessage(tool_calls=[ToolCall("c1", "fetch", {"order_id": "7"})]), AiMessage("ok")])
+    model = ScriptedChatModel(
+        [AiMessage(tool_calls=[ToolCall(id="c1", name="fetch", arguments={"order_id": "7"})]), AiMessage(content="ok")]
+    )
     # When a turn calls it
     turn = AgentRunner().run(Agent(id="a", chat_model=model, tools=[fetch]), "go")
     # Then its awaited result is the ToolMessage and the context was available inside the coroutine
     assert turn.status == "COMPLETED"
-    assert turn.messages[2].content == "order 7"  # type: ignore[union-attr]
+    assert turn.messages[2].content == "order 7"
     assert seen == [f"{turn.id}:c1"]

@@ -10,7 +10,6 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
-from turn_kit import FakeClock, RecordingStore, protocol_violations, tool_messages
 
 from agent_runner import (
     Agent,
@@ -39,8 +38,9 @@ from agent_runner import (
     UserMessage,
     tool,
 )
-from agent_runner.persistence import TurnRef
+from agent_runner.persistence import AgentTurnStore, TurnRef
 from agent_runner.worker import _DISPATCHED_TURNS, AgentWorker
+from tests.unit.agent_runner.turn_kit import FakeClock, RecordingStore, protocol_violations, tool_messages
 
 S = AgentTurnStatus
 WAIT_S = 10.0
@@ -60,8 +60,8 @@ def looping_model(tool_name: str, calls: int = 2) -> ScriptedChatModel:
     def respond(request: ChatRequest) -> AiMessage:
         done = sum(1 for m in request.messages if isinstance(m, ToolMessage))
         if done < calls:
-            return AiMessage(tool_calls=[ToolCall(f"call-{done}", tool_name, {"n": done})])
-        return AiMessage(f"done after {done} calls")
+            return AiMessage(tool_calls=[ToolCall(id=f"call-{done}", name=tool_name, arguments={"n": done})])
+        return AiMessage(content=f"done after {done} calls")
 
     return ScriptedChatModel(respond)
 
@@ -186,7 +186,7 @@ def test_saves_carry_the_lease_fence_and_the_lease_is_released_at_the_end() -> N
     lease = InMemoryTurnLease()
     runner = AgentRunner(turn_store=store)
     worker = AgentWorker(runner, lease=lease)
-    turn = runner.start(Agent(id="a", chat_model=ScriptedChatModel([AiMessage("hi")])), "hello")
+    turn = runner.start(Agent(id="a", chat_model=ScriptedChatModel([AiMessage(content="hi")])), "hello")
     assert worker.run_once() == 1
     saves = store.saves_of(turn.id)
     assert saves[0].lease_fence is None  # created before any worker touched it
@@ -253,19 +253,24 @@ def test_a_due_retry_is_picked_up_and_one_not_due_is_not() -> None:
     assert len(attempts) == 2 and attempts[0] == attempts[1]
 
 
+def completed(turns: AgentTurnStore, turn_id: str) -> Callable[[], bool]:
+    """A condition for `wait_for`: the turn has completed."""
+    return lambda: turns.load(turn_id).status is S.COMPLETED
+
+
+def echoing_model(name: str) -> ScriptedChatModel:
+    """A model that answers every request with its name and the last message's content."""
+    return ScriptedChatModel(lambda request: AiMessage(content=f"{name}: {request.messages[-1].content}"))
+
+
 def _delegating_runner(lease: WatchedLease, children: int) -> tuple[AgentRunner, Agent, LeaseChecker]:
-    subs = [
-        Agent(
-            id=f"sub-{i}", chat_model=ScriptedChatModel(lambda r, i=i: AiMessage(f"sub-{i}: {r.messages[-1].content}"))
-        )
-        for i in range(children)
-    ]
-    calls = [ToolCall(f"d{i}", f"sub-{i}", {"task": f"part {i}"}) for i in range(children)]
+    subs = [Agent(id=f"sub-{i}", chat_model=echoing_model(f"sub-{i}")) for i in range(children)]
+    calls = [ToolCall(id=f"d{i}", name=f"sub-{i}", arguments={"task": f"part {i}"}) for i in range(children)]
 
     def lead_model(request: ChatRequest) -> AiMessage:
         if not any(isinstance(m, ToolMessage) for m in request.messages):
             return AiMessage(tool_calls=calls)
-        return AiMessage("; ".join(str(m.content) for m in request.messages if isinstance(m, ToolMessage)))
+        return AiMessage(content="; ".join(str(m.content) for m in request.messages if isinstance(m, ToolMessage)))
 
     lead = Agent(id="lead", chat_model=ScriptedChatModel(lead_model), sub_agents=subs)
     checker = LeaseChecker(lease)
@@ -304,7 +309,7 @@ def test_children_fan_out_completes_with_running_worker_threads(workers: list[Ag
     worker.start()
     parents = [runner.start(lead, f"job {n}") for n in range(3)]
     for parent in parents:
-        wait_for(lambda p=parent: runner.turn_store.load(p.id).status is S.COMPLETED, what="the parent to complete")
+        wait_for(completed(runner.turn_store, parent.id), what="the parent to complete")
     assert checker.violations == []
 
 
@@ -559,7 +564,7 @@ def test_a_turn_whose_lease_another_owner_holds_is_skipped() -> None:
     lease = InMemoryTurnLease()
     runner = AgentRunner()
     worker = AgentWorker(runner, lease=lease)
-    turn = runner.start(Agent(id="a", chat_model=ScriptedChatModel([AiMessage("hi")])), "hello")
+    turn = runner.start(Agent(id="a", chat_model=ScriptedChatModel([AiMessage(content="hi")])), "hello")
     held = lease.acquire(turn.id, "another-worker", 10_000)
     assert held is not None
     assert worker.run_once() == 0
@@ -573,7 +578,7 @@ def test_a_turn_whose_holder_died_is_recovered_once_its_lease_expires() -> None:
     lease = InMemoryTurnLease()
     runner = AgentRunner()
     worker = AgentWorker(runner, lease=lease)
-    turn = runner.start(Agent(id="a", chat_model=ScriptedChatModel([AiMessage("hi")])), "hello")
+    turn = runner.start(Agent(id="a", chat_model=ScriptedChatModel([AiMessage(content="hi")])), "hello")
     # a holder that took the lease for 0.2 s and died
     assert lease.acquire(turn.id, "dead-worker", 200) is not None
     assert worker.run_once() == 0
@@ -599,7 +604,7 @@ class FlakyLease(InMemoryTurnLease):
 def test_a_lease_backend_outage_skips_the_turn_for_the_poll_and_the_next_poll_takes_it() -> None:
     runner = AgentRunner()
     worker = AgentWorker(runner, lease=FlakyLease(failures=1))
-    turn = runner.start(Agent(id="a", chat_model=ScriptedChatModel([AiMessage("hi")])), "hello")
+    turn = runner.start(Agent(id="a", chat_model=ScriptedChatModel([AiMessage(content="hi")])), "hello")
     assert worker.run_once() == 0
     assert worker.run_once() == 1
     assert runner.turn_store.load(turn.id).status is S.COMPLETED
@@ -609,16 +614,16 @@ def test_a_foreground_run_reports_a_lease_backend_outage_instead_of_waiting() ->
     runner = AgentRunner()
     AgentWorker(runner, lease=FlakyLease(failures=1))
     with pytest.raises(StoreUnavailableError):
-        runner.run(Agent(id="a", chat_model=ScriptedChatModel([AiMessage("hi")])), "hello")
+        runner.run(Agent(id="a", chat_model=ScriptedChatModel([AiMessage(content="hi")])), "hello")
 
 
 def test_an_exception_in_one_turn_does_not_stop_the_worker(workers: list[AgentWorker]) -> None:
     # Given a turn whose agent this process does not know, and a healthy turn
-    known = Agent(id="known", chat_model=ScriptedChatModel(lambda r: AiMessage("ok")))
+    known = Agent(id="known", chat_model=ScriptedChatModel(lambda r: AiMessage(content="ok")))
     runner = AgentRunner(agent_loader=InMemoryAgentLoader([known]))
     store = runner.turn_store
     orphan = store.save(
-        AgentTurn(id="orphan", agent_id="unknown", root_turn_id="orphan", messages=[UserMessage("x")]), -1
+        AgentTurn(id="orphan", agent_id="unknown", root_turn_id="orphan", messages=[UserMessage(content="x")]), -1
     )
     healthy = runner.start(known, "hello")
     worker = AgentWorker(runner, poll_interval=0.02)
@@ -636,7 +641,7 @@ def test_an_exception_in_one_turn_does_not_stop_the_worker(workers: list[AgentWo
 
 
 def test_turns_backing_off_after_failures_do_not_hide_other_runnable_turns() -> None:
-    known = Agent(id="known", chat_model=ScriptedChatModel(lambda r: AiMessage("ok")))
+    known = Agent(id="known", chat_model=ScriptedChatModel(lambda r: AiMessage(content="ok")))
     runner = AgentRunner(agent_loader=InMemoryAgentLoader([known]))
     for n in range(3):
         runner.turn_store.save(AgentTurn(id=f"broken-{n}", agent_id="unknown", root_turn_id=f"broken-{n}"), -1)
@@ -717,7 +722,7 @@ def test_a_dispatched_turn_runs_at_once_without_a_poll(workers: list[AgentWorker
     started = [runner.start(Agent(id="a", chat_model=looping_model("work_tool", calls=0)), f"hi {n}") for n in range(3)]
     # Then the worker runs them right away, without polling the store for them
     for turn in started:
-        wait_for(lambda t=turn: store.load(t.id).status is S.COMPLETED, timeout=5, what="the dispatched turn")
+        wait_for(completed(store, turn.id), timeout=5, what="the dispatched turn")
     assert store.polls == 1
 
 
@@ -752,12 +757,15 @@ def test_dispatched_turn_ids_are_bounded_and_waiting_turns_are_left_to_the_poll(
             agent_id="a",
             status=S.RETRY_SCHEDULED,
             next_retry_at=clock.now + timedelta(minutes=1),
-            messages=[UserMessage("x")],
+            messages=[UserMessage(content="x")],
         )
     )
     assert list(worker._dispatched) == []
     # Runnable turns are queued once each, and only the newest ones are kept
-    turns = [AgentTurn(id=f"t-{n}", agent_id="a", messages=[UserMessage("x")]) for n in range(_DISPATCHED_TURNS + 200)]
+    turns = [
+        AgentTurn(id=f"t-{n}", agent_id="a", messages=[UserMessage(content="x")])
+        for n in range(_DISPATCHED_TURNS + 200)
+    ]
     for turn in [*turns, *turns[-10:]]:
         worker.dispatch(turn)
     assert list(worker._dispatched) == [t.id for t in turns[-_DISPATCHED_TURNS:]]
@@ -776,10 +784,10 @@ def test_a_worker_can_be_stopped_without_starting_restarted_and_used_after_a_sto
     assert worker.stop(timeout=5) is True
     assert not worker.is_running
     # run_once after a stop still works (a stop only ends the background threads)
-    turn = runner.start(Agent(id="a", chat_model=ScriptedChatModel([AiMessage("hi")])), "hello")
+    turn = runner.start(Agent(id="a", chat_model=ScriptedChatModel([AiMessage(content="hi")])), "hello")
     assert worker.run_once() == 1
     with worker:
-        second = runner.start(Agent(id="b", chat_model=ScriptedChatModel([AiMessage("hey")])), "hello")
+        second = runner.start(Agent(id="b", chat_model=ScriptedChatModel([AiMessage(content="hey")])), "hello")
         wait_for(lambda: runner.turn_store.load(second.id).status is S.COMPLETED, what="the second turn")
     assert runner.turn_store.load(turn.id).status is S.COMPLETED
     assert not worker.is_running

@@ -18,10 +18,10 @@ from agent_runner import (
     AgentTurn,
     AgentUserInputTool,
     AiMessage,
+    AnyMessage,
     ChatMemoryProvider,
     InMemoryAgentLoader,
     InMemoryAgentTurnStore,
-    ModelMessage,
     ScriptedChatModel,
     SystemMessage,
     ToolCall,
@@ -97,7 +97,7 @@ class EventLog:
         return [e for e in self.events if e.type is event_type]
 
 
-def protocol_violations(messages: Sequence[ModelMessage], pending_ids: Collection[str] = ()) -> list[str]:
+def protocol_violations(messages: Sequence[AnyMessage], pending_ids: Collection[str] = ()) -> list[str]:
     """Describe every break of the tool-call protocol in a model-visible history.
 
     Each assistant tool call must be answered by exactly one ToolMessage before the next
@@ -173,9 +173,11 @@ def ticket_scenario(chat_memory_provider: ChatMemoryProvider | None = None) -> T
 
     model = ScriptedChatModel(
         [
-            AiMessage(tool_calls=[ToolCall("c1", "request_user_input", {"formKey": TICKET_FORM.key})]),
-            AiMessage(tool_calls=[ToolCall("c2", "create_ticket", VALID_TICKET)]),
-            AiMessage("Ticket T-1 created."),
+            AiMessage(
+                tool_calls=[ToolCall(id="c1", name="request_user_input", arguments={"formKey": TICKET_FORM.key})]
+            ),
+            AiMessage(tool_calls=[ToolCall(id="c2", name="create_ticket", arguments=VALID_TICKET)]),
+            AiMessage(content="Ticket T-1 created."),
         ]
     )
     agent = Agent(

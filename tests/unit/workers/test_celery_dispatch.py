@@ -17,8 +17,9 @@ from agent_runner import (
     RecoverableError,
     ToolCall,
 )
+from workers.dispatch import CeleryDispatcher, InboxNotifier
+from workers.middleware import SoftTimeLimitAsRetry
 from workers.settings import WorkerSettings
-from workers.wiring import CeleryDispatcher, InboxNotifier, SoftTimeLimitAsRetry
 
 NOW = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 

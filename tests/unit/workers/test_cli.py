@@ -20,6 +20,7 @@ from agent_runner import (
     AiMessage,
     ScriptedChatModel,
     ToolCall,
+    ToolMessage,
     tool,
 )
 from store import SqlAgentTurnStore
@@ -77,8 +78,8 @@ def _stored(url: str, turn_id: str) -> AgentTurn:
         store.close()
 
 
-APPROVAL = AiMessage(tool_calls=[ToolCall("c1", "deploy", {"service": "api"})])
-FORM_REQUEST = AiMessage(tool_calls=[ToolCall("f1", "request_user_input", {"formKey": "details"})])
+APPROVAL = AiMessage(tool_calls=[ToolCall(id="c1", name="deploy", arguments={"service": "api"})])
+FORM_REQUEST = AiMessage(tool_calls=[ToolCall(id="f1", name="request_user_input", arguments={"formKey": "details"})])
 
 
 def test_list_and_show_print_turns_readably_and_as_json(url: str) -> None:
@@ -111,7 +112,8 @@ def test_reject_writes_the_reason_for_the_model(url: str) -> None:
     assert result.returncode == 0, result.stderr
     stored = _stored(url, turn.id)
     assert stored.status is AgentTurnStatus.RUNNING
-    assert "change freeze" in stored.messages[-1].content  # type: ignore[union-attr]
+    reply = stored.messages[-1]
+    assert isinstance(reply, ToolMessage) and "change freeze" in reply.content
 
 
 def test_form_input_is_validated_against_the_frozen_schema(url: str) -> None:

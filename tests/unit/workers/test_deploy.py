@@ -219,7 +219,7 @@ def test_env_example_holds_valid_settings_of_known_variables() -> None:
 
 
 def test_the_example_agent_loader_resolves() -> None:
-    from workers.wiring import load_agent_loader
+    from workers.agents import load_agent_loader
 
     loader = load_agent_loader(_env_example()["AGENT_RUNNER_AGENT_LOADER"])
     assert loader.load(_env_example()["AGENT_RUNNER_INBOX_AGENT"]).id == "support-agent"

@@ -16,6 +16,7 @@ from agent_runner import (
     ChatRequest,
     InMemoryAgentTurnStore,
     InMemoryTurnLease,
+    LeaseKeeper,
     Middleware,
     ScriptedChatModel,
     ToolCall,
@@ -23,10 +24,11 @@ from agent_runner import (
     tool,
 )
 from agent_runner.persistence import TurnRef
-from workers.app import STEP_TURN
+from workers.dispatch import CeleryDispatcher
+from workers.names import STEP_TURN
 from workers.settings import WorkerSettings
 from workers.tasks import StepOutcome, advance
-from workers.wiring import CeleryDispatcher, LeaseKeeper, Wiring
+from workers.wiring import Wiring
 
 
 class RecordingApp:
@@ -65,8 +67,8 @@ def lookup(n: int) -> str:
 def two_lookups(request: ChatRequest) -> AiMessage:
     done = sum(1 for m in request.messages if isinstance(m, ToolMessage))
     if done < 2:
-        return AiMessage(tool_calls=[ToolCall(f"call-{done}", "lookup", {"n": done})])
-    return AiMessage("done")
+        return AiMessage(tool_calls=[ToolCall(id=f"call-{done}", name="lookup", arguments={"n": done})])
+    return AiMessage(content="done")
 
 
 @tool(requires_approval=True)
@@ -77,8 +79,8 @@ def refund(n: int) -> str:
 
 def one_refund(request: ChatRequest) -> AiMessage:
     if not any(isinstance(m, ToolMessage) for m in request.messages):
-        return AiMessage(tool_calls=[ToolCall("call-0", "refund", {"n": 1})])
-    return AiMessage("done")
+        return AiMessage(tool_calls=[ToolCall(id="call-0", name="refund", arguments={"n": 1})])
+    return AiMessage(content="done")
 
 
 class ApprovedWhileTheLeaseIsHeld(Middleware):
@@ -113,6 +115,7 @@ def wiring(
         guard=None,  # type: ignore[arg-type]
         dispatcher=dispatcher,
         keeper=LeaseKeeper(InMemoryTurnLease(), 30_000),
+        live=None,  # type: ignore[arg-type]
         engine=None,  # type: ignore[arg-type]
     )
     return built, store, app
@@ -134,7 +137,8 @@ def test_each_delivery_loads_the_turn_once_and_its_follow_up_reads_nothing_more(
         # the turn was still running (its budget ran out) or had ended
         assert (store.loads, store.refs) == (1, 0)
         if deliveries < 3:
-            assert app.sent == [(STEP_TURN, (turn.id, 2 * deliveries), {"queue": "q"})]
+            # two steps per delivery, plus the save that took the READY turn off the queue
+            assert app.sent == [(STEP_TURN, (turn.id, 2 * deliveries + 1), {"queue": "q"})]
     # And the turn completed in three deliveries, the last of which enqueued nothing
     assert deliveries == 3
     assert store.load(turn.id).status == "COMPLETED"
@@ -148,7 +152,7 @@ def test_a_stale_delivery_changes_nothing_and_enqueues_nothing() -> None:
     app.sent.clear()
     assert advance(built, turn.id, 0) is StepOutcome.STALE
     assert app.sent == []
-    assert store.load(turn.id).version == 2
+    assert store.load(turn.id).version == 3  # taken off the queue, then two steps
 
 
 def test_a_turn_resumed_while_the_lease_was_held_gets_a_follow_up_from_one_header_read() -> None:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from agent_runner import Agent, AgentRunnerError, InMemoryAgentLoader
+from workers.agents import load_agent_loader
 from workers.app import celery_config
 from workers.settings import SettingsError, WorkerSettings
-from workers.wiring import load_agent_loader
 
 
 def test_defaults_work_with_nothing_set() -> None:

@@ -8,9 +8,8 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from celery_cluster import Cluster
-
 from agent_runner import AgentTurnStatus
+from tests.integration.celery_workers.celery_cluster import Cluster
 
 COMPLETED = AgentTurnStatus.COMPLETED
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 
 import pytest
-from celery_cluster import Cluster
 
 import workers
 from agent_runner import AgentResumeCommand, AgentRunner, AgentTurnStatus
+from tests.integration.celery_workers.celery_cluster import Cluster
 
 pytestmark = pytest.mark.integration
 

@@ -7,10 +7,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from embedded_fleet import WorkerProcess, history_problems, loader, read_jsonl, spawn_worker, wait_for
 
 from agent_runner import AgentRunner, AgentTurnStatus, ToolMessage
 from store import SqlAgentTurnStore
+from tests.integration.embedded_worker.embedded_fleet import (
+    WorkerProcess,
+    history_problems,
+    loader,
+    read_jsonl,
+    spawn_worker,
+    turn_with_status,
+    wait_for,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -79,7 +87,7 @@ def test_a_worker_killed_mid_tool_is_replaced_after_the_lease_ttl_with_the_same_
             victim.kill()
             # Then the other worker completes the turn once the dead worker's lease has expired
             done = wait_for(
-                lambda: (t := turns.load(turn.id)).status is AgentTurnStatus.COMPLETED and t,
+                turn_with_status(turns, turn.id, AgentTurnStatus.COMPLETED),
                 30,
                 f"the turn to complete; survivor log:\n{survivor.log()}",
             )

@@ -16,8 +16,12 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from celery_agents import dispose_ledger_engine, metadata
-from celery_cluster import (
+from redis import Redis
+from redis.exceptions import RedisError
+
+import store
+from tests.integration.celery_workers.celery_agents import dispose_ledger_engine, metadata
+from tests.integration.celery_workers.celery_cluster import (
     DEFAULT_DATABASE_URL,
     DEFAULT_REDIS_URL,
     Cluster,
@@ -25,10 +29,6 @@ from celery_cluster import (
     delete_amqp_queue,
     delete_prefix,
 )
-from redis import Redis
-from redis.exceptions import RedisError
-
-import store
 
 
 @pytest.fixture(scope="session")

@@ -1,7 +1,7 @@
 """Agents, tools and process handling shared by the embedded worker integration tests.
 
 The same module is imported by the test process (to start turns and check them) and by
-the worker processes that `embedded_worker_main.py` runs, so both sides know the agents.
+the worker processes that `embedded_worker_main` runs, so both sides know the agents.
 Tools and the step log write JSON lines to files: they survive a SIGKILL of the writer
 (each line is flushed to the OS as soon as it is written) and need no database of their own.
 """
@@ -26,6 +26,8 @@ from agent_runner import (
     AgentStepResult,
     AgentToolContext,
     AgentTurn,
+    AgentTurnStatus,
+    AgentTurnStore,
     AiMessage,
     ChatRequest,
     InMemoryAgentLoader,
@@ -36,9 +38,10 @@ from agent_runner import (
     UserMessage,
     tool,
 )
+from tests.helpers.processes import with_tests_importable
 
-HERE = Path(__file__).resolve().parent
-MAIN = HERE / "embedded_worker_main.py"
+MAIN_MODULE = f"{__package__}.embedded_worker_main"
+"""The module a worker process runs (with `python -m`)."""
 SLOW_ONCE_S = 60.0
 """How long the first execution of `slow_once` lasts: far longer than any test waits."""
 
@@ -110,8 +113,8 @@ def looping_model(tool_name: str, calls: int) -> ScriptedChatModel:
         newest = max((i for i, m in enumerate(request.messages) if isinstance(m, UserMessage)), default=-1)
         done = sum(1 for m in request.messages[newest + 1 :] if isinstance(m, ToolMessage))
         if done < calls:
-            return AiMessage(tool_calls=[ToolCall(f"call-{done}", tool_name, {"n": done})])
-        return AiMessage(f"finished after {done} tool calls")
+            return AiMessage(tool_calls=[ToolCall(id=f"call-{done}", name=tool_name, arguments={"n": done})])
+        return AiMessage(content=f"finished after {done} tool calls")
 
     return ScriptedChatModel(respond)
 
@@ -183,6 +186,16 @@ def history_problems(turn: AgentTurn) -> list[str]:
         if isinstance(later, ToolMessage) and not isinstance(earlier, AiMessage | ToolMessage):
             problems.append(f"ToolMessage {later.id} follows a {earlier.role} message")
     return problems
+
+
+def turn_with_status(turns: AgentTurnStore, turn_id: str, status: AgentTurnStatus) -> Callable[[], AgentTurn | None]:
+    """A probe for `wait_for`: the turn once it has `status`, None before."""
+
+    def probe() -> AgentTurn | None:
+        turn = turns.load(turn_id)
+        return turn if turn.status is status else None
+
+    return probe
 
 
 def wait_for(probe: Callable[[], T | None], timeout: float, what: str) -> T:
@@ -257,10 +270,10 @@ def spawn_worker(
     ledger: Path | None = None,
     step_log: Path | None = None,
 ) -> WorkerProcess:
-    """Start `embedded_worker_main.py` in a process group of its own; stop it with `stop` or `kill` in a `finally`."""
+    """Start `embedded_worker_main` in a process group of its own; stop it with `stop` or `kill` in a `finally`."""
     ready = folder / f"ready-{name}"
     log_file = folder / f"worker-{name}.log"
-    args = [sys.executable, str(MAIN), "--database-url", database_url, "--lease", lease]
+    args = [sys.executable, "-m", MAIN_MODULE, "--database-url", database_url, "--lease", lease]
     args += ["--lease-ttl", str(lease_ttl), "--concurrency", str(concurrency), "--poll-interval", str(poll_interval)]
     args += ["--ready-file", str(ready)]
     if redis_url is not None:
@@ -270,5 +283,6 @@ def spawn_worker(
     if step_log is not None:
         args += ["--step-log", str(step_log)]
     with log_file.open("wb") as log:
-        process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        env = with_tests_importable(os.environ)
+        process = subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     return WorkerProcess(name, process, ready, log_file)

@@ -8,18 +8,25 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
+from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-import embedded_fleet
 import pytest
-from embedded_fleet import history_problems, loader, read_jsonl, wait_for
 from redis import Redis
 
 from agent_runner import AgentConversationBusyException, AgentRunner, AgentTurnStatus, ToolMessage
 from agent_runner.worker import AgentWorker
 from store import RedisConversationGuard, RedisTurnLease, SqlAgentTurnStore, SqlChatMemoryProvider
+from tests.integration.embedded_worker import embedded_fleet
+from tests.integration.embedded_worker.embedded_fleet import (
+    history_problems,
+    loader,
+    read_jsonl,
+    turn_with_status,
+    wait_for,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -52,6 +59,11 @@ class ActiveTurnSampler:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join(5)
+
+
+def released(guard: RedisConversationGuard, conversation_id: str) -> Callable[[], bool]:
+    """A condition for `wait_for`: no turn holds the conversation's guard mark."""
+    return lambda: guard.holder(conversation_id) is None
 
 
 def test_redis_flushed_mid_run_keeps_one_active_turn_per_conversation_and_work_continues(
@@ -108,7 +120,7 @@ def test_redis_flushed_mid_run_keeps_one_active_turn_per_conversation_and_work_c
         # fences seeded from the Redis clock, above every fence saved before it
         for conversation, first in firsts.items():
             done = wait_for(
-                lambda t=first: (s := turns.load(t.id)).status is AgentTurnStatus.COMPLETED and s,
+                turn_with_status(turns, first.id, AgentTurnStatus.COMPLETED),
                 30,
                 f"turn {first.id} of {conversation} to complete",
             )
@@ -120,13 +132,11 @@ def test_redis_flushed_mid_run_keeps_one_active_turn_per_conversation_and_work_c
                 "paused 2",
             ]
             # the guard mark is released right after the turn's terminal save
-            wait_for(lambda c=conversation: guards[0].holder(c) is None, 5, f"the guard of {conversation} to clear")
+            wait_for(released(guards[0], conversation), 5, f"the guard of {conversation} to clear")
         # And each conversation takes its next turn, which runs to completion too
         seconds = {c: runners[0].start("pauser", "second", conversation_id=c) for c in CONVERSATIONS}
         for second in seconds.values():
-            wait_for(
-                lambda t=second: turns.load(t.id).status is AgentTurnStatus.COMPLETED, 30, "second turns to complete"
-            )
+            wait_for(turn_with_status(turns, second.id, AgentTurnStatus.COMPLETED), 30, "second turns to complete")
         for worker in workers:
             assert worker.stop(timeout=10)
     # No conversation was ever seen with two active turns

@@ -1,8 +1,9 @@
 """Runs one embedded `AgentWorker` process for the integration tests, until SIGTERM.
 
-Usage: `python embedded_worker_main.py --database-url URL [--lease sql|redis] ...`. It
-writes its pid to `--ready-file` once the worker's threads are polling, and exits 0 after
-a clean stop (3 when a step was still in flight after the stop timeout).
+Usage: `python -m tests.integration.embedded_worker.embedded_worker_main --database-url URL
+[--lease sql|redis] ...`. It writes its pid to `--ready-file` once the worker's threads are
+polling, and exits 0 after a clean stop (3 when a step was still in flight after the stop
+timeout).
 """
 
 from __future__ import annotations
@@ -14,12 +15,11 @@ import sys
 import threading
 from pathlib import Path
 
-import embedded_fleet
-
 from agent_runner import AgentRunner
 from agent_runner.persistence import TurnLease
 from agent_runner.worker import AgentWorker
 from store import SqlAgentTurnStore, SqlTurnLease, make_engine
+from tests.integration.embedded_worker import embedded_fleet
 
 
 def main(argv: list[str] | None = None) -> int:

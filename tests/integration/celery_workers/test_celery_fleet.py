@@ -5,10 +5,10 @@ from __future__ import annotations
 import time
 
 import pytest
-from celery_cluster import Cluster
-from celery_workload import COMPLETED, Scenario, in_flight, run_workload, scenario
 
 from store import InboxStatus
+from tests.integration.celery_workers.celery_cluster import Cluster
+from tests.integration.celery_workers.celery_workload import COMPLETED, Scenario, in_flight, run_workload, scenario
 
 pytestmark = pytest.mark.integration
 

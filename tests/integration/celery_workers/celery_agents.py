@@ -184,7 +184,9 @@ class ScenarioModel:
         """Answer with the next round of tool calls of the scenario, or the final answer."""
         messages = request.messages
         start = max(i for i, m in enumerate(messages) if isinstance(m, UserMessage))
-        spec = _spec(messages[start].content)
+        opening = messages[start]
+        assert isinstance(opening, UserMessage)
+        spec = _spec(opening.content)
         since = messages[start + 1 :]
         responses = sum(1 for m in since if isinstance(m, AiMessage))
         rounds = _rounds(spec, [m for m in since if isinstance(m, ToolMessage)])
@@ -220,5 +222,5 @@ def build_agents() -> list[Agent]:
 
 
 def build_loader() -> InMemoryAgentLoader:
-    """Entry point for `AGENT_RUNNER_AGENT_LOADER=celery_agents:build_loader`."""
+    """Entry point for `AGENT_RUNNER_AGENT_LOADER=tests.integration.celery_workers.celery_agents:build_loader`."""
     return InMemoryAgentLoader(build_agents())

@@ -8,10 +8,10 @@ import time
 from collections.abc import Callable
 
 import pytest
-from celery_cluster import Cluster
 
 from agent_runner import Agent, AgentResumeCommand, AgentTurnStatus, AiMessage, ScriptedChatModel
 from store import RedisTurnLease
+from tests.integration.celery_workers.celery_cluster import Cluster
 
 pytestmark = pytest.mark.integration
 

@@ -20,17 +20,17 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from celery_agents import DETAILS_FORM, LEDGER_URL_VARIABLE
 from redis import Redis
 
 import store
 from agent_runner import AgentResumeCommand, AgentTurn, AgentTurnStatus, SuspensionType
+from tests.helpers.processes import REPO_ROOT, with_tests_importable
+from tests.integration.celery_workers import celery_agents
+from tests.integration.celery_workers.celery_agents import DETAILS_FORM, LEDGER_URL_VARIABLE
 from workers.app import create_app
 from workers.settings import WorkerSettings
 from workers.wiring import Wiring, build_wiring
 
-ROOT = Path(__file__).resolve().parents[3]
-HERE = Path(__file__).resolve().parent
 CELERY = str(Path(sys.executable).with_name("celery"))
 DEFAULT_DATABASE_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/15"
@@ -143,7 +143,7 @@ class Cluster:
         log = self.tmp_path / f"{name}-{len(self.processes)}.log"
         with log.open("wb") as sink:
             process = subprocess.Popen(
-                args, cwd=ROOT, env=self.env, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True
+                args, cwd=REPO_ROOT, env=self.env, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True
             )
         worker = WorkerProcess(name, process, log)
         self.processes.append(worker)
@@ -222,8 +222,11 @@ class Cluster:
         prefix = self.settings.broker_key_prefix or ""
         client: Redis[Any] = Redis.from_url(self.settings.broker_url, socket_timeout=5)
         try:
-            keys = client.keys(f"{prefix}{self.settings.queue}*")
-            return sum(int(client.llen(key)) for key in keys if client.type(key) == b"list")
+            waiting = 0
+            for key in client.keys(f"{prefix}{self.settings.queue}*"):
+                if client.type(key) == b"list":  # type: ignore[no-untyped-call]  # untyped in types-redis
+                    waiting += client.llen(key)
+            return waiting
         finally:
             client.close()
 
@@ -250,17 +253,16 @@ def cluster_env(
             "AGENT_RUNNER_QUEUE": f"{namespace}-queue",
             "AGENT_RUNNER_LEASE_TTL_S": "2",
             "AGENT_RUNNER_SWEEP_INTERVAL_S": "1",
-            "AGENT_RUNNER_AGENT_LOADER": "celery_agents:build_loader",
+            "AGENT_RUNNER_AGENT_LOADER": f"{celery_agents.__name__}:build_loader",
             "AGENT_RUNNER_INBOX_AGENT": "inbox-agent",
             "AGENT_RUNNER_RETRY_MAX_ATTEMPTS": "4",
             "AGENT_RUNNER_RETRY_INITIAL_BACKOFF_S": "0.2",
             "AGENT_RUNNER_RETRY_MULTIPLIER": "1.5",
             "AGENT_RUNNER_RETRY_JITTER": "0",
-            "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")])),
         }
     )
     env.update(overrides)
-    return env
+    return with_tests_importable(env)
 
 
 def delete_prefix(redis_url: str, prefix: str) -> None:

@@ -7,11 +7,11 @@ from collections.abc import Iterator
 from contextlib import ExitStack
 
 import pytest
-from embedded_fleet import history_problems, loader
 
 from agent_runner import AgentRunner, AgentTurnStatus, LeaseLostError, TurnLease, VersionConflictError
 from agent_runner.worker import AgentWorker
 from store import SqlAgentTurnStore, SqlTurnLease
+from tests.integration.embedded_worker.embedded_fleet import history_problems, loader
 
 pytestmark = pytest.mark.integration
 

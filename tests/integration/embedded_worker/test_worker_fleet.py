@@ -5,7 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from embedded_fleet import (
+
+from agent_runner import AgentRunner, AgentTurnStatus, ToolMessage
+from store import SqlAgentTurnStore
+from tests.integration.embedded_worker.embedded_fleet import (
     LOOPER_STEPS,
     WorkerProcess,
     history_problems,
@@ -15,9 +18,6 @@ from embedded_fleet import (
     spawn_worker,
     wait_for,
 )
-
-from agent_runner import AgentRunner, AgentTurnStatus, ToolMessage
-from store import SqlAgentTurnStore
 
 pytestmark = pytest.mark.integration
 

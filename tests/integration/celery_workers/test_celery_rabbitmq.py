@@ -6,12 +6,12 @@ import os
 from collections.abc import Callable
 
 import pytest
-from celery_cluster import RABBITMQ_URL, Cluster
-from celery_workload import Scenario, run_workload, scenario
-from kombu import Connection
+from kombu.connection import Connection
 
 from agent_runner import AgentTurnStatus
 from store import InboxStatus
+from tests.integration.celery_workers.celery_cluster import RABBITMQ_URL, Cluster
+from tests.integration.celery_workers.celery_workload import Scenario, run_workload, scenario
 
 pytestmark = pytest.mark.integration
 
@@ -20,7 +20,7 @@ pytestmark = pytest.mark.integration
 def amqp_url() -> str:
     url = os.environ.get("AGENT_RUNNER_TEST_AMQP_URL", RABBITMQ_URL)
     try:
-        with Connection(url, connect_timeout=3) as connection:
+        with Connection(url, connect_timeout=3) as connection:  # type: ignore[no-untyped-call]  # kombu is untyped
             connection.ensure_connection(max_retries=1)
     except Exception as exc:
         pytest.fail(f"RabbitMQ at {url} is unreachable ({type(exc).__name__}: {exc}); start it first")

@@ -8,11 +8,11 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from celery_agents import LEDGER_URL_VARIABLE
-from celery_cluster import Cluster
 
-from agent_runner import AgentRunner, AgentTurn, AgentTurnStatus
+from agent_runner import AgentRunner, AgentTurn, AgentTurnStatus, AgentTurnStore
 from store import InboxStatus, RedisTurnLease
+from tests.integration.celery_workers.celery_agents import LEDGER_URL_VARIABLE
+from tests.integration.celery_workers.celery_cluster import Cluster
 from workers.beat import sweep_due_retries, sweep_inbox, sweep_stale_turns
 
 pytestmark = pytest.mark.integration
@@ -39,11 +39,12 @@ def test_stale_turn_sweep_recovers_a_turn_whose_lease_holder_died(
         fenced = turn.model_copy(update={"lease_fence": held.fence})
         running = _quiet_runner(cluster).step(fenced).turn
     assert running.status is AgentTurnStatus.RUNNING
-    cluster.start_worker("w1")
 
-    # When the sweep runs while the lease is still live, then after it expired
+    # When the sweep runs while the lease is still live (before a worker start, which may
+    # take longer than the TTL on a busy machine), then after it expired
     assert sweep_stale_turns(cluster.wiring) == 0
     assert cluster.load(turn.id).version == running.version
+    cluster.start_worker("w1")
     cluster.wait_for(lambda: sweep_stale_turns(cluster.wiring) == 1, 10, "the sweep to re-enqueue the turn")
 
     # Then a worker finishes the turn, and every side effect happened once
@@ -56,10 +57,10 @@ def test_stale_turn_sweep_recovers_a_ready_turn_whose_message_was_lost(cluster: 
     # Given a started turn whose message vanished from the broker
     turn = cluster.runner.start("worker-agent", _spec("plain", "lost"))
     assert cluster.purge_queue() == 1
-    cluster.start_worker("w1")
 
-    # When the sweep runs once the turn has been READY for a lease TTL
+    # When the sweep runs at once (nothing to do) and once the turn has been READY for a lease TTL
     assert sweep_stale_turns(cluster.wiring) == 0
+    cluster.start_worker("w1")
     cluster.wait_for(lambda: sweep_stale_turns(cluster.wiring) == 1, 10, "the sweep to re-enqueue the turn")
 
     # Then it runs
@@ -77,10 +78,10 @@ def test_retry_sweep_recovers_a_due_retry_whose_eta_message_was_purged(
     scheduled = runner.step(runner.step(turn).turn).turn
     assert scheduled.status is AgentTurnStatus.RETRY_SCHEDULED
     assert cluster.purge_queue() == 2  # the start message and the retry's ETA message
-    cluster.start_worker("w1")
 
     # When the sweep runs before the retry is overdue, and again after
     assert sweep_due_retries(cluster.wiring) == 0
+    cluster.start_worker("w1")
     time.sleep(1.0 + cluster.settings.sweep_interval_s)
     assert cluster.load(turn.id).status is AgentTurnStatus.RETRY_SCHEDULED  # nothing else would move it
     assert sweep_due_retries(cluster.wiring) == 1
@@ -115,7 +116,7 @@ def test_retry_sweep_runs_a_wait_longer_than_the_eta_limit(make_cluster: Callabl
 class _ParentUnreachable:
     """A turn store through which a child cannot reach its parent: the worker dies right after the child's save."""
 
-    def __init__(self, inner: Any, parent_id: str) -> None:
+    def __init__(self, inner: AgentTurnStore, parent_id: str) -> None:
         self._inner = inner
         self._parent_id = parent_id
 
@@ -139,7 +140,7 @@ def test_retry_sweep_resumes_a_parent_whose_last_child_ended_without_telling_it(
     waiting = quiet.step(quiet.step(parent).turn).turn  # the delegation calls, then the children
     assert waiting.status is AgentTurnStatus.WAITING_FOR_CHILD
     dying = AgentRunner(
-        turn_store=_ParentUnreachable(cluster.turn_store, parent.id),  # type: ignore[arg-type]
+        turn_store=_ParentUnreachable(cluster.turn_store, parent.id),
         agent_loader=cluster.runner.agent_loader,
         policy=cluster.settings.policy(),
     )

@@ -1,0 +1,129 @@
+"""Child turns: creating them for delegation calls, and resuming the parent when the last ends."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from agent_runner import machine
+from agent_runner._cas import retry_on_conflict
+from agent_runner.agent import Agent
+from agent_runner.errors import VersionConflictError
+from agent_runner.events import AgentEventType
+from agent_runner.messages import ToolCall, UserMessage
+from agent_runner.snapshot import AgentTurn, AgentTurnStatus, ChildLink
+from agent_runner.suspensions import AgentResumeCommand, ResumeType
+
+if TYPE_CHECKING:
+    from agent_runner.runner import AgentRunner
+
+S = AgentTurnStatus
+
+
+class ChildTurns:
+    """The runner's handling of child turns (DESIGN 4.10).
+
+    Children are created with deterministic ids, so a step re-run after a crash finds the
+    children it created before. The parent waits in WAITING_FOR_CHILD; each child that
+    ends is recorded in the parent by compare-and-swap, and the save that records the last
+    one makes the parent runnable, exactly once.
+    """
+
+    def __init__(self, runner: AgentRunner) -> None:
+        self.runner = runner
+
+    def spawn(self, parent: AgentTurn, calls: tuple[tuple[ToolCall, Agent, str], ...], expected: int) -> AgentTurn:
+        """Create the children of the delegation `calls` and save the parent waiting for them."""
+        runner = self.runner
+        store = runner.turn_store
+        now = runner.clock()
+        links: list[ChildLink] = []
+        children: list[AgentTurn] = []
+        for call, sub_agent, task in calls:
+            child_id = machine.child_turn_id(parent.id, call.id)
+            child = AgentTurn(
+                id=child_id,
+                agent_id=sub_agent.id,
+                agent_version=sub_agent.version,
+                parent_turn_id=parent.id,
+                root_turn_id=parent.root_turn_id,
+                messages=[UserMessage(id=f"{child_id}-0", content=task)],
+                root_conversation_id=parent.root_conversation_id or parent.conversation_id,
+                tenant_id=parent.tenant_id,
+                created_at=now,
+                updated_at=now,
+            )
+            try:
+                child = runner._save(
+                    child,
+                    -1,
+                    (AgentEventType.TURN_STARTED, {"agent_id": sub_agent.id, "parent_turn_id": parent.id}),
+                )
+            except VersionConflictError:
+                child = store.load(child_id)  # created by an earlier run of this same step
+            links.append(ChildLink(tool_call_id=call.id, agent_id=sub_agent.id, child_turn_id=child_id))
+            children.append(child)
+        waiting = machine.apply_children_spawned(parent, links, now)
+        saved = runner._save(waiting, expected, runner._suspended_event(waiting))
+        # Children may have ended before the parent's save (another worker ran them): record those now.
+        saved = self.reconcile(saved)
+        for child in children:
+            if not child.is_terminal:
+                runner._execution.dispatch(child)
+        return saved
+
+    def drive(self, parent: AgentTurn) -> AgentTurn:
+        """Run the parent's unfinished children in this thread, then return the parent's latest snapshot."""
+        runner = self.runner
+        for link in parent.children:
+            if link.status is None:
+                child = runner.turn_store.load(link.child_turn_id)
+                if child.is_runnable(runner.clock()):
+                    runner.run_until_blocked(child)
+        return runner.turn_store.load(parent.id)
+
+    def child_ended(self, child: AgentTurn) -> None:
+        """Record an ended child in its parent; the save that records the last child resumes the parent."""
+        assert child.parent_turn_id is not None
+        parent = self.record(child.parent_turn_id, child)
+        if parent is not None and parent.is_runnable(self.runner.clock()):
+            self.runner._execution.parent_resumed(parent)
+
+    def record(self, parent_id: str, child: AgentTurn) -> AgentTurn | None:
+        """Apply `child_completed` to the parent; the parent if this made it runnable, else None."""
+        runner = self.runner
+        command = AgentResumeCommand.child_completed(child.id)
+
+        def attempt() -> AgentTurn | None | object:
+            parent = runner.turn_store.load(parent_id)
+            link = next((c for c in parent.children if c.child_turn_id == child.id), None)
+            if parent.status is not S.WAITING_FOR_CHILD or link is None or link.status is not None:
+                # Not waiting yet (its own save will reconcile), or already recorded by someone else.
+                return None
+            resumed = machine.apply_resume(parent, command, runner.clock(), child=child)
+            event = (
+                (AgentEventType.TURN_RESUMED, {"command": ResumeType.CHILD_COMPLETED, "child_turn_id": child.id})
+                if resumed.status is S.RUNNING
+                else None
+            )
+            saved = runner._save(resumed, parent.version, event)
+            return saved if saved.status is S.RUNNING else None
+
+        result = retry_on_conflict(parent_id, attempt)
+        return result if isinstance(result, AgentTurn) else None
+
+    def reconcile(self, parent: AgentTurn) -> AgentTurn:
+        """Record every child that ended but is not recorded yet (after a crash or a lost race)."""
+        store = self.runner.turn_store
+        for link in parent.children:
+            if link.status is None:
+                child = store.load(link.child_turn_id)
+                if child.is_terminal:
+                    self.record(parent.id, child)
+        return store.load(parent.id)
+
+    def cancel_unfinished(self, parent: AgentTurn) -> None:
+        """Cancel the children of an ended parent that have not ended."""
+        reason = parent.error or self.runner.policy.cancellation_reason
+        for link in parent.children:
+            if link.status is None:
+                self.runner._cancel_quietly(link.child_turn_id, reason)

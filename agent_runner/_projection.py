@@ -1,0 +1,101 @@
+"""Projection of saved turns into their conversation's ChatMemory."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from agent_runner._cas import AGAIN, retry_on_conflict
+from agent_runner.errors import DefinitionError, VersionConflictError
+from agent_runner.messages import ActionStatus, AgentActionMessage, AgentFormMessage, AnyMessage, SystemMessage
+from agent_runner.persistence import ChatMemory, ChatMemoryProvider
+from agent_runner.snapshot import AgentTurn, PageAction
+
+logger = logging.getLogger("agent_runner")
+
+
+class Projection:
+    """Copies new messages and page-action states of saved turns into ChatMemory.
+
+    Args:
+        provider: Maps a conversation id to its ChatMemory (None: conversations unsupported).
+        on_error: Called with the turn and a description when projecting fails.
+    """
+
+    def __init__(self, provider: ChatMemoryProvider | None, on_error: Callable[[AgentTurn, str], None]) -> None:
+        self.provider = provider
+        self.on_error = on_error
+
+    def memory(self, conversation_id: str) -> ChatMemory:
+        """The ChatMemory of a conversation.
+
+        Raises:
+            DefinitionError: The runner has no chat memory provider.
+        """
+        if self.provider is None:
+            raise DefinitionError("conversation turns need AgentRunner(chat_memory_provider=...)")
+        return self.provider(conversation_id)
+
+    def project(self, turn: AgentTurn) -> AgentTurn:
+        """Apply what ChatMemory does not show yet of a saved turn; return the turn with its marks moved on.
+
+        Messages before `projected_count` and actions marked `synced` are known to be in
+        ChatMemory; everything after is (re)applied. Idempotent (stable ids, compare-and-swap
+        updates), so a retry after a crash never duplicates. A failure is reported through
+        `on_error` and retried after the next save or on `restore`; it never fails the turn,
+        whose store is the truth.
+        """
+        if turn.conversation_id is None or self.provider is None:
+            return turn
+        start = turn.projected_count
+        new = [m for m in turn.messages[start:] if not isinstance(m, SystemMessage)]
+        unsynced = [a for a in turn.page_actions if not a.synced]
+        if not new and not unsynced and start == len(turn.messages):
+            return turn
+        try:
+            memory = self.memory(turn.conversation_id)
+            if new:
+                memory.append(new)
+            actions = list(turn.page_actions)
+            for index, action in enumerate(actions):
+                if action.synced:
+                    continue
+                _sync_page_action(memory, action)
+                actions[index] = action.model_copy(update={"synced": True})
+        except Exception as exc:
+            logger.warning("projecting turn %s into ChatMemory failed: %s", turn.id, exc)
+            self.on_error(turn, f"{type(exc).__name__}: {exc}")
+            return turn
+        return turn.model_copy(update={"projected_count": len(turn.messages), "page_actions": actions})
+
+
+def _sync_page_action(memory: ChatMemory, action: PageAction) -> None:
+    def attempt() -> object:
+        stored = memory.get(action.message_id)
+        if stored is None:
+            memory.append([page_message(action.payload, action.status, action.decision)])
+            stored = memory.get(action.message_id)
+            if stored is None or getattr(stored, "status", None) == action.status:
+                return None
+        if not isinstance(stored, AgentActionMessage | AgentFormMessage):
+            return None
+        data = {**stored.model_dump(mode="json", by_alias=True), "status": action.status, **action.decision}
+        updated = type(stored).model_validate(data)
+        if updated == stored:
+            return None
+        try:
+            memory.update(updated, stored.version)
+        except VersionConflictError:
+            return AGAIN
+        return None
+
+    retry_on_conflict(action.message_id, attempt)
+
+
+def page_message(payload: dict[str, Any], status: ActionStatus, decision: dict[str, Any] | None = None) -> AnyMessage:
+    """The page message (approval card or form) a page action stands for, in the given state."""
+    data = {**payload, "status": status, **(decision or {})}
+    if payload.get("role") == "agent_form":
+        return AgentFormMessage.model_validate(data)
+    return AgentActionMessage.model_validate(data)

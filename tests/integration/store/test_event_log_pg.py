@@ -1,0 +1,349 @@
+"""The PostgreSQL event log under concurrent commits: a reader with a cursor never skips an event.
+
+Ids from a sequence are handed out at insert time, not at commit: a transaction can take a
+low id, stay open, and commit after transactions with higher ids. These tests hold some
+writers' transactions open on purpose (a trigger on the events table waits on an advisory
+lock or sleeps, after the row got its id) while other writers commit and a reader polls.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import psycopg
+import pytest
+import sqlalchemy as sa
+from sqlalchemy import event as sa_event
+from sqlalchemy.engine import make_url
+
+import store
+from agent_runner import AgentEvent, AgentEventType, AgentTurn, AgentTurnStatus, VersionConflictError
+from store.schema import turn_events
+
+pytestmark = pytest.mark.integration
+
+E = AgentEventType
+
+HOLD_TRIGGER = """
+CREATE FUNCTION hold_event_insert() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF NEW.payload->'data'->>'hold_lock' IS NOT NULL THEN
+        PERFORM pg_advisory_xact_lock((NEW.payload->'data'->>'hold_lock')::bigint);
+    END IF;
+    IF NEW.payload->'data'->>'hold_s' IS NOT NULL THEN
+        PERFORM pg_sleep((NEW.payload->'data'->>'hold_s')::float8);
+    END IF;
+    RETURN NEW;
+END $$;
+CREATE TRIGGER hold_event_insert AFTER INSERT ON agent_turn_events
+    FOR EACH ROW EXECUTE FUNCTION hold_event_insert();
+"""
+"""Makes an event insert wait, inside its transaction, when its data asks for it."""
+
+Reader = Callable[[dict[str, str], str | None], list[AgentEvent]]
+"""Reads a page of events of a scope after a cursor."""
+
+
+@pytest.fixture
+def holding_url(pg_url: str) -> str:
+    """A migrated schema whose event inserts can be held open (see HOLD_TRIGGER)."""
+    libpq = make_url(pg_url).set(drivername="postgresql").render_as_string(hide_password=False)
+    with psycopg.connect(libpq, autocommit=True) as connection:
+        connection.execute(HOLD_TRIGGER)
+    return pg_url
+
+
+@pytest.fixture
+def turns(holding_url: str) -> Iterator[store.SqlAgentTurnStore]:
+    with store.SqlAgentTurnStore(holding_url) as sql_store:
+        yield sql_store
+
+
+def ids(events: list[AgentEvent]) -> list[str]:
+    return [e.event_id for e in events]
+
+
+def make_turn(turn_id: str, root: str | None = None) -> AgentTurn:
+    return AgentTurn(
+        id=turn_id,
+        agent_id="agent",
+        root_turn_id=root or turn_id,
+        parent_turn_id=root,
+        conversation_id="c-1" if root is None else None,
+    )
+
+
+def events_for(turn: AgentTurn, count: int, **data: Any) -> list[AgentEvent]:
+    return [
+        AgentEvent(
+            event_id=f"{turn.id}:{turn.version + 1}:{n}",
+            type=E.TOOL_COMPLETED if turn.version >= 0 else E.TURN_STARTED,
+            turn_id=turn.id,
+            conversation_id="c-1",
+            data=data,
+        )
+        for n in range(count)
+    ]
+
+
+def store_reader(turns: store.SqlAgentTurnStore, limit: int = 5) -> Reader:
+    return lambda scope, cursor: turns.read_events(**scope, after=cursor, limit=limit)
+
+
+def sequence_id_reader(turns: store.SqlAgentTurnStore, limit: int = 5) -> Reader:
+    """The reader the event log must not be: it trusts the sequence and pages with `id > cursor`."""
+
+    def read(scope: dict[str, str], cursor: str | None) -> list[AgentEvent]:
+        column = turn_events.c.root_turn_id if "root_turn_id" in scope else turn_events.c.conversation_id
+        query = (
+            sa.select(turn_events.c.id, turn_events.c.payload)
+            .where(column == next(iter(scope.values())), turn_events.c.id > int(cursor or 0))
+            .order_by(turn_events.c.id)
+            .limit(limit)
+        )
+        with turns.engine.connect() as connection:
+            rows = connection.execute(query).all()
+        return [AgentEvent.model_validate({**row.payload, "cursor": str(row.id)}) for row in rows]
+
+    return read
+
+
+class Follower:
+    """Pages through a scope with a reader, keeping its cursor, as a subscriber would."""
+
+    def __init__(self, read: Reader, scope: dict[str, str]) -> None:
+        self.read = read
+        self.scope = scope
+        self.cursor: str | None = None
+        self.seen: list[str] = []
+
+    def poll(self) -> int:
+        found = 0
+        while page := self.read(self.scope, self.cursor):
+            self.seen += ids(page)
+            self.cursor = page[-1].cursor
+            found += len(page)
+        return found
+
+    def poll_until(self, count: int, within: float = 30.0) -> None:
+        deadline = time.monotonic() + within
+        while len(self.seen) < count and time.monotonic() < deadline:
+            self.poll()
+            time.sleep(0.01)
+
+
+def wait_for_lock_waiter(admin: psycopg.Connection[Any], key: int, within: float = 30.0) -> None:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        waiting = admin.execute(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND classid = 0 AND objid = %s",
+            (key,),
+        ).fetchone()
+        if waiting is not None and waiting[0] > 0:
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"no transaction started waiting on advisory lock {key}")
+
+
+def held_commit_scenario(
+    turns: store.SqlAgentTurnStore, admin: psycopg.Connection[Any], readers: list[Follower], settle_s: float = 30.0
+) -> tuple[set[str], list[list[str]]]:
+    """Child a's save takes the lowest new id and stays open while b's and c's saves commit; the readers poll throughout.
+
+    Returns the ids of every event written, and what each reader had seen just before a's
+    transaction was let go.
+    """
+    root = turns.save(make_turn("r-1"), -1, events_for(make_turn("r-1"), 1))
+    children = {name: make_turn(f"r-1.{name}", "r-1") for name in "abc"}
+    written = set(ids(events_for(root, 0)))
+    for name, child in children.items():
+        created = events_for(child, 1)
+        children[name] = turns.save(child, -1, created)
+        written |= set(ids(created)) | {"r-1:0:0"}
+    for reader in readers:
+        reader.poll_until(len(written))
+    key = random.randint(1, 2**31 - 1)
+    admin.execute("SELECT pg_advisory_lock(%s)", (key,))
+    errors: list[BaseException] = []
+    held = events_for(children["a"], 1, hold_lock=key)
+
+    def save_held() -> None:
+        with store.SqlAgentTurnStore(turns.engine.url.render_as_string(hide_password=False)) as own:
+            try:
+                own.save(children["a"], 0, held)
+            except BaseException as exc:  # reported below
+                errors.append(exc)
+
+    holder = threading.Thread(target=save_held)
+    try:
+        holder.start()
+        # Once a's transaction holds its event row (and its id), b and c commit theirs
+        wait_for_lock_waiter(admin, key)
+        later = events_for(children["b"], 2) + events_for(children["c"], 1)
+        turns.save(children["b"], 0, later[:2])
+        turns.save(children["c"], 0, later[2:])
+        for _ in range(20):
+            for reader in readers:
+                reader.poll()
+            time.sleep(0.01)
+        before_release = [list(reader.seen) for reader in readers]
+    finally:
+        admin.execute("SELECT pg_advisory_unlock(%s)", (key,))
+        holder.join(timeout=30)
+    assert errors == []
+    written |= set(ids(held)) | set(ids(later))
+    for reader in readers:
+        reader.poll_until(len(written), within=settle_s)
+    return written, before_release
+
+
+def test_a_reader_misses_no_event_committed_after_later_ones(
+    turns: store.SqlAgentTurnStore, admin: psycopg.Connection[Any]
+) -> None:
+    tree = Follower(store_reader(turns), {"root_turn_id": "r-1"})
+    conversation = Follower(store_reader(turns), {"conversation_id": "c-1"})
+    written, before_release = held_commit_scenario(turns, admin, [tree, conversation])
+    for follower, seen_while_held in zip((tree, conversation), before_release, strict=True):
+        # Nothing that committed after a's transaction began was served while it was open
+        assert set(seen_while_held) == {"r-1:0:0", "r-1.a:0:0", "r-1.b:0:0", "r-1.c:0:0"}
+        # Then every event, once: a's first, since it took its transaction id first
+        assert sorted(follower.seen) == sorted(written)
+        assert follower.seen[4:] == ["r-1.a:1:0", "r-1.b:1:0", "r-1.b:1:1", "r-1.c:1:0"]
+
+
+def test_a_reader_trusting_sequence_ids_would_skip_the_held_event(
+    turns: store.SqlAgentTurnStore, admin: psycopg.Connection[Any]
+) -> None:
+    """The scenario above is the race the store's cursor exists for: a naive reader loses an event."""
+    naive = Follower(sequence_id_reader(turns), {"root_turn_id": "r-1"})
+    written, (seen_while_held,) = held_commit_scenario(turns, admin, [naive], settle_s=0.5)
+    assert {"r-1.b:1:0", "r-1.c:1:0"} <= set(seen_while_held)
+    assert set(naive.seen) == written - {"r-1.a:1:0"}
+
+
+def test_parallel_children_with_slow_commits_reach_every_reader_exactly_once(holding_url: str) -> None:
+    """Six children of one tree save concurrently, some transactions sleeping before they commit."""
+    children, saves_each = 6, 8
+    rng = random.Random(20261214)
+    plans = {
+        f"r-1.{index}": [(rng.randint(1, 2), rng.choice([None, None, 0.02, 0.15])) for _ in range(saves_each)]
+        for index in range(children)
+    }
+    with store.SqlAgentTurnStore(holding_url) as turns:
+        root = make_turn("r-1")
+        turns.save(root, -1, events_for(root, 1))
+        expected = {"r-1:0:0"}
+        for turn_id, plan in plans.items():
+            expected.add(f"{turn_id}:0:0")
+            expected.update(
+                f"{turn_id}:{version}:{n}" for version, (count, _) in enumerate(plan, 1) for n in range(count)
+            )
+        followers = [
+            Follower(store_reader(turns, limit=3), {"root_turn_id": "r-1"}),
+            Follower(store_reader(turns, limit=7), {"conversation_id": "c-1"}),
+        ]
+        errors: list[BaseException] = []
+        start = threading.Event()
+
+        def write(turn_id: str, plan: list[tuple[int, float | None]]) -> None:
+            try:
+                with store.SqlAgentTurnStore(holding_url) as own:
+                    start.wait()
+                    child = own.save(make_turn(turn_id, "r-1"), -1, events_for(make_turn(turn_id, "r-1"), 1))
+                    for count, hold in plan:
+                        data = {} if hold is None else {"hold_s": hold}
+                        child = own.save(child, child.version, events_for(child, count, **data))
+            except BaseException as exc:  # reported below
+                errors.append(exc)
+
+        writers = [threading.Thread(target=write, args=item) for item in plans.items()]
+        for writer in writers:
+            writer.start()
+        start.set()
+        while any(w.is_alive() for w in writers):
+            for follower in followers:
+                follower.poll()
+        for writer in writers:
+            writer.join(timeout=60)
+        assert errors == []
+        for follower in followers:
+            follower.poll_until(len(expected))
+            assert len(follower.seen) == len(set(follower.seen)) == len(expected)
+            assert set(follower.seen) == expected
+            # Each child's events in the order of its saves
+            for turn_id in plans:
+                own = [i for i in follower.seen if i.startswith(f"{turn_id}:")]
+                assert own == sorted(own, key=lambda i: (int(i.split(":")[1]), int(i.split(":")[2])))
+
+
+# --- The one-statement save and the read query ------------------------------------------------
+
+
+def test_the_fast_path_writes_events_in_its_single_statement_and_nothing_on_a_conflict(pg_url: str) -> None:
+    with store.SqlAgentTurnStore(pg_url) as first, store.SqlAgentTurnStore(pg_url) as second:
+        turn = first.save(make_turn("r-1"), -1, events_for(make_turn("r-1"), 1))
+        stale = second.load("r-1")  # the second store now knows version 0
+        statements: list[str] = []
+        sa_event.listen(first.engine, "before_cursor_execute", lambda *args: statements.append(args[2]))
+        turn = first.save(turn, 0, events_for(turn, 3))
+        assert len(statements) == 1 and "agent_turn_events" in statements[0]
+        # A writer at a stale version, on the same fast path, writes none of its events
+        with pytest.raises(VersionConflictError):
+            second.save(stale, 0, [AgentEvent(event_id="stale", type=E.TURN_FAILED, turn_id="r-1")])
+        found: list[AgentEvent] = []
+        deadline = time.monotonic() + 30
+        while len(found) < 4 and time.monotonic() < deadline:
+            found = first.read_events(root_turn_id="r-1")
+        assert ids(found) == ["r-1:0:0", "r-1:1:0", "r-1:1:1", "r-1:1:2"]
+        assert len({e.cursor.split(".")[0] for e in found[1:]}) == 1  # type: ignore[union-attr]
+
+
+def test_reading_events_uses_the_indexes(pg_url: str) -> None:
+    captured: list[tuple[str, Any]] = []
+
+    def capture(conn: Any, cursor: Any, statement: str, parameters: Any, context: Any, many: bool) -> None:
+        if statement.lstrip().upper().startswith("SELECT"):
+            captured.append((statement, parameters))
+
+    with store.SqlAgentTurnStore(pg_url) as turns:
+        sa_event.listen(turns.engine, "before_cursor_execute", capture)
+        turns.read_events(root_turn_id="r-1")
+        turns.read_events(conversation_id="c-1", after="12.34")
+        sa_event.remove(turns.engine, "before_cursor_execute", capture)
+        with turns.engine.connect() as connection:
+            connection.exec_driver_sql("SET enable_seqscan = off")
+            plans = ["\n".join(r[0] for r in connection.exec_driver_sql("EXPLAIN " + s, p)) for s, p in captured]
+    assert len(plans) == 2
+    assert all("Seq Scan" not in plan and "ix_agent_turn_events" in plan for plan in plans), plans
+
+
+def test_prune_in_batches_leaves_no_rows_of_pruned_trees(pg_url: str) -> None:
+    old = datetime(2026, 1, 1, tzinfo=UTC)
+    with store.SqlAgentTurnStore(pg_url) as turns, store.SqlTurnLease(pg_url) as lease:
+        for index in range(12):
+            root = make_turn(f"t-{index}").model_copy(
+                update={"status": AgentTurnStatus.COMPLETED, "updated_at": old, "conversation_id": None}
+            )
+            turns.save(root, -1, events_for(root, 2))
+            child = make_turn(f"t-{index}.a", f"t-{index}").model_copy(
+                update={"status": AgentTurnStatus.COMPLETED, "updated_at": old}
+            )
+            turns.save(child, -1, events_for(child, 1))
+            assert lease.acquire(child.id, "worker", 1000) is not None
+        assert turns.prune(timedelta(days=1), batch_size=5) == 24
+        with turns.engine.connect() as connection:
+            counts = {
+                table: connection.execute(sa.text(f"SELECT count(*) FROM {table}")).scalar()
+                for table in ("agent_turns", "agent_turn_messages", "agent_turn_events", "agent_turn_leases")
+            }
+    assert counts == dict.fromkeys(counts, 0)
+
+
+def test_an_unknown_transaction_in_a_cursor_is_simply_later(turns: store.SqlAgentTurnStore) -> None:
+    turns.save(make_turn("r-1"), -1, events_for(make_turn("r-1"), 1))
+    assert turns.read_events(root_turn_id="r-1", after=f"{2**62}.1") == []

@@ -1,0 +1,85 @@
+"""Sending work to the Celery workers: `CeleryDispatcher` and the inbox notifier."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from typing import Any
+
+from agent_runner import AgentEvent, AgentTurn, AgentTurnStatus
+from agent_runner._base import utcnow
+from workers.names import DISPATCH_INBOX, STEP_TURN
+from workers.settings import WorkerSettings
+
+logger = logging.getLogger("workers")
+
+
+class CeleryDispatcher:
+    """A `TurnDispatcher` that sends `step_turn` messages to the Celery queue.
+
+    Duplicates are harmless (`step_turn` is idempotent), so the dispatcher never tries to
+    avoid them. A retry wait longer than `max_eta_s` is not sent at all: with the Redis
+    broker a message whose ETA lies beyond the visibility timeout is redelivered again and
+    again while it waits, so long waits are left to the due-retry sweep, which reads
+    `next_retry_at` from the store. A failed publish is logged, not raised: the turn is
+    already saved, and the sweeps re-enqueue it.
+
+    Args:
+        celery_app: The app whose broker receives the messages.
+        settings: Queue name and ETA limit.
+        clock: The current UTC time.
+    """
+
+    def __init__(self, celery_app: Any, settings: WorkerSettings, clock: Callable[[], datetime] = utcnow) -> None:
+        self.celery_app = celery_app
+        self.queue = settings.queue
+        self.max_eta = timedelta(seconds=settings.max_eta_s)
+        self.clock = clock
+
+    def dispatch(self, turn: AgentTurn) -> None:
+        """Enqueue a step of `turn` if it is runnable now or is a retry due within the ETA limit."""
+        if turn.status is AgentTurnStatus.RETRY_SCHEDULED:
+            self.send_step(turn.id, turn.version, eta=turn.next_retry_at)
+        elif turn.is_runnable(self.clock()):
+            self.send_step(turn.id, turn.version)
+
+    def send_step(self, turn_id: str, version: int, *, eta: datetime | None = None) -> bool:
+        """Send `step_turn(turn_id, version)`, delayed until `eta` if it lies ahead; False if not sent."""
+        options: dict[str, Any] = {"queue": self.queue}
+        if eta is not None:
+            now = self.clock()
+            if eta - now > self.max_eta:
+                logger.debug("turn %s retries at %s, beyond the ETA limit: left to the sweep", turn_id, eta)
+                return False
+            if eta > now:
+                options["eta"] = eta
+        return self._send(STEP_TURN, (turn_id, version), options)
+
+    def send_inbox(self, conversation_id: str) -> bool:
+        """Send `dispatch_inbox(conversation_id)`; False if not sent."""
+        return self._send(DISPATCH_INBOX, (conversation_id,), {"queue": self.queue})
+
+    def _send(self, name: str, args: tuple[Any, ...], options: dict[str, Any]) -> bool:
+        try:
+            self.celery_app.send_task(name, args=args, **options)
+        except Exception:
+            logger.exception("could not send %s%r; the sweeps will pick it up", name, args)
+            return False
+        return True
+
+
+class InboxNotifier:
+    """An event listener that asks for the conversation's next inbox message when a turn ends.
+
+    It only sends a message; it never drives the runner, which is still inside the step
+    that emitted the event.
+    """
+
+    def __init__(self, dispatcher: CeleryDispatcher) -> None:
+        self.dispatcher = dispatcher
+
+    def __call__(self, event: AgentEvent) -> None:
+        """Send `dispatch_inbox` for a terminal event of a conversation turn."""
+        if event.type.is_terminal and event.conversation_id is not None:
+            self.dispatcher.send_inbox(event.conversation_id)

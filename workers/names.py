@@ -1,0 +1,12 @@
+"""Names of the Celery tasks, shared by the app that schedules them and the code that sends them.
+
+Producers send tasks by name, so a web app needs neither the task modules nor the agents.
+"""
+
+from __future__ import annotations
+
+STEP_TURN = "agent_runner.step_turn"
+DISPATCH_INBOX = "agent_runner.dispatch_inbox"
+SWEEP_INBOX = "agent_runner.sweep_inbox"
+SWEEP_STALE_TURNS = "agent_runner.sweep_stale_turns"
+SWEEP_DUE_RETRIES = "agent_runner.sweep_due_retries"
