@@ -153,10 +153,19 @@ def main() -> int:
     with pg_schema("apibench") as (database_url, _schema):
         env = {k: v for k, v in os.environ.items() if not k.startswith(("AGENT_RUNNER_", "CELERY_"))}
         env["AGENT_RUNNER_DATABASE_URL"] = database_url
-        env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "tests" / "integration" / "api"), str(ROOT / "bench")])
+        env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "bench")])
         api_port, bare_port = free_port(), free_port()
         api = start(
-            [AGENT_RUNNER, "serve", "--agents", "api_agents:build_loader", "--port", str(api_port), "--worker", "none"],
+            [
+                AGENT_RUNNER,
+                "serve",
+                "--agents",
+                "tests.integration.api.api_agents:build_loader",
+                "--port",
+                str(api_port),
+                "--worker",
+                "none",
+            ],
             env,
             api_port,
         )

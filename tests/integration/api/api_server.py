@@ -16,8 +16,11 @@ from typing import Any
 import httpx
 import pytest
 
-ROOT = Path(__file__).resolve().parents[3]
-HERE = Path(__file__).resolve().parent
+from tests.helpers.processes import REPO_ROOT, with_tests_importable
+from tests.integration.api import api_agents
+
+ROOT = REPO_ROOT
+AGENTS = f"{api_agents.__name__}:build_loader"
 AGENT_RUNNER = str(Path(sys.executable).with_name("agent-runner"))
 START_TIMEOUT_S = 45.0
 STOP_TIMEOUT_S = 20.0
@@ -32,9 +35,8 @@ def free_port() -> int:
 def server_env(database_url: str, **overrides: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AGENT_RUNNER_", "CELERY_"))}
     env["AGENT_RUNNER_DATABASE_URL"] = database_url
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")]))
     env.update(overrides)
-    return env
+    return with_tests_importable(env)
 
 
 @dataclass
@@ -53,7 +55,7 @@ class ApiServer:
 
     def start(self) -> ApiServer:
         self.port = free_port()
-        command = [AGENT_RUNNER, "serve", "--agents", "api_agents:build_loader", "--port", str(self.port), *self.args]
+        command = [AGENT_RUNNER, "serve", "--agents", AGENTS, "--port", str(self.port), *self.args]
         with self.log.open("ab") as sink:
             self.process = subprocess.Popen(
                 command, cwd=ROOT, env=self.env, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True
@@ -213,27 +215,3 @@ def read_stream(
                 break
     text = "".join(chunks)
     return text, parse_sse(text)
-
-
-def append_events(database_url: str, turn_id: str, *kinds: tuple[str, dict[str, Any]]) -> None:
-    """Save the turn again with these durable events, as a runner step records them.
-
-    The events go through the turn store's own save (same transaction as the snapshot), so
-    the server's event feed reads them exactly as it reads a runner's.
-    """
-    from agent_runner import AgentEvent, AgentEventType
-    from store import SqlAgentTurnStore
-
-    with SqlAgentTurnStore(database_url) as store:
-        turn = store.load(turn_id)
-        events = [
-            AgentEvent(
-                event_id=f"{turn_id}:{turn.version + 1}:{number}",
-                type=AgentEventType(kind),
-                turn_id=turn_id,
-                root_turn_id=turn.root_turn_id,
-                data=data,
-            )
-            for number, (kind, data) in enumerate(kinds)
-        ]
-        store.save(turn, turn.version, events)

@@ -8,8 +8,9 @@ from typing import Any
 
 import httpx
 import pytest
-from api_agents import SECRET_TOKEN
-from api_server import ApiServer, assert_error, blocked, ended, status_is, wait_for
+
+from tests.integration.api.api_agents import SECRET_TOKEN
+from tests.integration.api.api_server import ApiServer, assert_error, blocked, ended, status_is, wait_for
 
 pytestmark = pytest.mark.integration
 
