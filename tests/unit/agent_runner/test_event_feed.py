@@ -138,7 +138,8 @@ def test_durable_events_come_from_the_log_and_ephemeral_ones_from_the_live_chann
     store.save(tree.turns["r-1"], tree.turns["r-1"].version, [AgentEvent(type=E.MODEL_DELTA, turn_id="r-1")])
     feed = EventFeed(store, live)
     expected = ["r-1:0:0", first.event_id, second.event_id, answer.event_id, progress.event_id, done.event_id]
-    for scope in ({"root_turn_id": "r-1"}, {"conversation_id": "c-1"}):
+    scopes: list[dict[str, Any]] = [{"root_turn_id": "r-1"}, {"conversation_id": "c-1"}]
+    for scope in scopes:
         events = feed.read(**scope)
         assert ids(events) == expected
         assert [e.type for e in events][1:] == [
