@@ -1,0 +1,124 @@
+"""Headless Chromium (Debian's `chromium` and `chromium-driver`) driven by Selenium, plus helpers."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, TypeVar
+
+from selenium import webdriver
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.remote.webdriver import WebDriver
+from selenium.webdriver.remote.webelement import WebElement
+
+CHROMIUM = os.environ.get("AGENT_RUNNER_CHROMIUM", "/usr/bin/chromium")
+CHROMEDRIVER = os.environ.get("AGENT_RUNNER_CHROMEDRIVER", "/usr/bin/chromedriver")
+ARTIFACTS = Path(os.environ.get("AGENT_RUNNER_BROWSER_ARTIFACTS", Path(__file__).parent / "artifacts"))
+
+# Flags that keep Chromium off the network (closed here) and fit a container.
+CHROMIUM_FLAGS = (
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-dev-shm-usage",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+)
+
+T = TypeVar("T")
+
+
+class BrowserMissing(RuntimeError):
+    """Chromium or its driver is not installed (`make browser-deps` installs them)."""
+
+
+@contextmanager
+def chromium(width: int = 1280, height: int = 900) -> Iterator[WebDriver]:
+    """Start a headless Chromium with a fresh profile; quit it and remove the profile on exit."""
+    for path in (CHROMIUM, CHROMEDRIVER):
+        if not Path(path).exists():
+            raise BrowserMissing(
+                f"{path} not found: run `make browser-deps` (apt-get install chromium chromium-driver)"
+            )
+    profile = tempfile.mkdtemp(prefix="agent-runner-chromium-")
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in CHROMIUM_FLAGS:
+        options.add_argument(flag)
+    options.add_argument(f"--user-data-dir={profile}")
+    options.add_argument(f"--window-size={width},{height}")
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    driver = webdriver.Chrome(options=options, service=Service(executable_path=CHROMEDRIVER))
+    try:
+        yield driver
+    finally:
+        driver.quit()
+        shutil.rmtree(profile, ignore_errors=True)
+
+
+def wait_for(condition: Callable[[], T | None], timeout: float = 10.0, message: str = "condition") -> T:
+    """Poll `condition` until it returns a truthy value; fail with `message` after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    last_error: Exception | None = None
+    while True:
+        try:
+            value = condition()
+            if value:
+                return value
+        except Exception as error:  # a stale element while the page redraws: try again
+            last_error = error
+        if time.monotonic() > deadline:
+            raise AssertionError(
+                f"timed out waiting for {message}" + (f" (last error: {last_error!r})" if last_error else "")
+            )
+        time.sleep(0.05)
+
+
+def screenshot(driver: WebDriver, name: str, *, full_page: bool = True) -> Path:
+    """Save a PNG of the page under the artifacts folder and return its path."""
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    path = ARTIFACTS / f"{name}.png"
+    if full_page:
+        metrics = driver.execute_cdp_cmd("Page.getLayoutMetrics", {})  # type: ignore[attr-defined]
+        size = metrics.get("cssContentSize") or metrics["contentSize"]
+        shot = driver.execute_cdp_cmd(  # type: ignore[attr-defined]
+            "Page.captureScreenshot",
+            {
+                "format": "png",
+                "captureBeyondViewport": True,
+                "clip": {"x": 0, "y": 0, "width": size["width"], "height": size["height"], "scale": 1},
+            },
+        )
+        path.write_bytes(base64.b64decode(shot["data"]))
+    else:
+        driver.save_screenshot(str(path))
+    return path
+
+
+def console_errors(driver: WebDriver) -> list[str]:
+    """Severe messages of the browser console (script errors, failed module loads)."""
+    return [
+        entry["message"]
+        for entry in driver.get_log("browser")  # type: ignore[attr-defined]
+        if entry.get("level") == "SEVERE" and "favicon" not in entry.get("message", "")
+    ]
+
+
+def js(driver: WebDriver, script: str, *args: Any) -> Any:
+    """Run a script in the page and return its JSON-decoded result (`script` must `return` JSON)."""
+    return json.loads(driver.execute_script(script, *args))
+
+
+def describedby(driver: WebDriver, element: WebElement) -> list[WebElement]:
+    """The elements an element's aria-describedby points at."""
+    ids = (element.get_attribute("aria-describedby") or "").split()
+    return [driver.find_element("id", i) for i in ids]
