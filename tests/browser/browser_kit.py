@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 
 from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.remote.webelement import WebElement
 
@@ -122,3 +123,26 @@ def describedby(driver: WebDriver, element: WebElement) -> list[WebElement]:
     """The elements an element's aria-describedby points at."""
     ids = (element.get_attribute("aria-describedby") or "").split()
     return [driver.find_element("id", i) for i in ids]
+
+
+def control(scope: WebDriver | WebElement, label: str) -> WebElement:
+    """The input, select or textarea whose label reads `label` (required mark aside)."""
+    labels = scope.find_elements(By.XPATH, f".//label[.//span[@class='label-text' and normalize-space()='{label}']]")
+    assert len(labels) == 1, f"expected one label {label!r}, found {len(labels)}"
+    target = labels[0].get_attribute("for")
+    assert target, f"label {label!r} is not bound to a control"
+    return scope.find_element(By.ID, target)
+
+
+def group(scope: WebDriver | WebElement, legend: str) -> WebElement:
+    """The fieldset whose legend reads `legend`."""
+    found = scope.find_elements(
+        By.XPATH, f".//fieldset[legend/span[@class='label-text' and normalize-space()='{legend}']]"
+    )
+    assert len(found) == 1, f"expected one fieldset {legend!r}, found {len(found)}"
+    return found[0]
+
+
+def retype(element: WebElement, text: str) -> None:
+    element.clear()
+    element.send_keys(text)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from browser_kit import describedby, screenshot, wait_for
+from browser_kit import control, describedby, group, retype, screenshot, wait_for
 from selenium.webdriver.common.by import By
 from selenium.webdriver.common.keys import Keys
 from selenium.webdriver.remote.webdriver import WebDriver
@@ -65,24 +65,6 @@ def render(driver: WebDriver, schema: dict[str, Any], **options: Any) -> WebElem
     return driver.find_element(By.CSS_SELECTOR, "#root form")
 
 
-def control(scope: WebDriver | WebElement, label: str) -> WebElement:
-    """The input, select or textarea whose label reads `label` (required mark aside)."""
-    labels = scope.find_elements(By.XPATH, f".//label[.//span[@class='label-text' and normalize-space()='{label}']]")
-    assert len(labels) == 1, f"expected one label {label!r}, found {len(labels)}"
-    target = labels[0].get_attribute("for")
-    assert target, f"label {label!r} is not bound to a control"
-    return scope.find_element(By.ID, target)
-
-
-def group(scope: WebDriver | WebElement, legend: str) -> WebElement:
-    """The fieldset whose legend reads `legend`."""
-    found = scope.find_elements(
-        By.XPATH, f".//fieldset[legend/span[@class='label-text' and normalize-space()='{legend}']]"
-    )
-    assert len(found) == 1, f"expected one fieldset {legend!r}, found {len(found)}"
-    return found[0]
-
-
 def submissions(driver: WebDriver) -> list[Any]:
     result: list[Any] = driver.execute_script("return window.harness.submissions")
     return result
@@ -104,11 +86,6 @@ def error_of(driver: WebDriver, element: WebElement) -> str:
     """Text of the error the element's aria-describedby points at ("" when none)."""
     texts = [e.text for e in describedby(driver, element) if "field-error" in (e.get_attribute("class") or "")]
     return " | ".join(texts)
-
-
-def retype(element: WebElement, text: str) -> None:
-    element.clear()
-    element.send_keys(text)
 
 
 def fill_ticket(driver: WebDriver, form: WebElement) -> None:

@@ -28,8 +28,11 @@ export function authHeaders() {
 export function apiUrl(path, query) {
   const url = new URL(path.replace(/^\//, ""), document.baseURI);
   for (const [name, value] of Object.entries(query || {})) {
-    if (value === undefined || value === null || value === "") continue;
-    url.searchParams.set(name, String(value));
+    // An array repeats the parameter (`?status=A&status=B`).
+    for (const item of Array.isArray(value) ? value : [value]) {
+      if (item === undefined || item === null || item === "") continue;
+      url.searchParams.append(name, String(item));
+    }
   }
   return url.toString();
 }

@@ -197,10 +197,16 @@ function decisionControls({ decide, idPrefix }) {
   );
 }
 
+/** Whether a page message still offers `action` (the server lists `actions`; older servers only the status). */
+function isOpen(message, action) {
+  if (Array.isArray(message.actions)) return message.actions.includes(action);
+  return (message.status || "PENDING") === "PENDING";
+}
+
 /** An approval card for an `agent_action` page message (`li`). */
 export function actionCard(message, { onChanged }) {
   const status = message.status || "PENDING";
-  const pending = status === "PENDING";
+  const pending = isOpen(message, "APPROVE");
   const card = h(
     "li",
     {
@@ -222,7 +228,9 @@ export function actionCard(message, { onChanged }) {
         idPrefix: `action-${message.action_id}`,
         decide: async (action, reason) => {
           const body = { action, tool_call_id: message.action_id };
-          if (reason) body.reason = reason;
+          // The model reads a rejection's reason; an approval's reason is kept with the decision.
+          if (reason && action === "reject") body.reason = reason;
+          if (reason) body.metadata = { reason };
           try {
             await api.resume(message.turn_id, body);
           } finally {
@@ -240,7 +248,7 @@ export function actionCard(message, { onChanged }) {
 /** A form card for an `agent_form` page message (`li`). */
 export function formCard(message, { onChanged }) {
   const status = message.status || "PENDING";
-  const pending = status === "PENDING";
+  const pending = isOpen(message, "SUBMIT");
   const schema = message.schema || message.form_schema || {};
   const title = message.description || schema.title || humanize(message.form_key);
   const card = h(
@@ -276,7 +284,7 @@ export function timelineItem(message, handlers) {
 
 /** Key that changes whenever a timeline item must be drawn again. */
 export function renderKey(message) {
-  return `${message.role}|${message.version ?? 0}|${message.status ?? ""}`;
+  return `${message.role}|${message.version ?? 0}|${message.status ?? ""}|${(message.actions || []).join(",")}`;
 }
 
 /** A box to answer a plain-text question of a turn waiting for the user. */

@@ -9,6 +9,7 @@ import { LiveAnswers, streamStatusElement } from "../live.js";
 import { agentPicker, busyPicker, startErrorText } from "./agents.js";
 
 const POLL_MS = 4000;
+const PAGE = 200;
 
 export function mountConversation(main, conversationId) {
   const timeline = h("ol", { class: "timeline", "aria-label": "Conversation timeline" });
@@ -18,6 +19,7 @@ export function mountConversation(main, conversationId) {
   const questionArea = h("div", { class: "question-area" });
   const loadError = h("div", { class: "notice error", role: "alert", hidden: true });
   const empty = h("p", { class: "empty", hidden: true }, "No messages yet. Start a turn below.");
+  const earlier = h("button", { type: "button", class: "small", hidden: true }, "Show earlier messages");
 
   const picker = agentPicker("composer-agent");
   const busy = busyPicker("composer-busy", "reject");
@@ -45,6 +47,7 @@ export function mountConversation(main, conversationId) {
     streamStatus,
     loadError,
     empty,
+    earlier,
     timeline,
     live,
     questionArea,
@@ -56,6 +59,9 @@ export function mountConversation(main, conversationId) {
   let refreshing = null;
   let again = false;
   let activeKey = "";
+  let older = []; // pages fetched with `before`, oldest first
+  let latest = [];
+  let moreBefore = false;
   const handlers = { onChanged: () => scheduleRefresh() };
   const keyed = new KeyedList(timeline, (message) => timelineItem(message, handlers));
 
@@ -95,17 +101,44 @@ export function mountConversation(main, conversationId) {
 
   async function refresh() {
     const [messages, turns] = await Promise.all([
-      api.conversationMessages(conversationId, { limit: 200 }),
+      api.conversationMessages(conversationId, { limit: PAGE }),
       api.listTurns({ conversation_id: conversationId, limit: 1 }),
     ]);
     if (stopped) return;
-    const items = (messages.items || []).filter((m) => m.role !== "system");
-    keyed.update(items, renderKey, (m) => m.id);
+    latest = messages.items || [];
+    if (!older.length) moreBefore = latest.length >= PAGE;
+    const items = drawTimeline();
     answers.prune();
     empty.hidden = items.length > 0 || live.children.length > 0;
     renderActive((turns.items || [])[0] || null);
     loadError.hidden = true;
   }
+
+  function drawTimeline() {
+    const seen = new Set();
+    const items = [...older, ...latest].filter((m) => m.role !== "system" && !seen.has(m.id) && seen.add(m.id));
+    keyed.update(items, renderKey, (m) => m.id);
+    earlier.hidden = !moreBefore;
+    return items;
+  }
+
+  earlier.addEventListener("click", async () => {
+    const first = older[0] || latest[0];
+    if (!first) return;
+    earlier.disabled = true;
+    try {
+      const page = await api.conversationMessages(conversationId, { limit: PAGE, before: first.id });
+      const items = page.items || [];
+      older = [...items, ...older];
+      moreBefore = items.length >= PAGE;
+      drawTimeline();
+    } catch (error) {
+      loadError.textContent = `Could not load earlier messages: ${error.message}`;
+      loadError.hidden = false;
+    } finally {
+      earlier.disabled = false;
+    }
+  });
 
   function scheduleRefresh() {
     if (stopped) return;

@@ -76,8 +76,8 @@ export function mountWaiting(main) {
 
   async function refresh() {
     try {
-      const pages = await Promise.all(WAITING.map((s) => api.listTurns({ status: s, limit: 50 })));
-      const turns = pages.flatMap((page) => page.items || []);
+      const page = await api.listTurns({ status: WAITING, limit: 100 });
+      const turns = page.items || [];
       turns.sort((a, b) => String(b.updated_at || b.created_at).localeCompare(String(a.updated_at || a.created_at)));
       if (stopped) return;
       keyed.update(turns, (t) => `${t.version}|${t.status}`, (t) => t.id);
