@@ -131,6 +131,11 @@ class InMemoryAgentLoader:
                 self._agents[(item.id, item.version)] = item
                 self._latest[item.id] = item
 
+    def agents(self) -> list[Agent]:
+        """Every registered agent (each version, sub-agents included), ordered by id and version."""
+        with self._lock:
+            return [self._agents[key] for key in sorted(self._agents)]
+
     def load(self, agent_id: str, version: str | None = None) -> Agent:
         """Return the agent; the most recently registered version when `version` is None."""
         with self._lock:

@@ -7,6 +7,7 @@ workers read to decide whether a delivery is worth retrying.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
@@ -68,10 +69,11 @@ class InvalidResumeCommand(TurnError):
 
     Raised for a terminal turn, a wrong command type, an unknown, stale or already-applied
     call id, and form data that fails the schema frozen in the suspension (listed in
-    `errors`). The turn is left unchanged.
+    `errors`: readable strings that are `agent_runner.forms.FormDataError`s, each with the
+    JSON Pointer of its field in `pointer`). The turn is left unchanged.
     """
 
-    def __init__(self, message: str, *, turn_id: str | None = None, errors: list[str] | None = None) -> None:
+    def __init__(self, message: str, *, turn_id: str | None = None, errors: Sequence[str] | None = None) -> None:
         self.turn_id = turn_id
         self.errors: list[str] = list(errors or [])
         super().__init__(message)

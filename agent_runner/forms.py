@@ -45,14 +45,46 @@ class AgentFormDefinition:
         return {"key": self.key, "description": self.description, "schema": self.schema}
 
 
-def validate_form_data(schema: dict[str, Any], data: Any) -> list[str]:
-    """Validate `data` against `schema` and return readable error strings (empty when valid)."""
+class FormDataError(str):
+    """One schema error of submitted form data: a readable string that also keeps its parts.
+
+    It reads as `"field: message"` (or just the message for an error about the whole
+    object) and carries `pointer`, the JSON Pointer of the field the error is about
+    (`"/field"`, `"/items/0"`; for a missing required field, that field; `""` for the whole
+    object), and `message`, for clients that show each error next to its field.
+    """
+
+    pointer: str
+    message: str
+
+    def __new__(cls, text: str, pointer: str, message: str) -> FormDataError:
+        """Build the error; `text` is its readable form."""
+        error = super().__new__(cls, text)
+        error.pointer = pointer
+        error.message = message
+        return error
+
+
+def validate_form_data(schema: dict[str, Any], data: Any) -> list[FormDataError]:
+    """Validate `data` against `schema` and return its errors (empty when valid), ordered by field."""
     validator_cls = jsonschema.validators.validator_for(schema)
     validator = validator_cls(schema, format_checker=validator_cls.FORMAT_CHECKER)
     errors = sorted(validator.iter_errors(data), key=lambda e: (list(e.absolute_path), e.message))
     return [_describe(e) for e in errors]
 
 
-def _describe(error: jsonschema.ValidationError) -> str:
-    path = "/".join(str(p) for p in error.absolute_path)
-    return f"{path}: {error.message}" if path else error.message
+def _pointer(parts: Any) -> str:
+    return "".join("/" + str(p).replace("~", "~0").replace("/", "~1") for p in parts)
+
+
+def _describe(error: jsonschema.ValidationError) -> FormDataError:
+    parts = list(error.absolute_path)
+    path = "/".join(str(p) for p in parts)
+    text = f"{path}: {error.message}" if path else error.message
+    if error.validator == "required" and isinstance(error.validator_value, list):
+        # A missing field has no value to point at; point at the field itself so that a
+        # form can show the error next to it.
+        missing = next((n for n in error.validator_value if error.message == f"{n!r} is a required property"), None)
+        if isinstance(missing, str):
+            parts.append(missing)
+    return FormDataError(text, _pointer(parts), error.message)

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from store._engine import make_engine
 from store.chat_memory import SqlChatMemory, SqlChatMemoryProvider
+from store.idempotency import IdempotencyKeys, IdempotencyRecord, IdempotencyStatus
 from store.inbox import Inbox, InboxMessage, InboxStatus
 from store.migrations import migrate
 from store.sql_lease import SqlTurnLease
@@ -44,6 +45,9 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     # SQL backends
+    "IdempotencyKeys",
+    "IdempotencyRecord",
+    "IdempotencyStatus",
     "Inbox",
     "InboxMessage",
     "InboxStatus",

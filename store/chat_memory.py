@@ -136,6 +136,32 @@ class SqlChatMemory:
         payloads.reverse()
         return AnyMessagesAdapter.validate_python(payloads)
 
+    def get_messages_before(self, message_id: str, count: int) -> list[AnyMessage] | None:
+        """Return the newest `count` messages older than `message_id`, oldest first.
+
+        For paging back through a conversation's timeline. Returns None when `message_id`
+        is not a message of this conversation.
+        """
+        position = (
+            sa.select(chat_messages.c.seq)
+            .where(chat_messages.c.conversation_id == self.conversation_id, chat_messages.c.message_id == message_id)
+            .scalar_subquery()
+        )
+        query = (
+            sa.select(chat_messages.c.payload)
+            .where(chat_messages.c.conversation_id == self.conversation_id, chat_messages.c.seq < position)
+            .order_by(chat_messages.c.seq.desc())
+            .limit(max(0, count))
+        )
+        exists = sa.select(position.isnot(None))
+        with translated_errors(self._engine, f"reading conversation {self.conversation_id!r}"):
+            with self._reader.connect() as connection:
+                if not connection.execute(exists).scalar():
+                    return None
+                payloads = list(connection.execute(query).scalars()) if count > 0 else []
+        payloads.reverse()
+        return AnyMessagesAdapter.validate_python(payloads)
+
     def get(self, message_id: str) -> AnyMessage | None:
         """Return the message with this id, or None."""
         query = sa.select(chat_messages.c.payload).where(

@@ -8,7 +8,7 @@ are not written to ChatMemory: the turn started from them projects them when it 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from enum import StrEnum
 from typing import Any
@@ -43,6 +43,9 @@ class InboxMessage:
         status: PENDING, PROCESSING, COMPLETED or FAILED.
         turn_id: The turn started from the message, once COMPLETED.
         error: Why the message FAILED.
+        agent_id: The agent that answers it (None: the deployment's inbox agent).
+        tenant_id: The tenant the turn started from it belongs to.
+        metadata: The metadata of that turn.
     """
 
     message_id: str
@@ -52,6 +55,9 @@ class InboxMessage:
     status: InboxStatus
     turn_id: str | None = None
     error: str | None = None
+    agent_id: str | None = None
+    tenant_id: str | None = None
+    metadata: dict[str, Any] = field(default_factory=dict)
 
 
 _COLUMNS = (
@@ -62,6 +68,9 @@ _COLUMNS = (
     inbox_messages.c.status,
     inbox_messages.c.turn_id,
     inbox_messages.c.error,
+    inbox_messages.c.agent_id,
+    inbox_messages.c.tenant_id,
+    inbox_messages.c.turn_metadata,
 )
 
 
@@ -74,6 +83,9 @@ def _record(row: AnyRow) -> InboxMessage:
         status=InboxStatus(row.status),
         turn_id=row.turn_id,
         error=row.error,
+        agent_id=row.agent_id,
+        tenant_id=row.tenant_id,
+        metadata=dict(row.turn_metadata or {}),
     )
 
 
@@ -92,11 +104,28 @@ class Inbox(SqlBackend):
     def __init__(self, url_or_engine: UrlOrEngine) -> None:
         super().__init__(url_or_engine)
 
-    def enqueue(self, conversation_id: str, message_id: str, content: str) -> InboxMessage:
+    def enqueue(
+        self,
+        conversation_id: str,
+        message_id: str,
+        content: str,
+        *,
+        agent_id: str | None = None,
+        tenant_id: str | None = None,
+        metadata: dict[str, Any] | None = None,
+    ) -> InboxMessage:
         """Queue a message at the end of its conversation; return the stored record.
 
         Idempotent on `message_id`: enqueueing an id again returns the record already
         stored (whatever its conversation, content or status) and changes nothing.
+
+        Args:
+            conversation_id: The conversation whose queue the message joins.
+            message_id: The message's id; the turn started from it uses it for its user message.
+            content: The message text.
+            agent_id: The agent to answer it (default: the deployment's inbox agent).
+            tenant_id: The tenant of the turn started from it.
+            metadata: JSON metadata of the turn started from it.
         """
         now = utcnow()
         with translated_errors(self._engine, f"enqueueing message {message_id!r}"):
@@ -125,6 +154,9 @@ class Inbox(SqlBackend):
                         attempts=0,
                         created_at=now,
                         updated_at=now,
+                        agent_id=agent_id,
+                        tenant_id=tenant_id,
+                        turn_metadata=dict(metadata) if metadata else None,
                     )
                     .on_conflict_do_nothing(index_elements=[inbox_messages.c.message_id])
                     .returning(*_COLUMNS)

@@ -13,6 +13,9 @@ Tables:
         sequence counter.
     agent_inbox_conversations / agent_inbox_messages: the inbox of queued user messages.
     agent_turn_leases: the SQL turn lease (owner, fence, expiry).
+    agent_idempotency_keys: the first answer to each HTTP request sent with an
+        `Idempotency-Key`, per tenant and key, so that a retried request is answered the
+        same and acts once.
 """
 
 from __future__ import annotations
@@ -166,6 +169,11 @@ inbox_messages = sa.Table(
     sa.Column("attempts", sa.Integer, nullable=False),
     sa.Column("created_at", UtcDateTime, nullable=False),
     sa.Column("updated_at", UtcDateTime, nullable=False),
+    # What the turn started from the message is made of, when the enqueuer said so (the
+    # HTTP server does); NULL agent means the workers' AGENT_RUNNER_INBOX_AGENT.
+    sa.Column("agent_id", sa.String, nullable=True),
+    sa.Column("tenant_id", sa.String, nullable=True),
+    sa.Column("turn_metadata", _json(), nullable=True),
     sa.UniqueConstraint("conversation_id", "sequence", name="uq_agent_inbox_messages_conversation_sequence"),
     sa.Index("ix_agent_inbox_messages_conversation_status", "conversation_id", "status", "sequence"),
     sa.Index("ix_agent_inbox_messages_status_created", "status", "created_at"),
@@ -178,4 +186,19 @@ turn_leases = sa.Table(
     sa.Column("owner", sa.String, nullable=True),
     sa.Column("fence", sa.BigInteger, nullable=False),
     sa.Column("expires_at_ms", sa.BigInteger, nullable=False),
+)
+
+idempotency_keys = sa.Table(
+    "agent_idempotency_keys",
+    metadata,
+    # "" for a single-tenant server: a primary key column cannot be NULL.
+    sa.Column("tenant_id", sa.String, primary_key=True),
+    sa.Column("idempotency_key", sa.String, primary_key=True),
+    sa.Column("fingerprint", sa.String(64), nullable=False),
+    sa.Column("status", sa.String(16), nullable=False),
+    sa.Column("response_status", sa.Integer, nullable=True),
+    sa.Column("response_body", _json(), nullable=True),
+    sa.Column("created_at", UtcDateTime, nullable=False),
+    sa.Column("updated_at", UtcDateTime, nullable=False),
+    sa.Index("ix_agent_idempotency_keys_created", "created_at"),
 )

@@ -419,6 +419,48 @@ class SqlAgentTurnStore(SqlBackend):
             headers = list(connection.execute(query))
             return self._assemble(connection, headers) if headers else []
 
+    def list_page(
+        self,
+        *,
+        tenant_id: str | None = None,
+        statuses: Sequence[AgentTurnStatus] | None = None,
+        conversation_id: str | None = None,
+        agent_id: str | None = None,
+        before: tuple[datetime, str] | None = None,
+        limit: int = 50,
+    ) -> list[AgentTurn]:
+        """Return a page of turns for a listing: newest created first, without their messages.
+
+        Every given filter must match. `before` is the `(created_at, id)` of the last turn
+        of the previous page; the order is stable while turns change, so paging never skips
+        or repeats a turn. The snapshots have empty `messages` (load a turn for its history).
+
+        Args:
+            tenant_id: Only turns of this tenant (None: every tenant).
+            statuses: Only turns in one of these statuses.
+            conversation_id: Only turns of this conversation.
+            agent_id: Only turns of this agent.
+            before: Only turns created before this position.
+            limit: Most turns returned.
+        """
+        if limit <= 0:
+            return []
+        query = sa.select(turns)
+        if statuses is not None:
+            query = query.where(turns.c.status.in_([AgentTurnStatus(s).value for s in statuses]))
+        if conversation_id is not None:
+            query = query.where(turns.c.conversation_id == conversation_id)
+        if agent_id is not None:
+            query = query.where(turns.c.agent_id == agent_id)
+        if before is not None:
+            created, turn_id = before
+            query = query.where(
+                sa.or_(turns.c.created_at < created, sa.and_(turns.c.created_at == created, turns.c.id < turn_id))
+            )
+        query = query.order_by(turns.c.created_at.desc(), turns.c.id.desc()).limit(limit)
+        with translated_errors(self._engine, "listing turns"), self._reader.connect() as connection:
+            return [_snapshot(header, []) for header in connection.execute(query)]
+
     def list_runnable(self, now: datetime, limit: int = 100) -> list[TurnRef]:
         """Return READY and RUNNING turns and RETRY_SCHEDULED turns due at `now`, oldest first."""
         if limit <= 0:

@@ -8,7 +8,9 @@ input (unknown turn, invalid form data, a command that does not fit the turn), 1
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
+import ipaddress
 import json
 import os
 import sys
@@ -21,14 +23,22 @@ import click
 from agent_runner import (
     Agent,
     AgentLoader,
-    AgentResumeCommand,
     AgentRunner,
     AgentRunnerError,
     AgentTurn,
     AgentTurnStatus,
     InMemoryAgentLoader,
     InvalidResumeCommand,
-    TurnNotFound,
+)
+from workers.views import (
+    ErrorKind,
+    ResumeAction,
+    classify_error,
+    find_agent,
+    history_view,
+    resume_command,
+    turn_summary,
+    turn_view,
 )
 
 DEFAULT_DATABASE_URL = "sqlite:///./agent_runner.db"
@@ -40,6 +50,13 @@ def _fail(message: str, code: int = 1, details: Iterable[str] = ()) -> NoReturn:
     for line in details:
         click.echo(f"  - {line}", err=True)
     sys.exit(code)
+
+
+def _fail_with(error: AgentRunnerError) -> NoReturn:
+    """Exit for a runner error: 2 for bad input (unknown turn, a command that does not fit), else 1."""
+    bad_input = classify_error(error) in (ErrorKind.NOT_FOUND, ErrorKind.INVALID, ErrorKind.CONFLICT)
+    details = error.errors if isinstance(error, InvalidResumeCommand) else ()
+    _fail(str(error), EXIT_BAD_INPUT if bad_input else 1, details)
 
 
 def load_agents(spec: str | None) -> AgentLoader:
@@ -168,23 +185,71 @@ def worker(obj: _Context, concurrency: int, lease_ttl: float, poll_interval: flo
         embedded.stop()
 
 
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+@main.command()
+@click.option(
+    "--agents", "agents_spec", default=None, help="module:attribute of the agents (default: --agents of the group)."
+)
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535), help="Port to listen on.")
+@click.option(
+    "--worker",
+    "worker_mode",
+    type=click.Choice(["embedded", "celery", "none"]),
+    default=None,
+    help="Who steps turns: threads in this process, Celery workers, or nobody here "
+    "(default: AGENT_RUNNER_API_WORKER, else embedded on SQLite and celery otherwise).",
+)
+@click.option("--concurrency", type=click.IntRange(1, 64), default=None, help="Threads of the embedded worker.")
+@pass_context
+def serve(
+    obj: _Context, agents_spec: str | None, host: str, port: int, worker_mode: str | None, concurrency: int | None
+) -> None:
+    """Serve the HTTP API (and the console) for web apps; see docs/http-api.md."""
+    try:
+        import uvicorn
+
+        from workers.api import ApiSettings, WorkerMode, create_app
+    except ImportError as exc:
+        _fail(f"serving needs the api extra (pip install 'agent-runner[api]'): {exc}", EXIT_BAD_INPUT)
+    spec = agents_spec or obj.agents
+    if not spec:
+        _fail("give the agents to serve with --agents module:attribute (or AGENT_RUNNER_AGENT_LOADER)", EXIT_BAD_INPUT)
+    loader = load_agents(spec)
+    try:
+        settings = ApiSettings.from_env({**os.environ, "AGENT_RUNNER_DATABASE_URL": obj.database_url})
+    except AgentRunnerError as exc:
+        _fail(str(exc), EXIT_BAD_INPUT)
+    if not settings.keys.enabled and not _is_loopback(host):
+        _fail(
+            f"refusing to listen on {host}: without AGENT_RUNNER_API_KEYS the API has no authentication, "
+            "so it only listens on a loopback address (127.0.0.1, ::1, localhost). Set "
+            "AGENT_RUNNER_API_KEYS='tenant:key,...' to serve other hosts.",
+            EXIT_BAD_INPUT,
+        )
+    if concurrency is not None:
+        settings = dataclasses.replace(settings, worker_concurrency=concurrency)
+    app = create_app(
+        settings, agents=loader, database_url=obj.database_url, worker=WorkerMode(worker_mode) if worker_mode else None
+    )
+    mode = app.state.settings.worker_mode.value
+    click.echo(
+        f"serving {len(getattr(loader, 'agents', list)())} agent(s) on http://{host}:{port} (worker: {mode})", err=True
+    )
+    uvicorn.run(app, host=host, port=port, log_level="info", timeout_graceful_shutdown=5)
+
+
 @main.group()
 def turns() -> None:
     """Inspect turns."""
-
-
-def _summary(turn: AgentTurn) -> dict[str, Any]:
-    return {
-        "id": turn.id,
-        "agent_id": turn.agent_id,
-        "status": turn.status.value,
-        "phase": turn.phase.value,
-        "conversation_id": turn.conversation_id,
-        "parent_turn_id": turn.parent_turn_id,
-        "version": turn.version,
-        "steps": turn.steps,
-        "updated_at": turn.updated_at.isoformat(),
-    }
 
 
 @turns.command("list")
@@ -210,30 +275,14 @@ def turns_list(obj: _Context, statuses: tuple[str, ...], conversation: str | Non
         for turn in found:
             click.echo(f"{turn.id}  {turn.status.value:<22} {turn.agent_id:<20} {turn.updated_at:%Y-%m-%d %H:%M:%S}")
 
-    obj.emit([_summary(t) for t in found], human)
+    obj.emit([turn_summary(t) for t in found], human)
 
 
 def _load(obj: _Context, turn_id: str) -> AgentTurn:
     try:
         return obj.runner().turn_store.load(turn_id)
-    except TurnNotFound as exc:
-        _fail(str(exc), EXIT_BAD_INPUT)
-
-
-def _safe_history(turn: AgentTurn) -> list[dict[str, Any]]:
-    history: list[dict[str, Any]] = []
-    for message in turn.messages:
-        item: dict[str, Any] = {"role": message.role}
-        content = getattr(message, "content", None)
-        if content is not None:
-            item["content"] = content
-        if message.role == "assistant" and message.tool_calls:
-            item["tool_calls"] = [c.name for c in message.tool_calls]
-        if message.role == "tool":
-            item["tool_name"] = message.tool_name
-            item["is_error"] = message.is_error
-        history.append(item)
-    return history
+    except AgentRunnerError as exc:
+        _fail_with(exc)
 
 
 @turns.command("show")
@@ -243,21 +292,7 @@ def turns_show(obj: _Context, turn_id: str) -> None:
     """Show a turn: status, suspension and history (tool arguments are not shown)."""
     turn = _load(obj, turn_id)
     suspension = turn.suspension
-    data = {
-        **_summary(turn),
-        "error": turn.error,
-        "final_output": turn.final_output,
-        "pending_tool_calls": [{"id": c.id, "name": c.name} for c in turn.pending_tool_calls],
-        "suspension": None
-        if suspension is None
-        else {
-            "type": suspension.type.value,
-            "correlation_id": suspension.correlation_id,
-            "message": suspension.message,
-            "form": None if suspension.form is None else suspension.form.to_dict(),
-        },
-        "history": _safe_history(turn),
-    }
+    data = {**turn_view(turn, find_agent(obj.runner().agent_loader, turn)), "history": history_view(turn)}
 
     def human() -> None:
         click.echo(f"turn {turn.id}  ({turn.agent_id} v{turn.agent_version})")
@@ -303,33 +338,31 @@ def resume(
     chosen = [x for x in (approve, reject, text, form, retry or None) if x is not None]
     if len(chosen) != 1:
         _fail("give exactly one of --approve, --reject, --input, --form, --retry", EXIT_BAD_INPUT)
-    if approve is not None:
-        command = AgentResumeCommand.approve_tool(approve)
-    elif reject is not None:
-        command = AgentResumeCommand.reject_tool(reject, reason)
-    elif text is not None:
-        command = AgentResumeCommand.user_input(text)
-    elif form is not None:
+    data: dict[str, Any] | None = None
+    if form is not None:
         try:
             data = json.loads(form[1])
         except json.JSONDecodeError as exc:
             _fail(f"--form data is not valid JSON: {exc}", EXIT_BAD_INPUT)
         if not isinstance(data, dict):
             _fail("--form data must be a JSON object", EXIT_BAD_INPUT)
-        command = AgentResumeCommand.user_input(form[0], data)
+    if approve is not None:
+        command = resume_command(ResumeAction.APPROVE, tool_call_id=approve)
+    elif reject is not None:
+        command = resume_command(ResumeAction.REJECT, tool_call_id=reject, reason=reason)
+    elif text is not None:
+        command = resume_command(ResumeAction.INPUT, content=text)
+    elif form is not None:
+        command = resume_command(ResumeAction.FORM, tool_call_id=form[0], data=data)
     else:
-        command = AgentResumeCommand.retry()
+        command = resume_command(ResumeAction.RETRY)
     command = command.with_metadata("channel", "cli").with_metadata("operator", os.environ.get("USER", "unknown"))
     runner = obj.runner()
     try:
         turn = runner.resume(turn_id, command) if run_now else runner.submit_resume(turn_id, command)
-    except TurnNotFound as exc:
-        _fail(str(exc), EXIT_BAD_INPUT)
-    except InvalidResumeCommand as exc:
-        _fail(str(exc), EXIT_BAD_INPUT, exc.errors)
     except AgentRunnerError as exc:
-        _fail(str(exc))
-    obj.emit(_summary(turn), lambda: click.echo(f"turn {turn.id} is {turn.status.value}"))
+        _fail_with(exc)
+    obj.emit(turn_summary(turn), lambda: click.echo(f"turn {turn.id} is {turn.status.value}"))
 
 
 @main.command()
@@ -340,12 +373,10 @@ def cancel(obj: _Context, turn_id: str, reason: str | None) -> None:
     """Cancel a turn and its children (a running turn stops at its next boundary)."""
     try:
         turn = obj.runner().cancel(turn_id, reason)
-    except TurnNotFound as exc:
-        _fail(str(exc), EXIT_BAD_INPUT)
     except AgentRunnerError as exc:
-        _fail(str(exc))
+        _fail_with(exc)
     message = "cancel requested; it stops at its next boundary" if turn.status is AgentTurnStatus.RUNNING else ""
-    obj.emit(_summary(turn), lambda: click.echo(f"turn {turn.id} is {turn.status.value} {message}".rstrip()))
+    obj.emit(turn_summary(turn), lambda: click.echo(f"turn {turn.id} is {turn.status.value} {message}".rstrip()))
 
 
 if __name__ == "__main__":

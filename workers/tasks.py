@@ -30,18 +30,17 @@ from datetime import timedelta
 from enum import StrEnum
 
 from agent_runner import (
-    AgentConversationBusyException,
     AgentRunnerError,
     AgentTurn,
     AgentTurnStatus,
     LeaseLostError,
     StoreUnavailableError,
     TurnNotFound,
-    UserMessage,
     VersionConflictError,
 )
-from store import InboxMessage
+from workers import inbox
 from workers.app import DISPATCH_INBOX, STEP_TURN, app
+from workers.inbox import InboxOutcome
 from workers.wiring import Wiring, current
 
 logger = logging.getLogger("workers.tasks")
@@ -60,17 +59,6 @@ class StepOutcome(StrEnum):
     NOT_FOUND = "not-found"
     NOT_RUNNABLE = "not-runnable"
     NOT_DUE = "not-due"
-
-
-class InboxOutcome(StrEnum):
-    """What one `dispatch_inbox` delivery did."""
-
-    STARTED = "started"
-    ALREADY_STARTED = "already-started"
-    EMPTY = "empty"
-    BUSY = "busy"
-    FAILED = "failed"
-    NO_AGENT = "no-agent"
 
 
 # --- step_turn --------------------------------------------------------------------------------
@@ -208,71 +196,21 @@ step_turn = app.task(
 def start_next_message(wiring: Wiring, conversation_id: str) -> InboxOutcome:
     """Start a turn from the conversation's next PENDING inbox message, if the conversation is free.
 
-    The turn's user message takes the inbox message's id. Before starting, the conversation
-    is checked for a turn already started from that id (a run that crashed between starting
-    the turn and marking the message), so a message never starts two turns.
+    See `workers.inbox.start_next_message`; messages queued without an agent are answered
+    by `AGENT_RUNNER_INBOX_AGENT`.
     """
-    agent_id = wiring.settings.inbox_agent
-    if agent_id is None:
-        logger.error("inbox message waiting in %s but AGENT_RUNNER_INBOX_AGENT is not set", conversation_id)
-        return InboxOutcome.NO_AGENT
-    if wiring.turn_store.find_active_turn(conversation_id) is not None:
-        return InboxOutcome.BUSY  # the turn's end asks again
-    message = wiring.inbox.claim_next(conversation_id)
-    if message is None:
-        return InboxOutcome.EMPTY
-    return _start_claimed(wiring, agent_id, message)
-
-
-def _start_claimed(wiring: Wiring, agent_id: str, message: InboxMessage) -> InboxOutcome:
-    inbox = wiring.inbox
-    existing = turn_started_from(wiring, message.conversation_id, message.message_id)
-    if existing is not None:
-        inbox.mark_completed(message.message_id, existing)
-        return InboxOutcome.ALREADY_STARTED
-    try:
-        turn = wiring.runner.start(
-            agent_id,
-            UserMessage(id=message.message_id, content=message.content),
-            conversation_id=message.conversation_id,
-        )
-    except AgentConversationBusyException:
-        inbox.release_for_retry(message.message_id)
-        # The active turn may have ended while this message was claimed, and its end's
-        # request for the next message then found the conversation claimed: ask again.
-        if wiring.turn_store.find_active_turn(message.conversation_id) is None:
-            wiring.dispatcher.send_inbox(message.conversation_id)
-        return InboxOutcome.BUSY
-    except AgentRunnerError as exc:
-        if exc.retryable:
-            inbox.release_for_retry(message.message_id)
-            raise
-        inbox.mark_failed(message.message_id, f"{type(exc).__name__}: {exc}")
-        return InboxOutcome.FAILED
-    except Exception as exc:
-        logger.exception("starting a turn from inbox message %s failed", message.message_id)
-        inbox.mark_failed(message.message_id, f"{type(exc).__name__}: {exc}")
-        return InboxOutcome.FAILED
-    inbox.mark_completed(message.message_id, turn.id)
-    return InboxOutcome.STARTED
+    return inbox.start_next_message(
+        wiring.runner,
+        wiring.inbox,
+        wiring.settings.inbox_agent,
+        conversation_id,
+        ask_again=wiring.dispatcher.send_inbox,
+    )
 
 
 def turn_started_from(wiring: Wiring, conversation_id: str, message_id: str) -> str | None:
-    """Return the id of the turn started from inbox message `message_id`, or None.
-
-    A turn's first save projects its user message into ChatMemory, so one indexed read
-    answers the common case (no turn). Only when the message is there are the
-    conversation's turns searched for the first one that carries it.
-    """
-    runner = wiring.runner
-    if runner.chat_memory_provider is None or runner.chat_memory_provider(conversation_id).get(message_id) is None:
-        return None
-    turns = wiring.turn_store.list_turns(conversation_id=conversation_id, limit=100)
-    carrying = [t for t in turns if any(m.id == message_id for m in t.messages)]
-    if not carrying:
-        # Projected, so a turn was started from it, but it is beyond the search window.
-        return turns[0].id if turns else None
-    return min(carrying, key=lambda t: t.created_at).id
+    """Return the id of the turn started from inbox message `message_id`, or None."""
+    return inbox.turn_started_from(wiring.runner, conversation_id, message_id)
 
 
 def _dispatch_inbox(conversation_id: str) -> str:

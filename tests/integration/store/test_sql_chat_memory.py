@@ -59,3 +59,14 @@ def test_concurrent_appenders_each_keep_their_order_and_lose_nothing(sql_url: st
         for writer in range(4):
             mine = [i for i in ids if i.startswith(f"w{writer}-")]
             assert mine == [f"w{writer}-{n}{part}" for n in range(25) for part in "ab"]
+
+
+def test_messages_before_a_message_page_back_through_the_timeline(sql_url: str) -> None:
+    with SqlChatMemoryProvider(sql_url) as memories:
+        memory = memories("c-page")
+        memory.append([UserMessage(id=f"m{i}", content=f"text {i}") for i in range(5)])
+        assert [m.id for m in memory.get_messages_before("m4", 2) or []] == ["m2", "m3"]
+        assert [m.id for m in memory.get_messages_before("m2", 10) or []] == ["m0", "m1"]
+        assert memory.get_messages_before("m0", 10) == []
+        assert memory.get_messages_before("unknown", 10) is None
+        assert memories("other").get_messages_before("m4", 2) is None

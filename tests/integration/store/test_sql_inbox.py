@@ -102,3 +102,16 @@ def test_stale_claims_lists_only_processing_messages_claimed_before_the_cutoff(i
     # And a completed claim is no longer stale
     inbox.mark_completed("m-0", "turn-0")
     assert inbox.stale_claims(future) == []
+
+
+def test_a_message_remembers_the_agent_tenant_and_metadata_of_its_turn(inbox: Inbox) -> None:
+    queued = inbox.enqueue("t/c-1", "m-1", "hello", agent_id="helper", tenant_id="t", metadata={"user": "u-1"})
+    assert (queued.agent_id, queued.tenant_id, queued.metadata) == ("helper", "t", {"user": "u-1"})
+    claimed = inbox.claim_next("t/c-1")
+    assert claimed is not None and (claimed.agent_id, claimed.tenant_id, claimed.metadata) == (
+        "helper",
+        "t",
+        {"user": "u-1"},
+    )
+    plain = inbox.enqueue("c-2", "m-2", "no extras")
+    assert (plain.agent_id, plain.tenant_id, plain.metadata) == (None, None, {})

@@ -1,0 +1,182 @@
+"""`IdempotencyKeys`: the first answer to each request sent with an idempotency key.
+
+A client that retries a request (a timeout, a dropped connection, a restarted server)
+sends the same key again and must get the first answer instead of a second action. The
+first request claims the key (IN_PROGRESS), acts, and records its answer (COMPLETED);
+later requests with the key read that answer. Keys are scoped per tenant, and a request
+fingerprint (a hash of what was asked) lets the caller refuse a key reused for a
+different request.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from enum import StrEnum
+from typing import Any
+
+import sqlalchemy as sa
+
+from agent_runner._base import utcnow
+from store._backend import SqlBackend
+from store._engine import AnyRow, UrlOrEngine, dialect_insert, translated_errors
+from store.schema import idempotency_keys
+
+_NO_TENANT = ""
+"""How a single-tenant server's keys are stored (the tenant is part of the primary key)."""
+
+
+class IdempotencyStatus(StrEnum):
+    """Where the request that claimed a key is. Values are stored: add, never rename."""
+
+    IN_PROGRESS = "IN_PROGRESS"
+    COMPLETED = "COMPLETED"
+
+
+@dataclass(frozen=True)
+class IdempotencyRecord:
+    """A claimed idempotency key and, once the request finished, its answer.
+
+    Attributes:
+        tenant_id: The tenant the key belongs to (None on a single-tenant server).
+        key: The client's idempotency key.
+        fingerprint: What the first request asked for (a hash chosen by the caller).
+        status: IN_PROGRESS while the first request runs, then COMPLETED.
+        response_status: The HTTP status of the first answer, once COMPLETED.
+        response_body: The JSON body of the first answer, once COMPLETED.
+        created_at: When the key was first claimed.
+        updated_at: When it was last claimed or completed.
+    """
+
+    tenant_id: str | None
+    key: str
+    fingerprint: str
+    status: IdempotencyStatus
+    response_status: int | None
+    response_body: Any
+    created_at: datetime
+    updated_at: datetime
+
+
+def _record(row: AnyRow) -> IdempotencyRecord:
+    return IdempotencyRecord(
+        tenant_id=row.tenant_id or None,
+        key=row.idempotency_key,
+        fingerprint=row.fingerprint,
+        status=IdempotencyStatus(row.status),
+        response_status=row.response_status,
+        response_body=row.response_body,
+        created_at=row.created_at,
+        updated_at=row.updated_at,
+    )
+
+
+def _where(tenant_id: str | None, key: str) -> sa.ColumnElement[bool]:
+    return sa.and_(idempotency_keys.c.tenant_id == (tenant_id or _NO_TENANT), idempotency_keys.c.idempotency_key == key)
+
+
+class IdempotencyKeys(SqlBackend):
+    """Idempotency keys and the answers recorded for them, in PostgreSQL or SQLite.
+
+    Use it in three moves: `claim` before acting, then `complete` with the answer, or
+    `abandon` when the request failed in a way a retry should redo (nothing was done).
+
+    Args:
+        url_or_engine: A database URL or an engine to share. An engine made from a URL is
+            disposed of by `close()`; one passed in is left open.
+
+    Raises:
+        StoreUnavailableError: From any method, when the database could not complete the
+            operation; nothing was written.
+    """
+
+    def __init__(self, url_or_engine: UrlOrEngine) -> None:
+        super().__init__(url_or_engine)
+
+    def claim(
+        self, tenant_id: str | None, key: str, fingerprint: str, *, stale_after: timedelta
+    ) -> IdempotencyRecord | None:
+        """Claim `key` for a request about to act; None when this caller now holds it.
+
+        Otherwise returns the stored record: COMPLETED (answer with its response, after
+        checking its fingerprint) or IN_PROGRESS (the first request is still running). An
+        IN_PROGRESS claim with the same fingerprint not touched for `stale_after` belongs
+        to a request that died before it answered; it is taken over (None).
+        """
+        now = utcnow()
+        tenant = tenant_id or _NO_TENANT
+        insert = (
+            dialect_insert(self._engine, idempotency_keys)
+            .values(
+                tenant_id=tenant,
+                idempotency_key=key,
+                fingerprint=fingerprint,
+                status=IdempotencyStatus.IN_PROGRESS.value,
+                created_at=now,
+                updated_at=now,
+            )
+            .on_conflict_do_nothing()
+            .returning(idempotency_keys.c.idempotency_key)
+        )
+        with translated_errors(self._engine, f"claiming idempotency key {key!r}"):
+            with self._writer.begin() as connection:
+                if connection.execute(insert).first() is not None:
+                    return None
+                row = connection.execute(sa.select(idempotency_keys).where(_where(tenant_id, key))).first()
+                if row is None:  # deleted (abandoned) between the two statements: claim it again
+                    connection.execute(insert)
+                    return None
+                record = _record(row)
+                if (
+                    record.status is IdempotencyStatus.IN_PROGRESS
+                    and record.fingerprint == fingerprint
+                    and record.updated_at < now - stale_after
+                ):
+                    taken = connection.execute(
+                        sa.update(idempotency_keys)
+                        .where(_where(tenant_id, key), idempotency_keys.c.updated_at == record.updated_at)
+                        .values(updated_at=now)
+                    )
+                    if taken.rowcount == 1:
+                        return None
+                return record
+
+    def complete(self, tenant_id: str | None, key: str, status: int, body: Any) -> None:
+        """Record the answer of the request that holds `key`."""
+        statement = (
+            sa.update(idempotency_keys)
+            .where(_where(tenant_id, key))
+            .values(
+                status=IdempotencyStatus.COMPLETED.value,
+                response_status=status,
+                response_body=body,
+                updated_at=utcnow(),
+            )
+        )
+        with translated_errors(self._engine, f"recording the answer for idempotency key {key!r}"):
+            with self._writer.begin() as connection:
+                connection.execute(statement)
+
+    def abandon(self, tenant_id: str | None, key: str) -> None:
+        """Release an IN_PROGRESS claim whose request did nothing, so that a retry acts."""
+        statement = sa.delete(idempotency_keys).where(
+            _where(tenant_id, key), idempotency_keys.c.status == IdempotencyStatus.IN_PROGRESS.value
+        )
+        with translated_errors(self._engine, f"releasing idempotency key {key!r}"):
+            with self._writer.begin() as connection:
+                connection.execute(statement)
+
+    def get(self, tenant_id: str | None, key: str) -> IdempotencyRecord | None:
+        """Return the stored record of `key`, or None."""
+        with translated_errors(self._engine, f"reading idempotency key {key!r}"), self._engine.connect() as connection:
+            row = connection.execute(sa.select(idempotency_keys).where(_where(tenant_id, key))).first()
+        return None if row is None else _record(row)
+
+    def purge(self, created_before: datetime) -> int:
+        """Delete the keys claimed before `created_before`; return how many.
+
+        A client retries within minutes; keeping a day of keys is plenty.
+        """
+        statement = sa.delete(idempotency_keys).where(idempotency_keys.c.created_at < created_before)
+        with translated_errors(self._engine, "purging idempotency keys"), self._writer.begin() as connection:
+            return int(connection.execute(statement).rowcount)

@@ -1,0 +1,220 @@
+"""The HTTP API end to end against a real `agent-runner serve` process (embedded worker, SQLite)."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import httpx
+import pytest
+from api_agents import SECRET_TOKEN
+from api_server import ApiServer, assert_error, blocked, status_is, wait_for
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def client(server: ApiServer) -> httpx.Client:
+    with server.client() as http:
+        yield http
+
+
+def conversation() -> str:
+    return f"c-{uuid.uuid4().hex[:10]}"
+
+
+def start(client: httpx.Client, text: str, **fields: Any) -> dict[str, Any]:
+    response = client.post("/v1/turns", json={"agent_id": "desk", "input": text, **fields})
+    assert response.status_code == 201, response.text
+    return response.json()
+
+
+def test_a_ticket_turn_goes_through_form_and_approval_to_its_answer(client: httpx.Client) -> None:
+    chat = conversation()
+    # Given a started turn: 201 with the turn view, READY for the worker
+    created = start(client, "ticket please", conversation_id=chat, metadata={"user": "u-1"})
+    assert created["status"] == "READY" and created["conversation_id"] == chat
+    assert created["metadata"] == {"user": "u-1"} and created["agent_version"] == "2"
+    # When the worker runs it, it waits for the form, whose frozen schema the view shows
+    waiting = wait_for(client, created["id"], blocked)
+    assert waiting["status"] == "WAITING_FOR_USER"
+    suspension = waiting["suspension"]
+    assert suspension["type"] == "USER_INPUT" and suspension["form"]["key"] == "ticket_details"
+    assert suspension["form"]["schema"]["required"] == ["system", "scope"]
+    assert suspension["tool_call"]["name"] == "request_user_input"
+    call = suspension["correlation_id"]
+    # Invalid data: 422 with one detail per field, and the turn is unchanged
+    bad = client.post(
+        f"/v1/turns/{created['id']}/resume", json={"action": "form", "tool_call_id": call, "data": {"system": "x"}}
+    )
+    error = assert_error(bad, 422, "InvalidResumeCommand")
+    assert {d["path"] for d in error["details"]} == {"/system", "/scope"}
+    assert client.get(f"/v1/turns/{created['id']}").json()["version"] == waiting["version"]
+    # Valid data: 202, RUNNING for the worker, which then waits for the approval
+    good = client.post(
+        f"/v1/turns/{created['id']}/resume",
+        json={"action": "form", "tool_call_id": call, "data": {"system": "login", "scope": "ALL_USERS"}},
+    )
+    assert good.status_code == 202 and good.json()["status"] == "RUNNING"
+    approval = wait_for(client, created["id"], blocked)
+    assert approval["status"] == "WAITING_FOR_APPROVAL"
+    # The sensitive argument is masked everywhere the turn is shown
+    tool_call = approval["suspension"]["tool_call"]
+    assert tool_call["name"] == "open_ticket"
+    assert tool_call["arguments"] == {"system": "login", "scope": "ALL_USERS", "api_token": "***"}
+    assert approval["pending_tool_calls"][0]["arguments"]["api_token"] == "***"
+    with_messages = client.get(f"/v1/turns/{created['id']}", params={"messages": "true"})
+    assert SECRET_TOKEN not in with_messages.text and "***" in with_messages.text
+    assert [m["role"] for m in with_messages.json()["messages"]][:2] == ["user", "assistant"]
+    timeline = client.get(f"/v1/conversations/{chat}/messages")
+    assert SECRET_TOKEN not in timeline.text
+    # A stale decision (another call id) is a 409 and changes nothing
+    stale = client.post(f"/v1/turns/{created['id']}/resume", json={"action": "approve", "tool_call_id": call})
+    assert_error(stale, 409, "InvalidResumeCommand")
+    # Approve: the saved call runs once and the model answers
+    approved = client.post(
+        f"/v1/turns/{created['id']}/resume",
+        json={"action": "approve", "tool_call_id": tool_call["id"], "metadata": {"approver": "u-100"}},
+    )
+    assert approved.status_code == 202
+    done = wait_for(client, created["id"], blocked)
+    assert done["status"] == "COMPLETED" and done["final_output"] == "opened TICKET-login-ALL_USERS"
+    assert done["suspension"] is None and done["pending_tool_calls"] == []
+    # A duplicate approval of a finished turn is a 409
+    again = client.post(
+        f"/v1/turns/{created['id']}/resume", json={"action": "approve", "tool_call_id": tool_call["id"]}
+    )
+    assert_error(again, 409, "InvalidResumeCommand")
+
+
+def test_the_page_timeline_shows_cards_in_their_current_status(client: httpx.Client) -> None:
+    chat = conversation()
+    turn = start(client, "ticket", conversation_id=chat)
+    call = wait_for(client, turn["id"], blocked)["suspension"]["correlation_id"]
+    form_items = client.get(f"/v1/conversations/{chat}/messages").json()["items"]
+    form = next(item for item in form_items if item["role"] == "agent_form")
+    assert form["status"] == "PENDING" and form["actions"] == ["SUBMIT"] and form["schema"]["type"] == "object"
+    client.post(
+        f"/v1/turns/{turn['id']}/resume",
+        json={"action": "form", "tool_call_id": call, "data": {"system": "db", "scope": "ONE_USER"}},
+    )
+    waiting = wait_for(client, turn["id"], status_is("WAITING_FOR_APPROVAL"))
+    items = client.get(f"/v1/conversations/{chat}/messages").json()["items"]
+    roles = [item["role"] for item in items]
+    assert roles[0] == "user" and roles.count("agent_form") == 1 and roles.count("agent_action") == 1
+    form = next(item for item in items if item["role"] == "agent_form")
+    card = next(item for item in items if item["role"] == "agent_action")
+    assert form["status"] == "SUBMITTED" and form["actions"] == []
+    assert card["status"] == "PENDING" and card["actions"] == ["APPROVE", "REJECT"]
+    assert card["arguments"]["api_token"] == "***" and card["tool_name"] == "open_ticket"
+    # Reject with a reason: the card updates in place and the model reads the reason
+    rejected = client.post(
+        f"/v1/turns/{turn['id']}/resume",
+        json={"action": "reject", "tool_call_id": card["action_id"], "reason": "change freeze"},
+    )
+    assert rejected.status_code == 202
+    done = wait_for(client, waiting["id"], blocked)
+    assert done["status"] == "COMPLETED" and "change freeze" in done["final_output"]
+    after = client.get(f"/v1/conversations/{chat}/messages").json()["items"]
+    card = next(item for item in after if item["role"] == "agent_action")
+    assert card["status"] == "REJECTED" and card["actions"] == []
+    # Paging back: `before` gives the older messages, oldest first
+    newest = client.get(f"/v1/conversations/{chat}/messages", params={"limit": 2}).json()["items"]
+    older = client.get(f"/v1/conversations/{chat}/messages", params={"limit": 2, "before": newest[0]["id"]}).json()
+    assert [m["id"] for m in older["items"]] == [m["id"] for m in after[-4:-2]]
+    unknown = client.get(f"/v1/conversations/{chat}/messages", params={"before": "no-such-message"})
+    assert_error(unknown, 422)
+    assert client.get(f"/v1/conversations/{conversation()}/messages").json() == {"items": []}
+
+
+def test_plain_turns_input_answers_retry_and_delegation(client: httpx.Client) -> None:
+    echo = start(client, "hello there")
+    assert wait_for(client, echo["id"], blocked)["final_output"] == "echo: hello there"
+    delegated = start(client, "delegate count the tickets")
+    done = wait_for(client, delegated["id"], blocked, what="the parent to end")
+    assert done["status"] == "COMPLETED" and done["final_output"] == "helper said: echo: count the tickets"
+    children = client.get("/v1/turns", params={"agent_id": "helper", "limit": 200}).json()["items"]
+    child = next(c for c in children if c["parent_turn_id"] == delegated["id"])
+    assert child["root_turn_id"] == delegated["id"] and child["status"] == "COMPLETED"
+    # Actions that need fields refuse without them (422), and refuse fields they do not use
+    assert_error(client.post(f"/v1/turns/{echo['id']}/resume", json={"action": "input"}), 422)
+    assert_error(client.post(f"/v1/turns/{echo['id']}/resume", json={"action": "retry", "content": "x"}), 422)
+    # A retry of a turn that does not wait for one is a 409
+    assert_error(client.post(f"/v1/turns/{echo['id']}/resume", json={"action": "retry"}), 409)
+
+
+def test_cancel_closes_out_a_waiting_turn_and_refuses_an_ended_one(client: httpx.Client) -> None:
+    turn = start(client, "ticket", conversation_id=conversation())
+    wait_for(client, turn["id"], blocked)
+    cancelled = client.post(f"/v1/turns/{turn['id']}/cancel", json={"reason": "not needed"})
+    assert cancelled.status_code == 202
+    view = cancelled.json()
+    assert view["status"] == "CANCELLED" and "not needed" in view["error"]
+    messages = client.get(f"/v1/turns/{turn['id']}", params={"messages": "true"}).json()["messages"]
+    assert messages[-1]["role"] == "assistant" and messages[-2]["role"] == "tool"
+    assert_error(client.post(f"/v1/turns/{turn['id']}/cancel"), 409, "TurnEndedError")
+    # A body is optional
+    other = start(client, "ticket", conversation_id=conversation())
+    wait_for(client, other["id"], blocked)
+    assert client.post(f"/v1/turns/{other['id']}/cancel").json()["status"] == "CANCELLED"
+
+
+def test_listing_pages_newest_first_with_filters(client: httpx.Client) -> None:
+    chat = conversation()
+    ids = []
+    for number in range(5):
+        turn = start(client, f"number {number}", conversation_id=chat)
+        wait_for(client, turn["id"], blocked)
+        ids.append(turn["id"])
+    seen: list[str] = []
+    cursor = None
+    while True:
+        params: dict[str, Any] = {"conversation_id": chat, "limit": 2}
+        if cursor:
+            params["cursor"] = cursor
+        page = client.get("/v1/turns", params=params).json()
+        seen += [item["id"] for item in page["items"]]
+        cursor = page["next_cursor"]
+        if cursor is None:
+            break
+    assert seen == ids[::-1]
+    completed = client.get("/v1/turns", params={"conversation_id": chat, "status": ["COMPLETED", "FAILED"]}).json()
+    assert len(completed["items"]) == 5 and completed["next_cursor"] is None
+    assert client.get("/v1/turns", params={"conversation_id": chat, "status": "READY"}).json()["items"] == []
+    assert client.get("/v1/turns", params={"conversation_id": chat, "agent_id": "helper"}).json()["items"] == []
+    assert_error(client.get("/v1/turns", params={"cursor": "bm90IGEgY3Vyc29y"}), 422)
+    assert_error(client.get("/v1/turns", params={"status": "SLEEPING"}), 422)
+    assert_error(client.get("/v1/turns", params={"limit": 0}), 422)
+
+
+def test_unknown_turns_and_agents_are_404(client: httpx.Client) -> None:
+    assert_error(client.get("/v1/turns/no-such-turn"), 404, "TurnNotFound")
+    assert_error(client.post("/v1/turns/no-such-turn/resume", json={"action": "retry"}), 404, "TurnNotFound")
+    assert_error(client.post("/v1/turns/no-such-turn/cancel"), 404, "TurnNotFound")
+    assert_error(client.post("/v1/turns", json={"agent_id": "nobody", "input": "hi"}), 404, "AgentNotFound")
+    assert_error(client.get("/v1/nothing-here"), 404)
+    assert_error(client.delete("/v1/turns"), 405)
+
+
+def test_agents_probes_docs_and_root(client: httpx.Client) -> None:
+    agents = client.get("/v1/agents").json()["items"]
+    desk = next(a for a in agents if a["id"] == "desk")
+    assert desk["version"] == "2"
+    tools = {t["name"]: t for t in desk["tools"]}
+    assert tools["open_ticket"]["requires_approval"] is True and tools["pause"]["requires_approval"] is False
+    assert "helper" in tools and tools["request_user_input"]["requires_approval"] is False
+    assert desk["forms"] == [
+        {"key": "ticket_details", "description": "What the ticket is about.", "schema": desk["forms"][0]["schema"]}
+    ]
+    assert client.get("/healthz").json() == {"status": "ok"}
+    assert client.get("/readyz").json() == {"status": "ok", "checks": {"database": "ok"}}
+    assert client.get("/").status_code == 200
+    assert client.get("/docs").status_code == 200
+    spec = client.get("/openapi.json").json()
+    schemas = spec["components"]["schemas"]
+    for name in ("TurnView", "TurnList", "StartTurnRequest", "ResumeRequest", "ErrorResponse", "QueuedView"):
+        assert name in schemas
+    start_op = spec["paths"]["/v1/turns"]["post"]
+    assert {"201", "202", "404", "409", "422"} <= set(start_op["responses"])
+    assert "Idempotency-Key" in {p["name"] for p in start_op["parameters"]}
+    assert "HTTPBearer" in spec["components"]["securitySchemes"]

@@ -1,0 +1,12 @@
+"""The HTTP API of agent-runner (`agent-runner serve`): `create_app()` builds the ASGI application.
+
+Web apps start turns, follow their events and answer approvals and forms over HTTP and
+JSON, without importing the runner. See `docs/http-api.md`.
+"""
+
+from __future__ import annotations
+
+from workers.api.app import create_app
+from workers.api.settings import ApiKeys, ApiSettings, WorkerMode
+
+__all__ = ["ApiKeys", "ApiSettings", "WorkerMode", "create_app"]

@@ -1,0 +1,143 @@
+"""`create_app`: the FastAPI application of `agent-runner serve`."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import FileResponse, JSONResponse
+from fastapi.staticfiles import StaticFiles
+from starlette.concurrency import run_in_threadpool
+
+from agent_runner import AgentLoader
+from workers.api.errors import ApiError, install_error_handlers
+from workers.api.guard import RequestGuard
+from workers.api.models import ErrorResponse, HealthView, ReadyView
+from workers.api.routes import router
+from workers.api.runtime import Runtime, build_runtime
+from workers.api.settings import ApiSettings, WorkerMode, default_worker_mode
+
+STATIC_DIR = Path(__file__).resolve().parent / "static"
+
+DESCRIPTION = """\
+Start agent turns, follow them, and answer what they wait for: approvals, forms, questions.
+
+Turns run on workers (embedded threads or Celery); every POST returns at once. Errors are
+`{"error": {"type", "message", "details"}}`. Send `Idempotency-Key` on POSTs to make
+retries safe. With API keys configured, send `Authorization: Bearer <key>`.
+"""
+
+
+def create_app(
+    settings: ApiSettings | None = None,
+    *,
+    agents: AgentLoader | None = None,
+    database_url: str | None = None,
+    worker: WorkerMode | str | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> FastAPI:
+    """Build the HTTP API application.
+
+    With no arguments everything is read from the environment, like the command line and
+    the workers: `AGENT_RUNNER_DATABASE_URL`, `AGENT_RUNNER_AGENT_LOADER`,
+    `AGENT_RUNNER_API_KEYS`, `AGENT_RUNNER_API_WORKER` (see `workers.api.settings`). The
+    backends are built, and the embedded worker started, when the application starts
+    (its lifespan), and stopped with it.
+
+    Args:
+        settings: The settings (default: `ApiSettings.from_env(environ)`).
+        agents: The agents (default: `AGENT_RUNNER_AGENT_LOADER`).
+        database_url: Overrides the database URL of the settings.
+        worker: Overrides the worker mode (`embedded`, `celery` or `none`).
+        environ: The environment to read instead of `os.environ`.
+
+    Raises:
+        SettingsError: A setting cannot be used.
+    """
+    settings = settings if settings is not None else ApiSettings.from_env(environ)
+    if database_url is not None:
+        settings = replace(
+            settings,
+            workers=replace(settings.workers, database_url=database_url),
+            worker_mode=default_worker_mode(database_url),
+        )
+    if worker is not None:
+        settings = replace(settings, worker_mode=WorkerMode(worker))
+    final = settings
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        runtime: Runtime = await run_in_threadpool(build_runtime, final, agents)
+        app.state.runtime = runtime
+        await run_in_threadpool(runtime.start)
+        try:
+            yield
+        finally:
+            await run_in_threadpool(runtime.stop)
+
+    app = FastAPI(
+        title="agent-runner",
+        version="1",
+        description=DESCRIPTION,
+        lifespan=lifespan,
+        openapi_tags=[
+            {"name": "turns", "description": "Start, inspect, resume and cancel turns."},
+            {"name": "events", "description": "Server-sent events of turns and conversations."},
+            {"name": "conversations", "description": "A conversation's page timeline."},
+            {"name": "agents", "description": "The agents this server runs."},
+            {"name": "health", "description": "Liveness and readiness probes."},
+        ],
+    )
+    app.state.settings = final
+    install_error_handlers(app)
+    app.add_middleware(RequestGuard)
+    app.include_router(router)
+    _add_probes(app)
+    _add_console(app)
+    return app
+
+
+def _add_probes(app: FastAPI) -> None:
+    @app.get("/healthz", tags=["health"], summary="Liveness", response_model=HealthView)
+    def healthz() -> dict[str, Any]:
+        """200 while the process serves requests."""
+        return {"status": "ok"}
+
+    @app.get(
+        "/readyz",
+        tags=["health"],
+        summary="Readiness",
+        response_model=ReadyView,
+        responses={503: {"model": ErrorResponse, "description": "A dependency did not answer; `details` names it."}},
+    )
+    def readyz(request: Request) -> JSONResponse:
+        """200 when the database (and, with Celery, Redis and the broker) answer; else 503 naming what failed."""
+        runtime: Runtime = request.app.state.runtime
+        results = runtime.readiness()
+        failed = {name: reason for name, reason in results.items() if reason is not None}
+        if failed:
+            raise ApiError(
+                503,
+                "not ready: " + ", ".join(sorted(failed)),
+                details=[{"component": name, "message": reason} for name, reason in sorted(failed.items())],
+                type_name="NotReady",
+                headers={"Retry-After": "5"},
+            )
+        return JSONResponse({"status": "ok", "checks": {name: "ok" for name in results}})
+
+
+def _add_console(app: FastAPI) -> None:
+    """Serve the console from `workers/api/static/` when it is there; else point `/` at the docs."""
+    index = STATIC_DIR / "index.html"
+    if STATIC_DIR.is_dir():
+        app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
+
+    @app.get("/", include_in_schema=False)
+    def root() -> Any:
+        if index.is_file():
+            return FileResponse(index)
+        return JSONResponse({"name": "agent-runner", "docs": "/docs", "openapi": "/openapi.json"})

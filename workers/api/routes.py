@@ -1,0 +1,324 @@
+"""The routes of the HTTP API (DESIGN section 8): HTTP in, `workers.api.service` calls, JSON views out."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Header, Path, Query, Request
+from fastapi.responses import JSONResponse
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import BaseModel
+
+from agent_runner import AgentTurn, AgentTurnStatus
+from agent_runner._base import new_id
+from store import IdempotencyStatus
+from workers.api import service
+from workers.api.errors import (
+    IdempotencyKeyInUse,
+    IdempotencyKeyReused,
+    Unauthorized,
+    api_error_of,
+    error_body,
+)
+from workers.api.models import (
+    ID_PATTERN,
+    AgentList,
+    CancelRequest,
+    ErrorResponse,
+    MessageList,
+    QueuedView,
+    ResumeRequest,
+    StartTurnRequest,
+    TurnList,
+    TurnView,
+)
+from workers.api.runtime import Runtime
+from workers.api.tenancy import Tenant
+from workers.views import catalog_mask, find_agent, message_view, turn_view
+
+_bearer = HTTPBearer(
+    auto_error=False,
+    description="`Authorization: Bearer <key>` with a key from AGENT_RUNNER_API_KEYS (required when keys are set).",
+)
+
+TurnId = Annotated[str, Path(pattern=ID_PATTERN, max_length=128, description="A turn id.")]
+ConversationId = Annotated[str, Path(pattern=ID_PATTERN, max_length=128, description="A conversation id.")]
+IdempotencyKey = Annotated[
+    str | None,
+    Header(
+        alias="Idempotency-Key",
+        pattern=r"^[\x21-\x7e]{1,255}$",
+        description=(
+            "Makes a retried POST return the first answer (same status and body) instead of acting again; "
+            "scoped to the tenant. Reusing a key for a different request is a 422."
+        ),
+    ),
+]
+
+_STALE_CLAIM_FLOOR_S = 120.0
+"""An unanswered claim younger than this is taken to be still running; see `IdempotencyKeys.claim`."""
+
+
+def _errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    descriptions = {
+        401: "No valid API key.",
+        404: "Unknown turn or agent (or another tenant's).",
+        409: "The command does not fit the turn, or the conversation is busy (`active_turn_id`).",
+        413: "The body is larger than 1 MiB.",
+        422: "Malformed input; `details` lists each problem (`path`, `message`).",
+        503: "The database, Redis or the broker did not answer; retry later.",
+    }
+    return {status: {"model": ErrorResponse, "description": descriptions[status]} for status in statuses}
+
+
+def get_runtime(request: Request) -> Runtime:
+    """The server's backends."""
+    runtime: Runtime = request.app.state.runtime
+    return runtime
+
+
+def get_tenant(
+    request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
+) -> Tenant:
+    """The tenant of the request's API key; the single tenant when no keys are configured.
+
+    Raises:
+        Unauthorized: Keys are configured and the request has none, or an unknown one.
+    """
+    keys = get_runtime(request).settings.keys
+    if not keys.enabled:
+        return Tenant()
+    if credentials is None:
+        raise Unauthorized()
+    tenant = keys.tenant_of(credentials.credentials)
+    if tenant is None:
+        raise Unauthorized("the API key is not valid")
+    return Tenant(tenant)
+
+
+RuntimeDep = Annotated[Runtime, Depends(get_runtime)]
+TenantDep = Annotated[Tenant, Depends(get_tenant)]
+
+router = APIRouter(prefix="/v1", dependencies=[Depends(get_tenant)], responses=_errors(401, 413, 503))
+
+
+def _view(runtime: Runtime, tenant: Tenant, turn: AgentTurn, *, messages: bool = False) -> dict[str, Any]:
+    agent = find_agent(runtime.agent_loader, turn)
+    return turn_view(turn, agent, messages=messages, show_conversation=tenant.shown_conversation)
+
+
+def _fingerprint(request: Request, body: BaseModel | None) -> str:
+    data = None if body is None else body.model_dump(mode="json")
+    text = json.dumps([request.method, request.url.path, data], sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _idempotent(
+    runtime: Runtime,
+    tenant: Tenant,
+    key: str | None,
+    fingerprint: str,
+    action: Callable[[], tuple[int, dict[str, Any]]],
+) -> JSONResponse:
+    """Run `action` once per idempotency key: a retry gets the first answer, status and body alike.
+
+    Answers below 500 are recorded (a 409 too: the retry gets the same 409). A failure of
+    the server releases the key, since the request did not complete.
+    """
+    if key is None:
+        status, body = action()
+        return JSONResponse(body, status_code=status)
+    stale = timedelta(seconds=max(_STALE_CLAIM_FLOOR_S, 4 * runtime.settings.interrupt_wait_s))
+    record = runtime.idempotency.claim(tenant.id, key, fingerprint, stale_after=stale)
+    if record is not None:
+        if record.fingerprint != fingerprint:
+            raise IdempotencyKeyReused(key)
+        if record.status is IdempotencyStatus.IN_PROGRESS or record.response_status is None:
+            raise IdempotencyKeyInUse(key)
+        return JSONResponse(
+            record.response_body, status_code=record.response_status, headers={"Idempotent-Replayed": "true"}
+        )
+    headers: dict[str, str] = {}
+    try:
+        status, body = action()
+    except Exception as exc:
+        error = api_error_of(exc)
+        if error.status >= 500:
+            runtime.idempotency.abandon(tenant.id, key)
+            raise error from exc
+        status, headers = error.status, error.headers
+        body = error_body(error.type_name, error.message, error.details, **error.extra)
+    runtime.idempotency.complete(tenant.id, key, status, body)
+    return JSONResponse(body, status_code=status, headers=headers or None)
+
+
+# --- Turns ------------------------------------------------------------------------------------
+
+
+@router.post(
+    "/turns",
+    tags=["turns"],
+    summary="Start a turn",
+    status_code=201,
+    response_model=TurnView,
+    responses={
+        202: {"model": QueuedView, "description": "Queued (`if_busy=enqueue`, or an interrupt that had to wait)."},
+        **_errors(404, 409, 422),
+    },
+)
+def start_turn(
+    request: Request,
+    body: StartTurnRequest,
+    runtime: RuntimeDep,
+    tenant: TenantDep,
+    idempotency_key: IdempotencyKey = None,
+) -> JSONResponse:
+    """Start a turn of an agent; a worker runs it. Answers 201 with the turn, or 202 when the message was queued."""
+    if idempotency_key is None:
+        message_id = new_id()
+    else:
+        # The same key always names the same message, so even a request redone after a
+        # crash cannot queue or project a second copy of it.
+        message_id = hashlib.sha256(f"{tenant.id or ''}\x00{idempotency_key}".encode()).hexdigest()[:32]
+
+    def act() -> tuple[int, dict[str, Any]]:
+        outcome = service.start_turn(runtime, tenant, body, message_id)
+        if isinstance(outcome, service.Queued):
+            queued = {"status": "QUEUED", "message_id": outcome.message_id, "conversation_id": outcome.conversation_id}
+            return 202, queued
+        return 201, _view(runtime, tenant, outcome)
+
+    return _idempotent(runtime, tenant, idempotency_key, _fingerprint(request, body), act)
+
+
+@router.get("/turns", tags=["turns"], summary="List turns", response_model=TurnList, responses=_errors(422))
+def list_turns(
+    runtime: RuntimeDep,
+    tenant: TenantDep,
+    conversation_id: Annotated[str | None, Query(pattern=ID_PATTERN, max_length=128)] = None,
+    status: Annotated[list[AgentTurnStatus] | None, Query(description="Repeat for several statuses.")] = None,
+    agent_id: Annotated[str | None, Query(pattern=ID_PATTERN, max_length=128)] = None,
+    limit: Annotated[int, Query(ge=1, le=200)] = 50,
+    cursor: Annotated[str | None, Query(max_length=512, description="`next_cursor` of the previous page.")] = None,
+) -> JSONResponse:
+    """The tenant's turns, newest first, filtered by conversation, status and agent."""
+    turns, next_cursor = service.list_turns(
+        runtime,
+        tenant,
+        conversation_id=conversation_id,
+        statuses=status,
+        agent_id=agent_id,
+        limit=limit,
+        cursor=cursor,
+    )
+    return JSONResponse({"items": [_view(runtime, tenant, t) for t in turns], "next_cursor": next_cursor})
+
+
+@router.get(
+    "/turns/{turn_id}", tags=["turns"], summary="Get a turn", response_model=TurnView, responses=_errors(404, 422)
+)
+def get_turn(
+    turn_id: TurnId,
+    runtime: RuntimeDep,
+    tenant: TenantDep,
+    messages: Annotated[bool, Query(description="Include the turn's messages.")] = False,
+) -> JSONResponse:
+    """A turn: status, what it waits for (with the frozen form schema), output, usage."""
+    turn = service.get_turn(runtime, tenant, turn_id)
+    return JSONResponse(_view(runtime, tenant, turn, messages=messages))
+
+
+@router.post(
+    "/turns/{turn_id}/resume",
+    tags=["turns"],
+    summary="Resume a waiting turn",
+    status_code=202,
+    response_model=TurnView,
+    responses=_errors(404, 409, 422),
+)
+def resume_turn(
+    request: Request,
+    turn_id: TurnId,
+    body: ResumeRequest,
+    runtime: RuntimeDep,
+    tenant: TenantDep,
+    idempotency_key: IdempotencyKey = None,
+) -> JSONResponse:
+    """Approve or reject a tool call, answer a question, submit a form or retry now; a worker continues the turn.
+
+    Form data is checked against the schema frozen in the suspension: each failing field is
+    a `details` item (`path` is a JSON Pointer such as `/impact_scope`). A decision that no
+    longer fits (already decided, another call, a finished turn) is a 409; nothing changes.
+    """
+
+    def act() -> tuple[int, dict[str, Any]]:
+        return 202, _view(runtime, tenant, service.resume_turn(runtime, tenant, turn_id, body))
+
+    return _idempotent(runtime, tenant, idempotency_key, _fingerprint(request, body), act)
+
+
+@router.post(
+    "/turns/{turn_id}/cancel",
+    tags=["turns"],
+    summary="Cancel a turn",
+    status_code=202,
+    response_model=TurnView,
+    responses=_errors(404, 409, 422),
+)
+def cancel_turn(
+    request: Request,
+    turn_id: TurnId,
+    runtime: RuntimeDep,
+    tenant: TenantDep,
+    body: CancelRequest | None = None,
+    idempotency_key: IdempotencyKey = None,
+) -> JSONResponse:
+    """Cancel a turn and its children; the history is closed out. A turn mid-step stops at its next boundary."""
+    command = body if body is not None else CancelRequest()
+
+    def act() -> tuple[int, dict[str, Any]]:
+        return 202, _view(runtime, tenant, service.cancel_turn(runtime, tenant, turn_id, command))
+
+    return _idempotent(runtime, tenant, idempotency_key, _fingerprint(request, command), act)
+
+
+# --- Conversations and agents -----------------------------------------------------------------
+
+
+@router.get(
+    "/conversations/{conversation_id}/messages",
+    tags=["conversations"],
+    summary="A conversation's page timeline",
+    response_model=MessageList,
+    responses=_errors(422),
+)
+def conversation_messages(
+    conversation_id: ConversationId,
+    runtime: RuntimeDep,
+    tenant: TenantDep,
+    limit: Annotated[int, Query(ge=1, le=500)] = 100,
+    before: Annotated[
+        str | None, Query(pattern=ID_PATTERN, max_length=128, description="Only messages older than this message id.")
+    ] = None,
+) -> JSONResponse:
+    """Messages oldest first, with approval cards and forms in their current status and the actions they offer."""
+    found = service.conversation_messages(runtime, tenant, conversation_id, limit=limit, before=before)
+    mask = catalog_mask(runtime.agent_loader)
+    items = []
+    for message in found:
+        item = message_view(mask, message)
+        actions = getattr(message, "get_actions", None)
+        if callable(actions):
+            item["actions"] = actions()
+        items.append(item)
+    return JSONResponse({"items": items})
+
+
+@router.get("/agents", tags=["agents"], summary="List agents", response_model=AgentList)
+def list_agents(runtime: RuntimeDep) -> JSONResponse:
+    """The agents this server can run, with their tools (and which need approval) and forms."""
+    return JSONResponse({"items": service.agent_catalog(runtime)})

@@ -1,0 +1,260 @@
+"""What the routes do, without HTTP: start (with `if_busy`), resume, cancel, list and read turns for a tenant.
+
+Each function checks the tenant first: another tenant's turn is reported exactly like an
+unknown one (`TurnNotFound`) and nothing is changed.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from agent_runner import (
+    AgentConversationBusyException,
+    AgentTurn,
+    AgentTurnStatus,
+    AnyMessage,
+    UserMessage,
+)
+from workers.api.errors import ApiError, InvalidRequest, TurnEndedError
+from workers.api.models import CancelRequest, ResumeRequest, StartTurnRequest
+from workers.api.runtime import Runtime
+from workers.api.tenancy import Tenant
+from workers.views import ResumeAction, resume_command
+
+INTERRUPT_REASON = "interrupted by a newer message"
+_INTERRUPT_ATTEMPTS = 3
+_INTERRUPT_POLL_S = 0.05
+
+
+class ConversationBusy(ApiError):
+    """The conversation has an active turn (409), told with the conversation id the tenant knows."""
+
+    def __init__(self, conversation_id: str, busy: AgentConversationBusyException) -> None:
+        super().__init__(
+            409,
+            f"conversation {conversation_id!r} already has the active turn {busy.active_turn_id!r} "
+            f"in status {str(busy.status)!r}; resume it, cancel it, or send if_busy=enqueue or interrupt",
+            type_name=type(busy).__name__,
+            active_turn_id=busy.active_turn_id,
+            active_turn_status=str(busy.status),
+        )
+
+
+@dataclass(frozen=True)
+class Queued:
+    """A message queued in the conversation's inbox instead of starting a turn now."""
+
+    message_id: str
+    conversation_id: str
+
+
+def start_turn(runtime: Runtime, tenant: Tenant, request: StartTurnRequest, message_id: str) -> AgentTurn | Queued:
+    """Start a turn, or handle a busy conversation as `request.if_busy` says.
+
+    Args:
+        runtime: The server's backends.
+        tenant: Who asks; owns the turn and the conversation.
+        request: The validated request.
+        message_id: Id of the user message (and of the inbox message, if it is queued).
+
+    Raises:
+        AgentNotFound: No such agent (nothing is saved).
+        AgentConversationBusyException: The conversation is busy and `if_busy` is `reject`.
+    """
+    runtime.agent_loader.load(request.agent_id)
+    conversation = None if request.conversation_id is None else tenant.stored_conversation(request.conversation_id)
+    for _ in range(_INTERRUPT_ATTEMPTS):
+        try:
+            return runtime.runner.start(
+                request.agent_id,
+                UserMessage(id=message_id, content=request.input),
+                conversation_id=conversation,
+                tenant_id=tenant.id,
+                metadata=request.metadata,
+            )
+        except AgentConversationBusyException as busy:
+            assert conversation is not None and request.conversation_id is not None
+            if request.if_busy == "reject":
+                raise ConversationBusy(request.conversation_id, busy) from None
+            if request.if_busy == "enqueue" or not _interrupt(runtime, busy.active_turn_id):
+                return _enqueue(runtime, tenant, request, conversation, message_id)
+    # Each interrupted turn was followed at once by another (queued messages starting):
+    # rather than cancel turns in a loop, this message waits its turn.
+    assert conversation is not None
+    return _enqueue(runtime, tenant, request, conversation, message_id)
+
+
+def _interrupt(runtime: Runtime, turn_id: str) -> bool:
+    """Cancel the active turn (with close-out); whether it ended within the interrupt wait.
+
+    A waiting or READY turn ends at once. One a worker is stepping only gets its cancel
+    flag, and ends at its next boundary: wait for that, up to the configured bound.
+    """
+    turn = runtime.runner.cancel(turn_id, INTERRUPT_REASON)
+    if turn.is_terminal:
+        return True
+    deadline = time.monotonic() + runtime.settings.interrupt_wait_s
+    while time.monotonic() < deadline:
+        time.sleep(_INTERRUPT_POLL_S)
+        if runtime.turn_store.get_ref(turn_id).status.is_terminal:
+            return True
+    return False
+
+
+def _enqueue(runtime: Runtime, tenant: Tenant, request: StartTurnRequest, conversation: str, message_id: str) -> Queued:
+    runtime.inbox.enqueue(
+        conversation,
+        message_id,
+        request.input,
+        agent_id=request.agent_id,
+        tenant_id=tenant.id,
+        metadata=request.metadata,
+    )
+    # The active turn may have ended between the busy answer and the enqueue; its end's
+    # request for the next message then found nothing queued. Ask once more.
+    runtime.wake_inbox(conversation)
+    assert request.conversation_id is not None
+    return Queued(message_id, request.conversation_id)
+
+
+def get_turn(runtime: Runtime, tenant: Tenant, turn_id: str) -> AgentTurn:
+    """The tenant's turn.
+
+    Raises:
+        TurnNotFound: No such turn, or another tenant's.
+    """
+    return tenant.check(runtime.turn_store.load(turn_id))
+
+
+def resume_turn(runtime: Runtime, tenant: Tenant, turn_id: str, request: ResumeRequest) -> AgentTurn:
+    """Validate and save a decision; the turn is left RUNNING for a worker to continue.
+
+    Raises:
+        TurnNotFound: No such turn, or another tenant's.
+        ResumeRequestError: The request lacks what its action needs (422).
+        InvalidResumeCommand: The decision does not fit the turn (409), or the form data
+            fails the frozen schema (422); nothing changed.
+    """
+    get_turn(runtime, tenant, turn_id)
+    command = resume_command(
+        ResumeAction(request.action),
+        tool_call_id=request.tool_call_id,
+        content=request.content,
+        data=request.data,
+        reason=request.reason,
+        metadata={"channel": "http", **request.metadata},
+    )
+    return runtime.runner.submit_resume(turn_id, command)
+
+
+def cancel_turn(runtime: Runtime, tenant: Tenant, turn_id: str, request: CancelRequest) -> AgentTurn:
+    """Cancel the turn and its children (a turn mid-step ends at its next boundary).
+
+    Raises:
+        TurnNotFound: No such turn, or another tenant's.
+        TurnEndedError: The turn has already ended (409).
+    """
+    turn = get_turn(runtime, tenant, turn_id)
+    if turn.is_terminal:
+        raise TurnEndedError(turn.id, turn.status.value)
+    cancelled = runtime.runner.cancel(turn_id, request.reason)
+    if cancelled.is_terminal and cancelled.status is not AgentTurnStatus.CANCELLED:
+        raise TurnEndedError(cancelled.id, cancelled.status.value)  # it ended on its own meanwhile
+    return cancelled
+
+
+# --- Listings ---------------------------------------------------------------------------------
+
+
+def encode_cursor(turn: AgentTurn) -> str:
+    """The opaque cursor of the page after `turn`."""
+    raw = json.dumps([turn.created_at.isoformat(), turn.id], separators=(",", ":")).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str) -> tuple[datetime, str]:
+    """The `(created_at, id)` position of a cursor from `encode_cursor`.
+
+    Raises:
+        InvalidRequest: The cursor was not made by this server.
+    """
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        created, turn_id = json.loads(raw)
+        position = (datetime.fromisoformat(created), str(turn_id))
+    except (binascii.Error, ValueError, TypeError, UnicodeDecodeError):
+        raise InvalidRequest("cursor is not a cursor from a previous page", path="/cursor") from None
+    if position[0].tzinfo is None:
+        raise InvalidRequest("cursor is not a cursor from a previous page", path="/cursor")
+    return position
+
+
+def list_turns(
+    runtime: Runtime,
+    tenant: Tenant,
+    *,
+    conversation_id: str | None,
+    statuses: list[AgentTurnStatus] | None,
+    agent_id: str | None,
+    limit: int,
+    cursor: str | None,
+) -> tuple[list[AgentTurn], str | None]:
+    """A page of the tenant's turns, newest first, and the cursor of the next page (None: last page)."""
+    before = None if cursor is None else decode_cursor(cursor)
+    page = runtime.turn_store.list_page(
+        tenant_id=tenant.id,
+        statuses=statuses,
+        conversation_id=None if conversation_id is None else tenant.stored_conversation(conversation_id),
+        agent_id=agent_id,
+        before=before,
+        limit=limit + 1,
+    )
+    more = len(page) > limit
+    page = page[:limit]
+    return [t for t in page if tenant.owns(t)], (encode_cursor(page[-1]) if more else None)
+
+
+def conversation_messages(
+    runtime: Runtime, tenant: Tenant, conversation_id: str, *, limit: int, before: str | None
+) -> list[AnyMessage]:
+    """The newest `limit` messages of the tenant's conversation (before message `before`), oldest first.
+
+    Raises:
+        InvalidRequest: `before` is not a message of the conversation.
+    """
+    memory = runtime.memories(tenant.stored_conversation(conversation_id))
+    if before is None:
+        return memory.get_messages(limit)
+    found = memory.get_messages_before(before, limit)
+    if found is None:
+        raise InvalidRequest(f"message {before!r} is not in conversation {conversation_id!r}", path="/before")
+    return found
+
+
+def agent_catalog(runtime: Runtime) -> list[dict[str, Any]]:
+    """The agents the server's loader can list, with their tools and forms."""
+    lister = getattr(runtime.agent_loader, "agents", None)
+    if not callable(lister):
+        return []
+    items: list[dict[str, Any]] = []
+    for agent in lister():
+        tools = []
+        for spec in agent.tool_specs():
+            tool = agent.tool(spec.name)
+            tools.append(
+                {
+                    "name": spec.name,
+                    "description": spec.description,
+                    "requires_approval": bool(tool is not None and tool.requires_approval),
+                }
+            )
+        user_input = agent.user_input_tool
+        forms = [] if user_input is None else [form.to_dict() for form in user_input.forms]
+        items.append({"id": agent.id, "version": agent.version, "tools": tools, "forms": forms})
+    return items

@@ -1,0 +1,135 @@
+"""Starting turns from queued inbox messages, for every way of running turns.
+
+A message waits in the `store.Inbox` while its conversation has an active turn. Once the
+conversation is free, `start_next_message` claims the next message and starts its turn
+(saved READY; whoever steps turns takes it from there). The Celery task `dispatch_inbox`,
+the HTTP server's embedded inbox pump and anything else that drains an inbox call it, so
+every path starts a message the same way and at most once.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from enum import StrEnum
+
+from agent_runner import AgentConversationBusyException, AgentRunner, AgentRunnerError, UserMessage
+from store import Inbox, InboxMessage
+
+logger = logging.getLogger("workers.inbox")
+
+_TURNS_SEARCHED = 100
+"""Most recent turns of a conversation searched for the one a message started."""
+
+
+class InboxOutcome(StrEnum):
+    """What one attempt to start the next inbox message of a conversation did."""
+
+    STARTED = "started"
+    ALREADY_STARTED = "already-started"
+    EMPTY = "empty"
+    BUSY = "busy"
+    FAILED = "failed"
+    NO_AGENT = "no-agent"
+
+
+def start_next_message(
+    runner: AgentRunner,
+    inbox: Inbox,
+    agent_id: str | None,
+    conversation_id: str,
+    *,
+    ask_again: Callable[[str], object] | None = None,
+) -> InboxOutcome:
+    """Start a turn from the conversation's next PENDING inbox message, if the conversation is free.
+
+    The turn takes the agent, tenant and metadata the message was queued with (`agent_id`
+    answers messages queued without an agent), and its user message takes the message's
+    id. Before starting, the conversation is searched for a turn already started from that
+    id (a run that crashed between starting the turn and marking the message), so a message
+    never starts two turns.
+
+    Args:
+        runner: Starts the turn (its dispatcher, if any, hands it to the workers).
+        inbox: The queue of the conversation.
+        agent_id: The agent for messages queued without one; None when there is no default.
+        conversation_id: The conversation to serve.
+        ask_again: Called with the conversation id when the active turn may have ended while
+            this call held the message, so that someone tries again (for example by sending
+            a `dispatch_inbox` message); without it the next sweep does.
+
+    Raises:
+        StoreUnavailableError: The store could not be reached; the message stays queued.
+    """
+    if runner.turn_store.find_active_turn(conversation_id) is not None:
+        return InboxOutcome.BUSY  # the turn's end asks again
+    message = inbox.claim_next(conversation_id)
+    if message is None:
+        return InboxOutcome.EMPTY
+    chosen = message.agent_id or agent_id
+    if chosen is None:
+        inbox.release_for_retry(message.message_id)
+        logger.error(
+            "inbox message %s of %s names no agent and AGENT_RUNNER_INBOX_AGENT is not set",
+            message.message_id,
+            conversation_id,
+        )
+        return InboxOutcome.NO_AGENT
+    return _start_claimed(runner, inbox, chosen, message, ask_again)
+
+
+def _start_claimed(
+    runner: AgentRunner,
+    inbox: Inbox,
+    agent_id: str,
+    message: InboxMessage,
+    ask_again: Callable[[str], object] | None,
+) -> InboxOutcome:
+    existing = turn_started_from(runner, message.conversation_id, message.message_id)
+    if existing is not None:
+        inbox.mark_completed(message.message_id, existing)
+        return InboxOutcome.ALREADY_STARTED
+    try:
+        turn = runner.start(
+            agent_id,
+            UserMessage(id=message.message_id, content=message.content),
+            conversation_id=message.conversation_id,
+            tenant_id=message.tenant_id,
+            metadata=message.metadata,
+        )
+    except AgentConversationBusyException:
+        inbox.release_for_retry(message.message_id)
+        # The active turn may have ended while this message was claimed, and its end's
+        # request for the next message then found the conversation claimed: ask again.
+        if ask_again is not None and runner.turn_store.find_active_turn(message.conversation_id) is None:
+            ask_again(message.conversation_id)
+        return InboxOutcome.BUSY
+    except AgentRunnerError as exc:
+        if exc.retryable:
+            inbox.release_for_retry(message.message_id)
+            raise
+        inbox.mark_failed(message.message_id, f"{type(exc).__name__}: {exc}")
+        return InboxOutcome.FAILED
+    except Exception as exc:
+        logger.exception("starting a turn from inbox message %s failed", message.message_id)
+        inbox.mark_failed(message.message_id, f"{type(exc).__name__}: {exc}")
+        return InboxOutcome.FAILED
+    inbox.mark_completed(message.message_id, turn.id)
+    return InboxOutcome.STARTED
+
+
+def turn_started_from(runner: AgentRunner, conversation_id: str, message_id: str) -> str | None:
+    """Return the id of the turn started from inbox message `message_id`, or None.
+
+    A turn's first save projects its user message into ChatMemory, so one indexed read
+    answers the common case (no turn). Only when the message is there are the
+    conversation's turns searched for the first one that carries it.
+    """
+    if runner.chat_memory_provider is None or runner.chat_memory_provider(conversation_id).get(message_id) is None:
+        return None
+    turns = runner.turn_store.list_turns(conversation_id=conversation_id, limit=_TURNS_SEARCHED)
+    carrying = [t for t in turns if any(m.id == message_id for m in t.messages)]
+    if not carrying:
+        # Projected, so a turn was started from it, but it is beyond the search window.
+        return turns[0].id if turns else None
+    return min(carrying, key=lambda t: t.created_at).id
