@@ -90,7 +90,10 @@ def screenshot(driver: WebDriver, name: str, *, full_page: bool = True) -> Path:
     path = ARTIFACTS / f"{name}.png"
     if full_page:
         metrics = driver.execute_cdp_cmd("Page.getLayoutMetrics", {})  # type: ignore[attr-defined]
-        size = metrics.get("cssContentSize") or metrics["contentSize"]
+        size = dict(metrics.get("cssContentSize") or metrics["contentSize"])
+        # Capturing beyond the viewport lays the page out without the vertical scrollbar,
+        # so the page is as wide as the window then, not as the content was measured.
+        size["width"] = max(size["width"], driver.execute_script("return window.innerWidth"))
         shot = driver.execute_cdp_cmd(  # type: ignore[attr-defined]
             "Page.captureScreenshot",
             {
@@ -106,11 +109,15 @@ def screenshot(driver: WebDriver, name: str, *, full_page: bool = True) -> Path:
 
 
 def console_errors(driver: WebDriver) -> list[str]:
-    """Severe messages of the browser console (script errors, failed module loads)."""
+    """Severe messages of the browser console: script errors and failed module loads.
+
+    HTTP error answers the page expects and handles (a 422 with field errors, a 401 that
+    opens the sign-in box) are logged by Chromium as network messages; those are left out.
+    """
     return [
         entry["message"]
         for entry in driver.get_log("browser")  # type: ignore[attr-defined]
-        if entry.get("level") == "SEVERE" and "favicon" not in entry.get("message", "")
+        if entry.get("level") == "SEVERE" and entry.get("source") != "network"
     ]
 
 

@@ -47,7 +47,8 @@ export function statusBadge(status) {
 /** A value for display; the mask is shown as hidden, objects as compact JSON. */
 export function valueElement(value) {
   if (value === MASK) return h("span", { class: "masked", title: "hidden: sensitive value", "aria-label": "hidden sensitive value" }, "••••••");
-  if (typeof value === "string") return h("span", {}, value);
+  if (typeof value === "string" || typeof value === "number" || typeof value === "boolean") return h("span", {}, String(value));
+  if (value === null) return h("span", { class: "subtle" }, "none");
   return h("code", {}, JSON.stringify(value));
 }
 
@@ -74,7 +75,8 @@ function maskedDeep(value) {
 export function decisionLine(message) {
   const parts = [];
   const verb = { APPROVED: "Approved", REJECTED: "Rejected", SUBMITTED: "Submitted" }[message.status];
-  if (!verb) return null;
+  // The badge already says what happened; the line adds who, when and why when known.
+  if (!verb || !(message.decided_by || message.decided_at || message.reason)) return null;
   parts.push(verb);
   if (message.decided_by) parts.push(" by ", h("strong", {}, message.decided_by));
   if (message.decided_at) parts.push(" on ", timeElement(message.decided_at));
@@ -219,7 +221,7 @@ export function actionCard(message, { onChanged }) {
       h("h3", {}, "Approval: ", h("code", {}, message.tool_name)),
       statusBadge(status),
     ),
-    message.summary ? h("p", { class: "summary" }, message.summary) : null,
+    message.summary ? h("p", { class: "summary subtle" }, message.summary) : null,
     argumentsList(message.arguments),
   );
   if (pending) {

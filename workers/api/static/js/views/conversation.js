@@ -3,7 +3,7 @@
 // a composer that starts the next turn.
 
 import { api, seg } from "../api.js";
-import { h, timeElement, uniqueId } from "../dom.js";
+import { h, replaceChildren, timeElement, uniqueId } from "../dom.js";
 import { KeyedList, cancelControl, isTerminal, questionCard, renderKey, statusBadge, timelineItem } from "../components.js";
 import { LiveAnswers, streamStatusElement } from "../live.js";
 import { agentPicker, busyPicker, startErrorText } from "./agents.js";
@@ -15,7 +15,7 @@ export function mountConversation(main, conversationId) {
   const timeline = h("ol", { class: "timeline", "aria-label": "Conversation timeline" });
   const live = h("ol", { class: "timeline live", "aria-label": "Answer being written" });
   const streamStatus = streamStatusElement();
-  const activeArea = h("div", { class: "active-turn" });
+  const activeArea = h("div", { class: "turn-bar active-turn", "aria-label": "Latest turn" });
   const questionArea = h("div", { class: "question-area" });
   const loadError = h("div", { class: "notice error", role: "alert", hidden: true });
   const empty = h("p", { class: "empty", hidden: true }, "No messages yet. Start a turn below.");
@@ -42,9 +42,8 @@ export function mountConversation(main, conversationId) {
       "div",
       { class: "page-head" },
       h("div", {}, h("h1", { tabindex: "-1" }, "Conversation"), h("p", { class: "subtle mono" }, conversationId)),
-      activeArea,
     ),
-    streamStatus,
+    activeArea,
     loadError,
     empty,
     earlier,
@@ -82,17 +81,21 @@ export function mountConversation(main, conversationId) {
     const key = turn ? `${turn.id}|${turn.status}|${turn.suspension?.correlation_id ?? ""}` : "";
     if (key === activeKey) return;
     activeKey = key;
-    activeArea.replaceChildren();
     questionArea.replaceChildren();
-    if (!turn) return;
-    activeArea.append(
-      h(
-        "div",
-        { class: "active-summary" },
-        h("p", {}, statusBadge(turn.status), " ", h("a", { href: `#/turns/${encodeURIComponent(turn.id)}` }, "Latest turn"), " · ", h("span", { class: "subtle" }, turn.agent_id), " · ", timeElement(turn.updated_at)),
-        isTerminal(turn.status) ? null : cancelControl(turn, handlers),
-      ),
+    replaceChildren(
+      activeArea,
+      ...(turn
+        ? [
+            statusBadge(turn.status),
+            h("a", { href: `#/turns/${encodeURIComponent(turn.id)}` }, "Latest turn"),
+            h("span", { class: "subtle" }, turn.agent_id, " · ", timeElement(turn.updated_at)),
+          ]
+        : [h("span", { class: "subtle" }, "No turns yet")]),
+      h("span", { class: "spacer" }),
+      streamStatus,
+      turn && !isTerminal(turn.status) ? cancelControl(turn, handlers) : null,
     );
+    if (!turn) return;
     if (turn.status === "WAITING_FOR_USER" && turn.suspension && !turn.suspension.form) {
       questionArea.append(questionCard(turn, handlers));
     }

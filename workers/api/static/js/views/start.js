@@ -2,7 +2,7 @@
 // conversation is busy.
 
 import { api } from "../api.js";
-import { h, randomId } from "../dom.js";
+import { h, randomId, replaceChildren } from "../dom.js";
 import { agentPicker, busyPicker, startErrorText } from "./agents.js";
 
 export function mountStart(main) {
@@ -68,7 +68,7 @@ export function mountStart(main) {
     } catch (err) {
       status.textContent = "";
       const detail = (err.details || []).map((d) => `${d.path || "request"}: ${d.message}`);
-      summary.replaceChildren(h("p", { style: "margin:0" }, startErrorText(err)), detail.length ? h("ul", {}, detail.map((d) => h("li", {}, d))) : null);
+      replaceChildren(summary, h("p", { style: "margin:0" }, startErrorText(err)), detail.length ? h("ul", {}, detail.map((d) => h("li", {}, d))) : null);
       summary.hidden = false;
       summary.setAttribute("tabindex", "-1");
       summary.focus();

@@ -103,7 +103,7 @@ export function mountTurn(main, turnId) {
     if (key !== panelKey) {
       panelKey = key;
       const panel = suspensionPanel(turn, handlers);
-      waitingBody.replaceChildren(...(panel ? [panel] : []));
+      waitingBody.replaceChildren(...(panel ? [panel.tagName === "LI" ? h("ol", { class: "timeline" }, panel) : panel] : []));
       waitingSection.hidden = !panel;
       cancelArea.replaceChildren(...(isTerminal(turn.status) ? [] : [cancelControl(turn, handlers)]));
     }
