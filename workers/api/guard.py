@@ -5,7 +5,7 @@ database in a shape that could fail deep inside (a Python recursion limit, a str
 PostgreSQL refuses, a float JSON cannot encode):
 
 - at most `max_body_bytes` (1 MiB): 413, also for chunked bodies, counted as they arrive;
-- UTF-8, well-formed JSON without `NaN`/`Infinity`: 422;
+- UTF-8, well-formed JSON without `NaN`, `Infinity` or numbers too large for a float: 422;
 - arrays and objects nested at most `max_depth` (64) deep: 422;
 - no string (value or key) with a lone surrogate (an escaped `ud800` alone) or a NUL character: 422.
 """
@@ -13,6 +13,7 @@ PostgreSQL refuses, a float JSON cannot encode):
 from __future__ import annotations
 
 import json
+import math
 import re
 from typing import Any
 
@@ -56,6 +57,14 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON")
 
 
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        # 1e400 parses to infinity, which JSON cannot carry back out.
+        raise ValueError(f"the number {text[:40]} is too large")
+    return value
+
+
 def check_json(body: bytes, max_depth: int = MAX_JSON_DEPTH) -> None:
     """Raise `InvalidRequest` unless `body` is UTF-8 JSON fit for the routes (see the module docstring)."""
     try:
@@ -65,7 +74,7 @@ def check_json(body: bytes, max_depth: int = MAX_JSON_DEPTH) -> None:
     if text.count("[") + text.count("{") > max_depth and json_depth(text) > max_depth:
         raise InvalidRequest(f"the request body nests arrays and objects deeper than {max_depth} levels")
     try:
-        value = json.loads(text, parse_constant=_reject_constant)
+        value = json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float)
     except ValueError as exc:
         raise InvalidRequest(f"the request body is not valid JSON: {exc}") from None
     pending: list[Any] = [value]

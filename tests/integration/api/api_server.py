@@ -140,3 +140,34 @@ def serve(
         yield server
     finally:
         server.stop()
+
+
+def eventually(produce: Any, timeout: float = 20.0, what: str = "the condition") -> Any:
+    """Call `produce()` until it returns something truthy; return that."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = produce()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.05)
+
+
+def database_state(database_url: str) -> dict[str, list[tuple[Any, ...]]]:
+    """Every row of every agent-runner table, to check that a request changed nothing."""
+    import sqlalchemy as sa
+
+    from store.schema import metadata
+
+    engine = sa.create_engine(database_url)
+    try:
+        with engine.connect() as connection:
+            return {
+                table.name: sorted(
+                    (tuple(str(value) for value in row) for row in connection.execute(sa.select(table))), key=str
+                )
+                for table in metadata.sorted_tables
+            }
+    finally:
+        engine.dispose()

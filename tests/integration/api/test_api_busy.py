@@ -1,0 +1,108 @@
+"""A busy conversation: reject (409), enqueue (202, started when it frees) and interrupt, on the embedded server."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from api_server import ApiServer, assert_error, blocked, eventually, serve, status_is, wait_for
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def server(server_dir: Path) -> Iterator[ApiServer]:
+    # A short interrupt wait, so that a turn stuck in a long tool call makes the interrupt queue.
+    yield from serve(server_dir, AGENT_RUNNER_API_INTERRUPT_WAIT_S="0.5")
+
+
+@pytest.fixture
+def client(server: ApiServer) -> Iterator[httpx.Client]:
+    with server.client() as http:
+        yield http
+
+
+def post(client: httpx.Client, text: str, chat: str, **fields: Any) -> httpx.Response:
+    return client.post("/v1/turns", json={"agent_id": "desk", "input": text, "conversation_id": chat, **fields})
+
+
+def waiting_turn(client: httpx.Client, chat: str) -> dict[str, Any]:
+    created = post(client, "ticket", chat)
+    assert created.status_code == 201, created.text
+    return wait_for(client, created.json()["id"], blocked)
+
+
+def answered(client: httpx.Client, chat: str, output: str) -> dict[str, Any] | None:
+    """The conversation's turn that answered `output`, if any."""
+    turns = client.get("/v1/turns", params={"conversation_id": chat}).json()["items"]
+    return next((t for t in turns if t["final_output"] == output), None)
+
+
+def latest_turn(client: httpx.Client, chat: str) -> dict[str, Any]:
+    items: list[dict[str, Any]] = client.get("/v1/turns", params={"conversation_id": chat}).json()["items"]
+    return items[0]
+
+
+def test_reject_answers_409_with_the_active_turn(client: httpx.Client) -> None:
+    chat = f"c-{uuid.uuid4().hex[:8]}"
+    active = waiting_turn(client, chat)
+    error = assert_error(post(client, "hello?", chat), 409, "AgentConversationBusyException")
+    assert error["active_turn_id"] == active["id"] and chat in error["message"]
+    assert len(client.get("/v1/turns", params={"conversation_id": chat}).json()["items"]) == 1
+
+
+def test_enqueue_queues_the_message_and_the_inbox_starts_it_when_the_conversation_frees(client: httpx.Client) -> None:
+    chat = f"c-{uuid.uuid4().hex[:8]}"
+    active = waiting_turn(client, chat)
+    queued = post(client, "first queued", chat, if_busy="enqueue", metadata={"from": "queue"})
+    assert queued.status_code == 202
+    body = queued.json()
+    assert body["status"] == "QUEUED" and body["conversation_id"] == chat and body["message_id"]
+    second = post(client, "second queued", chat, if_busy="enqueue").json()
+    # Nothing starts while the conversation is busy
+    assert latest_turn(client, chat)["id"] == active["id"]
+    # When the active turn ends (cancelled here), the queued messages start in order
+    client.post(f"/v1/turns/{active['id']}/cancel")
+    wait_for(client, active["id"], status_is("CANCELLED"))
+
+    def started(text: str) -> dict[str, Any]:
+        found: dict[str, Any] = eventually(lambda: answered(client, chat, f"echo: {text}"), what=f"{text!r} to run")
+        return found
+
+    first = started("first queued")
+    assert first["agent_id"] == "desk" and first["metadata"] == {"from": "queue"} and first["conversation_id"] == chat
+    later = started("second queued")
+    assert later["created_at"] > first["created_at"]
+    # The user message of each queued turn carries its message id
+    messages = client.get(f"/v1/turns/{later['id']}", params={"messages": "true"}).json()["messages"]
+    assert any(m["id"] == second["message_id"] and m["role"] == "user" for m in messages)
+
+
+def test_interrupt_cancels_a_waiting_turn_with_close_out_and_starts_the_new_one(client: httpx.Client) -> None:
+    chat = f"c-{uuid.uuid4().hex[:8]}"
+    active = waiting_turn(client, chat)
+    response = post(client, "never mind", chat, if_busy="interrupt")
+    assert response.status_code == 201, response.text
+    new = response.json()
+    old = client.get(f"/v1/turns/{active['id']}", params={"messages": "true"}).json()
+    assert old["status"] == "CANCELLED" and old["messages"][-1]["role"] == "assistant"
+    assert wait_for(client, new["id"], blocked)["final_output"] == "echo: never mind"
+
+
+def test_interrupt_of_a_turn_mid_step_queues_the_message_when_it_does_not_stop_in_time(client: httpx.Client) -> None:
+    chat = f"c-{uuid.uuid4().hex[:8]}"
+    created = post(client, "sleep 2", chat).json()
+    wait_for(client, created["id"], lambda v: v["steps"] >= 1, what="the pause call to start")
+    response = post(client, "after the pause", chat, if_busy="interrupt")
+    # The worker is inside the 2 s tool call: the turn only got its cancel flag within the 0.5 s wait
+    assert response.status_code == 202, response.text
+    assert response.json()["status"] == "QUEUED"
+    flagged = client.get(f"/v1/turns/{created['id']}").json()
+    assert flagged["cancel_requested"] is True
+    # It ends at its next boundary, and then the queued message starts
+    assert wait_for(client, created["id"], blocked, timeout=15)["status"] == "CANCELLED"
+    eventually(lambda: answered(client, chat, "echo: after the pause"), what="the queued message to run")
