@@ -5,13 +5,18 @@ from collections.abc import Iterator
 import pytest
 from browser_kit import chromium, console_errors, wait_for
 from selenium.webdriver.remote.webdriver import WebDriver
-from static_server import serve_static
+from static_server import StaticServer, serve_static
 
 
 @pytest.fixture(scope="session")
-def static_url() -> Iterator[str]:
-    with serve_static() as url:
-        yield url
+def static_server() -> Iterator[StaticServer]:
+    with serve_static() as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def static_url(static_server: StaticServer) -> str:
+    return static_server.url
 
 
 @pytest.fixture(scope="module")

@@ -2,7 +2,7 @@
 // cards, form cards and the plain-text question box.
 
 import { api } from "./api.js";
-import { h, timeElement, uniqueId } from "./dom.js";
+import { append, h, timeElement, uniqueId } from "./dom.js";
 import { SchemaForm, humanize } from "./form.js";
 
 /** The value the server puts in place of an argument a tool marks sensitive. */
@@ -242,7 +242,7 @@ export function actionCard(message, { onChanged }) {
       }),
     );
   } else {
-    card.append(decisionLine(message));
+    append(card, decisionLine(message));
   }
   return card;
 }
@@ -272,7 +272,7 @@ export function formCard(message, { onChanged }) {
     });
     card.append(form.element);
   } else {
-    card.append(decisionLine(message));
+    append(card, decisionLine(message));
   }
   return card;
 }
