@@ -108,10 +108,11 @@ export class LiveAnswers {
       this.state.partials[turnId] = text;
       this.partial(turnId).setText(text);
     } else if (event.type === "MODEL_RESPONSE" && turnId) {
+      // The whole text replaces the streamed one; a server that sends none keeps what streamed.
+      const text = modelText(data) || this.state.partials[turnId] || "";
       delete this.state.partials[turnId];
       const entry = this.partials.get(turnId);
       this.partials.delete(turnId);
-      const text = modelText(data);
       const messageId = data.message_id || "";
       if (text && !(messageId && this.isShown(messageId))) {
         const finished = entry || streamingItem(turnId);
