@@ -14,6 +14,8 @@ from agent_runner.errors import (
     AgentRunnerError,
     DefinitionError,
     FormProtocolError,
+    InvalidCursor,
+    InvalidEventQuery,
     InvalidResumeCommand,
     InvalidTransitionError,
     LeaseHeldError,
@@ -27,12 +29,20 @@ from agent_runner.errors import (
     TurnNotFound,
     VersionConflictError,
 )
-from agent_runner.events import AgentEvent, AgentEventListener, AgentEventType
+from agent_runner.events import (
+    DURABLE_EVENT_TYPES,
+    EPHEMERAL_EVENT_TYPES,
+    AgentEvent,
+    AgentEventListener,
+    AgentEventType,
+)
+from agent_runner.feed import EventFeed
 from agent_runner.forms import AgentFormDefinition
 from agent_runner.in_memory import (
     InMemoryAgentTurnStore,
     InMemoryChatMemory,
     InMemoryChatMemoryProvider,
+    InMemoryLiveEvents,
     InMemoryTurnLease,
 )
 from agent_runner.messages import (
@@ -55,7 +65,9 @@ from agent_runner.persistence import (
     ChatMemory,
     ChatMemoryProvider,
     ConversationGuard,
+    EventLog,
     Lease,
+    LiveEventChannel,
     TurnDispatcher,
     TurnLease,
     TurnRef,
@@ -114,6 +126,12 @@ __all__ = [
     "AgentEvent",
     "AgentEventListener",
     "AgentEventType",
+    "DURABLE_EVENT_TYPES",
+    "EPHEMERAL_EVENT_TYPES",
+    "EventFeed",
+    "EventLog",
+    "InMemoryLiveEvents",
+    "LiveEventChannel",
     # Backends
     "AgentLoader",
     "AgentTurnStore",
@@ -136,6 +154,8 @@ __all__ = [
     "AgentRunnerError",
     "DefinitionError",
     "FormProtocolError",
+    "InvalidCursor",
+    "InvalidEventQuery",
     "InvalidResumeCommand",
     "InvalidTransitionError",
     "LeaseHeldError",

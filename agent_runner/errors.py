@@ -198,3 +198,21 @@ class LeaseLostError(LeaseError):
         self.turn_id = turn_id
         self.fence = fence
         super().__init__(f"the lease of turn {turn_id!r} (fence {fence}) was lost to another worker")
+
+
+class InvalidEventQuery(AgentRunnerError):
+    """A read of events that cannot be answered as asked.
+
+    Raised when a read names neither or both of a turn tree and a conversation, or gives a
+    cursor the feed did not issue (see `InvalidCursor`). Nothing was read.
+    """
+
+
+class InvalidCursor(InvalidEventQuery):
+    """An event cursor that is malformed or was not issued by this kind of feed."""
+
+    def __init__(self, cursor: str, reason: str = "it is not a cursor this feed issued") -> None:
+        self.cursor = cursor
+        self.reason = reason
+        shown = cursor if len(cursor) <= 80 else cursor[:77] + "..."
+        super().__init__(f"invalid event cursor {shown!r}: {reason}")

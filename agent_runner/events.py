@@ -1,4 +1,10 @@
-"""Lifecycle events delivered synchronously to listeners in the runner's process."""
+"""Lifecycle events of turns.
+
+The runner delivers every event synchronously to listeners in its own process. Beyond the
+process, durable events (every type but MODEL_DELTA and TOOL_PROGRESS) are written to the
+turn store together with the save that caused them, and ephemeral ones go through a live
+channel; `agent_runner.feed.EventFeed` merges the two for subscribers.
+"""
 
 from __future__ import annotations
 
@@ -38,6 +44,16 @@ class AgentEventType(StrEnum):
         """Whether the event marks the end of a turn."""
         return self in TERMINAL_EVENT_TYPES
 
+    @property
+    def is_durable(self) -> bool:
+        """Whether events of this type are stored with the save that caused them.
+
+        Only MODEL_DELTA and TOOL_PROGRESS are ephemeral: they stream through the live
+        channel and are not kept beyond its retention. A client that missed deltas
+        resynchronizes from MODEL_RESPONSE, which carries the whole text.
+        """
+        return self not in EPHEMERAL_EVENT_TYPES
+
 
 TERMINAL_EVENT_TYPES = frozenset(
     {
@@ -50,6 +66,12 @@ TERMINAL_EVENT_TYPES = frozenset(
     }
 )
 
+EPHEMERAL_EVENT_TYPES = frozenset({AgentEventType.MODEL_DELTA, AgentEventType.TOOL_PROGRESS})
+"""Event types that go only through the live channel."""
+
+DURABLE_EVENT_TYPES = frozenset(AgentEventType) - EPHEMERAL_EVENT_TYPES
+"""Event types written to the turn store atomically with the save that caused them."""
+
 
 class AgentEvent(FrozenModel):
     """One lifecycle event of a turn."""
@@ -61,6 +83,10 @@ class AgentEvent(FrozenModel):
     conversation_id: str | None = None
     timestamp: datetime = Field(default_factory=utcnow)
     data: dict[str, Any] = Field(default_factory=dict)
+    cursor: str | None = None
+    """The event's position in the feed it was read from (opaque; resume with `after=cursor`).
+
+    None on events that come straight from a runner."""
 
 
 AgentEventListener = Callable[[AgentEvent], None]

@@ -1,4 +1,4 @@
-"""In-process backends: turn store, chat memory and its provider, and the turn lease.
+"""In-process backends: turn store with its event log, live events, chat memory and its provider, and the turn lease.
 
 They are thread-safe and implement the same contracts as the durable backends in `store`,
 so a program can move from one to the other without changing behaviour.
@@ -6,11 +6,15 @@ so a program can move from one to the other without changing behaviour.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
-from collections.abc import Sequence
-from datetime import datetime
+from bisect import bisect_right
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
+from datetime import datetime, timedelta
 
+from agent_runner._base import utcnow
 from agent_runner.errors import (
     AgentConversationBusyException,
     LeaseLostError,
@@ -18,13 +22,48 @@ from agent_runner.errors import (
     TurnNotFound,
     VersionConflictError,
 )
+from agent_runner.events import AgentEvent
 from agent_runner.messages import AnyMessage, ModelMessage, ToolMessage
-from agent_runner.persistence import Lease, TurnRef
+from agent_runner.persistence import (
+    DEFAULT_EVENT_PAGE,
+    Lease,
+    TurnRef,
+    event_scope,
+    format_position,
+    parse_position,
+)
 from agent_runner.snapshot import AgentTurn, AgentTurnStatus
+
+logger = logging.getLogger(__name__)
 
 
 def _ref(turn: AgentTurn) -> TurnRef:
     return TurnRef(turn.id, turn.version, turn.status, turn.updated_at, turn.next_retry_at)
+
+
+def stored_event(event: AgentEvent, turn: AgentTurn, root_conversation_id: str | None) -> AgentEvent:
+    """Return the event as an event log keeps it, saved with `turn`.
+
+    The event is filed under the turn's tree. Its conversation is its own, else the
+    turn's; a child turn has no conversation of its own, so its events are filed under its
+    root's (`root_conversation_id`). Every store applies this same rule.
+    """
+    update: dict[str, object] = {"cursor": None, "root_turn_id": turn.root_turn_id}
+    if event.conversation_id is None:
+        update["conversation_id"] = turn.conversation_id or root_conversation_id
+    return event.model_copy(update=update)
+
+
+def prunable(turns: Iterable[AgentTurn], cutoff: datetime) -> set[str]:
+    """Return the ids of the stored root turns whose whole tree ended and was last saved before `cutoff`."""
+    trees: dict[str, bool] = {}
+    roots: set[str] = set()
+    for turn in turns:
+        old_and_ended = turn.status.is_terminal and turn.updated_at < cutoff
+        trees[turn.root_turn_id] = trees.get(turn.root_turn_id, True) and old_and_ended
+        if turn.id == turn.root_turn_id:
+            roots.add(turn.id)
+    return {root for root, prune in trees.items() if prune and root in roots}
 
 
 def stored_snapshot(turn: AgentTurn, current: AgentTurn | None, expected_version: int) -> AgentTurn:
@@ -46,16 +85,22 @@ def stored_snapshot(turn: AgentTurn, current: AgentTurn | None, expected_version
 
 
 class InMemoryAgentTurnStore:
-    """A thread-safe `AgentTurnStore` in this process's memory.
+    """A thread-safe `AgentTurnStore` and `EventLog` in this process's memory.
 
     The one-active-turn-per-conversation rule is checked atomically with the save, so
     several runners sharing this store in one process cannot start two turns at once.
+    Saves are serialized, so an event's cursor is simply its position in the log.
     """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._turns: dict[str, AgentTurn] = {}
         self._active: dict[str, str] = {}
+        # The event log: events by position (1, 2, ...), and the positions of each scope in order.
+        self._events: dict[int, AgentEvent] = {}
+        self._event_ids: set[str] = set()
+        self._last_position = 0
+        self._positions: dict[tuple[str, str], list[int]] = {}
 
     def load(self, turn_id: str) -> AgentTurn:
         """Return the stored snapshot or raise `TurnNotFound`."""
@@ -71,8 +116,8 @@ class InMemoryAgentTurnStore:
             raise TurnNotFound(turn_id)
         return _ref(turn)
 
-    def save(self, turn: AgentTurn, expected_version: int) -> AgentTurn:
-        """Compare-and-swap the snapshot; see `AgentTurnStore.save`."""
+    def save(self, turn: AgentTurn, expected_version: int, events: Sequence[AgentEvent] = ()) -> AgentTurn:
+        """Compare-and-swap the snapshot and append its durable events; see `AgentTurnStore.save`."""
         with self._lock:
             current = self._turns.get(turn.id)
             actual = None if current is None else current.version
@@ -99,7 +144,70 @@ class InMemoryAgentTurnStore:
                     self._active[conversation] = turn.id
                 elif self._active.get(conversation) == turn.id:
                     del self._active[conversation]
+            if events:
+                self._append_events(stored, events)
             return stored
+
+    def _append_events(self, turn: AgentTurn, events: Sequence[AgentEvent]) -> None:
+        root = self._turns.get(turn.root_turn_id)
+        root_conversation = None if root is None else root.conversation_id
+        for event in events:
+            if not event.type.is_durable or event.event_id in self._event_ids:
+                continue
+            kept = stored_event(event, turn, root_conversation)
+            self._last_position += 1
+            position = self._last_position
+            self._events[position] = kept.model_copy(update={"cursor": format_position(position)})
+            self._event_ids.add(kept.event_id)
+            self._positions.setdefault(("root", turn.root_turn_id), []).append(position)
+            if kept.conversation_id is not None:
+                self._positions.setdefault(("conversation", kept.conversation_id), []).append(position)
+
+    def read_events(
+        self,
+        *,
+        root_turn_id: str | None = None,
+        conversation_id: str | None = None,
+        after: str | None = None,
+        limit: int = DEFAULT_EVENT_PAGE,
+    ) -> list[AgentEvent]:
+        """Return up to `limit` durable events of a turn tree or a conversation after `after`; see `EventLog`."""
+        scope = event_scope(root_turn_id, conversation_id)
+        start = 0 if after is None else parse_position(after, 1)[0]
+        if limit <= 0:
+            return []
+        with self._lock:
+            positions = self._positions.get(scope, [])
+            index = bisect_right(positions, start)
+            return [self._events[p] for p in positions[index : index + limit]]
+
+    def prune(self, older_than: timedelta, *, batch_size: int = 500) -> int:
+        """Remove the turn trees that ended more than `older_than` ago, with their events; return how many turns.
+
+        A tree goes only when every turn in it is terminal and none was saved since the
+        limit; a tree with an active turn stays whole. `batch_size` exists for parity with
+        the SQL store: here one pass under the lock removes everything due.
+        """
+        if older_than < timedelta(0):
+            raise ValueError(f"older_than must not be negative, got {older_than!r}")
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be at least 1, got {batch_size!r}")
+        cutoff = utcnow() - older_than
+        with self._lock:
+            roots = prunable(self._turns.values(), cutoff)
+            doomed = [t.id for t in self._turns.values() if t.root_turn_id in roots]
+            for turn_id in doomed:
+                del self._turns[turn_id]
+            dropped = {p for p, e in self._events.items() if e.root_turn_id in roots}
+            for position in dropped:
+                self._event_ids.discard(self._events.pop(position).event_id)
+            for scope, positions in list(self._positions.items()):
+                kept = [p for p in positions if p not in dropped]
+                if kept:
+                    self._positions[scope] = kept
+                else:
+                    del self._positions[scope]
+            return len(doomed)
 
     def find_active_turn(self, conversation_id: str) -> AgentTurn | None:
         """Return the conversation's non-terminal turn, or None."""
@@ -294,3 +402,128 @@ class InMemoryTurnLease:
                 return False
             del self._held[lease.turn_id]
             return True
+
+
+def live_scopes(event: AgentEvent) -> list[tuple[str, str]]:
+    """Return the scopes a live event is published to: its turn tree, and its conversation if any."""
+    scopes = [("root", event.root_turn_id or event.turn_id)]
+    if event.conversation_id is not None:
+        scopes.append(("conversation", event.conversation_id))
+    return scopes
+
+
+class InMemoryLiveEvents:
+    """A `LiveEventChannel` for subscribers in this process (the embedded mode).
+
+    Each scope (turn tree, conversation) keeps its newest `max_events_per_scope` events, each
+    for at least `retention_s` seconds after it was published unless that bound pushes it
+    out. A cursor is the event's publication number in this channel; it means nothing to
+    another channel or process. Thread-safe; `wait` sleeps on a condition that `publish`
+    signals.
+
+    Args:
+        retention_s: Seconds an event is kept at least (bounded by `max_events_per_scope`).
+        max_events_per_scope: Most events kept per turn tree and per conversation.
+        clock: Monotonic seconds; tests pass a fake one.
+
+    Raises:
+        ValueError: `retention_s` or `max_events_per_scope` is not positive.
+    """
+
+    def __init__(
+        self,
+        retention_s: float = 300.0,
+        max_events_per_scope: int = 10_000,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if retention_s <= 0:
+            raise ValueError(f"retention_s must be positive, got {retention_s!r}")
+        if max_events_per_scope < 1:
+            raise ValueError(f"max_events_per_scope must be at least 1, got {max_events_per_scope!r}")
+        self.retention_s = retention_s
+        self.max_events_per_scope = max_events_per_scope
+        self._clock = clock
+        self._changed = threading.Condition()
+        self._published = 0
+        self._scopes: dict[tuple[str, str], deque[tuple[int, float, AgentEvent]]] = {}
+        self._next_sweep = clock() + retention_s
+
+    def publish(self, event: AgentEvent) -> None:
+        """Keep the event in its tree's and conversation's scopes and wake the waiters; never raises."""
+        try:
+            with self._changed:
+                now = self._clock()
+                self._published += 1
+                number = self._published
+                kept = event.model_copy(update={"cursor": format_position(number)})
+                for scope in live_scopes(event):
+                    entries = self._scopes.get(scope)
+                    if entries is None:
+                        entries = self._scopes[scope] = deque(maxlen=self.max_events_per_scope)
+                    entries.append((number, now, kept))
+                if now >= self._next_sweep:
+                    self._sweep(now)
+                self._changed.notify_all()
+        except Exception:
+            logger.exception("publishing live event %s of turn %s failed; it is lost", event.type, event.turn_id)
+
+    def read(
+        self,
+        *,
+        root_turn_id: str | None = None,
+        conversation_id: str | None = None,
+        after: str | None = None,
+        limit: int = DEFAULT_EVENT_PAGE,
+    ) -> list[AgentEvent]:
+        """Return up to `limit` kept events of the scope published after `after`; see `LiveEventChannel`."""
+        scope = event_scope(root_turn_id, conversation_id)
+        start = 0 if after is None else parse_position(after, 1)[0]
+        with self._changed:
+            return self._after(scope, start, limit)
+
+    def wait(
+        self,
+        *,
+        root_turn_id: str | None = None,
+        conversation_id: str | None = None,
+        after: str | None = None,
+        timeout: float,
+    ) -> list[AgentEvent]:
+        """Return the kept events after `after`, waiting up to `timeout` seconds for one; see `LiveEventChannel`."""
+        scope = event_scope(root_turn_id, conversation_id)
+        start = 0 if after is None else parse_position(after, 1)[0]
+        deadline = time.monotonic() + max(timeout, 0.0)
+        with self._changed:
+            while True:
+                found = self._after(scope, start, DEFAULT_EVENT_PAGE)
+                remaining = deadline - time.monotonic()
+                if found or remaining <= 0:
+                    return found
+                self._changed.wait(remaining)
+
+    def _after(self, scope: tuple[str, str], start: int, limit: int) -> list[AgentEvent]:
+        entries = self._scopes.get(scope)
+        if not entries or limit <= 0:
+            return []
+        self._expire(scope, entries, self._clock())
+        found: list[AgentEvent] = []
+        for number, _, event in entries:
+            if number > start:
+                found.append(event)
+                if len(found) == limit:
+                    break
+        return found
+
+    def _expire(self, scope: tuple[str, str], entries: deque[tuple[int, float, AgentEvent]], now: float) -> None:
+        horizon = now - self.retention_s
+        while entries and entries[0][1] < horizon:
+            entries.popleft()
+        if not entries:
+            del self._scopes[scope]
+
+    def _sweep(self, now: float) -> None:
+        # Scopes of finished turns get no more reads or publishes; drop what has expired.
+        for scope, entries in list(self._scopes.items()):
+            self._expire(scope, entries, now)
+        self._next_sweep = now + self.retention_s

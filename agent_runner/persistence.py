@@ -1,4 +1,4 @@
-"""Protocols of the pluggable backends: turn store, agent loader, chat memory, lease, dispatcher.
+"""Protocols of the pluggable backends: turn store, event log, live events, agent loader, chat memory, lease, dispatcher.
 
 The in-memory implementations live in `agent_runner.in_memory`; durable ones in the
 `store` package. Every implementation must pass the contract tests in `tests/contract/`.
@@ -12,6 +12,8 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from agent_runner._base import utcnow
+from agent_runner.errors import InvalidCursor, InvalidEventQuery
+from agent_runner.events import AgentEvent
 from agent_runner.messages import AnyMessage, ModelMessage
 from agent_runner.snapshot import RUNNABLE_STATUSES, AgentTurn, AgentTurnStatus
 
@@ -61,11 +63,16 @@ class AgentTurnStore(Protocol):
         """
         ...
 
-    def save(self, turn: AgentTurn, expected_version: int) -> AgentTurn:
+    def save(self, turn: AgentTurn, expected_version: int, events: Sequence[AgentEvent] = ()) -> AgentTurn:
         """Store `turn` if the stored version equals `expected_version` (-1: create it).
 
         Returns the stored snapshot: `version` is `expected_version + 1` and
         `cancel_requested` is the stored flag or'ed with the new one (the flag is monotonic).
+
+        The durable ones among `events` (see `AgentEventType.is_durable`) are appended to the
+        event log atomically with the snapshot: both are written or neither is. An event
+        whose `event_id` is already stored is skipped, so a repeated save never duplicates
+        one. Ephemeral events are not stored; they belong on a `LiveEventChannel`.
 
         Raises:
             VersionConflictError: The stored version differs, or the turn exists when creating.
@@ -112,6 +119,137 @@ class AgentTurnStore(Protocol):
     def list_due_retries(self, now: datetime, limit: int = 100) -> list[TurnRef]:
         """Return RETRY_SCHEDULED turns due at `now`, earliest due first."""
         ...
+
+
+DEFAULT_EVENT_PAGE = 500
+"""Events one read returns at most unless told otherwise."""
+
+
+@runtime_checkable
+class EventLog(Protocol):
+    """The durable, ordered log of the events a turn store saved with its snapshots.
+
+    Read it per turn tree (a root turn and all its descendants) or per conversation (its
+    root turns and their descendants). Each returned event carries a `cursor`; reading
+    `after` it returns exactly the events that follow it, each once, with no gaps, also
+    while other transactions (parallel child turns) commit concurrently. The events of one
+    turn come in the order their saves committed.
+    """
+
+    def read_events(
+        self,
+        *,
+        root_turn_id: str | None = None,
+        conversation_id: str | None = None,
+        after: str | None = None,
+        limit: int = DEFAULT_EVENT_PAGE,
+    ) -> list[AgentEvent]:
+        """Return up to `limit` durable events after the cursor `after` (None: from the first), in order.
+
+        Exactly one of `root_turn_id` and `conversation_id` must be given.
+
+        Raises:
+            InvalidEventQuery: Neither or both of `root_turn_id` and `conversation_id` were given.
+            InvalidCursor: `after` is not a cursor this log issued.
+        """
+        ...
+
+
+@runtime_checkable
+class LiveEventChannel(Protocol):
+    """A short-lived broadcast of events to subscribers in other processes.
+
+    Runners publish ephemeral events (MODEL_DELTA, TOOL_PROGRESS) here, and their durable
+    events again after the save, as a wake-up for subscribers waiting on the channel. An
+    event is published to the stream of its turn tree (`root_turn_id`) and to the stream
+    of its conversation (`conversation_id`; runners set the root's conversation on child
+    events too). Events are kept for a bounded time and number, not for good.
+    """
+
+    def publish(self, event: AgentEvent) -> None:
+        """Broadcast the event; never raises (a failure is logged and the event is lost)."""
+        ...
+
+    def read(
+        self,
+        *,
+        root_turn_id: str | None = None,
+        conversation_id: str | None = None,
+        after: str | None = None,
+        limit: int = DEFAULT_EVENT_PAGE,
+    ) -> list[AgentEvent]:
+        """Return up to `limit` kept events of the scope published after the cursor `after`, oldest first.
+
+        Each event carries its `cursor` in this channel. Exactly one of `root_turn_id` and
+        `conversation_id` must be given.
+
+        Raises:
+            InvalidEventQuery: Neither or both of `root_turn_id` and `conversation_id` were given.
+            InvalidCursor: `after` is not a cursor of this channel.
+        """
+        ...
+
+    def wait(
+        self,
+        *,
+        root_turn_id: str | None = None,
+        conversation_id: str | None = None,
+        after: str | None = None,
+        timeout: float,
+    ) -> list[AgentEvent]:
+        """Like `read`, but block up to `timeout` seconds until there is an event after `after`.
+
+        Returns an empty list when the time ran out first.
+
+        Raises:
+            InvalidEventQuery: Neither or both of `root_turn_id` and `conversation_id` were given.
+            InvalidCursor: `after` is not a cursor of this channel.
+        """
+        ...
+
+
+def event_scope(root_turn_id: str | None, conversation_id: str | None) -> tuple[str, str]:
+    """Return `("root", id)` or `("conversation", id)` for a read of events.
+
+    Raises:
+        InvalidEventQuery: Neither or both were given, or the one given is empty.
+    """
+    if root_turn_id is not None and conversation_id is None:
+        scope = ("root", root_turn_id)
+    elif conversation_id is not None and root_turn_id is None:
+        scope = ("conversation", conversation_id)
+    else:
+        raise InvalidEventQuery(
+            "give exactly one of root_turn_id and conversation_id to read events, "
+            f"got root_turn_id={root_turn_id!r} and conversation_id={conversation_id!r}"
+        )
+    if not scope[1]:
+        name = "root_turn_id" if scope[0] == "root" else "conversation_id"
+        raise InvalidEventQuery(f"{name} must not be empty to read events")
+    return scope
+
+
+_MAX_POSITION = 2**63 - 1
+
+
+def format_position(*numbers: int) -> str:
+    """Return the cursor text of a position made of non-negative integers (`"12"`, `"7.12"`)."""
+    return ".".join(str(number) for number in numbers)
+
+
+def parse_position(cursor: str, parts: int) -> tuple[int, ...]:
+    """Return the `parts` integers of a cursor written by `format_position`.
+
+    Raises:
+        InvalidCursor: The cursor has another shape, or a number out of range.
+    """
+    pieces = cursor.split(".")
+    if len(pieces) != parts or not all(piece.isascii() and piece.isdigit() and len(piece) <= 19 for piece in pieces):
+        raise InvalidCursor(cursor, f"expected {parts} dot-separated non-negative integer(s)")
+    numbers = tuple(int(piece) for piece in pieces)
+    if any(number > _MAX_POSITION for number in numbers):
+        raise InvalidCursor(cursor, "a position is out of range")
+    return numbers
 
 
 @runtime_checkable

@@ -1,4 +1,4 @@
-"""Durable backends of agent-runner: SQL turn store, chat memory, inbox and lease; Redis lease and guard.
+"""Durable backends of agent-runner: SQL turn store and event log, chat memory, inbox and lease; Redis lease, guard and live events.
 
 The SQL backends run on PostgreSQL (psycopg 3) in production and on SQLite as the embedded
 default, from the same code. Each takes a database URL or an engine to share:
@@ -26,12 +26,14 @@ from store.turns import SqlAgentTurnStore
 # work where the redis client is not installed.
 if TYPE_CHECKING:
     from store.keys import RedisKeys
+    from store.redis_events import RedisLiveEvents
     from store.redis_guard import RedisConversationGuard
     from store.redis_lease import RedisTurnLease
 
 _LAZY_EXPORTS = {
     "RedisConversationGuard": "store.redis_guard",
     "RedisKeys": "store.keys",
+    "RedisLiveEvents": "store.redis_events",
     "RedisTurnLease": "store.redis_lease",
 }
 
@@ -60,5 +62,6 @@ __all__ = [
     # Redis backends
     "RedisConversationGuard",
     "RedisKeys",
+    "RedisLiveEvents",
     "RedisTurnLease",
 ]

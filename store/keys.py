@@ -6,8 +6,10 @@ read (and changed) in one place:
 | key | type | lifetime | written by |
 |---|---|---|---|
 | `{prefix}:turn:{<turn_id>}:lease` | hash `owner`, `fence` | the lease TTL | `lease_acquire.lua`, `lease_renew.lua`, `lease_release.lua` |
-| `{prefix}:turn:{<turn_id>}:fence` | integer counter | no expiry | `lease_acquire.lua` |
+| `{prefix}:turn:{<turn_id>}:fence` | integer counter | the fence TTL (24 h), renewed by each acquire | `lease_acquire.lua` |
 | `{prefix}:conversation:{<conversation_id>}:active-turn` | string, a turn id | until released | `guard_*.lua` |
+| `{prefix}:turn:{<root_turn_id>}:events` | stream of live events of a turn tree | the live retention after the last publish | `RedisLiveEvents` |
+| `{prefix}:conversation:{<conversation_id>}:events` | stream of live events of a conversation | the same | `RedisLiveEvents` |
 """
 
 from __future__ import annotations
@@ -53,8 +55,16 @@ class RedisKeys:
         return f"{self.prefix}:turn:{{{_require_id('turn id', turn_id)}}}:lease"
 
     def turn_fence(self, turn_id: str) -> str:
-        """Return the key of the turn's fencing counter, which outlives every lease of the turn."""
+        """Return the key of the turn's fencing counter, which outlives every lease of the turn by the fence TTL."""
         return f"{self.prefix}:turn:{{{_require_id('turn id', turn_id)}}}:fence"
+
+    def turn_events(self, root_turn_id: str) -> str:
+        """Return the key of the live event stream of a turn tree (its root and every descendant)."""
+        return f"{self.prefix}:turn:{{{_require_id('turn id', root_turn_id)}}}:events"
+
+    def conversation_events(self, conversation_id: str) -> str:
+        """Return the key of the live event stream of a conversation."""
+        return f"{self.prefix}:conversation:{{{_require_id('conversation id', conversation_id)}}}:events"
 
     def active_turn(self, conversation_id: str) -> str:
         """Return the key holding the id of the conversation's active turn."""

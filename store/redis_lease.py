@@ -13,6 +13,9 @@ from store.keys import DEFAULT_PREFIX, RedisKeys
 
 _SCRIPTS = ("lease_acquire", "lease_renew", "lease_release", "lease_holder")
 
+DEFAULT_FENCE_TTL_S = 24 * 3600
+"""How long a turn's fence counter outlives its last acquire (see `lease_acquire.lua` for why expiry is safe)."""
+
 
 def _check_ttl(ttl_ms: int) -> None:
     # PEXPIRE with zero or a negative TTL deletes the key: the caller would be told it
@@ -26,9 +29,12 @@ class RedisTurnLease:
 
     A lease is a hash `{owner, fence}` that Redis expires after the TTL, so a worker that
     dies frees its turn without help. Each acquisition takes the next number from a
-    per-turn counter that never expires; saves carry it, so a worker that paused past its
-    TTL while another took the turn over is refused by the store even if it wakes up
-    believing it still holds the lease. Renew and release check owner and fence together.
+    per-turn counter that outlives the lease by far (`fence_ttl_s` after the last
+    acquire); saves carry it, so a worker that paused past its TTL while another took the
+    turn over is refused by the store even if it wakes up believing it still holds the
+    lease. A counter that expired (or was lost) restarts from the Redis clock in
+    microseconds, above every fence handed out before. Renew and release check owner and
+    fence together.
 
     Expiry runs on the Redis server's clock. A holder should count its TTL from the moment
     it sent `acquire` or `renew`, not from the reply, and renew well before it runs out.
@@ -41,12 +47,24 @@ class RedisTurnLease:
         redis_url: URL of the Redis server, such as `redis://127.0.0.1:6379/0`.
         prefix: Namespace of the keys (see `store.keys`).
         client: A client to use instead of one built from `redis_url`; left open by `close()`.
+        fence_ttl_s: Seconds a turn's fence counter is kept after its last acquire.
+
+    Raises:
+        ValueError: `fence_ttl_s` is below one second.
     """
 
     def __init__(
-        self, redis_url: str | None = None, *, prefix: str = DEFAULT_PREFIX, client: Redis[Any] | None = None
+        self,
+        redis_url: str | None = None,
+        *,
+        prefix: str = DEFAULT_PREFIX,
+        client: Redis[Any] | None = None,
+        fence_ttl_s: int = DEFAULT_FENCE_TTL_S,
     ) -> None:
+        if fence_ttl_s < 1:
+            raise ValueError(f"fence_ttl_s must be at least 1 second, got {fence_ttl_s!r}")
         self._keys = RedisKeys(prefix)
+        self._fence_ttl_ms = fence_ttl_s * 1000
         self._scripts = RedisScripts(redis_url, client, _SCRIPTS)
 
     def acquire(self, turn_id: str, owner: str, ttl_ms: int) -> Lease | None:
@@ -61,7 +79,9 @@ class RedisTurnLease:
         """
         _check_ttl(ttl_ms)
         fence = self._scripts.run(
-            "lease_acquire", [self._keys.turn_lease(turn_id), self._keys.turn_fence(turn_id)], [owner, ttl_ms]
+            "lease_acquire",
+            [self._keys.turn_lease(turn_id), self._keys.turn_fence(turn_id)],
+            [owner, ttl_ms, max(self._fence_ttl_ms, ttl_ms)],
         )
         return None if fence is None else Lease(turn_id, owner, int(fence))
 

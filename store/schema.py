@@ -9,6 +9,9 @@ Tables:
         snapshot; `state` holds the rest of the snapshot (suspension, pending calls,
         children, usage, ...) as JSON.
     agent_turn_messages: the turn's messages, append-only, keyed by (turn_id, seq).
+    agent_turn_events: the durable events, append-only, written with the save that caused
+        them. `xid` is the writing transaction's id on PostgreSQL (0 on SQLite), the first
+        half of the read order (see `store.turns`).
     agent_chat_conversations / agent_chat_messages: ChatMemory, with a per-conversation
         sequence counter.
     agent_inbox_conversations / agent_inbox_messages: the inbox of queued user messages.
@@ -102,6 +105,7 @@ turns = sa.Table(
     sa.Column("created_at", UtcDateTime, nullable=False),
     sa.Column("updated_at", UtcDateTime, nullable=False),
     sa.Column("state", _json(), nullable=False),
+    sa.Column("tenant_id", sa.String, nullable=True),
     # The durable backstop of "one active turn per conversation": two creators racing past
     # every other check still cannot both commit a non-terminal turn.
     sa.Index(
@@ -113,6 +117,8 @@ turns = sa.Table(
     ),
     sa.Index("ix_agent_turns_conversation_updated", "conversation_id", "updated_at"),
     sa.Index("ix_agent_turns_parent", "parent_turn_id"),
+    sa.Index("ix_agent_turns_root", "root_turn_id"),
+    sa.Index("ix_agent_turns_tenant_conversation", "tenant_id", "conversation_id", "updated_at"),
     sa.Index("ix_agent_turns_status_updated", "status", "updated_at"),
     sa.Index("ix_agent_turns_status_retry", "status", "next_retry_at"),
 )
@@ -125,6 +131,26 @@ turn_messages = sa.Table(
     sa.Column("message_id", sa.String, nullable=False),
     sa.Column("role", sa.String(32), nullable=False),
     sa.Column("payload", _json(), nullable=False),
+)
+
+turn_events = sa.Table(
+    "agent_turn_events",
+    metadata,
+    # INTEGER on SQLite, so that the column is the rowid; AUTOINCREMENT below keeps SQLite
+    # from reusing the ids of deleted (pruned) rows, which a reader's cursor may be past.
+    sa.Column("id", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), primary_key=True, autoincrement=True),
+    sa.Column("xid", sa.BigInteger, nullable=False),
+    sa.Column("event_id", sa.String, nullable=False),
+    sa.Column("turn_id", sa.String, nullable=False),
+    sa.Column("root_turn_id", sa.String, nullable=False),
+    sa.Column("conversation_id", sa.String, nullable=True),
+    sa.Column("type", sa.String(32), nullable=False),
+    sa.Column("created_at", UtcDateTime, nullable=False),
+    sa.Column("payload", _json(), nullable=False),
+    sa.UniqueConstraint("event_id", name="uq_agent_turn_events_event_id"),
+    sa.Index("ix_agent_turn_events_root_position", "root_turn_id", "xid", "id"),
+    sa.Index("ix_agent_turn_events_conversation_position", "conversation_id", "xid", "id"),
+    sqlite_autoincrement=True,
 )
 
 chat_conversations = sa.Table(

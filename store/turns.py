@@ -5,6 +5,17 @@ Messages are only ever appended, so a save writes the header and the messages ad
 the stored snapshot, and costs the same at message 10 as at message 5,000. For the same
 reason a store keeps the messages of the turns it recently saved or loaded, and a load
 reads the header and only the messages added since (usually none).
+
+The durable events of a save go to `agent_turn_events` in the same transaction (on
+PostgreSQL, usually in the same single statement). Readers page through them with a
+cursor, and the cursor must never pass an event that is not yet committed. Ids drawn from
+a sequence do not give that: a transaction can take id 7, stay open while id 8 commits,
+and commit later, so a reader that went past 8 would never see 7. On PostgreSQL each row
+therefore records its transaction id (`pg_current_xact_id()`), and a read returns only rows
+whose transaction id is below the oldest transaction still running in its snapshot
+(`pg_snapshot_xmin`): every transaction below that horizon has finished, so nothing can
+later appear before the rows returned. The cursor is `<xid>.<id>` in that order. SQLite
+runs one writer at a time, so ids follow commit order there and the cursor is `0.<id>`.
 """
 
 from __future__ import annotations
@@ -12,28 +23,32 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from functools import lru_cache
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
+from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import Connection
 
+from agent_runner._base import utcnow
 from agent_runner.errors import (
     AgentConversationBusyException,
+    InvalidCursor,
     LeaseLostError,
     StoreUnavailableError,
     TurnNotFound,
     VersionConflictError,
 )
-from agent_runner.in_memory import stored_snapshot
+from agent_runner.events import AgentEvent
+from agent_runner.in_memory import stored_event, stored_snapshot
 from agent_runner.messages import ModelMessage, ModelMessagesAdapter
-from agent_runner.persistence import TurnRef
-from agent_runner.snapshot import AgentTurn, AgentTurnStatus
+from agent_runner.persistence import DEFAULT_EVENT_PAGE, TurnRef, event_scope, format_position, parse_position
+from agent_runner.snapshot import TERMINAL_STATUSES, AgentTurn, AgentTurnStatus
 from store._backend import SqlBackend
 from store._engine import AnyRow, UrlOrEngine, dialect_insert, translated_errors
-from store.schema import NON_TERMINAL_STATUSES, turn_messages, turns
+from store.schema import NON_TERMINAL_STATUSES, turn_events, turn_leases, turn_messages, turns
 
 _COLUMN_FIELDS = frozenset(
     {
@@ -51,6 +66,7 @@ _COLUMN_FIELDS = frozenset(
         "next_retry_at",
         "created_at",
         "updated_at",
+        "tenant_id",
     }
 )
 _STATE_EXCLUDED = set(_COLUMN_FIELDS | {"messages"})
@@ -59,6 +75,8 @@ _STATE_EXCLUDED = set(_COLUMN_FIELDS | {"messages"})
 _SAVE_ATTEMPTS = 5
 _SINGLE_STATEMENT_MESSAGES = 32
 """Most new messages a PostgreSQL save writes in its single statement; more go through executemany."""
+_SINGLE_STATEMENT_EVENTS = 16
+"""Most events a PostgreSQL save writes in its single statement; more go through executemany."""
 _REMEMBERED_TURNS = 10_000
 _CACHED_HISTORIES = 512
 """Most turns whose messages a store keeps in memory for its next load of them."""
@@ -87,6 +105,7 @@ def _header(turn: AgentTurn) -> dict[str, Any]:
         "next_retry_at": turn.next_retry_at,
         "created_at": turn.created_at,
         "updated_at": turn.updated_at,
+        "tenant_id": turn.tenant_id,
         "state": turn.model_dump(mode="json", exclude=_STATE_EXCLUDED),
     }
 
@@ -102,6 +121,70 @@ def _message_rows(turn_id: str, messages: Sequence[ModelMessage], start: int) ->
         }
         for seq, message in enumerate(messages[start:], start)
     ]
+
+
+def _needs_root_conversation(turn: AgentTurn, events: Sequence[AgentEvent]) -> bool:
+    """Whether a child turn's events leave out the conversation, which then is its root's."""
+    return (
+        turn.conversation_id is None
+        and turn.root_turn_id != turn.id
+        and any(e.conversation_id is None and e.type.is_durable for e in events)
+    )
+
+
+def _event_rows(
+    turn: AgentTurn, events: Sequence[AgentEvent], root_conversation_id: str | None
+) -> list[dict[str, Any]]:
+    """The rows of the durable events among `events`, once per event id, in order."""
+    rows: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    for event in events:
+        if not event.type.is_durable or event.event_id in seen:
+            continue
+        seen.add(event.event_id)
+        kept = stored_event(event, turn, root_conversation_id)
+        rows.append(
+            {
+                "event_id": kept.event_id,
+                "turn_id": kept.turn_id,
+                "root_turn_id": kept.root_turn_id,
+                "conversation_id": kept.conversation_id,
+                "type": kept.type.value,
+                "created_at": kept.timestamp,
+                "payload": kept.model_dump(mode="json", exclude={"cursor"}),
+            }
+        )
+    return rows
+
+
+_EVENT_COLUMNS = ("event_id", "turn_id", "root_turn_id", "conversation_id", "type", "created_at", "payload")
+
+
+def _current_xid(dialect: str) -> sa.ColumnElement[int]:
+    """The id of the writing transaction on PostgreSQL (taken at its first write); 0 on SQLite."""
+    if dialect == "postgresql":
+        return sa.cast(sa.cast(sa.func.pg_current_xact_id(), sa.Text), sa.BigInteger)
+    return sa.literal(0, sa.BigInteger)
+
+
+_PG_HORIZON = sa.cast(sa.cast(sa.func.pg_snapshot_xmin(sa.func.pg_current_snapshot()), sa.Text), sa.BigInteger)
+"""The oldest transaction id still running when the statement's snapshot was taken."""
+
+
+def _read_events_statement(dialect: str, scope: str) -> sa.Select[Any]:
+    """The page of a scope's events after a cursor; parameters `scope`, `after_xid`, `after_id`, `limit`."""
+    column = turn_events.c.root_turn_id if scope == "root" else turn_events.c.conversation_id
+    query = sa.select(turn_events.c.id, turn_events.c.xid, turn_events.c.payload).where(column == sa.bindparam("scope"))
+    after_id = sa.bindparam("after_id", type_=sa.BigInteger)
+    if dialect == "postgresql":
+        after_xid = sa.bindparam("after_xid", type_=sa.BigInteger)
+        query = query.where(
+            sa.tuple_(turn_events.c.xid, turn_events.c.id) > sa.tuple_(after_xid, after_id),
+            turn_events.c.xid < _PG_HORIZON,
+        ).order_by(turn_events.c.xid, turn_events.c.id)
+    else:
+        query = query.where(turn_events.c.id > after_id).order_by(turn_events.c.id)
+    return query.limit(sa.bindparam("limit", type_=sa.Integer))
 
 
 def _snapshot(header: AnyRow, messages: list[ModelMessage]) -> AgentTurn:
@@ -126,6 +209,7 @@ def _snapshot(header: AnyRow, messages: list[ModelMessage]) -> AgentTurn:
         next_retry_at=header.next_retry_at,
         created_at=header.created_at,
         updated_at=header.updated_at,
+        tenant_id=header.tenant_id,
         messages=[],
     )
     return AgentTurn.model_validate(data).model_copy(update={"messages": messages})
@@ -162,12 +246,13 @@ def _guarded_update(sets_cancel: bool, sets_fence: bool) -> sa.Update:
 _MESSAGE_COLUMNS = ("turn_id", "seq", "message_id", "role", "payload")
 
 
-@lru_cache(maxsize=64)
-def _update_with_messages(sets_cancel: bool, sets_fence: bool, added: int) -> sa.Select[Any]:
-    """`_guarded_update` and the INSERT of `added` messages as one PostgreSQL statement.
+@lru_cache(maxsize=256)
+def _update_with_messages(sets_cancel: bool, sets_fence: bool, added: int, events: int = 0) -> sa.Select[Any]:
+    """`_guarded_update`, the INSERT of `added` messages and of `events` events as one PostgreSQL statement.
 
-    Each message row is selected FROM the UPDATE's RETURNING, so rows exist only when the
-    header matched. Parameters are those of `_guarded_update` plus `m<i>_<column>`.
+    Each message and event row is selected FROM the UPDATE's RETURNING, so rows exist only
+    when the header matched. Parameters are those of `_guarded_update` plus
+    `m<i>_<column>` and `e<i>_<column>`. An event id already stored is skipped.
     """
     header = _guarded_update(sets_cancel, sets_fence).cte("header")
     statement = sa.select(header.c.cancel_requested, header.c.lease_fence)
@@ -184,6 +269,26 @@ def _update_with_messages(sets_cancel: bool, sets_fence: bool, added: int) -> sa
         source = selects[0] if added == 1 else sa.union_all(*selects)
         insert = sa.insert(turn_messages).from_select(list(_MESSAGE_COLUMNS), source)
         statement = statement.add_cte(insert.cte("added"))
+    if events:
+        xid = _current_xid("postgresql").label("xid")
+        rows = [
+            sa.select(
+                *(
+                    sa.bindparam(f"e{index}_{name}", type_=turn_events.c[name].type).label(name)
+                    for name in _EVENT_COLUMNS
+                ),
+                xid,
+            ).select_from(header)
+            for index in range(events)
+        ]
+        # UNION ALL keeps the rows in event order, so ids follow it within the statement.
+        event_source = rows[0] if events == 1 else sa.union_all(*rows)
+        insert_events = (
+            postgresql.insert(turn_events)
+            .from_select([*_EVENT_COLUMNS, "xid"], event_source)
+            .on_conflict_do_nothing(index_elements=[turn_events.c.event_id])
+        )
+        statement = statement.add_cte(insert_events.cte("events"))
     return statement
 
 
@@ -247,6 +352,31 @@ _MESSAGES_BETWEEN = (
 """Payloads of a turn's messages `start <= seq < stop`, in order."""
 
 
+_descendant = turns.alias("descendant")
+_PRUNABLE_ROOTS = (
+    sa.select(turns.c.id)
+    .where(
+        turns.c.id == turns.c.root_turn_id,
+        turns.c.status.in_([s.value for s in TERMINAL_STATUSES]),
+        turns.c.updated_at < sa.bindparam("cutoff", type_=turns.c.updated_at.type),
+        ~sa.exists().where(
+            _descendant.c.root_turn_id == turns.c.id,
+            sa.or_(
+                _descendant.c.status.in_(NON_TERMINAL_STATUSES),
+                _descendant.c.updated_at >= sa.bindparam("cutoff", type_=turns.c.updated_at.type),
+            ),
+        ),
+    )
+    .order_by(turns.c.updated_at, turns.c.id)
+    .limit(sa.bindparam("limit", type_=sa.Integer))
+    .with_for_update(skip_locked=True)
+)
+"""Root turns whose whole tree ended before `cutoff`, oldest first; parameters `cutoff` and `limit`.
+
+Rows another pruner has locked are skipped (PostgreSQL), so two pruners share the work.
+"""
+
+
 class _Histories:
     """A bounded LRU of the message lists of recently saved or loaded turns, by turn id.
 
@@ -307,10 +437,10 @@ class _Histories:
 
 
 class SqlAgentTurnStore(SqlBackend):
-    """An `AgentTurnStore` in PostgreSQL (psycopg 3) or SQLite, with the same behaviour as the in-memory store.
+    """An `AgentTurnStore` and `EventLog` in PostgreSQL (psycopg 3) or SQLite, with the same behaviour as the in-memory store.
 
     Every save is one transaction: a compare-and-swap UPDATE of the header guarded by
-    `version` and by the lease fence, plus an INSERT of the new messages only. On
+    `version` and by the lease fence, plus an INSERT of the new messages and events only. On
     PostgreSQL, saving a turn this store last saw at the expected version is a single
     autocommitted statement, one round trip to the server. A partial unique index over the
     non-terminal turns of a conversation makes the one-active-turn rule hold across
@@ -338,6 +468,13 @@ class SqlAgentTurnStore(SqlBackend):
         self._counts: OrderedDict[str, tuple[int, int]] = OrderedDict()
         self._counts_lock = threading.Lock()
         self._histories = _Histories()
+        dialect = self._engine.dialect.name
+        self._insert_events = (
+            dialect_insert(self._engine, turn_events)
+            .values(xid=_current_xid(dialect))
+            .on_conflict_do_nothing(index_elements=[turn_events.c.event_id])
+        )
+        self._read_events = {scope: _read_events_statement(dialect, scope) for scope in ("root", "conversation")}
 
     # --- Reads -------------------------------------------------------------------------------
 
@@ -494,6 +631,37 @@ class SqlAgentTurnStore(SqlBackend):
         with translated_errors(self._engine, "listing due retries"), self._reader.connect() as connection:
             return [_ref(row) for row in connection.execute(_LIST_DUE_RETRIES, {"now": now, "limit": limit})]
 
+    def read_events(
+        self,
+        *,
+        root_turn_id: str | None = None,
+        conversation_id: str | None = None,
+        after: str | None = None,
+        limit: int = DEFAULT_EVENT_PAGE,
+    ) -> list[AgentEvent]:
+        """Return up to `limit` durable events of a turn tree or a conversation after the cursor `after`.
+
+        Events come in the order of their transaction ids, then of their ids: the events of
+        one turn in the order its saves committed. On PostgreSQL an event becomes readable
+        once every transaction that started before it has ended, so a transaction left open
+        anywhere on the server delays (never loses) the events after it.
+
+        Raises:
+            InvalidEventQuery: Neither or both of `root_turn_id` and `conversation_id` were given.
+            InvalidCursor: `after` is not a cursor of this log.
+        """
+        scope, value = event_scope(root_turn_id, conversation_id)
+        after_xid, after_id = (0, 0) if after is None else parse_position(after, 2)
+        if after is not None and after_xid != 0 and not self._single_statement:
+            raise InvalidCursor(after, "a SQLite event cursor starts with 0.")
+        if limit <= 0:
+            return []
+        parameters = {"scope": value, "after_xid": after_xid, "after_id": after_id, "limit": limit}
+        with translated_errors(self._engine, f"reading the events of {scope} {value!r}"):
+            with self._reader.connect() as connection:
+                rows = connection.execute(self._read_events[scope], parameters).all()
+        return [AgentEvent.model_validate({**row.payload, "cursor": format_position(row.xid, row.id)}) for row in rows]
+
     def _assemble(self, connection: Connection, headers: Sequence[AnyRow]) -> list[AgentTurn]:
         """Build snapshots from header rows, reading their messages in one query."""
         query = sa.select(turn_messages.c.turn_id, turn_messages.c.seq, turn_messages.c.payload)
@@ -517,7 +685,7 @@ class SqlAgentTurnStore(SqlBackend):
 
     # --- Writes ------------------------------------------------------------------------------
 
-    def save(self, turn: AgentTurn, expected_version: int) -> AgentTurn:
+    def save(self, turn: AgentTurn, expected_version: int, events: Sequence[AgentEvent] = ()) -> AgentTurn:
         """Store `turn` if the stored version equals `expected_version` (-1: create it).
 
         Returns the stored snapshot: `version` is `expected_version + 1`, `cancel_requested`
@@ -525,6 +693,10 @@ class SqlAgentTurnStore(SqlBackend):
 
         Messages are append-only: the stored snapshot's messages must be a prefix of
         `turn.messages` (the runner only ever adds messages).
+
+        The durable ones among `events` are written in the same transaction, so they exist
+        exactly when the snapshot was saved; an event id already stored is skipped.
+        Ephemeral events (MODEL_DELTA, TOOL_PROGRESS) are not stored.
 
         Raises:
             VersionConflictError: The stored version differs, or the turn exists when creating.
@@ -535,13 +707,28 @@ class SqlAgentTurnStore(SqlBackend):
         """
         with translated_errors(self._engine, f"saving turn {turn.id!r}"):
             for _ in range(_SAVE_ATTEMPTS):
-                stored = self._create(turn) if expected_version == -1 else self._update(turn, expected_version)
+                stored = (
+                    self._create(turn, events)
+                    if expected_version == -1
+                    else self._update(turn, expected_version, events)
+                )
                 if stored is not None:
                     self._remember(stored)
                     return stored
         raise StoreUnavailableError(f"saving turn {turn.id!r} kept racing with concurrent writers; try again")
 
-    def _create(self, turn: AgentTurn) -> AgentTurn | None:
+    def _write_events(self, connection: Connection, turn: AgentTurn, events: Sequence[AgentEvent]) -> None:
+        """Insert the event rows of a save inside its transaction."""
+        root_conversation = None
+        if _needs_root_conversation(turn, events):
+            root_conversation = connection.execute(
+                sa.select(turns.c.conversation_id).where(turns.c.id == turn.root_turn_id)
+            ).scalar()
+        rows = _event_rows(turn, events, root_conversation)
+        if rows:
+            connection.execute(self._insert_events, rows)
+
+    def _create(self, turn: AgentTurn, events: Sequence[AgentEvent]) -> AgentTurn | None:
         """Insert a new turn; None when a conflicting active turn ended meanwhile (try again)."""
         stored = stored_snapshot(turn, None, -1)
         # ON CONFLICT DO NOTHING covers the primary key and the active-conversation index
@@ -558,6 +745,8 @@ class SqlAgentTurnStore(SqlBackend):
                 rows = _message_rows(turn.id, turn.messages, 0)
                 if rows:
                     connection.execute(sa.insert(turn_messages), rows)
+                if events:
+                    self._write_events(connection, stored, events)
                 return stored
             existing = connection.execute(sa.select(turns.c.version).where(turns.c.id == turn.id)).scalar()
             if existing is not None:
@@ -565,7 +754,7 @@ class SqlAgentTurnStore(SqlBackend):
             self._raise_if_busy(connection, turn)
         return None
 
-    def _update(self, turn: AgentTurn, expected_version: int) -> AgentTurn | None:
+    def _update(self, turn: AgentTurn, expected_version: int, events: Sequence[AgentEvent]) -> AgentTurn | None:
         """Compare-and-swap an existing turn; None when a remembered count was stale (try again)."""
         # The cancel flag only ever goes from False to True and the fence only up, so a
         # snapshot without them leaves the stored values alone; RETURNING reads them back.
@@ -581,8 +770,10 @@ class SqlAgentTurnStore(SqlBackend):
             known is not None
             and self._single_statement
             and 0 <= len(turn.messages) - known <= _SINGLE_STATEMENT_MESSAGES
+            and len(events) <= _SINGLE_STATEMENT_EVENTS
+            and not (events and _needs_root_conversation(turn, events))
         ):
-            return self._update_in_one_statement(turn, expected_version, known, parameters)
+            return self._update_in_one_statement(turn, expected_version, known, parameters, events)
         try:
             with self._writer.begin() as connection:
                 if known is None:
@@ -607,6 +798,8 @@ class SqlAgentTurnStore(SqlBackend):
                     connection.execute(
                         sa.delete(turn_messages).where(turn_messages.c.turn_id == turn.id, turn_messages.c.seq >= count)
                     )
+                if events:
+                    self._write_events(connection, turn, events)
         except sa_exc.IntegrityError:
             # Only the active-conversation index can refuse this UPDATE. PostgreSQL has
             # aborted the transaction, so look for the other turn on a fresh one.
@@ -617,19 +810,29 @@ class SqlAgentTurnStore(SqlBackend):
         return stored_snapshot(turn, stored, expected_version)
 
     def _update_in_one_statement(
-        self, turn: AgentTurn, expected_version: int, known: int, parameters: dict[str, Any]
+        self,
+        turn: AgentTurn,
+        expected_version: int,
+        known: int,
+        parameters: dict[str, Any],
+        events: Sequence[AgentEvent],
     ) -> AgentTurn | None:
-        """The PostgreSQL fast path: header UPDATE and message INSERT as one autocommitted statement.
+        """The PostgreSQL fast path: header UPDATE, message and event INSERTs as one autocommitted statement.
 
         A statement is atomic on its own, so no BEGIN and COMMIT round trips are needed: the
-        save costs one round trip. The INSERT reads the UPDATE's RETURNING, so when the
+        save costs one round trip. The INSERTs read the UPDATE's RETURNING, so when the
         guard matches no row nothing at all is written.
         """
         rows = _message_rows(turn.id, turn.messages, known)
         for index, row in enumerate(rows):
             parameters.update({f"m{index}_{name}": value for name, value in row.items()})
+        event_rows = _event_rows(turn, events, None) if events else []
+        for index, row in enumerate(event_rows):
+            parameters.update({f"e{index}_{name}": value for name, value in row.items()})
         parameters["match_count"] = known
-        statement = _update_with_messages(turn.cancel_requested, turn.lease_fence is not None, len(rows))
+        statement = _update_with_messages(
+            turn.cancel_requested, turn.lease_fence is not None, len(rows), len(event_rows)
+        )
         try:
             with self._engine.connect() as connection:
                 connection = connection.execution_options(isolation_level="AUTOCOMMIT")
@@ -685,6 +888,39 @@ class SqlAgentTurnStore(SqlBackend):
             if flagged is None:
                 raise TurnNotFound(turn_id)
             return self._assemble(connection, [flagged])[0]
+
+    # --- Retention ---------------------------------------------------------------------------
+
+    def prune(self, older_than: timedelta, *, batch_size: int = 500) -> int:
+        """Delete the turn trees that ended more than `older_than` ago; return how many turns went.
+
+        A tree (a root turn and its descendants) goes with its messages, events and lease
+        rows when every turn in it is terminal and none was saved since the limit; a tree
+        with an active turn stays whole. Each batch of up to `batch_size` trees is one short
+        transaction, so pruning a large backlog never holds locks for long. Conversations'
+        ChatMemory and inbox rows are not touched.
+
+        Raises:
+            ValueError: `older_than` is negative or `batch_size` is below 1.
+            StoreUnavailableError: The database failed; the batches already committed stay deleted.
+        """
+        if older_than < timedelta(0):
+            raise ValueError(f"older_than must not be negative, got {older_than!r}")
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be at least 1, got {batch_size!r}")
+        parameters = {"cutoff": utcnow() - older_than, "limit": batch_size}
+        removed = 0
+        while True:
+            with translated_errors(self._engine, "pruning ended turns"), self._writer.begin() as connection:
+                roots = list(connection.execute(_PRUNABLE_ROOTS, parameters).scalars())
+                if roots:
+                    tree = sa.select(turns.c.id).where(turns.c.root_turn_id.in_(roots)).scalar_subquery()
+                    connection.execute(sa.delete(turn_events).where(turn_events.c.root_turn_id.in_(roots)))
+                    connection.execute(sa.delete(turn_messages).where(turn_messages.c.turn_id.in_(tree)))
+                    connection.execute(sa.delete(turn_leases).where(turn_leases.c.turn_id.in_(tree)))
+                    removed += connection.execute(sa.delete(turns).where(turns.c.root_turn_id.in_(roots))).rowcount
+            if len(roots) < batch_size:
+                return removed
 
     # --- Remembered message counts and histories ---------------------------------------------
 

@@ -13,9 +13,11 @@ import importlib
 import ipaddress
 import json
 import os
+import re
 import sys
 import time
 from collections.abc import Callable, Iterable
+from datetime import timedelta
 from typing import Any, NoReturn
 
 import click
@@ -43,6 +45,8 @@ from workers.views import (
 
 DEFAULT_DATABASE_URL = "sqlite:///./agent_runner.db"
 EXIT_BAD_INPUT = 2
+_AGE = re.compile(r"([0-9]{1,9})([smhd])")
+_AGE_UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
 
 
 def _fail(message: str, code: int = 1, details: Iterable[str] = ()) -> NoReturn:
@@ -377,6 +381,43 @@ def cancel(obj: _Context, turn_id: str, reason: str | None) -> None:
         _fail_with(exc)
     message = "cancel requested; it stops at its next boundary" if turn.status is AgentTurnStatus.RUNNING else ""
     obj.emit(turn_summary(turn), lambda: click.echo(f"turn {turn.id} is {turn.status.value} {message}".rstrip()))
+
+
+def parse_age(text: str) -> timedelta:
+    """Return the duration written as a positive number with a unit: `90s`, `15m`, `12h`, `30d`.
+
+    Raises:
+        ValueError: The text is not such a duration.
+    """
+    match = _AGE.fullmatch(text.strip())
+    if match is None or int(match.group(1)) == 0:
+        raise ValueError(f"--older-than expects a positive number followed by s, m, h or d (such as 30d), got {text!r}")
+    return timedelta(**{_AGE_UNITS[match.group(2)]: int(match.group(1))})
+
+
+@main.command()
+@click.option("--older-than", "older_than", required=True, metavar="AGE", help="Age such as 30d, 12h, 15m or 90s.")
+@click.option("--batch-size", default=500, show_default=True, help="Turn trees deleted per transaction.")
+@pass_context
+def prune(obj: _Context, older_than: str, batch_size: int) -> None:
+    """Delete turns that ended more than AGE ago, with their messages and events; active turns stay."""
+    try:
+        age = parse_age(older_than)
+    except ValueError as exc:
+        _fail(str(exc), EXIT_BAD_INPUT)
+    if batch_size < 1:
+        _fail(f"--batch-size must be at least 1, got {batch_size}", EXIT_BAD_INPUT)
+    from store import SqlAgentTurnStore
+
+    try:
+        with SqlAgentTurnStore(obj.database_url) as turn_store:
+            removed = turn_store.prune(age, batch_size=batch_size)
+    except AgentRunnerError as exc:
+        _fail(str(exc))
+    obj.emit(
+        {"pruned_turns": removed, "older_than": older_than},
+        lambda: click.echo(f"pruned {removed} turn(s) that ended more than {older_than} ago"),
+    )
 
 
 if __name__ == "__main__":

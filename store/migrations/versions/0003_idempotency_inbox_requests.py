@@ -1,7 +1,7 @@
 """Idempotency keys of the HTTP API; inbox messages remember the agent, tenant and metadata of their turn.
 
 Revision ID: 0003
-Revises: 0001
+Revises: 0002
 Create Date: 2026-12-07
 """
 
@@ -11,7 +11,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision: str = "0003"
-down_revision: str | None = "0001"
+down_revision: str | None = "0002"
 branch_labels: str | None = None
 depends_on: str | None = None
 

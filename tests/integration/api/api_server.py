@@ -171,3 +171,10 @@ def database_state(database_url: str) -> dict[str, list[tuple[Any, ...]]]:
             }
     finally:
         engine.dispose()
+
+
+TERMINAL = ("COMPLETED", "FAILED", "CANCELLED", "MAX_ITERATIONS_REACHED", "MAX_STEPS_REACHED", "BUDGET_EXCEEDED")
+
+
+def ended(view: dict[str, Any]) -> bool:
+    return view["status"] in TERMINAL

@@ -8,7 +8,7 @@ from typing import Any
 import httpx
 import pytest
 from api_agents import SECRET_TOKEN
-from api_server import ApiServer, assert_error, blocked, status_is, wait_for
+from api_server import ApiServer, assert_error, blocked, ended, status_is, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -131,7 +131,7 @@ def test_plain_turns_input_answers_retry_and_delegation(client: httpx.Client) ->
     echo = start(client, "hello there")
     assert wait_for(client, echo["id"], blocked)["final_output"] == "echo: hello there"
     delegated = start(client, "delegate count the tickets")
-    done = wait_for(client, delegated["id"], blocked, what="the parent to end")
+    done = wait_for(client, delegated["id"], ended, what="the parent to end")
     assert done["status"] == "COMPLETED" and done["final_output"] == "helper said: echo: count the tickets"
     children = client.get("/v1/turns", params={"agent_id": "helper", "limit": 200}).json()["items"]
     child = next(c for c in children if c["parent_turn_id"] == delegated["id"])

@@ -314,3 +314,27 @@ def test_fences_after_redis_lost_its_data_still_exceed_earlier_fences(
     # Then the next fence is still higher than any handed out before
     again = lease.acquire("lost-turn", "owner-new", 1000)
     assert again is not None and again.fence > before
+
+
+def test_the_fence_counter_expires_a_day_after_the_last_acquire_and_restarts_higher(
+    redis_url: str, redis_client: Redis[Any], keys: RedisKeys
+) -> None:
+    with RedisTurnLease(redis_url, prefix=keys.prefix) as default_lease:
+        held = default_lease.acquire("turn-1", "worker-a", 1000)
+        assert held is not None
+        # Each acquire sets the counter to expire a day later
+        assert 86_000_000 < redis_client.pttl(keys.turn_fence("turn-1")) <= 86_400_000
+    with RedisTurnLease(redis_url, prefix=keys.prefix, fence_ttl_s=1) as short_lease:
+        # A TTL shorter than the lease is raised to the lease's, so the counter outlives it
+        again = short_lease.acquire("turn-1", "worker-a", 5000)
+        assert again is not None and again.fence > held.fence
+        assert 4000 < redis_client.pttl(keys.turn_fence("turn-1")) <= 5000
+        assert short_lease.release(again)
+        # When the counter has expired, the next fence still exceeds every earlier one
+        redis_client.pexpire(keys.turn_fence("turn-1"), 1)
+        time.sleep(0.05)
+        assert redis_client.exists(keys.turn_fence("turn-1")) == 0
+        later = short_lease.acquire("turn-1", "worker-b", 1000)
+        assert later is not None and later.fence > again.fence
+    with pytest.raises(ValueError):
+        RedisTurnLease(redis_url, prefix=keys.prefix, fence_ttl_s=0)

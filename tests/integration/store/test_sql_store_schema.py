@@ -148,3 +148,54 @@ def test_worker_queries_use_indexes(pg_url: str) -> None:
     assert len(plans) >= 8
     scanning = {statement: plan for statement, plan in plans.items() if "Seq Scan on agent_turns" in plan}
     assert scanning == {}
+
+
+@pytest.mark.parametrize(
+    "database",
+    [
+        pytest.param("sqlite_url", id="sqlite"),
+        pytest.param("empty_pg_url", id="postgres", marks=pytest.mark.integration),
+    ],
+)
+def test_upgrading_from_0001_moves_the_tenant_from_the_state_into_its_column(
+    database: str, request: pytest.FixtureRequest
+) -> None:
+    import json
+
+    from alembic import command
+
+    from store._engine import writer
+    from store.migrations import alembic_config
+
+    url = str(request.getfixturevalue(database))
+    engine = store.make_engine(url)
+    try:
+        # Given a database at revision 0001 holding turns saved then, the tenant inside the state JSON
+        with writer(engine).begin() as connection:
+            command.upgrade(alembic_config(connection), "0001")
+        header_columns = {c.name for c in metadata.tables["agent_turns"].columns} - {"state", "tenant_id"}
+        with writer(engine).begin() as connection:
+            for turn_id, tenant in (("t-1", "tenant-a"), ("t-2", None)):
+                turn = AgentTurn(id=turn_id, agent_id="a", tenant_id=tenant, version=0)
+                state = turn.model_dump(mode="json", exclude=header_columns | {"messages"})
+                assert state["tenant_id"] == tenant
+                connection.execute(
+                    sa.text(
+                        "INSERT INTO agent_turns (id, agent_id, agent_version, root_turn_id, status, phase, version,"
+                        " message_count, cancel_requested, created_at, updated_at, state) VALUES (:id, 'a', '1', :id,"
+                        " 'COMPLETED', 'MODEL', 0, 0, false, :now, :now, :state)"
+                    ),
+                    {"id": turn_id, "now": turn.created_at, "state": json.dumps(state)},
+                )
+        # When it is upgraded to the newest revision
+        store.migrate(url)
+    finally:
+        engine.dispose()
+    # Then the tenant is in its column, the snapshots load as before, and the schema is current
+    with store.SqlAgentTurnStore(url) as turns:
+        assert turns.load("t-1").tenant_id == "tenant-a"
+        assert turns.load("t-2").tenant_id is None
+        with turns.engine.connect() as connection:
+            stored = dict(connection.execute(sa.text("SELECT id, tenant_id FROM agent_turns")).all())
+        assert stored == {"t-1": "tenant-a", "t-2": None}
+    assert schema_differences(url) == []

@@ -55,8 +55,8 @@ class RecordingStore(InMemoryAgentTurnStore):
         self.saved: list[AgentTurn] = []
         self._record = threading.Lock()
 
-    def save(self, turn: AgentTurn, expected_version: int) -> AgentTurn:
-        stored = super().save(turn, expected_version)
+    def save(self, turn: AgentTurn, expected_version: int, events: Sequence[AgentEvent] = ()) -> AgentTurn:
+        stored = super().save(turn, expected_version, events)
         with self._record:
             self.saved.append(stored)
         return stored

@@ -1,0 +1,197 @@
+"""`RedisLiveEvents`: the live event channel in Redis Streams, shared by every process of a deployment."""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+import time
+from types import TracebackType
+from typing import Any
+
+from redis import Redis
+from redis.exceptions import RedisError
+
+from agent_runner.errors import InvalidCursor, StoreError, StoreUnavailableError
+from agent_runner.events import AgentEvent
+from agent_runner.in_memory import live_scopes
+from agent_runner.persistence import DEFAULT_EVENT_PAGE, event_scope
+from store._scripts import _RETRY, _SOCKET_TIMEOUT_S, _UNAVAILABLE, redact_url
+from store.keys import DEFAULT_PREFIX, RedisKeys
+
+logger = logging.getLogger(__name__)
+
+_FIELD = "event"
+"""The stream entry field that holds the event's JSON."""
+_STREAM_ID = re.compile(r"[0-9]{1,20}-[0-9]{1,20}")
+_BLOCK_SLICE_S = 1.0
+"""Longest single XREAD BLOCK, well inside the socket timeout, so a dead server is noticed."""
+
+
+class RedisLiveEvents:
+    """A `LiveEventChannel` in Redis Streams: one stream per turn tree and one per conversation.
+
+    `publish` appends the event (as JSON) to the stream of its root turn and, when it has
+    one, of its conversation (runners give child events their root's conversation). Each
+    append trims the stream to about `maxlen` entries (`MAXLEN ~`, cheap for Redis) and
+    sets the stream to expire `retention_s` after this last publish, so an event is kept
+    at least that long unless the length bound pushes it out, and the streams of finished
+    turns vanish on their own. A cursor is the entry's stream id (`<ms>-<seq>`); the ids
+    of the tree stream and of the conversation stream differ, so use a cursor only with
+    the scope it was read from. `wait` is `XREAD BLOCK`.
+
+    Args:
+        redis_url: URL of the Redis server, such as `redis://127.0.0.1:6379/0`.
+        prefix: Namespace of the keys (see `store.keys`).
+        retention_s: Seconds an event is kept at least after the last publish to its stream.
+        maxlen: About how many events each stream keeps (Redis trims in whole nodes, so
+            slightly more may stay).
+        client: A client to use instead of one built from `redis_url`; left open by `close()`.
+
+    Raises:
+        ValueError: Neither `redis_url` nor `client` was given, or a bound is not positive.
+    """
+
+    def __init__(
+        self,
+        redis_url: str | None = None,
+        *,
+        prefix: str = DEFAULT_PREFIX,
+        retention_s: float = 300.0,
+        maxlen: int = 10_000,
+        client: Redis[Any] | None = None,
+    ) -> None:
+        if retention_s <= 0:
+            raise ValueError(f"retention_s must be positive, got {retention_s!r}")
+        if maxlen < 1:
+            raise ValueError(f"maxlen must be at least 1, got {maxlen!r}")
+        self._keys = RedisKeys(prefix)
+        self.retention_s = retention_s
+        self.maxlen = maxlen
+        self._retention_ms = math.ceil(retention_s * 1000)
+        if client is not None:
+            self._client = client
+            self._owns_client = False
+            self._server = "the given client's server"
+        elif redis_url is not None:
+            self._client = Redis.from_url(
+                redis_url, socket_timeout=_SOCKET_TIMEOUT_S, socket_connect_timeout=_SOCKET_TIMEOUT_S, retry=_RETRY
+            )
+            self._owns_client = True
+            self._server = redact_url(redis_url)
+        else:
+            raise ValueError("RedisLiveEvents needs a redis_url or a client, got neither")
+
+    def publish(self, event: AgentEvent) -> None:
+        """Append the event to its tree's and conversation's streams; never raises (failures are logged)."""
+        try:
+            payload = event.model_dump_json(exclude={"cursor"})
+            pipeline = self._client.pipeline(transaction=False)
+            for scope in live_scopes(event):
+                key = self._key(scope)
+                pipeline.xadd(key, {_FIELD: payload}, maxlen=self.maxlen, approximate=True)
+                pipeline.pexpire(key, self._retention_ms)
+            pipeline.execute()
+        except Exception as exc:
+            logger.warning(
+                "publishing live event %s of turn %s to Redis at %s failed; it is lost: %s",
+                event.type,
+                event.turn_id,
+                self._server,
+                f"{type(exc).__name__}: {exc}",
+            )
+
+    def read(
+        self,
+        *,
+        root_turn_id: str | None = None,
+        conversation_id: str | None = None,
+        after: str | None = None,
+        limit: int = DEFAULT_EVENT_PAGE,
+    ) -> list[AgentEvent]:
+        """Return up to `limit` kept events of the scope after the stream id `after`, oldest first.
+
+        Raises:
+            InvalidEventQuery: Neither or both of `root_turn_id` and `conversation_id` were given.
+            InvalidCursor: `after` is not a stream id.
+            StoreUnavailableError: Redis could not be reached in time.
+        """
+        key = self._key(event_scope(root_turn_id, conversation_id))
+        start = _stream_id(after)
+        if limit <= 0:
+            return []
+        return self._xread(key, start, limit, None)
+
+    def wait(
+        self,
+        *,
+        root_turn_id: str | None = None,
+        conversation_id: str | None = None,
+        after: str | None = None,
+        timeout: float,
+    ) -> list[AgentEvent]:
+        """Return the kept events after `after`, blocking up to `timeout` seconds for one (XREAD BLOCK).
+
+        Raises:
+            InvalidEventQuery: Neither or both of `root_turn_id` and `conversation_id` were given.
+            InvalidCursor: `after` is not a stream id.
+            StoreUnavailableError: Redis could not be reached in time.
+        """
+        key = self._key(event_scope(root_turn_id, conversation_id))
+        start = _stream_id(after)
+        deadline = time.monotonic() + max(timeout, 0.0)
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return self._xread(key, start, DEFAULT_EVENT_PAGE, None)
+            # BLOCK 0 would wait forever: block at least one millisecond.
+            block_ms = max(1, int(min(remaining, _BLOCK_SLICE_S) * 1000))
+            found = self._xread(key, start, DEFAULT_EVENT_PAGE, block_ms)
+            if found:
+                return found
+
+    def close(self) -> None:
+        """Close the Redis client built from `redis_url` (a client passed in stays open)."""
+        if self._owns_client:
+            self._client.close()
+
+    def __enter__(self) -> RedisLiveEvents:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def _key(self, scope: tuple[str, str]) -> str:
+        kind, value = scope
+        return self._keys.turn_events(value) if kind == "root" else self._keys.conversation_events(value)
+
+    def _xread(self, key: str, start: str, count: int, block_ms: int | None) -> list[AgentEvent]:
+        try:
+            reply = self._client.xread({key: start}, count=count, block=block_ms)
+        except RedisError as exc:
+            kind = StoreUnavailableError if isinstance(exc, _UNAVAILABLE) else StoreError
+            raise kind(f"reading live events from Redis at {self._server} failed: {type(exc).__name__}") from exc
+        events: list[AgentEvent] = []
+        for _, entries in reply or []:
+            for entry_id, fields in entries:
+                cursor = entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
+                raw = fields.get(_FIELD.encode(), fields.get(_FIELD))
+                try:
+                    if raw is None:
+                        raise ValueError("no event field")
+                    event = AgentEvent.model_validate_json(raw)
+                except ValueError:
+                    logger.warning("skipping entry %s of %s: not an agent event", cursor, key)
+                    continue
+                events.append(event.model_copy(update={"cursor": cursor}))
+        return events
+
+
+def _stream_id(cursor: str | None) -> str:
+    if cursor is None:
+        return "0-0"
+    if not _STREAM_ID.fullmatch(cursor):
+        raise InvalidCursor(cursor, "expected a Redis stream id such as '1700000000000-0'")
+    return cursor

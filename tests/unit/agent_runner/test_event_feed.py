@@ -1,0 +1,416 @@
+"""`EventFeed` over the in-memory log and live channel, and `InMemoryLiveEvents` itself."""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from agent_runner import (
+    DURABLE_EVENT_TYPES,
+    EPHEMERAL_EVENT_TYPES,
+    AgentEvent,
+    AgentEventType,
+    AgentTurn,
+    EventFeed,
+    InMemoryAgentTurnStore,
+    InMemoryLiveEvents,
+    InvalidCursor,
+    InvalidEventQuery,
+    StoreUnavailableError,
+)
+
+E = AgentEventType
+T0 = datetime(2030, 1, 1, tzinfo=UTC)
+
+
+class Tree:
+    """A turn tree in an in-memory store, with a runner's habits: save durable events, then publish them."""
+
+    def __init__(self, store: InMemoryAgentTurnStore, live: InMemoryLiveEvents, root: str = "r-1") -> None:
+        self.store = store
+        self.live = live
+        self.root = root
+        self.turns: dict[str, AgentTurn] = {}
+        self.clock = T0
+        self.save(root)
+
+    def tick(self) -> datetime:
+        self.clock += timedelta(milliseconds=1)
+        return self.clock
+
+    def save(self, turn_id: str, *types: E) -> list[AgentEvent]:
+        """Save the turn's next version with one durable event per type (TURN_STARTED when creating)."""
+        current = self.turns.get(turn_id)
+        if current is None:
+            parent = None if turn_id == self.root else self.root
+            current = AgentTurn(
+                id=turn_id,
+                agent_id="a",
+                root_turn_id=self.root,
+                parent_turn_id=parent,
+                conversation_id="c-1" if parent is None else None,
+            )
+            types = types or (E.TURN_STARTED,)
+        version = current.version + 1
+        events = [
+            AgentEvent(
+                event_id=f"{turn_id}:{version}:{n}",
+                type=t,
+                turn_id=turn_id,
+                root_turn_id=self.root,
+                conversation_id="c-1",
+                timestamp=self.tick(),
+            )
+            for n, t in enumerate(types)
+        ]
+        self.turns[turn_id] = self.store.save(current, version - 1, events)
+        for published in events:
+            self.live.publish(published)
+        return events
+
+    def delta(self, turn_id: str, text: str = "x", type: E = E.MODEL_DELTA) -> AgentEvent:
+        published = AgentEvent(
+            type=type,
+            turn_id=turn_id,
+            root_turn_id=self.root,
+            conversation_id="c-1",
+            timestamp=self.tick(),
+            data={"text": text},
+        )
+        self.live.publish(published)
+        return published
+
+
+@pytest.fixture
+def store() -> InMemoryAgentTurnStore:
+    return InMemoryAgentTurnStore()
+
+
+@pytest.fixture
+def live() -> InMemoryLiveEvents:
+    return InMemoryLiveEvents()
+
+
+@pytest.fixture
+def tree(store: InMemoryAgentTurnStore, live: InMemoryLiveEvents) -> Tree:
+    return Tree(store, live)
+
+
+def ids(events: list[AgentEvent]) -> list[str]:
+    return [e.event_id for e in events]
+
+
+# --- Event types ----------------------------------------------------------------------------------
+
+
+def test_only_deltas_and_progress_are_ephemeral() -> None:
+    assert {t for t in E if not t.is_durable} == EPHEMERAL_EVENT_TYPES == {E.MODEL_DELTA, E.TOOL_PROGRESS}
+    assert DURABLE_EVENT_TYPES | EPHEMERAL_EVENT_TYPES == set(E)
+    assert E.CHAT_MEMORY_ERROR.is_durable and E.TURN_COMPLETED.is_durable
+
+
+def test_an_event_from_a_runner_has_no_cursor_and_the_cursor_survives_json() -> None:
+    event = AgentEvent(type=E.TURN_STARTED, turn_id="t")
+    assert event.cursor is None
+    read = event.model_copy(update={"cursor": "1.2:3-0"})
+    assert AgentEvent.model_validate_json(read.model_dump_json()) == read
+
+
+# --- The merge ------------------------------------------------------------------------------------
+
+
+def test_durable_events_come_from_the_log_and_ephemeral_ones_from_the_live_channel(
+    tree: Tree, store: InMemoryAgentTurnStore, live: InMemoryLiveEvents
+) -> None:
+    first = tree.delta("r-1", "Hel")
+    second = tree.delta("r-1", "lo")
+    (answer,) = tree.save("r-1", E.MODEL_RESPONSE)
+    progress = tree.delta("r-1", "50%", E.TOOL_PROGRESS)
+    (done,) = tree.save("r-1", E.TOOL_COMPLETED)
+    # A delta that reached the store is not stored, and the store's copy of each durable
+    # event is the only one the feed serves (the live channel also carries every save's wake-up)
+    store.save(tree.turns["r-1"], tree.turns["r-1"].version, [AgentEvent(type=E.MODEL_DELTA, turn_id="r-1")])
+    feed = EventFeed(store, live)
+    expected = ["r-1:0:0", first.event_id, second.event_id, answer.event_id, progress.event_id, done.event_id]
+    for scope in ({"root_turn_id": "r-1"}, {"conversation_id": "c-1"}):
+        events = feed.read(**scope)
+        assert ids(events) == expected
+        assert [e.type for e in events][1:] == [
+            E.MODEL_DELTA,
+            E.MODEL_DELTA,
+            E.MODEL_RESPONSE,
+            E.TOOL_PROGRESS,
+            E.TOOL_COMPLETED,
+        ]
+
+
+def test_a_feed_without_a_live_channel_serves_the_durable_events(tree: Tree, store: InMemoryAgentTurnStore) -> None:
+    tree.delta("r-1")
+    tree.save("r-1", E.MODEL_RESPONSE)
+    events = EventFeed(store).read(root_turn_id="r-1")
+    assert ids(events) == ["r-1:0:0", "r-1:1:0"]
+    assert ids(EventFeed(store).read(root_turn_id="r-1", after=events[0].cursor)) == ["r-1:1:0"]
+
+
+def random_history(tree: Tree, seed: int, operations: int = 60) -> None:
+    rng = random.Random(seed)
+    children = ["r-1.a", "r-1.b"]
+    for _ in range(operations):
+        turn_id = rng.choice(["r-1", *children])
+        if rng.random() < 0.5:
+            tree.delta(turn_id, type=rng.choice([E.MODEL_DELTA, E.TOOL_PROGRESS]))
+        else:
+            tree.save(turn_id, *rng.choices([E.MODEL_RESPONSE, E.TOOL_STARTED, E.TOOL_COMPLETED], k=rng.randint(1, 3)))
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_reading_after_any_cursor_returns_exactly_what_followed(
+    tree: Tree, store: InMemoryAgentTurnStore, live: InMemoryLiveEvents, seed: int
+) -> None:
+    random_history(tree, seed)
+    feed = EventFeed(store, live)
+    for scope in ({"root_turn_id": "r-1"}, {"conversation_id": "c-1"}):
+        everything = feed.read(**scope, limit=10_000)
+        assert len(ids(everything)) == len(set(ids(everything)))
+        # Interleaved by timestamp, each source in its own order
+        assert [e.timestamp for e in everything] == sorted(e.timestamp for e in everything)
+        for index, event in enumerate(everything):
+            assert ids(feed.read(**scope, after=event.cursor, limit=10_000)) == ids(everything[index + 1 :])
+        # And small pages walk the same sequence
+        for limit in (1, 2, 5):
+            paged: list[str] = []
+            cursor = None
+            while page := feed.read(**scope, after=cursor, limit=limit):
+                assert len(page) <= limit
+                paged += ids(page)
+                cursor = page[-1].cursor
+            assert paged == ids(everything)
+
+
+def test_a_long_run_of_wake_ups_does_not_hide_the_ephemeral_events_behind_it(
+    tree: Tree, store: InMemoryAgentTurnStore, live: InMemoryLiveEvents
+) -> None:
+    feed = EventFeed(store, live)
+    start = feed.read(root_turn_id="r-1")[-1].cursor
+    # Given a reader whose log cursor is past many saves, but whose live cursor is before their wake-ups
+    for _ in range(12):
+        tree.save("r-1", E.TOOL_STARTED)
+    durable_now = feed.read(root_turn_id="r-1", after=start, limit=1000)
+    log_part = durable_now[-1].cursor.partition(":")[0]  # type: ignore[union-attr]
+    live_part = start.partition(":")[2]  # type: ignore[union-attr]
+    behind = f"{log_part}:{live_part}"
+    delta = tree.delta("r-1")
+    # When it reads small pages, the delta after the wake-ups still comes
+    assert ids(feed.read(root_turn_id="r-1", after=behind, limit=3)) == [delta.event_id]
+
+
+def test_an_ephemeral_event_delivered_twice_is_served_once(store: InMemoryAgentTurnStore) -> None:
+    live = InMemoryLiveEvents()
+    store.save(AgentTurn(id="r-1", agent_id="a"), -1)
+    delta = AgentEvent(type=E.MODEL_DELTA, turn_id="r-1", root_turn_id="r-1")
+    live.publish(delta)
+    live.publish(delta)
+    feed = EventFeed(store, live)
+    assert ids(feed.read(root_turn_id="r-1")) == [delta.event_id]
+    assert ids(list(feed.follow(root_turn_id="r-1", timeout=0.05, poll_interval=0.01))) == [delta.event_id]
+
+
+@pytest.mark.parametrize(
+    "cursor", ["plain", "a:b:c", "x" * 300, "1 2:3", "é:", "1.2:3-0", ":1-0", "0.1:"], ids=lambda c: repr(c)[:20]
+)
+def test_a_cursor_this_feed_did_not_issue_is_refused(tree: Tree, cursor: str) -> None:
+    with pytest.raises(InvalidCursor):
+        EventFeed(tree.store, tree.live).read(root_turn_id="r-1", after=cursor)
+
+
+def test_a_read_must_name_exactly_one_scope(tree: Tree) -> None:
+    feed = EventFeed(tree.store, tree.live)
+    with pytest.raises(InvalidEventQuery):
+        feed.read()
+    with pytest.raises(InvalidEventQuery):
+        feed.read(root_turn_id="r-1", conversation_id="c-1")
+    with pytest.raises(InvalidEventQuery):
+        next(feed.follow(timeout=0.1))
+
+
+class FailingLive:
+    """A live channel whose server is down."""
+
+    def publish(self, event: AgentEvent) -> None:
+        pass
+
+    def read(self, **_: Any) -> list[AgentEvent]:
+        raise StoreUnavailableError("the live channel is down")
+
+    def wait(self, **_: Any) -> list[AgentEvent]:
+        raise StoreUnavailableError("the live channel is down")
+
+
+def test_a_failing_live_channel_leaves_the_durable_events_flowing(
+    tree: Tree, store: InMemoryAgentTurnStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    feed = EventFeed(store, FailingLive())
+    with caplog.at_level(logging.WARNING):
+        events = feed.read(root_turn_id="r-1")
+        followed = list(feed.follow(root_turn_id="r-1", timeout=0.1, poll_interval=0.02))
+    assert ids(events) == ids(followed) == ["r-1:0:0"]
+    assert events[0].cursor == "1:"
+    assert "live event channel failed" in caplog.text
+
+
+# --- Following ------------------------------------------------------------------------------------
+
+
+def test_follow_yields_what_is_there_then_what_comes_and_stops_when_idle(
+    tree: Tree, store: InMemoryAgentTurnStore, live: InMemoryLiveEvents
+) -> None:
+    feed = EventFeed(store, live)
+    produced: list[str] = ["r-1:0:0"]
+
+    def produce() -> None:
+        for step in range(4):
+            time.sleep(0.03)
+            produced.append(tree.delta("r-1").event_id)
+            produced.extend(ids(tree.save("r-1", E.MODEL_RESPONSE)))
+            if step == 1:
+                produced.extend(ids(tree.save("r-1.a")))
+
+    producer = threading.Thread(target=produce)
+    producer.start()
+    followed = list(feed.follow(conversation_id="c-1", timeout=1.0, poll_interval=0.05))
+    producer.join()
+    assert ids(followed) == produced
+    # Following again from the last cursor finds nothing new and ends after the idle time
+    assert list(feed.follow(conversation_id="c-1", after=followed[-1].cursor, timeout=0.1)) == []
+    # And resuming from the middle yields exactly the rest
+    middle = len(followed) // 2
+    assert (
+        ids(list(feed.follow(conversation_id="c-1", after=followed[middle].cursor, timeout=0.1)))
+        == produced[middle + 1 :]
+    )
+
+
+def test_follow_without_a_live_channel_polls_the_log(tree: Tree, store: InMemoryAgentTurnStore) -> None:
+    feed = EventFeed(store)
+    timer = threading.Timer(0.05, lambda: tree.save("r-1", E.TURN_COMPLETED))
+    timer.start()
+    followed = list(feed.follow(root_turn_id="r-1", timeout=0.5, poll_interval=0.01))
+    timer.join()
+    assert ids(followed) == ["r-1:0:0", "r-1:1:0"]
+
+
+def test_follow_refuses_a_non_positive_poll_interval(tree: Tree) -> None:
+    with pytest.raises(ValueError):
+        next(EventFeed(tree.store).follow(root_turn_id="r-1", timeout=1, poll_interval=0))
+
+
+# --- InMemoryLiveEvents ---------------------------------------------------------------------------
+
+
+def live_event(root: str = "r-1", conversation: str | None = "c-1", **fields: Any) -> AgentEvent:
+    return AgentEvent(
+        type=E.MODEL_DELTA,
+        turn_id=fields.pop("turn_id", root),
+        root_turn_id=root,
+        conversation_id=conversation,
+        **fields,
+    )
+
+
+def test_live_events_are_kept_per_tree_and_per_conversation_in_publish_order(live: InMemoryLiveEvents) -> None:
+    a, b = live_event(), live_event(turn_id="r-1.child")
+    other = live_event("r-2", "c-2")
+    lonely = live_event("r-3", None)
+    for published in (a, other, b, lonely):
+        live.publish(published)
+    by_tree = live.read(root_turn_id="r-1")
+    assert ids(by_tree) == [a.event_id, b.event_id]
+    assert ids(live.read(conversation_id="c-1")) == [a.event_id, b.event_id]
+    assert ids(live.read(root_turn_id="r-3")) == [lonely.event_id]
+    assert ids(live.read(root_turn_id="r-1", after=by_tree[0].cursor)) == [b.event_id]
+    assert live.read(root_turn_id="r-1", after=by_tree[1].cursor) == []
+    assert ids(live.read(root_turn_id="r-1", limit=1)) == [a.event_id]
+    assert by_tree[0].model_copy(update={"cursor": None}) == a
+
+
+def test_live_wait_returns_at_once_blocks_until_a_publish_or_times_out(live: InMemoryLiveEvents) -> None:
+    first = live_event()
+    live.publish(first)
+    # Something after the cursor: no waiting
+    assert ids(live.wait(root_turn_id="r-1", timeout=5)) == [first.event_id]
+    cursor = live.read(root_turn_id="r-1")[-1].cursor
+    # Nothing: an empty list once the time is up
+    assert live.wait(root_turn_id="r-1", after=cursor, timeout=0.05) == []
+    # A publish from another thread wakes the waiter
+    second = live_event()
+    timer = threading.Timer(0.05, live.publish, args=(second,))
+    timer.start()
+    woke = live.wait(conversation_id="c-1", after=cursor, timeout=10)
+    timer.join()
+    assert ids(woke) == [second.event_id]
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_live_events_are_kept_for_the_retention_then_dropped() -> None:
+    clock = FakeClock()
+    live = InMemoryLiveEvents(retention_s=300, clock=clock)
+    old = live_event()
+    live.publish(old)
+    clock.now += 299
+    recent = live_event()
+    live.publish(recent)
+    assert ids(live.read(root_turn_id="r-1")) == [old.event_id, recent.event_id]
+    clock.now += 2
+    assert ids(live.read(root_turn_id="r-1")) == [recent.event_id]
+    # Scopes nobody reads are dropped by later publishes once expired
+    live.publish(live_event("r-9", None))
+    clock.now += 301
+    live.publish(live_event("r-8", None))
+    assert live.read(conversation_id="c-1") == [] and live.read(root_turn_id="r-9") == []
+
+
+def test_live_events_are_bounded_per_scope() -> None:
+    live = InMemoryLiveEvents(max_events_per_scope=3)
+    published = [live_event() for _ in range(10)]
+    for event in published:
+        live.publish(event)
+    assert ids(live.read(root_turn_id="r-1")) == ids(published[-3:])
+    assert ids(live.read(conversation_id="c-1")) == ids(published[-3:])
+
+
+def test_publishing_never_raises(caplog: pytest.LogCaptureFixture) -> None:
+    def broken_clock() -> float:
+        raise RuntimeError("clock failure")
+
+    live = InMemoryLiveEvents(clock=time.monotonic)
+    live._clock = broken_clock
+    with caplog.at_level(logging.ERROR):
+        live.publish(live_event())
+    assert "publishing live event" in caplog.text
+
+
+@pytest.mark.parametrize("cursor", ["", "x", "-1", "1.2", "1-0"])
+def test_a_live_cursor_of_another_shape_is_refused(live: InMemoryLiveEvents, cursor: str) -> None:
+    with pytest.raises(InvalidCursor):
+        live.read(root_turn_id="r-1", after=cursor)
+    with pytest.raises(InvalidCursor):
+        live.wait(root_turn_id="r-1", after=cursor, timeout=0)
+
+
+@pytest.mark.parametrize("arguments", [{"retention_s": 0}, {"max_events_per_scope": 0}])
+def test_live_bounds_must_be_positive(arguments: dict[str, float]) -> None:
+    with pytest.raises(ValueError):
+        InMemoryLiveEvents(**arguments)  # type: ignore[arg-type]
