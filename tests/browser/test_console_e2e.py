@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import time
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -29,7 +30,8 @@ from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.remote.webelement import WebElement
 from selenium.webdriver.support.ui import Select
 
-from agent_runner import ToolMessage
+from agent_runner import AgentSuspension, AgentTurn, AgentTurnStatus, SystemMessage, ToolMessage, UserMessage
+from store import SqlAgentTurnStore
 
 SECRET = "tok-SECRET-4242"
 TIMEOUT = 30.0
@@ -404,3 +406,41 @@ def test_tenants_see_only_their_own_turns(tmp_path_factory: pytest.TempPathFacto
             # The key stays in the tab (sessionStorage), never in the address.
             assert "key-aaa" not in browser_a.current_url
             assert browser_a.execute_script("return sessionStorage.getItem('agent-runner.api-key')") == "key-aaa"
+
+
+def test_answer_a_plain_text_question(page: WebDriver, server: ConsoleServer) -> None:
+    # A turn that asks in plain text (an application suspends it with AgentSuspension.user_input).
+    turns = SqlAgentTurnStore(server.database_url)
+    asking = AgentTurn(
+        id=f"question-{uuid.uuid4().hex[:8]}",
+        agent_id="echo",
+        agent_version="2",
+        conversation_id="c-question",
+        status=AgentTurnStatus.WAITING_FOR_USER,
+        suspension=AgentSuspension.user_input("Which order number is it?"),
+        messages=[SystemMessage("Repeat what the user says."), UserMessage("Where is my order?")],
+    )
+    turns.save(asking, -1)
+
+    open_console(page, server, "/conversations/c-question")
+    question = wait_for(
+        lambda: page.find_element(By.CSS_SELECTOR, "form.question-card"), timeout=TIMEOUT, message="the question"
+    )
+    assert "Which order number is it?" in question.text
+    answer = control(question, "Your answer")
+    question.find_element(By.XPATH, ".//button[normalize-space()='Send answer']").click()
+    # An empty answer is refused in the page, with the error linked to the field.
+    assert answer.get_attribute("aria-invalid") == "true"
+    assert field_error(page, answer) == "Please write an answer."
+    answer.send_keys("O-1001")
+    screenshot(page, "console-question")
+    question.find_element(By.XPATH, ".//button[normalize-space()='Send answer']").click()
+
+    done = wait_status(server, asking.id, "COMPLETED")
+    assert done["final_output"] == "You said: O-1001"
+    wait_for(
+        lambda: page.find_elements(By.CSS_SELECTOR, "form.question-card") == [],
+        timeout=TIMEOUT,
+        message="the question to go",
+    )
+    wait_for(lambda: "You said: O-1001" in final_answers(page), timeout=TIMEOUT, message="the answer in the timeline")

@@ -301,9 +301,15 @@ export function questionCard(turn, { onChanged }) {
     { class: "card question-card", novalidate: true, dataset: { turnId: turn.id } },
     h("div", { class: "card-head" }, h("h3", {}, "The agent asks"), statusBadge(turn.status)),
     h("p", { class: "question-text" }, turn.suspension?.message || "Please answer to continue."),
-    h("div", { class: "field" }, h("label", { for: id }, "Your answer"), input, error),
+    h("div", { class: "field" }, h("label", { for: id }, h("span", { class: "label-text" }, "Your answer")), input, error),
     h("div", { class: "form-actions" }, button, status),
   );
+  input.addEventListener("input", () => {
+    if (error.hidden) return;
+    error.hidden = true;
+    input.removeAttribute("aria-invalid");
+    input.removeAttribute("aria-describedby");
+  });
   form.addEventListener("submit", async (event) => {
     event.preventDefault();
     error.hidden = true;

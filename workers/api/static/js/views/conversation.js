@@ -18,7 +18,7 @@ export function mountConversation(main, conversationId) {
   const activeArea = h("div", { class: "turn-bar active-turn", "aria-label": "Latest turn" });
   const questionArea = h("div", { class: "question-area" });
   const loadError = h("div", { class: "notice error", role: "alert", hidden: true });
-  const empty = h("p", { class: "empty", hidden: true }, "No messages yet. Start a turn below.");
+  const empty = h("p", { class: "empty", hidden: true }, "No messages yet.");
   const earlier = h("button", { type: "button", class: "small", hidden: true }, "Show earlier messages");
 
   const picker = agentPicker("composer-agent");
