@@ -1,4 +1,4 @@
-"""Headless Chromium (Debian's `chromium` and `chromium-driver`) driven by Selenium, plus helpers."""
+"""Headless Chromium (Debian's `chromium` and `chromium-driver`) driven by Selenium, and what the tests do with it."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-// Tiny DOM helpers shared by every module of the console (no framework).
+// Small DOM functions shared by every module of the console (no framework).
 
 /**
  * Create an element.
