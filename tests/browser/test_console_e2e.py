@@ -344,6 +344,13 @@ def test_phone_width(page: WebDriver, server: ConsoleServer) -> None:
     card(page, "agent_action", "PENDING")
     width = page.execute_script("return document.documentElement.clientWidth")
     assert page.execute_script("return document.documentElement.scrollWidth") <= width
+    # Every control of the page is named by a label, and every button is a real button.
+    unlabelled = page.execute_script(
+        "return [...document.querySelectorAll('main input, main select, main textarea')]"
+        ".filter((e) => !e.id || !document.querySelector(`label[for='${e.id}']`)).map((e) => e.outerHTML)"
+    )
+    assert unlabelled == []
+    assert page.execute_script("return document.querySelectorAll('main [onclick], main a:not([href])').length") == 0
     screenshot(page, "console-phone-conversation")
     open_console(page, server, "/")
     wait_for(
