@@ -20,6 +20,10 @@ install: $(STAMP) ## Create .venv and install the project with every extra
 demo: $(STAMP) ## Run the support-ticket demo on the embedded default (SQLite, no services)
 	$(BIN)/python -m workers.demo
 
+.PHONY: serve
+serve: $(STAMP) ## Serve the HTTP API with the demo agents on http://127.0.0.1:8000 (SQLite, embedded worker)
+	$(BIN)/agent-runner serve --agents workers.demo:build_agent $(SERVE_ARGS)
+
 .PHONY: services
 services: ## Start local PostgreSQL and Redis if they are down (no-op when they run)
 	@bash deploy/local-services.sh

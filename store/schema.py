@@ -119,6 +119,8 @@ turns = sa.Table(
     sa.Index("ix_agent_turns_parent", "parent_turn_id"),
     sa.Index("ix_agent_turns_root", "root_turn_id"),
     sa.Index("ix_agent_turns_tenant_conversation", "tenant_id", "conversation_id", "updated_at"),
+    # The listing of the HTTP API: a tenant's turns, newest first.
+    sa.Index("ix_agent_turns_tenant_created", "tenant_id", "created_at", "id"),
     sa.Index("ix_agent_turns_status_updated", "status", "updated_at"),
     sa.Index("ix_agent_turns_status_retry", "status", "next_retry_at"),
 )

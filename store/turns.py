@@ -539,12 +539,15 @@ class SqlAgentTurnStore(SqlBackend):
         statuses: Sequence[AgentTurnStatus] | None = None,
         conversation_id: str | None = None,
         parent_turn_id: str | None = None,
+        tenant_id: str | None = None,
         limit: int = 100,
     ) -> list[AgentTurn]:
-        """Return turns matching every given filter, most recently updated first."""
+        """Return turns matching every given filter, most recently updated first (`tenant_id`: that tenant's only)."""
         if limit <= 0:
             return []
         query = sa.select(turns)
+        if tenant_id is not None:
+            query = query.where(turns.c.tenant_id == tenant_id)
         if statuses is not None:
             query = query.where(turns.c.status.in_([AgentTurnStatus(s).value for s in statuses]))
         if conversation_id is not None:
@@ -583,6 +586,8 @@ class SqlAgentTurnStore(SqlBackend):
         if limit <= 0:
             return []
         query = sa.select(turns)
+        if tenant_id is not None:
+            query = query.where(turns.c.tenant_id == tenant_id)
         if statuses is not None:
             query = query.where(turns.c.status.in_([AgentTurnStatus(s).value for s in statuses]))
         if conversation_id is not None:

@@ -241,13 +241,9 @@ def serve(
         )
     if concurrency is not None:
         settings = dataclasses.replace(settings, worker_concurrency=concurrency)
-    app = create_app(
-        settings, agents=loader, database_url=obj.database_url, worker=WorkerMode(worker_mode) if worker_mode else None
-    )
+    app = create_app(settings, agents=loader, worker=WorkerMode(worker_mode) if worker_mode else None)
     mode = app.state.settings.worker_mode.value
-    click.echo(
-        f"serving {len(getattr(loader, 'agents', list)())} agent(s) on http://{host}:{port} (worker: {mode})", err=True
-    )
+    click.echo(f"agent-runner API on http://{host}:{port} (docs at /docs, worker: {mode})", err=True)
     uvicorn.run(app, host=host, port=port, log_level="info", timeout_graceful_shutdown=5)
 
 

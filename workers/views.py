@@ -22,6 +22,7 @@ from agent_runner import (
     AgentTurn,
     AiMessage,
     AnyMessage,
+    InvalidEventQuery,
     InvalidResumeCommand,
     InvalidTransitionError,
     ToolCall,
@@ -304,7 +305,7 @@ def classify_error(error: BaseException) -> ErrorKind:
         return ErrorKind.NOT_FOUND
     if isinstance(error, InvalidResumeCommand):
         return ErrorKind.INVALID if error.errors else ErrorKind.CONFLICT
-    if isinstance(error, ResumeRequestError):
+    if isinstance(error, ResumeRequestError | InvalidEventQuery):
         return ErrorKind.INVALID
     if isinstance(error, AgentConversationBusyException | InvalidTransitionError | VersionConflictError):
         return ErrorKind.CONFLICT

@@ -15,6 +15,7 @@ from starlette.concurrency import run_in_threadpool
 
 from agent_runner import AgentLoader
 from workers.api.errors import ApiError, install_error_handlers
+from workers.api.events import router as events_router
 from workers.api.guard import RequestGuard
 from workers.api.models import ErrorResponse, HealthView, ReadyView
 from workers.api.routes import router
@@ -96,6 +97,7 @@ def create_app(
     install_error_handlers(app)
     app.add_middleware(RequestGuard)
     app.include_router(router)
+    app.include_router(events_router)
     _add_probes(app)
     _add_console(app)
     return app

@@ -23,7 +23,7 @@ from typing import Any
 from sqlalchemy import Engine, text
 
 import store
-from agent_runner import AgentEvent, AgentLoader, AgentRunner, AgentRunnerError
+from agent_runner import AgentEvent, AgentLoader, AgentRunner, AgentRunnerError, EventFeed, InMemoryLiveEvents
 from agent_runner.worker import AgentWorker
 from workers.api.settings import ApiSettings, WorkerMode
 from workers.inbox import start_next_message, turn_started_from
@@ -128,6 +128,7 @@ class Runtime:
         idempotency: The idempotency keys of POST requests.
         engine: The database engine all of them share.
         wake_inbox: Asks for a conversation's next queued message to be started.
+        events: The event feed of the SSE routes (durable log plus live channel).
     """
 
     settings: ApiSettings
@@ -138,6 +139,7 @@ class Runtime:
     idempotency: store.IdempotencyKeys
     engine: Engine
     wake_inbox: Callable[[str], object]
+    events: EventFeed
     checks: dict[str, Callable[[], None]] = field(default_factory=dict)
     _starts: list[Callable[[], None]] = field(default_factory=list)
     _stops: list[Callable[[], None]] = field(default_factory=list)
@@ -229,6 +231,10 @@ def _sql_runtime(settings: ApiSettings, agent_loader: AgentLoader | None) -> Run
     )
     pump = InboxPump(runner, inbox, worker_settings.inbox_agent, INBOX_SWEEP_INTERVAL_S)
     runner.add_event_listener(pump.on_event)
+    # The steps run in this process, so its events reach SSE subscribers in-process; in
+    # `none` mode they are the events of what this process does (starts, cancels).
+    live = InMemoryLiveEvents()
+    runner.add_event_listener(live.publish)
     runtime = Runtime(
         settings=settings,
         runner=runner,
@@ -238,6 +244,7 @@ def _sql_runtime(settings: ApiSettings, agent_loader: AgentLoader | None) -> Run
         idempotency=idempotency,
         engine=engine,
         wake_inbox=pump.notify,
+        events=EventFeed(turn_store, live),
         checks={"database": _database_check(engine)},
     )
     # Stopped in reverse: the pump, then the worker (its steps in flight finish), then the pool.
@@ -273,9 +280,13 @@ def _celery_runtime(settings: ApiSettings, agent_loader: AgentLoader | None) -> 
     wiring = build_wiring(worker_settings, celery_app, agent_loader=agent_loader)
     try:
         idempotency = store.IdempotencyKeys(wiring.engine)
+        live = store.RedisLiveEvents(worker_settings.redis_url, prefix=worker_settings.redis_prefix)
     except BaseException:
         wiring.close()
         raise
+    # Events of what this process does (starts, resumes, cancels) go live too; the workers
+    # publish those of the steps.
+    wiring.runner.add_event_listener(live.publish)
     runner = wiring.runner
     memories = runner.chat_memory_provider
     assert isinstance(memories, store.SqlChatMemoryProvider)
@@ -305,7 +316,9 @@ def _celery_runtime(settings: ApiSettings, agent_loader: AgentLoader | None) -> 
         idempotency=idempotency,
         engine=wiring.engine,
         wake_inbox=dispatcher.send_inbox,
+        events=EventFeed(wiring.turn_store, live),
         checks={"database": _database_check(wiring.engine), "redis": check_redis, "broker": check_broker},
     )
     runtime._stops.append(wiring.close)
+    runtime._stops.append(live.close)
     return runtime

@@ -1,4 +1,4 @@
-"""Idempotency keys of the HTTP API; inbox messages remember the agent, tenant and metadata of their turn.
+"""Idempotency keys of the HTTP API; inbox messages remember the agent, tenant and metadata of their turn; an index for listing a tenant's turns.
 
 Revision ID: 0003
 Revises: 0002
@@ -17,6 +17,8 @@ depends_on: str | None = None
 
 
 def upgrade() -> None:
+    op.create_index("ix_agent_turns_tenant_created", "agent_turns", ["tenant_id", "created_at", "id"])
+
     with op.batch_alter_table("agent_inbox_messages") as batch:
         batch.add_column(sa.Column("agent_id", sa.String(), nullable=True))
         batch.add_column(sa.Column("tenant_id", sa.String(), nullable=True))
@@ -44,3 +46,4 @@ def downgrade() -> None:
         batch.drop_column("turn_metadata")
         batch.drop_column("tenant_id")
         batch.drop_column("agent_id")
+    op.drop_index("ix_agent_turns_tenant_created", table_name="agent_turns")

@@ -1,0 +1,141 @@
+"""Pieces of the HTTP server that need no server: API keys, the JSON guard, resume commands, tenants, views."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from agent_runner import Agent, AgentTurn, ResumeType, ScriptedChatModel, ToolCall, TurnNotFound, tool
+from workers.api.errors import InvalidRequest
+from workers.api.guard import check_json, json_depth
+from workers.api.settings import ApiKeys, ApiSettings, WorkerMode
+from workers.api.tenancy import Tenant
+from workers.settings import SettingsError
+from workers.views import (
+    ErrorKind,
+    ResumeAction,
+    ResumeRequestError,
+    catalog_mask,
+    classify_error,
+    masked_arguments,
+    resume_command,
+)
+
+
+def test_api_keys_map_keys_to_tenants_and_refuse_bad_entries() -> None:
+    keys = ApiKeys.parse(" acme:k-1 , globex:k-2,")
+    assert keys.enabled and keys.tenants == {"acme", "globex"}
+    assert keys.tenant_of("k-1") == "acme" and keys.tenant_of("k-2") == "globex"
+    assert keys.tenant_of("k-3") is None and keys.tenant_of("") is None and keys.tenant_of("\udcff") is None
+    assert not ApiKeys.parse(None).enabled and not ApiKeys.parse("  ").enabled
+    for bad in ("acme", "acme:", "a/b:sekret-1", "a b:sekret-1", "acme:sekret-1,globex:sekret-1", ":sekret-1"):
+        with pytest.raises(SettingsError) as raised:
+            ApiKeys.parse(bad)
+        # The error names the variable, never a key
+        assert raised.value.variable == "AGENT_RUNNER_API_KEYS" and "sekret" not in str(raised.value)
+    assert "k-1" not in repr(keys)
+
+
+def test_settings_choose_the_worker_mode_from_the_database() -> None:
+    assert ApiSettings.from_env({}).worker_mode is WorkerMode.EMBEDDED
+    postgres = {"AGENT_RUNNER_DATABASE_URL": "postgresql+psycopg://db/x"}
+    assert ApiSettings.from_env(postgres).worker_mode is WorkerMode.CELERY
+    assert ApiSettings.from_env({**postgres, "AGENT_RUNNER_API_WORKER": "none"}).worker_mode is WorkerMode.NONE
+    with pytest.raises(SettingsError, match="AGENT_RUNNER_API_WORKER"):
+        ApiSettings.from_env({"AGENT_RUNNER_API_WORKER": "threads"})
+    with pytest.raises(SettingsError, match="AGENT_RUNNER_API_INTERRUPT_WAIT_S"):
+        ApiSettings.from_env({"AGENT_RUNNER_API_INTERRUPT_WAIT_S": "-1"})
+
+
+@pytest.mark.parametrize(
+    ("text", "depth"),
+    [
+        ("{}", 1),
+        ("[[[1]], [2]]", 3),
+        ('{"a": "[[[[[["}', 1),
+        ('["\\\\", [[]]]', 3),
+        ('["\\"[[[[", []]', 2),
+        ('"just a string"', 0),
+    ],
+)
+def test_json_depth_skips_brackets_inside_strings(text: str, depth: int) -> None:
+    assert json_depth(text) == depth
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"[" * 65 + b"]" * 65,
+        b'{"a": NaN}',
+        b'{"a": 1e999}',
+        b'{"a": "\\u0000"}',
+        b'{"\\ud83d": 1}',
+        b'["\\udfff"]',
+        b"\xc3\x28",
+        b'{"a": ',
+    ],
+)
+def test_check_json_refuses_what_cannot_be_stored(body: bytes) -> None:
+    with pytest.raises(InvalidRequest) as raised:
+        check_json(body)
+    assert raised.value.status == 422
+
+
+def test_check_json_accepts_ordinary_bodies() -> None:
+    check_json(json.dumps({"a": ["x" * 10, {"b": 1.5, "c": None}], "emoji": "\U0001f600"}).encode())
+    check_json(b"[" * 64 + b"]" * 64)
+
+
+def test_resume_commands_need_exactly_their_fields() -> None:
+    assert resume_command(ResumeAction.APPROVE, tool_call_id="c1").type is ResumeType.APPROVE_TOOL
+    rejected = resume_command(ResumeAction.REJECT, tool_call_id="c1", metadata={"by": "u"})
+    assert rejected.reason == "rejected by the user" and rejected.metadata == {"by": "u"}
+    assert resume_command(ResumeAction.FORM, tool_call_id="c1", data={}).data == {}
+    assert resume_command(ResumeAction.INPUT, content="x").content == "x"
+    for action, fields in [
+        (ResumeAction.APPROVE, {}),
+        (ResumeAction.APPROVE, {"tool_call_id": "c1", "reason": "no"}),
+        (ResumeAction.FORM, {"tool_call_id": "c1"}),
+        (ResumeAction.INPUT, {"content": "x", "data": {}}),
+        (ResumeAction.RETRY, {"tool_call_id": "c1"}),
+    ]:
+        with pytest.raises(ResumeRequestError):
+            resume_command(action, **fields)  # type: ignore[arg-type]
+    assert classify_error(ResumeRequestError("x")) is ErrorKind.INVALID
+    assert classify_error(TurnNotFound("t")) is ErrorKind.NOT_FOUND
+
+
+def test_tenants_store_conversations_under_their_name_and_see_only_their_turns() -> None:
+    acme, single = Tenant("acme"), Tenant()
+    assert acme.stored_conversation("c-1") == "acme/c-1" and acme.shown_conversation("acme/c-1") == "c-1"
+    assert single.stored_conversation("c-1") == "c-1" and single.shown_conversation(None) is None
+    turn = AgentTurn(id="t", agent_id="a", tenant_id="globex")
+    assert single.owns(turn) and not acme.owns(turn)
+    with pytest.raises(TurnNotFound):
+        acme.check(turn)
+
+
+@tool(sensitive=["token"])
+def call_api(url: str, token: str) -> str:
+    """Call an API."""
+    return url
+
+
+def test_masks_hide_sensitive_arguments_and_everything_of_unknown_tools() -> None:
+    agent = Agent(id="a", chat_model=ScriptedChatModel([]), tools=[call_api])
+    call = ToolCall("c1", "call_api", {"url": "u", "token": "secret"})
+    assert masked_arguments(agent, call) == {"url": "u", "token": "***"}
+    assert masked_arguments(None, call) == {"url": "***", "token": "***"}
+
+    class Loader:
+        def load(self, agent_id: str, version: str | None = None) -> Agent:
+            return agent
+
+        def agents(self) -> list[Agent]:
+            return [agent]
+
+    mask: Any = catalog_mask(Loader())
+    assert mask(call) == {"url": "u", "token": "***"}
+    assert mask(ToolCall("c2", "made_up", {"x": 1})) == {"x": "***"}
