@@ -251,10 +251,17 @@ def test_reload_mid_stream_continues_with_no_gap_or_repeat(page: WebDriver, serv
     assert any(len(text) > len(restored) for text in seen), f"the stream did not continue after the reload: {seen}"
     wait_for(lambda: expected in final_answers(page), timeout=TIMEOUT, message="the final answer")
     assert final_answers(page).count(expected) == 1
-    cursor = json.loads(
-        page.execute_script("return sessionStorage.getItem('agent-runner.stream.conversation.c-reload')")
+
+    def saved() -> Any:
+        return json.loads(
+            page.execute_script("return sessionStorage.getItem('agent-runner.stream.conversation.c-reload')")
+        )
+
+    wait_for(
+        lambda: saved()["cursor"] and saved()["partials"] == {},
+        timeout=TIMEOUT,
+        message="the saved stream position with no partial answer left",
     )
-    assert cursor["cursor"] and cursor["partials"] == {}
 
     # A second reload after the end shows the answer once, from the timeline.
     page.refresh()

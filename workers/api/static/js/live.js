@@ -30,16 +30,18 @@ function modelText(data) {
  * Follow `path` (an events endpoint) and draw the answers being written into `list`.
  *
  * `storageKey` names the saved position; `isShown(messageId)` tells whether the timeline
- * already shows a final message (its streamed copy is then dropped); `onEvent(event)` is
+ * already shows a final message (its streamed copy is then dropped), `showsText(text)`
+ * whether it shows an answer with exactly this text; `onEvent(event)` is
  * called for every event after the live text was updated; `onStatus(text)` describes the
  * connection for people.
  */
 export class LiveAnswers {
-  constructor({ path, storageKey, list, isShown, onEvent = () => {}, onStatus = () => {} }) {
+  constructor({ path, storageKey, list, isShown, showsText = () => false, onEvent = () => {}, onStatus = () => {} }) {
     this.path = path;
     this.storageKey = STATE_PREFIX + storageKey;
     this.list = list;
     this.isShown = isShown;
+    this.showsText = showsText;
     this.onEvent = onEvent;
     this.onStatus = onStatus;
     this.state = this.load();
@@ -142,6 +144,19 @@ export class LiveAnswers {
         this.finals.delete(messageId);
       }
     }
+    // The timeline may show a finished answer before its MODEL_RESPONSE event arrives:
+    // a partial text that equals a shown answer is that answer.
+    let changed = false;
+    for (const [turnId, entry] of this.partials) {
+      const text = this.state.partials[turnId];
+      if (text && this.showsText(text)) {
+        entry.item.remove();
+        this.partials.delete(turnId);
+        delete this.state.partials[turnId];
+        changed = true;
+      }
+    }
+    if (changed) this.save();
   }
 }
 

@@ -69,6 +69,7 @@ export function mountConversation(main, conversationId) {
     storageKey: `conversation.${conversationId}`,
     list: live,
     isShown: (messageId) => keyed.has(messageId),
+    showsText: (text) => [...older, ...latest].some((m) => m.role === "assistant" && m.content === text),
     onEvent: (event) => {
       if (event.type !== "MODEL_DELTA" && event.type !== "TOOL_PROGRESS") scheduleRefresh();
     },

@@ -72,6 +72,7 @@ export function mountTurn(main, turnId) {
   const handlers = { onChanged: () => scheduleRefresh() };
   const keyed = new KeyedList(messages, (message) => timelineItem(message, handlers));
   let answers = null;
+  let shown = [];
 
   function render(turn) {
     title.textContent = `Turn of ${turn.agent_id}`;
@@ -108,7 +109,8 @@ export function mountTurn(main, turnId) {
       cancelArea.replaceChildren(...(isTerminal(turn.status) ? [] : [cancelControl(turn, handlers)]));
     }
     calls.replaceChildren(pendingCalls(turn.pending_tool_calls));
-    keyed.update(turn.messages || [], renderKey, (m) => m.id);
+    shown = turn.messages || [];
+    keyed.update(shown, renderKey, (m) => m.id);
     if (answers) answers.prune();
   }
 
@@ -157,6 +159,7 @@ export function mountTurn(main, turnId) {
         storageKey: `turn.${turnId}`,
         list: live,
         isShown: (messageId) => keyed.has(messageId),
+        showsText: (text) => shown.some((m) => m.role === "assistant" && m.content === text),
         onEvent: (event) => {
           if (event.type !== "MODEL_DELTA" && event.type !== "TOOL_PROGRESS") scheduleRefresh();
         },
