@@ -136,8 +136,7 @@ def test_a_feed_merges_the_redis_channel_with_the_durable_log(redis_url: str, ke
         timer.start()
         followed = feed.follow(root_turn_id="r-1", after=events[-1].cursor, timeout=20, poll_interval=5)
         assert next(followed).event_id == later.event_id
-        close = followed.close  # a generator: close it to end the follow
-        close()
+        followed.close()  # end the follow
         timer.join()
 
 
