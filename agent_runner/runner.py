@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from agent_runner import machine
+from agent_runner import machine, telemetry  # telemetry hook: trace context of new turns
 from agent_runner._base import new_id, utcnow
 from agent_runner.agent import Agent, InMemoryAgentLoader
 from agent_runner.errors import (
@@ -399,6 +399,7 @@ class AgentRunner:
             created_at=now,
             updated_at=now,
         )
+        turn = telemetry.stamp_new_turn(self, turn)  # telemetry hook: trace context of the new turn
         saved = self._create_saved(turn)
         self._emit(AgentEventType.TURN_STARTED, saved, agent_id=agent.id, agent_version=agent.version)
         return self._project(saved)
@@ -637,6 +638,7 @@ class AgentRunner:
                 created_at=now,
                 updated_at=now,
             )
+            child = telemetry.stamp_new_turn(self, child)  # telemetry hook: trace context of the child turn
             try:
                 child = self.turn_store.save(child, -1)
                 self._emit(AgentEventType.TURN_STARTED, child, agent_id=sub_agent.id, parent_turn_id=parent.id)

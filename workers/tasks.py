@@ -42,6 +42,7 @@ from agent_runner import (
 )
 from store import InboxMessage
 from workers.app import DISPATCH_INBOX, STEP_TURN, app
+from workers.telemetry import record_lease_takeover  # telemetry hook
 from workers.wiring import Wiring, current
 
 logger = logging.getLogger("workers.tasks")
@@ -124,6 +125,8 @@ def _step_under_lease(wiring: Wiring, turn: AgentTurn, fence: int) -> tuple[Agen
         # The first step may be a due retry; after that only READY and RUNNING go on, so a
         # retry scheduled by this very step waits for its ETA instead of running at once.
         runnable = turn.status in _RUNNABLE or (steps == 0 and turn.is_runnable(runner.clock()))
+        if wiring.keeper.is_lost(turn.id):
+            record_lease_takeover()  # telemetry hook: another worker took this turn's lease over
         if not runnable or wiring.keeper.is_lost(turn.id):
             break
         if steps > 0 and time.monotonic() > deadline:

@@ -43,6 +43,7 @@ from agent_runner._base import utcnow
 from agent_runner.models import ChatRequest, ChatResponse
 from workers.app import DISPATCH_INBOX, STEP_TURN
 from workers.settings import SettingsError, WorkerSettings
+from workers.telemetry import instrument  # telemetry hook
 
 logger = logging.getLogger("workers")
 
@@ -342,6 +343,7 @@ def build_wiring(
         dispatcher=dispatcher,
         conversation_guard=guard,
     )
+    instrument(runner)  # telemetry hook: spans, metrics and log context of every step
     if settings.inbox_agent is not None:
         runner.add_event_listener(InboxNotifier(dispatcher))
     return Wiring(
