@@ -57,6 +57,7 @@ class CeleryTelemetry:
         self.app = app
         self.settings = settings
         self.server: MetricsServer | None = None
+        self.metrics_dir: str | None = None
         self.created_dir: str | None = None
 
     # --- worker main process --------------------------------------------------------------
@@ -71,8 +72,8 @@ class CeleryTelemetry:
             set_default_service_name(WORKER_SERVICE_NAME)
         if self.settings.metrics_port is not None and metrics.metrics_enabled():
             directory, created = metrics.prepare_multiprocess_dir()
+            self.metrics_dir = directory
             self.created_dir = directory if created else None
-            logger.info("metrics of the pool processes are collected in %s", directory)
 
     def on_worker_ready(self, sender: Any = None, **_: Any) -> None:
         """Serve `/metrics` on AGENT_RUNNER_METRICS_PORT from the main process."""
@@ -89,7 +90,13 @@ class CeleryTelemetry:
                 "could not serve metrics on %s:%s: %s", self.settings.metrics_addr, self.settings.metrics_port, exc
             )
             return
-        logger.info("serving metrics on http://%s:%s/metrics", self.settings.metrics_addr, self.server.port)
+        # Logged here, not at worker_init: Celery sets up its log handlers in between.
+        logger.info(
+            "serving metrics on http://%s:%s/metrics, collected from the pool processes in %s",
+            self.settings.metrics_addr,
+            self.server.port,
+            self.metrics_dir,
+        )
 
     def on_worker_shutdown(self, sender: Any = None, **_: Any) -> None:
         """Stop the metrics server and remove a metrics directory made at start-up."""
