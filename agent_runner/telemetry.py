@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from contextvars import ContextVar
+from contextvars import ContextVar, Token
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 from weakref import WeakKeyDictionary
@@ -60,6 +60,16 @@ _current_step: ContextVar[StepContext | None] = ContextVar("agent_runner_current
 def current_step() -> StepContext | None:
     """The step the calling thread or task is inside, or None outside any step."""
     return _current_step.get()
+
+
+def enter_step(turn: AgentTurn) -> Token[StepContext | None]:
+    """Mark the calling thread or task as stepping `turn`; pass the token to `exit_step` afterwards."""
+    return _current_step.set(StepContext.of(turn))
+
+
+def exit_step(token: Token[StepContext | None]) -> None:
+    """Undo the `enter_step` that returned `token`."""
+    _current_step.reset(token)
 
 
 @contextmanager

@@ -32,7 +32,7 @@ from workers.telemetry.metrics import (
     resume_action,
     set_metrics_enabled,
 )
-from workers.telemetry.middleware import TelemetryListener, TelemetryMiddleware
+from workers.telemetry.middleware import MetricsListener, TelemetryMiddleware
 
 if TYPE_CHECKING:
     from opentelemetry.trace import TracerProvider
@@ -114,6 +114,6 @@ def instrument(
         set_new_turn_hook(runner, tracer.new_turn_context)
     middleware = TelemetryMiddleware(runner, tracer, record_metrics)
     runner.middleware.insert(0, middleware)
-    if record_metrics or tracer is not None:
-        runner.add_event_listener(TelemetryListener(record_metrics, tracer))
+    if record_metrics:
+        runner.add_event_listener(MetricsListener())
     return middleware

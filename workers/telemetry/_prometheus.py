@@ -70,6 +70,18 @@ class PrometheusMetrics:
         self.sweep_enqueued = Counter(
             "agent_runner_sweep_enqueued", "Items beat sweeps re-enqueued (turns, conversations).", ["sweep"]
         )
+        self._step_children: dict[tuple[str, str], tuple[Any, Any]] = {}
+
+    def step(self, agent_id: str, kind: str, seconds: float) -> None:
+        """Count a step and observe its duration (the labelled children are looked up once)."""
+        key = (agent_id, kind)
+        children = self._step_children.get(key)
+        if children is None:
+            children = self._step_children.setdefault(
+                key, (self.steps.labels(agent_id, kind), self.step_duration.labels(agent_id, kind))
+            )
+        children[0].inc()
+        children[1].observe(seconds)
 
 
 # --- Exposition ---------------------------------------------------------------------------------

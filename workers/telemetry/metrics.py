@@ -61,6 +61,7 @@ def metrics_available() -> bool:
 
 
 _enabled: bool | None = None
+"""Set by `set_metrics_enabled`; else decided once from the environment."""
 _metrics: PrometheusMetrics | None = None
 _lock = threading.Lock()
 
@@ -68,17 +69,18 @@ _lock = threading.Lock()
 def metrics_enabled() -> bool:
     """Whether `record_*` calls count: `prometheus-client` is installed and metrics are not switched off.
 
-    `AGENT_RUNNER_METRICS=off` (or `0`, `false`) switches them off; `set_metrics_enabled`
-    overrides both.
+    `AGENT_RUNNER_METRICS=off` (or `0`, `false`) switches them off; it is read on first use.
+    `set_metrics_enabled` overrides both.
     """
-    if _enabled is not None:
-        return _enabled
-    switch = (os.environ.get(METRICS_SWITCH_VARIABLE) or "").strip().lower()
-    return switch not in ("0", "off", "false", "no") and metrics_available()
+    global _enabled
+    if _enabled is None:
+        switch = (os.environ.get(METRICS_SWITCH_VARIABLE) or "").strip().lower()
+        _enabled = switch not in ("0", "off", "false", "no") and metrics_available()
+    return _enabled
 
 
 def set_metrics_enabled(enabled: bool | None) -> None:
-    """Force metrics on or off in this process (None: back to the default of `metrics_enabled`).
+    """Force metrics on or off in this process (None: decide again from the environment on next use).
 
     Raises:
         TelemetryError: Metrics were switched on but `prometheus-client` is not installed.
@@ -91,7 +93,7 @@ def set_metrics_enabled(enabled: bool | None) -> None:
 
 def _get() -> PrometheusMetrics | None:
     global _metrics
-    if not metrics_enabled():
+    if not (_enabled if _enabled is not None else metrics_enabled()):
         return None
     if _metrics is None:
         with _lock:
@@ -115,9 +117,7 @@ def record_step(agent_id: str, kind: str, seconds: float) -> None:
     """Count one step of an agent and observe how long it took."""
     metrics = _get()
     if metrics is not None:
-        _check("kind", kind, STEP_KINDS)
-        metrics.steps.labels(agent_id, kind).inc()
-        metrics.step_duration.labels(agent_id, kind).observe(seconds)
+        metrics.step(agent_id, _check("kind", kind, STEP_KINDS), seconds)
 
 
 def record_turn_ended(status: str | AgentTurnStatus) -> None:

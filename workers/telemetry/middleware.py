@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from contextlib import nullcontext
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -23,7 +22,7 @@ from agent_runner import (
 )
 from agent_runner.models import ChatRequest, ChatResponse
 from agent_runner.runner import AgentStepResult
-from agent_runner.telemetry import step_scope
+from agent_runner.telemetry import enter_step, exit_step
 from workers.telemetry import metrics
 
 if TYPE_CHECKING:
@@ -36,6 +35,8 @@ _MAX_MODEL_NAMES = 256
 @dataclass
 class _StepState:
     turn: AgentTurn
+    tracer: TurnTracer | None
+    """The tracer when this step is traced (its model and tool calls then are too)."""
     kind: str | None = None
 
 
@@ -85,67 +86,82 @@ class TelemetryMiddleware(Middleware):
         """Run the step inside its span and step context; count it and time it."""
         if not turn.is_runnable(self.runner.clock()):
             return call_next(turn)
-        tracer = self.tracer
-        state = _StepState(turn)
+        # Written out rather than with context managers: this runs on every step.
+        tracer = self.tracer if self.tracer is not None and self.tracer.recording() else None
+        state = _StepState(turn, tracer)
         state_token = _step_state.set(state)
+        step_token = enter_step(turn)
         span = tracer.start_step(turn) if tracer is not None else None
+        span_token = tracer.activate(span) if tracer is not None and span is not None else None
         started = time.perf_counter()
         kind = "error"
         try:
-            with step_scope(turn), tracer.use_span(span) if tracer is not None and span is not None else nullcontext():
-                result = call_next(turn)
+            result = call_next(turn)
             kind = step_kind(turn, result, state.kind)
-            if tracer is not None and span is not None:
-                tracer.end_step(span, result.turn, kind, result.error)
-            return result
         except BaseException as exc:
             if isinstance(exc, LeaseLostError) and self.record_metrics:
                 metrics.record_lease_takeover()
-            if tracer is not None and span is not None:
+            if tracer is not None and span is not None and span_token is not None:
+                tracer.deactivate(span_token)
+                span_token = None
                 tracer.fail_step(span, exc)
             raise
         finally:
+            if tracer is not None and span_token is not None:
+                tracer.deactivate(span_token)
+            exit_step(step_token)
             _step_state.reset(state_token)
             if self.record_metrics:
                 metrics.record_step(turn.agent_id, kind, time.perf_counter() - started)
+        if tracer is not None and span is not None:
+            tracer.end_step(span, result.turn, kind, result.error)
+        return result
 
     def wrap_model(self, request: ChatRequest, call_next: Callable[[ChatRequest], ChatResponse]) -> ChatResponse:
         """Run the model call inside a `chat {model}` span with the GenAI attributes."""
         state = _step_state.get()
-        if state is not None:
-            state.kind = "model"
-        tracer = self.tracer
+        if state is None:
+            return call_next(request)
+        state.kind = "model"
+        tracer = state.tracer
         if tracer is None:
             return call_next(request)
-        turn = state.turn if state is not None else None
-        with tracer.model_span(self._model_name(turn), turn) as span:
-            try:
-                response = call_next(request)
-            except BaseException as exc:
-                tracer.mark_failed(span, exc)
-                raise
+        span = tracer.start_model(self._model_name(state.turn))
+        token = tracer.activate(span)
+        try:
+            response = call_next(request)
             tracer.record_usage(span, response)
             return response
+        except BaseException as exc:
+            tracer.mark_failed(span, exc)
+            raise
+        finally:
+            tracer.deactivate(token)
+            span.end()
 
     def wrap_tool(self, tool_call: ToolCall, call_next: Callable[[ToolCall], Any]) -> Any:
         """Run the tool call inside an `execute_tool {name}` span with the GenAI attributes."""
         state = _step_state.get()
-        if state is not None:
-            state.kind = "tool"
-        tracer = self.tracer
+        if state is None:
+            return call_next(tool_call)
+        state.kind = "tool"
+        tracer = state.tracer
         if tracer is None:
             return call_next(tool_call)
-        turn = state.turn if state is not None else None
-        with tracer.tool_span(tool_call.name, tool_call.id, turn) as span:
-            try:
-                return call_next(tool_call)
-            except AgentFormRequiredException as exc:
-                # Not a failure: the tool asks a person for data and runs again afterwards.
-                tracer.add_event(span, "agent_runner.form_required", {"agent_runner.form.key": exc.form.key})
-                raise
-            except BaseException as exc:
-                tracer.mark_failed(span, exc)
-                raise
+        span = tracer.start_tool(tool_call.name, tool_call.id)
+        token = tracer.activate(span)
+        try:
+            return call_next(tool_call)
+        except AgentFormRequiredException as exc:
+            # Not a failure: the tool asks a person for data and runs again afterwards.
+            tracer.add_event(span, "agent_runner.form_required", {"agent_runner.form.key": exc.form.key})
+            raise
+        except BaseException as exc:
+            tracer.mark_failed(span, exc)
+            raise
+        finally:
+            tracer.deactivate(token)
+            span.end()
 
     def _model_name(self, turn: AgentTurn | None) -> str:
         if turn is None:
@@ -164,38 +180,19 @@ class TelemetryMiddleware(Middleware):
         return name
 
 
-class TelemetryListener:
-    """Counts ended turns, scheduled retries and accepted resumes; notes them on the current span.
+class MetricsListener:
+    """Counts ended turns, scheduled retries and accepted resumes, wherever the runner emits them.
 
-    Args:
-        record_metrics: Whether to record Prometheus metrics.
-        tracer: Adds the events to the current span, or None for no tracing.
+    Only registered with metrics on: a runner with a listener builds an event object for
+    everything it emits, which tracing alone does not need.
     """
 
-    _SPAN_EVENTS = frozenset(
-        {
-            AgentEventType.TURN_SUSPENDED,
-            AgentEventType.TURN_RESUMED,
-            AgentEventType.RETRY_SCHEDULED,
-            AgentEventType.CHAT_MEMORY_ERROR,
-        }
-    )
-
-    def __init__(self, record_metrics: bool, tracer: TurnTracer | None) -> None:
-        self.record_metrics = record_metrics
-        self.tracer = tracer
-
     def __call__(self, event: AgentEvent) -> None:
-        """Record `event`."""
+        """Count `event`."""
         kind = event.type
-        if kind is AgentEventType.MODEL_DELTA or kind is AgentEventType.TOOL_PROGRESS:
-            return
-        if self.record_metrics:
-            if kind.is_terminal:
-                metrics.record_turn_ended(str(event.data.get("status")))
-            elif kind is AgentEventType.RETRY_SCHEDULED:
-                metrics.record_retry_scheduled()
-            elif kind is AgentEventType.TURN_RESUMED:
-                metrics.record_resume(metrics.resume_action_of_event(event.data), "accepted")
-        if self.tracer is not None and (kind in self._SPAN_EVENTS or kind.is_terminal):
-            self.tracer.add_turn_event(event)
+        if kind.is_terminal:
+            metrics.record_turn_ended(str(event.data.get("status")))
+        elif kind is AgentEventType.RETRY_SCHEDULED:
+            metrics.record_retry_scheduled()
+        elif kind is AgentEventType.TURN_RESUMED:
+            metrics.record_resume(metrics.resume_action_of_event(event.data), "accepted")

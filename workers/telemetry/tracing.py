@@ -24,17 +24,17 @@ import hashlib
 import importlib.metadata
 import logging
 import os
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
-from contextvars import ContextVar
+from collections.abc import Mapping, Sequence
+from contextvars import ContextVar, Token
 from typing import TYPE_CHECKING, Any
 
 from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
+from opentelemetry.context import Context
 from opentelemetry.trace import Link, NonRecordingSpan, Span, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from agent_runner import AgentEvent, AgentTurn, AgentTurnStatus
+from agent_runner import AgentTurn, AgentTurnStatus
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider as SdkTracerProvider
@@ -65,7 +65,6 @@ PARENT_TURN_ID = "agent_runner.turn.parent_id"
 AGENT_VERSION = "agent_runner.agent.version"
 TURN_ATTEMPT = "agent_runner.turn.attempt"
 TURN_STATUS = "agent_runner.turn.status"
-TURN_PHASE = "agent_runner.turn.phase"
 TURN_STEPS = "agent_runner.turn.steps"
 STEP_KIND = "agent_runner.step.kind"
 
@@ -114,10 +113,22 @@ def fallback_span_context(turn: AgentTurn) -> SpanContext:
     )
 
 
+_parsed: dict[str, SpanContext] = {}
+_PARSED_MAX = 4096
+
+
 def stored_span_context(turn: AgentTurn) -> SpanContext:
     """The span context a turn's steps are children of: the stored one, else the derived fallback."""
-    if turn.trace_context:
-        span_context = trace.get_current_span(_W3C.extract(turn.trace_context)).get_span_context()
+    carrier = turn.trace_context
+    traceparent = carrier.get("traceparent")
+    if traceparent:
+        # A turn takes many steps, often in the same process: parse its context once.
+        span_context = _parsed.get(traceparent)
+        if span_context is None:
+            span_context = trace.get_current_span(_W3C.extract(carrier)).get_span_context()
+            if len(_parsed) >= _PARSED_MAX:
+                _parsed.clear()
+            _parsed[traceparent] = span_context
         if span_context.is_valid:
             return span_context
     return fallback_span_context(turn)
@@ -133,9 +144,22 @@ class TurnTracer:
 
     def __init__(self, tracer_provider: trace.TracerProvider | None = None) -> None:
         self.tracer = trace.get_tracer(TRACER_NAME, _version(), tracer_provider=tracer_provider)
+        self._explicit = tracer_provider is not None
+
+    def recording(self) -> bool:
+        """Whether spans can be recorded: a provider was given, or the global one is no longer the API's no-op.
+
+        Checked on every step (the application may install its provider after `instrument`),
+        so that an unconfigured process pays next to nothing for spans nobody records.
+        """
+        if self._explicit:
+            return True
+        return not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider | trace.NoOpTracerProvider)
 
     def new_turn_context(self, turn: AgentTurn) -> dict[str, str]:
         """Record the creation of `turn` under the current context and return the context to store with it."""
+        if not self.recording():
+            return {}
         span = self.tracer.start_span(
             f"create_turn {turn.agent_id}", kind=SpanKind.INTERNAL, attributes=turn_attributes(turn)
         )
@@ -149,9 +173,13 @@ class TurnTracer:
     def start_step(self, turn: AgentTurn) -> Span:
         """Start the span of one step of `turn` (not made current; see `use_span`)."""
         parent = stored_span_context(turn)
-        attributes = turn_attributes(turn)
-        attributes[TURN_ATTEMPT] = turn.attempt
-        attributes[TURN_PHASE] = turn.phase.value
+        attributes: dict[str, Any] = {
+            GEN_AI_AGENT_ID: turn.agent_id,
+            GEN_AI_AGENT_NAME: turn.agent_id,
+            TURN_ID: turn.id,
+            ROOT_TURN_ID: turn.root_turn_id,
+            TURN_ATTEMPT: turn.attempt,
+        }
         return self.tracer.start_span(
             f"step {turn.agent_id}",
             context=trace.set_span_in_context(NonRecordingSpan(parent)),
@@ -160,58 +188,47 @@ class TurnTracer:
             links=_links(parent),
         )
 
-    @contextmanager
-    def model_span(self, model: str, turn: AgentTurn | None) -> Iterator[Span]:
-        """A current `chat {model}` span around one model call; an exception marks it failed."""
-        attributes: dict[str, Any] = {GEN_AI_OPERATION_NAME: "chat", GEN_AI_REQUEST_MODEL: model}
-        if turn is not None:
-            attributes.update({GEN_AI_AGENT_ID: turn.agent_id, GEN_AI_AGENT_NAME: turn.agent_id, TURN_ID: turn.id})
-        with self.tracer.start_as_current_span(
+    def start_model(self, model: str) -> Span:
+        """Start a `chat {model}` span for one model call (a child of the current step's span, which names the turn)."""
+        return self.tracer.start_span(
             f"chat {model}",
             kind=SpanKind.CLIENT,
-            attributes=attributes,
-            record_exception=False,
-            set_status_on_exception=False,
-        ) as span:
-            yield span
+            attributes={GEN_AI_OPERATION_NAME: "chat", GEN_AI_REQUEST_MODEL: model},
+        )
 
-    @contextmanager
-    def tool_span(self, name: str, call_id: str, turn: AgentTurn | None) -> Iterator[Span]:
-        """A current `execute_tool {name}` span around one tool call."""
-        attributes: dict[str, Any] = {
-            GEN_AI_OPERATION_NAME: "execute_tool",
-            GEN_AI_TOOL_NAME: name,
-            GEN_AI_TOOL_CALL_ID: call_id,
-            GEN_AI_TOOL_TYPE: "function",
-        }
-        if turn is not None:
-            attributes.update({GEN_AI_AGENT_ID: turn.agent_id, GEN_AI_AGENT_NAME: turn.agent_id, TURN_ID: turn.id})
-        with self.tracer.start_as_current_span(
+    def start_tool(self, name: str, call_id: str) -> Span:
+        """Start an `execute_tool {name}` span for one tool call."""
+        return self.tracer.start_span(
             f"execute_tool {name}",
             kind=SpanKind.INTERNAL,
-            attributes=attributes,
-            record_exception=False,
-            set_status_on_exception=False,
-        ) as span:
-            yield span
+            attributes={
+                GEN_AI_OPERATION_NAME: "execute_tool",
+                GEN_AI_TOOL_NAME: name,
+                GEN_AI_TOOL_CALL_ID: call_id,
+                GEN_AI_TOOL_TYPE: "function",
+            },
+        )
 
     @staticmethod
-    @contextmanager
-    def use_span(span: Span) -> Iterator[None]:
-        """Make `span` current inside the block (without ending it)."""
-        token = otel_context.attach(trace.set_span_in_context(span))
-        try:
-            yield
-        finally:
-            otel_context.detach(token)
+    def activate(span: Span) -> Token[Context]:
+        """Make `span` current; returns the token for `deactivate`."""
+        return otel_context.attach(trace.set_span_in_context(span))
+
+    @staticmethod
+    def deactivate(token: Token[Context]) -> None:
+        """Restore the context from before `activate`."""
+        otel_context.detach(token)
 
     @staticmethod
     def end_step(span: Span, turn: AgentTurn, kind: str, error: BaseException | None) -> None:
         """Describe how the step left the turn, mark a failed turn as an error, and end the span."""
         if span.is_recording():
-            span.set_attribute(STEP_KIND, kind)
-            span.set_attribute(TURN_STATUS, turn.status.value)
-            span.set_attribute(TURN_STEPS, turn.steps)
+            span.set_attributes({STEP_KIND: kind, TURN_STATUS: turn.status.value, TURN_STEPS: turn.steps})
+            if turn.status is AgentTurnStatus.RETRY_SCHEDULED and turn.next_retry_at is not None:
+                span.add_event(
+                    "agent_runner.retry_scheduled",
+                    {TURN_ATTEMPT: turn.attempt, "agent_runner.turn.next_retry_at": turn.next_retry_at.isoformat()},
+                )
             if turn.status is AgentTurnStatus.FAILED:
                 if error is not None:
                     span.record_exception(error)
@@ -252,24 +269,6 @@ class TurnTracer:
         """Add an event to `span` if it records."""
         if span.is_recording():
             span.add_event(name, dict(attributes))
-
-    @staticmethod
-    def add_turn_event(event: AgentEvent) -> None:
-        """Note a runner event (suspended, resumed, retry scheduled, ended) on the current span."""
-        span = trace.get_current_span()
-        if not span.is_recording():
-            return
-        attributes: dict[str, Any] = {TURN_ID: event.turn_id}
-        for key, value in event.data.items():
-            if key in _EVENT_FIELDS and isinstance(value, str | int | float | bool):
-                attributes[f"agent_runner.{key}"] = value
-        span.add_event(f"agent_runner.{event.type.value.lower()}", attributes)
-
-
-_EVENT_FIELDS = frozenset(
-    {"status", "suspension_type", "correlation_id", "attempt", "next_retry_at", "error", "command", "tool_call_id"}
-    | {"child_turn_id", "reason", "form_key"}
-)
 
 
 def _links(parent: SpanContext) -> Sequence[Link]:

@@ -83,7 +83,7 @@ def test_a_turn_with_a_form_an_approval_a_retry_and_a_child_is_one_trace_of_gena
     # And model calls are `chat {model}` spans with the GenAI attributes, under their steps
     chats = tracing.named("chat ")
     assert len(chats) == 5 + 2
-    root_chats = [c for c in chats if c.attributes["gen_ai.agent.id"] == "assistant"]
+    root_chats = [c for c in chats if _parent(c, spans).attributes["gen_ai.agent.id"] == "assistant"]  # type: ignore[union-attr]
     assert {c.name for c in root_chats} == {f"chat {MODEL_NAME}"}
     for chat in root_chats:
         assert chat.attributes["gen_ai.operation.name"] == "chat"
