@@ -86,7 +86,8 @@ def instrument(
         tracing: Make spans (default: when `tracing_available()`). They are recorded only
             once a tracer provider exists: `tracer_provider`, one the application installed,
             or the one configured here from OTEL_* (see `tracing.configure_tracing`).
-        metrics: Record Prometheus metrics (default: `metrics_enabled()`).
+        metrics: Record Prometheus metrics (default: `metrics_enabled()`). Metrics switched off
+            for the process (AGENT_RUNNER_METRICS=off, `set_metrics_enabled(False)`) stay off.
         tracer_provider: Send spans here instead of to the global provider.
 
     Returns:
