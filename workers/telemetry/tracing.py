@@ -52,7 +52,6 @@ GEN_AI_USAGE_INPUT_TOKENS = "gen_ai.usage.input_tokens"
 GEN_AI_USAGE_OUTPUT_TOKENS = "gen_ai.usage.output_tokens"
 GEN_AI_TOOL_NAME = "gen_ai.tool.name"
 GEN_AI_TOOL_CALL_ID = "gen_ai.tool.call.id"
-GEN_AI_TOOL_TYPE = "gen_ai.tool.type"
 GEN_AI_AGENT_ID = "gen_ai.agent.id"
 GEN_AI_AGENT_NAME = "gen_ai.agent.name"
 GEN_AI_CONVERSATION_ID = "gen_ai.conversation.id"
@@ -65,7 +64,6 @@ PARENT_TURN_ID = "agent_runner.turn.parent_id"
 AGENT_VERSION = "agent_runner.agent.version"
 TURN_ATTEMPT = "agent_runner.turn.attempt"
 TURN_STATUS = "agent_runner.turn.status"
-TURN_STEPS = "agent_runner.turn.steps"
 STEP_KIND = "agent_runner.step.kind"
 
 _W3C = TraceContextTextMapPropagator()
@@ -173,9 +171,10 @@ class TurnTracer:
     def start_step(self, turn: AgentTurn) -> Span:
         """Start the span of one step of `turn` (not made current; see `use_span`)."""
         parent = stored_span_context(turn)
+        # Few attributes on purpose: the SDK checks each one, on every step. The turn's
+        # creation span carries the rest (agent version, parent, conversation).
         attributes: dict[str, Any] = {
             GEN_AI_AGENT_ID: turn.agent_id,
-            GEN_AI_AGENT_NAME: turn.agent_id,
             TURN_ID: turn.id,
             ROOT_TURN_ID: turn.root_turn_id,
             TURN_ATTEMPT: turn.attempt,
@@ -201,12 +200,7 @@ class TurnTracer:
         return self.tracer.start_span(
             f"execute_tool {name}",
             kind=SpanKind.INTERNAL,
-            attributes={
-                GEN_AI_OPERATION_NAME: "execute_tool",
-                GEN_AI_TOOL_NAME: name,
-                GEN_AI_TOOL_CALL_ID: call_id,
-                GEN_AI_TOOL_TYPE: "function",
-            },
+            attributes={GEN_AI_OPERATION_NAME: "execute_tool", GEN_AI_TOOL_NAME: name, GEN_AI_TOOL_CALL_ID: call_id},
         )
 
     @staticmethod
@@ -223,7 +217,7 @@ class TurnTracer:
     def end_step(span: Span, turn: AgentTurn, kind: str, error: BaseException | None) -> None:
         """Describe how the step left the turn, mark a failed turn as an error, and end the span."""
         if span.is_recording():
-            span.set_attributes({STEP_KIND: kind, TURN_STATUS: turn.status.value, TURN_STEPS: turn.steps})
+            span.set_attributes({STEP_KIND: kind, TURN_STATUS: turn.status.value})
             if turn.status is AgentTurnStatus.RETRY_SCHEDULED and turn.next_retry_at is not None:
                 span.add_event(
                     "agent_runner.retry_scheduled",
@@ -261,8 +255,12 @@ class TurnTracer:
         """Put a model response's token counts on its span."""
         usage = getattr(response, "usage", None)
         if usage is not None and span.is_recording():
-            span.set_attribute(GEN_AI_USAGE_INPUT_TOKENS, int(usage.input_tokens))
-            span.set_attribute(GEN_AI_USAGE_OUTPUT_TOKENS, int(usage.output_tokens))
+            span.set_attributes(
+                {
+                    GEN_AI_USAGE_INPUT_TOKENS: int(usage.input_tokens),
+                    GEN_AI_USAGE_OUTPUT_TOKENS: int(usage.output_tokens),
+                }
+            )
 
     @staticmethod
     def add_event(span: Span, name: str, attributes: Mapping[str, Any]) -> None:
