@@ -46,7 +46,7 @@ class TourModel:
         """The next response of the scenario."""
         messages = request.messages
         start = max(i for i, m in enumerate(messages) if isinstance(m, UserMessage))
-        task = messages[start].content
+        task = messages[start].content or ""
         since = messages[start + 1 :]
         responses = sum(1 for m in since if isinstance(m, AiMessage))
         results = [m for m in since if isinstance(m, ToolMessage)]

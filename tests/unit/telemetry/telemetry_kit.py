@@ -68,6 +68,10 @@ class NamedModel(ScriptedChatModel):
         self.model = model
 
 
+def _calls(*calls: ToolCall) -> ChatResponse:
+    return ChatResponse(message=AiMessage(tool_calls=list(calls)), usage=USAGE)
+
+
 def build_agent(log: Callable[[str], None] = lambda _: None) -> Agent:
     """A fresh assistant (its script and its flaky tool start over)."""
     failures = {"left": 1}
@@ -96,18 +100,21 @@ def build_agent(log: Callable[[str], None] = lambda _: None) -> Agent:
         description="Adds numbers.",
         chat_model=NamedModel(
             "helper-model",
-            [AiMessage(tool_calls=[ToolCall("c1", "add", {"a": 1, "b": 2})]), ChatResponse(AiMessage("3"), USAGE)],
+            [
+                AiMessage(tool_calls=[ToolCall(id="c1", name="add", arguments={"a": 1, "b": 2})]),
+                ChatResponse(message=AiMessage(content="3"), usage=USAGE),
+            ],
         ),
         tools=[add],
     )
     model = NamedModel(
         MODEL_NAME,
         [
-            ChatResponse(AiMessage(tool_calls=[ToolCall("f1", "request_user_input", {"formKey": "details"})]), USAGE),
-            ChatResponse(AiMessage(tool_calls=[ToolCall("a1", "approved_write", {"effect": "x"})]), USAGE),
-            ChatResponse(AiMessage(tool_calls=[ToolCall("r1", "flaky_write", {"effect": "y"})]), USAGE),
-            ChatResponse(AiMessage(tool_calls=[ToolCall("d1", "helper", {"task": "add 1 and 2"})]), USAGE),
-            ChatResponse(AiMessage("all done"), USAGE),
+            _calls(ToolCall(id="f1", name="request_user_input", arguments={"formKey": "details"})),
+            _calls(ToolCall(id="a1", name="approved_write", arguments={"effect": "x"})),
+            _calls(ToolCall(id="r1", name="flaky_write", arguments={"effect": "y"})),
+            _calls(ToolCall(id="d1", name="helper", arguments={"task": "add 1 and 2"})),
+            ChatResponse(message=AiMessage(content="all done"), usage=USAGE),
         ],
     )
     return Agent(

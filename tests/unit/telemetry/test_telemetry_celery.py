@@ -83,8 +83,8 @@ def test_a_step_task_names_its_turn_for_the_logs_until_it_ends(telemetry: Celery
     after = _record()
     logs.StepContextFilter().filter(after)
 
-    assert record.turn_id == "turn-9"  # type: ignore[attr-defined]
-    assert after.turn_id is None  # type: ignore[attr-defined]
+    assert record.turn_id == "turn-9"
+    assert after.turn_id is None
     assert current_step() is None
 
 

@@ -98,7 +98,7 @@ def test_the_scenario_moves_each_counter_by_what_happened() -> None:
 def test_a_lease_lost_mid_step_counts_a_takeover_and_an_error_step() -> None:
     runner = new_runner()
     instrument(runner, tracing=False)
-    agent = Agent(id="fenced", chat_model=ScriptedChatModel([AiMessage("hello")]))
+    agent = Agent(id="fenced", chat_model=ScriptedChatModel([AiMessage(content="hello")]))
     turn = runner.start(agent, "hi")
     runner.turn_store.save(turn.model_copy(update={"lease_fence": 5}), turn.version)
     delta = Delta(

@@ -6,9 +6,10 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 from opentelemetry.sdk.trace import ReadableSpan
@@ -33,6 +34,12 @@ from workers.telemetry.tracing import (
 )
 
 ROOT = Path(__file__).resolve().parents[3]
+
+
+def attrs(span: ReadableSpan | None) -> Mapping[str, Any]:
+    """A finished span's attributes (the SDK types them as optional)."""
+    assert span is not None and span.attributes is not None
+    return span.attributes
 
 
 def _by_id(spans: list[ReadableSpan]) -> dict[int, ReadableSpan]:
@@ -74,8 +81,8 @@ def test_a_turn_with_a_form_an_approval_a_retry_and_a_child_is_one_trace_of_gena
     # And the child turn was created by the parent's delegating step, and its steps hang below that
     (child_created,) = tracing.named("create_turn helper")
     delegating = _parent(child_created, spans)
-    assert delegating is not None and delegating.attributes["agent_runner.step.kind"] == "children"
-    assert child_created.attributes["agent_runner.turn.parent_id"] == turn.id
+    assert delegating is not None and attrs(delegating)["agent_runner.step.kind"] == "children"
+    assert attrs(child_created)["agent_runner.turn.parent_id"] == turn.id
     child_steps = tracing.named("step helper")
     assert len(child_steps) == 3
     assert all(_parent(s, spans) is child_created for s in child_steps)
@@ -83,19 +90,19 @@ def test_a_turn_with_a_form_an_approval_a_retry_and_a_child_is_one_trace_of_gena
     # And model calls are `chat {model}` spans with the GenAI attributes, under their steps
     chats = tracing.named("chat ")
     assert len(chats) == 5 + 2
-    root_chats = [c for c in chats if _parent(c, spans).attributes["gen_ai.agent.id"] == "assistant"]  # type: ignore[union-attr]
+    root_chats = [c for c in chats if attrs(_parent(c, spans))["gen_ai.agent.id"] == "assistant"]
     assert {c.name for c in root_chats} == {f"chat {MODEL_NAME}"}
     for chat in root_chats:
-        assert chat.attributes["gen_ai.operation.name"] == "chat"
-        assert chat.attributes["gen_ai.request.model"] == MODEL_NAME
-        assert chat.attributes["gen_ai.usage.input_tokens"] == USAGE.input_tokens
-        assert chat.attributes["gen_ai.usage.output_tokens"] == USAGE.output_tokens
+        assert attrs(chat)["gen_ai.operation.name"] == "chat"
+        assert attrs(chat)["gen_ai.request.model"] == MODEL_NAME
+        assert attrs(chat)["gen_ai.usage.input_tokens"] == USAGE.input_tokens
+        assert attrs(chat)["gen_ai.usage.output_tokens"] == USAGE.output_tokens
         step = _parent(chat, spans)
         assert step is not None and step.name == "step assistant"
-        assert step.attributes["agent_runner.step.kind"] == "model"
+        assert attrs(step)["agent_runner.step.kind"] == "model"
 
     # And tool calls are `execute_tool {name}` spans; the form tool is never executed
-    tools = {(s.name, s.attributes["gen_ai.tool.call.id"], s.status.status_code) for s in tracing.named("execute_tool")}
+    tools = {(s.name, attrs(s)["gen_ai.tool.call.id"], s.status.status_code) for s in tracing.named("execute_tool")}
     assert tools == {
         ("execute_tool approved_write", "a1", StatusCode.UNSET),
         ("execute_tool flaky_write", "r1", StatusCode.ERROR),
@@ -103,29 +110,29 @@ def test_a_turn_with_a_form_an_approval_a_retry_and_a_child_is_one_trace_of_gena
         ("execute_tool add", "c1", StatusCode.UNSET),
     }
     for span in tracing.named("execute_tool"):
-        assert span.attributes["gen_ai.operation.name"] == "execute_tool"
-        assert span.attributes["gen_ai.tool.name"] == span.name.removeprefix("execute_tool ")
+        assert attrs(span)["gen_ai.operation.name"] == "execute_tool"
+        assert attrs(span)["gen_ai.tool.name"] == span.name.removeprefix("execute_tool ")
 
     # And the failed attempt carries its exception; its step left the turn waiting for the retry
     (failed,) = [s for s in tracing.named("execute_tool flaky_write") if s.status.status_code is StatusCode.ERROR]
-    assert failed.attributes["error.type"] == "RecoverableError"
+    assert attrs(failed)["error.type"] == "RecoverableError"
     assert [e.name for e in failed.events] == ["exception"]
     retry_step = _parent(failed, spans)
-    assert retry_step is not None and retry_step.attributes["agent_runner.turn.status"] == "RETRY_SCHEDULED"
+    assert retry_step is not None and attrs(retry_step)["agent_runner.turn.status"] == "RETRY_SCHEDULED"
     assert any(e.name == "agent_runner.retry_scheduled" for e in retry_step.events)
 
     # And the steps tell what they did, with the turn's attributes
-    kinds = [s.attributes["agent_runner.step.kind"] for s in sorted(root_steps, key=lambda s: s.start_time or 0)]
+    kinds = [attrs(s)["agent_runner.step.kind"] for s in sorted(root_steps, key=lambda s: s.start_time or 0)]
     assert kinds == ["model", "suspend", "model", "suspend", "tool", "model", "tool", "tool", "model", "children"] + [
         "tool",
         "model",
     ]
     for step in root_steps:
-        assert step.attributes["agent_runner.turn.id"] == turn.id
-        assert step.attributes["agent_runner.turn.root_id"] == turn.id
-        assert step.attributes["gen_ai.agent.id"] == "assistant"
-        assert isinstance(step.attributes["agent_runner.turn.attempt"], int)
-    assert root_steps[-1].attributes["agent_runner.turn.status"] == "COMPLETED"
+        assert attrs(step)["agent_runner.turn.id"] == turn.id
+        assert attrs(step)["agent_runner.turn.root_id"] == turn.id
+        assert attrs(step)["gen_ai.agent.id"] == "assistant"
+        assert isinstance(attrs(step)["agent_runner.turn.attempt"], int)
+    assert attrs(root_steps[-1])["agent_runner.turn.status"] == "COMPLETED"
 
 
 def test_a_turn_created_with_no_current_span_still_keeps_one_trace_for_all_its_steps() -> None:
@@ -202,10 +209,10 @@ def test_a_failing_model_call_marks_its_chat_span_and_step_as_errors() -> None:
     assert turn.status is AgentTurnStatus.FAILED
     (chat,) = tracing.named("chat ")
     assert chat.status.status_code is StatusCode.ERROR
-    assert chat.attributes["error.type"] == "ValueError"
+    assert attrs(chat)["error.type"] == "ValueError"
     (step,) = tracing.named("step broken")
     assert step.status.status_code is StatusCode.ERROR
-    assert step.attributes["agent_runner.turn.status"] == "FAILED"
+    assert attrs(step)["agent_runner.turn.status"] == "FAILED"
     assert [e.name for e in step.events if e.name == "exception"] == ["exception"]
 
 
@@ -213,7 +220,7 @@ def test_a_step_refused_by_the_lease_fence_is_an_error_span() -> None:
     tracing = Tracing()
     runner = new_runner()
     instrument(runner, tracer_provider=tracing.provider, metrics=False)
-    agent = Agent(id="plain", chat_model=ScriptedChatModel([AiMessage("hello")]))
+    agent = Agent(id="plain", chat_model=ScriptedChatModel([AiMessage(content="hello")]))
     turn = runner.start(agent, "hi")
     # Another worker saved the turn under a newer lease meanwhile.
     runner.turn_store.save(turn.model_copy(update={"lease_fence": 5}), turn.version)
@@ -224,8 +231,8 @@ def test_a_step_refused_by_the_lease_fence_is_an_error_span() -> None:
 
     (step,) = tracing.named("step plain")
     assert step.status.status_code is StatusCode.ERROR
-    assert step.attributes["error.type"] == "LeaseLostError"
-    assert step.attributes["agent_runner.step.kind"] == "error"
+    assert attrs(step)["error.type"] == "LeaseLostError"
+    assert attrs(step)["agent_runner.step.kind"] == "error"
 
 
 def test_the_task_that_runs_a_step_links_to_the_span_that_enqueued_it() -> None:
@@ -233,7 +240,7 @@ def test_the_task_that_runs_a_step_links_to_the_span_that_enqueued_it() -> None:
     runner = new_runner()
     instrument(runner, tracer_provider=tracing.provider, metrics=False)
     tracer = tracing.provider.get_tracer("test")
-    agent = Agent(id="plain", chat_model=ScriptedChatModel([AiMessage("hello")]))
+    agent = Agent(id="plain", chat_model=ScriptedChatModel([AiMessage(content="hello")]))
     turn = runner.start(agent, "hi")
 
     # Given the headers a publisher wrote from inside its span
@@ -283,7 +290,7 @@ from workers.telemetry import instrument
 from workers.telemetry.tracing import flush_tracing
 runner = AgentRunner()
 instrument(runner, service_name="my-service")
-turn = runner.run(Agent(id="plain", chat_model=ScriptedChatModel([AiMessage("hello")])), "hi")
+turn = runner.run(Agent(id="plain", chat_model=ScriptedChatModel([AiMessage(content="hello")])), "hi")
 flush_tracing()
 print("STATUS", turn.status, json.dumps(turn.trace_context))
 """
@@ -305,7 +312,7 @@ from agent_runner import Agent, AgentRunner, AiMessage, ScriptedChatModel
 from workers.telemetry import instrument
 runner = AgentRunner()
 instrument(runner)
-print("STATUS", runner.run(Agent(id="plain", chat_model=ScriptedChatModel([AiMessage("hello")])), "hi").status)
+print("STATUS", runner.run(Agent(id="plain", chat_model=ScriptedChatModel([AiMessage(content="hello")])), "hi").status)
 """
     result = _run_script(code, {"OTEL_TRACES_EXPORTER": "zipkin_thrift"})
 
