@@ -14,7 +14,9 @@ so drift on the machine hits every variant alike:
 - `metrics`: Prometheus metrics only;
 - `tracing`: SDK tracer provider with a batch processor and an exporter that drops the
   spans (the cost inside the step, not the network's), no metrics;
-- `tracing + metrics`: both, as a worker runs with OTEL_* set and a metrics port.
+- `tracing + metrics`: both, as a worker runs with OTEL_* set and a metrics port;
+- `1/10 traced + metrics`: the same with one turn tree in ten sampled
+  (`OTEL_TRACES_SAMPLER=parentbased_traceidratio`, `OTEL_TRACES_SAMPLER_ARG=0.1`).
 
 The same variants on the in-memory store show the worst case: there a step costs tens of
 microseconds, so the telemetry's fixed cost per step weighs the most.
@@ -38,6 +40,7 @@ from typing import Any
 from _common import Stat, arguments, log, pg_schema, steps_per_turn, w_agent, write_results
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 
 import store
 from agent_runner import AgentEvent, AgentExecutionPolicy, AgentRunner, InMemoryAgentTurnStore
@@ -61,8 +64,9 @@ class DroppingExporter(SpanExporter):
         return None
 
 
-def tracer_provider(exporter: DroppingExporter) -> TracerProvider:
-    provider = TracerProvider()
+def tracer_provider(exporter: DroppingExporter, sampled: float = 1.0) -> TracerProvider:
+    # Sampling is decided once per turn tree, when its root is created; its steps follow.
+    provider = TracerProvider(sampler=ParentBased(TraceIdRatioBased(sampled)))
     # A queue deep enough that no span is dropped: dropping would hide part of the cost.
     provider.add_span_processor(BatchSpanProcessor(exporter, max_queue_size=1 << 20, max_export_batch_size=2048))
     return provider
@@ -75,7 +79,7 @@ def _ignore(event: AgentEvent) -> None:
 Variant = tuple[str, Callable[[AgentRunner], None]]
 
 
-def variants(provider: TracerProvider) -> list[Variant]:
+def variants(provider: TracerProvider, sampled_provider: TracerProvider) -> list[Variant]:
     return [
         ("off", lambda runner: None),
         # What any event listener costs: the runner then builds an event object for everything
@@ -90,6 +94,12 @@ def variants(provider: TracerProvider) -> list[Variant]:
         (
             "tracing + metrics",
             lambda runner: None if instrument(runner, tracing=True, metrics=True, tracer_provider=provider) else None,
+        ),
+        (
+            "1/10 traced + metrics",
+            lambda runner: (
+                None if instrument(runner, tracing=True, metrics=True, tracer_provider=sampled_provider) else None
+            ),
         ),
     ]
 
@@ -107,10 +117,10 @@ def run_turns(runner: AgentRunner, turns: int) -> tuple[float, float]:
 
 
 def compare(
-    store_factory: Callable[[], AgentTurnStore], turns: int, reps: int, provider: TracerProvider
+    store_factory: Callable[[], AgentTurnStore], turns: int, reps: int, providers: tuple[TracerProvider, TracerProvider]
 ) -> dict[str, Any]:
     runners: dict[str, AgentRunner] = {}
-    for name, setup in variants(provider):
+    for name, setup in variants(*providers):
         runner = AgentRunner(turn_store=store_factory(), policy=AgentExecutionPolicy(max_steps=1000))
         setup(runner)
         runners[name] = runner
@@ -149,7 +159,7 @@ def compare(
             )
         results[name] = entry
         log(
-            f"    {name:<18} {entry['steps_per_s']['median']:>8,.0f} steps/s,"
+            f"    {name:<22} {entry['steps_per_s']['median']:>8,.0f} steps/s,"
             f" {entry['cpu_us_per_step']['median']:>6.0f} us CPU per step{shown}"
         )
     return results
@@ -160,22 +170,24 @@ def main() -> None:
     reps = 7 if args.quick else 35
     scale = 0.5 if args.quick else 1.0
     exporter = DroppingExporter()
-    provider = tracer_provider(exporter)
+    providers = (tracer_provider(exporter), tracer_provider(exporter, sampled=0.1))
     results: dict[str, Any] = {"workload": f"W K={K}", "steps_per_turn": steps_per_turn(K)}
     with pg_schema("bench_otel") as (url, schema):
         engine = store.make_engine(url)
         try:
             log(f"telemetry overhead: durable step (PostgreSQL), {reps} repetitions")
             results["durable"] = compare(
-                lambda: store.SqlAgentTurnStore(engine), max(1, round(2 * scale)), reps, provider
+                lambda: store.SqlAgentTurnStore(engine), max(1, round(2 * scale)), reps, providers
             )
         finally:
             engine.dispose()
     log(f"telemetry overhead: in-memory step, {reps} repetitions")
-    results["in_memory"] = compare(InMemoryAgentTurnStore, max(5, round(20 * scale)), reps, provider)
-    provider.force_flush()
+    results["in_memory"] = compare(InMemoryAgentTurnStore, max(5, round(20 * scale)), reps, providers)
+    for provider in providers:
+        provider.force_flush()
     results["spans_exported"] = exporter.spans
-    provider.shutdown()
+    for provider in providers:
+        provider.shutdown()
     durable = results["durable"]["tracing + metrics"]["ratio_to_off"]["median"]
     log(f"durable step with tracing and metrics: {durable:.3f} of the speed without (goal: at least 0.9)")
     write_results(args.json, results)
