@@ -178,6 +178,14 @@ class MetricsServer:
         self._server.server_close()
         self._thread.join(5)
 
+    def forget_in_child(self) -> None:
+        """In a process forked from the server's (a pool process), close the inherited listening socket.
+
+        The serving thread did not survive the fork; only the socket did, and it would keep
+        the port bound as long as the child lives.
+        """
+        self._server.socket.close()
+
 
 def serve(port: int, addr: str, directory: str | None) -> MetricsServer:
     """Start a `/metrics` server for the default registry, or for the processes writing to `directory`."""

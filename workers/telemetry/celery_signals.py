@@ -113,6 +113,10 @@ class CeleryTelemetry:
 
     def on_worker_process_init(self, **_: Any) -> None:
         """Configure tracing in a new pool process (span exporters do not survive a fork)."""
+        if self.server is not None:
+            # Forked after the server started (a replaced pool process): drop its socket.
+            self.server.forget_in_child()
+            self.server = None
         if tracing_available():
             from workers.telemetry.tracing import configure_tracing
 

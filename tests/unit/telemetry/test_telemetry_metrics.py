@@ -278,3 +278,24 @@ def test_the_metrics_are_off_without_prometheus_client(tmp_path: Path) -> None:
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "False False"
+
+
+def test_a_pool_process_forked_after_the_server_started_lets_go_of_its_socket() -> None:
+    # The server thread does not survive a fork; the listening socket would, and keep the port bound.
+    code = """
+import os, urllib.request
+from workers.telemetry.metrics import serve_metrics
+server = serve_metrics(0, "127.0.0.1")
+pid = os.fork()
+if pid == 0:
+    server.forget_in_child()
+    os._exit(0 if server._server.socket.fileno() == -1 else 1)
+_, status = os.waitpid(pid, 0)
+with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/metrics", timeout=10) as response:
+    served = response.status
+server.close()
+print(os.waitstatus_to_exitcode(status), served)
+"""
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["0", "200"]
