@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -13,10 +13,25 @@ from telemetry_kit import Tracing
 
 import workers.beat
 import workers.tasks  # registers the tasks on the app
+from agent_runner import (
+    Agent,
+    AgentRunner,
+    AgentStepResult,
+    AgentTurn,
+    AiMessage,
+    InMemoryAgentTurnStore,
+    InMemoryTurnLease,
+    Lease,
+    Middleware,
+    ScriptedChatModel,
+)
 from agent_runner.telemetry import current_step
 from workers.app import app, settings
+from workers.settings import WorkerSettings
+from workers.tasks import advance
 from workers.telemetry import logs
 from workers.telemetry.celery_signals import ENQUEUED_AT_HEADER, TRACE_HEADER, CeleryTelemetry
+from workers.wiring import CeleryDispatcher, LeaseKeeper, Wiring
 
 assert workers.beat and workers.tasks
 
@@ -116,3 +131,46 @@ def test_an_eta_header_is_read_in_either_form() -> None:
     assert _timestamp((moment + timedelta(seconds=1)).isoformat()) == moment.timestamp() + 1
     assert _timestamp("not a date") is None
     assert _timestamp(None) is None
+
+
+class RefusedRenewals(InMemoryTurnLease):
+    """A lease backend that refuses every renewal, as when another worker has taken the lease over."""
+
+    def renew(self, lease: Lease, ttl_ms: int) -> bool:
+        return False
+
+
+class SlowStep(Middleware):
+    """Makes each step outlast a few lease heartbeats."""
+
+    def wrap_step(self, turn: AgentTurn, call_next: Callable[[AgentTurn], AgentStepResult]) -> AgentStepResult:
+        time.sleep(0.1)
+        return call_next(turn)
+
+
+def test_a_task_that_finds_its_lease_taken_over_counts_a_takeover_and_stops() -> None:
+    # Given a step task whose lease renewals are refused while its first step runs
+    settings = WorkerSettings.from_env({"AGENT_RUNNER_QUEUE": "q", "AGENT_RUNNER_STEPS_PER_TASK": "4"})
+    store = InMemoryAgentTurnStore()
+    runner = AgentRunner(turn_store=store, middleware=[SlowStep()])
+    agent = Agent(id="looker", chat_model=ScriptedChatModel([AiMessage(content="done")] * 3))
+    turn = runner.start(agent, "hi")
+    wiring = Wiring(
+        settings=settings,
+        celery_app=None,
+        runner=runner,
+        turn_store=store,  # type: ignore[arg-type]
+        inbox=None,  # type: ignore[arg-type]
+        lease=None,  # type: ignore[arg-type]
+        guard=None,  # type: ignore[arg-type]
+        dispatcher=CeleryDispatcher(None, settings),
+        keeper=LeaseKeeper(RefusedRenewals(), ttl_ms=30),
+        engine=None,  # type: ignore[arg-type]
+    )
+    before = _sample("agent_runner_lease_takeovers_total")
+
+    # When the task runs
+    advance(wiring, turn.id, turn.version)
+
+    # Then it stopped at the next boundary and counted one takeover
+    assert _sample("agent_runner_lease_takeovers_total") - before == 1
