@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from agent_runner import machine
+from agent_runner import machine, telemetry  # telemetry hook: trace context of new turns
 from agent_runner._base import new_id, utcnow
 from agent_runner._cas import AGAIN, retry_on_conflict
 from agent_runner._children import ChildTurns
@@ -461,6 +461,7 @@ class AgentRunner:
             created_at=now,
             updated_at=now,
         )
+        turn = telemetry.stamp_new_turn(self, turn)  # trace context of the new turn
         started = self._event(
             AgentEventType.TURN_STARTED, turn, 0, 0, {"agent_id": agent.id, "agent_version": agent.version}
         )

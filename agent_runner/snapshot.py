@@ -150,6 +150,9 @@ class AgentTurn(FrozenModel):
     child turns inherit it. None in a single-tenant deployment."""
     metadata: dict[str, Any] = Field(default_factory=dict)
     """Caller-supplied JSON data kept with the turn (for example a request or user id)."""
+    trace_context: dict[str, str] = Field(default_factory=dict)
+    """Trace context (W3C `traceparent`, `tracestate`) under which the turn was created, so that
+    every step, in any process, continues one trace; empty when no tracing was set up."""
 
     @model_validator(mode="before")
     @classmethod

@@ -29,6 +29,9 @@ misconfigured deployment fails at start-up rather than on the first turn.
 | `AGENT_RUNNER_RETRY_MULTIPLIER` | `2` | growth of the delay per attempt |
 | `AGENT_RUNNER_RETRY_MAX_BACKOFF_S` | `60` | longest retry delay |
 | `AGENT_RUNNER_RETRY_JITTER` | `0.1` | random fraction added to or removed from a delay |
+| `AGENT_RUNNER_METRICS_PORT` | none | a worker serves Prometheus `/metrics` on this port (main process, prefork-safe) |
+| `AGENT_RUNNER_METRICS_ADDR` | `0.0.0.0` | address the worker's metrics port binds to |
+| `AGENT_RUNNER_LOG_FORMAT` | `text` | `json`: one JSON object per log line, with the turn of the step being run |
 """
 
 from __future__ import annotations
@@ -97,6 +100,9 @@ class WorkerSettings:
     retry_multiplier: float = 2.0
     retry_max_backoff_s: float = 60.0
     retry_jitter: float = 0.1
+    metrics_port: int | None = None
+    metrics_addr: str = "0.0.0.0"
+    log_format: str = "text"
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> WorkerSettings:
@@ -130,6 +136,9 @@ class WorkerSettings:
             retry_multiplier=_number(env, "AGENT_RUNNER_RETRY_MULTIPLIER", 2.0, float, minimum=1.0),
             retry_max_backoff_s=_number(env, "AGENT_RUNNER_RETRY_MAX_BACKOFF_S", 60.0, float, minimum=0.0),
             retry_jitter=_number(env, "AGENT_RUNNER_RETRY_JITTER", 0.1, float, minimum=0.0, maximum=1.0),
+            metrics_port=_optional_port(env, "AGENT_RUNNER_METRICS_PORT"),
+            metrics_addr=_text(env, "AGENT_RUNNER_METRICS_ADDR", "0.0.0.0"),
+            log_format=_choice(env, "AGENT_RUNNER_LOG_FORMAT", ("text", "json")),
         )
         settings._check_consistency(env)
         return settings
@@ -250,3 +259,18 @@ def _number(
     if maximum is not None and number > maximum:
         raise SettingsError(name, value, f"must be at most {maximum:g}")
     return number
+
+
+def _optional_port(env: Mapping[str, str], name: str) -> int | None:
+    if _raw(env, name) is None:
+        return None
+    return _number(env, name, 0, int, minimum=1, maximum=65535)
+
+
+def _choice(env: Mapping[str, str], name: str, choices: tuple[str, ...]) -> str:
+    value = _raw(env, name)
+    if value is None:
+        return choices[0]
+    if value.lower() not in choices:
+        raise SettingsError(name, value, f"expected one of {', '.join(choices)}")
+    return value.lower()

@@ -45,6 +45,7 @@ from workers import inbox
 from workers.app import app
 from workers.inbox import InboxOutcome
 from workers.names import DISPATCH_INBOX, STEP_TURN
+from workers.telemetry import record_lease_takeover
 from workers.wiring import Wiring, current
 
 logger = logging.getLogger("workers.tasks")
@@ -106,6 +107,8 @@ def advance(wiring: Wiring, turn_id: str, version: int) -> StepOutcome:
             may_continue=lambda: keeper.may_step(held),
         )
         last = result.turn
+        if held.lost:
+            record_lease_takeover()  # another worker took this turn's lease over mid-task
         if result.stopped is StopReason.FAILED:
             # The snapshot in the store is intact (every save is atomic): the turn stays as
             # last saved, and the follow-up decides when to try again.
