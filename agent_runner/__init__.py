@@ -15,7 +15,9 @@ from agent_runner.errors import (
     AgentRunnerError,
     DefinitionError,
     FormProtocolError,
+    InputLimitError,
     InvalidResumeCommand,
+    InvalidTextError,
     InvalidTransitionError,
     LeaseHeldError,
     LeaseLostError,
@@ -37,6 +39,7 @@ from agent_runner.in_memory import (
     InMemoryTurnLease,
 )
 from agent_runner.leasing import HeldLease, LeaseKeeper
+from agent_runner.limits import InputLimits
 from agent_runner.messages import (
     ActionStatus,
     AgentActionMessage,
@@ -113,6 +116,7 @@ __all__ = [
     "AgentStepResult",
     "AgentWorker",
     "Budget",
+    "InputLimits",
     "Middleware",
     "RetryPolicy",
     "StopReason",
@@ -144,7 +148,9 @@ __all__ = [
     "AgentRunnerError",
     "DefinitionError",
     "FormProtocolError",
+    "InputLimitError",
     "InvalidResumeCommand",
+    "InvalidTextError",
     "InvalidTransitionError",
     "LeaseHeldError",
     "LeaseLostError",

@@ -16,8 +16,9 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from agent_runner.agent import Agent
-from agent_runner.errors import InvalidResumeCommand, InvalidTransitionError, ToolArgumentsError
+from agent_runner.errors import InputLimitError, InvalidResumeCommand, InvalidTransitionError, ToolArgumentsError
 from agent_runner.forms import AgentFormDefinition, validate_form_data
+from agent_runner.limits import MAX_JSON_DEPTH, InputLimits, check_tool_arguments, preview
 from agent_runner.messages import ActionStatus, AiMessage, ModelMessage, ToolCall, ToolMessage, UserMessage
 from agent_runner.models import ChatResponse
 from agent_runner.policy import AgentExecutionPolicy
@@ -145,7 +146,7 @@ def plan_step(turn: AgentTurn, agent: Agent, policy: AgentExecutionPolicy) -> St
                 S.MAX_ITERATIONS_REACHED, f"the turn reached its limit of {agent.max_iterations} model calls"
             )
         return CallModel()
-    return _plan_tool(turn, agent, turn.pending_tool_calls[0])
+    return _plan_tool(turn, agent, turn.pending_tool_calls[0], policy.limits)
 
 
 def budget_exceeded(turn: AgentTurn, agent: Agent) -> str | None:
@@ -158,7 +159,17 @@ def budget_exceeded(turn: AgentTurn, agent: Agent) -> str | None:
     return None
 
 
-def _plan_tool(turn: AgentTurn, agent: Agent, call: ToolCall) -> StepPlan:
+def _plan_tool(turn: AgentTurn, agent: Agent, call: ToolCall, limits: InputLimits) -> StepPlan:
+    try:
+        # Before anything copies the arguments into a suspension or a page message.
+        check_tool_arguments(limits, call.arguments)
+    except InputLimitError as exc:
+        return WriteToolResult(
+            call,
+            f"The arguments for tool {preview(call.name, 64)!r} were refused, so the tool was not run: found "
+            f"{exc.found}, allowed {exc.limit}. Call it again with arguments within this limit.",
+            True,
+        )
     invalid = call.arguments.get(INVALID_ARGUMENTS_KEY)
     if isinstance(invalid, dict) and len(call.arguments) == 1:
         return WriteToolResult(
@@ -174,7 +185,7 @@ def _plan_tool(turn: AgentTurn, agent: Agent, call: ToolCall) -> StepPlan:
     if tool is None:
         known = sorted([t.name for t in agent.tools] + [a.id for a in agent.sub_agents])
         return WriteToolResult(
-            call, f"Unknown tool {call.name!r}. Available tools: {', '.join(known) or 'none'}.", True
+            call, f"Unknown tool {preview(call.name, 64)!r}. Available tools: {', '.join(known) or 'none'}.", True
         )
     if isinstance(tool, AgentUserInputTool):
         return _plan_user_input(turn, tool, call)
@@ -185,7 +196,7 @@ def _plan_tool(turn: AgentTurn, agent: Agent, call: ToolCall) -> StepPlan:
             # Nobody should be asked to approve a call that cannot run.
             return WriteToolResult(call, str(exc), True)
         masked = tool.masked_arguments(call.arguments)
-        summary = f"{tool.name}({', '.join(f'{k}={v!r}' for k, v in masked.items())})"
+        summary = f"{tool.name}({', '.join(f'{k}={preview(repr(v))}' for k, v in masked.items())})"
         suspension = AgentSuspension(
             type=SuspensionType.TOOL_APPROVAL,
             correlation_id=call.id,
@@ -545,7 +556,8 @@ def _resume_user_input(
     call = _check_call_id(turn, suspension, command)
     form = suspension.form
     schema = form.schema if form is not None else {"type": "object"}
-    errors = validate_form_data(schema, command.data)
+    # The runner checked the depth against the policy's limit; this bound only protects the validator.
+    errors = validate_form_data(schema, command.data, max_depth=MAX_JSON_DEPTH)
     if errors:
         raise InvalidResumeCommand(
             f"form data for call {call.id!r} does not match the form's schema: " + "; ".join(errors),

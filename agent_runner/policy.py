@@ -10,6 +10,7 @@ from pydantic import Field, field_validator, model_validator
 
 from agent_runner._base import PositionalModel
 from agent_runner.errors import DefinitionError
+from agent_runner.limits import InputLimits
 
 TEMPLATE_FIELDS = frozenset({"reason", "turn_id", "tool_call_id", "tool_name"})
 
@@ -83,6 +84,8 @@ class AgentExecutionPolicy(PositionalModel):
     interrupted_tool_message_template: str = "Tool call {tool_name} was not completed: {reason}"
     interrupted_turn_message_template: str = "This turn ended before it was finished: {reason}"
     cancellation_reason: str = "turn cancelled by caller"
+    limits: InputLimits = Field(default_factory=InputLimits)
+    """Size and depth limits on caller input and model output."""
 
     @field_validator("interrupted_tool_message_template")
     @classmethod

@@ -41,6 +41,7 @@ from agent_runner.errors import (
 from agent_runner.events import AgentEvent, AgentEventListener, AgentEventType
 from agent_runner.in_memory import InMemoryAgentTurnStore
 from agent_runner.leasing import HeldLease
+from agent_runner.limits import check_resume_input, check_turn_input
 from agent_runner.messages import AiMessage, ModelMessage, SystemMessage, ToolCall, ToolMessage, UserMessage
 from agent_runner.middleware import Middleware, chain
 from agent_runner.models import ChatRequest, ChatResponse
@@ -433,6 +434,7 @@ class AgentRunner:
         tenant_id: str | None = None,
         metadata: dict[str, Any] | None = None,
     ) -> AgentTurn:
+        check_turn_input(self.policy.limits, message, history, conversation_id, tenant_id, metadata)
         agent = self._resolve_agent(agent_ref)
         user = UserMessage(content=message) if isinstance(message, str) else message
         if not isinstance(user, UserMessage):
@@ -627,6 +629,7 @@ class AgentRunner:
     # --- Resume ------------------------------------------------------------------------------
 
     def _apply_resume(self, turn_id: str, command: AgentResumeCommand) -> AgentTurn:
+        check_resume_input(self.policy.limits, turn_id, command)
         if command.type is ResumeType.CHILD_COMPLETED:
             turn = self.turn_store.load(turn_id)
             try:
