@@ -46,6 +46,7 @@ from agent_runner.snapshot import RUNNABLE_STATUSES
 from store import InboxMessage
 from workers.app import app
 from workers.names import DISPATCH_INBOX, STEP_TURN
+from workers.task_arguments import checked_arguments
 from workers.wiring import Wiring, current
 
 logger = logging.getLogger("workers.tasks")
@@ -64,6 +65,8 @@ class StepOutcome(StrEnum):
     NOT_FOUND = "not-found"
     NOT_RUNNABLE = "not-runnable"
     NOT_DUE = "not-due"
+    REJECTED = "rejected"
+    """The message's arguments did not fit the task (forged or corrupted); it was dropped."""
 
 
 class InboxOutcome(StrEnum):
@@ -75,6 +78,8 @@ class InboxOutcome(StrEnum):
     BUSY = "busy"
     FAILED = "failed"
     NO_AGENT = "no-agent"
+    REJECTED = "rejected"
+    """The message's arguments did not fit the task (forged or corrupted); it was dropped."""
 
 
 # --- step_turn --------------------------------------------------------------------------------
@@ -168,6 +173,7 @@ def _follow_up(wiring: Wiring, last: AgentTurn, error: Exception | None) -> None
         wiring.dispatcher.send_step(latest.turn_id, latest.version)
 
 
+@checked_arguments(STEP_TURN, StepOutcome.REJECTED.value)
 def _step_turn(turn_id: str, version: int) -> str:
     """Advance the turn by up to `AGENT_RUNNER_STEPS_PER_TASK` steps if this delivery is current."""
     return advance(current(), turn_id, version).value
@@ -259,6 +265,7 @@ def turn_started_from(wiring: Wiring, conversation_id: str, message_id: str) -> 
     return min(carrying, key=lambda t: t.created_at).id
 
 
+@checked_arguments(DISPATCH_INBOX, InboxOutcome.REJECTED.value)
 def _dispatch_inbox(conversation_id: str) -> str:
     """Start a turn from the conversation's next queued message if the conversation is idle."""
     return start_next_message(current(), conversation_id).value
