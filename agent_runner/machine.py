@@ -18,7 +18,7 @@ from typing import Any
 from agent_runner.agent import Agent
 from agent_runner.errors import InputLimitError, InvalidResumeCommand, InvalidTransitionError, ToolArgumentsError
 from agent_runner.forms import AgentFormDefinition, validate_form_data
-from agent_runner.limits import MAX_JSON_DEPTH, InputLimits, check_tool_arguments, preview
+from agent_runner.limits import MAX_JSON_DEPTH, InputLimits, check_json, check_tool_arguments, preview, storable_text
 from agent_runner.messages import ActionStatus, AiMessage, ModelMessage, ToolCall, ToolMessage, UserMessage
 from agent_runner.models import ChatResponse
 from agent_runner.policy import AgentExecutionPolicy
@@ -174,7 +174,7 @@ def _plan_tool(turn: AgentTurn, agent: Agent, call: ToolCall, limits: InputLimit
     if isinstance(invalid, dict) and len(call.arguments) == 1:
         return WriteToolResult(
             call,
-            f"The arguments for tool {call.name!r} were not a JSON object ({invalid.get('error')}), so the tool "
+            f"The arguments for tool {call.name!r} could not be used ({invalid.get('error')}), so the tool "
             "was not run. Call it again with a JSON object that matches its parameters.",
             True,
         )
@@ -288,8 +288,11 @@ def start_running(turn: AgentTurn, now: datetime) -> AgentTurn:
 
 
 def apply_model_response(turn: AgentTurn, response: ChatResponse, now: datetime) -> tuple[AgentTurn, AiMessage]:
-    """Record a model response: tool calls become pending (TOOLS), a final answer completes the turn."""
-    message = response.message.model_copy(update={"id": next_message_id(turn)})
+    """Record a model response: tool calls become pending (TOOLS), a final answer completes the turn.
+
+    Text no store can keep is made storable first (see `storable_message`), whatever model produced it.
+    """
+    message = storable_message(response.message).model_copy(update={"id": next_message_id(turn)})
     changes: dict[str, Any] = {
         "messages": [*turn.messages, message],
         "usage": turn.usage + response.usage,
@@ -300,6 +303,42 @@ def apply_model_response(turn: AgentTurn, response: ChatResponse, now: datetime)
     if message.tool_calls:
         return touch(turn, now, phase=Phase.TOOLS, pending_tool_calls=list(message.tool_calls), **changes), message
     return transition(turn, S.COMPLETED, now, final_output=message.content or "", **changes), message
+
+
+def storable_message(message: AiMessage) -> AiMessage:
+    """Return the model's message in a form every store can save.
+
+    NUL characters and lone surrogates in the text, ids and names are replaced by U+FFFD.
+    Tool-call arguments that hold such text, or nest deeper than `MAX_JSON_DEPTH`, are
+    replaced by the invalid-arguments marker, so the call is answered with an error
+    ToolMessage the model can act on, instead of failing the save. Limits of the policy
+    (sizes, a lower depth) are applied later, before the call runs (`plan_step`).
+    """
+    calls = [_storable_call(call) for call in message.tool_calls]
+    content = None if message.content is None else storable_text(message.content)
+    if content == message.content and all(new is old for new, old in zip(calls, message.tool_calls, strict=True)):
+        return message
+    return message.model_copy(update={"content": content, "tool_calls": calls})
+
+
+def _storable_call(call: ToolCall) -> ToolCall:
+    changes: dict[str, Any] = {}
+    if storable_text(call.id) != call.id:
+        changes["id"] = storable_text(call.id)
+    if storable_text(call.name) != call.name:
+        changes["name"] = storable_text(call.name)
+    try:
+        check_json(call.arguments, "arguments", max_bytes=None, max_depth=MAX_JSON_DEPTH)
+    except InputLimitError as exc:
+        changes["arguments"] = {INVALID_ARGUMENTS_KEY: {"raw": _raw_preview(call.arguments), "error": str(exc)}}
+    return call.model_copy(update=changes) if changes else call
+
+
+def _raw_preview(arguments: dict[str, Any]) -> str:
+    try:
+        return preview(json.dumps(arguments, ensure_ascii=False, default=repr))
+    except (RecursionError, ValueError):
+        return ""
 
 
 def apply_tool_result(
