@@ -151,6 +151,19 @@ def storable_text(text: str) -> str:
     return _UNSTORABLE.sub(REPLACEMENT_CHARACTER, text)
 
 
+def bounded_text(text: str, max_bytes: int) -> str:
+    """`text` cut to at most `max_bytes` of UTF-8 and ending with a note saying so; unchanged when it fits.
+
+    For model output, which is kept rather than refused.
+    """
+    encoded = text.encode("utf-8", "surrogatepass")
+    if len(encoded) <= max_bytes:
+        return text
+    note = f"\n[cut here: the text was {len(encoded)} bytes, over the limit of {max_bytes} bytes]"
+    room = max(0, max_bytes - len(note.encode("utf-8")))
+    return encoded[:room].decode("utf-8", "ignore") + note
+
+
 def check_json(value: object, field: str, *, max_bytes: int | None, max_depth: int) -> int | None:
     """Check a JSON value a caller or model supplied and return its encoded size in bytes.
 

@@ -18,7 +18,15 @@ from typing import Any
 from agent_runner.agent import Agent
 from agent_runner.errors import InputLimitError, InvalidResumeCommand, InvalidTransitionError, ToolArgumentsError
 from agent_runner.forms import AgentFormDefinition, validate_form_data
-from agent_runner.limits import MAX_JSON_DEPTH, InputLimits, check_json, check_tool_arguments, preview, storable_text
+from agent_runner.limits import (
+    MAX_JSON_DEPTH,
+    InputLimits,
+    bounded_text,
+    check_json,
+    check_tool_arguments,
+    preview,
+    storable_text,
+)
 from agent_runner.messages import ActionStatus, AiMessage, ModelMessage, ToolCall, ToolMessage, UserMessage
 from agent_runner.models import ChatResponse
 from agent_runner.policy import AgentExecutionPolicy
@@ -287,12 +295,15 @@ def start_running(turn: AgentTurn, now: datetime) -> AgentTurn:
     return transition(turn, S.RUNNING, now, suspension=None, next_retry_at=None)
 
 
-def apply_model_response(turn: AgentTurn, response: ChatResponse, now: datetime) -> tuple[AgentTurn, AiMessage]:
+def apply_model_response(
+    turn: AgentTurn, response: ChatResponse, now: datetime, limits: InputLimits | None = None
+) -> tuple[AgentTurn, AiMessage]:
     """Record a model response: tool calls become pending (TOOLS), a final answer completes the turn.
 
-    Text no store can keep is made storable first (see `storable_message`), whatever model produced it.
+    The message is made storable first, and bounded by `limits` when they are given (see
+    `storable_message`), whatever model produced it.
     """
-    message = storable_message(response.message).model_copy(update={"id": next_message_id(turn)})
+    message = storable_message(response.message, limits).model_copy(update={"id": next_message_id(turn)})
     changes: dict[str, Any] = {
         "messages": [*turn.messages, message],
         "usage": turn.usage + response.usage,
@@ -305,30 +316,38 @@ def apply_model_response(turn: AgentTurn, response: ChatResponse, now: datetime)
     return transition(turn, S.COMPLETED, now, final_output=message.content or "", **changes), message
 
 
-def storable_message(message: AiMessage) -> AiMessage:
+def storable_message(message: AiMessage, limits: InputLimits | None = None) -> AiMessage:
     """Return the model's message in a form every store can save.
 
     NUL characters and lone surrogates in the text, ids and names are replaced by U+FFFD.
     Tool-call arguments that hold such text, or nest deeper than `MAX_JSON_DEPTH`, are
     replaced by the invalid-arguments marker, so the call is answered with an error
-    ToolMessage the model can act on, instead of failing the save. Limits of the policy
-    (sizes, a lower depth) are applied later, before the call runs (`plan_step`).
+    ToolMessage the model can act on, instead of failing the save. With `limits`, arguments
+    over `max_tool_arguments_bytes` or `max_json_depth` get the marker too (keeping only the
+    start of the text), and text over `max_message_bytes` is cut with a note; without them,
+    the policy's limits still apply before a call runs (`plan_step`), but the message is
+    kept whole.
     """
-    calls = [_storable_call(call) for call in message.tool_calls]
+    calls = [_storable_call(call, limits) for call in message.tool_calls]
     content = None if message.content is None else storable_text(message.content)
+    if content is not None and limits is not None:
+        content = bounded_text(content, limits.max_message_bytes)
     if content == message.content and all(new is old for new, old in zip(calls, message.tool_calls, strict=True)):
         return message
     return message.model_copy(update={"content": content, "tool_calls": calls})
 
 
-def _storable_call(call: ToolCall) -> ToolCall:
+def _storable_call(call: ToolCall, limits: InputLimits | None) -> ToolCall:
     changes: dict[str, Any] = {}
     if storable_text(call.id) != call.id:
         changes["id"] = storable_text(call.id)
     if storable_text(call.name) != call.name:
         changes["name"] = storable_text(call.name)
     try:
-        check_json(call.arguments, "arguments", max_bytes=None, max_depth=MAX_JSON_DEPTH)
+        if limits is None:
+            check_json(call.arguments, "arguments", max_bytes=None, max_depth=MAX_JSON_DEPTH)
+        else:
+            check_tool_arguments(limits, call.arguments, "arguments")
     except InputLimitError as exc:
         changes["arguments"] = {INVALID_ARGUMENTS_KEY: {"raw": _raw_preview(call.arguments), "error": str(exc)}}
     return call.model_copy(update=changes) if changes else call

@@ -34,6 +34,7 @@ from agent_runner.errors import AgentRunnerError, DefinitionError, InputLimitErr
 from agent_runner.limits import (
     DEFAULT_LIMITS,
     InputLimits,
+    bounded_text,
     check_reference,
     check_tool_arguments,
     preview,
@@ -466,17 +467,7 @@ def _text(content: str | None, refusal: str | None, limits: InputLimits) -> str 
     text = content if content is not None else refusal
     if text is None:
         return None
-    return _bounded(storable_text(text), limits.max_message_bytes)
-
-
-def _bounded(text: str, max_bytes: int) -> str:
-    """`text` cut to at most `max_bytes` of UTF-8, ending with a note that says it was cut."""
-    encoded = text.encode("utf-8")
-    if len(encoded) <= max_bytes:
-        return text
-    note = f"\n[the answer was cut here: it was {len(encoded)} bytes, over the limit of {max_bytes} bytes]"
-    room = max(0, max_bytes - len(note.encode("utf-8")))
-    return encoded[:room].decode("utf-8", "ignore") + note
+    return bounded_text(storable_text(text), limits.max_message_bytes)
 
 
 def _error_detail(exc: openai.APIError) -> str:
