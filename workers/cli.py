@@ -402,7 +402,7 @@ def resume(
     except InvalidResumeCommand as exc:
         _fail(str(exc), EXIT_BAD_INPUT, exc.errors)
     except AgentRunnerError as exc:
-        _fail(str(exc))
+        _fail(str(exc), _exit_code(exc))
     obj.emit(_summary(turn), lambda: click.echo(f"turn {turn.id} is {turn.status.value}"))
 
 
@@ -417,10 +417,8 @@ def cancel(obj: _Context, turn_id: str, reason: str | None) -> None:
         check_text(reason, "--reason", DEFAULT_LIMITS.max_message_bytes)
     try:
         turn = obj.runner().cancel(turn_id, reason)
-    except TurnNotFound as exc:
-        _fail(str(exc), EXIT_BAD_INPUT)
     except AgentRunnerError as exc:
-        _fail(str(exc))
+        _fail(str(exc), _exit_code(exc))
     message = "cancel requested; it stops at its next boundary" if turn.status is AgentTurnStatus.RUNNING else ""
     obj.emit(_summary(turn), lambda: click.echo(f"turn {turn.id} is {turn.status.value} {message}".rstrip()))
 
