@@ -170,40 +170,70 @@ def check_json(value: object, field: str, *, max_bytes: int | None, max_depth: i
     With `max_bytes=None` the size is neither checked nor computed (None is returned).
 
     The value is walked without recursion, depth first, so a value nested far beyond
-    `max_depth` is refused without exhausting the stack. Allowed: dicts with string keys,
-    lists and tuples, strings, booleans, None, integers up to 4096 bits and finite floats.
+    `max_depth` is refused without exhausting the stack, and the walk stops as soon as
+    what it has seen is over `max_bytes`. Allowed: dicts with string keys, lists and
+    tuples, strings, booleans, None, integers up to 4096 bits and finite floats.
 
     Raises:
         InputLimitError: Nested deeper than `max_depth`, larger than `max_bytes`, or not JSON.
         InvalidTextError: A key or string holds a NUL character or a lone surrogate.
     """
-    stack: list[tuple[object, int, str]] = [(value, 0, "")]
+    # Each entry: the value, its depth, and where it sits as a (parent, key) chain, which is
+    # turned into a path only for an error message.
+    stack: list[tuple[object, int, _Where]] = [(value, 0, None)]
+    at_least = 0  # never more than the encoded size: characters, quotes, brackets and separators seen
     while stack:
-        item, depth, path = stack.pop()
+        item, depth, where = stack.pop()
         if isinstance(item, str):
-            check_storable(item, f"{field} at {path}" if path else field)
-        elif isinstance(item, Mapping):
+            check_storable(item, _field_at(field, where))
+            at_least += len(item) + 2  # UTF-8 has at least one byte per character
+        elif isinstance(item, Mapping | list | tuple):
             if depth >= max_depth:
-                raise _too_deep(field, max_depth, path)
-            for key, child in item.items():
-                if not isinstance(key, str):
-                    raise InputLimitError(
-                        field, "string keys", f"the key {preview(repr(key), 40)} ({_kind(key)}) at {path or '/'}"
-                    )
-                check_storable(key, f"a key of {field} at {path or '/'}")
-                stack.append((child, depth + 1, f"{path}/{_pointer(key)}"))
-        elif isinstance(item, list | tuple):
-            if depth >= max_depth:
-                raise _too_deep(field, max_depth, path)
-            stack.extend((child, depth + 1, f"{path}/{index}") for index, child in enumerate(item))
+                raise _too_deep(field, max_depth, where)
+            # Brackets and commas now; each child will add at least one byte more, so a
+            # container with millions of children is refused before any is looked at.
+            at_least += 1 + max(1, len(item))
+            if max_bytes is not None and at_least + len(item) > max_bytes:
+                raise _too_big(field, max_bytes)
+            if isinstance(item, Mapping):
+                for key, child in item.items():
+                    if not isinstance(key, str):
+                        raise InputLimitError(
+                            field, "string keys", f"the key {preview(repr(key), 40)} ({_kind(key)}) at {_path(where)}"
+                        )
+                    check_storable(key, f"a key of {field} at {_path(where)}")
+                    at_least += len(key) + 3  # quotes and colon
+                    stack.append((child, depth + 1, (where, key)))
+            else:
+                stack.extend((child, depth + 1, (where, index)) for index, child in enumerate(item))
         else:
-            _check_scalar(item, field, path)
+            _check_scalar(item, field, where)
+            at_least += 1
+        if max_bytes is not None and at_least > max_bytes:
+            raise _too_big(field, max_bytes)
     if max_bytes is None:
         return None
     size = len(json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode("utf-8"))
     if size > max_bytes:
         raise InputLimitError(field, f"{max_bytes} bytes", f"{size} bytes")
     return size
+
+
+_Where = tuple["_Where", str | int] | None
+"""Where a value sits in a JSON document: None for the root, else (its parent's place, its key)."""
+
+
+def _path(where: _Where) -> str:
+    """The JSON Pointer of a place, each key bounded in length."""
+    keys: list[str] = []
+    while where is not None:
+        where, key = where
+        keys.append(preview(str(key).replace("~", "~0").replace("/", "~1"), 40))
+    return "/" + "/".join(reversed(keys)) if keys else "/"
+
+
+def _field_at(field: str, where: _Where) -> str:
+    return field if where is None else f"{field} at {_path(where)}"
 
 
 # --- What the runner checks --------------------------------------------------------------------
@@ -328,24 +358,28 @@ def preview(text: str, limit: int = _PREVIEW_CHARS) -> str:
     return shown if len(text) <= limit else f"{shown}..."
 
 
-def _check_scalar(item: object, field: str, path: str) -> None:
+def _check_scalar(item: object, field: str, where: _Where) -> None:
     if item is None or isinstance(item, bool):
         return
     if isinstance(item, int):
         if item.bit_length() > _MAX_INT_BITS:
-            raise InputLimitError(field, f"integers of at most {_MAX_INT_BITS} bits", f"a larger one at {path or '/'}")
+            raise InputLimitError(field, f"integers of at most {_MAX_INT_BITS} bits", f"a larger one at {_path(where)}")
     elif isinstance(item, float):
         if not math.isfinite(item):
-            raise InputLimitError(field, "finite numbers", f"{item!r} at {path or '/'}")
+            raise InputLimitError(field, "finite numbers", f"{item!r} at {_path(where)}")
     else:
         raise InputLimitError(
-            field, "JSON values (objects, arrays, strings, numbers, booleans, null)", f"{_kind(item)} at {path or '/'}"
+            field, "JSON values (objects, arrays, strings, numbers, booleans, null)", f"{_kind(item)} at {_path(where)}"
         )
 
 
-def _too_deep(field: str, max_depth: int, path: str) -> InputLimitError:
-    where = preview(path or "/", 80)
-    return InputLimitError(field, f"{max_depth} levels", f"more than {max_depth} levels of nesting at {where}")
+def _too_big(field: str, max_bytes: int) -> InputLimitError:
+    return InputLimitError(field, f"{max_bytes} bytes", f"more than {max_bytes} bytes")
+
+
+def _too_deep(field: str, max_depth: int, where: _Where) -> InputLimitError:
+    shown = preview(_path(where), 80)
+    return InputLimitError(field, f"{max_depth} levels", f"more than {max_depth} levels of nesting at {shown}")
 
 
 def _string(value: object, field: str, allowed: str) -> str:
@@ -358,11 +392,6 @@ def _kind(value: object) -> str:
     """The type of `value` with its article: "an int", "a set"."""
     name = type(value).__name__
     return f"an {name}" if name[:1].lower() in "aeiou" else f"a {name}"
-
-
-def _pointer(key: str) -> str:
-    # JSON Pointer escaping, and a bound on what one key may add to an error message.
-    return preview(key.replace("~", "~0").replace("/", "~1"), 40)
 
 
 def _show(character: str) -> str:

@@ -6,6 +6,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from agent_runner import (
@@ -111,9 +113,9 @@ def test_json_depth_is_checked_without_recursion() -> None:
     with pytest.raises(InputLimitError) as caught:
         check_json(nested(65), "data", max_bytes=None, max_depth=64)
     assert caught.value.limit == "64 levels"
-    # A million levels: far beyond what any recursive walk (or json.dumps) survives
+    # 200,000 levels: far beyond what any recursive walk (or json.dumps) survives
     with pytest.raises(InputLimitError):
-        check_json(nested(1_000_000), "data", max_bytes=None, max_depth=64)
+        check_json(nested(200_000), "data", max_bytes=None, max_depth=64)
 
 
 def test_json_size_is_the_compact_utf8_encoding() -> None:
@@ -244,3 +246,30 @@ def test_model_output_over_the_limits_is_bounded_when_limits_are_given() -> None
 def test_a_message_that_is_already_storable_is_returned_as_it_is() -> None:
     message = AiMessage(content="fine", tool_calls=[ToolCall("c1", "echo", {"value": [1, 2]})])
     assert machine.storable_message(message) is message
+
+
+STORABLE_TEXT = st.text(st.characters(exclude_characters="\x00", exclude_categories=("Cs",)))
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | STORABLE_TEXT,
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(STORABLE_TEXT, children, max_size=4),
+    max_leaves=30,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(JSON_VALUES)
+def test_the_size_limit_is_exact_for_any_json_value(value: Any) -> None:
+    # The walk stops early on a lower bound of the size; it must never refuse a value that fits.
+    size = check_json(value, "data", max_bytes=10**9, max_depth=MAX_JSON_DEPTH)
+    assert size is not None
+    assert check_json(value, "data", max_bytes=size, max_depth=MAX_JSON_DEPTH) == size
+    with pytest.raises(InputLimitError):
+        check_json(value, "data", max_bytes=size - 1, max_depth=MAX_JSON_DEPTH)
+
+
+def test_a_huge_flat_value_is_refused_early() -> None:
+    with pytest.raises(InputLimitError) as caught:
+        check_json([{"k": 1}] * 1_000_000, "form data", max_bytes=256 * 1024, max_depth=64)
+    assert caught.value.found == "more than 262144 bytes"
+    with pytest.raises(InputLimitError):
+        check_json({str(i): i for i in range(100_000)}, "metadata", max_bytes=64 * 1024, max_depth=64)
