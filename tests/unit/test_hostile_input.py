@@ -92,9 +92,11 @@ def nested(depth: int, leaf: Any = 1) -> dict[str, Any]:
 def _reply(request: ChatRequest) -> AiMessage:
     last = request.messages[-1]
     if isinstance(last, UserMessage) and last.content == "fill in the form":
-        return AiMessage(tool_calls=[ToolCall("call-form", "request_user_input", {"formKey": "details"})])
+        return AiMessage(
+            tool_calls=[ToolCall(id="call-form", name="request_user_input", arguments={"formKey": "details"})]
+        )
     if isinstance(last, UserMessage) and last.content == "deploy the api":
-        return AiMessage(tool_calls=[ToolCall("call-deploy", "deploy", {"service": "api"})])
+        return AiMessage(tool_calls=[ToolCall(id="call-deploy", name="deploy", arguments={"service": "api"})])
     return AiMessage(content="done")
 
 
@@ -279,16 +281,16 @@ START_CASES: list[Any] = [
     pytest.param({"metadata": {"k": "x" * (64 * KIB)}}, InputLimitError, "metadata", id="metadata-over-64KiB"),
     pytest.param({"metadata": {"k": "x" * 10_000_000}}, InputLimitError, "metadata", id="metadata-10MB"),
     # explicit history
-    pytest.param({"history": [UserMessage("a\x00")]}, InvalidTextError, "history[0]", id="history-nul"),
-    pytest.param({"history": [UserMessage("x" * (MIB + 1))]}, InputLimitError, "history[0]", id="history-big"),
+    pytest.param({"history": [UserMessage(content="a\x00")]}, InvalidTextError, "history[0]", id="history-nul"),
+    pytest.param({"history": [UserMessage(content="x" * (MIB + 1))]}, InputLimitError, "history[0]", id="history-big"),
     pytest.param(
-        {"history": [AiMessage(tool_calls=[ToolCall("c", "inspect_data", nested(10_000))])]},
+        {"history": [AiMessage(tool_calls=[ToolCall(id="c", name="inspect_data", arguments=nested(10_000))])]},
         InputLimitError,
         "history[0].tool_calls[0].arguments",
         id="history-deep-arguments",
     ),
     pytest.param(
-        {"history": [ToolMessage("c" * 10_000, "inspect_data", "x")]},
+        {"history": [ToolMessage(tool_call_id="c" * 10_000, tool_name="inspect_data", content="x")]},
         InputLimitError,
         "history[0].tool_call_id",
         id="history-long-call-id",
@@ -342,7 +344,7 @@ def test_nasty_but_valid_input_is_stored_exactly(any_deployment: Deployment) -> 
     # Then they come back byte for byte, and every table is still there
     stored = any_deployment.runner.turn_store.load(turn.id)
     assert stored.status is AgentTurnStatus.COMPLETED
-    assert stored.messages[0].content == message  # type: ignore[union-attr]
+    assert stored.messages[0].content == message
     assert stored.conversation_id == conversation and stored.tenant_id == "t.1"
     assert stored.metadata == metadata
     assert any_deployment.runner.chat_memory_provider is not None
@@ -353,7 +355,7 @@ def test_nasty_but_valid_input_is_stored_exactly(any_deployment: Deployment) -> 
 def test_a_message_of_exactly_1_mib_is_accepted(any_deployment: Deployment) -> None:
     message = "\u00e9" * (MIB // 2)  # two bytes each in UTF-8
     turn = any_deployment.runner.start(_agent(), message)
-    assert any_deployment.runner.turn_store.load(turn.id).messages[-1].content == message  # type: ignore[union-attr]
+    assert any_deployment.runner.turn_store.load(turn.id).messages[-1].content == message
 
 
 # --- Resume commands -------------------------------------------------------------------------------
@@ -493,7 +495,10 @@ def test_a_10mb_argument_for_an_approval_tool_is_answered_with_an_error_not_susp
     # Given a model that asks to deploy with a 10 MB argument, then answers once more
     size = 10_000_000
     model = ScriptedChatModel(
-        [AiMessage(tool_calls=[ToolCall("big", "deploy", {"service": "x" * size})]), AiMessage(content="sorry")]
+        [
+            AiMessage(tool_calls=[ToolCall(id="big", name="deploy", arguments={"service": "x" * size})]),
+            AiMessage(content="sorry"),
+        ]
     )
     agent = Agent(id="ops", chat_model=model, tools=[deploy])
     before = any_deployment.stored_bytes()
@@ -516,7 +521,9 @@ def test_a_10mb_argument_for_an_approval_tool_is_answered_with_an_error_not_susp
     ids=["65-deep", "100000-deep", "surrogate", "nul-key", "nan"],
 )
 def test_unusable_model_arguments_become_an_error_tool_message(any_deployment: Deployment, arguments: Any) -> None:
-    model = ScriptedChatModel([AiMessage(tool_calls=[ToolCall("bad", "deploy", arguments)]), AiMessage(content="ok")])
+    model = ScriptedChatModel(
+        [AiMessage(tool_calls=[ToolCall(id="bad", name="deploy", arguments=arguments)]), AiMessage(content="ok")]
+    )
     turn = any_deployment.runner.run(Agent(id="ops", chat_model=model, tools=[deploy]), "deploy")
     assert turn.status is AgentTurnStatus.COMPLETED
     answer = next(m for m in turn.messages if isinstance(m, ToolMessage))
@@ -670,7 +677,8 @@ def test_cli_arguments_that_are_not_utf8_are_one_error_line_in_a_real_process(cl
     # Given raw bytes as the operating system hands them to the process
     before = cli_deployment.digest()
     question = cli_deployment.question_turn.id
-    for arguments in (["turns", "show", b"\xff\xfe"], ["resume", question, "--input", b"caf\xe9"]):
+    cases: list[list[str | bytes]] = [["turns", "show", b"\xff\xfe"], ["resume", question, "--input", b"caf\xe9"]]
+    for arguments in cases:
         # Then the process prints one line naming the bytes, exits 2 and changes nothing
         line = assert_one_error_line(cli_process(cli_deployment.url, *arguments), 2)
         assert "U+DC" in line or "\\x" in line

@@ -178,7 +178,9 @@ def test_a_policy_with_lower_limits_refuses_what_the_defaults_accept() -> None:
 def test_a_policy_with_higher_limits_accepts_bigger_tool_arguments() -> None:
     big = {"value": "x" * (300 * 1024)}
     for limits, refused in ((InputLimits(), True), (InputLimits(max_tool_arguments_bytes=MIB), False)):
-        model = ScriptedChatModel([AiMessage(tool_calls=[ToolCall("c1", "echo", big)]), AiMessage(content="ok")])
+        model = ScriptedChatModel(
+            [AiMessage(tool_calls=[ToolCall(id="c1", name="echo", arguments=big)]), AiMessage(content="ok")]
+        )
         runner = AgentRunner(policy=AgentExecutionPolicy(limits=limits))
         turn = runner.run(Agent(id="a", chat_model=model, tools=[echo]), "go")
         answer = next(m for m in turn.messages if isinstance(m, ToolMessage))
@@ -201,7 +203,10 @@ def test_form_validation_reports_deep_data_instead_of_recursing() -> None:
 
 def test_a_deep_form_submission_is_refused_and_the_turn_still_waits() -> None:
     model = ScriptedChatModel(
-        [AiMessage(tool_calls=[ToolCall("f1", "request_user_input", {"formKey": "tree"})]), AiMessage(content="ok")]
+        [
+            AiMessage(tool_calls=[ToolCall(id="f1", name="request_user_input", arguments={"formKey": "tree"})]),
+            AiMessage(content="ok"),
+        ]
     )
     runner = AgentRunner()
     waiting = runner.run(Agent(id="a", chat_model=model, tools=[AgentUserInputTool(forms=[RECURSIVE_FORM])]), "go")
@@ -222,7 +227,10 @@ def _turn() -> AgentTurn:
 def test_model_output_is_made_storable_without_limits() -> None:
     message = AiMessage(
         content="hi\x00",
-        tool_calls=[ToolCall("c\ud800", "echo", {"value": "ok"}), ToolCall("c2", "echo", {"value": nested(200)})],
+        tool_calls=[
+            ToolCall(id="c\ud800", name="echo", arguments={"value": "ok"}),
+            ToolCall(id="c2", name="echo", arguments={"value": nested(200)}),
+        ],
     )
     _, recorded = machine.apply_model_response(_turn(), ChatResponse(message=message), NOW)
     assert recorded.content == "hi\ufffd"
@@ -233,7 +241,9 @@ def test_model_output_is_made_storable_without_limits() -> None:
 
 def test_model_output_over_the_limits_is_bounded_when_limits_are_given() -> None:
     limits = InputLimits(max_tool_arguments_bytes=100, max_message_bytes=200)
-    message = AiMessage(content="x" * 1000, tool_calls=[ToolCall("c1", "echo", {"value": "y" * 10_000})])
+    message = AiMessage(
+        content="x" * 1000, tool_calls=[ToolCall(id="c1", name="echo", arguments={"value": "y" * 10_000})]
+    )
     _, recorded = machine.apply_model_response(_turn(), ChatResponse(message=message), NOW, limits)
     assert recorded.content is not None and len(recorded.content.encode()) <= 200
     marker = recorded.tool_calls[0].arguments[INVALID_ARGUMENTS_KEY]
@@ -244,11 +254,11 @@ def test_model_output_over_the_limits_is_bounded_when_limits_are_given() -> None
 
 
 def test_a_message_that_is_already_storable_is_returned_as_it_is() -> None:
-    message = AiMessage(content="fine", tool_calls=[ToolCall("c1", "echo", {"value": [1, 2]})])
+    message = AiMessage(content="fine", tool_calls=[ToolCall(id="c1", name="echo", arguments={"value": [1, 2]})])
     assert machine.storable_message(message) is message
 
 
-STORABLE_TEXT = st.text(st.characters(exclude_characters="\x00", exclude_categories=("Cs",)))
+STORABLE_TEXT = st.text(st.characters(exclude_characters="\x00", exclude_categories=["Cs"]))
 JSON_VALUES = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | STORABLE_TEXT,
     lambda children: st.lists(children, max_size=4) | st.dictionaries(STORABLE_TEXT, children, max_size=4),
