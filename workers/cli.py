@@ -12,6 +12,7 @@ and 1 for failures of the infrastructure (the database cannot be reached, a stor
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 import time
@@ -104,6 +105,19 @@ class _Commands(click.Group):
         sys.exit(result if isinstance(result, int) else 0)
 
 
+class _Seconds(click.FloatRange):
+    """A number of seconds in a range; NaN and infinity are refused (a plain FloatRange lets NaN through)."""
+
+    name = "seconds"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        """Convert like FloatRange, then refuse what is not finite."""
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number of seconds", param, ctx)
+        return number
+
+
 def _unusable_url(url: str, error: Exception) -> NoReturn:
     _fail(f"cannot use --database-url {url!r}: {type(error).__name__}: {error}", EXIT_BAD_INPUT)
 
@@ -191,21 +205,21 @@ def db_upgrade(obj: _Context) -> None:
 @click.option("--concurrency", type=click.IntRange(1, 256), default=2, show_default=True, help="Stepping threads.")
 @click.option(
     "--lease-ttl",
-    type=click.FloatRange(0.1, 3600.0),
+    type=_Seconds(0.1, 3600.0),
     default=30.0,
     show_default=True,
     help="Seconds a turn lease lasts without renewal.",
 )
 @click.option(
     "--poll-interval",
-    type=click.FloatRange(0.01, 3600.0),
+    type=_Seconds(0.01, 3600.0),
     default=0.5,
     show_default=True,
     help="Seconds between polls when idle.",
 )
 @click.option(
     "--run-for",
-    type=click.FloatRange(0.0, None),
+    type=_Seconds(0.0, None),
     default=None,
     help="Stop after this many seconds (default: until Ctrl-C).",
 )

@@ -652,6 +652,8 @@ CLI_BAD_INPUT: list[Any] = [
     pytest.param(["resume", "{approval}", "--approve", "wrong-call"], "wrong-call", id="stale-call"),
     pytest.param(["worker", "--concurrency", "0"], "--concurrency", id="worker-concurrency"),
     pytest.param(["worker", "--lease-ttl", "-5"], "--lease-ttl", id="worker-lease-ttl"),
+    pytest.param(["worker", "--lease-ttl", "nan"], "finite", id="worker-lease-ttl-nan"),
+    pytest.param(["worker", "--run-for", "inf"], "finite", id="worker-run-for-inf"),
     pytest.param(["no-such-command"], "No such command", id="unknown-command"),
     pytest.param(["turns", "list", "--bogus"], "--bogus", id="unknown-option"),
 ]
