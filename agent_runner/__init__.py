@@ -15,9 +15,11 @@ from agent_runner.errors import (
     AgentRunnerError,
     DefinitionError,
     FormProtocolError,
+    InputLimitError,
     InvalidCursor,
     InvalidEventQuery,
     InvalidResumeCommand,
+    InvalidTextError,
     InvalidTransitionError,
     LeaseHeldError,
     LeaseLostError,
@@ -47,6 +49,7 @@ from agent_runner.in_memory import (
     InMemoryTurnLease,
 )
 from agent_runner.leasing import HeldLease, LeaseKeeper
+from agent_runner.limits import InputLimits
 from agent_runner.messages import (
     ActionStatus,
     AgentActionMessage,
@@ -126,6 +129,7 @@ __all__ = [
     "AgentStepResult",
     "AgentWorker",
     "Budget",
+    "InputLimits",
     "Middleware",
     "RetryPolicy",
     "StopReason",
@@ -163,9 +167,11 @@ __all__ = [
     "AgentRunnerError",
     "DefinitionError",
     "FormProtocolError",
+    "InputLimitError",
     "InvalidCursor",
     "InvalidEventQuery",
     "InvalidResumeCommand",
+    "InvalidTextError",
     "InvalidTransitionError",
     "LeaseHeldError",
     "LeaseLostError",

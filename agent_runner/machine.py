@@ -16,8 +16,17 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from agent_runner.agent import Agent
-from agent_runner.errors import InvalidResumeCommand, InvalidTransitionError, ToolArgumentsError
+from agent_runner.errors import InputLimitError, InvalidResumeCommand, InvalidTransitionError, ToolArgumentsError
 from agent_runner.forms import AgentFormDefinition, validate_form_data
+from agent_runner.limits import (
+    MAX_JSON_DEPTH,
+    InputLimits,
+    bounded_text,
+    check_json,
+    check_tool_arguments,
+    preview,
+    storable_text,
+)
 from agent_runner.messages import ActionStatus, AiMessage, ModelMessage, ToolCall, ToolMessage, UserMessage
 from agent_runner.models import ChatResponse
 from agent_runner.policy import AgentExecutionPolicy, RetryPolicy
@@ -156,7 +165,7 @@ def plan_step(turn: AgentTurn, agent: Agent, policy: AgentExecutionPolicy) -> St
                 S.MAX_ITERATIONS_REACHED, f"the turn reached its limit of {agent.max_iterations} model calls"
             )
         return CallModel()
-    return _plan_tool(turn, agent, turn.pending_tool_calls[0])
+    return _plan_tool(turn, agent, turn.pending_tool_calls[0], policy.limits)
 
 
 def budget_exceeded(turn: AgentTurn, agent: Agent) -> str | None:
@@ -169,12 +178,22 @@ def budget_exceeded(turn: AgentTurn, agent: Agent) -> str | None:
     return None
 
 
-def _plan_tool(turn: AgentTurn, agent: Agent, call: ToolCall) -> StepPlan:
+def _plan_tool(turn: AgentTurn, agent: Agent, call: ToolCall, limits: InputLimits) -> StepPlan:
+    try:
+        # Before anything copies the arguments into a suspension or a page message.
+        check_tool_arguments(limits, call.arguments)
+    except InputLimitError as exc:
+        return WriteToolResult(
+            call,
+            f"The arguments for tool {preview(call.name, 64)!r} were refused, so the tool was not run: found "
+            f"{exc.found}, allowed {exc.limit}. Call it again with arguments within this limit.",
+            True,
+        )
     invalid = call.arguments.get(INVALID_ARGUMENTS_KEY)
     if isinstance(invalid, dict) and len(call.arguments) == 1:
         return WriteToolResult(
             call,
-            f"The arguments for tool {call.name!r} were not a JSON object ({invalid.get('error')}), so the tool "
+            f"The arguments for tool {call.name!r} could not be used ({invalid.get('error')}), so the tool "
             "was not run. Call it again with a JSON object that matches its parameters.",
             True,
         )
@@ -185,7 +204,7 @@ def _plan_tool(turn: AgentTurn, agent: Agent, call: ToolCall) -> StepPlan:
     if tool is None:
         known = sorted([t.name for t in agent.tools] + [a.id for a in agent.sub_agents])
         return WriteToolResult(
-            call, f"Unknown tool {call.name!r}. Available tools: {', '.join(known) or 'none'}.", True
+            call, f"Unknown tool {preview(call.name, 64)!r}. Available tools: {', '.join(known) or 'none'}.", True
         )
     if isinstance(tool, AgentUserInputTool):
         return _plan_user_input(turn, tool, call)
@@ -198,7 +217,7 @@ def _plan_tool(turn: AgentTurn, agent: Agent, call: ToolCall) -> StepPlan:
             # Nobody should be asked to approve a call that cannot run.
             return WriteToolResult(call, str(exc), True)
         masked = tool.masked_arguments(call.arguments)
-        summary = f"{tool.name}({', '.join(f'{k}={v!r}' for k, v in masked.items())})"
+        summary = f"{tool.name}({', '.join(f'{k}={preview(repr(v))}' for k, v in masked.items())})"
         suspension = AgentSuspension(
             type=SuspensionType.TOOL_APPROVAL,
             correlation_id=call.id,
@@ -292,9 +311,15 @@ def start_running(turn: AgentTurn, now: datetime) -> AgentTurn:
     return transition(turn, S.RUNNING, now, suspension=None, next_retry_at=None, step_failures=0)
 
 
-def apply_model_response(turn: AgentTurn, response: ChatResponse, now: datetime) -> tuple[AgentTurn, AiMessage]:
-    """Record a model response: tool calls become pending (TOOLS), a final answer completes the turn."""
-    message = response.message.model_copy(update={"id": next_message_id(turn)})
+def apply_model_response(
+    turn: AgentTurn, response: ChatResponse, now: datetime, limits: InputLimits | None = None
+) -> tuple[AgentTurn, AiMessage]:
+    """Record a model response: tool calls become pending (TOOLS), a final answer completes the turn.
+
+    The message is made storable first, and bounded by `limits` when they are given (see
+    `storable_message`), whatever model produced it.
+    """
+    message = storable_message(response.message, limits).model_copy(update={"id": next_message_id(turn)})
     changes: dict[str, Any] = {
         "messages": [*turn.messages, message],
         "usage": turn.usage + response.usage,
@@ -305,6 +330,50 @@ def apply_model_response(turn: AgentTurn, response: ChatResponse, now: datetime)
     if message.tool_calls:
         return touch(turn, now, phase=Phase.TOOLS, pending_tool_calls=list(message.tool_calls), **changes), message
     return transition(turn, S.COMPLETED, now, final_output=message.content or "", **changes), message
+
+
+def storable_message(message: AiMessage, limits: InputLimits | None = None) -> AiMessage:
+    """Return the model's message in a form every store can save.
+
+    NUL characters and lone surrogates in the text, ids and names are replaced by U+FFFD.
+    Tool-call arguments that hold such text, or nest deeper than `MAX_JSON_DEPTH`, are
+    replaced by the invalid-arguments marker, so the call is answered with an error
+    ToolMessage the model can act on, instead of failing the save. With `limits`, arguments
+    over `max_tool_arguments_bytes` or `max_json_depth` get the marker too (keeping only the
+    start of the text), and text over `max_message_bytes` is cut with a note; without them,
+    the policy's limits still apply before a call runs (`plan_step`), but the message is
+    kept whole.
+    """
+    calls = [_storable_call(call, limits) for call in message.tool_calls]
+    content = None if message.content is None else storable_text(message.content)
+    if content is not None and limits is not None:
+        content = bounded_text(content, limits.max_message_bytes)
+    if content == message.content and all(new is old for new, old in zip(calls, message.tool_calls, strict=True)):
+        return message
+    return message.model_copy(update={"content": content, "tool_calls": calls})
+
+
+def _storable_call(call: ToolCall, limits: InputLimits | None) -> ToolCall:
+    changes: dict[str, Any] = {}
+    if storable_text(call.id) != call.id:
+        changes["id"] = storable_text(call.id)
+    if storable_text(call.name) != call.name:
+        changes["name"] = storable_text(call.name)
+    try:
+        if limits is None:
+            check_json(call.arguments, "arguments", max_bytes=None, max_depth=MAX_JSON_DEPTH)
+        else:
+            check_tool_arguments(limits, call.arguments, "arguments")
+    except InputLimitError as exc:
+        changes["arguments"] = {INVALID_ARGUMENTS_KEY: {"raw": _raw_preview(call.arguments), "error": str(exc)}}
+    return call.model_copy(update=changes) if changes else call
+
+
+def _raw_preview(arguments: dict[str, Any]) -> str:
+    try:
+        return preview(json.dumps(arguments, ensure_ascii=False, default=repr))
+    except (RecursionError, ValueError):
+        return ""
 
 
 def apply_tool_result(
@@ -605,7 +674,8 @@ def _resume_user_input(
     call = _check_call_id(turn, suspension, command)
     form = suspension.form
     schema = form.schema if form is not None else {"type": "object"}
-    errors = validate_form_data(schema, command.data)
+    # The runner checked the depth against the policy's limit; this bound only protects the validator.
+    errors = validate_form_data(schema, command.data, max_depth=MAX_JSON_DEPTH)
     if errors:
         raise InvalidResumeCommand(
             f"form data for call {call.id!r} does not match the form's schema: " + "; ".join(errors),

@@ -42,6 +42,7 @@ from agent_runner.errors import (
 from agent_runner.events import AgentEvent, AgentEventListener, AgentEventType
 from agent_runner.in_memory import InMemoryAgentTurnStore
 from agent_runner.leasing import HeldLease
+from agent_runner.limits import check_resume_input, check_turn_input
 from agent_runner.messages import AiMessage, ModelMessage, SystemMessage, ToolCall, ToolMessage, UserMessage
 from agent_runner.middleware import Middleware, chain
 from agent_runner.models import ChatRequest, ChatResponse
@@ -434,6 +435,7 @@ class AgentRunner:
         tenant_id: str | None = None,
         metadata: dict[str, Any] | None = None,
     ) -> AgentTurn:
+        check_turn_input(self.policy.limits, message, history, conversation_id, tenant_id, metadata)
         agent = self._resolve_agent(agent_ref)
         user = UserMessage(content=message) if isinstance(message, str) else message
         if not isinstance(user, UserMessage):
@@ -722,6 +724,7 @@ class AgentRunner:
     # --- Resume ------------------------------------------------------------------------------
 
     def _apply_resume(self, turn_id: str, command: AgentResumeCommand) -> AgentTurn:
+        check_resume_input(self.policy.limits, turn_id, command)
         if command.type is ResumeType.CHILD_COMPLETED:
             turn = self.turn_store.load(turn_id)
             try:
@@ -880,7 +883,8 @@ class _DeltaSink:
                 cancelled = False  # the store is the truth; its blip must not break the stream
             if cancelled:
                 raise _CancelledMidCall(self.turn.id)
-        self.runner._emit(AgentEventType.MODEL_DELTA, self.turn, delta=text)
+        # The fence tells the deltas of an abandoned call (its worker died) from the re-run's.
+        self.runner._emit(AgentEventType.MODEL_DELTA, self.turn, delta=text, lease_fence=self.turn.lease_fence)
 
 
 def _raise_failure(result: AdvanceResult) -> AgentTurn:

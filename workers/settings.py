@@ -41,6 +41,7 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TypeVar
+from urllib.parse import urlsplit
 
 from agent_runner import AgentExecutionPolicy, AgentRunnerError, RetryPolicy
 
@@ -55,19 +56,41 @@ _QUEUE_NAME = re.compile(r"^[A-Za-z0-9_.:-]{1,200}$")
 _IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
 
 
+_USERINFO_SECRET = re.compile(r"(?P<user>[^\s:/@?#]*):(?!//)(?P<secret>[^\s?#]*)@")
+_QUERY_SECRET = re.compile(
+    r"(?P<key>[?&;](?:password|passwd|pwd|pass|sslpassword|secret|token|access_token|api_key|apikey)=)[^&;#\s]*",
+    re.IGNORECASE,
+)
+
+
+def mask_url_secrets(text: str) -> str:
+    """Return `text` with every password in a URL-shaped part replaced by `***`, whether the URL parses or not.
+
+    Masked: the password of `user:password@` wherever it appears (also after a broken
+    scheme separator, as in `postgres:/user:secret@host`, and up to the last `@` when the
+    password holds an unescaped one), and query parameters such as `password=`. Masking
+    too much is preferred to showing a secret.
+    """
+    masked = _USERINFO_SECRET.sub(lambda m: f"{m.group('user')}:***@", text)
+    return _QUERY_SECRET.sub(lambda m: f"{m.group('key')}***", masked)
+
+
 class SettingsError(AgentRunnerError):
     """An environment variable of the workers holds a value that cannot be used.
 
+    The message never shows a password: URL-shaped parts of the value and the reason are
+    masked with `mask_url_secrets`.
+
     Attributes:
         variable: The name of the environment variable.
-        value: The value found (None when it was missing).
+        value: The value found, passwords masked (None when it was missing).
     """
 
     def __init__(self, variable: str, value: str | None, reason: str) -> None:
         self.variable = variable
-        self.value = value
-        shown = f"{variable} is not set" if value is None else f"{variable}={value!r} is invalid"
-        super().__init__(f"{shown}: {reason}")
+        self.value = None if value is None else mask_url_secrets(value)
+        shown = f"{variable} is not set" if self.value is None else f"{variable}={self.value!r} is invalid"
+        super().__init__(f"{shown}: {mask_url_secrets(reason)}")
 
 
 @dataclass(frozen=True)
@@ -217,6 +240,10 @@ def _url(env: Mapping[str, str], name: str, default: str) -> str:
         return default
     if "://" not in value:
         raise SettingsError(name, value, "expected a URL such as scheme://host/...")
+    try:
+        urlsplit(value).port  # noqa: B018 - reading the port is what validates it
+    except ValueError:
+        raise SettingsError(name, value, "the port is not a number from 0 to 65535") from None
     return value
 
 

@@ -45,6 +45,7 @@ from workers import inbox
 from workers.app import app
 from workers.inbox import InboxOutcome
 from workers.names import DISPATCH_INBOX, STEP_TURN
+from workers.task_arguments import checked_arguments
 from workers.telemetry import record_lease_takeover
 from workers.wiring import Wiring, current
 
@@ -64,6 +65,8 @@ class StepOutcome(StrEnum):
     NOT_FOUND = "not-found"
     NOT_RUNNABLE = "not-runnable"
     NOT_DUE = "not-due"
+    REJECTED = "rejected"
+    """The message's arguments did not fit the task (forged or corrupted); it was dropped."""
 
 
 # --- step_turn --------------------------------------------------------------------------------
@@ -159,6 +162,7 @@ def _follow_up(wiring: Wiring, last: AgentTurn, error: Exception | None) -> None
         wiring.dispatcher.send_step(latest.turn_id, latest.version)
 
 
+@checked_arguments(STEP_TURN, StepOutcome.REJECTED.value)
 def _step_turn(turn_id: str, version: int) -> str:
     """Advance the turn by up to `AGENT_RUNNER_STEPS_PER_TASK` steps if this delivery is current."""
     return advance(current(), turn_id, version).value
@@ -200,6 +204,7 @@ def turn_started_from(wiring: Wiring, conversation_id: str, message_id: str) -> 
     return inbox.turn_started_from(wiring.runner, conversation_id, message_id)
 
 
+@checked_arguments(DISPATCH_INBOX, InboxOutcome.REJECTED.value)
 def _dispatch_inbox(conversation_id: str) -> str:
     """Start a turn from the conversation's next queued message if the conversation is idle."""
     return start_next_message(current(), conversation_id).value

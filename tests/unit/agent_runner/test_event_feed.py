@@ -109,10 +109,11 @@ def ids(events: list[AgentEvent]) -> list[str]:
 # --- Event types ----------------------------------------------------------------------------------
 
 
-def test_only_deltas_and_progress_are_ephemeral() -> None:
-    assert {t for t in E if not t.is_durable} == EPHEMERAL_EVENT_TYPES == {E.MODEL_DELTA, E.TOOL_PROGRESS}
+def test_only_deltas_progress_and_projection_errors_are_ephemeral() -> None:
+    ephemeral = {E.MODEL_DELTA, E.TOOL_PROGRESS, E.CHAT_MEMORY_ERROR}
+    assert {t for t in E if not t.is_durable} == EPHEMERAL_EVENT_TYPES == ephemeral
     assert DURABLE_EVENT_TYPES | EPHEMERAL_EVENT_TYPES == set(E)
-    assert E.CHAT_MEMORY_ERROR.is_durable and E.TURN_COMPLETED.is_durable
+    assert not E.CHAT_MEMORY_ERROR.is_durable and E.TURN_COMPLETED.is_durable
 
 
 def test_an_event_from_a_runner_has_no_cursor_and_the_cursor_survives_json() -> None:
