@@ -12,8 +12,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-from pathlib import Path
+from dataclasses import dataclass, field
 
 import pytest
 import sqlalchemy as sa
@@ -186,6 +185,23 @@ def test_reconnecting_from_every_cursor_of_a_finished_tree_replays_exactly_the_s
 # --- A worker killed mid-step ---------------------------------------------------------------------
 
 
+def _assert_received_everything(
+    cluster: Cluster,
+    conversation_id: str,
+    received: list[AgentEvent],
+    turns: dict[str, AgentTurn],
+    *,
+    calls_ran_once: bool = True,
+) -> None:
+    """The conversation's durable log and its live deltas, each exactly once and in order, per turn as it should be."""
+    log = read_all(cluster.turn_store.read_events, {"conversation_id": conversation_id})
+    assert ids(durable(received)) == ids(log)
+    with _live(cluster) as live:
+        published = read_all(live.read, {"conversation_id": conversation_id})
+    assert ids(ephemeral(received)) == ids(ephemeral(published))
+    assert_turn_stories(received, turns, calls_ran_once=calls_ran_once)
+
+
 def _tool_starts(cluster: Cluster) -> list[tuple[str, str, int]]:
     engine = sa.create_engine(cluster.settings.database_url)
     try:
@@ -201,7 +217,7 @@ def _shows(follower: Follower, turn_id: str, event_type: AgentEventType) -> bool
 
 
 def test_a_worker_killed_mid_step_duplicates_and_loses_no_event_and_a_follower_resumes_from_its_cursor(
-    cluster: Cluster, tmp_path: Path
+    cluster: Cluster,
 ) -> None:
     # Given two workers and a beat (whose sweep hands a dead worker's turn to the other), two
     # followers of the conversation, and a turn whose first tool call takes 30 seconds the
@@ -247,12 +263,7 @@ def test_a_worker_killed_mid_step_duplicates_and_loses_no_event_and_a_follower_r
     # and every delta once
     turns = tree_turns(cluster.turn_store, [turn.id])
     assert {t.status for t in turns.values()} == {AgentTurnStatus.COMPLETED}
-    log = read_all(cluster.turn_store.read_events, {"conversation_id": conversation_id})
-    assert ids(durable(whole)) == ids(log)
-    with _live(cluster) as live:
-        published = read_all(live.read, {"conversation_id": conversation_id})
-    assert ids(ephemeral(whole)) == ids(ephemeral(published))
-    assert_turn_stories(whole, turns)
+    _assert_received_everything(cluster, conversation_id, whole, turns)
 
     # And the reconnected follower got exactly the rest: together, its two connections saw
     # what the steady one saw, durable events and deltas alike, with no gap and no repeat
@@ -260,3 +271,105 @@ def test_a_worker_killed_mid_step_duplicates_and_loses_no_event_and_a_follower_r
     assert ids(ephemeral(before + rest)) == ids(ephemeral(whole))
     assert_turn_stories(before + rest, turns)
     print(f"killed worker {victim.name} (pid {victim.pid}) in the tool; {len(before)} events before, {len(rest)} after")
+
+
+@dataclass
+class Reconnecting:
+    """A follower that is dropped (SIGKILL) now and then and reconnects after the last event it got."""
+
+    cluster: Cluster
+    name: str
+    conversation_id: str
+    roots: int
+    connections: list[Follower] = field(default_factory=list)
+    cursor: str | None = None
+
+    def connect(self) -> None:
+        name = f"{self.name}-{len(self.connections)}"
+        self.connections.append(
+            start_follower(self.cluster, name, self.conversation_id, after=self.cursor, roots=self.roots)
+        )
+
+    def drop_and_reconnect(self) -> None:
+        current = self.connections[-1]
+        if current.process.poll() is not None:
+            return  # it saw the end already
+        current.kill()
+        got = current.events()
+        if got:
+            self.cursor = got[-1].cursor
+        self.connect()
+
+    def finish(self, timeout: float) -> list[AgentEvent]:
+        self.connections[-1].finish(timeout)
+        return [event for connection in self.connections for event in connection.events()]
+
+
+@pytest.mark.slow
+def test_conversations_through_repeated_worker_kills_reach_steady_and_reconnecting_followers_exactly_once(
+    cluster: Cluster,
+) -> None:
+    # Given two workers and a beat, and three conversations that each run a `slow` turn (a
+    # worker is killed inside its first tool call, and a new worker started) and then a `tour`
+    # turn; each conversation has a steady follower and one dropped at every kill
+    conversations = [f"conv-{i}-{uuid.uuid4().hex[:6]}" for i in range(3)]
+    plans = {c: [_spec("slow", f"{c}-slow", seconds=30.0), _spec("tour", f"{c}-tour")] for c in conversations}
+    steady = {c: start_follower(cluster, f"steady-{i}", c, roots=2) for i, c in enumerate(conversations)}
+    dropping = {c: Reconnecting(cluster, f"dropping-{i}", c, roots=2) for i, c in enumerate(conversations)}
+    for reconnecting in dropping.values():
+        reconnecting.connect()
+    roots: dict[str, list[str]] = {c: [] for c in conversations}
+    killed: set[str] = set()
+
+    def start_next_turns() -> None:
+        for c in conversations:
+            if len(roots[c]) < 2 and (not roots[c] or cluster.load(roots[c][-1]).is_terminal):
+                roots[c].append(cluster.runner.start(AGENT_ID, plans[c][len(roots[c])], conversation_id=c).id)
+
+    def kill_workers_in_slow_tools() -> None:
+        for key, _, pid in _tool_starts(cluster):
+            if key in killed:
+                continue
+            killed.add(key)
+            try:
+                victim = worker_running(cluster, pid)
+            except ProcessLookupError:
+                continue  # killed already, with the worker of another slow call
+            victim.kill()
+            cluster.start_worker(f"w{len(cluster.processes)}", wait=False)
+            for reconnecting in dropping.values():
+                reconnecting.drop_and_reconnect()
+
+    def tick() -> None:
+        start_next_turns()
+        kill_workers_in_slow_tools()
+        for c in conversations:
+            _answer_once_seen(cluster, steady[c], roots[c][-1])()
+
+    def all_ended() -> bool:
+        return all(len(roots[c]) == 2 and cluster.load(roots[c][-1]).is_terminal for c in conversations)
+
+    try:
+        cluster.start_beat()
+        start_workers(cluster, 2)
+        # When they all run, with people answering as the steady followers show the questions
+        cluster.wait_for(all_ended, 240, "every conversation's turns to end", tick=tick)
+        whole = {c: steady[c].finish(FOLLOWER_TIMEOUT_S) for c in conversations}
+        pieced = {c: dropping[c].finish(FOLLOWER_TIMEOUT_S) for c in conversations}
+    finally:
+        stop_followers([*steady.values(), *(f for r in dropping.values() for f in r.connections)])
+
+    # Then every slow call was interrupted once and re-run once under its key
+    starts = [key for key, _, _ in _tool_starts(cluster)]
+    assert len(killed) == 3 and all(starts.count(key) == 2 for key in killed), starts
+
+    # And in every conversation both followers received every durable event exactly once in
+    # the log's order, and every delta once (a model call cut short by a kill streams twice)
+    for c in conversations:
+        turns = tree_turns(cluster.turn_store, roots[c])
+        assert {t.status for t in turns.values()} == {AgentTurnStatus.COMPLETED}
+        _assert_received_everything(cluster, c, whole[c], turns, calls_ran_once=False)
+        assert ids(durable(pieced[c])) == ids(durable(whole[c]))
+        assert ids(ephemeral(pieced[c])) == ids(ephemeral(whole[c]))
+        assert_turn_stories(pieced[c], turns, calls_ran_once=False)
+        print(f"{c}: {len(whole[c])} events; the dropped follower connected {len(dropping[c].connections)} times")
