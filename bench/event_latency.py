@@ -275,7 +275,13 @@ def measure(quick: bool, processes: int, deltas: int | None, interval: float) ->
     deltas = deltas if deltas is not None else (20 if quick else 50)
     spec = json.dumps({"deltas": deltas, "interval": interval})
     prefix = f"bench-evlat-{uuid.uuid4().hex[:8]}"
-    results: dict[str, Any] = {"turns": turns, "deltas_per_turn": deltas, "interval_s": interval, "cases": []}
+    results: dict[str, Any] = {
+        "turns": turns,
+        "deltas_per_turn": deltas,
+        "interval_s": interval,
+        "cases": [],
+        "load_average_before": os.getloadavg()[0],
+    }
     with pg_schema("evlat") as (database_url, _), tempfile.TemporaryDirectory() as folder:
         env = worker_env(database_url, prefix)
         worker = Worker(env, Path(folder) / "worker.log")
@@ -312,6 +318,7 @@ def measure(quick: bool, processes: int, deltas: int | None, interval: float) ->
                     summary = latency_summary(latencies)
                     results["cases"].append({"mode": MODES[mode], "followers": count, **summary})
                     log(f"  {MODES[mode]} x{count}: p50 {summary['p50']:.2f} ms, p99 {summary['p99']:.2f} ms")
+            results["load_average_after"] = os.getloadavg()[0]
         finally:
             worker.stop()
             turn_store = runner.turn_store
@@ -345,7 +352,9 @@ def main() -> None:
     write_results(args.json, results)
     print(
         f"{results['turns']} turn(s) x {results['deltas_per_turn']} deltas, one every "
-        f"{results['interval_s'] * 1000:g} ms; latency from on_delta to arrival, ms"
+        f"{results['interval_s'] * 1000:g} ms; latency from on_delta to arrival, ms "
+        f"(1-minute load average {results['load_average_before']:.1f} before, "
+        f"{results['load_average_after']:.1f} after, on {os.cpu_count()} cores)"
     )
     print("| followed with | followers | deltas received | p50 ms | p99 ms |")
     print("|---|---|---|---|---|")
