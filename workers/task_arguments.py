@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from agent_runner import InputLimitError
-from agent_runner.limits import check_id
+from agent_runner.limits import check_id, preview
 
 logger = logging.getLogger("workers.tasks")
 
@@ -43,7 +43,8 @@ def checked_arguments(task_name: str, rejected: T) -> Callable[[Callable[..., T]
         def entry(*args: Any, **kwargs: Any) -> T:
             problem = _problem(signature, args, kwargs)
             if problem is not None:
-                logger.warning("rejected a %s message: %s; it is dropped, not retried", task_name, problem)
+                # A preview only: a forged message's values are never echoed in full.
+                logger.warning("rejected a %s message: %s; it is dropped, not retried", task_name, preview(problem))
                 return rejected
             return function(*args, **kwargs)
 

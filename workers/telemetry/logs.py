@@ -21,6 +21,8 @@ from contextvars import ContextVar
 from datetime import UTC, datetime
 from typing import Any
 
+from agent_runner.errors import InputLimitError
+from agent_runner.limits import check_id
 from agent_runner.telemetry import current_step
 from workers.settings import SettingsError
 
@@ -39,7 +41,16 @@ _STANDARD_ATTRIBUTES = frozenset(
 
 
 def set_task_turn(turn_id: str | None) -> None:
-    """Name the turn the current task works on, for lines logged outside its steps."""
+    """Name the turn the current task works on, for lines logged outside its steps.
+
+    The id comes from the task message, which may be forged: one that is not a valid turn id
+    is not logged (the task itself rejects the message).
+    """
+    if turn_id is not None:
+        try:
+            check_id(turn_id, "turn_id")
+        except InputLimitError:
+            turn_id = None
     _task_turn.set(turn_id)
 
 
