@@ -245,8 +245,6 @@ def test_form_errors_fix_approve_with_reason_and_streamed_answer(page: WebDriver
         submitted.find_element(By.TAG_NAME, "time").get_attribute("datetime")
         == (stored_card(server, "c-flow", "agent_form")["decided_at"])
     )
-    page.execute_script("arguments[0].scrollIntoView()", approved)
-    screenshot(page, "console-approved")
     screenshot(page, "console-conversation-done")
 
 
