@@ -640,6 +640,18 @@ def decider(command: AgentResumeCommand) -> str | None:
     return None
 
 
+def noted_reason(command: AgentResumeCommand) -> str | None:
+    """Why a person approved or settled a call: `command.reason`, else its `reason` metadata.
+
+    Only a rejection carries `reason` as a field (the model reads it); an approval's reason
+    is kept with the decision alone, and front ends send it as metadata.
+    """
+    if command.reason:
+        return command.reason
+    value = command.metadata.get("reason")
+    return None if value is None or value == "" else str(value)
+
+
 def _decide_action(
     turn: AgentTurn,
     call_id: str,
@@ -723,10 +735,10 @@ def _resume_approval(
             phase=Phase.TOOLS,
             approved_call_ids=[*turn.approved_call_ids, call.id],
             started_call_ids=started,
-            page_actions=_decide_action(turn, call.id, ActionStatus.APPROVED, command, now),
+            page_actions=_decide_action(turn, call.id, ActionStatus.APPROVED, command, now, noted_reason(command)),
         )
     if command.type is ResumeType.TOOL_RESULT:
-        actions = _decide_action(turn, call.id, ActionStatus.SUBMITTED, command, now)
+        actions = _decide_action(turn, call.id, ActionStatus.SUBMITTED, command, now, noted_reason(command))
         resumed = transition(turn, S.RUNNING, now, suspension=None, page_actions=actions, started_call_ids=started)
         resumed, _ = apply_tool_result(resumed, call, command.content or "", False, now)
         return resumed.model_copy(update={"steps": turn.steps})

@@ -103,7 +103,8 @@ class _PageMessageBase(_MessageBase):
     """Who decided (the resume command's `decided_by` or `approverId` metadata; `"system"` for a close-out)."""
     decided_at: datetime | None = None
     reason: str | None = None
-    """Why: the rejection reason, or the reason the turn ended while the action was pending."""
+    """Why: the rejection reason, the reason given with an approval (the resume command's `reason`
+    metadata), or the reason the turn ended while the action was pending."""
 
 
 class AgentActionMessage(_PageMessageBase):

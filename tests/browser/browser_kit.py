@@ -89,12 +89,12 @@ def screenshot(driver: WebDriver, name: str, *, full_page: bool = True) -> Path:
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     path = ARTIFACTS / f"{name}.png"
     if full_page:
-        metrics = driver.execute_cdp_cmd("Page.getLayoutMetrics", {})  # type: ignore[attr-defined]
+        metrics = driver.execute_cdp_cmd("Page.getLayoutMetrics", {})
         size = dict(metrics.get("cssContentSize") or metrics["contentSize"])
         # Capturing beyond the viewport lays the page out without the vertical scrollbar,
         # so the page is as wide as the window then, not as the content was measured.
         size["width"] = max(size["width"], driver.execute_script("return window.innerWidth"))
-        shot = driver.execute_cdp_cmd(  # type: ignore[attr-defined]
+        shot = driver.execute_cdp_cmd(
             "Page.captureScreenshot",
             {
                 "format": "png",

@@ -3,9 +3,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from browser_kit import chromium, console_errors, wait_for
 from selenium.webdriver.remote.webdriver import WebDriver
-from static_server import StaticServer, serve_static
+
+from tests.browser.browser_kit import chromium, console_errors, wait_for
+from tests.browser.static_server import StaticServer, serve_static
 
 
 @pytest.fixture(scope="session")

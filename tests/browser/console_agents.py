@@ -1,8 +1,10 @@
-"""Agents served to the console's end-to-end tests (`agent-runner serve --agents console_agents:AGENTS`).
+"""Agents served to the console's end-to-end tests (`agent-runner serve --agents tests.browser.console_agents:AGENTS`).
 
 `support-desk` asks for a form, asks to approve the ticket it then creates (its access
 token is a sensitive argument), and streams its answer in small chunks with pauses, so a
 browser sees it arrive, can reload mid-stream, and must end up with exactly `answer_for`.
+`refunds` pays a refund with a non-idempotent tool; when `TEST_CRASH_DIR` is set its first
+run kills the server, so a person settles the call whose outcome is unknown.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from agent_runner import (
     UserMessage,
     tool,
 )
+from tests.helpers.crash import stop_this_process_once
 
 CHUNK_PAUSE_S = float(os.environ.get("CONSOLE_TEST_CHUNK_PAUSE_S", "0.25"))
 """Pause between streamed chunks; long enough for a page reload in the middle of an answer."""
@@ -86,8 +89,10 @@ def support_desk(request: ChatRequest) -> AiMessage:
     step = len(request.messages)
     if isinstance(last, UserMessage):
         return AiMessage(
-            "Let me open a ticket for that.",
-            [ToolCall(f"form-{step}", "request_user_input", {"formKey": "ticket_details"})],
+            content="Let me open a ticket for that.",
+            tool_calls=[
+                ToolCall(id=f"form-{step}", name="request_user_input", arguments={"formKey": "ticket_details"})
+            ],
         )
     if isinstance(last, ToolMessage) and last.tool_name == "request_user_input":
         data = json.loads(last.content)
@@ -97,15 +102,41 @@ def support_desk(request: ChatRequest) -> AiMessage:
             "users": data["users"],
             "access_token": "tok-SECRET-4242",
         }
-        return AiMessage(tool_calls=[ToolCall(f"ticket-{step}", "create_ticket", arguments)])
+        return AiMessage(tool_calls=[ToolCall(id=f"ticket-{step}", name="create_ticket", arguments=arguments)])
     if isinstance(last, ToolMessage):
         text = answer_for(last)
         if request.on_delta is not None:
             for chunk in _chunks(text):
                 request.on_delta(chunk)
                 time.sleep(CHUNK_PAUSE_S)
-        return AiMessage(text)
-    return AiMessage("I am not sure what to do next.")
+        return AiMessage(content=text)
+    return AiMessage(content="I am not sure what to do next.")
+
+
+@tool(idempotent=False)
+def issue_refund(order_id: str, amount: float) -> str:
+    """Pay a refund back to the customer's card (running it twice pays twice)."""
+    stop_this_process_once(f"refund-{order_id}")
+    return f"refund of {amount:.2f} for {order_id} paid"
+
+
+def refund_answer(tool_result: ToolMessage) -> str:
+    """The answer of `refunds` once the refund call was settled."""
+    if tool_result.is_error:
+        return f"The refund did not go through: {tool_result.content}"
+    return f"Done: {tool_result.content}."
+
+
+def refunds(request: ChatRequest) -> AiMessage:
+    """Refund the order the user names; answer with the refund's outcome."""
+    last = request.messages[-1]
+    if isinstance(last, ToolMessage):
+        return AiMessage(content=refund_answer(last))
+    order_id = str(last.content).split()[-1]
+    call = ToolCall(
+        id=f"refund-{len(request.messages)}", name="issue_refund", arguments={"order_id": order_id, "amount": 25.0}
+    )
+    return AiMessage(tool_calls=[call])
 
 
 AGENTS = [
@@ -120,6 +151,13 @@ AGENTS = [
         id="echo",
         version="2",
         instructions="Repeat what the user says.",
-        chat_model=ScriptedChatModel(lambda request: AiMessage(f"You said: {request.messages[-1].content}")),
+        chat_model=ScriptedChatModel(lambda request: AiMessage(content=f"You said: {request.messages[-1].content}")),
+    ),
+    Agent(
+        id="refunds",
+        version="1",
+        instructions="Refund orders.",
+        chat_model=ScriptedChatModel(refunds),
+        tools=[issue_refund],
     ),
 ]

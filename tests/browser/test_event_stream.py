@@ -11,9 +11,10 @@ import json
 import time
 from typing import Any
 
-from browser_kit import screenshot, wait_for
 from selenium.webdriver.remote.webdriver import WebDriver
-from static_server import StaticServer, delta_stream
+
+from tests.browser.browser_kit import screenshot, wait_for
+from tests.browser.static_server import ScriptedStream, StaticServer, delta_stream
 
 ANSWER = "Ticket INC-0042 is open; the on-call engineer will call you back within fifteen minutes."
 
@@ -63,7 +64,7 @@ def test_a_reload_mid_answer_continues_from_the_saved_cursor(browser: WebDriver,
     browser.execute_script("sessionStorage.setItem('agent-runner.api-key', 'key-xyz')")
     browser.execute_script("return window.sseHarness.live('reload')")
 
-    before = wait_for(lambda: len(t := streamed_text(browser)) >= 20 and t, message="part of the answer")
+    before = wait_for(lambda: t if len(t := streamed_text(browser)) >= 20 else None, message="part of the answer")
     assert ANSWER.startswith(before)
     screenshot(browser, "event-stream-partial")
     browser.refresh()
@@ -93,3 +94,23 @@ def test_a_reload_mid_answer_continues_from_the_saved_cursor(browser: WebDriver,
 
     wait_for(lambda: saved() == final, message=f"the saved position to reach {final}")
     assert browser.execute_script("return document.querySelectorAll('#live li').length") == 1
+
+
+def test_the_whole_text_of_model_response_replaces_deltas_that_were_missed(
+    browser: WebDriver, static_server: StaticServer
+) -> None:
+    # Deltas are live only: a client that connects late, or whose deltas expired, gets some.
+    full = delta_stream(ANSWER, chunk=10, interval=0.05)
+    deltas = [e for e in full.events if e["type"] == "MODEL_DELTA"]
+    kept = deltas[:3] + [e for e in full.events if e["type"] != "MODEL_DELTA"]
+    static_server.streams.add("missed", ScriptedStream(events=kept, interval=0.05))
+    open_page(browser, static_server)
+    browser.execute_script("return window.sseHarness.live('missed')")
+
+    wait_for(
+        lambda: browser.execute_script("return window.sseHarness.events.includes('TURN_COMPLETED')"),
+        message="the end of the answer",
+    )
+    assert streamed_text(browser) == ANSWER
+    assert browser.execute_script("return document.querySelectorAll('#live li.msg-streaming').length") == 0
+    assert browser.execute_script("return document.querySelector('#live li').dataset.messageId") == "m-1"

@@ -9,12 +9,13 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from browser_kit import control, describedby, group, retype, screenshot, wait_for
 from selenium.webdriver.common.by import By
 from selenium.webdriver.common.keys import Keys
 from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.remote.webelement import WebElement
 from selenium.webdriver.support.ui import Select
+
+from tests.browser.browser_kit import control, describedby, group, retype, screenshot, wait_for
 
 TICKET: dict[str, Any] = {
     "type": "object",

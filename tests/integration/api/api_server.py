@@ -1,101 +1,19 @@
-"""`agent-runner serve` in a subprocess on a free port, and an HTTP client for it (used by the API tests)."""
+"""Helpers of the HTTP API tests: the server of `api_agents`, polling a turn, errors and server-sent events."""
 
 from __future__ import annotations
 
-import os
-import signal
-import socket
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from tests.helpers.processes import REPO_ROOT, with_tests_importable
+from tests.helpers.api_server import ApiServer, running_server
 from tests.integration.api import api_agents
 
-ROOT = REPO_ROOT
 AGENTS = f"{api_agents.__name__}:build_loader"
-AGENT_RUNNER = str(Path(sys.executable).with_name("agent-runner"))
-START_TIMEOUT_S = 45.0
-STOP_TIMEOUT_S = 20.0
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def server_env(database_url: str, **overrides: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("AGENT_RUNNER_", "CELERY_"))}
-    env["AGENT_RUNNER_DATABASE_URL"] = database_url
-    env.update(overrides)
-    return with_tests_importable(env)
-
-
-@dataclass
-class ApiServer:
-    """A running `agent-runner serve` process."""
-
-    env: dict[str, str]
-    log: Path
-    args: list[str] = field(default_factory=list)
-    port: int = 0
-    process: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def start(self) -> ApiServer:
-        self.port = free_port()
-        command = [AGENT_RUNNER, "serve", "--agents", AGENTS, "--port", str(self.port), *self.args]
-        with self.log.open("ab") as sink:
-            self.process = subprocess.Popen(
-                command, cwd=ROOT, env=self.env, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True
-            )
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while True:
-            if self.process.poll() is not None:
-                pytest.fail(f"the server exited with {self.process.returncode}:\n{self.output()}")
-            try:
-                if httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200:
-                    return self
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"the server did not answer within {START_TIMEOUT_S}s:\n{self.output()}")
-            time.sleep(0.1)
-
-    def stop(self) -> None:
-        process = self.process
-        if process is None:
-            return
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGTERM)
-            try:
-                process.wait(STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait(STOP_TIMEOUT_S)
-        self.process = None
-
-    def restart(self) -> ApiServer:
-        self.stop()
-        return self.start()
-
-    def output(self) -> str:
-        return self.log.read_text(errors="replace")[-8000:] if self.log.exists() else ""
-
-    def client(self, key: str | None = None) -> httpx.Client:
-        headers = {"Authorization": f"Bearer {key}"} if key else {}
-        return httpx.Client(base_url=self.url, headers=headers, timeout=30)
 
 
 def wait_for(client: httpx.Client, turn_id: str, until: Any, timeout: float = 20.0, what: str = "") -> dict[str, Any]:
@@ -134,14 +52,8 @@ def assert_error(response: httpx.Response, status: int, type_name: str | None = 
 def serve(
     tmp_path: Path, database_url: str | None = None, args: list[str] | None = None, **env: str
 ) -> Iterator[ApiServer]:
-    """Start a server for a fixture and stop it afterwards."""
-    url = database_url or f"sqlite:///{tmp_path / 'api.db'}"
-    server = ApiServer(env=server_env(url, **env), log=tmp_path / f"server-{free_port()}.log", args=list(args or []))
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
+    """Start a server of the `api_agents` for a fixture and stop it afterwards."""
+    yield from running_server(AGENTS, tmp_path, database_url, args, **env)
 
 
 def eventually(produce: Any, timeout: float = 20.0, what: str = "the condition") -> Any:

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.api.api_server import ApiServer, serve
+from tests.helpers.api_server import ApiServer
+from tests.integration.api.api_server import serve
 
 pytestmark = pytest.mark.integration
 

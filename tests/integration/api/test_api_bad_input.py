@@ -10,7 +10,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.integration.api.api_server import ApiServer, blocked, database_state, serve, wait_for
+from tests.helpers.api_server import ApiServer
+from tests.integration.api.api_server import blocked, database_state, serve, wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -10,7 +10,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.integration.api.api_server import ApiServer, assert_error, blocked, eventually, serve, status_is, wait_for
+from tests.helpers.api_server import ApiServer
+from tests.integration.api.api_server import assert_error, blocked, eventually, serve, status_is, wait_for
 
 pytestmark = pytest.mark.integration
 

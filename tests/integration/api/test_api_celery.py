@@ -12,9 +12,9 @@ import httpx
 import pytest
 
 from tests.conftest import TEST_REDIS_URL
+from tests.helpers.api_server import ApiServer
 from tests.integration.api.api_server import (
     AGENTS,
-    ApiServer,
     assert_error,
     blocked,
     ended,
@@ -49,7 +49,7 @@ def stack(pg_url: str, tmp_path: Path) -> Iterator[Stack]:
         AGENT_RUNNER_INBOX_AGENT="desk",
     )
     cluster = Cluster(env=env, tmp_path=tmp_path, redis_url=TEST_REDIS_URL)
-    server = ApiServer(env=env, log=tmp_path / "server.log")
+    server = ApiServer(agents=AGENTS, env=env, log=tmp_path / "server.log")
     try:
         cluster.start_worker("w1")
         server.start()
@@ -127,7 +127,7 @@ def test_readiness_names_a_broker_that_does_not_answer(pg_url: str, tmp_path: Pa
         broker_url="redis://127.0.0.1:1/0",
         AGENT_RUNNER_AGENT_LOADER=AGENTS,
     )
-    server = ApiServer(env=env, log=tmp_path / "server.log")
+    server = ApiServer(agents=AGENTS, env=env, log=tmp_path / "server.log")
     server.start()
     try:
         with server.client() as client:

@@ -10,16 +10,9 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.helpers.api_server import ApiServer
 from tests.integration.api.api_agents import SECRET_TOKEN
-from tests.integration.api.api_server import (
-    ApiServer,
-    assert_error,
-    blocked,
-    ended,
-    parse_sse,
-    read_stream,
-    wait_for,
-)
+from tests.integration.api.api_server import assert_error, blocked, ended, parse_sse, read_stream, wait_for
 
 pytestmark = pytest.mark.integration
 

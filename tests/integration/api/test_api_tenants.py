@@ -11,19 +11,9 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.integration.api.api_server import (
-    AGENT_RUNNER,
-    AGENTS,
-    ROOT,
-    ApiServer,
-    assert_error,
-    blocked,
-    database_state,
-    read_stream,
-    serve,
-    server_env,
-    wait_for,
-)
+from tests.helpers.api_server import AGENT_RUNNER, ApiServer, server_env
+from tests.helpers.processes import REPO_ROOT
+from tests.integration.api.api_server import AGENTS, assert_error, blocked, database_state, read_stream, serve, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -157,7 +147,7 @@ def test_without_keys_serve_refuses_a_non_loopback_address(tmp_path: Path) -> No
     env = server_env(f"sqlite:///{tmp_path / 'x.db'}")
     result = subprocess.run(
         [AGENT_RUNNER, "serve", "--agents", AGENTS, "--host", "0.0.0.0", "--port", "1"],
-        cwd=ROOT,
+        cwd=REPO_ROOT,
         env=env,
         capture_output=True,
         text=True,
@@ -167,7 +157,7 @@ def test_without_keys_serve_refuses_a_non_loopback_address(tmp_path: Path) -> No
     assert "AGENT_RUNNER_API_KEYS" in result.stderr and "0.0.0.0" in result.stderr
     bad_keys = subprocess.run(
         [AGENT_RUNNER, "serve", "--agents", AGENTS, "--port", "1"],
-        cwd=ROOT,
+        cwd=REPO_ROOT,
         env={**env, "AGENT_RUNNER_API_KEYS": "bad/tenant:key"},
         capture_output=True,
         text=True,

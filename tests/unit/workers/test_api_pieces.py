@@ -94,9 +94,13 @@ def test_resume_commands_need_exactly_their_fields() -> None:
     assert rejected.reason == "rejected by the user" and rejected.metadata == {"by": "u"}
     assert resume_command(ResumeAction.FORM, tool_call_id="c1", data={}).data == {}
     assert resume_command(ResumeAction.INPUT, content="x").content == "x"
+    settled = resume_command(ResumeAction.TOOL_RESULT, tool_call_id="c1", content="paid")
+    assert (settled.type, settled.tool_call_id, settled.content) == (ResumeType.TOOL_RESULT, "c1", "paid")
     for action, fields in [
         (ResumeAction.APPROVE, {}),
-        (ResumeAction.APPROVE, {"tool_call_id": "c1", "reason": "no"}),
+        (ResumeAction.APPROVE, {"tool_call_id": "c1", "content": "yes"}),
+        (ResumeAction.TOOL_RESULT, {"tool_call_id": "c1"}),
+        (ResumeAction.TOOL_RESULT, {"content": "paid"}),
         (ResumeAction.FORM, {"tool_call_id": "c1"}),
         (ResumeAction.INPUT, {"content": "x", "data": {}}),
         (ResumeAction.RETRY, {"tool_call_id": "c1"}),
@@ -105,6 +109,18 @@ def test_resume_commands_need_exactly_their_fields() -> None:
             resume_command(action, **fields)  # type: ignore[arg-type]
     assert classify_error(ResumeRequestError("x")) is ErrorKind.INVALID
     assert classify_error(TurnNotFound("t")) is ErrorKind.NOT_FOUND
+
+
+def test_an_approval_or_settled_call_keeps_its_reason_in_the_metadata() -> None:
+    # Only a rejection's reason is read by the model; the others are kept with the decision.
+    approved = resume_command(
+        ResumeAction.APPROVE, tool_call_id="c1", reason="checked", metadata={"decided_by": "u-1", "reason": "old"}
+    )
+    assert approved.reason is None and approved.metadata == {"decided_by": "u-1", "reason": "checked"}
+    settled = resume_command(ResumeAction.TOOL_RESULT, tool_call_id="c1", content="paid", reason="bank says so")
+    assert settled.reason is None and settled.metadata == {"reason": "bank says so"}
+    rejected = resume_command(ResumeAction.REJECT, tool_call_id="c1", reason="no")
+    assert rejected.reason == "no" and rejected.metadata == {}
 
 
 def test_tenants_store_conversations_under_their_name_and_see_only_their_turns() -> None:

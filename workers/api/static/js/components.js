@@ -1,5 +1,6 @@
-// Pieces shared by the views: status badges, masked values, timeline messages, approval
-// cards, form cards and the plain-text question box.
+// Pieces shared by the views: status badges, masked values, timeline messages, action
+// cards (approvals and calls whose outcome is unknown), form cards and the plain-text
+// question box.
 
 import { api } from "./api.js";
 import { append, h, timeElement, uniqueId } from "./dom.js";
@@ -26,6 +27,7 @@ const STATUS_CLASS = {
   APPROVED: "approved",
   SUBMITTED: "submitted",
   REJECTED: "rejected",
+  CANCELLED: "cancelled",
 };
 
 const STATUS_TEXT = {
@@ -38,9 +40,9 @@ const STATUS_TEXT = {
   BUDGET_EXCEEDED: "Budget exceeded",
 };
 
-/** A pill showing a turn or action status. */
-export function statusBadge(status) {
-  const text = STATUS_TEXT[status] || humanize(String(status || "unknown"));
+/** A pill showing a turn or action status (`label` in place of the status's usual text). */
+export function statusBadge(status, label) {
+  const text = label || STATUS_TEXT[status] || humanize(String(status || "unknown"));
   return h("span", { class: `badge ${STATUS_CLASS[status] || (isTerminal(status) ? "bad" : "")}`, dataset: { status } }, text);
 }
 
@@ -71,17 +73,32 @@ function maskedDeep(value) {
   return valueElement(value);
 }
 
-/** Who decided, when and why, for page messages that carry it. */
+/** What a decided card says happened, by kind of card and status (also its badge text). */
+const DECISION_VERBS = {
+  approval: { APPROVED: "Approved", REJECTED: "Rejected", CANCELLED: "Cancelled" },
+  outcome_unknown: { APPROVED: "Retried", SUBMITTED: "Marked done", REJECTED: "Failed", CANCELLED: "Cancelled" },
+  form: { SUBMITTED: "Submitted", CANCELLED: "Cancelled" },
+};
+
+/** `approval`, `outcome_unknown` or `form`. */
+function cardKind(message) {
+  if (message.role === "agent_form") return "form";
+  return message.kind === "outcome_unknown" ? "outcome_unknown" : "approval";
+}
+
+/** Who decided, when and why, for a decided page message; null while nothing is known. */
 export function decisionLine(message) {
-  const parts = [];
-  const verb = { APPROVED: "Approved", REJECTED: "Rejected", SUBMITTED: "Submitted" }[message.status];
-  // The badge already says what happened; the line adds who, when and why when known.
+  const verb = DECISION_VERBS[cardKind(message)][message.status];
   if (!verb || !(message.decided_by || message.decided_at || message.reason)) return null;
-  parts.push(verb);
-  if (message.decided_by) parts.push(" by ", h("strong", {}, message.decided_by));
-  if (message.decided_at) parts.push(" on ", timeElement(message.decided_at));
-  if (message.reason) parts.push(h("span", {}, " — “", message.reason, "”"));
-  return h("p", { class: "decision" }, parts);
+  const line = h("p", { class: "decision-line" }, verb);
+  if (message.decided_by) append(line, [" by ", h("strong", { class: "decided-by" }, message.decided_by)]);
+  if (message.decided_at) append(line, [" on ", timeElement(message.decided_at)]);
+  return h(
+    "div",
+    { class: "decision" },
+    line,
+    message.reason ? h("p", { class: "decision-reason" }, h("span", { class: "reason-label" }, "Reason: "), message.reason) : null,
+  );
 }
 
 /** Label of a timeline speaker. */
@@ -154,85 +171,177 @@ function errorText(error) {
   return error.message || String(error);
 }
 
+const DECIDER_STORAGE = "agent-runner.decided-by";
+
+/** The name last given with a decision in this browser ("" when none). */
+function savedDecider() {
+  try {
+    return localStorage.getItem(DECIDER_STORAGE) || "";
+  } catch {
+    return "";
+  }
+}
+
+function rememberDecider(name) {
+  try {
+    if (name) localStorage.setItem(DECIDER_STORAGE, name);
+    else localStorage.removeItem(DECIDER_STORAGE);
+  } catch {
+    // Storage disabled: the name is typed again next time.
+  }
+}
+
+/** Each choice a card can offer: its button, its words while and after it runs, and the resume action it sends. */
+const CHOICES = {
+  APPROVE: { label: "Approve", busy: "Approving…", done: "Approved.", action: "approve", class: "approve" },
+  REJECT: { label: "Reject", busy: "Rejecting…", done: "Rejected.", action: "reject", class: "danger" },
+  RETRY: { label: "Retry", busy: "Retrying…", done: "Retrying.", action: "approve", class: "" },
+  MARK_DONE: { label: "Mark done", busy: "Marking done…", done: "Marked done.", action: "tool_result", class: "approve", needsResult: true },
+  FAIL: { label: "Fail", busy: "Failing…", done: "Failed.", action: "reject", class: "danger" },
+};
+
+/** The choices a pending card offers (the server lists `actions`; older servers only the status). */
+function openChoices(message) {
+  if (Array.isArray(message.actions)) return message.actions.filter((name) => CHOICES[name]);
+  if ((message.status || "PENDING") !== "PENDING") return [];
+  return cardKind(message) === "outcome_unknown" ? ["RETRY", "MARK_DONE", "FAIL"] : ["APPROVE", "REJECT"];
+}
+
+function labelledField(id, label, help, control, extra = null) {
+  return h(
+    "div",
+    { class: "field" },
+    h("label", { for: id }, h("span", { class: "label-text" }, label)),
+    help ? h("p", { class: "help", id: `${id}-help` }, help) : null,
+    control,
+    extra,
+  );
+}
+
 /**
- * Approve and reject buttons with a reason box. `decide(action, reason)` performs the call;
- * errors are shown in the card and announced.
+ * The buttons of `choices` with a reason box, the decider's name (remembered in this
+ * browser) and, when a choice needs one, a result box. `decide(choice, {reason, result,
+ * decidedBy})` performs the call; errors are shown in the card and announced.
  */
-function decisionControls({ decide, idPrefix }) {
+function decisionControls({ choices, decide, idPrefix, reasonHelp }) {
   const reasonId = uniqueId(`${idPrefix}-reason`);
-  const reasonHelpId = `${reasonId}-help`;
-  const reason = h("textarea", { id: reasonId, rows: 2, "aria-describedby": reasonHelpId });
+  const reason = h("textarea", { id: reasonId, rows: 2, "aria-describedby": `${reasonId}-help` });
+  const nameId = uniqueId(`${idPrefix}-decider`);
+  const name = h("input", { id: nameId, type: "text", autocomplete: "name", value: savedDecider(), "aria-describedby": `${nameId}-help` });
+  const needsResult = choices.some((choice) => CHOICES[choice].needsResult);
+  const resultId = uniqueId(`${idPrefix}-result`);
+  const result = needsResult ? h("textarea", { id: resultId, rows: 2, "aria-describedby": `${resultId}-help` }) : null;
+  const resultError = h("p", { class: "field-error", id: `${resultId}-error`, hidden: true });
   const status = h("p", { class: "form-status", role: "status", "aria-live": "polite" });
   const error = h("p", { class: "field-error", role: "alert", hidden: true });
-  const approve = h("button", { type: "button", class: "approve" }, "Approve");
-  const reject = h("button", { type: "button", class: "danger" }, "Reject");
-  const run = async (action) => {
+  const buttons = choices.map((choice) => h("button", { type: "button", class: CHOICES[choice].class || null, dataset: { choice } }, CHOICES[choice].label));
+  const inputs = [reason, name, result].filter(Boolean);
+  const setBusy = (busy) => {
+    for (const element of [...buttons, ...inputs]) element.disabled = busy;
+  };
+  const showResultError = (text) => {
+    resultError.textContent = text;
+    resultError.hidden = !text;
+    if (text) {
+      result.setAttribute("aria-invalid", "true");
+      result.setAttribute("aria-describedby", `${resultId}-help ${resultError.id}`);
+    } else {
+      result.removeAttribute("aria-invalid");
+      result.setAttribute("aria-describedby", `${resultId}-help`);
+    }
+  };
+  const run = async (choice) => {
+    const spec = CHOICES[choice];
     error.hidden = true;
-    approve.disabled = reject.disabled = reason.disabled = true;
-    status.textContent = action === "approve" ? "Approving…" : "Rejecting…";
+    if (result) showResultError("");
+    if (spec.needsResult && !result.value.trim()) {
+      showResultError("Please write what the call did before marking it done.");
+      result.focus();
+      return;
+    }
+    setBusy(true);
+    status.textContent = spec.busy;
+    const decidedBy = name.value.trim();
     try {
-      await decide(action, reason.value.trim());
-      status.textContent = action === "approve" ? "Approved." : "Rejected.";
+      await decide(choice, { reason: reason.value.trim(), result: result ? result.value.trim() : "", decidedBy });
+      rememberDecider(decidedBy);
+      status.textContent = spec.done;
     } catch (err) {
       status.textContent = "";
       error.textContent = errorText(err);
       error.hidden = false;
-      approve.disabled = reject.disabled = reason.disabled = false;
+      setBusy(false);
     }
   };
-  approve.addEventListener("click", () => run("approve"));
-  reject.addEventListener("click", () => run("reject"));
+  buttons.forEach((button, index) => button.addEventListener("click", () => run(choices[index])));
+  if (result) result.addEventListener("input", () => !resultError.hidden && showResultError(""));
   return h(
     "div",
     { class: "decision-actions" },
-    h(
-      "div",
-      { class: "reason-field" },
-      h("label", { for: reasonId }, "Reason"),
-      h("p", { class: "help", id: reasonHelpId }, "Optional; recorded with your decision and given to the agent on rejection."),
-      reason,
-    ),
-    approve,
-    reject,
+    result
+      ? h(
+          "div",
+          { class: "result-field" },
+          labelledField(resultId, "Result", "What the call did, as the agent will read it; needed to mark it done.", result, resultError),
+        )
+      : null,
+    h("div", { class: "reason-field" }, labelledField(reasonId, "Reason", reasonHelp, reason)),
+    h("div", { class: "decider-field" }, labelledField(nameId, "Your name", "Optional; recorded as who decided.", name)),
+    h("div", { class: "decision-buttons" }, buttons),
     status,
     error,
   );
 }
 
-/** Whether a page message still offers `action` (the server lists `actions`; older servers only the status). */
-function isOpen(message, action) {
-  if (Array.isArray(message.actions)) return message.actions.includes(action);
-  return (message.status || "PENDING") === "PENDING";
-}
-
-/** An approval card for an `agent_action` page message (`li`). */
+/** A card for an `agent_action` page message (`li`): an approval, or a call whose outcome is unknown. */
 export function actionCard(message, { onChanged }) {
   const status = message.status || "PENDING";
-  const pending = isOpen(message, "APPROVE");
+  const kind = cardKind(message);
+  const choices = openChoices(message);
+  const pending = choices.length > 0;
+  const unknown = kind === "outcome_unknown";
   const card = h(
     "li",
     {
-      class: `card action-card ${pending ? "pending" : `done ${status.toLowerCase()}`}`,
-      dataset: { messageId: message.id, role: "agent_action", status, actionId: message.action_id },
+      class: `card action-card ${unknown ? "outcome-unknown " : ""}${pending ? "pending" : `done ${status.toLowerCase()}`}`,
+      dataset: { messageId: message.id, role: "agent_action", status, kind, actionId: message.action_id },
     },
     h(
       "div",
       { class: "card-head" },
-      h("h3", {}, "Approval: ", h("code", {}, message.tool_name)),
-      statusBadge(status),
+      h("h3", {}, unknown ? "Outcome unknown: " : "Approval: ", h("code", {}, message.tool_name)),
+      statusBadge(status, DECISION_VERBS[kind][status]),
     ),
     message.summary ? h("p", { class: "summary subtle" }, message.summary) : null,
     argumentsList(message.arguments),
   );
   if (pending) {
+    if (unknown) {
+      card.append(
+        h(
+          "p",
+          { class: "notice choices-help" },
+          h("strong", {}, "Retry"),
+          " runs the call again: only if you know it did not take effect. ",
+          h("strong", {}, "Mark done"),
+          " if it did, with its result. ",
+          h("strong", {}, "Fail"),
+          " tells the agent it did not work.",
+        ),
+      );
+    }
     card.append(
       decisionControls({
+        choices,
         idPrefix: `action-${message.action_id}`,
-        decide: async (action, reason) => {
-          const body = { action, tool_call_id: message.action_id };
-          // The model reads a rejection's reason; an approval's reason is kept with the decision.
-          if (reason && action === "reject") body.reason = reason;
-          if (reason) body.metadata = { reason };
+        reasonHelp: unknown
+          ? "Optional; recorded with your decision, and read by the agent if you fail the call."
+          : "Optional; recorded with your decision, and read by the agent if you reject.",
+        decide: async (choice, { reason, result, decidedBy }) => {
+          const body = { action: CHOICES[choice].action, tool_call_id: message.action_id };
+          if (reason) body.reason = reason;
+          if (CHOICES[choice].needsResult) body.content = result;
+          if (decidedBy) body.metadata = { decided_by: decidedBy };
           try {
             await api.resume(message.turn_id, body);
           } finally {
@@ -250,7 +359,7 @@ export function actionCard(message, { onChanged }) {
 /** A form card for an `agent_form` page message (`li`). */
 export function formCard(message, { onChanged }) {
   const status = message.status || "PENDING";
-  const pending = isOpen(message, "SUBMIT");
+  const pending = Array.isArray(message.actions) ? message.actions.includes("SUBMIT") : status === "PENDING";
   const schema = message.schema || message.form_schema || {};
   const title = message.description || schema.title || humanize(message.form_key);
   const card = h(
@@ -357,6 +466,7 @@ export function suspensionPanel(turn, { onChanged }) {
         tool_name: call.name,
         summary: suspension.message,
         arguments: call.arguments,
+        kind: suspension.kind || "approval",
         status: "PENDING",
       },
       { onChanged },

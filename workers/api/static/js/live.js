@@ -19,13 +19,6 @@ export function clearStreamStates() {
 
 authEvents.addEventListener("changed", clearStreamStates);
 
-function modelText(data) {
-  if (typeof data.content === "string") return data.content;
-  if (typeof data.text === "string") return data.text;
-  if (data.message && typeof data.message.content === "string") return data.message.content;
-  return "";
-}
-
 /**
  * Follow `path` (an events endpoint) and draw the answers being written into `list`.
  *
@@ -106,12 +99,12 @@ export class LiveAnswers {
     const data = payload.data || {};
     const turnId = payload.turn_id || "";
     if (event.type === "MODEL_DELTA" && turnId) {
-      const text = (this.state.partials[turnId] || "") + String(data.delta ?? data.text ?? "");
+      const text = (this.state.partials[turnId] || "") + String(data.delta ?? "");
       this.state.partials[turnId] = text;
       this.partial(turnId).setText(text);
     } else if (event.type === "MODEL_RESPONSE" && turnId) {
-      // The whole text replaces the streamed one; a server that sends none keeps what streamed.
-      const text = modelText(data) || this.state.partials[turnId] || "";
+      // `content` is the whole text (null when the model only called tools): it replaces what streamed.
+      const text = typeof data.content === "string" ? data.content : "";
       delete this.state.partials[turnId];
       const entry = this.partials.get(turnId);
       this.partials.delete(turnId);

@@ -11,7 +11,9 @@ const WAITING = ["WAITING_FOR_APPROVAL", "WAITING_FOR_USER"];
 function title(turn) {
   const suspension = turn.suspension || {};
   if (turn.status === "WAITING_FOR_APPROVAL") {
-    return ["Approve ", h("code", {}, suspension.tool_call?.name || "a tool call")];
+    const tool = h("code", {}, suspension.tool_call?.name || "a tool call");
+    // A call that started and whose outcome nobody recorded: retry, mark done or fail it.
+    return suspension.kind === "outcome_unknown" ? ["Settle ", tool, " (outcome unknown)"] : ["Approve ", tool];
   }
   if (suspension.form) return ["Fill in: ", suspension.form.description || humanize(suspension.form.key)];
   return "Answer a question";
