@@ -8,7 +8,6 @@ Tools and the step log write JSON lines to files: they survive a SIGKILL of the 
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -38,6 +37,7 @@ from agent_runner import (
     UserMessage,
     tool,
 )
+from tests.helpers.jsonl import append_jsonl, read_jsonl
 from tests.helpers.processes import with_tests_importable
 
 MAIN_MODULE = f"{__package__}.embedded_worker_main"
@@ -54,22 +54,6 @@ def configure(ledger: Path | None) -> None:
     """Set the file the tools record their executions in."""
     global _ledger
     _ledger = ledger
-
-
-def append_jsonl(path: Path, record: dict[str, Any]) -> None:
-    with path.open("a", encoding="utf-8") as file:
-        file.write(json.dumps(record) + "\n")
-        file.flush()
-
-
-def read_jsonl(*paths: Path) -> list[dict[str, Any]]:
-    records: list[dict[str, Any]] = []
-    for path in paths:
-        if path.exists():
-            for line in path.read_text(encoding="utf-8").splitlines():
-                if line.strip():
-                    records.append(json.loads(line))
-    return records
 
 
 # --- Agents -----------------------------------------------------------------------------------
