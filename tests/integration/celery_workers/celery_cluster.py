@@ -64,9 +64,13 @@ class WorkerProcess:
         self.process.wait(WORKER_STOP_TIMEOUT_S)
 
     def stop(self) -> None:
-        """SIGTERM (warm shutdown), then SIGKILL after a bound; always reaps the process group."""
+        """SIGTERM (warm shutdown), then SIGKILL after a bound; always reaps the process group.
+
+        Only the main process gets the SIGTERM: it then waits for its pool children to finish
+        the tasks they run. A prefork child that got a SIGTERM of its own would die mid-task.
+        """
         if self.alive():
-            signal_group(self.pid, signal.SIGTERM)
+            os.kill(self.pid, signal.SIGTERM)
             try:
                 self.process.wait(WORKER_STOP_TIMEOUT_S)
             except subprocess.TimeoutExpired:
