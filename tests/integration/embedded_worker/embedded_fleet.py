@@ -15,7 +15,7 @@ import sys
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -253,8 +253,15 @@ def spawn_worker(
     poll_interval: float = 0.05,
     ledger: Path | None = None,
     step_log: Path | None = None,
+    agents: str | None = None,
+    setup: str | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> WorkerProcess:
-    """Start `embedded_worker_main` in a process group of its own; stop it with `stop` or `kill` in a `finally`."""
+    """Start `embedded_worker_main` in a process group of its own; stop it with `stop` or `kill` in a `finally`.
+
+    `agents` and `setup` name the agent loader and the runner set-up by `module:attribute`
+    (default: this module's agents, no set-up); `env` adds variables to the process's environment.
+    """
     ready = folder / f"ready-{name}"
     log_file = folder / f"worker-{name}.log"
     args = [sys.executable, "-m", MAIN_MODULE, "--database-url", database_url, "--lease", lease]
@@ -266,7 +273,16 @@ def spawn_worker(
         args += ["--ledger", str(ledger)]
     if step_log is not None:
         args += ["--step-log", str(step_log)]
+    if agents is not None:
+        args += ["--agents", agents]
+    if setup is not None:
+        args += ["--setup", setup]
     with log_file.open("wb") as log:
-        env = with_tests_importable(os.environ)
-        process = subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        process = subprocess.Popen(
+            args,
+            env=with_tests_importable({**os.environ, **(env or {})}),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     return WorkerProcess(name, process, ready, log_file)
