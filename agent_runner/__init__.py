@@ -15,9 +15,11 @@ from agent_runner.errors import (
     AgentRunnerError,
     DefinitionError,
     FormProtocolError,
+    InputLimitError,
     InvalidCursor,
     InvalidEventQuery,
     InvalidResumeCommand,
+    InvalidTextError,
     InvalidTransitionError,
     LeaseHeldError,
     LeaseLostError,
@@ -47,6 +49,7 @@ from agent_runner.in_memory import (
     InMemoryTurnLease,
 )
 from agent_runner.leasing import HeldLease, LeaseKeeper
+from agent_runner.limits import InputLimits
 from agent_runner.messages import (
     ActionStatus,
     AgentActionMessage,
@@ -78,7 +81,7 @@ from agent_runner.policy import AgentExecutionPolicy, Budget, RetryPolicy
 from agent_runner.runner import AgentRunner, AgentStepResult
 from agent_runner.snapshot import AgentTurn, AgentTurnStatus, ChildLink, PageAction
 from agent_runner.suspensions import AgentResumeCommand, AgentSuspension, Phase, ResumeType, SuspensionType
-from agent_runner.tools import AgentToolContext, AgentUserInputTool, Tool, tool
+from agent_runner.tools import AgentToolContext, AgentUserInputTool, Tool, ToolOutcome, tool
 from agent_runner.usage import Usage
 from agent_runner.worker import AgentWorker
 
@@ -89,6 +92,7 @@ __all__ = [
     "AgentToolContext",
     "AgentUserInputTool",
     "Tool",
+    "ToolOutcome",
     "tool",
     # Messages
     "ActionStatus",
@@ -125,6 +129,7 @@ __all__ = [
     "AgentStepResult",
     "AgentWorker",
     "Budget",
+    "InputLimits",
     "Middleware",
     "RetryPolicy",
     "StopReason",
@@ -162,9 +167,11 @@ __all__ = [
     "AgentRunnerError",
     "DefinitionError",
     "FormProtocolError",
+    "InputLimitError",
     "InvalidCursor",
     "InvalidEventQuery",
     "InvalidResumeCommand",
+    "InvalidTextError",
     "InvalidTransitionError",
     "LeaseHeldError",
     "LeaseLostError",

@@ -38,7 +38,7 @@ logger = logging.getLogger(__name__)
 
 
 def _ref(turn: AgentTurn) -> TurnRef:
-    return TurnRef(turn.id, turn.version, turn.status, turn.updated_at, turn.next_retry_at)
+    return TurnRef(turn.id, turn.version, turn.status, turn.updated_at, turn.next_retry_at, turn.cancel_requested)
 
 
 def stored_event(event: AgentEvent, turn: AgentTurn, root_conversation_id: str | None) -> AgentEvent:

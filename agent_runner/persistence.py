@@ -30,6 +30,7 @@ class TurnRef:
     status: AgentTurnStatus
     updated_at: datetime
     next_retry_at: datetime | None = None
+    cancel_requested: bool = False
 
     def is_runnable(self, now: datetime | None = None) -> bool:
         """Whether a worker may step the turn now (the same rule as `AgentTurn.is_runnable`)."""

@@ -10,6 +10,7 @@ from pydantic import Field, field_validator, model_validator
 
 from agent_runner._base import PositionalModel
 from agent_runner.errors import DefinitionError, RecoverableError
+from agent_runner.limits import InputLimits
 
 TEMPLATE_FIELDS = frozenset({"reason", "turn_id", "tool_call_id", "tool_name"})
 
@@ -109,6 +110,8 @@ class AgentExecutionPolicy(PositionalModel):
     """Consecutive steps that may raise an unexpected exception (a bug, a poison model response
     that cannot be saved) before the turn ends FAILED, instead of being retried for ever.
     Transient infrastructure errors (an unreachable store or lease backend) do not count."""
+    limits: InputLimits = Field(default_factory=InputLimits)
+    """Size and depth limits on caller input and model output."""
 
     @field_validator("interrupted_tool_message_template")
     @classmethod

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from agent_runner import machine
+from agent_runner import machine, telemetry  # telemetry hook: trace context of new turns
 from agent_runner._base import new_id, utcnow
 from agent_runner._cas import AGAIN, retry_on_conflict
 from agent_runner._children import ChildTurns
@@ -41,6 +42,7 @@ from agent_runner.errors import (
 from agent_runner.events import AgentEvent, AgentEventListener, AgentEventType
 from agent_runner.in_memory import InMemoryAgentTurnStore
 from agent_runner.leasing import HeldLease
+from agent_runner.limits import check_resume_input, check_turn_input
 from agent_runner.messages import AiMessage, ModelMessage, SystemMessage, ToolCall, ToolMessage, UserMessage
 from agent_runner.middleware import Middleware, chain
 from agent_runner.models import ChatRequest, ChatResponse
@@ -54,7 +56,7 @@ from agent_runner.persistence import (
 from agent_runner.policy import AgentExecutionPolicy, RetryPolicy
 from agent_runner.snapshot import AgentTurn, AgentTurnStatus
 from agent_runner.suspensions import AgentResumeCommand, AgentSuspension, ResumeType, SuspensionType
-from agent_runner.tools import Tool, encode_tool_result, tool_scope
+from agent_runner.tools import Tool, ToolOutcome, encode_tool_result, tool_scope
 
 logger = logging.getLogger("agent_runner")
 
@@ -433,6 +435,7 @@ class AgentRunner:
         tenant_id: str | None = None,
         metadata: dict[str, Any] | None = None,
     ) -> AgentTurn:
+        check_turn_input(self.policy.limits, message, history, conversation_id, tenant_id, metadata)
         agent = self._resolve_agent(agent_ref)
         user = UserMessage(content=message) if isinstance(message, str) else message
         if not isinstance(user, UserMessage):
@@ -460,6 +463,7 @@ class AgentRunner:
             created_at=now,
             updated_at=now,
         )
+        turn = telemetry.stamp_new_turn(self, turn)  # trace context of the new turn
         started = self._event(
             AgentEventType.TURN_STARTED, turn, 0, 0, {"agent_id": agent.id, "agent_version": agent.version}
         )
@@ -493,6 +497,8 @@ class AgentRunner:
                     return self._call_model(running, agent, expected)
                 case machine.ExecuteTool(call=call, tool=tool):
                     return self._execute_tool(running, call, tool, expected, agent.retry or self.policy.retry)
+                case machine.ReconcileTool(call=call, tool=tool):
+                    return self._reconcile_tool(running, call, tool, expected, agent.retry or self.policy.retry)
                 case machine.WriteToolResult(call=call, content=content, is_error=is_error):
                     updated, message = machine.apply_tool_result(running, call, content, is_error, now)
                     saved = self._save(updated, expected, _tool_completed(call, is_error))
@@ -505,6 +511,13 @@ class AgentRunner:
         except VersionConflictError as conflict:
             # Someone else advanced the turn (a resume, a cancel, another worker): never
             # overwrite it; hand back the newer snapshot.
+            logger.warning(
+                "turn %s changed while a step ran (the step expected version %s, the store has %s); "
+                "the step's save is dropped and the newer snapshot wins",
+                turn.id,
+                conflict.expected_version,
+                conflict.actual_version,
+            )
             return AgentStepResult(turn=self.turn_store.load(turn.id), error=conflict)
         raise AssertionError(f"unhandled plan {plan!r}")  # pragma: no cover
 
@@ -515,9 +528,7 @@ class AgentRunner:
         request = ChatRequest.model_construct(
             messages=self._request_messages(turn, agent),
             tools=agent.tool_specs(),
-            on_delta=(lambda text: self._emit(AgentEventType.MODEL_DELTA, turn, delta=text))
-            if self._listeners
-            else None,
+            on_delta=_DeltaSink(self, turn),
         )
         try:
             raw: object = chain(self.middleware, "wrap_model", chat_model.generate)(request)
@@ -525,6 +536,10 @@ class AgentRunner:
             response = ChatResponse(message=raw) if isinstance(raw, AiMessage) else raw
             if not isinstance(response, ChatResponse):
                 raise DefinitionError(f"chat model returned {type(response).__name__}, expected ChatResponse")
+        except _CancelledMidCall:
+            # Cancelled while the answer streamed in: stop paying for it and end the turn now.
+            reason = self.policy.cancellation_reason
+            return AgentStepResult(turn=self._finish(turn, S.CANCELLED, reason, expected_version=expected))
         except Exception as exc:
             return self._failed_call(turn, exc, expected, agent.retry or self.policy.retry)
         updated, message = machine.apply_model_response(turn, response, self.clock())
@@ -552,6 +567,12 @@ class AgentRunner:
         self, turn: AgentTurn, call: ToolCall, tool: Tool, expected: int, retry: RetryPolicy
     ) -> AgentStepResult:
         self._carry(AgentEventType.TOOL_STARTED, turn, tool_call_id=call.id, tool_name=call.name)
+        if not tool.idempotent:
+            # Saved before the body runs: after a crash, the call is known to have started and
+            # is reconciled instead of being run again. The saves after the body forget the mark.
+            started = self._save(machine.mark_started(turn, call.id, self.clock()), expected)
+            expected = started.version
+            turn = machine.unmark_started(started, call.id)
         submitted = turn.form_data.get(call.id, {})
 
         def progress(data: Any) -> None:
@@ -579,6 +600,36 @@ class AgentRunner:
         updated, message = machine.apply_tool_result(turn, call, content, is_error, self.clock())
         saved = self._save(updated, expected, _tool_completed(call, is_error))
         return AgentStepResult(turn=saved, tool_messages=[message])
+
+    def _reconcile_tool(
+        self, turn: AgentTurn, call: ToolCall, tool: Tool, expected: int, retry: RetryPolicy
+    ) -> AgentStepResult:
+        """Settle a non-idempotent call that started and has no recorded outcome, without re-running it blindly."""
+        outcome = ToolOutcome.unknown("the tool has no reconcile function")
+        if tool.reconciler is not None:
+            key = f"{turn.id}:{call.id}"  # the call's idempotency key (AgentToolContext.get_idempotency_key)
+            try:
+                with tool_scope(turn.id, call, turn.form_data.get(call.id, {}), lambda _: None):
+                    found = tool.reconciler(call, key)
+                if not isinstance(found, ToolOutcome):
+                    raise DefinitionError(f"reconcile of tool {tool.name!r} returned {found!r}, not a ToolOutcome")
+                outcome = found
+            except Exception as exc:
+                outcome = ToolOutcome.unknown(f"reconciling raised {type(exc).__name__}: {exc}")
+        if outcome.state == "done":
+            updated, message = machine.apply_tool_result(
+                turn, call, encode_tool_result(outcome.result), False, self.clock()
+            )
+            completed = (
+                AgentEventType.TOOL_COMPLETED,
+                {"tool_call_id": call.id, "tool_name": call.name, "is_error": False, "reconciled": True},
+            )
+            return AgentStepResult(turn=self._save(updated, expected, completed), tool_messages=[message])
+        if outcome.state == "not_done":
+            return self._execute_tool(machine.unmark_started(turn, call.id), call, tool, expected, retry)
+        plan = machine.outcome_unknown_suspension(turn, call, tool, outcome.note)
+        suspended = machine.apply_suspension(turn, plan, self.clock())
+        return AgentStepResult(turn=self._save(suspended, expected, self._suspended_event(suspended)))
 
     def _failed_call(
         self,
@@ -673,6 +724,7 @@ class AgentRunner:
     # --- Resume ------------------------------------------------------------------------------
 
     def _apply_resume(self, turn_id: str, command: AgentResumeCommand) -> AgentTurn:
+        check_resume_input(self.policy.limits, turn_id, command)
         if command.type is ResumeType.CHILD_COMPLETED:
             turn = self.turn_store.load(turn_id)
             try:
@@ -800,6 +852,39 @@ class AgentRunner:
     def _is_driving(self, turn_id: str) -> bool:
         driving: set[str] | None = getattr(self._local, "driving", None)
         return bool(driving) and turn_id in driving  # type: ignore[operator]
+
+
+class _CancelledMidCall(Exception):
+    """Raised through a streaming model call whose turn was cancelled meanwhile."""
+
+
+class _DeltaSink:
+    """`ChatRequest.on_delta` of one model call: MODEL_DELTA events, and a watch on the cancel flag.
+
+    A cancel of a RUNNING turn only sets its flag. While the answer streams, the flag is
+    read at most every `CANCEL_CHECK_S` seconds; once it is seen, the stream is abandoned
+    (the model adapter stops reading, so no more tokens are paid for) and the turn ends.
+    """
+
+    CANCEL_CHECK_S = 0.5
+
+    def __init__(self, runner: AgentRunner, turn: AgentTurn) -> None:
+        self.runner = runner
+        self.turn = turn
+        self.next_check = time.monotonic() + self.CANCEL_CHECK_S
+
+    def __call__(self, text: str) -> None:
+        now = time.monotonic()
+        if now >= self.next_check:
+            self.next_check = now + self.CANCEL_CHECK_S
+            try:
+                cancelled = self.runner.turn_store.get_ref(self.turn.id).cancel_requested
+            except AgentRunnerError:
+                cancelled = False  # the store is the truth; its blip must not break the stream
+            if cancelled:
+                raise _CancelledMidCall(self.turn.id)
+        # The fence tells the deltas of an abandoned call (its worker died) from the re-run's.
+        self.runner._emit(AgentEventType.MODEL_DELTA, self.turn, delta=text, lease_fence=self.turn.lease_fence)
 
 
 def _raise_failure(result: AdvanceResult) -> AgentTurn:

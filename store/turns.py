@@ -295,10 +295,19 @@ def _update_with_messages(sets_cancel: bool, sets_fence: bool, added: int, event
 
 
 def _ref(row: AnyRow) -> TurnRef:
-    return TurnRef(row.id, row.version, AgentTurnStatus(row.status), row.updated_at, row.next_retry_at)
+    return TurnRef(
+        row.id, row.version, AgentTurnStatus(row.status), row.updated_at, row.next_retry_at, row.cancel_requested
+    )
 
 
-_REF_COLUMNS = (turns.c.id, turns.c.version, turns.c.status, turns.c.updated_at, turns.c.next_retry_at)
+_REF_COLUMNS = (
+    turns.c.id,
+    turns.c.version,
+    turns.c.status,
+    turns.c.updated_at,
+    turns.c.next_retry_at,
+    turns.c.cancel_requested,
+)
 
 _GET_REF = sa.select(*_REF_COLUMNS).where(turns.c.id == sa.bindparam("turn_id"))
 """The header fields of a `TurnRef`; parameter `turn_id`."""

@@ -25,6 +25,7 @@ from datetime import datetime, timedelta
 from agent_runner import AgentRunnerError, AgentTurnStatus, TurnRef
 from workers.app import app
 from workers.names import SWEEP_DUE_RETRIES, SWEEP_INBOX, SWEEP_STALE_TURNS
+from workers.task_arguments import checked_arguments
 from workers.tasks import turn_started_from
 from workers.wiring import Wiring, current
 
@@ -120,16 +121,19 @@ def _resend(wiring: Wiring, ref: TurnRef) -> int:
     return int(wiring.dispatcher.send_step(ref.turn_id, ref.version))
 
 
+@checked_arguments(SWEEP_INBOX, 0)
 def _sweep_inbox() -> int:
     """Celery entry point of `sweep_inbox`."""
     return sweep_inbox(current())
 
 
+@checked_arguments(SWEEP_STALE_TURNS, 0)
 def _sweep_stale_turns() -> int:
     """Celery entry point of `sweep_stale_turns`."""
     return sweep_stale_turns(current())
 
 
+@checked_arguments(SWEEP_DUE_RETRIES, 0)
 def _sweep_due_retries() -> int:
     """Celery entry point of `sweep_due_retries`."""
     return sweep_due_retries(current())

@@ -69,7 +69,7 @@ def _answer(request: ChatRequest) -> AiMessage:
         if last.tool_name == "request_user_input":
             data = json.loads(last.content)
             arguments = {"system": data["system"], "scope": data["scope"], "api_token": SECRET_TOKEN}
-            return AiMessage(tool_calls=[ToolCall(call_id, "open_ticket", arguments)])
+            return AiMessage(tool_calls=[ToolCall(id=call_id, name="open_ticket", arguments=arguments)])
         if last.tool_name == "open_ticket":
             return AiMessage(content=f"not opened: {last.content}" if last.is_error else f"opened {last.content}")
         if last.tool_name == "pause":
@@ -80,12 +80,14 @@ def _answer(request: ChatRequest) -> AiMessage:
     if text.startswith("ticket"):
         return AiMessage(
             content="I need the details.",
-            tool_calls=[ToolCall(call_id, "request_user_input", {"formKey": TICKET_FORM.key})],
+            tool_calls=[ToolCall(id=call_id, name="request_user_input", arguments={"formKey": TICKET_FORM.key})],
         )
     if text.startswith("sleep "):
-        return AiMessage(tool_calls=[ToolCall(call_id, "pause", {"seconds": float(text.split()[1])})])
+        return AiMessage(tool_calls=[ToolCall(id=call_id, name="pause", arguments={"seconds": float(text.split()[1])})])
     if text.startswith("delegate "):
-        return AiMessage(tool_calls=[ToolCall(call_id, "helper", {"task": text.removeprefix("delegate ")})])
+        return AiMessage(
+            tool_calls=[ToolCall(id=call_id, name="helper", arguments={"task": text.removeprefix("delegate ")})]
+        )
     return AiMessage(content=f"echo: {text}")
 
 

@@ -16,8 +16,11 @@ from typing import Any
 import httpx
 import pytest
 
-ROOT = Path(__file__).resolve().parents[3]
-HERE = Path(__file__).resolve().parent
+from tests.helpers.processes import REPO_ROOT, with_tests_importable
+from tests.integration.api import api_agents
+
+ROOT = REPO_ROOT
+AGENTS = f"{api_agents.__name__}:build_loader"
 AGENT_RUNNER = str(Path(sys.executable).with_name("agent-runner"))
 START_TIMEOUT_S = 45.0
 STOP_TIMEOUT_S = 20.0
@@ -32,9 +35,8 @@ def free_port() -> int:
 def server_env(database_url: str, **overrides: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AGENT_RUNNER_", "CELERY_"))}
     env["AGENT_RUNNER_DATABASE_URL"] = database_url
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")]))
     env.update(overrides)
-    return env
+    return with_tests_importable(env)
 
 
 @dataclass
@@ -53,7 +55,7 @@ class ApiServer:
 
     def start(self) -> ApiServer:
         self.port = free_port()
-        command = [AGENT_RUNNER, "serve", "--agents", "api_agents:build_loader", "--port", str(self.port), *self.args]
+        command = [AGENT_RUNNER, "serve", "--agents", AGENTS, "--port", str(self.port), *self.args]
         with self.log.open("ab") as sink:
             self.process = subprocess.Popen(
                 command, cwd=ROOT, env=self.env, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True
@@ -121,7 +123,7 @@ def assert_error(response: httpx.Response, status: int, type_name: str | None = 
     assert response.status_code == status, (response.status_code, response.text)
     body = response.json()
     assert set(body) == {"error"}, body
-    error = body["error"]
+    error: dict[str, Any] = body["error"]
     assert isinstance(error["type"], str) and isinstance(error["message"], str) and error["message"]
     assert isinstance(error["details"], list)
     if type_name is not None:
@@ -178,3 +180,38 @@ TERMINAL = ("COMPLETED", "FAILED", "CANCELLED", "MAX_ITERATIONS_REACHED", "MAX_S
 
 def ended(view: dict[str, Any]) -> bool:
     return view["status"] in TERMINAL
+
+
+def parse_sse(text: str) -> list[dict[str, Any]]:
+    """The events of a server-sent-events body: `{"id", "event", "data"}` (data parsed as JSON), comments dropped."""
+    import json
+
+    events: list[dict[str, Any]] = []
+    for block in text.split("\n\n"):
+        fields: dict[str, Any] = {}
+        for line in block.split("\n"):
+            if not line or line.startswith(":"):
+                continue
+            name, _, value = line.partition(":")
+            fields[name] = value[1:] if value.startswith(" ") else value
+        if fields:
+            if "data" in fields:
+                fields["data"] = json.loads(fields["data"])
+            events.append(fields)
+    return events
+
+
+def read_stream(
+    client: httpx.Client, path: str, *, until_end: bool = True, **kwargs: Any
+) -> tuple[str, list[dict[str, Any]]]:
+    """Read an SSE stream until `event: end` (or until the server closes it); return the raw text and the events."""
+    chunks: list[str] = []
+    with client.stream("GET", path, timeout=httpx.Timeout(30, read=30), **kwargs) as response:
+        assert response.status_code == 200, response.read()
+        assert response.headers["content-type"].startswith("text/event-stream")
+        for chunk in response.iter_text():
+            chunks.append(chunk)
+            if until_end and "event: end\n" in "".join(chunks):
+                break
+    text = "".join(chunks)
+    return text, parse_sse(text)

@@ -10,7 +10,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from api_server import ApiServer, serve
+
+from tests.integration.api.api_server import ApiServer, serve
 
 pytestmark = pytest.mark.integration
 

@@ -3,18 +3,20 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
-from api_agents import SECRET_TOKEN
-from api_server import ApiServer, assert_error, blocked, ended, status_is, wait_for
+
+from tests.integration.api.api_agents import SECRET_TOKEN
+from tests.integration.api.api_server import ApiServer, assert_error, blocked, ended, status_is, wait_for
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture
-def client(server: ApiServer) -> httpx.Client:
+def client(server: ApiServer) -> Iterator[httpx.Client]:
     with server.client() as http:
         yield http
 
@@ -26,7 +28,8 @@ def conversation() -> str:
 def start(client: httpx.Client, text: str, **fields: Any) -> dict[str, Any]:
     response = client.post("/v1/turns", json={"agent_id": "desk", "input": text, **fields})
     assert response.status_code == 201, response.text
-    return response.json()
+    view: dict[str, Any] = response.json()
+    return view
 
 
 def test_a_ticket_turn_goes_through_form_and_approval_to_its_answer(client: httpx.Client) -> None:

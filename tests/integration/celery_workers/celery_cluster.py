@@ -13,7 +13,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -107,7 +107,15 @@ class Cluster:
 
     # --- processes ---------------------------------------------------------------------------
 
-    def start_worker(self, name: str, concurrency: int = 2, wait: bool = True) -> WorkerProcess:
+    def start_worker(
+        self,
+        name: str,
+        concurrency: int = 2,
+        wait: bool = True,
+        extra_args: Sequence[str] = (),
+        env: Mapping[str, str] | None = None,
+    ) -> WorkerProcess:
+        """Start a prefork worker; `extra_args` go to `celery worker`, `env` overrides this worker's environment."""
         args = [
             CELERY,
             "-A",
@@ -120,8 +128,9 @@ class Cluster:
             "--without-mingle",
             "--without-heartbeat",
             "--loglevel=INFO",
+            *extra_args,
         ]
-        worker = self._spawn(name, args)
+        worker = self._spawn(name, args, env)
         if wait:
             self.wait_ready(worker)
         return worker
@@ -137,11 +146,16 @@ class Cluster:
         ]
         return self._spawn("beat", args)
 
-    def _spawn(self, name: str, args: list[str]) -> WorkerProcess:
+    def _spawn(self, name: str, args: list[str], env: Mapping[str, str] | None = None) -> WorkerProcess:
         log = self.tmp_path / f"{name}-{len(self.processes)}.log"
         with log.open("wb") as sink:
             process = subprocess.Popen(
-                args, cwd=REPO_ROOT, env=self.env, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True
+                args,
+                cwd=REPO_ROOT,
+                env={**self.env, **(env or {})},
+                stdout=sink,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
             )
         worker = WorkerProcess(name, process, log)
         self.processes.append(worker)

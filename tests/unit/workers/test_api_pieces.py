@@ -125,7 +125,7 @@ def call_api(url: str, token: str) -> str:
 
 def test_masks_hide_sensitive_arguments_and_everything_of_unknown_tools() -> None:
     agent = Agent(id="a", chat_model=ScriptedChatModel([]), tools=[call_api])
-    call = ToolCall("c1", "call_api", {"url": "u", "token": "secret"})
+    call = ToolCall(id="c1", name="call_api", arguments={"url": "u", "token": "secret"})
     assert masked_arguments(agent, call) == {"url": "u", "token": "***"}
     assert masked_arguments(None, call) == {"url": "***", "token": "***"}
 
@@ -138,4 +138,32 @@ def test_masks_hide_sensitive_arguments_and_everything_of_unknown_tools() -> Non
 
     mask: Any = catalog_mask(Loader())
     assert mask(call) == {"url": "u", "token": "***"}
-    assert mask(ToolCall("c2", "made_up", {"x": 1})) == {"x": "***"}
+    assert mask(ToolCall(id="c2", name="made_up", arguments={"x": 1})) == {"x": "***"}
+
+
+def test_event_data_shows_the_tenants_conversation_and_masks_arguments() -> None:
+    from agent_runner import AgentEvent, AgentEventType
+    from workers.api.events import format_event
+
+    agent = Agent(id="a", chat_model=ScriptedChatModel([]), tools=[call_api])
+
+    class Loader:
+        def load(self, agent_id: str, version: str | None = None) -> Agent:
+            return agent
+
+        def agents(self) -> list[Agent]:
+            return [agent]
+
+    event = AgentEvent(
+        type=AgentEventType.TOOL_STARTED,
+        turn_id="t1",
+        root_turn_id="t1",
+        conversation_id="acme/c-1",
+        data={"tool_call_id": "c1", "tool_name": "call_api", "arguments": {"url": "u", "token": "secret"}},
+        cursor="0.1:",
+    )
+    text = format_event(event, Tenant("acme"), catalog_mask(Loader()))
+    lines = text.split("\n")
+    assert lines[0] == "id: 0.1:" and lines[1] == "event: TOOL_STARTED" and text.endswith("\n\n")
+    data = json.loads(lines[2].removeprefix("data: "))
+    assert data["conversation_id"] == "c-1" and data["data"]["arguments"] == {"url": "u", "token": "***"}
