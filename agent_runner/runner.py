@@ -446,6 +446,7 @@ class AgentRunner:
         if history is not None:
             window = [m for m in history if m.model_visible]
         elif conversation_id is not None:
+            self._finish_projection_of_last_turn(conversation_id)
             window = self._projection.memory(conversation_id).get_model_messages(agent.max_attached_messages)
         turn_id = new_id()
         now = self.clock()
@@ -470,6 +471,25 @@ class AgentRunner:
         saved = self._gate.create(turn, [started])
         self._deliver(started)
         return self._projection.project(saved)
+
+    def _finish_projection_of_last_turn(self, conversation_id: str) -> None:
+        """Redo the projection of the conversation's last turn if it ended before ChatMemory had it all.
+
+        A failed projection is retried after the next save of the turn, but an ended turn has
+        no next save: without this, its last messages (the final answer) would be missing
+        from the history every later turn of the conversation reads.
+        """
+        if self.chat_memory_provider is None:
+            return
+        try:
+            last = self.turn_store.list_turns(conversation_id=conversation_id, limit=1)
+        except AgentRunnerError as exc:
+            logger.warning("could not check the last turn of conversation %s: %s", conversation_id, exc)
+            return
+        for turn in last:
+            unsynced = any(not action.synced for action in turn.page_actions)
+            if turn.is_terminal and (turn.projected_count < len(turn.messages) or unsynced):
+                self._projection.project(turn)
 
     # --- Stepping ----------------------------------------------------------------------------
 
