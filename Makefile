@@ -28,8 +28,14 @@ serve: $(STAMP) ## Serve the HTTP API with the demo agents on http://127.0.0.1:8
 services: ## Start local PostgreSQL and Redis if they are down (no-op when they run)
 	@bash deploy/local-services.sh
 
+.PHONY: browser-deps
+browser-deps: ## Install Debian's chromium and chromium-driver for the browser tests (once; quiet when present)
+	@command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1 || { \
+		echo "installing chromium and chromium-driver (Debian packages)"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; }
+
 .PHONY: test
-test: $(STAMP) services ## Run every test: unit, contract over all backends, integration with real services
+test: $(STAMP) services browser-deps ## Run every test: unit, contract over all backends, integration with real services
 	$(BIN)/python -m pytest -q -m "not slow" $(PYTEST_ARGS)
 
 .PHONY: test-unit

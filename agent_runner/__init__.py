@@ -15,9 +15,11 @@ from agent_runner.errors import (
     AgentRunnerError,
     DefinitionError,
     FormProtocolError,
+    InputLimitError,
     InvalidCursor,
     InvalidEventQuery,
     InvalidResumeCommand,
+    InvalidTextError,
     InvalidTransitionError,
     LeaseHeldError,
     LeaseLostError,
@@ -47,6 +49,7 @@ from agent_runner.in_memory import (
     InMemoryTurnLease,
 )
 from agent_runner.leasing import HeldLease, LeaseKeeper
+from agent_runner.limits import InputLimits
 from agent_runner.messages import (
     ActionStatus,
     AgentActionMessage,
@@ -85,7 +88,7 @@ from agent_runner.suspensions import (
     SuspensionType,
     TimeoutAction,
 )
-from agent_runner.tools import AgentToolContext, AgentUserInputTool, Tool, tool
+from agent_runner.tools import AgentToolContext, AgentUserInputTool, Tool, ToolOutcome, tool
 from agent_runner.usage import Usage
 from agent_runner.worker import AgentWorker
 
@@ -96,6 +99,7 @@ __all__ = [
     "AgentToolContext",
     "AgentUserInputTool",
     "Tool",
+    "ToolOutcome",
     "tool",
     # Messages
     "ActionStatus",
@@ -133,6 +137,7 @@ __all__ = [
     "AgentStepResult",
     "AgentWorker",
     "Budget",
+    "InputLimits",
     "Middleware",
     "RetryPolicy",
     "StopReason",
@@ -170,9 +175,11 @@ __all__ = [
     "AgentRunnerError",
     "DefinitionError",
     "FormProtocolError",
+    "InputLimitError",
     "InvalidCursor",
     "InvalidEventQuery",
     "InvalidResumeCommand",
+    "InvalidTextError",
     "InvalidTransitionError",
     "LeaseHeldError",
     "LeaseLostError",

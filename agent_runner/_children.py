@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from agent_runner import machine
+from agent_runner import machine, telemetry
 from agent_runner._cas import retry_on_conflict
 from agent_runner.agent import Agent
 from agent_runner.errors import VersionConflictError
@@ -52,6 +52,7 @@ class ChildTurns:
                 created_at=now,
                 updated_at=now,
             )
+            child = telemetry.stamp_new_turn(runner, child)  # trace context of the child turn
             try:
                 child = runner._save(
                     child,

@@ -25,6 +25,45 @@ class DefinitionError(AgentRunnerError):
     """An agent, tool, form or middleware was misconfigured by the application developer."""
 
 
+class InputLimitError(AgentRunnerError):
+    """Input refused before anything was saved: over a size or depth limit, or outside the allowed shape.
+
+    Raised for caller input (messages, ids, form data, metadata) that breaks a limit of
+    `InputLimits`; the HTTP API answers it with 422. Nothing was written.
+
+    Attributes:
+        field: What was refused (`"conversation_id"`, `"form data"`, ...).
+        limit: What is allowed (`"262144 bytes"`, `"64 levels"`, ...).
+        found: What was found instead (`"10485760 bytes"`, ...).
+    """
+
+    def __init__(self, field: str, limit: str, found: str, message: str | None = None) -> None:
+        self.field = field
+        self.limit = limit
+        self.found = found
+        super().__init__(message or f"{field} refused: found {found}, allowed {limit}")
+
+
+class InvalidTextError(InputLimitError):
+    """Text that no store can keep: a NUL character, or a lone surrogate (for example from a non-UTF-8 argument).
+
+    Attributes:
+        position: Index of the first such character in the string.
+        character: The character itself.
+    """
+
+    def __init__(self, field: str, position: int, character: str) -> None:
+        self.position = position
+        self.character = character
+        what = "a NUL character" if character == "\x00" else f"the lone surrogate U+{ord(character):04X}"
+        super().__init__(
+            field,
+            "text without NUL characters or lone surrogates",
+            f"{what} at position {position}",
+            f"{field}: {what} at position {position} cannot be stored (send valid UTF-8 text without NUL characters)",
+        )
+
+
 class AgentNotFound(AgentRunnerError):
     """The agent loader has no agent with the requested id (and version)."""
 

@@ -54,9 +54,9 @@ class AgentEventType(StrEnum):
     def is_durable(self) -> bool:
         """Whether events of this type are stored with the save that caused them.
 
-        Only MODEL_DELTA and TOOL_PROGRESS are ephemeral: they stream through the live
-        channel and are not kept beyond its retention. A client that missed deltas
-        resynchronizes from MODEL_RESPONSE, which carries the whole text.
+        Only MODEL_DELTA, TOOL_PROGRESS and CHAT_MEMORY_ERROR are ephemeral: they stream
+        through the live channel and are not kept beyond its retention. A client that missed
+        deltas resynchronizes from MODEL_RESPONSE, which carries the whole text.
         """
         return self not in EPHEMERAL_EVENT_TYPES
 
@@ -72,8 +72,13 @@ TERMINAL_EVENT_TYPES = frozenset(
     }
 )
 
-EPHEMERAL_EVENT_TYPES = frozenset({AgentEventType.MODEL_DELTA, AgentEventType.TOOL_PROGRESS})
-"""Event types that go only through the live channel."""
+EPHEMERAL_EVENT_TYPES = frozenset(
+    {AgentEventType.MODEL_DELTA, AgentEventType.TOOL_PROGRESS, AgentEventType.CHAT_MEMORY_ERROR}
+)
+"""Event types that go only through the live channel.
+
+CHAT_MEMORY_ERROR reports a projection that failed after the snapshot was saved, so there is
+no save to write it with; it is an operator's signal, live only, like the deltas."""
 
 DURABLE_EVENT_TYPES = frozenset(AgentEventType) - EPHEMERAL_EVENT_TYPES
 """Event types written to the turn store atomically with the save that caused them."""

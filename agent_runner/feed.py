@@ -24,7 +24,7 @@ import logging
 import re
 import time
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Generator
 from dataclasses import dataclass
 
 from agent_runner.errors import InvalidCursor, StoreError
@@ -118,7 +118,7 @@ class EventFeed:
         after: str | None = None,
         timeout: float,
         poll_interval: float = 0.25,
-    ) -> Iterator[AgentEvent]:
+    ) -> Generator[AgentEvent, None, None]:
         """Yield events after the cursor `after` as they come, until `timeout` seconds pass with none.
 
         With a live channel it waits on the channel, waking for ephemeral events and for the

@@ -9,7 +9,8 @@ from typing import Any
 import jsonschema
 from jsonschema.exceptions import SchemaError
 
-from agent_runner.errors import DefinitionError
+from agent_runner.errors import DefinitionError, InputLimitError
+from agent_runner.limits import DEFAULT_LIMITS, check_json
 
 FORM_KEY_PATTERN = r"^[A-Za-z0-9_.:-]{1,128}$"
 
@@ -105,8 +106,19 @@ class FormDataError(str):
         return error
 
 
-def validate_form_data(schema: dict[str, Any], data: Any) -> list[FormDataError]:
-    """Validate `data` against `schema` and return its errors (empty when valid), ordered by field."""
+def validate_form_data(
+    schema: dict[str, Any], data: Any, max_depth: int = DEFAULT_LIMITS.max_json_depth
+) -> list[FormDataError]:
+    """Validate `data` against `schema` and return its errors (empty when valid), ordered by field.
+
+    The depth of `data` is checked first, without recursion: the schema validator recurses
+    once per level, so data nested deeper than `max_depth` is reported as one error and
+    never reaches it.
+    """
+    try:
+        check_json(data, "form data", max_bytes=None, max_depth=max_depth)
+    except InputLimitError as exc:
+        return [FormDataError(str(exc), "", str(exc))]
     validator_cls = jsonschema.validators.validator_for(schema)
     validator = validator_cls(schema, format_checker=validator_cls.FORMAT_CHECKER)
     errors = sorted(validator.iter_errors(data), key=lambda e: (list(e.absolute_path), e.message))

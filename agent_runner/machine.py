@@ -16,8 +16,17 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from agent_runner.agent import Agent
-from agent_runner.errors import InvalidResumeCommand, InvalidTransitionError, ToolArgumentsError
+from agent_runner.errors import InputLimitError, InvalidResumeCommand, InvalidTransitionError, ToolArgumentsError
 from agent_runner.forms import AgentFormDefinition, validate_form_data
+from agent_runner.limits import (
+    MAX_JSON_DEPTH,
+    InputLimits,
+    bounded_text,
+    check_json,
+    check_tool_arguments,
+    preview,
+    storable_text,
+)
 from agent_runner.messages import ActionStatus, AiMessage, ModelMessage, ToolCall, ToolMessage, UserMessage
 from agent_runner.models import ChatResponse
 from agent_runner.policy import AgentExecutionPolicy, RetryPolicy
@@ -59,6 +68,9 @@ SUSPENSION_STATUS: dict[SuspensionType, AgentTurnStatus] = {
 
 FORM_SOURCE_USER_INPUT_TOOL = "request_user_input"
 FORM_SOURCE_TOOL = "tool"
+OUTCOME_UNKNOWN = "outcome_unknown"
+"""`reason` in the metadata of a TOOL_APPROVAL suspension that asks a person to settle a call
+whose outcome was not recorded."""
 _CHILD_NAMESPACE = uuid.UUID("5b0c7f4e-8a52-4c8e-9d0b-6f1f3c0a9e21")
 
 
@@ -111,6 +123,14 @@ class ExecuteTool:
 
 
 @dataclass(frozen=True)
+class ReconcileTool:
+    """A non-idempotent call started earlier and its outcome was not recorded: find it out, never re-run blindly."""
+
+    call: ToolCall
+    tool: Tool
+
+
+@dataclass(frozen=True)
 class WriteToolResult:
     """Answer `call` without executing anything (unknown tool, invalid arguments, a child's output)."""
 
@@ -137,7 +157,7 @@ class SpawnChildren:
     """(call, sub-agent, task) for each delegation call that has no child yet."""
 
 
-StepPlan = Terminate | CallModel | ExecuteTool | WriteToolResult | Suspend | SpawnChildren
+StepPlan = Terminate | CallModel | ExecuteTool | ReconcileTool | WriteToolResult | Suspend | SpawnChildren
 
 
 def plan_step(turn: AgentTurn, agent: Agent, policy: AgentExecutionPolicy) -> StepPlan:
@@ -155,7 +175,7 @@ def plan_step(turn: AgentTurn, agent: Agent, policy: AgentExecutionPolicy) -> St
                 S.MAX_ITERATIONS_REACHED, f"the turn reached its limit of {agent.max_iterations} model calls"
             )
         return CallModel()
-    return _plan_tool(turn, agent, turn.pending_tool_calls[0])
+    return _plan_tool(turn, agent, turn.pending_tool_calls[0], policy.limits)
 
 
 def budget_exceeded(turn: AgentTurn, agent: Agent) -> str | None:
@@ -168,12 +188,22 @@ def budget_exceeded(turn: AgentTurn, agent: Agent) -> str | None:
     return None
 
 
-def _plan_tool(turn: AgentTurn, agent: Agent, call: ToolCall) -> StepPlan:
+def _plan_tool(turn: AgentTurn, agent: Agent, call: ToolCall, limits: InputLimits) -> StepPlan:
+    try:
+        # Before anything copies the arguments into a suspension or a page message.
+        check_tool_arguments(limits, call.arguments)
+    except InputLimitError as exc:
+        return WriteToolResult(
+            call,
+            f"The arguments for tool {preview(call.name, 64)!r} were refused, so the tool was not run: found "
+            f"{exc.found}, allowed {exc.limit}. Call it again with arguments within this limit.",
+            True,
+        )
     invalid = call.arguments.get(INVALID_ARGUMENTS_KEY)
     if isinstance(invalid, dict) and len(call.arguments) == 1:
         return WriteToolResult(
             call,
-            f"The arguments for tool {call.name!r} were not a JSON object ({invalid.get('error')}), so the tool "
+            f"The arguments for tool {call.name!r} could not be used ({invalid.get('error')}), so the tool "
             "was not run. Call it again with a JSON object that matches its parameters.",
             True,
         )
@@ -184,10 +214,12 @@ def _plan_tool(turn: AgentTurn, agent: Agent, call: ToolCall) -> StepPlan:
     if tool is None:
         known = sorted([t.name for t in agent.tools] + [a.id for a in agent.sub_agents])
         return WriteToolResult(
-            call, f"Unknown tool {call.name!r}. Available tools: {', '.join(known) or 'none'}.", True
+            call, f"Unknown tool {preview(call.name, 64)!r}. Available tools: {', '.join(known) or 'none'}.", True
         )
     if isinstance(tool, AgentUserInputTool):
         return _plan_user_input(turn, tool, call)
+    if call.id in turn.started_call_ids:
+        return ReconcileTool(call, tool)
     if tool.requires_approval and call.id not in turn.approved_call_ids:
         try:
             tool.validate_arguments(call.arguments)
@@ -195,7 +227,7 @@ def _plan_tool(turn: AgentTurn, agent: Agent, call: ToolCall) -> StepPlan:
             # Nobody should be asked to approve a call that cannot run.
             return WriteToolResult(call, str(exc), True)
         masked = tool.masked_arguments(call.arguments)
-        summary = f"{tool.name}({', '.join(f'{k}={v!r}' for k, v in masked.items())})"
+        summary = f"{tool.name}({', '.join(f'{k}={preview(repr(v))}' for k, v in masked.items())})"
         suspension = AgentSuspension(
             type=SuspensionType.TOOL_APPROVAL,
             correlation_id=call.id,
@@ -298,9 +330,15 @@ def start_running(turn: AgentTurn, now: datetime) -> AgentTurn:
     return transition(turn, S.RUNNING, now, suspension=None, next_retry_at=None, step_failures=0)
 
 
-def apply_model_response(turn: AgentTurn, response: ChatResponse, now: datetime) -> tuple[AgentTurn, AiMessage]:
-    """Record a model response: tool calls become pending (TOOLS), a final answer completes the turn."""
-    message = response.message.model_copy(update={"id": next_message_id(turn)})
+def apply_model_response(
+    turn: AgentTurn, response: ChatResponse, now: datetime, limits: InputLimits | None = None
+) -> tuple[AgentTurn, AiMessage]:
+    """Record a model response: tool calls become pending (TOOLS), a final answer completes the turn.
+
+    The message is made storable first, and bounded by `limits` when they are given (see
+    `storable_message`), whatever model produced it.
+    """
+    message = storable_message(response.message, limits).model_copy(update={"id": next_message_id(turn)})
     changes: dict[str, Any] = {
         "messages": [*turn.messages, message],
         "usage": turn.usage + response.usage,
@@ -311,6 +349,50 @@ def apply_model_response(turn: AgentTurn, response: ChatResponse, now: datetime)
     if message.tool_calls:
         return touch(turn, now, phase=Phase.TOOLS, pending_tool_calls=list(message.tool_calls), **changes), message
     return transition(turn, S.COMPLETED, now, final_output=message.content or "", **changes), message
+
+
+def storable_message(message: AiMessage, limits: InputLimits | None = None) -> AiMessage:
+    """Return the model's message in a form every store can save.
+
+    NUL characters and lone surrogates in the text, ids and names are replaced by U+FFFD.
+    Tool-call arguments that hold such text, or nest deeper than `MAX_JSON_DEPTH`, are
+    replaced by the invalid-arguments marker, so the call is answered with an error
+    ToolMessage the model can act on, instead of failing the save. With `limits`, arguments
+    over `max_tool_arguments_bytes` or `max_json_depth` get the marker too (keeping only the
+    start of the text), and text over `max_message_bytes` is cut with a note; without them,
+    the policy's limits still apply before a call runs (`plan_step`), but the message is
+    kept whole.
+    """
+    calls = [_storable_call(call, limits) for call in message.tool_calls]
+    content = None if message.content is None else storable_text(message.content)
+    if content is not None and limits is not None:
+        content = bounded_text(content, limits.max_message_bytes)
+    if content == message.content and all(new is old for new, old in zip(calls, message.tool_calls, strict=True)):
+        return message
+    return message.model_copy(update={"content": content, "tool_calls": calls})
+
+
+def _storable_call(call: ToolCall, limits: InputLimits | None) -> ToolCall:
+    changes: dict[str, Any] = {}
+    if storable_text(call.id) != call.id:
+        changes["id"] = storable_text(call.id)
+    if storable_text(call.name) != call.name:
+        changes["name"] = storable_text(call.name)
+    try:
+        if limits is None:
+            check_json(call.arguments, "arguments", max_bytes=None, max_depth=MAX_JSON_DEPTH)
+        else:
+            check_tool_arguments(limits, call.arguments, "arguments")
+    except InputLimitError as exc:
+        changes["arguments"] = {INVALID_ARGUMENTS_KEY: {"raw": _raw_preview(call.arguments), "error": str(exc)}}
+    return call.model_copy(update=changes) if changes else call
+
+
+def _raw_preview(arguments: dict[str, Any]) -> str:
+    try:
+        return preview(json.dumps(arguments, ensure_ascii=False, default=repr))
+    except (RecursionError, ValueError):
+        return ""
 
 
 def apply_tool_result(
@@ -331,6 +413,7 @@ def apply_tool_result(
         pending_tool_calls=pending,
         phase=Phase.TOOLS if pending else Phase.MODEL,
         approved_call_ids=[c for c in turn.approved_call_ids if c != call.id],
+        started_call_ids=[c for c in turn.started_call_ids if c != call.id],
         form_data=form_data,
         attempt=0,
         steps=turn.steps + 1,
@@ -502,7 +585,7 @@ def apply_resume(
     match command.type:
         case ResumeType.USER_INPUT:
             return _resume_user_input(turn, suspension, command, now)
-        case ResumeType.APPROVE_TOOL | ResumeType.REJECT_TOOL:
+        case ResumeType.APPROVE_TOOL | ResumeType.REJECT_TOOL | ResumeType.TOOL_RESULT:
             return _resume_approval(turn, suspension, command, now)
         case ResumeType.CHILD_COMPLETED:
             return _resume_child(turn, command, child, now)
@@ -517,7 +600,52 @@ _EXPECTED_SUSPENSION = {
     ResumeType.REJECT_TOOL: SuspensionType.TOOL_APPROVAL,
     ResumeType.CHILD_COMPLETED: SuspensionType.CHILD_AGENT,
     ResumeType.RETRY: SuspensionType.RETRY,
+    ResumeType.TOOL_RESULT: SuspensionType.TOOL_APPROVAL,
 }
+
+
+def mark_started(turn: AgentTurn, call_id: str, now: datetime) -> AgentTurn:
+    """Record that the body of a non-idempotent call is about to run (saved before it runs)."""
+    return touch(turn, now, started_call_ids=[*turn.started_call_ids, call_id])
+
+
+def unmark_started(turn: AgentTurn, call_id: str) -> AgentTurn:
+    """Forget the start of a call whose body returned or raised: its outcome is known now."""
+    if call_id not in turn.started_call_ids:
+        return turn
+    return turn.model_copy(update={"started_call_ids": [c for c in turn.started_call_ids if c != call_id]})
+
+
+def outcome_unknown_suspension(turn: AgentTurn, call: ToolCall, tool: Tool, note: str) -> Suspend:
+    """Ask a person to settle a call that started and whose outcome was never recorded."""
+    masked = tool.masked_arguments(call.arguments)
+    summary = f"{tool.name}({', '.join(f'{k}={v!r}' for k, v in masked.items())})"
+    message = (
+        f"The call {summary} started but its outcome was not recorded (the worker stopped while it ran)"
+        + (f": {note}" if note else "")
+        + ". Retry it, mark it done with its result, or fail it."
+    )
+    suspension = AgentSuspension(
+        type=SuspensionType.TOOL_APPROVAL,
+        correlation_id=call.id,
+        message=message,
+        resume_phase=Phase.TOOLS,
+        metadata={"reason": OUTCOME_UNKNOWN, "tool_name": tool.name, "arguments": masked, "note": note},
+    )
+    message_id = f"{page_message_id(turn.id, call.id)}-outcome"
+    payload: dict[str, Any] = {
+        "role": "agent_action",
+        "id": message_id,
+        "turn_id": turn.id,
+        "action_id": call.id,
+        "tool_name": tool.name,
+        "summary": message,
+        "arguments": masked,
+        "kind": OUTCOME_UNKNOWN,
+    }
+    return Suspend(
+        suspension, PageAction(message_id=message_id, action_id=call.id, kind=OUTCOME_UNKNOWN, payload=payload)
+    )
 
 
 def _check_call_id(turn: AgentTurn, suspension: AgentSuspension, command: AgentResumeCommand) -> ToolCall:
@@ -556,6 +684,18 @@ def decider(command: AgentResumeCommand) -> str | None:
         if value is not None and value != "":
             return str(value)
     return None
+
+
+def noted_reason(command: AgentResumeCommand) -> str | None:
+    """Why a person approved or settled a call: `command.reason`, else its `reason` metadata.
+
+    Only a rejection carries `reason` as a field (the model reads it); an approval's reason
+    is kept with the decision alone, and front ends send it as metadata.
+    """
+    if command.reason:
+        return command.reason
+    value = command.metadata.get("reason")
+    return None if value is None or value == "" else str(value)
 
 
 def _decide_action(
@@ -607,7 +747,8 @@ def _submit_form(
 ) -> AgentTurn:
     form = suspension.form
     schema = form.schema if form is not None else {"type": "object"}
-    errors = validate_form_data(schema, data)
+    # The runner checked the depth against the policy's limit; this bound only protects the validator.
+    errors = validate_form_data(schema, data, max_depth=MAX_JSON_DEPTH)
     if errors:
         raise InvalidResumeCommand(
             f"form data for call {call.id!r} does not match the form's schema: " + "; ".join(errors),
@@ -637,13 +778,36 @@ def _resume_approval(
     turn: AgentTurn, suspension: AgentSuspension, command: AgentResumeCommand, now: datetime
 ) -> AgentTurn:
     call = _check_call_id(turn, suspension, command)
-    return _decide_approval(turn, call, command.type is ResumeType.APPROVE_TOOL, command, now)
+    unknown_outcome = suspension.metadata.get("reason") == OUTCOME_UNKNOWN
+    if command.type is ResumeType.TOOL_RESULT and not unknown_outcome:
+        raise InvalidResumeCommand(
+            f"tool call {call.id!r} of turn {turn.id!r} waits for approval; tool_result settles only "
+            "a call whose outcome is unknown",
+            turn_id=turn.id,
+        )
+    if command.type is ResumeType.TOOL_RESULT:
+        started = [c for c in turn.started_call_ids if c != call.id]
+        actions = _decide_action(turn, call.id, ActionStatus.SUBMITTED, command, now, noted_reason(command))
+        resumed = transition(turn, S.RUNNING, now, suspension=None, page_actions=actions, started_call_ids=started)
+        resumed, _ = apply_tool_result(resumed, call, command.content or "", False, now)
+        return resumed.model_copy(update={"steps": turn.steps})
+    approved = command.type is ResumeType.APPROVE_TOOL
+    return _decide_approval(turn, call, approved, command, now, unknown_outcome=unknown_outcome)
 
 
 def _decide_approval(
-    turn: AgentTurn, call: ToolCall, approved: bool, command: AgentResumeCommand, now: datetime
+    turn: AgentTurn,
+    call: ToolCall,
+    approved: bool,
+    command: AgentResumeCommand,
+    now: datetime,
+    *,
+    unknown_outcome: bool = False,
 ) -> AgentTurn:
+    """Approve (run the saved call) or reject (tell the model) a call waiting for a decision."""
+    started = [c for c in turn.started_call_ids if c != call.id]
     if approved:
+        # For an unknown outcome, approving means "run it again": a person took the risk.
         return transition(
             turn,
             S.RUNNING,
@@ -651,13 +815,16 @@ def _decide_approval(
             suspension=None,
             phase=Phase.TOOLS,
             approved_call_ids=[*turn.approved_call_ids, call.id],
-            page_actions=_decide_action(turn, call.id, ActionStatus.APPROVED, command, now),
+            started_call_ids=started,
+            page_actions=_decide_action(turn, call.id, ActionStatus.APPROVED, command, now, noted_reason(command)),
         )
     reason = command.reason or "rejected by the user"
     actions = _decide_action(turn, call.id, ActionStatus.REJECTED, command, now, reason)
-    resumed = transition(turn, S.RUNNING, now, suspension=None, page_actions=actions)
+    resumed = transition(turn, S.RUNNING, now, suspension=None, page_actions=actions, started_call_ids=started)
     if command.type is ResumeType.DEADLINE:
         content = "Nobody approved this tool call before its deadline, so it was not run."
+    elif unknown_outcome:
+        content = f"This tool call failed (its outcome was unknown and a person marked it failed): {reason}"
     else:
         content = f"The user rejected this tool call: {reason}"
     resumed, _ = apply_tool_result(resumed, call, content, True, now)

@@ -103,7 +103,8 @@ class _PageMessageBase(_MessageBase):
     """Who decided (the resume command's `decided_by` or `approverId` metadata; `"system"` for a close-out)."""
     decided_at: datetime | None = None
     reason: str | None = None
-    """Why: the rejection reason, or the reason the turn ended while the action was pending."""
+    """Why: the rejection reason, the reason given with an approval (the resume command's `reason`
+    metadata), or the reason the turn ended while the action was pending."""
 
 
 class AgentActionMessage(_PageMessageBase):
@@ -124,10 +125,19 @@ class AgentActionMessage(_PageMessageBase):
     """Human-readable description of the call; sensitive arguments are masked."""
     arguments: dict[str, Any] = Field(default_factory=dict)
     """The call's arguments with sensitive values replaced by `"***"`."""
+    kind: Literal["approval", "outcome_unknown"] = "approval"
+    """`approval`: the call waits to run. `outcome_unknown`: a non-idempotent call started and
+    its outcome was never recorded; a person retries it, marks it done with a result, or fails it."""
 
     def get_actions(self) -> list[str]:
-        """Actions the page may offer: APPROVE and REJECT while pending, none afterwards."""
-        return ["APPROVE", "REJECT"] if self.status is ActionStatus.PENDING else []
+        """Actions the page may offer while pending, none afterwards.
+
+        APPROVE and REJECT for an approval; RETRY, MARK_DONE and FAIL for an unknown outcome
+        (resume with `approve_tool`, `tool_result` and `reject_tool`).
+        """
+        if self.status is not ActionStatus.PENDING:
+            return []
+        return ["RETRY", "MARK_DONE", "FAIL"] if self.kind == "outcome_unknown" else ["APPROVE", "REJECT"]
 
 
 class AgentFormMessage(_PageMessageBase):

@@ -11,6 +11,7 @@ from pydantic import Field, field_validator, model_validator
 
 from agent_runner._base import PositionalModel
 from agent_runner.errors import DefinitionError, RecoverableError
+from agent_runner.limits import InputLimits
 
 if TYPE_CHECKING:
     from agent_runner.agent import Agent
@@ -123,6 +124,8 @@ class AgentExecutionPolicy(PositionalModel):
     """Consecutive steps that may raise an unexpected exception (a bug, a poison model response
     that cannot be saved) before the turn ends FAILED, instead of being retried for ever.
     Transient infrastructure errors (an unreachable store or lease backend) do not count."""
+    limits: InputLimits = Field(default_factory=InputLimits)
+    """Size and depth limits on caller input and model output."""
     deadline_reminder: float | None = Field(default=0.8, gt=0, lt=1)
     """Fraction of the time between a suspension and its deadline after which the
     DEADLINE_APPROACHING event is emitted, once (None: no reminder)."""

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from agent_runner import machine
+from agent_runner import machine, telemetry  # telemetry hook: trace context of new turns
 from agent_runner._base import new_id, utcnow
 from agent_runner._cas import AGAIN, retry_on_conflict
 from agent_runner._children import ChildTurns
@@ -42,6 +42,7 @@ from agent_runner.errors import (
 from agent_runner.events import AgentEvent, AgentEventListener, AgentEventType
 from agent_runner.in_memory import InMemoryAgentTurnStore
 from agent_runner.leasing import HeldLease
+from agent_runner.limits import check_resume_input, check_turn_input
 from agent_runner.messages import AiMessage, ModelMessage, SystemMessage, ToolCall, ToolMessage, UserMessage
 from agent_runner.middleware import Middleware, chain
 from agent_runner.models import ChatRequest, ChatResponse
@@ -55,7 +56,7 @@ from agent_runner.persistence import (
 from agent_runner.policy import AgentExecutionPolicy, RetryPolicy
 from agent_runner.snapshot import AgentTurn, AgentTurnStatus
 from agent_runner.suspensions import AgentResumeCommand, AgentSuspension, ResumeType, SuspensionType
-from agent_runner.tools import Tool, encode_tool_result, tool_scope
+from agent_runner.tools import Tool, ToolOutcome, encode_tool_result, tool_scope
 
 logger = logging.getLogger("agent_runner")
 
@@ -503,6 +504,7 @@ class AgentRunner:
         metadata: dict[str, Any] | None = None,
         turn_id: str | None = None,
     ) -> AgentTurn:
+        check_turn_input(self.policy.limits, message, history, conversation_id, tenant_id, metadata)
         agent = self._resolve_agent(agent_ref)
         user = UserMessage(content=message) if isinstance(message, str) else message
         if not isinstance(user, UserMessage):
@@ -513,6 +515,7 @@ class AgentRunner:
         if history is not None:
             window = [m for m in history if m.model_visible]
         elif conversation_id is not None:
+            self._finish_projection_of_last_turn(conversation_id)
             window = self._projection.memory(conversation_id).get_model_messages(agent.max_attached_messages)
         turn_id = turn_id or new_id()
         now = self.clock()
@@ -530,12 +533,32 @@ class AgentRunner:
             created_at=now,
             updated_at=now,
         )
+        turn = telemetry.stamp_new_turn(self, turn)  # trace context of the new turn
         started = self._event(
             AgentEventType.TURN_STARTED, turn, 0, 0, {"agent_id": agent.id, "agent_version": agent.version}
         )
         saved = self._gate.create(turn, [started])
         self._deliver(started)
         return self._projection.project(saved)
+
+    def _finish_projection_of_last_turn(self, conversation_id: str) -> None:
+        """Redo the projection of the conversation's last turn if it ended before ChatMemory had it all.
+
+        A failed projection is retried after the next save of the turn, but an ended turn has
+        no next save: without this, its last messages (the final answer) would be missing
+        from the history every later turn of the conversation reads.
+        """
+        if self.chat_memory_provider is None:
+            return
+        try:
+            last = self.turn_store.list_turns(conversation_id=conversation_id, limit=1)
+        except AgentRunnerError as exc:
+            logger.warning("could not check the last turn of conversation %s: %s", conversation_id, exc)
+            return
+        for turn in last:
+            unsynced = any(not action.synced for action in turn.page_actions)
+            if turn.is_terminal and (turn.projected_count < len(turn.messages) or unsynced):
+                self._projection.project(turn)
 
     # --- Stepping ----------------------------------------------------------------------------
 
@@ -563,6 +586,8 @@ class AgentRunner:
                     return self._call_model(running, agent, expected)
                 case machine.ExecuteTool(call=call, tool=tool):
                     return self._execute_tool(running, call, tool, expected, self.policy.retry_for(agent))
+                case machine.ReconcileTool(call=call, tool=tool):
+                    return self._reconcile_tool(running, call, tool, expected, self.policy.retry_for(agent))
                 case machine.WriteToolResult(call=call, content=content, is_error=is_error):
                     updated, message = machine.apply_tool_result(running, call, content, is_error, now)
                     saved = self._save(updated, expected, _tool_completed(call, is_error))
@@ -631,6 +656,12 @@ class AgentRunner:
         self, turn: AgentTurn, call: ToolCall, tool: Tool, expected: int, retry: RetryPolicy
     ) -> AgentStepResult:
         self._carry(AgentEventType.TOOL_STARTED, turn, tool_call_id=call.id, tool_name=call.name)
+        if not tool.idempotent:
+            # Saved before the body runs: after a crash, the call is known to have started and
+            # is reconciled instead of being run again. The saves after the body forget the mark.
+            started = self._save(machine.mark_started(turn, call.id, self.clock()), expected)
+            expected = started.version
+            turn = machine.unmark_started(started, call.id)
         submitted = turn.form_data.get(call.id, {})
 
         def progress(data: Any) -> None:
@@ -658,6 +689,36 @@ class AgentRunner:
         updated, message = machine.apply_tool_result(turn, call, content, is_error, self.clock())
         saved = self._save(updated, expected, _tool_completed(call, is_error))
         return AgentStepResult(turn=saved, tool_messages=[message])
+
+    def _reconcile_tool(
+        self, turn: AgentTurn, call: ToolCall, tool: Tool, expected: int, retry: RetryPolicy
+    ) -> AgentStepResult:
+        """Settle a non-idempotent call that started and has no recorded outcome, without re-running it blindly."""
+        outcome = ToolOutcome.unknown("the tool has no reconcile function")
+        if tool.reconciler is not None:
+            key = f"{turn.id}:{call.id}"  # the call's idempotency key (AgentToolContext.get_idempotency_key)
+            try:
+                with tool_scope(turn.id, call, turn.form_data.get(call.id, {}), lambda _: None):
+                    found = tool.reconciler(call, key)
+                if not isinstance(found, ToolOutcome):
+                    raise DefinitionError(f"reconcile of tool {tool.name!r} returned {found!r}, not a ToolOutcome")
+                outcome = found
+            except Exception as exc:
+                outcome = ToolOutcome.unknown(f"reconciling raised {type(exc).__name__}: {exc}")
+        if outcome.state == "done":
+            updated, message = machine.apply_tool_result(
+                turn, call, encode_tool_result(outcome.result), False, self.clock()
+            )
+            completed = (
+                AgentEventType.TOOL_COMPLETED,
+                {"tool_call_id": call.id, "tool_name": call.name, "is_error": False, "reconciled": True},
+            )
+            return AgentStepResult(turn=self._save(updated, expected, completed), tool_messages=[message])
+        if outcome.state == "not_done":
+            return self._execute_tool(machine.unmark_started(turn, call.id), call, tool, expected, retry)
+        plan = machine.outcome_unknown_suspension(turn, call, tool, outcome.note)
+        suspended = machine.apply_suspension(turn, plan, self.clock())
+        return AgentStepResult(turn=self._save(suspended, expected, self._suspended_event(suspended)))
 
     def _failed_call(
         self,
@@ -752,6 +813,7 @@ class AgentRunner:
     # --- Resume ------------------------------------------------------------------------------
 
     def _apply_resume(self, turn_id: str, command: AgentResumeCommand) -> AgentTurn:
+        check_resume_input(self.policy.limits, turn_id, command)
         if command.type is ResumeType.CHILD_COMPLETED:
             turn = self.turn_store.load(turn_id)
             try:
@@ -910,7 +972,8 @@ class _DeltaSink:
                 cancelled = False  # the store is the truth; its blip must not break the stream
             if cancelled:
                 raise _CancelledMidCall(self.turn.id)
-        self.runner._emit(AgentEventType.MODEL_DELTA, self.turn, delta=text)
+        # The fence tells the deltas of an abandoned call (its worker died) from the re-run's.
+        self.runner._emit(AgentEventType.MODEL_DELTA, self.turn, delta=text, lease_fence=self.turn.lease_fence)
 
 
 def _raise_failure(result: AdvanceResult) -> AgentTurn:

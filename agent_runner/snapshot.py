@@ -140,6 +140,8 @@ class AgentTurn(FrozenModel):
     """How many leading `messages` are known to be in ChatMemory."""
     lease_fence: int | None = None
     """Fencing number of the lease under which this snapshot was saved, if any."""
+    started_call_ids: list[str] = Field(default_factory=list)
+    """Calls of non-idempotent tools whose body started and whose outcome is not recorded yet."""
     step_failures: int = 0
     """Consecutive steps that raised an unexpected exception (reset by any step that saves)."""
     root_conversation_id: str | None = None
@@ -150,6 +152,9 @@ class AgentTurn(FrozenModel):
     child turns inherit it. None in a single-tenant deployment."""
     metadata: dict[str, Any] = Field(default_factory=dict)
     """Caller-supplied JSON data kept with the turn (for example a request or user id)."""
+    trace_context: dict[str, str] = Field(default_factory=dict)
+    """Trace context (W3C `traceparent`, `tracestate`) under which the turn was created, so that
+    every step, in any process, continues one trace; empty when no tracing was set up."""
 
     @model_validator(mode="before")
     @classmethod

@@ -119,6 +119,7 @@ class ResumeType(StrEnum):
     REJECT_TOOL = "REJECT_TOOL"
     CHILD_COMPLETED = "CHILD_COMPLETED"
     RETRY = "RETRY"
+    TOOL_RESULT = "TOOL_RESULT"
     DEADLINE = "DEADLINE"
     """The suspension's deadline passed: apply its `on_timeout` default."""
 
@@ -155,6 +156,15 @@ class AgentResumeCommand(FrozenModel):
     def reject_tool(cls, tool_call_id: str, reason: str = "rejected by the user") -> AgentResumeCommand:
         """Reject the pending call; the model is told the reason and answers."""
         return cls(type=ResumeType.REJECT_TOOL, tool_call_id=tool_call_id, reason=reason)
+
+    @classmethod
+    def tool_result(cls, tool_call_id: str, content: str) -> AgentResumeCommand:
+        """Settle a call whose outcome is unknown as done, with the result a person found out.
+
+        Only for a turn suspended because a non-idempotent tool started and its outcome was
+        not recorded; `approve_tool` retries such a call and `reject_tool` fails it.
+        """
+        return cls(type=ResumeType.TOOL_RESULT, tool_call_id=tool_call_id, content=content)
 
     @classmethod
     def child_completed(cls, child_turn_id: str) -> AgentResumeCommand:

@@ -47,10 +47,15 @@ class Tool:
         requires_approval: bool = False,
         sensitive: Sequence[str] = (),
         retry_on: Sequence[type[BaseException]] = (),
+        idempotent: bool = True,
         approval_timeout: timedelta | float | None = None,
         on_timeout: str = "reject",
     ) -> None:
         self.function = function
+        self.idempotent = idempotent
+        """False: a re-run could act twice. The runner then saves "started" before the body runs
+        and never re-runs a call whose outcome it did not record (see `reconcile`)."""
+        self.reconciler: Callable[[ToolCall, str], ToolOutcome] | None = None
         self.name = name or function.__name__
         if not TOOL_NAME_PATTERN.match(self.name):
             raise DefinitionError(f"tool name {self.name!r} must match {TOOL_NAME_PATTERN.pattern}")
@@ -77,6 +82,20 @@ class Tool:
             raise DefinitionError(f"tool {self.name!r}: on_timeout must be 'reject' or 'approve', got {on_timeout!r}")
         self.on_timeout = on_timeout
         """What a call whose approval deadline passed becomes: `"reject"` or `"approve"`."""
+
+    def reconcile(self, function: Callable[[ToolCall, str], ToolOutcome]) -> Callable[[ToolCall, str], ToolOutcome]:
+        """Register the function that finds out what became of a call whose outcome was not recorded.
+
+        Used as a decorator on a non-idempotent tool (`@send_email.reconcile`). After a crash
+        between the start of the body and the save of its result, the runner calls
+        `function(call, idempotency_key)` instead of running the body again; it returns
+        `ToolOutcome.done(result)`, `ToolOutcome.not_done()` (the body runs again) or
+        `ToolOutcome.unknown(why)` (a person decides).
+        """
+        if self.idempotent:
+            raise DefinitionError(f"tool {self.name!r} is idempotent: only @tool(idempotent=False) tools reconcile")
+        self.reconciler = function
+        return function
 
     @property
     def spec(self) -> ToolSpec:
@@ -154,6 +173,7 @@ def tool(
     requires_approval: bool = False,
     sensitive: Sequence[str] = (),
     retry_on: Sequence[type[BaseException]] = (),
+    idempotent: bool = True,
     approval_timeout: timedelta | float | None = None,
     on_timeout: str = "reject",
 ) -> Callable[[Callable[..., Any]], Tool]: ...
@@ -168,6 +188,7 @@ def tool(
     requires_approval: bool = False,
     sensitive: Sequence[str] = (),
     retry_on: Sequence[type[BaseException]] = (),
+    idempotent: bool = True,
     approval_timeout: timedelta | float | None = None,
     on_timeout: str = "reject",
 ) -> Tool | Callable[[Callable[..., Any]], Tool]:
@@ -182,6 +203,10 @@ def tool(
         retry_on: Exception types this tool raises for transient failures (its own client's
             connection errors, say): the call is retried on the retry schedule instead of
             failing the turn.
+        idempotent: False for a tool that could act twice if run again (an email, a payment
+            without idempotency keys): its start is saved before the body runs, and a call
+            that started but has no recorded result is reconciled or put to a person instead
+            of being re-run blindly.
         approval_timeout: With `requires_approval`, how long a call waits for a decision
             (a `timedelta` or seconds). When the deadline passes, the deadline sweep applies
             `on_timeout` through the normal resume path, recorded as decided by `"system"`
@@ -198,6 +223,7 @@ def tool(
             requires_approval=requires_approval,
             sensitive=sensitive,
             retry_on=retry_on,
+            idempotent=idempotent,
             approval_timeout=approval_timeout,
             on_timeout=on_timeout,
         )
@@ -319,6 +345,33 @@ def tool_scope(
         yield
     finally:
         _current.reset(token)
+
+
+@dataclass(frozen=True)
+class ToolOutcome:
+    """What a reconcile function found out about a call whose outcome was not recorded."""
+
+    state: str
+    """`"done"`, `"not_done"` or `"unknown"`."""
+    result: Any = None
+    """The call's result when done (becomes the ToolMessage content)."""
+    note: str = ""
+    """Why the outcome is unknown, shown to the person who decides."""
+
+    @classmethod
+    def done(cls, result: Any) -> ToolOutcome:
+        """The call took effect; `result` is what the tool would have returned."""
+        return cls("done", result=result)
+
+    @classmethod
+    def not_done(cls) -> ToolOutcome:
+        """The call took no effect: running the body again is safe."""
+        return cls("not_done")
+
+    @classmethod
+    def unknown(cls, note: str = "") -> ToolOutcome:
+        """It cannot be told: a person decides (retry, mark done with a result, or fail)."""
+        return cls("unknown", note=note)
 
 
 def encode_tool_result(value: Any) -> str:

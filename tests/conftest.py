@@ -13,12 +13,16 @@ import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
+from redis import Redis
+from redis.exceptions import RedisError
 from sqlalchemy.engine import make_url
 
 import store
+from store._scripts import redact_url
 
 TEST_DATABASE_URL = os.environ.get(
     "AGENT_RUNNER_TEST_DATABASE_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
@@ -47,6 +51,25 @@ def postgres_url() -> str:
         shown = make_url(TEST_DATABASE_URL).render_as_string(hide_password=True)
         pytest.fail(f"PostgreSQL at {shown} is unreachable ({type(exc).__name__}); start it first")
     return TEST_DATABASE_URL
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> str:
+    """The test Redis server's URL; fails (never skips) when the server does not answer.
+
+    Tests share its database: each works under a key prefix of its own and deletes exactly
+    those keys afterwards, never the whole database.
+    """
+    client: Redis[Any] = Redis.from_url(TEST_REDIS_URL, socket_connect_timeout=3, socket_timeout=3)
+    try:
+        client.ping()
+    except RedisError as exc:
+        pytest.fail(
+            f"Redis at {redact_url(TEST_REDIS_URL)} is unreachable ({type(exc).__name__}: {exc}); start it first"
+        )
+    finally:
+        client.close()
+    return TEST_REDIS_URL
 
 
 @pytest.fixture

@@ -23,6 +23,7 @@ from celery import Celery, signals
 
 from workers.names import SWEEP_DEADLINES, SWEEP_DUE_RETRIES, SWEEP_INBOX, SWEEP_STALE_TURNS
 from workers.settings import SettingsError, WorkerSettings
+from workers.telemetry import celery_signals as telemetry_signals  # telemetry hook
 
 logger = logging.getLogger("workers")
 
@@ -147,6 +148,10 @@ def _close_wiring(**_: Any) -> None:
 
     wiring.close_current()
 
+
+# Telemetry hook: traces, metrics and log format of the worker processes (workers/telemetry).
+# Connected before the handlers below, so that the metrics directory exists before anything else runs.
+telemetry_signals.install(app, settings)
 
 # Connected by call rather than as decorators: Celery is untyped, and a decorator would
 # hide the handlers' signatures from the type checker.

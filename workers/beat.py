@@ -34,7 +34,8 @@ from agent_runner import AgentRunnerError, AgentTurnStatus, StoreUnavailableErro
 from workers.app import app
 from workers.deadlines import apply_due_deadlines
 from workers.names import RUN_SCHEDULE, SWEEP_DEADLINES, SWEEP_DUE_RETRIES, SWEEP_INBOX, SWEEP_STALE_TURNS
-from workers.schedules import Schedule, ScheduleOutcome, fire_schedule
+from workers.schedules import Schedule, ScheduleError, ScheduleOutcome, fire_schedule
+from workers.task_arguments import checked_arguments
 from workers.tasks import turn_started_from
 from workers.wiring import Wiring, current
 
@@ -143,29 +144,46 @@ def _resend(wiring: Wiring, ref: TurnRef) -> int:
     return int(wiring.dispatcher.send_step(ref.turn_id, ref.version))
 
 
+@checked_arguments(SWEEP_INBOX, 0)
 def _sweep_inbox() -> int:
     """Celery entry point of `sweep_inbox`."""
     return sweep_inbox(current())
 
 
+@checked_arguments(SWEEP_STALE_TURNS, 0)
 def _sweep_stale_turns() -> int:
     """Celery entry point of `sweep_stale_turns`."""
     return sweep_stale_turns(current())
 
 
+@checked_arguments(SWEEP_DUE_RETRIES, 0)
 def _sweep_due_retries() -> int:
     """Celery entry point of `sweep_due_retries`."""
     return sweep_due_retries(current())
 
 
+@checked_arguments(SWEEP_DEADLINES, 0)
 def _sweep_deadlines() -> int:
     """Celery entry point of `sweep_deadlines`."""
     return sweep_deadlines(current())
 
 
-def _run_schedule(schedule: dict[str, Any], tick: str) -> str:
-    """Celery entry point of `run_schedule`: the message carries the schedule and the tick's ISO time."""
-    return run_schedule(current(), Schedule.from_dict(schedule), datetime.fromisoformat(tick)).value
+@checked_arguments(RUN_SCHEDULE, ScheduleOutcome.INVALID.value)
+def _run_schedule(schedule: dict[str, Any], tick: Any) -> str:
+    """Celery entry point of `run_schedule`: the message carries the schedule and the tick's ISO time.
+
+    A message whose schedule or tick cannot be read is dropped with a warning, not retried.
+    """
+    try:
+        parsed = Schedule.from_dict(schedule)
+        moment = datetime.fromisoformat(tick) if isinstance(tick, str) else None
+    except (ScheduleError, ValueError) as exc:
+        logger.warning("rejected a %s message: %s; it is dropped, not retried", RUN_SCHEDULE, exc)
+        return ScheduleOutcome.INVALID.value
+    if moment is None:
+        logger.warning("rejected a %s message: the tick is not an ISO 8601 time; it is dropped", RUN_SCHEDULE)
+        return ScheduleOutcome.INVALID.value
+    return run_schedule(current(), parsed, moment).value
 
 
 sweep_inbox_task = app.task(name=SWEEP_INBOX, ignore_result=True)(_sweep_inbox)

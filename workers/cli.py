@@ -2,8 +2,11 @@
 
 Every command reads the database from `--database-url` or `AGENT_RUNNER_DATABASE_URL`
 (default: the embedded SQLite file `./agent_runner.db`). Human-readable output by default,
-`--json` for scripts. Errors exit non-zero with a message on standard error: 2 for bad
-input (unknown turn, invalid form data, a command that does not fit the turn), 1 otherwise.
+`--json` for scripts. Every error is one `error: ...` line on standard error (form data
+that fails its schema adds one `  - ...` line per schema error), never a traceback. The
+exit status is 2 for bad input (an unknown turn, an invalid id, JSON or option value,
+invalid form data, a command that does not fit the turn, arguments that are not UTF-8)
+and 1 for failures of the infrastructure (the database cannot be reached, a store error).
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import ipaddress
 import json
+import math
 import os
 import re
 import sys
@@ -24,18 +28,20 @@ import click
 
 from agent_runner import (
     AgentLoader,
+    AgentNotFound,
     AgentRunner,
     AgentRunnerError,
     AgentTurn,
     AgentTurnStatus,
-    InvalidResumeCommand,
+    DefinitionError,
+    InputLimitError,
+    TurnError,
 )
+from agent_runner.limits import DEFAULT_LIMITS, check_id, check_text
 from workers.agents import apply_runner_setup, load_agent_loader
-from workers.settings import DEFAULT_DATABASE_URL, SettingsError, WorkerSettings
+from workers.settings import DEFAULT_DATABASE_URL, SettingsError, WorkerSettings, mask_url_secrets
 from workers.views import (
-    ErrorKind,
     ResumeAction,
-    classify_error,
     decisions_view,
     find_agent,
     history_view,
@@ -48,22 +54,94 @@ if TYPE_CHECKING:
     from store import SqlAgentTurnStore
 
 EXIT_BAD_INPUT = 2
+EXIT_FAILURE = 1
+MAX_LIST_LIMIT = 1000
+
+_BAD_INPUT_ERRORS: tuple[type[AgentRunnerError], ...] = (
+    TurnError,  # an unknown turn, a command that does not fit the turn
+    InputLimitError,
+    AgentNotFound,
+    DefinitionError,
+    SettingsError,
+)
 _AGE = re.compile(r"([0-9]{1,9})([smhd])")
 _AGE_UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
 
 
-def _fail(message: str, code: int = 1, details: Iterable[str] = ()) -> NoReturn:
-    click.echo(f"error: {message}", err=True)
+def _fail(message: str, code: int = EXIT_FAILURE, details: Iterable[str] = ()) -> NoReturn:
+    click.echo(f"error: {_one_line(message)}", err=True)
     for line in details:
-        click.echo(f"  - {line}", err=True)
+        click.echo(f"  - {_one_line(line)}", err=True)
     sys.exit(code)
+
+
+def _one_line(text: str) -> str:
+    """`text` on one line, passwords masked, and printable whatever bytes the arguments held."""
+    text = " ".join(mask_url_secrets(text).split())
+    try:
+        # Arguments that were not UTF-8 reach Python as lone surrogates: show their bytes.
+        return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _exit_code(error: AgentRunnerError) -> int:
+    return EXIT_BAD_INPUT if isinstance(error, _BAD_INPUT_ERRORS) else EXIT_FAILURE
+
+
+class _Commands(click.Group):
+    """The command group: whatever goes wrong in any command ends as one `error: ...` line."""
+
+    def main(
+        self,
+        args: Any = None,
+        prog_name: str | None = None,
+        complete_var: str | None = None,
+        standalone_mode: bool = True,
+        **extra: Any,
+    ) -> Any:
+        """Run the command line; with `standalone_mode=False` errors are raised as click raises them."""
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        try:
+            result = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except click.exceptions.NoArgsIsHelpError as exc:
+            exc.show()  # the help text, not an error
+            sys.exit(exc.exit_code)
+        except click.UsageError as exc:
+            _fail(exc.format_message(), EXIT_BAD_INPUT)
+        except click.ClickException as exc:
+            _fail(exc.format_message(), exc.exit_code)
+        except click.Abort:
+            _fail("aborted")
+        except AgentRunnerError as exc:
+            _fail(str(exc), _exit_code(exc), getattr(exc, "errors", ()))
+        except Exception as exc:
+            # An error no layer turned into a typed one: still one line, never a traceback.
+            _fail(f"{type(exc).__name__}: {exc}")
+        sys.exit(result if isinstance(result, int) else 0)
+
+
+class _Seconds(click.FloatRange):
+    """A number of seconds in a range; NaN and infinity are refused (a plain FloatRange lets NaN through)."""
+
+    name = "seconds"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        """Convert like FloatRange, then refuse what is not finite."""
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number of seconds", param, ctx)
+        return number
+
+
+def _unusable_url(url: str, error: Exception) -> NoReturn:
+    _fail(f"cannot use --database-url {url!r}: {type(error).__name__}: {error}", EXIT_BAD_INPUT)
 
 
 def _fail_with(error: AgentRunnerError) -> NoReturn:
     """Exit for a runner error: 2 for bad input (unknown turn, a command that does not fit), else 1."""
-    bad_input = classify_error(error) in (ErrorKind.NOT_FOUND, ErrorKind.INVALID, ErrorKind.CONFLICT)
-    details = error.errors if isinstance(error, InvalidResumeCommand) else ()
-    _fail(str(error), EXIT_BAD_INPUT if bad_input else 1, details)
+    _fail(str(error), _exit_code(error), getattr(error, "errors", ()))
 
 
 class _Context:
@@ -120,7 +198,7 @@ class _Context:
         try:
             url = make_url(self.database_url)
         except ArgumentError as exc:
-            _fail(f"--database-url {self.database_url!r} is not a database URL: {exc}", EXIT_BAD_INPUT)
+            _unusable_url(self.database_url, exc)
         if url.get_backend_name() != "sqlite" or url.database in (None, "", ":memory:"):
             return
         if not os.path.exists(url.database):
@@ -143,7 +221,9 @@ class _Context:
         except SchemaVersionError as exc:
             _fail(str(exc))
         except AgentRunnerError as exc:
-            _fail(f"{exc} (database {self.shown_url})")
+            _fail(f"{exc} (database {self.shown_url})", _exit_code(exc))
+        except Exception as exc:  # a URL SQLAlchemy cannot parse or has no driver for
+            _unusable_url(self.database_url, exc)
         return turn_store
 
     def loader(self) -> AgentLoader:
@@ -166,9 +246,9 @@ class _Context:
 
         settings = self.settings()
         loader = self.loader()
-        engine = make_engine(self.database_url)
-        self._closers.append(engine.dispose)
         try:
+            engine = make_engine(self.database_url)
+            self._closers.append(engine.dispose)
             runner = AgentRunner(
                 turn_store=SqlAgentTurnStore(engine),
                 agent_loader=loader,
@@ -179,7 +259,9 @@ class _Context:
         except SettingsError as exc:
             _fail(str(exc), EXIT_BAD_INPUT)
         except AgentRunnerError as exc:
-            _fail(f"{exc} (database {self.shown_url})")
+            _fail(f"{exc} (database {self.shown_url})", _exit_code(exc))
+        except Exception as exc:  # a URL SQLAlchemy cannot parse or has no driver for
+            _unusable_url(self.database_url, exc)
 
     def _wired_runner(self) -> AgentRunner:
         from workers.app import create_app
@@ -191,7 +273,7 @@ class _Context:
         except SettingsError as exc:
             _fail(str(exc), EXIT_BAD_INPUT)
         except AgentRunnerError as exc:
-            _fail(f"{exc} (database {self.shown_url})")
+            _fail(f"{exc} (database {self.shown_url})", _exit_code(exc))
         self._closers.append(wiring.close)
         return wiring.runner
 
@@ -214,7 +296,7 @@ class _Context:
 pass_context = click.make_pass_decorator(_Context)
 
 
-@click.group()
+@click.group(cls=_Commands)
 @click.option(
     "--database-url",
     envvar="AGENT_RUNNER_DATABASE_URL",
@@ -264,14 +346,33 @@ def db_upgrade(obj: _Context) -> None:
         migrate(obj.database_url)
     except AgentRunnerError as exc:
         _fail(str(exc))
+    except Exception as exc:
+        _unusable_url(obj.database_url, exc)
     obj.emit({"upgraded": True}, lambda: click.echo("database schema is up to date"))
 
 
 @main.command()
-@click.option("--concurrency", default=2, show_default=True, help="Stepping threads.")
-@click.option("--lease-ttl", default=30.0, show_default=True, help="Seconds a turn lease lasts without renewal.")
-@click.option("--poll-interval", default=0.5, show_default=True, help="Seconds between polls when idle.")
-@click.option("--run-for", type=float, default=None, help="Stop after this many seconds (default: until Ctrl-C).")
+@click.option("--concurrency", type=click.IntRange(1, 256), default=2, show_default=True, help="Stepping threads.")
+@click.option(
+    "--lease-ttl",
+    type=_Seconds(0.1, 3600.0),
+    default=30.0,
+    show_default=True,
+    help="Seconds a turn lease lasts without renewal.",
+)
+@click.option(
+    "--poll-interval",
+    type=_Seconds(0.01, 3600.0),
+    default=0.5,
+    show_default=True,
+    help="Seconds between polls when idle.",
+)
+@click.option(
+    "--run-for",
+    type=_Seconds(0.0, None),
+    default=None,
+    help="Stop after this many seconds (default: until Ctrl-C).",
+)
 @pass_context
 def worker(obj: _Context, concurrency: int, lease_ttl: float, poll_interval: float, run_for: float | None) -> None:
     """Run the embedded AgentWorker (SQL leases, no Redis or Celery needed)."""
@@ -373,10 +474,14 @@ def turns() -> None:
     help="Only turns in this status (repeatable).",
 )
 @click.option("--conversation", default=None, help="Only turns of this conversation.")
-@click.option("--limit", default=50, show_default=True)
+@click.option(
+    "--limit", type=click.IntRange(1, MAX_LIST_LIMIT), default=50, show_default=True, help="Most turns to list."
+)
 @pass_context
 def turns_list(obj: _Context, statuses: tuple[str, ...], conversation: str | None, limit: int) -> None:
     """List turns, most recently updated first."""
+    if conversation is not None:
+        check_id(conversation, "--conversation")
     found = obj.turn_store().list_turns(
         statuses=[AgentTurnStatus(s.upper()) for s in statuses] or None, conversation_id=conversation, limit=limit
     )
@@ -391,6 +496,7 @@ def turns_list(obj: _Context, statuses: tuple[str, ...], conversation: str | Non
 
 
 def _load(obj: _Context, turn_id: str) -> AgentTurn:
+    check_id(turn_id, "TURN_ID")
     try:
         return obj.turn_store().load(turn_id)
     except AgentRunnerError as exc:
@@ -476,8 +582,10 @@ def resume(
     data: dict[str, Any] | None = None
     if form is not None:
         try:
-            data = json.loads(form[1])
-        except json.JSONDecodeError as exc:
+            data = json.loads(form[1], parse_constant=_not_json)
+        except RecursionError:
+            _fail("--form data is nested too deeply", EXIT_BAD_INPUT)
+        except ValueError as exc:  # JSONDecodeError, and numbers too long to convert
             _fail(f"--form data is not valid JSON: {exc}", EXIT_BAD_INPUT)
         if not isinstance(data, dict):
             _fail("--form data must be a JSON object", EXIT_BAD_INPUT)
@@ -509,6 +617,9 @@ def resume(
 @pass_context
 def cancel(obj: _Context, turn_id: str, reason: str | None) -> None:
     """Cancel a turn and its children (a running turn stops at its next boundary)."""
+    check_id(turn_id, "TURN_ID")
+    if reason is not None:
+        check_text(reason, "--reason", DEFAULT_LIMITS.max_message_bytes)
     try:
         turn = obj.runner().cancel(turn_id, reason)
     except AgentRunnerError as exc:
@@ -553,6 +664,10 @@ def prune(obj: _Context, older_than: str, batch_size: int) -> None:
         {"pruned_turns": removed, "older_than": older_than},
         lambda: click.echo(f"pruned {removed} turn(s) that ended more than {older_than} ago"),
     )
+
+
+def _not_json(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON value")
 
 
 @main.group()

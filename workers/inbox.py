@@ -36,6 +36,8 @@ class InboxOutcome(StrEnum):
     BUSY = "busy"
     FAILED = "failed"
     NO_AGENT = "no-agent"
+    REJECTED = "rejected"
+    """The message's arguments did not fit the task (forged or corrupted); it was dropped."""
 
 
 def enqueue_message(

@@ -103,6 +103,8 @@ class ScheduleOutcome(StrEnum):
     """The tick had already started its turn (or queued its message): a second beat, a redelivery."""
     REJECTED = "rejected"
     SKIPPED = "skipped"
+    INVALID = "invalid"
+    """The message's schedule or tick could not be read (a corrupt or forged message); dropped."""
 
 
 @dataclass(frozen=True)

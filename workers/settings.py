@@ -33,6 +33,9 @@ misconfigured deployment fails at start-up rather than on the first turn.
 | `AGENT_RUNNER_DEADLINE_SWEEP_INTERVAL_S` | the sweep interval | seconds between deadline sweeps (reminders and timeouts of approvals and forms) |
 | `AGENT_RUNNER_DEADLINE_REMINDER` | `0.8` | fraction of the way to a deadline at which DEADLINE_APPROACHING is emitted; `0` for none |
 | `AGENT_RUNNER_SCHEDULES` | none | scheduled turns: a `.yaml`, `.yml` or `.json` file, or `module:attribute` of a list of `Schedule`s |
+| `AGENT_RUNNER_METRICS_PORT` | none | a worker serves Prometheus `/metrics` on this port (main process, prefork-safe) |
+| `AGENT_RUNNER_METRICS_ADDR` | `0.0.0.0` | address the worker's metrics port binds to |
+| `AGENT_RUNNER_LOG_FORMAT` | `text` | `json`: one JSON object per log line, with the turn of the step being run |
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 from pydantic import ValidationError
 
@@ -60,19 +64,41 @@ _QUEUE_NAME = re.compile(r"^[A-Za-z0-9_.:-]{1,200}$")
 _IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
 
 
+_USERINFO_SECRET = re.compile(r"(?P<user>[^\s:/@?#]*):(?!//)(?P<secret>[^\s?#]*)@")
+_QUERY_SECRET = re.compile(
+    r"(?P<key>[?&;](?:password|passwd|pwd|pass|sslpassword|secret|token|access_token|api_key|apikey)=)[^&;#\s]*",
+    re.IGNORECASE,
+)
+
+
+def mask_url_secrets(text: str) -> str:
+    """Return `text` with every password in a URL-shaped part replaced by `***`, whether the URL parses or not.
+
+    Masked: the password of `user:password@` wherever it appears (also after a broken
+    scheme separator, as in `postgres:/user:secret@host`, and up to the last `@` when the
+    password holds an unescaped one), and query parameters such as `password=`. Masking
+    too much is preferred to showing a secret.
+    """
+    masked = _USERINFO_SECRET.sub(lambda m: f"{m.group('user')}:***@", text)
+    return _QUERY_SECRET.sub(lambda m: f"{m.group('key')}***", masked)
+
+
 class SettingsError(AgentRunnerError):
     """An environment variable of the workers holds a value that cannot be used.
 
+    The message never shows a password: URL-shaped parts of the value and the reason are
+    masked with `mask_url_secrets`.
+
     Attributes:
         variable: The name of the environment variable.
-        value: The value found (None when it was missing).
+        value: The value found, passwords masked (None when it was missing).
     """
 
     def __init__(self, variable: str, value: str | None, reason: str) -> None:
         self.variable = variable
-        self.value = value
-        shown = f"{variable} is not set" if value is None else f"{variable}={value!r} is invalid"
-        super().__init__(f"{shown}: {reason}")
+        self.value = None if value is None else mask_url_secrets(value)
+        shown = f"{variable} is not set" if self.value is None else f"{variable}={self.value!r} is invalid"
+        super().__init__(f"{shown}: {mask_url_secrets(reason)}")
 
 
 @dataclass(frozen=True)
@@ -105,6 +131,9 @@ class WorkerSettings:
     retry_multiplier: float = 2.0
     retry_max_backoff_s: float = 60.0
     retry_jitter: float = 0.1
+    metrics_port: int | None = None
+    metrics_addr: str = "0.0.0.0"
+    log_format: str = "text"
     retry_overrides: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     deadline_sweep_interval_s: float = 10.0
     deadline_reminder: float | None = 0.8
@@ -142,6 +171,9 @@ class WorkerSettings:
             retry_multiplier=_number(env, "AGENT_RUNNER_RETRY_MULTIPLIER", 2.0, float, minimum=1.0),
             retry_max_backoff_s=_number(env, "AGENT_RUNNER_RETRY_MAX_BACKOFF_S", 60.0, float, minimum=0.0),
             retry_jitter=_number(env, "AGENT_RUNNER_RETRY_JITTER", 0.1, float, minimum=0.0, maximum=1.0),
+            metrics_port=_optional_port(env, "AGENT_RUNNER_METRICS_PORT"),
+            metrics_addr=_text(env, "AGENT_RUNNER_METRICS_ADDR", "0.0.0.0"),
+            log_format=_choice(env, "AGENT_RUNNER_LOG_FORMAT", ("text", "json")),
             retry_overrides=_retry_overrides(env),
             deadline_sweep_interval_s=_number(
                 env,
@@ -237,6 +269,10 @@ def _url(env: Mapping[str, str], name: str, default: str) -> str:
         return default
     if "://" not in value:
         raise SettingsError(name, value, "expected a URL such as scheme://host/...")
+    try:
+        urlsplit(value).port  # noqa: B018 - reading the port is what validates it
+    except ValueError:
+        raise SettingsError(name, value, "the port is not a number from 0 to 65535") from None
     return value
 
 
@@ -346,3 +382,18 @@ def _number(
     if maximum is not None and number > maximum:
         raise SettingsError(name, value, f"must be at most {maximum:g}")
     return number
+
+
+def _optional_port(env: Mapping[str, str], name: str) -> int | None:
+    if _raw(env, name) is None:
+        return None
+    return _number(env, name, 0, int, minimum=1, maximum=65535)
+
+
+def _choice(env: Mapping[str, str], name: str, choices: tuple[str, ...]) -> str:
+    value = _raw(env, name)
+    if value is None:
+        return choices[0]
+    if value.lower() not in choices:
+        raise SettingsError(name, value, f"expected one of {', '.join(choices)}")
+    return value.lower()

@@ -45,6 +45,8 @@ from workers import inbox
 from workers.app import app
 from workers.inbox import InboxOutcome
 from workers.names import DISPATCH_INBOX, STEP_TURN
+from workers.task_arguments import checked_arguments
+from workers.telemetry import record_lease_takeover
 from workers.wiring import Wiring, current
 
 logger = logging.getLogger("workers.tasks")
@@ -63,6 +65,8 @@ class StepOutcome(StrEnum):
     NOT_FOUND = "not-found"
     NOT_RUNNABLE = "not-runnable"
     NOT_DUE = "not-due"
+    REJECTED = "rejected"
+    """The message's arguments did not fit the task (forged or corrupted); it was dropped."""
 
 
 # --- step_turn --------------------------------------------------------------------------------
@@ -106,6 +110,8 @@ def advance(wiring: Wiring, turn_id: str, version: int) -> StepOutcome:
             may_continue=lambda: keeper.may_step(held),
         )
         last = result.turn
+        if held.lost:
+            record_lease_takeover()  # another worker took this turn's lease over mid-task
         if result.stopped is StopReason.FAILED:
             # The snapshot in the store is intact (every save is atomic): the turn stays as
             # last saved, and the follow-up decides when to try again.
@@ -156,6 +162,7 @@ def _follow_up(wiring: Wiring, last: AgentTurn, error: Exception | None) -> None
         wiring.dispatcher.send_step(latest.turn_id, latest.version)
 
 
+@checked_arguments(STEP_TURN, StepOutcome.REJECTED.value)
 def _step_turn(turn_id: str, version: int) -> str:
     """Advance the turn by up to `AGENT_RUNNER_STEPS_PER_TASK` steps if this delivery is current."""
     return advance(current(), turn_id, version).value
@@ -197,6 +204,7 @@ def turn_started_from(wiring: Wiring, conversation_id: str, message_id: str) -> 
     return inbox.turn_started_from(wiring.runner, conversation_id, message_id)
 
 
+@checked_arguments(DISPATCH_INBOX, InboxOutcome.REJECTED.value)
 def _dispatch_inbox(conversation_id: str) -> str:
     """Start a turn from the conversation's next queued message if the conversation is idle."""
     return start_next_message(current(), conversation_id).value

@@ -25,10 +25,12 @@ from agent_runner import (
     InvalidEventQuery,
     InvalidResumeCommand,
     InvalidTransitionError,
+    SuspensionType,
     ToolCall,
     TurnNotFound,
     VersionConflictError,
 )
+from agent_runner.machine import OUTCOME_UNKNOWN
 
 MASK = "***"
 """What a masked argument value is shown as."""
@@ -118,15 +120,21 @@ def message_view(mask: ArgumentMask, message: AnyMessage) -> dict[str, Any]:
 def suspension_view(turn: AgentTurn, agent: Agent | None) -> dict[str, Any] | None:
     """What the turn waits for: type, correlation id, message, form, the tool call concerned, and its deadline.
 
-    `deadline` (ISO 8601, or None) is when `on_timeout` (`"approve"`, `"reject"` or
-    `"submit"`) is applied if nobody decided.
+    `kind` is that of the action card of a TOOL_APPROVAL suspension: `approval` (the call
+    waits to run) or `outcome_unknown` (it started and its outcome was never recorded);
+    None for the other suspensions. `deadline` (ISO 8601, or None) is when `on_timeout`
+    (`"approve"`, `"reject"` or `"submit"`) is applied if nobody decided.
     """
     suspension = turn.suspension
     if suspension is None:
         return None
     call = next((c for c in turn.pending_tool_calls if c.id == suspension.correlation_id), None)
+    kind = None
+    if suspension.type is SuspensionType.TOOL_APPROVAL:
+        kind = OUTCOME_UNKNOWN if suspension.metadata.get("reason") == OUTCOME_UNKNOWN else "approval"
     return {
         "type": suspension.type.value,
+        "kind": kind,
         "correlation_id": suspension.correlation_id,
         "message": suspension.message,
         "form": None if suspension.form is None else suspension.form.to_dict(),
@@ -248,6 +256,8 @@ class ResumeAction(StrEnum):
     INPUT = "input"
     FORM = "form"
     RETRY = "retry"
+    TOOL_RESULT = "tool_result"
+    """Settle a call whose outcome is unknown as done, with the result a person found out."""
 
 
 class ResumeRequestError(AgentRunnerError):
@@ -256,11 +266,12 @@ class ResumeRequestError(AgentRunnerError):
 
 _ACTION_FIELDS: dict[ResumeAction, tuple[frozenset[str], frozenset[str]]] = {
     # action: (required, allowed besides the required ones)
-    ResumeAction.APPROVE: (frozenset({"tool_call_id"}), frozenset()),
+    ResumeAction.APPROVE: (frozenset({"tool_call_id"}), frozenset({"reason"})),
     ResumeAction.REJECT: (frozenset({"tool_call_id"}), frozenset({"reason"})),
     ResumeAction.INPUT: (frozenset({"content"}), frozenset()),
     ResumeAction.FORM: (frozenset({"tool_call_id", "data"}), frozenset()),
     ResumeAction.RETRY: (frozenset(), frozenset()),
+    ResumeAction.TOOL_RESULT: (frozenset({"tool_call_id", "content"}), frozenset({"reason"})),
 }
 
 DEFAULT_REJECT_REASON = "rejected by the user"
@@ -277,8 +288,11 @@ def resume_command(
 ) -> AgentResumeCommand:
     """Build the resume command of `action` from the fields it needs.
 
-    `approve`, `reject` and `form` name the tool call; `input` answers a plain-text
-    question with `content`; `form` submits `data`; `reject` may give a `reason`.
+    `approve`, `reject`, `form` and `tool_result` name the tool call; `input` answers a
+    plain-text question with `content`; `form` submits `data`; `tool_result` gives the
+    result of a call whose outcome was unknown as `content`. `reject` may give a `reason`
+    (the model reads it); so may `approve` and `tool_result`, whose reason is recorded with
+    the decision as the command's `reason` metadata.
 
     Raises:
         ResumeRequestError: A field the action needs is missing, or one it does not use is given.
@@ -306,8 +320,12 @@ def resume_command(
             command = AgentResumeCommand.user_input(str(tool_call_id), dict(data or {}))
         case ResumeAction.RETRY:
             command = AgentResumeCommand.retry()
+        case ResumeAction.TOOL_RESULT:
+            command = AgentResumeCommand.tool_result(str(tool_call_id), str(content))
     for key, value in (metadata or {}).items():
         command = command.with_metadata(key, value)
+    if reason is not None and action is not ResumeAction.REJECT:
+        command = command.with_metadata("reason", reason)
     return command
 
 

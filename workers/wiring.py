@@ -28,6 +28,7 @@ from agent_runner.leasing import LeaseKeeper
 from workers.agents import apply_runner_setup, load_agent_loader
 from workers.dispatch import CeleryDispatcher, InboxNotifier
 from workers.settings import WorkerSettings
+from workers.telemetry import instrument
 
 logger = logging.getLogger("workers")
 
@@ -103,6 +104,7 @@ def build_wiring(
         dispatcher=dispatcher,
         conversation_guard=guard,
     )
+    instrument(runner)  # spans, metrics and log context of every step
     # Every event leaves the process: deltas and progress live only, durable events as a
     # wake-up for followers (they are read from the store).
     live = store.RedisLiveEvents(settings.redis_url, prefix=settings.redis_prefix)

@@ -30,7 +30,16 @@ import openai
 from openai.resources.chat import Completions
 
 from agent_runner._base import new_id
-from agent_runner.errors import AgentRunnerError, DefinitionError, RecoverableError
+from agent_runner.errors import AgentRunnerError, DefinitionError, InputLimitError, RecoverableError
+from agent_runner.limits import (
+    DEFAULT_LIMITS,
+    InputLimits,
+    bounded_text,
+    check_reference,
+    check_tool_arguments,
+    preview,
+    storable_text,
+)
 from agent_runner.messages import AiMessage, SystemMessage, ToolCall, ToolMessage, UserMessage
 from agent_runner.models import ChatRequest, ChatResponse, ToolSpec
 from agent_runner.tools import INVALID_ARGUMENTS_KEY
@@ -91,6 +100,10 @@ class OpenAIChatModel:
         max_retries: SDK-level retries. Keep 0 so that the runner's retry policy, which
             honours Retry-After and survives restarts, is the only one.
         price: `(input, output)` price per million tokens, used to fill `Usage.cost`.
+        limits: Bounds on what the model's answer may put in the snapshot (default: the
+            defaults of `InputLimits`; pass the runner's `policy.limits` when you changed
+            them). Tool-call arguments over them become invalid-argument calls the model is
+            told about; text over `max_message_bytes` is cut, with a note saying so.
         **settings: Passed to `chat.completions.create` unchanged (`temperature`,
             `max_tokens`, `tool_choice`, `extra_body`, ...).
 
@@ -109,6 +122,7 @@ class OpenAIChatModel:
         timeout: float | None = None,
         max_retries: int = 0,
         price: tuple[float, float] | None = None,
+        limits: InputLimits | None = None,
         **settings: Any,
     ) -> None:
         _check_settings(settings)
@@ -143,6 +157,7 @@ class OpenAIChatModel:
         self.model = model
         self.stream = stream
         self.price = price
+        self.limits = limits if limits is not None else DEFAULT_LIMITS
         self.settings: dict[str, Any] = settings
         self._base_url = str(self._client.base_url)
 
@@ -204,9 +219,9 @@ class OpenAIChatModel:
             if call.type != "function":
                 # Only function tools are ever offered, so anything else is a server bug.
                 raise ModelAPIError(None, f"model {self.model!r} returned an unsupported {call.type!r} tool call")
-            calls.append(_tool_call(call.id, call.function.name, call.function.arguments))
+            calls.append(_tool_call(call.id, call.function.name, call.function.arguments, self.limits))
         return ChatResponse(
-            message=AiMessage(content=_text(message.content, message.refusal), tool_calls=calls),
+            message=AiMessage(content=_text(message.content, message.refusal, self.limits), tool_calls=calls),
             usage=self._usage(completion.usage),
         )
 
@@ -232,7 +247,7 @@ class OpenAIChatModel:
             # A connection closed early can look like a normal end of the body; saving the
             # partial answer as final would be wrong, and asking again usually succeeds.
             raise RecoverableError(f"model {self.model!r} at {self._base_url} ended the stream before finishing")
-        return ChatResponse(message=assembly.message(), usage=self._usage(assembly.usage))
+        return ChatResponse(message=assembly.message(self.limits), usage=self._usage(assembly.usage))
 
     def _usage(self, usage: CompletionUsage | None) -> Usage:
         if usage is None:
@@ -336,10 +351,11 @@ class _StreamAssembly:
                         partial.arguments.append(piece.function.arguments)
         return text
 
-    def message(self) -> AiMessage:
+    def message(self, limits: InputLimits) -> AiMessage:
         """The assembled answer, tool calls in index order."""
-        calls = [_tool_call(p.id, p.name, "".join(p.arguments)) for _, p in sorted(self.calls.items())]
-        return AiMessage(content=_text("".join(self.content) or None, "".join(self.refusal) or None), tool_calls=calls)
+        calls = [_tool_call(p.id, p.name, "".join(p.arguments), limits) for _, p in sorted(self.calls.items())]
+        content = _text("".join(self.content) or None, "".join(self.refusal) or None, limits)
+        return AiMessage(content=content, tool_calls=calls)
 
 
 def _check_settings(settings: Mapping[str, Any]) -> None:
@@ -358,23 +374,43 @@ def _check_settings(settings: Mapping[str, Any]) -> None:
         )
 
 
-def parse_tool_arguments(text: str) -> dict[str, Any]:
+def parse_tool_arguments(text: str, limits: InputLimits = DEFAULT_LIMITS) -> dict[str, Any]:
     """Parse a model's tool-call arguments, never raising.
 
-    Empty text means no arguments. Text that is not a JSON object becomes
-    `{INVALID_ARGUMENTS_KEY: {"raw": text, "error": reason}}`.
+    Empty text means no arguments. Text that is not a JSON object, or one over `limits`
+    (bigger than `max_tool_arguments_bytes`, nested deeper than `max_json_depth`, or holding
+    text that cannot be stored), becomes `{INVALID_ARGUMENTS_KEY: {"raw": text, "error": reason}}`;
+    `raw` keeps only the start of arguments over the size limit.
     """
     if not text.strip():
         return {}
+    size = len(text.encode("utf-8", "surrogatepass"))
+    if size > limits.max_tool_arguments_bytes:
+        reason = f"{size} bytes, over the limit of {limits.max_tool_arguments_bytes} bytes"
+        return _invalid_arguments(preview(text), reason)
     try:
-        value = json.loads(text)
+        # NaN and Infinity are not JSON, and PostgreSQL refuses them in a JSON column.
+        value = json.loads(text, parse_constant=_reject_constant)
+    except RecursionError:
+        return _invalid_arguments(text, f"nested more than {limits.max_json_depth} levels deep")
     except ValueError as exc:
-        return {INVALID_ARGUMENTS_KEY: {"raw": text, "error": f"not valid JSON: {exc}"}}
+        return _invalid_arguments(text, f"not valid JSON: {exc}")
     if not isinstance(value, dict):
-        return {
-            INVALID_ARGUMENTS_KEY: {"raw": text, "error": f"a JSON object was expected, got {type(value).__name__}"}
-        }
+        return _invalid_arguments(text, f"a JSON object was expected, got {type(value).__name__}")
+    try:
+        check_tool_arguments(limits, value, "arguments")
+    except InputLimitError as exc:
+        return _invalid_arguments(text, str(exc))
     return value
+
+
+def _invalid_arguments(raw: str, error: str) -> dict[str, Any]:
+    # The raw text goes into the snapshot: a NUL or lone surrogate there would fail the save.
+    return {INVALID_ARGUMENTS_KEY: {"raw": storable_text(raw), "error": error}}
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON value")
 
 
 def parse_retry_after(headers: Mapping[str, str], now: datetime | None = None) -> float | None:
@@ -413,14 +449,25 @@ def _non_negative_float(value: str | None) -> float | None:
     return number if math.isfinite(number) and number >= 0 else None
 
 
-def _tool_call(call_id: str | None, name: str, arguments: str) -> ToolCall:
+def _tool_call(call_id: str | None, name: str, arguments: str, limits: InputLimits) -> ToolCall:
     # Some OpenAI-compatible servers omit call ids; the runner needs one to pair the ToolMessage.
-    return ToolCall(id=call_id or f"call_{new_id()}", name=name, arguments=parse_tool_arguments(arguments))
+    # An id that could not be stored is replaced too: the runner writes the result, so any id pairs.
+    try:
+        call_id = check_reference(call_id, "id", limits) if call_id else None
+    except InputLimitError:
+        call_id = None
+    if len(name) > limits.max_id_length or storable_text(name) != name:
+        # No tool has such a name: keep a bounded, storable one for the "unknown tool" answer.
+        name = preview(name, limits.max_id_length)
+    return ToolCall(id=call_id or f"call_{new_id()}", name=name, arguments=parse_tool_arguments(arguments, limits))
 
 
-def _text(content: str | None, refusal: str | None) -> str | None:
+def _text(content: str | None, refusal: str | None, limits: InputLimits) -> str | None:
     # A refusal replaces the content, and the person reading the turn should see why.
-    return content if content is not None else refusal
+    text = content if content is not None else refusal
+    if text is None:
+        return None
+    return bounded_text(storable_text(text), limits.max_message_bytes)
 
 
 def _error_detail(exc: openai.APIError) -> str:

@@ -187,7 +187,8 @@ def test_child_events_are_filed_under_the_tree_and_the_roots_conversation(
     advance(turn_store, root, E.TURN_SUSPENDED)
     # Then both the tree and the conversation hold every event, in commit order
     expected = ["r-1:0:0", "r-1.a:0:0", "r-1.b:0:0", "r-1.b:1:0", "r-1:1:0"]
-    for scope in ({"root_turn_id": "r-1"}, {"conversation_id": "c-1"}):
+    scopes: list[dict[str, Any]] = [{"root_turn_id": "r-1"}, {"conversation_id": "c-1"}]
+    for scope in scopes:
         events = settled(lambda: log_of(turn_store).read_events(**scope), len(expected))  # noqa: B023
         assert ids(events) == expected
         assert {e.conversation_id for e in events} == {"c-1"}
@@ -260,7 +261,7 @@ def test_a_cursor_keeps_its_place_as_events_are_added(turn_store: AgentTurnStore
 @pytest.mark.parametrize(
     "scope", [{}, {"root_turn_id": "r-1", "conversation_id": "c-1"}, {"root_turn_id": ""}, {"conversation_id": ""}]
 )
-def test_a_read_must_name_exactly_one_scope(turn_store: AgentTurnStore, scope: dict[str, str]) -> None:
+def test_a_read_must_name_exactly_one_scope(turn_store: AgentTurnStore, scope: dict[str, Any]) -> None:
     with pytest.raises(InvalidEventQuery):
         log_of(turn_store).read_events(**scope)
 
@@ -295,8 +296,8 @@ def test_concurrent_writers_lose_no_event_for_a_polling_reader(
         except BaseException as exc:  # reported below
             errors.append(exc)
         finally:
-            if own is not turn_store:
-                own.close()
+            if isinstance(own, sql.SqlAgentTurnStore) and own is not turn_store:
+                own.close()  # a store of this thread's own: close its pool
 
     for index in range(writers):
         expected.add(f"r-1.{index}:0:0")

@@ -1,9 +1,11 @@
-"""Environment for child processes that import modules of the `tests` package."""
+"""Child processes of the tests: their environment, and signals to their process groups."""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+import signal
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -19,3 +21,30 @@ def with_tests_importable(env: Mapping[str, str]) -> dict[str, str]:
     """
     path = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
     return {**env, "PYTHONPATH": path}
+
+
+def signal_group(pgid: int, signum: int) -> None:
+    """Send `signum` to every process of the group `pgid`; a group that is gone already is ignored.
+
+    The tests start their workers with `start_new_session=True`, so a worker's pid is the id
+    of a group holding it and every process it forked (a Celery pool, for example).
+    """
+    try:
+        os.killpg(pgid, signum)
+    except ProcessLookupError:
+        pass
+
+
+@contextmanager
+def frozen(pgid: int) -> Iterator[None]:
+    """Stop every process of the group `pgid` (SIGSTOP) for the `with` block, then let them go on (SIGCONT).
+
+    A frozen process runs nothing, its lease heartbeat included, like one stuck in a long GC
+    pause or on a suspended VM; it resumes where it was, unaware of the time that passed. The
+    group is continued whatever happens in the block, so that a later SIGTERM can stop it.
+    """
+    signal_group(pgid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        signal_group(pgid, signal.SIGCONT)

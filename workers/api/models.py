@@ -52,20 +52,31 @@ class StartTurnRequest(_Request):
 class ResumeRequest(_Request):
     """A person's decision for a waiting turn."""
 
-    action: Literal["approve", "reject", "input", "form", "retry"] = Field(
+    action: Literal["approve", "reject", "input", "form", "retry", "tool_result"] = Field(
         description=(
-            "`approve`/`reject` a tool call (`tool_call_id`, `reason` for reject), answer a plain-text question "
-            "(`input` with `content`), submit a form (`form` with `tool_call_id` and `data`), or `retry` now."
+            "`approve`/`reject` a tool call (`tool_call_id`), answer a plain-text question (`input` with "
+            "`content`), submit a form (`form` with `tool_call_id` and `data`), or `retry` now. For a call whose "
+            "outcome is unknown (card `kind` `outcome_unknown`): `approve` runs it again, `reject` fails it, and "
+            "`tool_result` marks it done with `content` as its result."
         )
     )
     tool_call_id: Identifier | None = Field(
         default=None, description="The tool call decided on (suspension.correlation_id)."
     )
-    content: str | None = Field(default=None, min_length=1, description="The answer text, for `input`.")
+    content: str | None = Field(
+        default=None, min_length=1, description="The answer text, for `input`; the call's result, for `tool_result`."
+    )
     data: JsonObject | None = Field(
         default=None, description="The form data, for `form`; checked against the frozen schema."
     )
-    reason: str | None = Field(default=None, min_length=1, description="Why, for `reject`; the model reads it.")
+    reason: str | None = Field(
+        default=None,
+        min_length=1,
+        description=(
+            "Why, for `reject` (the model reads it), `approve` or `tool_result` (recorded with the decision and "
+            "shown on the card as `reason`)."
+        ),
+    )
     metadata: JsonObject = Field(default_factory=dict, description="Who decided and why; recorded with the decision.")
 
 
@@ -115,6 +126,13 @@ class SuspensionView(_Response):
     """Why a turn waits."""
 
     type: Literal["USER_INPUT", "TOOL_APPROVAL", "CHILD_AGENT", "RETRY"]
+    kind: Literal["approval", "outcome_unknown"] | None = Field(
+        description=(
+            "For TOOL_APPROVAL: `approval` (the call waits to run; approve or reject it) or `outcome_unknown` "
+            "(it started and its outcome was never recorded; approve to run it again, `tool_result` to mark it "
+            "done, reject to fail it). Null for other suspensions."
+        )
+    )
     correlation_id: str | None = Field(description="The tool call a resume must name (null for a plain question).")
     message: str
     form: FormView | None
@@ -201,9 +219,13 @@ class MessageList(_Response):
     """A conversation's page timeline, oldest first.
 
     Items are the messages of the conversation (`role` user, assistant, tool) and its page
-    messages: `agent_action` (an approval card: `tool_name`, `summary`, masked `arguments`,
-    `status` PENDING/APPROVED/REJECTED) and `agent_form` (`form_key`, `schema`, `status`
-    PENDING/SUBMITTED), each with its `actions`.
+    messages, each with the `actions` it still offers: `agent_action` (a card for a tool
+    call: `tool_name`, `summary`, masked `arguments`, `kind` `approval` with actions
+    APPROVE/REJECT or `outcome_unknown` with RETRY/MARK_DONE/FAIL, `status`
+    PENDING/APPROVED/REJECTED/SUBMITTED/CANCELLED) and `agent_form` (`form_key`, `schema`,
+    `status` PENDING/SUBMITTED/CANCELLED). Once decided, a page message has `decided_at`,
+    `decided_by` (from the resume's `metadata`: `decided_by`, `approverId` or `user_id`;
+    `system` when the turn ended while it was pending) and `reason`.
     """
 
     items: list[JsonObject]

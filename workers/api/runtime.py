@@ -26,6 +26,7 @@ from sqlalchemy import Engine, text
 import store
 from agent_runner import AgentEvent, AgentLoader, AgentRunner, AgentRunnerError, EventFeed, InMemoryLiveEvents
 from agent_runner.worker import AgentWorker
+from workers.agents import apply_runner_setup, load_agent_loader
 from workers.api.settings import ApiSettings, WorkerMode
 from workers.deadlines import apply_due_deadlines
 from workers.inbox import start_next_message, turn_started_from
@@ -245,8 +246,6 @@ def _database_check(engine: Engine) -> Callable[[], None]:
 
 
 def _sql_runtime(settings: ApiSettings, agent_loader: AgentLoader | None) -> Runtime:
-    from workers.agents import load_agent_loader
-
     worker_settings = settings.workers
     loader = agent_loader if agent_loader is not None else load_agent_loader(worker_settings.agent_loader)
     engine = store.make_engine(worker_settings.database_url)
@@ -266,6 +265,7 @@ def _sql_runtime(settings: ApiSettings, agent_loader: AgentLoader | None) -> Run
     runner = AgentRunner(
         turn_store=turn_store, agent_loader=loader, chat_memory_provider=memories, policy=worker_settings.policy()
     )
+    apply_runner_setup(runner, worker_settings.runner_setup)
     pump = InboxPump(runner, inbox, worker_settings.inbox_agent, INBOX_SWEEP_INTERVAL_S)
     runner.add_event_listener(pump.on_event)
     # The steps run in this process, so its events reach SSE subscribers in-process; in

@@ -8,6 +8,8 @@ turn over at any point:
   "not opened: <reason>" after a rejection);
 - `sleep <seconds>`: calls `pause` (no approval), which sleeps, then answers "paused";
 - `delegate <task>`: hands the task to the `helper` sub-agent, then answers with its output;
+- `refund <order>`: calls `refund` (not idempotent; the first run kills the server when
+  `TEST_CRASH_DIR` is set), then answers "refund: <result>" (or "refund failed: <reason>");
 - anything else: answers "echo: <text>" at once.
 """
 
@@ -30,6 +32,7 @@ from agent_runner import (
     UserMessage,
     tool,
 )
+from tests.helpers.crash import stop_this_process_once
 
 SECRET_TOKEN = "s3cr3t-token-value"
 
@@ -61,6 +64,13 @@ def pause(seconds: float) -> str:
     return "paused"
 
 
+@tool(idempotent=False)
+def refund(order_id: str) -> str:
+    """Pay a refund back (running it twice pays twice)."""
+    stop_this_process_once(f"refund-{order_id}")
+    return f"refunded {order_id}"
+
+
 def _answer(request: ChatRequest) -> AiMessage:
     messages = request.messages
     last = messages[-1]
@@ -69,23 +79,30 @@ def _answer(request: ChatRequest) -> AiMessage:
         if last.tool_name == "request_user_input":
             data = json.loads(last.content)
             arguments = {"system": data["system"], "scope": data["scope"], "api_token": SECRET_TOKEN}
-            return AiMessage(tool_calls=[ToolCall(call_id, "open_ticket", arguments)])
+            return AiMessage(tool_calls=[ToolCall(id=call_id, name="open_ticket", arguments=arguments)])
         if last.tool_name == "open_ticket":
             return AiMessage(content=f"not opened: {last.content}" if last.is_error else f"opened {last.content}")
         if last.tool_name == "pause":
             return AiMessage(content="paused")
+        if last.tool_name == "refund":
+            return AiMessage(content=f"refund failed: {last.content}" if last.is_error else f"refund: {last.content}")
         return AiMessage(content=f"helper said: {last.content}")
     assert isinstance(last, UserMessage), last
     text = last.content
     if text.startswith("ticket"):
         return AiMessage(
             content="I need the details.",
-            tool_calls=[ToolCall(call_id, "request_user_input", {"formKey": TICKET_FORM.key})],
+            tool_calls=[ToolCall(id=call_id, name="request_user_input", arguments={"formKey": TICKET_FORM.key})],
         )
     if text.startswith("sleep "):
-        return AiMessage(tool_calls=[ToolCall(call_id, "pause", {"seconds": float(text.split()[1])})])
+        return AiMessage(tool_calls=[ToolCall(id=call_id, name="pause", arguments={"seconds": float(text.split()[1])})])
+    if text.startswith("refund "):
+        order = text.removeprefix("refund ")
+        return AiMessage(tool_calls=[ToolCall(id=call_id, name="refund", arguments={"order_id": order})])
     if text.startswith("delegate "):
-        return AiMessage(tool_calls=[ToolCall(call_id, "helper", {"task": text.removeprefix("delegate ")})])
+        return AiMessage(
+            tool_calls=[ToolCall(id=call_id, name="helper", arguments={"task": text.removeprefix("delegate ")})]
+        )
     return AiMessage(content=f"echo: {text}")
 
 
@@ -98,7 +115,7 @@ def build_agents() -> list[Agent]:
         version="2",
         instructions="Open tickets; ask for details with the form.",
         chat_model=model,
-        tools=[AgentUserInputTool(forms=[TICKET_FORM]), open_ticket, pause],
+        tools=[AgentUserInputTool(forms=[TICKET_FORM]), open_ticket, pause, refund],
         sub_agents=[helper],
     )
     return [desk]

@@ -1,99 +1,19 @@
-"""`agent-runner serve` in a subprocess on a free port, and an HTTP client for it (used by the API tests)."""
+"""Helpers of the HTTP API tests: the server of `api_agents`, polling a turn, errors and server-sent events."""
 
 from __future__ import annotations
 
-import os
-import signal
-import socket
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-ROOT = Path(__file__).resolve().parents[3]
-HERE = Path(__file__).resolve().parent
-AGENT_RUNNER = str(Path(sys.executable).with_name("agent-runner"))
-START_TIMEOUT_S = 45.0
-STOP_TIMEOUT_S = 20.0
+from tests.helpers.api_server import ApiServer, running_server
+from tests.integration.api import api_agents
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def server_env(database_url: str, **overrides: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("AGENT_RUNNER_", "CELERY_"))}
-    env["AGENT_RUNNER_DATABASE_URL"] = database_url
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")]))
-    env.update(overrides)
-    return env
-
-
-@dataclass
-class ApiServer:
-    """A running `agent-runner serve` process."""
-
-    env: dict[str, str]
-    log: Path
-    args: list[str] = field(default_factory=list)
-    port: int = 0
-    process: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def start(self) -> ApiServer:
-        self.port = free_port()
-        command = [AGENT_RUNNER, "serve", "--agents", "api_agents:build_loader", "--port", str(self.port), *self.args]
-        with self.log.open("ab") as sink:
-            self.process = subprocess.Popen(
-                command, cwd=ROOT, env=self.env, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True
-            )
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while True:
-            if self.process.poll() is not None:
-                pytest.fail(f"the server exited with {self.process.returncode}:\n{self.output()}")
-            try:
-                if httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200:
-                    return self
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"the server did not answer within {START_TIMEOUT_S}s:\n{self.output()}")
-            time.sleep(0.1)
-
-    def stop(self) -> None:
-        process = self.process
-        if process is None:
-            return
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGTERM)
-            try:
-                process.wait(STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait(STOP_TIMEOUT_S)
-        self.process = None
-
-    def restart(self) -> ApiServer:
-        self.stop()
-        return self.start()
-
-    def output(self) -> str:
-        return self.log.read_text(errors="replace")[-8000:] if self.log.exists() else ""
-
-    def client(self, key: str | None = None) -> httpx.Client:
-        headers = {"Authorization": f"Bearer {key}"} if key else {}
-        return httpx.Client(base_url=self.url, headers=headers, timeout=30)
+AGENTS = f"{api_agents.__name__}:build_loader"
 
 
 def wait_for(client: httpx.Client, turn_id: str, until: Any, timeout: float = 20.0, what: str = "") -> dict[str, Any]:
@@ -121,7 +41,7 @@ def assert_error(response: httpx.Response, status: int, type_name: str | None = 
     assert response.status_code == status, (response.status_code, response.text)
     body = response.json()
     assert set(body) == {"error"}, body
-    error = body["error"]
+    error: dict[str, Any] = body["error"]
     assert isinstance(error["type"], str) and isinstance(error["message"], str) and error["message"]
     assert isinstance(error["details"], list)
     if type_name is not None:
@@ -132,14 +52,8 @@ def assert_error(response: httpx.Response, status: int, type_name: str | None = 
 def serve(
     tmp_path: Path, database_url: str | None = None, args: list[str] | None = None, **env: str
 ) -> Iterator[ApiServer]:
-    """Start a server for a fixture and stop it afterwards."""
-    url = database_url or f"sqlite:///{tmp_path / 'api.db'}"
-    server = ApiServer(env=server_env(url, **env), log=tmp_path / f"server-{free_port()}.log", args=list(args or []))
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
+    """Start a server of the `api_agents` for a fixture and stop it afterwards."""
+    yield from running_server(AGENTS, tmp_path, database_url, args, **env)
 
 
 def eventually(produce: Any, timeout: float = 20.0, what: str = "the condition") -> Any:
@@ -178,3 +92,38 @@ TERMINAL = ("COMPLETED", "FAILED", "CANCELLED", "MAX_ITERATIONS_REACHED", "MAX_S
 
 def ended(view: dict[str, Any]) -> bool:
     return view["status"] in TERMINAL
+
+
+def parse_sse(text: str) -> list[dict[str, Any]]:
+    """The events of a server-sent-events body: `{"id", "event", "data"}` (data parsed as JSON), comments dropped."""
+    import json
+
+    events: list[dict[str, Any]] = []
+    for block in text.split("\n\n"):
+        fields: dict[str, Any] = {}
+        for line in block.split("\n"):
+            if not line or line.startswith(":"):
+                continue
+            name, _, value = line.partition(":")
+            fields[name] = value[1:] if value.startswith(" ") else value
+        if fields:
+            if "data" in fields:
+                fields["data"] = json.loads(fields["data"])
+            events.append(fields)
+    return events
+
+
+def read_stream(
+    client: httpx.Client, path: str, *, until_end: bool = True, **kwargs: Any
+) -> tuple[str, list[dict[str, Any]]]:
+    """Read an SSE stream until `event: end` (or until the server closes it); return the raw text and the events."""
+    chunks: list[str] = []
+    with client.stream("GET", path, timeout=httpx.Timeout(30, read=30), **kwargs) as response:
+        assert response.status_code == 200, response.read()
+        assert response.headers["content-type"].startswith("text/event-stream")
+        for chunk in response.iter_text():
+            chunks.append(chunk)
+            if until_end and "event: end\n" in "".join(chunks):
+                break
+    text = "".join(chunks)
+    return text, parse_sse(text)

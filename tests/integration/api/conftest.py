@@ -10,7 +10,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from api_server import ApiServer, serve
+
+from tests.helpers.api_server import ApiServer
+from tests.integration.api.api_server import serve
 
 pytestmark = pytest.mark.integration
 

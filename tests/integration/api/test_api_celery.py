@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -11,12 +10,20 @@ from typing import Any
 
 import httpx
 import pytest
-from api_server import HERE, ApiServer, assert_error, blocked, ended, eventually, status_is, wait_for
 
 from tests.conftest import TEST_REDIS_URL
-
-sys.path.insert(0, str(HERE.parent / "workers"))
-from celery_cluster import Cluster, cluster_env, delete_prefix
+from tests.helpers.api_server import ApiServer
+from tests.integration.api.api_server import (
+    AGENTS,
+    assert_error,
+    blocked,
+    ended,
+    eventually,
+    read_stream,
+    status_is,
+    wait_for,
+)
+from tests.integration.celery_workers.celery_cluster import Cluster, cluster_env, delete_prefix
 
 pytestmark = pytest.mark.integration
 
@@ -34,17 +41,15 @@ class Stack:
 def stack(pg_url: str, tmp_path: Path) -> Iterator[Stack]:
     """PostgreSQL, Redis, one Celery worker process and the API server, all of this test alone."""
     namespace = f"ar-api-{uuid.uuid4().hex[:10]}"
-    workers_dir = str(HERE.parent / "workers")
     env = cluster_env(
         schema_url=pg_url,
         redis_url=TEST_REDIS_URL,
         namespace=namespace,
-        AGENT_RUNNER_AGENT_LOADER="api_agents:build_loader",
+        AGENT_RUNNER_AGENT_LOADER=AGENTS,
         AGENT_RUNNER_INBOX_AGENT="desk",
-        PYTHONPATH=f"{HERE}:{workers_dir}",
     )
     cluster = Cluster(env=env, tmp_path=tmp_path, redis_url=TEST_REDIS_URL)
-    server = ApiServer(env=env, log=tmp_path / "server.log")
+    server = ApiServer(agents=AGENTS, env=env, log=tmp_path / "server.log")
     try:
         cluster.start_worker("w1")
         server.start()
@@ -120,10 +125,9 @@ def test_readiness_names_a_broker_that_does_not_answer(pg_url: str, tmp_path: Pa
         redis_url=TEST_REDIS_URL,
         namespace=namespace,
         broker_url="redis://127.0.0.1:1/0",
-        AGENT_RUNNER_AGENT_LOADER="api_agents:build_loader",
-        PYTHONPATH=str(HERE),
+        AGENT_RUNNER_AGENT_LOADER=AGENTS,
     )
-    server = ApiServer(env=env, log=tmp_path / "server.log")
+    server = ApiServer(agents=AGENTS, env=env, log=tmp_path / "server.log")
     server.start()
     try:
         with server.client() as client:
@@ -133,3 +137,20 @@ def test_readiness_names_a_broker_that_does_not_answer(pg_url: str, tmp_path: Pa
     finally:
         server.stop()
         delete_prefix(TEST_REDIS_URL, namespace)
+
+
+def test_events_stream_from_the_postgresql_log_and_end_with_the_turn(stack: Stack) -> None:
+    with stack.client() as client:
+        body = {"agent_id": "desk", "input": "ticket", "conversation_id": "c-3"}
+        turn_id = client.post("/v1/turns", json=body).json()["id"]
+        wait_for(client, turn_id, blocked)
+        _, stored = read_stream(client, f"/v1/turns/{turn_id}/events", params={"follow": "false"}, until_end=False)
+        types = [e["event"] for e in stored]
+        assert types[0] == "TURN_STARTED" and types[-1] == "TURN_SUSPENDED"
+        assert all(e["data"]["conversation_id"] == "c-3" for e in stored)
+        # A stream resumed after the first event gets the rest, then the end once the turn has ended
+        client.post(f"/v1/turns/{turn_id}/cancel")
+        _, rest = read_stream(client, f"/v1/turns/{turn_id}/events", headers={"Last-Event-ID": stored[0]["id"]})
+        assert [e["id"] for e in rest[: len(stored) - 1]] == [e["id"] for e in stored[1:]]
+        assert [e["event"] for e in rest[-2:]] == ["TURN_CANCELLED", "end"]
+        assert rest[-1]["data"] == {"turn_id": turn_id, "status": "CANCELLED"}

@@ -9,7 +9,9 @@ from typing import Any
 
 import httpx
 import pytest
-from api_server import ApiServer, assert_error, blocked, eventually, serve, wait_for
+
+from tests.helpers.api_server import ApiServer
+from tests.integration.api.api_server import assert_error, blocked, eventually, serve, wait_for
 
 pytestmark = pytest.mark.integration
 

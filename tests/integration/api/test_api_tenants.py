@@ -10,7 +10,10 @@ from typing import Any
 
 import httpx
 import pytest
-from api_server import AGENT_RUNNER, ROOT, ApiServer, assert_error, blocked, database_state, serve, server_env, wait_for
+
+from tests.helpers.api_server import AGENT_RUNNER, ApiServer, server_env
+from tests.helpers.processes import REPO_ROOT
+from tests.integration.api.api_server import AGENTS, assert_error, blocked, database_state, read_stream, serve, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -42,7 +45,8 @@ def b(server: ApiServer) -> Iterator[httpx.Client]:
 def start(client: httpx.Client, text: str, chat: str | None = None) -> dict[str, Any]:
     response = client.post("/v1/turns", json={"agent_id": "desk", "input": text, "conversation_id": chat})
     assert response.status_code == 201, response.text
-    return response.json()
+    view: dict[str, Any] = response.json()
+    return view
 
 
 def test_every_v1_route_needs_a_valid_key(server: ApiServer) -> None:
@@ -126,6 +130,12 @@ def test_equal_conversation_ids_of_two_tenants_never_meet(a: httpx.Client, b: ht
         listed = client.get("/v1/turns").json()["items"]
         assert chat in {t["conversation_id"] for t in listed}
         assert not any("/" in (t["conversation_id"] or "") for t in listed) and "tenant-" not in str(listed)
+    # Events show the conversation as the tenant knows it, and only to that tenant
+    _, a_events = read_stream(a, f"/v1/conversations/{chat}/events", params={"follow": "false"}, until_end=False)
+    _, b_events = read_stream(b, f"/v1/conversations/{chat}/events", params={"follow": "false"}, until_end=False)
+    assert a_events and {e["data"]["turn_id"] for e in a_events} == {first["id"]}
+    assert b_events and {e["data"]["turn_id"] for e in b_events} == {other["id"]}
+    assert {e["data"]["conversation_id"] for e in a_events + b_events} == {chat}
     # Queued messages stay with their tenant as well
     queued = b.post(
         "/v1/turns", json={"agent_id": "desk", "input": "b again", "conversation_id": chat, "if_busy": "enqueue"}
@@ -136,8 +146,8 @@ def test_equal_conversation_ids_of_two_tenants_never_meet(a: httpx.Client, b: ht
 def test_without_keys_serve_refuses_a_non_loopback_address(tmp_path: Path) -> None:
     env = server_env(f"sqlite:///{tmp_path / 'x.db'}")
     result = subprocess.run(
-        [AGENT_RUNNER, "serve", "--agents", "api_agents:build_loader", "--host", "0.0.0.0", "--port", "1"],
-        cwd=ROOT,
+        [AGENT_RUNNER, "serve", "--agents", AGENTS, "--host", "0.0.0.0", "--port", "1"],
+        cwd=REPO_ROOT,
         env=env,
         capture_output=True,
         text=True,
@@ -146,8 +156,8 @@ def test_without_keys_serve_refuses_a_non_loopback_address(tmp_path: Path) -> No
     assert result.returncode == 2
     assert "AGENT_RUNNER_API_KEYS" in result.stderr and "0.0.0.0" in result.stderr
     bad_keys = subprocess.run(
-        [AGENT_RUNNER, "serve", "--agents", "api_agents:build_loader", "--port", "1"],
-        cwd=ROOT,
+        [AGENT_RUNNER, "serve", "--agents", AGENTS, "--port", "1"],
+        cwd=REPO_ROOT,
         env={**env, "AGENT_RUNNER_API_KEYS": "bad/tenant:key"},
         capture_output=True,
         text=True,

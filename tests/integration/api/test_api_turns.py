@@ -3,18 +3,24 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterator
+from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from api_agents import SECRET_TOKEN
-from api_server import ApiServer, assert_error, blocked, ended, status_is, wait_for
+
+from tests.helpers.api_server import ApiServer
+from tests.helpers.crash import CRASH_DIR_ENV
+from tests.integration.api.api_agents import SECRET_TOKEN
+from tests.integration.api.api_server import assert_error, blocked, ended, eventually, serve, status_is, wait_for
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture
-def client(server: ApiServer) -> httpx.Client:
+def client(server: ApiServer) -> Iterator[httpx.Client]:
     with server.client() as http:
         yield http
 
@@ -26,7 +32,8 @@ def conversation() -> str:
 def start(client: httpx.Client, text: str, **fields: Any) -> dict[str, Any]:
     response = client.post("/v1/turns", json={"agent_id": "desk", "input": text, **fields})
     assert response.status_code == 201, response.text
-    return response.json()
+    view: dict[str, Any] = response.json()
+    return view
 
 
 def test_a_ticket_turn_goes_through_form_and_approval_to_its_answer(client: httpx.Client) -> None:
@@ -127,6 +134,122 @@ def test_the_page_timeline_shows_cards_in_their_current_status(client: httpx.Cli
     assert client.get(f"/v1/conversations/{conversation()}/messages").json() == {"items": []}
 
 
+def page_message(client: httpx.Client, chat: str, role: str) -> dict[str, Any]:
+    """The conversation's one page message of `role` (`agent_action` or `agent_form`)."""
+    found = [item for item in client.get(f"/v1/conversations/{chat}/messages").json()["items"] if item["role"] == role]
+    assert len(found) == 1, found
+    message: dict[str, Any] = found[0]
+    return message
+
+
+def test_an_approval_records_who_approved_when_and_why(client: httpx.Client) -> None:
+    chat = conversation()
+    turn = start(client, "ticket", conversation_id=chat)
+    call = wait_for(client, turn["id"], blocked)["suspension"]["correlation_id"]
+    client.post(
+        f"/v1/turns/{turn['id']}/resume",
+        json={"action": "form", "tool_call_id": call, "data": {"system": "db", "scope": "ONE_USER"}},
+    )
+    waiting = wait_for(client, turn["id"], status_is("WAITING_FOR_APPROVAL"))
+    assert waiting["suspension"]["kind"] == "approval"
+    card = page_message(client, chat, "agent_action")
+    assert card["kind"] == "approval" and card["decided_at"] is None and card["reason"] is None
+    # Marking an ordinary approval done with a result is not one of its choices
+    settle = {"action": "tool_result", "tool_call_id": card["action_id"], "content": "TICKET-made-up"}
+    assert_error(client.post(f"/v1/turns/{turn['id']}/resume", json=settle), 409, "InvalidResumeCommand")
+
+    before = datetime.now().astimezone()
+    approved = client.post(
+        f"/v1/turns/{turn['id']}/resume",
+        json={
+            "action": "approve",
+            "tool_call_id": card["action_id"],
+            "reason": "the db team expects it",
+            "metadata": {"decided_by": "u-100"},
+        },
+    )
+    assert approved.status_code == 202, approved.text
+
+    done = wait_for(client, turn["id"], blocked)
+    assert done["status"] == "COMPLETED" and done["final_output"] == "opened TICKET-db-ONE_USER"
+    card = page_message(client, chat, "agent_action")
+    assert (card["status"], card["decided_by"], card["reason"], card["actions"]) == (
+        "APPROVED",
+        "u-100",
+        "the db team expects it",
+        [],
+    )
+    assert datetime.fromisoformat(card["decided_at"]) >= before
+    # The form was submitted with no one named: when, but not who or why
+    form = page_message(client, chat, "agent_form")
+    assert form["status"] == "SUBMITTED" and form["decided_at"] and form["decided_by"] is None
+    assert form["reason"] is None
+
+
+@pytest.fixture
+def crashing_server(tmp_path: Path) -> Iterator[ApiServer]:
+    """A server of its own whose `refund` tool kills it the first time it runs; leases expire after a second."""
+    crashes = tmp_path / "crashes"
+    crashes.mkdir()
+    env = {"AGENT_RUNNER_LEASE_TTL_S": "1", CRASH_DIR_ENV: str(crashes)}
+    yield from serve(tmp_path, database_url=None, args=None, **env)
+
+
+def test_a_call_cut_off_by_a_crash_is_marked_done_by_a_person(crashing_server: ApiServer) -> None:
+    chat = conversation()
+    with crashing_server.client() as client:
+        turn = start(client, "refund O-7", conversation_id=chat)
+    # The refund's body killed the server after its start was saved; a new server takes over
+    process = crashing_server.process
+    assert process is not None
+    eventually(lambda: process.poll() is not None, what="the server to die in the refund")
+    crashing_server.restart()
+    with crashing_server.client() as client:
+        waiting = wait_for(client, turn["id"], blocked, what="the outcome-unknown question")
+        assert waiting["status"] == "WAITING_FOR_APPROVAL"
+        assert waiting["suspension"]["kind"] == "outcome_unknown"
+        card = page_message(client, chat, "agent_action")
+        assert (card["kind"], card["status"], card["actions"]) == (
+            "outcome_unknown",
+            "PENDING",
+            ["RETRY", "MARK_DONE", "FAIL"],
+        )
+        assert_error(
+            client.post(
+                f"/v1/turns/{turn['id']}/resume", json={"action": "tool_result", "tool_call_id": card["action_id"]}
+            ),
+            422,
+        )
+
+        settled = client.post(
+            f"/v1/turns/{turn['id']}/resume",
+            json={
+                "action": "tool_result",
+                "tool_call_id": card["action_id"],
+                "content": "the bank shows R-7 paid",
+                "reason": "checked the bank statement",
+                "metadata": {"approverId": "u-9"},
+            },
+        )
+        assert settled.status_code == 202, settled.text
+
+        done = wait_for(client, turn["id"], ended)
+        assert done["status"] == "COMPLETED" and done["final_output"] == "refund: the bank shows R-7 paid"
+        card = page_message(client, chat, "agent_action")
+        assert (card["status"], card["decided_by"], card["reason"], card["actions"]) == (
+            "SUBMITTED",
+            "u-9",
+            "checked the bank statement",
+            [],
+        )
+        messages = client.get(f"/v1/turns/{turn['id']}", params={"messages": "true"}).json()["messages"]
+        results = [m for m in messages if m["role"] == "tool"]
+        # The refund was not run again: its one result is what the person gave
+        assert [(m["tool_name"], m["content"], m["is_error"]) for m in results] == [
+            ("refund", "the bank shows R-7 paid", False)
+        ]
+
+
 def test_plain_turns_input_answers_retry_and_delegation(client: httpx.Client) -> None:
     echo = start(client, "hello there")
     assert wait_for(client, echo["id"], blocked)["final_output"] == "echo: hello there"
@@ -144,12 +267,20 @@ def test_plain_turns_input_answers_retry_and_delegation(client: httpx.Client) ->
 
 
 def test_cancel_closes_out_a_waiting_turn_and_refuses_an_ended_one(client: httpx.Client) -> None:
-    turn = start(client, "ticket", conversation_id=conversation())
+    chat = conversation()
+    turn = start(client, "ticket", conversation_id=chat)
     wait_for(client, turn["id"], blocked)
     cancelled = client.post(f"/v1/turns/{turn['id']}/cancel", json={"reason": "not needed"})
     assert cancelled.status_code == 202
     view = cancelled.json()
     assert view["status"] == "CANCELLED" and "not needed" in view["error"]
+    # The form nobody filled in shows it was settled by the system, and why
+    form = eventually(
+        lambda: (f := page_message(client, chat, "agent_form"))["status"] == "CANCELLED" and f,
+        what="the form card to be cancelled",
+    )
+    assert form["decided_by"] == "system" and "not needed" in form["reason"] and form["decided_at"]
+    assert form["actions"] == []
     messages = client.get(f"/v1/turns/{turn['id']}", params={"messages": "true"}).json()["messages"]
     assert messages[-1]["role"] == "assistant" and messages[-2]["role"] == "tool"
     assert_error(client.post(f"/v1/turns/{turn['id']}/cancel"), 409, "TurnEndedError")

@@ -13,7 +13,8 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,7 @@ from redis import Redis
 
 import store
 from agent_runner import AgentResumeCommand, AgentTurn, AgentTurnStatus, SuspensionType
-from tests.helpers.processes import REPO_ROOT, with_tests_importable
+from tests.helpers.processes import REPO_ROOT, signal_group, with_tests_importable
 from tests.integration.celery_workers import celery_agents
 from tests.integration.celery_workers.celery_agents import DETAILS_FORM, LEDGER_URL_VARIABLE
 from workers.app import create_app
@@ -59,28 +60,25 @@ class WorkerProcess:
 
     def kill(self) -> None:
         """SIGKILL the whole process group: the main process and its pool children die at once."""
-        _signal_group(self.pid, signal.SIGKILL)
+        signal_group(self.pid, signal.SIGKILL)
         self.process.wait(WORKER_STOP_TIMEOUT_S)
 
     def stop(self) -> None:
-        """SIGTERM (warm shutdown), then SIGKILL after a bound; always reaps the process group."""
+        """SIGTERM (warm shutdown), then SIGKILL after a bound; always reaps the process group.
+
+        Only the main process gets the SIGTERM: it then waits for its pool children to finish
+        the tasks they run. A prefork child that got a SIGTERM of its own would die mid-task.
+        """
         if self.alive():
-            _signal_group(self.pid, signal.SIGTERM)
+            os.kill(self.pid, signal.SIGTERM)
             try:
                 self.process.wait(WORKER_STOP_TIMEOUT_S)
             except subprocess.TimeoutExpired:
                 pass
         # Pool children may outlive a main process that died first.
-        _signal_group(self.pid, signal.SIGKILL)
+        signal_group(self.pid, signal.SIGKILL)
         if self.alive():
             self.process.wait(WORKER_STOP_TIMEOUT_S)
-
-
-def _signal_group(pgid: int, signum: int) -> None:
-    try:
-        os.killpg(pgid, signum)
-    except ProcessLookupError:
-        pass
 
 
 @dataclass
@@ -109,7 +107,15 @@ class Cluster:
 
     # --- processes ---------------------------------------------------------------------------
 
-    def start_worker(self, name: str, concurrency: int = 2, wait: bool = True) -> WorkerProcess:
+    def start_worker(
+        self,
+        name: str,
+        concurrency: int = 2,
+        wait: bool = True,
+        extra_args: Sequence[str] = (),
+        env: Mapping[str, str] | None = None,
+    ) -> WorkerProcess:
+        """Start a prefork worker; `extra_args` go to `celery worker`, `env` overrides this worker's environment."""
         args = [
             CELERY,
             "-A",
@@ -122,8 +128,9 @@ class Cluster:
             "--without-mingle",
             "--without-heartbeat",
             "--loglevel=INFO",
+            *extra_args,
         ]
-        worker = self._spawn(name, args)
+        worker = self._spawn(name, args, env)
         if wait:
             self.wait_ready(worker)
         return worker
@@ -140,11 +147,16 @@ class Cluster:
         ]
         return self._spawn(name, args)
 
-    def _spawn(self, name: str, args: list[str]) -> WorkerProcess:
+    def _spawn(self, name: str, args: list[str], env: Mapping[str, str] | None = None) -> WorkerProcess:
         log = self.tmp_path / f"{name}-{len(self.processes)}.log"
         with log.open("wb") as sink:
             process = subprocess.Popen(
-                args, cwd=REPO_ROOT, env=self.env, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True
+                args,
+                cwd=REPO_ROOT,
+                env={**self.env, **(env or {})},
+                stdout=sink,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
             )
         worker = WorkerProcess(name, process, log)
         self.processes.append(worker)
@@ -264,6 +276,40 @@ def cluster_env(
     )
     env.update(overrides)
     return with_tests_importable(env)
+
+
+@contextmanager
+def clusters(schema_url: str, redis_url: str, tmp_path: Path) -> Iterator[Callable[..., Cluster]]:
+    """A maker of the test's clusters; on the way out every process they started is stopped, whatever happened.
+
+    All clusters of one test share a Redis key namespace (leases, guard, broker keys) and a
+    queue of their own, and the namespace's keys are deleted afterwards. The maker takes an
+    optional `broker_url` and environment overrides (see `cluster_env`).
+    """
+    namespace = f"ar-test-{uuid.uuid4().hex[:10]}"
+    made: list[Cluster] = []
+
+    def make(broker_url: str | None = None, **overrides: str) -> Cluster:
+        env = cluster_env(
+            schema_url=schema_url, redis_url=redis_url, namespace=namespace, broker_url=broker_url, **overrides
+        )
+        cluster = Cluster(env=env, tmp_path=tmp_path, redis_url=redis_url)
+        made.append(cluster)
+        return cluster
+
+    try:
+        yield make
+    finally:
+        try:
+            for cluster in made:
+                try:
+                    cluster.stop_all()
+                finally:
+                    if cluster.settings.broker_url.startswith("amqp"):
+                        delete_amqp_queue(cluster)
+                    cluster.close()
+        finally:
+            delete_prefix(redis_url, namespace)
 
 
 def delete_prefix(redis_url: str, prefix: str) -> None:

@@ -12,23 +12,13 @@ import os
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from redis import Redis
-from redis.exceptions import RedisError
 
 import store
 from tests.integration.celery_workers.celery_agents import dispose_ledger_engine, metadata
-from tests.integration.celery_workers.celery_cluster import (
-    DEFAULT_DATABASE_URL,
-    DEFAULT_REDIS_URL,
-    Cluster,
-    cluster_env,
-    delete_amqp_queue,
-    delete_prefix,
-)
+from tests.integration.celery_workers.celery_cluster import DEFAULT_DATABASE_URL, Cluster, clusters
 
 
 @pytest.fixture(scope="session")
@@ -42,19 +32,6 @@ def database_url() -> str:
         pytest.fail(f"PostgreSQL at {sa.make_url(url).render_as_string()} is unreachable: {exc}")
     finally:
         engine.dispose()
-    return url
-
-
-@pytest.fixture(scope="session")
-def redis_url() -> str:
-    url = os.environ.get("AGENT_RUNNER_TEST_REDIS_URL", DEFAULT_REDIS_URL)
-    client: Redis[Any] = Redis.from_url(url, socket_connect_timeout=3, socket_timeout=3)
-    try:
-        client.ping()
-    except RedisError as exc:
-        pytest.fail(f"Redis at {url} is unreachable: {exc}")
-    finally:
-        client.close()
     return url
 
 
@@ -82,29 +59,11 @@ def schema_url(database_url: str) -> Iterator[str]:
 @pytest.fixture
 def make_cluster(schema_url: str, redis_url: str, tmp_path: Path) -> Iterator[Callable[..., Cluster]]:
     """Builds the test's cluster; every process it started is stopped afterwards, whatever happened."""
-    namespace = f"ar-test-{uuid.uuid4().hex[:10]}"
-    clusters: list[Cluster] = []
-
-    def make(broker_url: str | None = None, **overrides: str) -> Cluster:
-        env = cluster_env(
-            schema_url=schema_url, redis_url=redis_url, namespace=namespace, broker_url=broker_url, **overrides
-        )
-        cluster = Cluster(env=env, tmp_path=tmp_path, redis_url=redis_url)
-        clusters.append(cluster)
-        return cluster
-
     try:
-        yield make
+        with clusters(schema_url, redis_url, tmp_path) as make:
+            yield make
     finally:
-        for cluster in clusters:
-            try:
-                cluster.stop_all()
-            finally:
-                if cluster.settings.broker_url.startswith("amqp"):
-                    delete_amqp_queue(cluster)
-                cluster.close()
         dispose_ledger_engine()
-        delete_prefix(redis_url, namespace)
 
 
 @pytest.fixture

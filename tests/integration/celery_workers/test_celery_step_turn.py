@@ -149,7 +149,9 @@ def test_a_turn_the_workers_cannot_step_is_not_retried_in_a_hot_loop(cluster: Cl
     _settle(cluster, 1)
     time.sleep(1.0)
 
-    # Then it logged the failure once and left the turn to the stale-turn sweep, untouched
+    # Then it logged the failure once, counted it in the turn (a poison turn ends after a few
+    # such failures), and left the turn to the stale-turn sweep
     assert _outcomes(cluster) == ["stepped"]
     assert "AgentNotFound" in cluster.logs()
-    assert cluster.load(turn.id).version == turn.version
+    counted = cluster.load(turn.id)
+    assert (counted.version, counted.step_failures, counted.status) == (turn.version + 1, 1, AgentTurnStatus.READY)

@@ -25,7 +25,6 @@ from redis.exceptions import RedisError
 from store._scripts import redact_url
 from store.keys import RedisKeys
 
-DEFAULT_TEST_REDIS_URL = "redis://127.0.0.1:6379/15"
 FLUSH_DB = int(os.environ.get("AGENT_RUNNER_TEST_REDIS_FLUSH_DB", "14"))
 """The Redis database number the flush test may empty; no other test uses it."""
 
@@ -44,14 +43,6 @@ def _check_redis(url: str) -> None:
         pytest.fail(f"Redis at {redact_url(url)} is unreachable ({type(exc).__name__}: {exc}); start it first")
     finally:
         client.close()
-
-
-@pytest.fixture(scope="session")
-def redis_url() -> str:
-    """The test server's URL; fails (never skips) when the server does not answer."""
-    url = os.environ.get("AGENT_RUNNER_TEST_REDIS_URL", DEFAULT_TEST_REDIS_URL)
-    _check_redis(url)
-    return url
 
 
 def delete_namespace(url: str, keys: RedisKeys) -> None:

@@ -8,7 +8,6 @@ Tools and the step log write JSON lines to files: they survive a SIGKILL of the 
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -16,7 +15,7 @@ import sys
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -38,6 +37,7 @@ from agent_runner import (
     UserMessage,
     tool,
 )
+from tests.helpers.jsonl import append_jsonl, read_jsonl
 from tests.helpers.processes import with_tests_importable
 
 MAIN_MODULE = f"{__package__}.embedded_worker_main"
@@ -54,22 +54,6 @@ def configure(ledger: Path | None) -> None:
     """Set the file the tools record their executions in."""
     global _ledger
     _ledger = ledger
-
-
-def append_jsonl(path: Path, record: dict[str, Any]) -> None:
-    with path.open("a", encoding="utf-8") as file:
-        file.write(json.dumps(record) + "\n")
-        file.flush()
-
-
-def read_jsonl(*paths: Path) -> list[dict[str, Any]]:
-    records: list[dict[str, Any]] = []
-    for path in paths:
-        if path.exists():
-            for line in path.read_text(encoding="utf-8").splitlines():
-                if line.strip():
-                    records.append(json.loads(line))
-    return records
 
 
 # --- Agents -----------------------------------------------------------------------------------
@@ -269,8 +253,15 @@ def spawn_worker(
     poll_interval: float = 0.05,
     ledger: Path | None = None,
     step_log: Path | None = None,
+    agents: str | None = None,
+    setup: str | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> WorkerProcess:
-    """Start `embedded_worker_main` in a process group of its own; stop it with `stop` or `kill` in a `finally`."""
+    """Start `embedded_worker_main` in a process group of its own; stop it with `stop` or `kill` in a `finally`.
+
+    `agents` and `setup` name the agent loader and the runner set-up by `module:attribute`
+    (default: this module's agents, no set-up); `env` adds variables to the process's environment.
+    """
     ready = folder / f"ready-{name}"
     log_file = folder / f"worker-{name}.log"
     args = [sys.executable, "-m", MAIN_MODULE, "--database-url", database_url, "--lease", lease]
@@ -282,7 +273,16 @@ def spawn_worker(
         args += ["--ledger", str(ledger)]
     if step_log is not None:
         args += ["--step-log", str(step_log)]
+    if agents is not None:
+        args += ["--agents", agents]
+    if setup is not None:
+        args += ["--setup", setup]
     with log_file.open("wb") as log:
-        env = with_tests_importable(os.environ)
-        process = subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        process = subprocess.Popen(
+            args,
+            env=with_tests_importable({**os.environ, **(env or {})}),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     return WorkerProcess(name, process, ready, log_file)

@@ -10,11 +10,11 @@ import pytest
 
 from agent_runner import AgentRunner, AgentTurnStatus, ToolMessage
 from store import SqlAgentTurnStore
+from tests.helpers.jsonl import read_jsonl
 from tests.integration.embedded_worker.embedded_fleet import (
     WorkerProcess,
     history_problems,
     loader,
-    read_jsonl,
     spawn_worker,
     turn_with_status,
     wait_for,

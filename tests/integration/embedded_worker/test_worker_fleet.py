@@ -8,13 +8,13 @@ import pytest
 
 from agent_runner import AgentRunner, AgentTurnStatus, ToolMessage
 from store import SqlAgentTurnStore
+from tests.helpers.jsonl import read_jsonl
 from tests.integration.embedded_worker.embedded_fleet import (
     LOOPER_STEPS,
     WorkerProcess,
     history_problems,
     loader,
     overlapping_steps,
-    read_jsonl,
     spawn_worker,
     wait_for,
 )

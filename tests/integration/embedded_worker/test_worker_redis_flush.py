@@ -19,11 +19,11 @@ from redis import Redis
 from agent_runner import AgentConversationBusyException, AgentRunner, AgentTurnStatus, ToolMessage
 from agent_runner.worker import AgentWorker
 from store import RedisConversationGuard, RedisTurnLease, SqlAgentTurnStore, SqlChatMemoryProvider
+from tests.helpers.jsonl import read_jsonl
 from tests.integration.embedded_worker import embedded_fleet
 from tests.integration.embedded_worker.embedded_fleet import (
     history_problems,
     loader,
-    read_jsonl,
     turn_with_status,
     wait_for,
 )

@@ -136,7 +136,7 @@ def test_a_feed_merges_the_redis_channel_with_the_durable_log(redis_url: str, ke
         timer.start()
         followed = feed.follow(root_turn_id="r-1", after=events[-1].cursor, timeout=20, poll_interval=5)
         assert next(followed).event_id == later.event_id
-        followed.close()
+        followed.close()  # end the follow
         timer.join()
 
 
@@ -188,4 +188,5 @@ def test_entries_that_are_not_events_are_skipped(redis_url: str, keys: RedisKeys
 @pytest.mark.parametrize("arguments", [{"retention_s": 0}, {"maxlen": 0}, {}])
 def test_bad_settings_are_refused(arguments: dict[str, Any]) -> None:
     with pytest.raises(ValueError):
-        RedisLiveEvents(**({"redis_url": "redis://127.0.0.1:6379/15"} if arguments else {}), **arguments)
+        options: dict[str, Any] = {"redis_url": "redis://127.0.0.1:6379/15"} if arguments else {}
+        RedisLiveEvents(**options, **arguments)

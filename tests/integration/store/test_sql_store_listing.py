@@ -19,7 +19,7 @@ def test_pages_are_newest_first_filtered_and_without_messages(sql_url: str) -> N
                     agent_id="a" if number % 2 else "b",
                     conversation_id=f"tenant-{number % 3}/c{number}" if number < 5 else None,
                     tenant_id=f"tenant-{number % 3}",
-                    messages=[UserMessage(f"m{number}")],
+                    messages=[UserMessage(content=f"m{number}")],
                     created_at=start + timedelta(seconds=number),
                     updated_at=start + timedelta(seconds=10 - number),
                 ),

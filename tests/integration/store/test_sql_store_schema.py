@@ -196,6 +196,8 @@ def test_upgrading_from_0001_moves_the_tenant_from_the_state_into_its_column(
         assert turns.load("t-1").tenant_id == "tenant-a"
         assert turns.load("t-2").tenant_id is None
         with turns.engine.connect() as connection:
-            stored = dict(connection.execute(sa.text("SELECT id, tenant_id FROM agent_turns")).all())
+            stored: dict[str, str | None] = {
+                row[0]: row[1] for row in connection.execute(sa.text("SELECT id, tenant_id FROM agent_turns"))
+            }
         assert stored == {"t-1": "tenant-a", "t-2": None}
     assert schema_differences(url) == []

@@ -90,6 +90,32 @@ def test_approve_runs_the_saved_call_with_its_arguments_once_without_asking_the_
     assert resumed.data["tool_call_id"] == "t1"
 
 
+@pytest.mark.parametrize(
+    ("metadata", "recorded"),
+    [({"reason": "within the daily limit", "approverId": "u-100"}, "within the daily limit"), ({}, None)],
+    ids=["with-reason", "without"],
+)
+def test_an_approval_records_the_reason_of_its_metadata_on_the_decision(
+    metadata: dict[str, str], recorded: str | None
+) -> None:
+    runner, _, _, agent, _ = _setup(
+        [
+            AiMessage(tool_calls=[ToolCall(id="t1", name="transfer", arguments={"to": "bob", "amount": 5})]),
+            AiMessage(content="Paid."),
+        ]
+    )
+    turn = runner.run(agent, "pay bob")
+    command = AgentResumeCommand.approve_tool("t1")
+    for key, value in metadata.items():
+        command = command.with_metadata(key, value)
+
+    turn = runner.resume(turn.id, command)
+
+    [action] = turn.page_actions
+    assert action.decision.get("reason") == recorded
+    assert action.decision.get("decided_by") == metadata.get("approverId")
+
+
 def test_reject_writes_a_tool_message_with_the_reason_and_then_the_model_answers() -> None:
     # Given: a turn waiting for approval of a transfer
     runner, model, bank, agent, _ = _setup(

@@ -109,10 +109,11 @@ def ids(events: list[AgentEvent]) -> list[str]:
 # --- Event types ----------------------------------------------------------------------------------
 
 
-def test_only_deltas_and_progress_are_ephemeral() -> None:
-    assert {t for t in E if not t.is_durable} == EPHEMERAL_EVENT_TYPES == {E.MODEL_DELTA, E.TOOL_PROGRESS}
+def test_only_deltas_progress_and_projection_errors_are_ephemeral() -> None:
+    ephemeral = {E.MODEL_DELTA, E.TOOL_PROGRESS, E.CHAT_MEMORY_ERROR}
+    assert {t for t in E if not t.is_durable} == EPHEMERAL_EVENT_TYPES == ephemeral
     assert DURABLE_EVENT_TYPES | EPHEMERAL_EVENT_TYPES == set(E)
-    assert E.CHAT_MEMORY_ERROR.is_durable and E.TURN_COMPLETED.is_durable
+    assert not E.CHAT_MEMORY_ERROR.is_durable and E.TURN_COMPLETED.is_durable
 
 
 def test_an_event_from_a_runner_has_no_cursor_and_the_cursor_survives_json() -> None:
@@ -138,7 +139,8 @@ def test_durable_events_come_from_the_log_and_ephemeral_ones_from_the_live_chann
     store.save(tree.turns["r-1"], tree.turns["r-1"].version, [AgentEvent(type=E.MODEL_DELTA, turn_id="r-1")])
     feed = EventFeed(store, live)
     expected = ["r-1:0:0", first.event_id, second.event_id, answer.event_id, progress.event_id, done.event_id]
-    for scope in ({"root_turn_id": "r-1"}, {"conversation_id": "c-1"}):
+    scopes: list[dict[str, Any]] = [{"root_turn_id": "r-1"}, {"conversation_id": "c-1"}]
+    for scope in scopes:
         events = feed.read(**scope)
         assert ids(events) == expected
         assert [e.type for e in events][1:] == [

@@ -94,9 +94,13 @@ def test_resume_commands_need_exactly_their_fields() -> None:
     assert rejected.reason == "rejected by the user" and rejected.metadata == {"by": "u"}
     assert resume_command(ResumeAction.FORM, tool_call_id="c1", data={}).data == {}
     assert resume_command(ResumeAction.INPUT, content="x").content == "x"
+    settled = resume_command(ResumeAction.TOOL_RESULT, tool_call_id="c1", content="paid")
+    assert (settled.type, settled.tool_call_id, settled.content) == (ResumeType.TOOL_RESULT, "c1", "paid")
     for action, fields in [
         (ResumeAction.APPROVE, {}),
-        (ResumeAction.APPROVE, {"tool_call_id": "c1", "reason": "no"}),
+        (ResumeAction.APPROVE, {"tool_call_id": "c1", "content": "yes"}),
+        (ResumeAction.TOOL_RESULT, {"tool_call_id": "c1"}),
+        (ResumeAction.TOOL_RESULT, {"content": "paid"}),
         (ResumeAction.FORM, {"tool_call_id": "c1"}),
         (ResumeAction.INPUT, {"content": "x", "data": {}}),
         (ResumeAction.RETRY, {"tool_call_id": "c1"}),
@@ -105,6 +109,18 @@ def test_resume_commands_need_exactly_their_fields() -> None:
             resume_command(action, **fields)  # type: ignore[arg-type]
     assert classify_error(ResumeRequestError("x")) is ErrorKind.INVALID
     assert classify_error(TurnNotFound("t")) is ErrorKind.NOT_FOUND
+
+
+def test_an_approval_or_settled_call_keeps_its_reason_in_the_metadata() -> None:
+    # Only a rejection's reason is read by the model; the others are kept with the decision.
+    approved = resume_command(
+        ResumeAction.APPROVE, tool_call_id="c1", reason="checked", metadata={"decided_by": "u-1", "reason": "old"}
+    )
+    assert approved.reason is None and approved.metadata == {"decided_by": "u-1", "reason": "checked"}
+    settled = resume_command(ResumeAction.TOOL_RESULT, tool_call_id="c1", content="paid", reason="bank says so")
+    assert settled.reason is None and settled.metadata == {"reason": "bank says so"}
+    rejected = resume_command(ResumeAction.REJECT, tool_call_id="c1", reason="no")
+    assert rejected.reason == "no" and rejected.metadata == {}
 
 
 def test_tenants_store_conversations_under_their_name_and_see_only_their_turns() -> None:
@@ -125,7 +141,7 @@ def call_api(url: str, token: str) -> str:
 
 def test_masks_hide_sensitive_arguments_and_everything_of_unknown_tools() -> None:
     agent = Agent(id="a", chat_model=ScriptedChatModel([]), tools=[call_api])
-    call = ToolCall("c1", "call_api", {"url": "u", "token": "secret"})
+    call = ToolCall(id="c1", name="call_api", arguments={"url": "u", "token": "secret"})
     assert masked_arguments(agent, call) == {"url": "u", "token": "***"}
     assert masked_arguments(None, call) == {"url": "***", "token": "***"}
 
@@ -138,4 +154,32 @@ def test_masks_hide_sensitive_arguments_and_everything_of_unknown_tools() -> Non
 
     mask: Any = catalog_mask(Loader())
     assert mask(call) == {"url": "u", "token": "***"}
-    assert mask(ToolCall("c2", "made_up", {"x": 1})) == {"x": "***"}
+    assert mask(ToolCall(id="c2", name="made_up", arguments={"x": 1})) == {"x": "***"}
+
+
+def test_event_data_shows_the_tenants_conversation_and_masks_arguments() -> None:
+    from agent_runner import AgentEvent, AgentEventType
+    from workers.api.events import format_event
+
+    agent = Agent(id="a", chat_model=ScriptedChatModel([]), tools=[call_api])
+
+    class Loader:
+        def load(self, agent_id: str, version: str | None = None) -> Agent:
+            return agent
+
+        def agents(self) -> list[Agent]:
+            return [agent]
+
+    event = AgentEvent(
+        type=AgentEventType.TOOL_STARTED,
+        turn_id="t1",
+        root_turn_id="t1",
+        conversation_id="acme/c-1",
+        data={"tool_call_id": "c1", "tool_name": "call_api", "arguments": {"url": "u", "token": "secret"}},
+        cursor="0.1:",
+    )
+    text = format_event(event, Tenant("acme"), catalog_mask(Loader()))
+    lines = text.split("\n")
+    assert lines[0] == "id: 0.1:" and lines[1] == "event: TOOL_STARTED" and text.endswith("\n\n")
+    data = json.loads(lines[2].removeprefix("data: "))
+    assert data["conversation_id"] == "c-1" and data["data"]["arguments"] == {"url": "u", "token": "***"}

@@ -32,7 +32,9 @@ PLUGIN_SUBCOMMANDS = {"flower": "flower"}
 
 def _known_variables() -> set[str]:
     source = (ROOT / "workers" / "settings.py").read_text()
-    return set(re.findall(r'"((?:AGENT_RUNNER|CELERY)_[A-Z_]+)"', source))
+    # The telemetry modules read the standard OTEL_* variables (and their own) too.
+    source += "".join(path.read_text() for path in sorted((ROOT / "workers" / "telemetry").glob("*.py")))
+    return set(re.findall(r'"((?:AGENT_RUNNER|CELERY|OTEL)_[A-Z_]+)"', source))
 
 
 def _console_scripts() -> dict[str, str]:

@@ -22,6 +22,7 @@ import openai
 import pytest
 
 from agent_runner.errors import AgentRunnerError, DefinitionError, RecoverableError
+from agent_runner.limits import MIB, InputLimits
 from agent_runner.messages import AiMessage, ModelMessage, SystemMessage, ToolCall, ToolMessage, UserMessage
 from agent_runner.models import ChatRequest, ToolSpec
 from agent_runner.models.openai import (
@@ -425,12 +426,43 @@ def test_tool_call_without_an_id_gets_one(server: FakeChatServer, make_model: Mo
     assert call.id.startswith("call_") and len(call.id) > len("call_")
 
 
+def test_hostile_answers_are_bounded_and_storable(server: FakeChatServer, make_model: ModelFactory) -> None:
+    # Given a server whose answer is 2 MB of text with a lone surrogate and a NUL, a 10 MB
+    # argument, JSON 5000 levels deep, and a call whose id and name are 1 MB each
+    huge = json.dumps({"order_id": "1" * 10_000_000})
+    deep = "[" * 5000 + "]" * 5000
+    text = "\ud800\u0000" + "x" * 2_000_000
+    calls = [("call_a", "lookup_order", huge), ("call_b", "lookup_order", deep), ("i" * MIB, "n" * MIB, "{}")]
+    server.add(Reply(body=completion(text, calls)))
+
+    # When the response is read
+    message = make_model().generate(ask(tools=[LOOKUP])).message
+
+    # Then nothing raised, and nothing in the message is big or unstorable
+    big, nested, odd = message.tool_calls
+    assert f"{len(huge)} bytes, over the limit of 262144 bytes" in big.arguments[INVALID_ARGUMENTS_KEY]["error"]
+    assert len(big.arguments[INVALID_ARGUMENTS_KEY]["raw"]) < 1000
+    assert "nested" in nested.arguments[INVALID_ARGUMENTS_KEY]["error"]
+    assert odd.id.startswith("call_") and len(odd.id) < 64 and len(odd.name) < 200
+    assert message.content is not None and message.content.startswith("\ufffd\ufffdx")
+    assert len(message.content.encode("utf-8")) <= MIB and message.content.endswith("bytes]")
+    json.dumps(message.model_dump()).encode("utf-8")  # encodable as UTF-8 JSON, as the stores write it
+
+
+def test_the_limits_of_the_adapter_can_be_raised(server: FakeChatServer, make_model: ModelFactory) -> None:
+    arguments = json.dumps({"order_id": "1" * 300_000})
+    server.add(Reply(body=completion(None, [("call_a", "lookup_order", arguments)])))
+    model = make_model(limits=InputLimits(max_tool_arguments_bytes=MIB))
+    assert model.generate(ask(tools=[LOOKUP])).message.tool_calls[0].arguments == {"order_id": "1" * 300_000}
+
+
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
         ('{"a": 1}', {"a": 1}),
         ("  ", {}),
         ("null", {INVALID_ARGUMENTS_KEY: {"raw": "null", "error": "a JSON object was expected, got NoneType"}}),
+        ("[" * 1000, {INVALID_ARGUMENTS_KEY: {"raw": "[" * 1000, "error": "nested more than 64 levels deep"}}),
     ],
 )
 def test_parse_tool_arguments(text: str, expected: dict[str, Any]) -> None:

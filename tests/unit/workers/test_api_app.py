@@ -1,0 +1,38 @@
+"""`workers.api:create_app()` with no arguments reads the environment like the command line (in-process, SQLite)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from workers.api import create_app
+
+
+def test_create_app_without_arguments_serves_the_agents_of_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AGENT_RUNNER_DATABASE_URL", f"sqlite:///{tmp_path / 'app.db'}")
+    monkeypatch.setenv("AGENT_RUNNER_AGENT_LOADER", "workers.demo:build_agent")
+    app = create_app()
+    assert app.state.settings.worker_mode.value == "embedded"
+    with TestClient(app) as client:
+        assert [agent["id"] for agent in client.get("/v1/agents").json()["items"]] == ["support-agent"]
+        turn = client.post("/v1/turns", json={"agent_id": "support-agent", "input": "VPN down"}).json()
+        deadline = time.monotonic() + 20
+        while client.get(f"/v1/turns/{turn['id']}").json()["status"] in ("READY", "RUNNING"):
+            assert time.monotonic() < deadline, "the embedded worker never ran the turn"
+            time.sleep(0.02)
+        assert client.get(f"/v1/turns/{turn['id']}").json()["status"] == "WAITING_FOR_USER"
+
+
+def test_worker_none_only_saves_turns(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AGENT_RUNNER_AGENT_LOADER", "workers.demo:build_agent")
+    monkeypatch.setenv("AGENT_RUNNER_API_WORKER", "none")
+    app = create_app(database_url=f"sqlite:///{tmp_path / 'none.db'}", worker="none")
+    with TestClient(app) as client:
+        turn = client.post("/v1/turns", json={"agent_id": "support-agent", "input": "printer jam"}).json()
+        time.sleep(0.3)
+        assert client.get(f"/v1/turns/{turn['id']}").json()["status"] == "READY"
