@@ -5,6 +5,7 @@ token is a sensitive argument), and streams its answer in small chunks with paus
 browser sees it arrive, can reload mid-stream, and must end up with exactly `answer_for`.
 `refunds` pays a refund with a non-idempotent tool; when `TEST_CRASH_DIR` is set its first
 run kills the server, so a person settles the call whose outcome is unknown.
+`change-desk` asks to approve a deployment that is rejected if nobody decides within the hour.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from datetime import timedelta
 from typing import Literal
 
 from agent_runner import (
@@ -139,6 +141,21 @@ def refunds(request: ChatRequest) -> AiMessage:
     return AiMessage(tool_calls=[call])
 
 
+@tool(requires_approval=True, approval_timeout=timedelta(hours=1), on_timeout="reject")
+def deploy_change(service: str) -> str:
+    """Deploy a change; rejected when nobody approves it within the hour."""
+    return f"{service} deployed"
+
+
+def change_desk(request: ChatRequest) -> AiMessage:
+    """Ask to deploy the service the user names, then report what happened."""
+    last = request.messages[-1]
+    if isinstance(last, ToolMessage):
+        return AiMessage(content=last.content)
+    call = ToolCall(id=f"deploy-{len(request.messages)}", name="deploy_change", arguments={"service": "billing"})
+    return AiMessage(tool_calls=[call])
+
+
 AGENTS = [
     Agent(
         id="support-desk",
@@ -159,5 +176,12 @@ AGENTS = [
         instructions="Refund orders.",
         chat_model=ScriptedChatModel(refunds),
         tools=[issue_refund],
+    ),
+    Agent(
+        id="change-desk",
+        version="1",
+        instructions="Deploy changes once a person approves them.",
+        chat_model=ScriptedChatModel(change_desk),
+        tools=[deploy_change],
     ),
 ]

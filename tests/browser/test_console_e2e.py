@@ -640,3 +640,17 @@ def test_a_call_whose_outcome_is_unknown_is_retried_marked_done_or_failed(
         failed = card(browser, "agent_action", "REJECTED")
         assert_shows_decision(failed, stored_card(server, "c-refund-fail", "agent_action"), "Failed")
         assert console_errors(browser) == []
+
+
+def test_the_turn_page_shows_the_deadline_of_a_waiting_approval(page: WebDriver, server: ConsoleServer) -> None:
+    started = server.ok("POST", "/v1/turns", {"agent_id": "change-desk", "input": "ship billing"})
+    waiting = wait_status(server, started["id"], "WAITING_FOR_APPROVAL")
+    deadline = waiting["suspension"]["deadline"]
+    assert waiting["suspension"]["on_timeout"] == "reject"
+
+    open_console(page, server, f"/turns/{started['id']}")
+
+    note = wait_for(lambda: page.find_element(By.CSS_SELECTOR, ".deadline"), timeout=TIMEOUT, message="the deadline")
+    assert note.text.startswith("Decide by ") and note.text.endswith("; then it is rejected.")
+    assert note.find_element(By.TAG_NAME, "time").get_attribute("datetime") == deadline
+    screenshot(page, "console-deadline")

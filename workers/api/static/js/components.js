@@ -451,10 +451,30 @@ export function questionCard(turn, { onChanged }) {
   return form;
 }
 
+const TIMEOUT_DEFAULTS = {
+  approve: "it is approved",
+  reject: "it is rejected",
+  submit: "the form's default answer is submitted",
+};
+
+/** "Decide by <time>; then it is rejected." under a card whose wait has a deadline. */
+function withDeadline(card, suspension) {
+  if (!card || !suspension.deadline) return card;
+  const then = TIMEOUT_DEFAULTS[suspension.on_timeout] || "the default applies";
+  card.append(
+    h("p", { class: "subtle deadline" }, "Decide by ", timeElement(suspension.deadline), `; then ${then}.`),
+  );
+  return card;
+}
+
 /** Approval, form or question controls for a turn's current suspension (turn detail view). */
 export function suspensionPanel(turn, { onChanged }) {
   const suspension = turn.suspension;
   if (!suspension) return null;
+  return withDeadline(suspensionControls(turn, suspension, { onChanged }), suspension);
+}
+
+function suspensionControls(turn, suspension, { onChanged }) {
   if (turn.status === "WAITING_FOR_APPROVAL" && suspension.tool_call) {
     const call = suspension.tool_call;
     return actionCard(
