@@ -137,6 +137,45 @@ def _secrets(url: URL) -> list[str]:
     return [str(secret) for secret in found if secret]
 
 
+@contextmanager
+def driver_connection(engine: Engine) -> Iterator[tuple[Any, Any]]:
+    """Check a connection out of the engine's pool and yield it with its driver connection, in autocommit.
+
+    For the few statements that run on the driver directly (see `store._pg_turns`). An
+    error of the driver is raised as the `DBAPIError` subclass SQLAlchemy would have raised
+    for it, so `translated_errors` handles it the same way, and a connection the error left
+    broken is dropped from the pool instead of being handed out again. The connection goes
+    back to the pool out of autocommit, as SQLAlchemy expects it.
+
+    Yields:
+        (the pooled connection, its driver connection).
+    """
+    dbapi_error: type[Exception] = engine.dialect.loaded_dbapi.Error
+    try:
+        pooled = engine.raw_connection()
+    except dbapi_error as error:  # could not connect
+        raise sa_exc.DBAPIError.instance(None, None, error, dbapi_error, dialect=engine.dialect) from error
+    driver: Any = pooled.driver_connection
+    try:
+        driver.autocommit = True
+        yield pooled, driver
+    except dbapi_error as error:
+        invalidated = engine.dialect.is_disconnect(error, driver, None)  # type: ignore[arg-type]
+        if invalidated:
+            pooled.invalidate(error)
+        raise sa_exc.DBAPIError.instance(
+            None, None, error, dbapi_error, connection_invalidated=invalidated, dialect=engine.dialect
+        ) from error
+    finally:
+        if pooled.is_valid:
+            try:
+                driver.autocommit = False
+            except dbapi_error as error:
+                # Left mid-statement (an interrupt): a connection in an unknown state is not reused.
+                pooled.invalidate(error)
+        pooled.close()
+
+
 def dialect_insert(engine: Engine | Connection, table: sa.Table) -> postgresql.Insert | sqlite.Insert:
     """Return an INSERT of `table` that supports `ON CONFLICT` on this database."""
     name = engine.dialect.name

@@ -7,7 +7,12 @@ Tables:
     agent_turns: one header row per turn. `version` is the compare-and-swap counter;
         `message_count` says how many rows of `agent_turn_messages` belong to the stored
         snapshot; `state` holds the rest of the snapshot (suspension, pending calls,
-        children, usage, ...) as JSON.
+        children, usage, ...) as JSON. A turn's row is rewritten at every step, so no
+        index covers a column that changes at every step (`updated_at`, `version`,
+        `state`, ...): PostgreSQL can then write the new row version on the same page
+        without touching any index (a HOT update), and pages are left a quarter free
+        (`fillfactor`) to make room for it. Sweeps that look for turns idle since a
+        time use `status_changed_at` instead, which changes only with the status.
     agent_turn_messages: the turn's messages, append-only, keyed by (turn_id, seq).
     agent_turn_events: the durable events, append-only, written with the save that caused
         them. `xid` is the writing transaction's id on PostgreSQL (0 on SQLite), the first
@@ -40,6 +45,10 @@ ACTIVE_TURN_PREDICATE = "status IN ({})".format(", ".join(f"'{s}'" for s in NON_
 Migration 0001 spells out the same list: a new non-terminal status needs a migration that
 recreates the index.
 """
+
+TURNS_FILLFACTOR = 75
+"""Percent of each `agent_turns` page filled by inserts on PostgreSQL; the rest takes the new
+row versions of HOT updates (migration 0004 sets it)."""
 
 VERSION_TABLE = "agent_runner_alembic_version"
 """Alembic's revision table for these tables, named so it cannot clash with an application's own."""
@@ -106,6 +115,9 @@ turns = sa.Table(
     sa.Column("updated_at", UtcDateTime, nullable=False),
     sa.Column("state", _json(), nullable=False),
     sa.Column("tenant_id", sa.String, nullable=True),
+    # When the turn entered its current status: never later than `updated_at`, and unlike it
+    # unchanged by the saves of a running turn, so indexes over it survive HOT updates.
+    sa.Column("status_changed_at", UtcDateTime, nullable=False),
     # The durable backstop of "one active turn per conversation": two creators racing past
     # every other check still cannot both commit a non-terminal turn.
     sa.Index(
@@ -115,14 +127,15 @@ turns = sa.Table(
         postgresql_where=sa.text(ACTIVE_TURN_PREDICATE),
         sqlite_where=sa.text(ACTIVE_TURN_PREDICATE),
     ),
-    sa.Index("ix_agent_turns_conversation_updated", "conversation_id", "updated_at"),
+    sa.Index("ix_agent_turns_conversation", "conversation_id"),
     sa.Index("ix_agent_turns_parent", "parent_turn_id"),
     sa.Index("ix_agent_turns_root", "root_turn_id"),
-    sa.Index("ix_agent_turns_tenant_conversation", "tenant_id", "conversation_id", "updated_at"),
+    sa.Index("ix_agent_turns_tenant_conversation", "tenant_id", "conversation_id"),
     # The listing of the HTTP API: a tenant's turns, newest first.
     sa.Index("ix_agent_turns_tenant_created", "tenant_id", "created_at", "id"),
-    sa.Index("ix_agent_turns_status_updated", "status", "updated_at"),
+    sa.Index("ix_agent_turns_status_changed", "status", "status_changed_at"),
     sa.Index("ix_agent_turns_status_retry", "status", "next_retry_at"),
+    postgresql_with={"fillfactor": TURNS_FILLFACTOR},
 )
 
 turn_messages = sa.Table(
