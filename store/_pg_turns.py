@@ -30,7 +30,33 @@ from agent_runner.snapshot import AgentTurn
 _CURSOR_KEY = "agent_runner.turn_cursor"
 """Key of a connection's reusable cursor in its pool record's `info` (kept across checkouts)."""
 
-SAVE = """\
+_ADDED_ROWS = """\
+added AS (
+    INSERT INTO agent_turn_messages (turn_id, seq, message_id, role, payload)
+    SELECT %(id)s::text, %(known)s::integer + m.ordinality::integer - 1, k.value ->> 0, k.value ->> 1, m.value
+    FROM header,
+        json_array_elements(%(message_keys)s::json) WITH ORDINALITY AS k
+        JOIN json_array_elements(%(messages)s::json) WITH ORDINALITY AS m ON m.ordinality = k.ordinality
+), events AS (
+    INSERT INTO agent_turn_events (event_id, turn_id, root_turn_id, conversation_id, type, created_at, payload, xid)
+    SELECT k.value ->> 0, k.value ->> 1, k.value ->> 2, k.value ->> 3, k.value ->> 4, (k.value ->> 5)::timestamptz,
+        e.value, pg_current_xact_id()::text::bigint
+    FROM header,
+        json_array_elements(%(event_keys)s::json) WITH ORDINALITY AS k
+        JOIN json_array_elements(%(events)s::json) WITH ORDINALITY AS e ON e.ordinality = k.ordinality
+    ORDER BY k.ordinality
+    ON CONFLICT (event_id) DO NOTHING
+)"""
+"""The INSERTs of a save's new messages (from seq `known` on) and events, fed by the `header` CTE.
+
+They are selected FROM the header's RETURNING: when the header was not written, nothing
+is. Each message and event comes as its payload (in one JSON array of them) and its key
+columns (in a small JSON array of arrays beside it, so the server never digs them out of
+a large payload). Events go in in their order, so their ids follow it, and an event id
+already stored is skipped.
+"""
+
+SAVE = f"""\
 WITH header AS (
     UPDATE agent_turns AS t SET
         agent_id = %(agent_id)s::text,
@@ -57,35 +83,40 @@ WITH header AS (
         AND t.message_count = %(known)s::integer
         AND (%(fence)s::bigint IS NULL OR t.lease_fence IS NULL OR t.lease_fence <= %(fence)s::bigint)
     RETURNING t.cancel_requested, t.lease_fence
-), added AS (
-    INSERT INTO agent_turn_messages (turn_id, seq, message_id, role, payload)
-    SELECT %(id)s::text, %(known)s::integer + m.ordinality::integer - 1, k.value ->> 0, k.value ->> 1, m.value
-    FROM header,
-        json_array_elements(%(message_keys)s::json) WITH ORDINALITY AS k
-        JOIN json_array_elements(%(messages)s::json) WITH ORDINALITY AS m ON m.ordinality = k.ordinality
-), events AS (
-    INSERT INTO agent_turn_events (event_id, turn_id, root_turn_id, conversation_id, type, created_at, payload, xid)
-    SELECT k.value ->> 0, k.value ->> 1, k.value ->> 2, k.value ->> 3, k.value ->> 4, (k.value ->> 5)::timestamptz,
-        e.value, pg_current_xact_id()::text::bigint
-    FROM header,
-        json_array_elements(%(event_keys)s::json) WITH ORDINALITY AS k
-        JOIN json_array_elements(%(events)s::json) WITH ORDINALITY AS e ON e.ordinality = k.ordinality
-    ORDER BY k.ordinality
-    ON CONFLICT (event_id) DO NOTHING
-)
+), {_ADDED_ROWS}
 SELECT cancel_requested, lease_fence FROM header"""
 """The compare-and-swap save of a header with its new messages and events, as one autocommitted statement.
 
 The UPDATE matches only the expected version and message count, and a fence no lower than
 the stored one. The cancel flag only goes from False to True and the fence only up, so
-they are or'ed and coalesced with the stored values, and RETURNING reads them back. The
-messages and events are selected FROM the UPDATE's RETURNING: when the guard matches no
-row, nothing at all is written. Each comes as its payload (in one JSON array of them)
-and its key columns (in a small JSON array of arrays beside it, so the server never digs
-them out of a large payload). Events go in in their order (so their ids follow it),
-and an event id already stored is skipped. `status_changed_at` moves only with the
-status, and never past `updated_at`. Its text starts with `WITH header`, as in
-`pg_stat_activity`.
+they are or'ed and coalesced with the stored values, and RETURNING reads them back; when
+it matches no row, nothing at all is written (see `_ADDED_ROWS`). `status_changed_at`
+moves only with the status, and never past `updated_at`. The text starts with
+`WITH header`, as `pg_stat_activity` shows it.
+"""
+
+CREATE = f"""\
+WITH header AS (
+    INSERT INTO agent_turns (
+        id, agent_id, agent_version, conversation_id, parent_turn_id, root_turn_id, status, phase, version,
+        message_count, cancel_requested, lease_fence, next_retry_at, created_at, updated_at, tenant_id, state,
+        status_changed_at
+    ) VALUES (
+        %(id)s::text, %(agent_id)s::text, %(agent_version)s::text, %(conversation_id)s::text,
+        %(parent_turn_id)s::text, %(root_turn_id)s::text, %(status)s::text, %(phase)s::text, %(version)s::integer,
+        %(message_count)s::integer, %(cancel_requested)s::boolean, %(fence)s::bigint,
+        %(next_retry_at)s::timestamptz, %(created_at)s::timestamptz, %(updated_at)s::timestamptz,
+        %(tenant_id)s::text, %(state)s::json, %(updated_at)s::timestamptz
+    )
+    ON CONFLICT DO NOTHING
+    RETURNING id
+), {_ADDED_ROWS}
+SELECT id FROM header"""
+"""The INSERT of a new turn with its messages and events, as one autocommitted statement.
+
+ON CONFLICT DO NOTHING covers the primary key and the active-conversation index alike:
+no row comes back when either refused the turn, and then nothing at all was written.
+Parameters are those of `SAVE` (`expected_version` unused, `known` 0).
 """
 
 _HEADER_COLUMNS = (

@@ -786,6 +786,8 @@ class SqlAgentTurnStore(SqlBackend):
     def _create(self, turn: AgentTurn, events: Sequence[AgentEvent]) -> AgentTurn | None:
         """Insert a new turn; None when a conflicting active turn ended meanwhile (try again)."""
         stored = stored_snapshot(turn, None, -1)
+        if self._direct() and not (events and _needs_root_conversation(stored, events)):
+            return self._create_in_one_statement(stored, events)
         # ON CONFLICT DO NOTHING covers the primary key and the active-conversation index
         # alike and, unlike a failed INSERT, leaves the PostgreSQL transaction usable for
         # finding out which of the two it was.
@@ -804,6 +806,32 @@ class SqlAgentTurnStore(SqlBackend):
             if existing is not None:
                 raise VersionConflictError(turn.id, -1, existing)
             self._raise_if_busy(connection, turn)
+        return None
+
+    def _create_in_one_statement(self, stored: AgentTurn, events: Sequence[AgentEvent]) -> AgentTurn | None:
+        """The PostgreSQL fast path of a creation: the header, message and event INSERTs as one statement.
+
+        One autocommitted statement on the driver (`store._pg_turns.CREATE`) instead of a
+        transaction of four; when the turn was refused (its id or its conversation taken),
+        nothing was written, and reads on a fresh connection find out which.
+        """
+        parameters = _pg_turns.save_parameters(
+            stored,
+            -1,
+            0,
+            stored.model_dump_json(exclude=_STATE_EXCLUDED),
+            stored.messages,
+            _kept_events(stored, events, None) if events else (),
+        )
+        with driver_connection(self._engine) as (pooled, connection):
+            cursor = _pg_turns.cursor(pooled, connection)
+            if cursor.execute(_pg_turns.CREATE, parameters, prepare=True).fetchone() is not None:
+                return stored
+        with self._reader.connect() as connection:
+            existing = connection.execute(sa.select(turns.c.version).where(turns.c.id == stored.id)).scalar()
+            if existing is not None:
+                raise VersionConflictError(stored.id, -1, existing)
+            self._raise_if_busy(connection, stored)
         return None
 
     def _update(self, turn: AgentTurn, expected_version: int, events: Sequence[AgentEvent]) -> AgentTurn | None:
