@@ -19,16 +19,15 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from datetime import UTC, datetime
-from typing import Any
-
-from psycopg import Connection, Cursor
+from typing import TYPE_CHECKING, Any
 
 from agent_runner.events import AgentEvent
 from agent_runner.messages import ModelMessage, ModelMessagesAdapter
 from agent_runner.snapshot import AgentTurn
+from store._engine import DriverConnection
 
-_CURSOR_KEY = "agent_runner.turn_cursor"
-"""Key of a connection's reusable cursor in its pool record's `info` (kept across checkouts)."""
+if TYPE_CHECKING:
+    from psycopg import Cursor
 
 _ADDED_ROWS = """\
 added AS (
@@ -159,12 +158,11 @@ REF = "SELECT id, version, status, updated_at, next_retry_at, cancel_requested F
 """The header fields of a `TurnRef`."""
 
 
-def cursor(pooled: Any, connection: Connection[Any]) -> Cursor[Any]:
-    """The reusable cursor of a pooled connection (its dumpers and loaders stay cached)."""
-    found = pooled.info.get(_CURSOR_KEY)
-    if found is None or found.connection is not connection or found.closed:
-        found = pooled.info[_CURSOR_KEY] = connection.cursor()
-    return found  # type: ignore[no-any-return]
+def cursor(lent: DriverConnection) -> Cursor[Any]:
+    """The cursor of a lent connection, made once and reused (its adapters stay cached)."""
+    if lent.cursor is None:
+        lent.cursor = lent.driver.cursor()
+    return lent.cursor  # type: ignore[no-any-return]
 
 
 def save_parameters(

@@ -24,6 +24,7 @@ follow commit order there and the cursor is `0.<id>`.
 from __future__ import annotations
 
 import threading
+import weakref
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
@@ -50,7 +51,7 @@ from agent_runner.persistence import DEFAULT_EVENT_PAGE, TurnRef, event_scope, f
 from agent_runner.snapshot import TERMINAL_STATUSES, AgentTurn, AgentTurnStatus
 from store import _pg_turns
 from store._backend import SqlBackend
-from store._engine import AnyRow, UrlOrEngine, dialect_insert, driver_connection, translated_errors
+from store._engine import AnyRow, DriverConnections, UrlOrEngine, dialect_insert, translated_errors
 from store.schema import NON_TERMINAL_STATUSES, turn_events, turn_leases, turn_messages, turns
 
 _COLUMN_FIELDS = frozenset(
@@ -439,6 +440,10 @@ class SqlAgentTurnStore(SqlBackend):
     def __init__(self, url_or_engine: UrlOrEngine) -> None:
         super().__init__(url_or_engine)
         self._postgres = self._engine.dialect.name == "postgresql"
+        # Connections kept out of the pool for the statements on the driver (PostgreSQL),
+        # handed back by `close`, or when this store is garbage-collected.
+        self._driver = DriverConnections(self._engine)
+        self._driver_finalizer = weakref.finalize(self, self._driver.close)
         # (version, message_count) of recently seen snapshots. A save whose expected
         # version is remembered knows which messages are new without reading the header
         # first; the UPDATE still checks the count, so a wrong entry costs a retry, never data.
@@ -467,6 +472,13 @@ class SqlAgentTurnStore(SqlBackend):
             and not dispatch.before_cursor_execute
             and not dispatch.after_cursor_execute
         )
+
+    def close(self) -> None:
+        """Hand back the connections kept for the statements on the driver, then dispose of an engine made here."""
+        finalizer = getattr(self, "_driver_finalizer", None)  # absent when __init__ failed early
+        if finalizer is not None:
+            finalizer()
+        super().close()
 
     # --- Reads -------------------------------------------------------------------------------
 
@@ -513,8 +525,8 @@ class SqlAgentTurnStore(SqlBackend):
         cut and rewrote it), a second read takes the whole history.
         """
         known = 0 if remembered is None else remembered[1]
-        with driver_connection(self._engine) as (pooled, connection):
-            cursor = _pg_turns.cursor(pooled, connection)
+        with self._driver.connection() as lent:
+            cursor = _pg_turns.cursor(lent)
             row = cursor.execute(_pg_turns.LOAD, {"id": turn_id, "known": known}, prepare=True).fetchone()
             if row is None:
                 raise TurnNotFound(turn_id)
@@ -546,8 +558,8 @@ class SqlAgentTurnStore(SqlBackend):
         """
         with translated_errors(self._engine, f"reading turn {turn_id!r}"):
             if self._direct():
-                with driver_connection(self._engine) as (pooled, connection):
-                    cursor = _pg_turns.cursor(pooled, connection)
+                with self._driver.connection() as lent:
+                    cursor = _pg_turns.cursor(lent)
                     found = cursor.execute(_pg_turns.REF, {"id": turn_id}, prepare=True).fetchone()
                 if found is None:
                     raise TurnNotFound(turn_id)
@@ -823,8 +835,8 @@ class SqlAgentTurnStore(SqlBackend):
             stored.messages,
             _kept_events(stored, events, None) if events else (),
         )
-        with driver_connection(self._engine) as (pooled, connection):
-            cursor = _pg_turns.cursor(pooled, connection)
+        with self._driver.connection() as lent:
+            cursor = _pg_turns.cursor(lent)
             if cursor.execute(_pg_turns.CREATE, parameters, prepare=True).fetchone() is not None:
                 return stored
         with self._reader.connect() as connection:
@@ -908,8 +920,8 @@ class SqlAgentTurnStore(SqlBackend):
         )
         try:
             if self._direct():
-                with driver_connection(self._engine) as (pooled, connection):
-                    cursor = _pg_turns.cursor(pooled, connection)
+                with self._driver.connection() as lent:
+                    cursor = _pg_turns.cursor(lent)
                     stored = cursor.execute(_pg_turns.SAVE, parameters, prepare=True).fetchone()
             else:
                 with self._reader.connect() as connection:

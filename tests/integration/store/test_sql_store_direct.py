@@ -9,8 +9,10 @@ driver path.
 
 from __future__ import annotations
 
+import gc
 import threading
 import time
+import uuid
 from datetime import timedelta
 from typing import Any
 
@@ -82,14 +84,22 @@ def test_the_saves_of_a_running_turn_are_hot_updates(pg_url: str, admin: psycopg
         assert turns.load("t-1") == ended
 
 
-def test_a_save_runs_as_a_prepared_statement_on_its_pooled_connection(pg_url: str) -> None:
-    with store.SqlAgentTurnStore(pg_url) as turns:
+def test_a_save_runs_as_a_prepared_statement_on_a_connection_of_the_pool(pg_url: str) -> None:
+    engine = store.make_engine(pg_url)
+    try:
+        turns = store.SqlAgentTurnStore(engine)
         turn = turns.save(turn_with_history("t-1", 2), -1)
         turn = turns.save(step(turn), turn.version)
         assert turns.load("t-1") == turn
-        # The store used one pooled connection; ask that session what it has prepared
-        with turns.engine.connect() as connection:
+        # The store kept one connection out of the pool; closed, it hands it back
+        turns.close()
+        assert engine.pool.checkedout() == 0  # type: ignore[attr-defined]
+        # And that session (the pool's only one) has the save and the load prepared
+        with engine.connect() as connection:
             prepared = connection.exec_driver_sql("SELECT statement FROM pg_prepared_statements").scalars().all()
+        assert engine.pool.size() >= 1 and engine.pool.checkedin() == 1  # type: ignore[attr-defined]
+    finally:
+        engine.dispose()
     assert any(text.startswith("WITH header AS (") for text in prepared)
     assert any("probe.message_id" in text for text in prepared)
 
@@ -252,3 +262,36 @@ def test_a_backend_killed_inside_a_single_statement_create_leaves_no_turn(
         # And the same create succeeds on retry, with its event
         assert turns.save(turn_with_history("t-1", 2), -1, [started]).version == 0
         assert [e.event_id for e in turns.read_events(root_turn_id="t-1")] == ["t-1:0:0"]
+
+
+def open_connections(admin: psycopg.Connection[tuple[Any, ...]], application: str) -> int:
+    row = admin.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name = %s", [application]).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def test_connections_kept_for_the_driver_go_back_when_the_engine_is_disposed_or_the_store_dropped(
+    pg_url: str, admin: psycopg.Connection[tuple[Any, ...]]
+) -> None:
+    application = f"direct-{uuid.uuid4().hex[:8]}"
+    url = make_url(pg_url).update_query_dict({"application_name": application}).render_as_string(hide_password=False)
+    engine = store.make_engine(url)
+    try:
+        turns = store.SqlAgentTurnStore(engine)
+        turn = turns.save(turn_with_history("t-1", 1), -1)
+        turn = turns.save(step(turn), turn.version)
+        # When the engine is disposed of under the store, the store goes on with the new pool
+        engine.dispose()
+        turn = turns.save(step(turn), turn.version)
+        assert turns.load("t-1") == turn
+        # And when the store is dropped without being closed, its connections go back to the pool
+        del turns
+        gc.collect()
+        assert engine.pool.checkedout() == 0  # type: ignore[attr-defined]
+    finally:
+        engine.dispose()
+    # Then nothing is left open on the server (the connection of the disposed pool was closed too)
+    deadline = time.monotonic() + 10
+    while open_connections(admin, application) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert open_connections(admin, application) == 0
