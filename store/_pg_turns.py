@@ -213,8 +213,12 @@ def save_parameters(
                 for e in events
             ]
         ),
-        "events": "[" + ",".join(e.model_dump_json(exclude={"cursor"}) for e in events) + "]",
+        "events": "[" + ",".join(e.model_dump_json(exclude=_NO_CURSOR) for e in events) + "]",
     }
+
+
+_NO_CURSOR = frozenset({"cursor"})
+"""An event log keeps events without the cursor they were read at."""
 
 
 def _aware(value: datetime) -> datetime:

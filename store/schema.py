@@ -141,7 +141,11 @@ turns = sa.Table(
 turn_messages = sa.Table(
     "agent_turn_messages",
     metadata,
-    sa.Column("turn_id", sa.String, sa.ForeignKey("agent_turns.id", ondelete="CASCADE"), primary_key=True),
+    # No foreign key to agent_turns: its check, run for every message a step inserts, cost the
+    # server about as much as the rest of the step's statement. A message row is only ever
+    # written by the save that writes its header (selected from the header's RETURNING, or
+    # in its transaction), and `prune` deletes a tree's messages with its turns.
+    sa.Column("turn_id", sa.String, primary_key=True),
     sa.Column("seq", sa.Integer, primary_key=True),
     sa.Column("message_id", sa.String, nullable=False),
     sa.Column("role", sa.String(32), nullable=False),
@@ -164,7 +168,15 @@ turn_events = sa.Table(
     sa.Column("payload", _json(), nullable=False),
     sa.UniqueConstraint("event_id", name="uq_agent_turn_events_event_id"),
     sa.Index("ix_agent_turn_events_root_position", "root_turn_id", "xid", "id"),
-    sa.Index("ix_agent_turn_events_conversation_position", "conversation_id", "xid", "id"),
+    # Only events filed under a conversation: the others would never be read through it.
+    sa.Index(
+        "ix_agent_turn_events_conversation_position",
+        "conversation_id",
+        "xid",
+        "id",
+        postgresql_where=sa.text("conversation_id IS NOT NULL"),
+        sqlite_where=sa.text("conversation_id IS NOT NULL"),
+    ),
     sqlite_autoincrement=True,
 )
 
