@@ -16,10 +16,11 @@ statements and reads their rows.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
+
+from pydantic_core import to_json
 
 from agent_runner.events import AgentEvent
 from agent_runner.messages import ModelMessage, ModelMessagesAdapter
@@ -198,21 +199,14 @@ def save_parameters(
         "state": state,
         "expected_version": expected_version,
         "known": known,
-        "message_keys": _json([[m.id, m.role] for m in messages]),
+        "message_keys": to_json([[m.id, m.role] for m in messages]).decode(),
         "messages": ModelMessagesAdapter.dump_json(list(messages)).decode() if messages else "[]",
-        "event_keys": _json(
+        "event_keys": to_json(
             [
-                [
-                    e.event_id,
-                    e.turn_id,
-                    e.root_turn_id,
-                    e.conversation_id,
-                    e.type.value,
-                    _aware(e.timestamp).isoformat(),
-                ]
+                [e.event_id, e.turn_id, e.root_turn_id, e.conversation_id, e.type.value, _aware(e.timestamp)]
                 for e in events
             ]
-        ),
+        ).decode(),
         "events": "[" + ",".join(e.model_dump_json(exclude=_NO_CURSOR) for e in events) + "]",
     }
 
@@ -224,10 +218,6 @@ _NO_CURSOR = frozenset({"cursor"})
 def _aware(value: datetime) -> datetime:
     """A timestamp to store: naive ones are UTC, as `store.schema.UtcDateTime` takes them."""
     return value.replace(tzinfo=UTC) if value.tzinfo is None else value
-
-
-def _json(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
 def header_values(row: Sequence[Any]) -> dict[str, Any]:
