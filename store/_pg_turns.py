@@ -211,7 +211,7 @@ def save_parameters(
     }
 
 
-_NO_CURSOR = frozenset({"cursor"})
+_NO_CURSOR: set[str] = {"cursor"}
 """An event log keeps events without the cursor they were read at."""
 
 
