@@ -48,10 +48,15 @@ def stored_event(event: AgentEvent, turn: AgentTurn, root_conversation_id: str |
     turn's; a child turn has no conversation of its own, so its events are filed under its
     root's (`root_conversation_id`). Every store applies this same rule.
     """
-    update: dict[str, object] = {"cursor": None, "root_turn_id": turn.root_turn_id}
-    if event.conversation_id is None:
+    update: dict[str, object] = {}
+    if event.cursor is not None:
+        update["cursor"] = None
+    if event.root_turn_id != turn.root_turn_id:
+        update["root_turn_id"] = turn.root_turn_id
+    if event.conversation_id is None and (turn.conversation_id or root_conversation_id) is not None:
         update["conversation_id"] = turn.conversation_id or root_conversation_id
-    return event.model_copy(update=update)
+    # Events come from the runner already filed this way: most need no copy.
+    return event.model_copy(update=update) if update else event
 
 
 def prunable(turns: Iterable[AgentTurn], cutoff: datetime) -> set[str]:

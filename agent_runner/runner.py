@@ -873,7 +873,8 @@ class AgentRunner:
         self, event_type: AgentEventType, turn: AgentTurn, version: int, index: int, data: dict[str, Any]
     ) -> AgentEvent:
         """A durable event of the save that gives `turn` the version `version`."""
-        return AgentEvent(
+        # Every field comes from a validated snapshot or from here: no need to validate again.
+        return AgentEvent.model_construct(
             event_id=f"{turn.id}:{version}:{index}",
             type=event_type,
             turn_id=turn.id,

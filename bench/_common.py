@@ -20,6 +20,7 @@ import statistics
 import sys
 import time
 import uuid
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
@@ -241,30 +242,86 @@ def wal_position(connection: Any) -> int:
 
 
 class DriverBytes:
-    """Counts statements and the bytes of SQL text and parameters an engine hands to the driver."""
+    """Counts the statements an engine's connections run on the driver, and the bytes of their parameters.
+
+    It watches psycopg's cursors rather than SQLAlchemy's statement events: a listener on
+    those would make the store run its per-step statements through SQLAlchemy (where
+    listeners see them) instead of on the driver, and so change what is measured. Only
+    connections the engine's pool opens after this counter was made are counted.
+    """
 
     def __init__(self, engine: Any) -> None:
         from sqlalchemy import event
 
         self.statements = 0
         self.bytes = 0
-        event.listen(engine, "before_cursor_execute", self._on_statement)
+        self._connections: weakref.WeakSet[Any] = weakref.WeakSet()
+        event.listen(engine, "connect", lambda dbapi_connection, _record: self._connections.add(dbapi_connection))
+        _COUNTERS.add(self)
+        _watch_psycopg()
 
-    def _on_statement(self, conn: Any, cursor: Any, statement: str, parameters: Any, *rest: Any) -> None:
+    def _on_statement(self, cursor: Any, parameters: Any, many: bool) -> None:
+        if cursor.connection not in self._connections:
+            return
         self.statements += 1
-        self.bytes += len(statement.encode()) + len(json.dumps(parameters, default=_unwrap).encode())
+        for values in parameters if many else [parameters]:
+            self.bytes += _parameter_bytes(values)
 
     def take(self) -> tuple[int, int]:
-        """(statements, bytes) since the last call."""
+        """(statements, parameter bytes) since the last call."""
         taken = (self.statements, self.bytes)
         self.statements = self.bytes = 0
         return taken
 
 
-def _unwrap(value: Any) -> Any:
-    # JSON parameters reach the driver wrapped (psycopg's `Json`); count what they hold.
-    wrapped = getattr(value, "obj", None)
-    return wrapped if wrapped is not None else str(value)
+_COUNTERS: weakref.WeakSet[DriverBytes] = weakref.WeakSet()
+
+
+def _watch_psycopg() -> None:
+    """Wrap psycopg's `Cursor.execute` and `executemany` once, to report to every live `DriverBytes`."""
+    import psycopg
+
+    if getattr(psycopg.Cursor, "_bench_watched", False):
+        return
+    execute, executemany = psycopg.Cursor.execute, psycopg.Cursor.executemany
+
+    def watched_execute(self: Any, query: Any, params: Any = None, **options: Any) -> Any:
+        for counter in list(_COUNTERS):
+            counter._on_statement(self, params, False)
+        return execute(self, query, params, **options)
+
+    def watched_executemany(self: Any, query: Any, params_seq: Any, **options: Any) -> Any:
+        params_seq = list(params_seq)
+        for counter in list(_COUNTERS):
+            counter._on_statement(self, params_seq, True)
+        return executemany(self, query, params_seq, **options)
+
+    psycopg.Cursor.execute = watched_execute  # type: ignore[method-assign]
+    psycopg.Cursor.executemany = watched_executemany  # type: ignore[method-assign]
+    psycopg.Cursor._bench_watched = True  # type: ignore[attr-defined]
+
+
+def _parameter_bytes(values: Any) -> int:
+    """About the bytes of a statement's parameters as sent: text as UTF-8, JSON as its text."""
+    if values is None:
+        return 0
+    items = values.values() if isinstance(values, dict) else values
+    total = 0
+    for value in items:
+        wrapped = getattr(value, "obj", None)  # psycopg's Json wrapper, as SQLAlchemy passes JSON
+        if wrapped is not None:
+            value = json.dumps(wrapped, ensure_ascii=False, separators=(",", ":"), default=str)
+        if value is None:
+            continue
+        if isinstance(value, bytes | bytearray):
+            total += len(value)
+        elif isinstance(value, str):
+            total += len(value.encode())
+        elif isinstance(value, list | tuple):
+            total += _parameter_bytes(value)
+        else:
+            total += len(str(value))
+    return total
 
 
 # --- Redis ----------------------------------------------------------------------------------------

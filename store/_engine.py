@@ -7,6 +7,7 @@ PostgreSQL and SQLite with the same connection settings.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, TypeAlias
@@ -135,6 +136,133 @@ def _secrets(url: URL) -> list[str]:
         elif value:
             found.extend(value)
     return [str(secret) for secret in found if secret]
+
+
+_PQTRANS_IDLE = 0
+"""libpq's transaction status of a connection that is idle outside a transaction."""
+
+
+class DriverConnection:
+    """A connection of an engine's pool, lent to `DriverConnections`: the pooled wrapper and the driver's own.
+
+    Attributes:
+        pooled: SQLAlchemy's pooled connection (what goes back to the pool).
+        driver: The driver's connection (psycopg), in autocommit while lent.
+        pool: The engine's pool it came from (a disposed engine has a new one).
+        lent_at: `time.monotonic()` when it was taken from the pool.
+        cursor: A cursor kept for reuse (its adapters stay cached), made on first use.
+    """
+
+    __slots__ = ("cursor", "driver", "lent_at", "pool", "pooled")
+
+    def __init__(self, pooled: Any, pool: Any) -> None:
+        self.pooled = pooled
+        self.driver: Any = pooled.driver_connection
+        self.pool = pool
+        self.lent_at = time.monotonic()
+        self.cursor: Any = None
+
+
+class DriverConnections:
+    """A few connections of an engine's pool, kept out of it for the statements run on the driver directly.
+
+    Taking a connection from SQLAlchemy's pool and handing it back (checkout, the reset
+    with its rollback, the switch to autocommit and back) costs about as much CPU as running
+    a prepared statement on it. The per-step statements of `store._pg_turns` therefore run on
+    connections kept here between uses: at most `keep` idle ones (the rest go straight back),
+    in autocommit, each for at most `hold_s` seconds after it was taken from the pool (then it
+    goes back, so the pool's recycling applies to it). `close` hands them all back.
+
+    An error of the driver is raised as the `DBAPIError` subclass SQLAlchemy would have
+    raised for it, so `translated_errors` handles it the same way, and a connection the error
+    left broken is dropped from the pool instead of being used again.
+
+    Args:
+        engine: The engine whose pool lends the connections (PostgreSQL with psycopg).
+        keep: Most idle connections kept.
+        hold_s: Most seconds a connection stays out of the pool.
+    """
+
+    def __init__(self, engine: Engine, *, keep: int = 4, hold_s: float = 60.0) -> None:
+        self._engine = engine
+        self._keep = keep
+        self._hold_s = hold_s
+        self._idle: list[DriverConnection] = []
+        self._closed = False
+        self._error: type[Exception] = engine.dialect.loaded_dbapi.Error
+
+    @contextmanager
+    def connection(self) -> Iterator[DriverConnection]:
+        """Lend a connection in autocommit for the block; it is kept for the next block unless it failed."""
+        lent = self._take()
+        try:
+            yield lent
+        except self._error as error:
+            invalidated = self._engine.dialect.is_disconnect(error, lent.driver, None)  # type: ignore[arg-type]
+            if invalidated:
+                lent.pooled.invalidate(error)
+            raise sa_exc.DBAPIError.instance(
+                None, None, error, self._error, connection_invalidated=invalidated, dialect=self._engine.dialect
+            ) from error
+        finally:
+            self._give_back(lent)
+
+    def close(self) -> None:
+        """Hand every idle connection back to the pool; those lent right now go back when returned."""
+        self._closed = True
+        while self._idle:
+            self._release(self._idle.pop())
+
+    def _take(self) -> DriverConnection:
+        pool = self._engine.pool
+        while self._idle:
+            try:
+                lent = self._idle.pop()
+            except IndexError:  # another thread took the last one
+                break
+            if lent.pool is pool:
+                return lent
+            self._release(lent)  # the engine was disposed since: the connection belongs to its old pool
+        try:
+            pooled = self._engine.raw_connection()
+        except self._error as error:  # could not connect
+            raise sa_exc.DBAPIError.instance(None, None, error, self._error, dialect=self._engine.dialect) from error
+        lent = DriverConnection(pooled, pool)
+        try:
+            lent.driver.autocommit = True
+        except BaseException:
+            pooled.close()
+            raise
+        return lent
+
+    def _give_back(self, lent: DriverConnection) -> None:
+        # Kept only when idle: a statement interrupted mid-way (KeyboardInterrupt) leaves it busy.
+        if (
+            lent.pooled.is_valid
+            and lent.driver.pgconn.transaction_status == _PQTRANS_IDLE
+            and not self._closed
+            and len(self._idle) < self._keep
+            and time.monotonic() - lent.lent_at < self._hold_s
+            and lent.pool is self._engine.pool
+        ):
+            self._idle.append(lent)
+        else:
+            self._release(lent)
+
+    def _release(self, lent: DriverConnection) -> None:
+        """Hand a connection back to its pool out of autocommit, as SQLAlchemy expects it."""
+        pooled = lent.pooled
+        if pooled.is_valid:
+            if lent.pool is not self._engine.pool:
+                # Its pool was disposed of and would never close it: close it here.
+                pooled.invalidate()
+            else:
+                try:
+                    lent.driver.autocommit = False
+                except self._error as error:
+                    # Left mid-statement (an interrupt): a connection in an unknown state is not reused.
+                    pooled.invalidate(error)
+        pooled.close()
 
 
 def dialect_insert(engine: Engine | Connection, table: sa.Table) -> postgresql.Insert | sqlite.Insert:

@@ -7,8 +7,13 @@ Tables:
     agent_turns: one header row per turn. `version` is the compare-and-swap counter;
         `message_count` says how many rows of `agent_turn_messages` belong to the stored
         snapshot; `state` holds the rest of the snapshot (suspension, pending calls,
-        children, usage, ...) as JSON; `wake_at` is when the deadline sweep must look at
-        a waiting turn next.
+        children, usage, ...) as JSON. A turn's row is rewritten at every step, so no
+        index covers a column that changes at every step (`updated_at`, `version`,
+        `state`, ...): PostgreSQL can then write the new row version on the same page
+        without touching any index (a HOT update), and pages are left a quarter free
+        (`fillfactor`) to make room for it. Sweeps that look for turns idle since a
+        time use `status_changed_at` instead, which changes only with the status.
+        `wake_at` is when the deadline sweep must look at a waiting turn next.
     agent_turn_messages: the turn's messages, append-only, keyed by (turn_id, seq).
     agent_turn_events: the durable events, append-only, written with the save that caused
         them. `xid` is the writing transaction's id on PostgreSQL (0 on SQLite), the first
@@ -41,6 +46,10 @@ ACTIVE_TURN_PREDICATE = "status IN ({})".format(", ".join(f"'{s}'" for s in NON_
 Migration 0001 spells out the same list: a new non-terminal status needs a migration that
 recreates the index.
 """
+
+TURNS_FILLFACTOR = 75
+"""Percent of each `agent_turns` page filled by inserts on PostgreSQL; the rest takes the new
+row versions of HOT updates (migration 0005 sets it)."""
 
 VERSION_TABLE = "agent_runner_alembic_version"
 """Alembic's revision table for these tables, named so it cannot clash with an application's own."""
@@ -110,6 +119,9 @@ turns = sa.Table(
     # When the deadline sweep must next look at a waiting turn (its reminder, then its
     # deadline); NULL for every turn without a deadline. Derived from the state on each save.
     sa.Column("wake_at", UtcDateTime, nullable=True),
+    # When the turn entered its current status: never later than `updated_at`, and unlike it
+    # unchanged by the saves of a running turn, so indexes over it survive HOT updates.
+    sa.Column("status_changed_at", UtcDateTime, nullable=False),
     # The durable backstop of "one active turn per conversation": two creators racing past
     # every other check still cannot both commit a non-terminal turn.
     sa.Index(
@@ -119,21 +131,26 @@ turns = sa.Table(
         postgresql_where=sa.text(ACTIVE_TURN_PREDICATE),
         sqlite_where=sa.text(ACTIVE_TURN_PREDICATE),
     ),
-    sa.Index("ix_agent_turns_conversation_updated", "conversation_id", "updated_at"),
+    sa.Index("ix_agent_turns_conversation", "conversation_id"),
     sa.Index("ix_agent_turns_parent", "parent_turn_id"),
     sa.Index("ix_agent_turns_root", "root_turn_id"),
-    sa.Index("ix_agent_turns_tenant_conversation", "tenant_id", "conversation_id", "updated_at"),
+    sa.Index("ix_agent_turns_tenant_conversation", "tenant_id", "conversation_id"),
     # The listing of the HTTP API: a tenant's turns, newest first.
     sa.Index("ix_agent_turns_tenant_created", "tenant_id", "created_at", "id"),
-    sa.Index("ix_agent_turns_status_updated", "status", "updated_at"),
+    sa.Index("ix_agent_turns_status_changed", "status", "status_changed_at"),
     sa.Index("ix_agent_turns_status_retry", "status", "next_retry_at"),
     sa.Index("ix_agent_turns_wake", "wake_at"),
+    postgresql_with={"fillfactor": TURNS_FILLFACTOR},
 )
 
 turn_messages = sa.Table(
     "agent_turn_messages",
     metadata,
-    sa.Column("turn_id", sa.String, sa.ForeignKey("agent_turns.id", ondelete="CASCADE"), primary_key=True),
+    # No foreign key to agent_turns: its check, run for every message a step inserts, cost the
+    # server about as much as the rest of the step's statement. A message row is only ever
+    # written by the save that writes its header (selected from the header's RETURNING, or
+    # in its transaction), and `prune` deletes a tree's messages with its turns.
+    sa.Column("turn_id", sa.String, primary_key=True),
     sa.Column("seq", sa.Integer, primary_key=True),
     sa.Column("message_id", sa.String, nullable=False),
     sa.Column("role", sa.String(32), nullable=False),
@@ -156,7 +173,15 @@ turn_events = sa.Table(
     sa.Column("payload", _json(), nullable=False),
     sa.UniqueConstraint("event_id", name="uq_agent_turn_events_event_id"),
     sa.Index("ix_agent_turn_events_root_position", "root_turn_id", "xid", "id"),
-    sa.Index("ix_agent_turn_events_conversation_position", "conversation_id", "xid", "id"),
+    # Only events filed under a conversation: the others would never be read through it.
+    sa.Index(
+        "ix_agent_turn_events_conversation_position",
+        "conversation_id",
+        "xid",
+        "id",
+        postgresql_where=sa.text("conversation_id IS NOT NULL"),
+        sqlite_where=sa.text("conversation_id IS NOT NULL"),
+    ),
     sqlite_autoincrement=True,
 )
 

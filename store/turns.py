@@ -4,7 +4,8 @@ A turn is one header row in `agent_turns` plus its messages in `agent_turn_messa
 Messages are only ever appended, so a save writes the header and the messages added since
 the stored snapshot, and costs the same at message 10 as at message 5,000. For the same
 reason a store keeps the messages of the turns it recently saved or loaded, and a load
-reads the header and only the messages added since (usually none).
+reads the header and only the messages added since (usually none), in one statement on
+PostgreSQL.
 
 The durable events of a save go to `agent_turn_events` in the same transaction (on
 PostgreSQL, usually in the same single statement). Readers page through them with a
@@ -23,15 +24,15 @@ follow commit order there and the cursor is `0.<id>`.
 from __future__ import annotations
 
 import threading
+import weakref
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from functools import lru_cache
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
-from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import Connection
 
 from agent_runner._base import utcnow
@@ -48,8 +49,9 @@ from agent_runner.in_memory import stored_event, stored_snapshot
 from agent_runner.messages import ModelMessage, ModelMessagesAdapter
 from agent_runner.persistence import DEFAULT_EVENT_PAGE, TurnRef, event_scope, format_position, parse_position
 from agent_runner.snapshot import DEADLINE_STATUSES, TERMINAL_STATUSES, AgentTurn, AgentTurnStatus
+from store import _pg_turns
 from store._backend import SqlBackend
-from store._engine import AnyRow, UrlOrEngine, dialect_insert, translated_errors
+from store._engine import AnyRow, DriverConnections, UrlOrEngine, dialect_insert, translated_errors
 from store.schema import NON_TERMINAL_STATUSES, turn_events, turn_leases, turn_messages, turns
 
 _COLUMN_FIELDS = frozenset(
@@ -75,10 +77,6 @@ _STATE_EXCLUDED = set(_COLUMN_FIELDS | {"messages"})
 """Snapshot fields kept outside the `state` JSON: the header columns, and the message table."""
 
 _SAVE_ATTEMPTS = 5
-_SINGLE_STATEMENT_MESSAGES = 32
-"""Most new messages a PostgreSQL save writes in its single statement; more go through executemany."""
-_SINGLE_STATEMENT_EVENTS = 16
-"""Most events a PostgreSQL save writes in its single statement; more go through executemany."""
 _REMEMBERED_TURNS = 10_000
 _CACHED_HISTORIES = 512
 """Most turns whose messages a store keeps in memory for its next load of them."""
@@ -113,6 +111,11 @@ def _header(turn: AgentTurn) -> dict[str, Any]:
     }
 
 
+def _new_row(turn: AgentTurn) -> dict[str, Any]:
+    """The column values of a new turn's header row."""
+    return {"id": turn.id, **_header(turn), "status_changed_at": turn.updated_at}
+
+
 def _message_rows(turn_id: str, messages: Sequence[ModelMessage], start: int) -> list[dict[str, Any]]:
     return [
         {
@@ -135,29 +138,34 @@ def _needs_root_conversation(turn: AgentTurn, events: Sequence[AgentEvent]) -> b
     )
 
 
-def _event_rows(
-    turn: AgentTurn, events: Sequence[AgentEvent], root_conversation_id: str | None
-) -> list[dict[str, Any]]:
-    """The rows of the durable events among `events`, once per event id, in order."""
-    rows: list[dict[str, Any]] = []
+def _kept_events(turn: AgentTurn, events: Sequence[AgentEvent], root_conversation_id: str | None) -> list[AgentEvent]:
+    """The event log's copies of the durable events among `events`, once per event id, in order."""
+    kept: list[AgentEvent] = []
     seen: set[str] = set()
     for event in events:
         if not event.type.is_durable or event.event_id in seen:
             continue
         seen.add(event.event_id)
-        kept = stored_event(event, turn, root_conversation_id)
-        rows.append(
-            {
-                "event_id": kept.event_id,
-                "turn_id": kept.turn_id,
-                "root_turn_id": kept.root_turn_id,
-                "conversation_id": kept.conversation_id,
-                "type": kept.type.value,
-                "created_at": kept.timestamp,
-                "payload": kept.model_dump(mode="json", exclude={"cursor"}),
-            }
-        )
-    return rows
+        kept.append(stored_event(event, turn, root_conversation_id))
+    return kept
+
+
+def _event_rows(
+    turn: AgentTurn, events: Sequence[AgentEvent], root_conversation_id: str | None
+) -> list[dict[str, Any]]:
+    """The rows of the durable events among `events`, once per event id, in order."""
+    return [
+        {
+            "event_id": kept.event_id,
+            "turn_id": kept.turn_id,
+            "root_turn_id": kept.root_turn_id,
+            "conversation_id": kept.conversation_id,
+            "type": kept.type.value,
+            "created_at": kept.timestamp,
+            "payload": kept.model_dump(mode="json", exclude={"cursor"}),
+        }
+        for kept in _kept_events(turn, events, root_conversation_id)
+    ]
 
 
 _EVENT_COLUMNS = ("event_id", "turn_id", "root_turn_id", "conversation_id", "type", "created_at", "payload")
@@ -191,31 +199,35 @@ def _read_events_statement(dialect: str, scope: str) -> sa.Select[Any]:
 
 
 def _snapshot(header: AnyRow, messages: list[ModelMessage]) -> AgentTurn:
-    """Build a snapshot from its header row and its messages, already validated.
+    """Build a snapshot from its header row and its messages, already validated (see `_snapshot_of`)."""
+    return _snapshot_of(header._mapping, messages)  # type: ignore[arg-type]  # a RowMapping is a Mapping
+
+
+def _snapshot_of(header: Mapping[str, Any], messages: list[ModelMessage]) -> AgentTurn:
+    """Build a snapshot from its header columns by name and its messages, already validated.
 
     Only the header goes through validation here: validating a message costs far more than
     the header, and the messages are either just validated or taken from an earlier snapshot.
     """
-    data = dict(header.state)
-    data.update(
-        id=header.id,
-        agent_id=header.agent_id,
-        agent_version=header.agent_version,
-        conversation_id=header.conversation_id,
-        parent_turn_id=header.parent_turn_id,
-        root_turn_id=header.root_turn_id,
-        status=header.status,
-        phase=header.phase,
-        version=header.version,
-        cancel_requested=header.cancel_requested,
-        lease_fence=header.lease_fence,
-        next_retry_at=header.next_retry_at,
-        created_at=header.created_at,
-        updated_at=header.updated_at,
-        tenant_id=header.tenant_id,
-        messages=[],
-    )
+    data = dict(header["state"])
+    for name in _COLUMN_FIELDS:
+        data[name] = header[name]
+    data["messages"] = []
     return AgentTurn.model_validate(data).model_copy(update={"messages": messages})
+
+
+def _status_changed_at() -> sa.ColumnElement[datetime]:
+    """The new `status_changed_at` of a guarded UPDATE: kept while the status stays, else `updated_at`.
+
+    Kept only while it is not later than the new `updated_at`, so that it never is (a
+    clock that went back would otherwise leave it in the future).
+    """
+    updated = sa.bindparam("new_updated_at", type_=turns.c.updated_at.type)
+    unchanged = sa.and_(
+        turns.c.status == sa.bindparam("new_status", type_=turns.c.status.type),
+        turns.c.status_changed_at <= updated,
+    )
+    return sa.case((unchanged, turns.c.status_changed_at), else_=updated)
 
 
 @lru_cache(maxsize=4)
@@ -230,11 +242,12 @@ def _guarded_update(sets_cancel: bool, sets_fence: bool) -> sa.Update:
         skipped.add("cancel_requested")
     if not sets_fence:
         skipped.add("lease_fence")
-    values = {
+    values: dict[Any, Any] = {
         column: sa.bindparam(f"new_{column.name}", type_=column.type)
         for column in turns.columns
-        if column.name != "id" and column.name not in skipped
+        if column.name not in ("id", "status_changed_at") and column.name not in skipped
     }
+    values[turns.c.status_changed_at] = _status_changed_at()
     conditions = [
         turns.c.id == sa.bindparam("match_id"),
         turns.c.version == sa.bindparam("match_version"),
@@ -244,55 +257,6 @@ def _guarded_update(sets_cancel: bool, sets_fence: bool) -> sa.Update:
         fence = sa.bindparam("match_fence", type_=turns.c.lease_fence.type)
         conditions.append(sa.or_(turns.c.lease_fence.is_(None), turns.c.lease_fence <= fence))
     return sa.update(turns).where(*conditions).values(values).returning(turns.c.cancel_requested, turns.c.lease_fence)
-
-
-_MESSAGE_COLUMNS = ("turn_id", "seq", "message_id", "role", "payload")
-
-
-@lru_cache(maxsize=256)
-def _update_with_messages(sets_cancel: bool, sets_fence: bool, added: int, events: int = 0) -> sa.Select[Any]:
-    """`_guarded_update`, the INSERT of `added` messages and of `events` events as one PostgreSQL statement.
-
-    Each message and event row is selected FROM the UPDATE's RETURNING, so rows exist only
-    when the header matched. Parameters are those of `_guarded_update` plus
-    `m<i>_<column>` and `e<i>_<column>`. An event id already stored is skipped.
-    """
-    header = _guarded_update(sets_cancel, sets_fence).cte("header")
-    statement = sa.select(header.c.cancel_requested, header.c.lease_fence)
-    if added:
-        selects = [
-            sa.select(
-                *(
-                    sa.bindparam(f"m{index}_{name}", type_=turn_messages.c[name].type).label(name)
-                    for name in _MESSAGE_COLUMNS
-                )
-            ).select_from(header)
-            for index in range(added)
-        ]
-        source = selects[0] if added == 1 else sa.union_all(*selects)
-        insert = sa.insert(turn_messages).from_select(list(_MESSAGE_COLUMNS), source)
-        statement = statement.add_cte(insert.cte("added"))
-    if events:
-        xid = _current_xid("postgresql").label("xid")
-        rows = [
-            sa.select(
-                *(
-                    sa.bindparam(f"e{index}_{name}", type_=turn_events.c[name].type).label(name)
-                    for name in _EVENT_COLUMNS
-                ),
-                xid,
-            ).select_from(header)
-            for index in range(events)
-        ]
-        # UNION ALL keeps the rows in event order, so ids follow it within the statement.
-        event_source = rows[0] if events == 1 else sa.union_all(*rows)
-        insert_events = (
-            postgresql.insert(turn_events)
-            .from_select([*_EVENT_COLUMNS, "xid"], event_source)
-            .on_conflict_do_nothing(index_elements=[turn_events.c.event_id])
-        )
-        statement = statement.add_cte(insert_events.cte("events"))
-    return statement
 
 
 def _ref(row: AnyRow) -> TurnRef:
@@ -382,6 +346,8 @@ _PRUNABLE_ROOTS = (
         turns.c.id == turns.c.root_turn_id,
         turns.c.status.in_([s.value for s in TERMINAL_STATUSES]),
         turns.c.updated_at < sa.bindparam("cutoff", type_=turns.c.updated_at.type),
+        # Implied by the line above (a status never changed after the last save), and indexed.
+        turns.c.status_changed_at < sa.bindparam("cutoff", type_=turns.c.updated_at.type),
         ~sa.exists().where(
             _descendant.c.root_turn_id == turns.c.id,
             sa.or_(
@@ -465,7 +431,8 @@ class SqlAgentTurnStore(SqlBackend):
     Every save is one transaction: a compare-and-swap UPDATE of the header guarded by
     `version` and by the lease fence, plus an INSERT of the new messages and events only. On
     PostgreSQL, saving a turn this store last saw at the expected version is a single
-    autocommitted statement, one round trip to the server. A partial unique index over the
+    autocommitted statement, one round trip to the server, and so is a load; both run as
+    prepared statements on the driver (`store._pg_turns`). A partial unique index over the
     non-terminal turns of a conversation makes the one-active-turn rule hold across
     processes; a violation is reported as `AgentConversationBusyException`.
 
@@ -484,7 +451,11 @@ class SqlAgentTurnStore(SqlBackend):
 
     def __init__(self, url_or_engine: UrlOrEngine) -> None:
         super().__init__(url_or_engine)
-        self._single_statement = self._engine.dialect.name == "postgresql"
+        self._postgres = self._engine.dialect.name == "postgresql"
+        # Connections kept out of the pool for the statements on the driver (PostgreSQL),
+        # handed back by `close`, or when this store is garbage-collected.
+        self._driver = DriverConnections(self._engine)
+        self._driver_finalizer = weakref.finalize(self, self._driver.close)
         # (version, message_count) of recently seen snapshots. A save whose expected
         # version is remembered knows which messages are new without reading the header
         # first; the UPDATE still checks the count, so a wrong entry costs a retry, never data.
@@ -499,6 +470,28 @@ class SqlAgentTurnStore(SqlBackend):
         )
         self._read_events = {scope: _read_events_statement(dialect, scope) for scope in ("root", "conversation")}
 
+    def _direct(self) -> bool:
+        """Whether the per-step statements run on the driver directly (see `store._pg_turns`).
+
+        On PostgreSQL they do, unless something watches the engine's statements (a tracer, a
+        statement log: `before_cursor_execute` or `after_cursor_execute` listeners, `echo`):
+        then every statement goes through SQLAlchemy, where those see it.
+        """
+        dispatch = self._engine.dispatch
+        return (
+            self._postgres
+            and not self._engine.echo
+            and not dispatch.before_cursor_execute
+            and not dispatch.after_cursor_execute
+        )
+
+    def close(self) -> None:
+        """Hand back the connections kept for the statements on the driver, then dispose of an engine made here."""
+        finalizer = getattr(self, "_driver_finalizer", None)  # absent when __init__ failed early
+        if finalizer is not None:
+            finalizer()
+        super().close()
+
     # --- Reads -------------------------------------------------------------------------------
 
     def load(self, turn_id: str) -> AgentTurn:
@@ -512,6 +505,11 @@ class SqlAgentTurnStore(SqlBackend):
         """
         remembered = self._histories.get(turn_id)
         known = 0 if remembered is None else remembered[1]
+        if self._direct():
+            with translated_errors(self._engine, f"loading turn {turn_id!r}"):
+                snapshot = self._load_directly(turn_id, remembered)
+            self._remember(snapshot)
+            return snapshot
         with translated_errors(self._engine, f"loading turn {turn_id!r}"), self._reader.connect() as connection:
             header = connection.execute(_LOAD_HEADER, {"turn_id": turn_id, "probe_seq": known - 1}).first()
             if header is None:
@@ -532,14 +530,62 @@ class SqlAgentTurnStore(SqlBackend):
         self._remember(snapshot)
         return snapshot
 
+    def _load_directly(self, turn_id: str, remembered: tuple[list[ModelMessage], int] | None) -> AgentTurn:
+        """`load` on PostgreSQL: the header and the messages not remembered in one prepared statement.
+
+        When the remembered history is no longer a prefix of the stored one (another process
+        cut and rewrote it), a second read takes the whole history.
+        """
+        known = 0 if remembered is None else remembered[1]
+        with self._driver.connection() as lent:
+            cursor = _pg_turns.cursor(lent)
+            row = cursor.execute(_pg_turns.LOAD, {"id": turn_id, "known": known}, prepare=True).fetchone()
+            if row is None:
+                raise TurnNotFound(turn_id)
+            header = _pg_turns.header_values(row)
+            probe, added = row[_pg_turns.PROBE_INDEX], row[_pg_turns.PROBE_INDEX + 1]
+            if (
+                remembered is None
+                or known > header["message_count"]
+                or (known > 0 and probe != remembered[0][known - 1].id)
+            ):
+                if known > 0:
+                    # Not a prefix of what is stored now: read it all.
+                    row = cursor.execute(_pg_turns.LOAD, {"id": turn_id, "known": 0}, prepare=True).fetchone()
+                    if row is None:
+                        raise TurnNotFound(turn_id)
+                    header, added = _pg_turns.header_values(row), row[_pg_turns.PROBE_INDEX + 1]
+                messages: list[ModelMessage] = []
+            else:
+                messages = remembered[0][:known]  # a new list: extending it leaves the remembered one alone
+        if added is not None:
+            messages.extend(ModelMessagesAdapter.validate_json(added))
+        return _snapshot_of(header, messages)
+
     def get_ref(self, turn_id: str) -> TurnRef:
         """Return the stored turn's id, version, status and times: one header read, no messages.
 
         Raises:
             TurnNotFound: No turn has this id.
         """
-        with translated_errors(self._engine, f"reading turn {turn_id!r}"), self._reader.connect() as connection:
-            row = connection.execute(_GET_REF, {"turn_id": turn_id}).first()
+        with translated_errors(self._engine, f"reading turn {turn_id!r}"):
+            if self._direct():
+                with self._driver.connection() as lent:
+                    cursor = _pg_turns.cursor(lent)
+                    found = cursor.execute(_pg_turns.REF, {"id": turn_id}, prepare=True).fetchone()
+                if found is None:
+                    raise TurnNotFound(turn_id)
+                turn, version, status, updated_at, next_retry_at, cancel = found
+                return TurnRef(
+                    turn,
+                    version,
+                    AgentTurnStatus(status),
+                    _pg_turns.utc(updated_at),  # type: ignore[arg-type]
+                    _pg_turns.utc(next_retry_at),
+                    cancel,
+                )
+            with self._reader.connect() as connection:
+                row = connection.execute(_GET_REF, {"turn_id": turn_id}).first()
         if row is None:
             raise TurnNotFound(turn_id)
         return _ref(row)
@@ -645,7 +691,12 @@ class SqlAgentTurnStore(SqlBackend):
             return []
         query = (
             sa.select(*_REF_COLUMNS)
-            .where(turns.c.status.in_([s.value for s in statuses]), turns.c.updated_at < updated_before)
+            .where(
+                turns.c.status.in_([s.value for s in statuses]),
+                turns.c.updated_at < updated_before,
+                # Implied by the line above (a status never changed after the last save), and indexed.
+                turns.c.status_changed_at < updated_before,
+            )
             .order_by(turns.c.updated_at, turns.c.id)
             .limit(limit)
         )
@@ -766,14 +817,13 @@ class SqlAgentTurnStore(SqlBackend):
     def _create(self, turn: AgentTurn, events: Sequence[AgentEvent]) -> AgentTurn | None:
         """Insert a new turn; None when a conflicting active turn ended meanwhile (try again)."""
         stored = stored_snapshot(turn, None, -1)
+        if self._direct() and not (events and _needs_root_conversation(stored, events)):
+            return self._create_in_one_statement(stored, events)
         # ON CONFLICT DO NOTHING covers the primary key and the active-conversation index
         # alike and, unlike a failed INSERT, leaves the PostgreSQL transaction usable for
         # finding out which of the two it was.
         insert = (
-            dialect_insert(self._engine, turns)
-            .values(id=turn.id, **_header(stored))
-            .on_conflict_do_nothing()
-            .returning(turns.c.id)
+            dialect_insert(self._engine, turns).values(_new_row(stored)).on_conflict_do_nothing().returning(turns.c.id)
         )
         with self._writer.begin() as connection:
             if connection.execute(insert).first() is not None:
@@ -789,8 +839,42 @@ class SqlAgentTurnStore(SqlBackend):
             self._raise_if_busy(connection, turn)
         return None
 
+    def _create_in_one_statement(self, stored: AgentTurn, events: Sequence[AgentEvent]) -> AgentTurn | None:
+        """The PostgreSQL fast path of a creation: the header, message and event INSERTs as one statement.
+
+        One autocommitted statement on the driver (`store._pg_turns.CREATE`) instead of a
+        transaction of four; when the turn was refused (its id or its conversation taken),
+        nothing was written, and reads on a fresh connection find out which.
+        """
+        parameters = _pg_turns.save_parameters(
+            stored,
+            -1,
+            0,
+            stored.model_dump_json(exclude=_STATE_EXCLUDED),
+            stored.messages,
+            _kept_events(stored, events, None) if events else (),
+        )
+        with self._driver.connection() as lent:
+            cursor = _pg_turns.cursor(lent)
+            if cursor.execute(_pg_turns.CREATE, parameters, prepare=True).fetchone() is not None:
+                return stored
+        with self._reader.connect() as connection:
+            existing = connection.execute(sa.select(turns.c.version).where(turns.c.id == stored.id)).scalar()
+            if existing is not None:
+                raise VersionConflictError(stored.id, -1, existing)
+            self._raise_if_busy(connection, stored)
+        return None
+
     def _update(self, turn: AgentTurn, expected_version: int, events: Sequence[AgentEvent]) -> AgentTurn | None:
         """Compare-and-swap an existing turn; None when a remembered count was stale (try again)."""
+        known = self._remembered_count(turn.id, expected_version)
+        if (
+            known is not None
+            and self._postgres
+            and known <= len(turn.messages)
+            and not (events and _needs_root_conversation(turn, events))
+        ):
+            return self._update_in_one_statement(turn, expected_version, known, events)
         # The cancel flag only ever goes from False to True and the fence only up, so a
         # snapshot without them leaves the stored values alone; RETURNING reads them back.
         sets_cancel = turn.cancel_requested
@@ -800,15 +884,6 @@ class SqlAgentTurnStore(SqlBackend):
         parameters["match_id"] = turn.id
         parameters["match_version"] = expected_version
         parameters["match_fence"] = turn.lease_fence
-        known = self._remembered_count(turn.id, expected_version)
-        if (
-            known is not None
-            and self._single_statement
-            and 0 <= len(turn.messages) - known <= _SINGLE_STATEMENT_MESSAGES
-            and len(events) <= _SINGLE_STATEMENT_EVENTS
-            and not (events and _needs_root_conversation(turn, events))
-        ):
-            return self._update_in_one_statement(turn, expected_version, known, parameters, events)
         try:
             with self._writer.begin() as connection:
                 if known is None:
@@ -845,45 +920,48 @@ class SqlAgentTurnStore(SqlBackend):
         return stored_snapshot(turn, stored, expected_version)
 
     def _update_in_one_statement(
-        self,
-        turn: AgentTurn,
-        expected_version: int,
-        known: int,
-        parameters: dict[str, Any],
-        events: Sequence[AgentEvent],
+        self, turn: AgentTurn, expected_version: int, known: int, events: Sequence[AgentEvent]
     ) -> AgentTurn | None:
         """The PostgreSQL fast path: header UPDATE, message and event INSERTs as one autocommitted statement.
 
         A statement is atomic on its own, so no BEGIN and COMMIT round trips are needed: the
-        save costs one round trip. The INSERTs read the UPDATE's RETURNING, so when the
-        guard matches no row nothing at all is written.
+        save costs one round trip, and runs prepared on the driver (`store._pg_turns.SAVE`;
+        through SQLAlchemy when its statements are watched). The INSERTs read the UPDATE's
+        RETURNING, so when the guard matches no row nothing at all is written.
         """
-        rows = _message_rows(turn.id, turn.messages, known)
-        for index, row in enumerate(rows):
-            parameters.update({f"m{index}_{name}": value for name, value in row.items()})
-        event_rows = _event_rows(turn, events, None) if events else []
-        for index, row in enumerate(event_rows):
-            parameters.update({f"e{index}_{name}": value for name, value in row.items()})
-        parameters["match_count"] = known
-        statement = _update_with_messages(
-            turn.cancel_requested, turn.lease_fence is not None, len(rows), len(event_rows)
+        parameters = _pg_turns.save_parameters(
+            turn,
+            expected_version,
+            known,
+            turn.model_dump_json(exclude=_STATE_EXCLUDED),
+            turn.messages[known:],
+            _kept_events(turn, events, None) if events else (),
         )
         try:
-            with self._engine.connect() as connection:
-                connection = connection.execution_options(isolation_level="AUTOCOMMIT")
-                stored = connection.execute(statement, parameters).first()
-                if stored is None:
-                    self._raise_conflict(connection, turn, expected_version)
-                    self._forget(turn.id)
-                    return None
+            if self._direct():
+                with self._driver.connection() as lent:
+                    cursor = _pg_turns.cursor(lent)
+                    stored = cursor.execute(_pg_turns.SAVE, parameters, prepare=True).fetchone()
+            else:
+                with self._reader.connect() as connection:
+                    stored = connection.exec_driver_sql(_pg_turns.SAVE, parameters).first()
         except sa_exc.IntegrityError:
             with self._engine.connect() as connection:
                 self._raise_if_busy(connection, turn)
             return None
-        current = turn.model_copy(
-            update={"cancel_requested": stored.cancel_requested, "lease_fence": stored.lease_fence}
-        )
-        return stored_snapshot(turn, current, expected_version)
+        if stored is None:
+            with self._reader.connect() as connection:
+                self._raise_conflict(connection, turn, expected_version)
+            self._forget(turn.id)
+            return None
+        # What `stored_snapshot` gives for the stored flag and fence, in one copy.
+        update: dict[str, object] = {"version": expected_version + 1}
+        cancel, fence = stored
+        if cancel != turn.cancel_requested:
+            update["cancel_requested"] = cancel
+        if fence != turn.lease_fence:
+            update["lease_fence"] = fence
+        return turn.model_copy(update=update)
 
     def _raise_conflict(self, connection: Connection, turn: AgentTurn, expected_version: int) -> None:
         """Raise why a guarded UPDATE matched no row; return when only the remembered count was wrong."""
