@@ -15,7 +15,7 @@ of events by conversation keeps only the events that have one.
 The upgrade fills `status_changed_at` from `updated_at` for existing rows (one pass over
 the table), and the new fillfactor applies to pages written from then on.
 
-Revision ID: 0004
+Revision ID: 0005
 Revises: 0003
 Create Date: 2026-12-21
 """
