@@ -16,8 +16,8 @@ The upgrade fills `status_changed_at` from `updated_at` for existing rows (one p
 the table), and the new fillfactor applies to pages written from then on.
 
 Revision ID: 0005
-Revises: 0003
-Create Date: 2026-12-21
+Revises: 0004
+Create Date: 2026-12-01
 """
 
 from __future__ import annotations
