@@ -42,7 +42,7 @@ from agent_runner.errors import (
 from agent_runner.events import AgentEvent, AgentEventListener, AgentEventType
 from agent_runner.in_memory import InMemoryAgentTurnStore
 from agent_runner.leasing import HeldLease
-from agent_runner.limits import check_resume_input, check_turn_input
+from agent_runner.limits import check_id, check_resume_input, check_turn_input
 from agent_runner.messages import AiMessage, ModelMessage, SystemMessage, ToolCall, ToolMessage, UserMessage
 from agent_runner.middleware import Middleware, chain
 from agent_runner.models import ChatRequest, ChatResponse
@@ -505,6 +505,8 @@ class AgentRunner:
         turn_id: str | None = None,
     ) -> AgentTurn:
         check_turn_input(self.policy.limits, message, history, conversation_id, tenant_id, metadata)
+        if turn_id is not None:
+            check_id(turn_id, "turn_id", self.policy.limits)
         agent = self._resolve_agent(agent_ref)
         user = UserMessage(content=message) if isinstance(message, str) else message
         if not isinstance(user, UserMessage):

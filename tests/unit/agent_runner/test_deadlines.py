@@ -374,3 +374,16 @@ def test_a_suspension_with_a_deadline_survives_a_json_round_trip() -> None:
     assert again.suspension is not None and again.suspension.form is not None
     assert again.suspension.form.timeout == timedelta(seconds=7)
     assert again.suspension.form.default_data == {"system": "x"}
+
+
+def test_a_start_with_a_chosen_id_happens_once_and_the_id_follows_the_id_rules() -> None:
+    from agent_runner import InputLimitError, VersionConflictError
+
+    desk = _approval_desk()
+    first = desk.runner.start("desk", "deploy the api", turn_id="tick-2030-01-01T12.00")
+    assert first.id == "tick-2030-01-01T12.00"
+    with pytest.raises(VersionConflictError):
+        desk.runner.start("desk", "deploy the api", turn_id="tick-2030-01-01T12.00")
+    with pytest.raises(InputLimitError):
+        desk.runner.start("desk", "deploy the api", turn_id="has spaces")
+    assert len(desk.store.list_turns()) == 1
