@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import FileResponse, JSONResponse
+from fastapi.responses import FileResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 from starlette.concurrency import run_in_threadpool
 
@@ -21,6 +21,7 @@ from workers.api.models import ErrorResponse, HealthView, ReadyView
 from workers.api.routes import router
 from workers.api.runtime import Runtime, build_runtime
 from workers.api.settings import ApiSettings, WorkerMode, default_worker_mode
+from workers.telemetry import TelemetryError, render_metrics
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
 
@@ -130,6 +131,19 @@ def _add_probes(app: FastAPI) -> None:
                 headers={"Retry-After": "5"},
             )
         return JSONResponse({"status": "ok", "checks": {name: "ok" for name in results}})
+
+    @app.get("/metrics", tags=["health"], summary="Prometheus metrics", response_class=Response)
+    def metrics() -> Response:
+        """The Prometheus text of this server (503 when prometheus-client is not installed).
+
+        It counts the steps its embedded worker ran, the turns that ended, resumes, retries and
+        lease takeovers.
+        """
+        try:
+            body, content_type = render_metrics()
+        except TelemetryError as exc:
+            raise ApiError(503, str(exc), type_name="MetricsUnavailable") from exc
+        return Response(content=body, media_type=content_type)
 
 
 def _add_console(app: FastAPI) -> None:

@@ -30,6 +30,7 @@ from workers.agents import apply_runner_setup, load_agent_loader
 from workers.api.settings import ApiSettings, WorkerMode
 from workers.deadlines import apply_due_deadlines
 from workers.inbox import start_next_message, turn_started_from
+from workers.telemetry import instrument
 
 logger = logging.getLogger("workers.api")
 
@@ -265,6 +266,7 @@ def _sql_runtime(settings: ApiSettings, agent_loader: AgentLoader | None) -> Run
     runner = AgentRunner(
         turn_store=turn_store, agent_loader=loader, chat_memory_provider=memories, policy=worker_settings.policy()
     )
+    instrument(runner)  # spans, metrics and log context of the steps this process runs
     apply_runner_setup(runner, worker_settings.runner_setup)
     pump = InboxPump(runner, inbox, worker_settings.inbox_agent, INBOX_SWEEP_INTERVAL_S)
     runner.add_event_listener(pump.on_event)

@@ -349,3 +349,32 @@ def test_agents_probes_docs_and_root(client: httpx.Client) -> None:
     assert {"201", "202", "404", "409", "422"} <= set(start_op["responses"])
     assert "Idempotency-Key" in {p["name"] for p in start_op["parameters"]}
     assert "HTTPBearer" in spec["components"]["securitySchemes"]
+
+
+def _sample(text: str, name: str, **labels: str) -> float:
+    """The value of one Prometheus sample in `text` (0 when absent)."""
+    total = 0.0
+    for line in text.splitlines():
+        if not line.startswith(name + "{") and not line.startswith(name + " "):
+            continue
+        if all(f'{key}="{value}"' in line for key, value in labels.items()):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def test_metrics_count_the_steps_and_ends_of_the_turns_the_server_ran(client: httpx.Client) -> None:
+    before = client.get("/metrics")
+    assert before.status_code == 200 and before.headers["content-type"].startswith("text/plain")
+    ended_before = _sample(before.text, "agent_runner_turns_ended_total", status="COMPLETED")
+    steps_before = _sample(before.text, "agent_runner_steps_total", agent_id="desk")
+
+    echo = start(client, "hello metrics")
+    assert wait_for(client, echo["id"], ended)["status"] == "COMPLETED"
+
+    def counted() -> str | None:
+        text = client.get("/metrics").text
+        return text if _sample(text, "agent_runner_turns_ended_total", status="COMPLETED") > ended_before else None
+
+    after: str = eventually(counted, what="the ended turn to be counted")
+    assert _sample(after, "agent_runner_turns_ended_total", status="COMPLETED") == ended_before + 1
+    assert _sample(after, "agent_runner_steps_total", agent_id="desk") > steps_before
