@@ -247,7 +247,7 @@ class DriverBytes:
     It watches psycopg's cursors rather than SQLAlchemy's statement events: a listener on
     those would make the store run its per-step statements through SQLAlchemy (where
     listeners see them) instead of on the driver, and so change what is measured. Only
-    connections the engine's pool opens after this counter was made are counted.
+    connections the engine's pool opens or hands out after this counter was made are counted.
     """
 
     def __init__(self, engine: Any) -> None:
@@ -256,7 +256,9 @@ class DriverBytes:
         self.statements = 0
         self.bytes = 0
         self._connections: weakref.WeakSet[Any] = weakref.WeakSet()
+        # Pool events, not statement events: they leave the store's driver path alone.
         event.listen(engine, "connect", lambda dbapi_connection, _record: self._connections.add(dbapi_connection))
+        event.listen(engine, "checkout", lambda dbapi_connection, *_: self._connections.add(dbapi_connection))
         _COUNTERS.add(self)
         _watch_psycopg()
 

@@ -1,8 +1,8 @@
 """Explanations of missed goals, rendered into docs/benchmarks.md when the goal is missed in a run.
 
 The figures come from the run being rendered; the mechanisms come from profiles of this
-code base (py-spy on a Celery pool process, cProfile and pyinstrument in one process),
-reproducible with the commands given in each note.
+code base (py-spy on one process running W, `bench/profile_step.py`, and on a Celery pool
+process), reproducible with the commands given in each note.
 """
 
 from __future__ import annotations
@@ -14,32 +14,50 @@ from report import NOTES, Note, _get
 
 def _durable(sections: dict[str, Any]) -> str:
     entry = _get(sections, "durable", "throughput", "W K=10") or {}
-    if not entry:
+    if not entry or "langgraph_steps_per_s" not in entry:
         return ""
     ours_ms = 1000 / entry["ours_steps_per_s"]["median"]
     ours_cpu = entry["ours_cpu_ms_per_step"]["median"]
     lg_ms = 1000 / entry["langgraph_steps_per_s"]["median"]
     lg_cpu = entry["langgraph_cpu_ms_per_step"]["median"]
+    floor = entry.get("floor_ms_per_update", {}).get("median")
+    floor_text = (
+        f" The floor measured beside it, a bare prepared UPDATE of a row of the same size, takes {floor:.3f} ms: "
+        "one round trip and one commit, which every step of ours pays too."
+        if floor
+        else ""
+    )
     return (
-        "**Durable path against LangGraph at K=10.** A step of ours is one round trip: the compare-and-swap "
-        "UPDATE of the turn's header and the INSERT of the new message as one autocommitted statement, committed "
-        f"with fsync. Of our {ours_ms:.3f} ms per step, {ours_cpu:.3f} ms is CPU in this process and the remaining "
-        f"{max(ours_ms - ours_cpu, 0):.3f} ms is the wait for PostgreSQL's execution and commit. Most of that CPU is "
-        "per-statement work below the store: SQLAlchemy Core executing the cached save statement (execution "
-        "context, about 25 bound parameters, result setup, a pooled connection switched to autocommit and back) "
-        "and psycopg, which already runs the statement prepared server-side after its first executions. The "
-        "store's own Python (header JSON, message rows, the returned snapshot) is about 10 us, and the runner and "
-        "state machine take a small share. For scale, measured with `time.process_time` around a loop here: "
-        "`SELECT 1` through `Connection.execute` costs about 110 us of CPU, against about 60 us on the driver's "
-        "cursor of a pooled connection; the same save statement sent on the driver's cursor saved about 0.05 ms per "
-        "step through the pool and about 0.1 ms on a dedicated connection, which would narrow the gap without "
-        "closing it, at the price of doing SQLAlchemy's error translation and connection invalidation by hand. "
-        f"LangGraph takes {lg_ms:.3f} ms per step, {lg_cpu:.3f} ms of it CPU, and its cost grows with the history "
-        "(K=200 rows and the plot), so the ratio widens on longer turns; at K=10 its history is short and our fixed "
-        "cost per step, the commit, weighs more. The other lever is on the server: every save changes "
-        "`updated_at`, which two indexes of `agent_turns` cover, so no save is a HOT update and each inserts into "
-        "all six indexes of the table. The commit itself stays: every stable boundary is durable before the next "
-        "step starts."
+        "**Durable path against LangGraph and the floor at K=10.** A step of ours is one round trip: the save "
+        "statement (the compare-and-swap UPDATE of the turn's header, the INSERT of the new message and the INSERT "
+        "of the step's events, fed by the UPDATE's RETURNING), prepared on a psycopg connection the store keeps "
+        f"between steps and committed with fsync. Of our {ours_ms:.3f} ms per step, {ours_cpu:.3f} ms is CPU in "
+        f"this process and the remaining {max(ours_ms - ours_cpu, 0):.3f} ms is the wait for PostgreSQL's "
+        "execution and commit (on the same two cores, so the server's CPU and ours compete)." + floor_text + " "
+        "The CPU is spread over the runner and state machine (immutable snapshot copies), the JSON of the "
+        "snapshot's state, of the new message and of the events, and psycopg's binding of about 25 parameters "
+        "(docs/profile.md, from `python bench/profile_step.py`, has the breakdown and a flame graph). Per turn "
+        "there are also the creation (one statement) and the save that takes the READY turn, 23 statements for "
+        f"21 steps. LangGraph takes {lg_ms:.3f} ms per step, {lg_cpu:.3f} ms of it CPU, and its cost grows with "
+        "the history (K=200 rows and the plot), so the ratio widens on longer turns; on a loaded machine both "
+        "sides slow down, LangGraph's CPU-bound steps the most. The commit itself stays: every stable boundary is "
+        "durable before the next step starts."
+    )
+
+
+def _events(sections: dict[str, Any]) -> str:
+    entry = _get(sections, "durable", "throughput", "W K=10") or {}
+    if "events_on_over_off_time" not in entry:
+        return ""
+    return (
+        "**The event log's cost.** With the log on, a step's statement also inserts its durable events (1.6 per "
+        "step on W on average: TOOL_STARTED and TOOL_COMPLETED for a tool step, MODEL_RESPONSE for a model step, "
+        "TURN_RUNNING and TURN_COMPLETED once per turn): a row of about 400 bytes each with three index entries "
+        "(id, event id, tree position; the conversation position only for conversation events), about "
+        f"{entry['ours_cpu_ms_per_step']['median'] - entry['without_events_cpu_ms_per_step']['median']:.3f} ms of "
+        "CPU here for their JSON, and more WAL to flush at the commit. The same turns with the store handed no "
+        f"events take {entry['without_events_ms_per_step']['median']:.3f} ms per step against "
+        f"{entry['ours_ms_per_step']['median']:.3f} ms."
     )
 
 
@@ -77,13 +95,12 @@ def _celery(sections: dict[str, Any]) -> str:
         f"publish); a `step_turn` task pays that once per {per_task} steps, plus, per task: the Redis lease "
         "(acquire and release, a round trip each), one load after taking the lease (the header alone when this "
         "process saved the turn last, else the header and the messages added since), and the publish of the "
-        "follow-up, decided without another read when the step budget ran out. A py-spy profile of a pool process "
-        "on W K=10 (`py-spy record --gil -p <pool pid>`) puts about a third of its CPU in the saves (mostly "
-        "SQLAlchemy and psycopg per statement, see the durable path), about a fifth in publishing the follow-up, "
-        "about a sixth in the load and under a tenth in the Redis lease." + history + " With one process, each "
-        "step also waits for its commit and each task for its round trips, so the ratio depends on the database's "
-        "latency as much as on CPU, and varies from run to run on this shared machine. What is left: a cheaper "
-        "statement execution (the durable path's lever), or more steps per task when fairness allows." + sixteen_text
+        "follow-up, decided without another read when the step budget ran out. A step's own save and load are "
+        "the durable path's (one prepared statement each); its live events go to Redis from a thread of their "
+        "own, so the step does not wait for them." + history + " With one process, each step also waits for its "
+        "commit and each task for its round trips, so the ratio depends on the database's latency as much as on "
+        "CPU, and varies from run to run on this shared machine, whose two cores also run PostgreSQL, Redis and "
+        "other work. What is left: more steps per task when fairness allows." + sixteen_text
     )
 
 
@@ -104,13 +121,15 @@ def _resume(sections: dict[str, Any]) -> str:
         "messages of the turns it saved or loaded), validates the command and saves it; the dispatch hands the turn "
         "to a worker thread, which takes the lease, loads the turn again (again the header: it must see the version "
         "stored after the lease was taken), runs the tool step and the model step (one save each)." + counts + " "
-        "Each statement is a round trip to a server on the same two cores, plus SQLAlchemy's per-statement work "
-        "(see the durable path). The load under the lease stays: it is what makes a stale dispatch harmless. With "
-        "the SQL lease, acquiring and releasing it are a round trip each; reads on PostgreSQL already run in "
-        "autocommit (no BEGIN/ROLLBACK round trips)."
+        "Each statement is a round trip to a server on the same two cores (the loads and saves prepared on the "
+        "driver, see the durable path), and each hand-over to the worker thread a wake-up of another thread. The "
+        "load under the lease stays: it is what makes a stale dispatch harmless. With the SQL lease, acquiring and "
+        "releasing it are a round trip each."
     )
 
 
 NOTES.append(Note("LangGraph", _durable))
+NOTES.append(Note("vs the floor", _durable))
+NOTES.append(Note("event log on vs off", _events))
 NOTES.append(Note("Celery path", _celery))
 NOTES.append(Note("Resume to completion, in-process", _resume))

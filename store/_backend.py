@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import weakref
 from types import TracebackType
 from typing import Self
 
 from sqlalchemy.engine import Engine
 
-from store._engine import UrlOrEngine, display_url, resolve_engine, writer
+from store._engine import DriverConnections, UrlOrEngine, display_url, resolve_engine, writer
 from store.migrations import ensure_embedded_schema
 
 
@@ -20,6 +21,11 @@ class SqlBackend:
 
     def __init__(self, url_or_engine: UrlOrEngine) -> None:
         self._engine, self._owns_engine = resolve_engine(url_or_engine)
+        self._postgres = self._engine.dialect.name == "postgresql"
+        # Connections kept out of the pool for the statements run on the driver (PostgreSQL,
+        # see `_direct`), handed back by `close`, or when the backend is garbage-collected.
+        self._driver = DriverConnections(self._engine)
+        self._driver_finalizer = weakref.finalize(self, self._driver.close)
         self._writer = writer(self._engine)
         # On PostgreSQL, reads and single-statement writes run in autocommit: one statement is
         # atomic by itself, and at READ COMMITTED (the default) each statement of a transaction
@@ -39,8 +45,24 @@ class SqlBackend:
         """The engine this backend uses."""
         return self._engine
 
+    def _direct(self) -> bool:
+        """Whether the hot statements run on the driver directly (prepared, on kept connections).
+
+        On PostgreSQL they do, unless something watches the engine's statements (a tracer, a
+        statement log: `before_cursor_execute` or `after_cursor_execute` listeners, `echo`):
+        then every statement goes through SQLAlchemy, where those see it.
+        """
+        dispatch = self._engine.dispatch
+        return (
+            self._postgres
+            and not self._engine.echo
+            and not dispatch.before_cursor_execute
+            and not dispatch.after_cursor_execute
+        )
+
     def close(self) -> None:
-        """Dispose of the engine if this backend made it."""
+        """Hand back the connections kept for the driver, and dispose of the engine if this backend made it."""
+        self._driver_finalizer()
         if self._owns_engine:
             self._engine.dispose()
 

@@ -213,6 +213,9 @@ class DriverConnections:
         while self._idle:
             self._release(self._idle.pop())
 
+    def _is_closed(self) -> bool:
+        return self._closed
+
     def _take(self) -> DriverConnection:
         pool = self._engine.pool
         while self._idle:
@@ -246,6 +249,8 @@ class DriverConnections:
             and lent.pool is self._engine.pool
         ):
             self._idle.append(lent)
+            if self._is_closed():  # closed by another thread meanwhile: this one must not stay
+                self.close()
         else:
             self._release(lent)
 

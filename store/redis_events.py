@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import re
+import threading
 import time
+from collections import deque
+from collections.abc import Sequence
 from types import TracebackType
 from typing import Any
 
@@ -84,22 +88,40 @@ class RedisLiveEvents:
 
     def publish(self, event: AgentEvent) -> None:
         """Append the event to its tree's and conversation's streams; never raises (failures are logged)."""
+        self.publish_many([event])
+
+    def publish_many(self, events: Sequence[AgentEvent]) -> None:
+        """Append the events, in order, to their streams in one round trip; never raises (failures are logged)."""
+        if not events:
+            return
         try:
-            payload = event.model_dump_json(exclude={"cursor"})
             pipeline = self._client.pipeline(transaction=False)
-            for scope in live_scopes(event):
-                key = self._key(scope)
-                pipeline.xadd(key, {_FIELD: payload}, maxlen=self.maxlen, approximate=True)
-                pipeline.pexpire(key, self._retention_ms)
+            for event in events:
+                payload = event.model_dump_json(exclude={"cursor"})
+                for scope in live_scopes(event):
+                    key = self._key(scope)
+                    pipeline.xadd(key, {_FIELD: payload}, maxlen=self.maxlen, approximate=True)
+                    pipeline.pexpire(key, self._retention_ms)
             pipeline.execute()
         except Exception as exc:
-            logger.warning(
-                "publishing live event %s of turn %s to Redis at %s failed; it is lost: %s",
-                event.type,
-                event.turn_id,
-                self._server,
-                f"{type(exc).__name__}: {exc}",
-            )
+            first, reason = events[0], f"{type(exc).__name__}: {exc}"
+            if len(events) == 1:
+                logger.warning(
+                    "publishing live event %s of turn %s to Redis at %s failed; it is lost: %s",
+                    first.type,
+                    first.turn_id,
+                    self._server,
+                    reason,
+                )
+            else:
+                logger.warning(
+                    "publishing %d live events (the first %s of turn %s) to Redis at %s failed; they are lost: %s",
+                    len(events),
+                    first.type,
+                    first.turn_id,
+                    self._server,
+                    reason,
+                )
 
     def read(
         self,
@@ -187,6 +209,92 @@ class RedisLiveEvents:
                     continue
                 events.append(event.model_copy(update={"cursor": cursor}))
         return events
+
+
+class BackgroundPublisher:
+    """Publishes events to a `RedisLiveEvents` from a thread of its own, so that a step never waits for Redis.
+
+    Called with an event (it is an event listener), it only queues it. The thread sends
+    everything queued by then in one pipeline, in the order queued, so under load many
+    events share one round trip. The live channel is best-effort either way (a failed
+    publish is logged and the event lost; durable events are read from the store), and
+    followers read durable events from the store, only waking up on their live copy.
+    At most `max_pending` events wait; beyond that new ones are dropped with a warning.
+    The thread starts with the first event (so a process that forks after building this
+    starts its own) and ends on `close`, which first sends what is queued.
+
+    Args:
+        live: The channel to publish to.
+        max_pending: Most events waiting to be sent.
+    """
+
+    def __init__(self, live: RedisLiveEvents, *, max_pending: int = 10_000) -> None:
+        if max_pending < 1:
+            raise ValueError(f"max_pending must be at least 1, got {max_pending!r}")
+        self.live = live
+        self.max_pending = max_pending
+        self._pending: deque[AgentEvent] = deque()
+        self._ready = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._pid = 0
+        self._closed = False
+        self._sending = False
+        self._dropped = 0
+
+    def __call__(self, event: AgentEvent) -> None:
+        """Queue the event for the thread; never blocks on Redis and never raises."""
+        with self._ready:
+            if self._closed:
+                return
+            if len(self._pending) >= self.max_pending:
+                self._dropped += 1
+                if self._dropped in (1, 100) or self._dropped % 10_000 == 0:
+                    logger.warning("live events pile up faster than Redis takes them; %d dropped", self._dropped)
+                return
+            self._pending.append(event)
+            if self._thread is None or self._pid != os.getpid() or not self._thread.is_alive():
+                self._pid = os.getpid()
+                self._thread = threading.Thread(target=self._run, name="live-event-publisher", daemon=True)
+                self._thread.start()
+            self._ready.notify()
+
+    def flush(self, timeout: float = 5.0) -> bool:
+        """Wait until every event queued so far was sent (or failed); False if `timeout` ran out first."""
+        deadline = time.monotonic() + timeout
+        with self._ready:
+            while self._pending or self._sending:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or self._thread is None or not self._thread.is_alive():
+                    return not (self._pending or self._sending)
+                self._ready.wait(remaining)
+        return True
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Send what is queued (waiting at most `timeout` seconds), then stop the thread."""
+        self.flush(timeout)
+        with self._ready:
+            self._closed = True
+            self._ready.notify_all()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread() and self._pid == os.getpid():
+            thread.join(timeout)
+
+    def _run(self) -> None:
+        while True:
+            with self._ready:
+                while not self._pending and not self._closed:
+                    self._ready.wait()
+                if not self._pending:
+                    return
+                batch = list(self._pending)
+                self._pending.clear()
+                self._sending = True
+            try:
+                self.live.publish_many(batch)
+            finally:
+                with self._ready:
+                    self._sending = False
+                    self._ready.notify_all()
 
 
 def _stream_id(cursor: str | None) -> str:

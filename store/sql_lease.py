@@ -56,6 +56,8 @@ class SqlTurnLease(SqlBackend):
     already this owner's, and increments the fence under the row lock, so fences strictly
     increase per turn and two owners can never both hold an unexpired lease. Releasing
     keeps the row (and so the fence counter). Renew and release check owner and fence.
+    Each is one autocommitted statement; on PostgreSQL it runs prepared on the driver, as
+    the turn store's per-step statements do.
 
     Args:
         url_or_engine: A database URL or an engine to share. An engine made from a URL is
@@ -90,6 +92,27 @@ class SqlTurnLease(SqlBackend):
         )
         # The row stays, without owner and expired, so the next acquisition continues the fence.
         self._release = sa.update(turn_leases).where(*held).values(owner=None, expires_at_ms=0)
+        # The same statements as text for the driver (see `_direct`): the SQL SQLAlchemy
+        # would send, and the values of their constant parameters.
+        self._on_driver = {
+            name: (str(compiled), dict(compiled.params))
+            for name, compiled in (
+                (name, statement.compile(dialect=self._engine.dialect))
+                for name, statement in (
+                    ("acquire", self._acquire),
+                    ("renew", self._renew),
+                    ("release", self._release),
+                )
+            )
+        }
+
+    def _on_the_driver(self, name: str, parameters: dict[str, Any]) -> Any:
+        """Run one of the lease's statements prepared on a kept driver connection; return its cursor."""
+        text, constants = self._on_driver[name]
+        with self._driver.connection() as lent:
+            if lent.cursor is None:
+                lent.cursor = lent.driver.cursor()
+            return lent.cursor.execute(text, {**constants, **parameters}, prepare=True)
 
     def acquire(self, turn_id: str, owner: str, ttl_ms: int) -> Lease | None:
         """Take the lease if it is free or expired; None when another owner holds it.
@@ -103,8 +126,12 @@ class SqlTurnLease(SqlBackend):
         _check_ttl(ttl_ms)
         parameters = {"turn_id": turn_id, "owner": owner, "ttl_ms": ttl_ms}
         with translated_errors(self._engine, f"acquiring the lease of turn {turn_id!r}"):
-            with self._statement_writer.begin() as connection:
-                fence = connection.execute(self._acquire, parameters).scalar()
+            if self._direct():
+                row = self._on_the_driver("acquire", parameters).fetchone()
+                fence = None if row is None else row[0]
+            else:
+                with self._statement_writer.begin() as connection:
+                    fence = connection.execute(self._acquire, parameters).scalar()
         return None if fence is None else Lease(turn_id, owner, fence)
 
     def renew(self, lease: Lease, ttl_ms: int) -> bool:
@@ -116,11 +143,15 @@ class SqlTurnLease(SqlBackend):
         _check_ttl(ttl_ms)
         parameters = {**_held(lease), "ttl_ms": ttl_ms}
         with translated_errors(self._engine, f"renewing the lease of turn {lease.turn_id!r}"):
+            if self._direct():
+                return bool(self._on_the_driver("renew", parameters).rowcount == 1)
             with self._statement_writer.begin() as connection:
                 return connection.execute(self._renew, parameters).rowcount == 1
 
     def release(self, lease: Lease) -> bool:
         """Give the lease up; False when it was no longer held by this owner."""
         with translated_errors(self._engine, f"releasing the lease of turn {lease.turn_id!r}"):
+            if self._direct():
+                return bool(self._on_the_driver("release", _held(lease)).rowcount == 1)
             with self._statement_writer.begin() as connection:
                 return connection.execute(self._release, _held(lease)).rowcount == 1

@@ -24,7 +24,6 @@ follow commit order there and the cursor is `0.<id>`.
 from __future__ import annotations
 
 import threading
-import weakref
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
@@ -51,7 +50,7 @@ from agent_runner.persistence import DEFAULT_EVENT_PAGE, TurnRef, event_scope, f
 from agent_runner.snapshot import DEADLINE_STATUSES, TERMINAL_STATUSES, AgentTurn, AgentTurnStatus
 from store import _pg_turns
 from store._backend import SqlBackend
-from store._engine import AnyRow, DriverConnections, UrlOrEngine, dialect_insert, translated_errors
+from store._engine import AnyRow, UrlOrEngine, dialect_insert, translated_errors
 from store.schema import NON_TERMINAL_STATUSES, turn_events, turn_leases, turn_messages, turns
 
 _COLUMN_FIELDS = frozenset(
@@ -451,11 +450,6 @@ class SqlAgentTurnStore(SqlBackend):
 
     def __init__(self, url_or_engine: UrlOrEngine) -> None:
         super().__init__(url_or_engine)
-        self._postgres = self._engine.dialect.name == "postgresql"
-        # Connections kept out of the pool for the statements on the driver (PostgreSQL),
-        # handed back by `close`, or when this store is garbage-collected.
-        self._driver = DriverConnections(self._engine)
-        self._driver_finalizer = weakref.finalize(self, self._driver.close)
         # (version, message_count) of recently seen snapshots. A save whose expected
         # version is remembered knows which messages are new without reading the header
         # first; the UPDATE still checks the count, so a wrong entry costs a retry, never data.
@@ -469,28 +463,6 @@ class SqlAgentTurnStore(SqlBackend):
             .on_conflict_do_nothing(index_elements=[turn_events.c.event_id])
         )
         self._read_events = {scope: _read_events_statement(dialect, scope) for scope in ("root", "conversation")}
-
-    def _direct(self) -> bool:
-        """Whether the per-step statements run on the driver directly (see `store._pg_turns`).
-
-        On PostgreSQL they do, unless something watches the engine's statements (a tracer, a
-        statement log: `before_cursor_execute` or `after_cursor_execute` listeners, `echo`):
-        then every statement goes through SQLAlchemy, where those see it.
-        """
-        dispatch = self._engine.dispatch
-        return (
-            self._postgres
-            and not self._engine.echo
-            and not dispatch.before_cursor_execute
-            and not dispatch.after_cursor_execute
-        )
-
-    def close(self) -> None:
-        """Hand back the connections kept for the statements on the driver, then dispose of an engine made here."""
-        finalizer = getattr(self, "_driver_finalizer", None)  # absent when __init__ failed early
-        if finalizer is not None:
-            finalizer()
-        super().close()
 
     # --- Reads -------------------------------------------------------------------------------
 

@@ -25,6 +25,7 @@ from sqlalchemy import Engine
 import store
 from agent_runner import AgentLoader, AgentRunner, Middleware
 from agent_runner.leasing import LeaseKeeper
+from store.redis_events import BackgroundPublisher
 from workers.agents import apply_runner_setup, load_agent_loader
 from workers.dispatch import CeleryDispatcher, InboxNotifier
 from workers.settings import WorkerSettings
@@ -52,9 +53,14 @@ class Wiring:
     live: store.RedisLiveEvents
     """The live event channel every event of this process's runner is published to."""
     engine: Engine = field(repr=False)
+    publisher: BackgroundPublisher | None = field(default=None, repr=False)
+    """Sends the runner's events to `live` from a thread of its own."""
 
     def close(self) -> None:
-        """Close the Redis clients and the database pool."""
+        """Send the events still queued, then close the Redis clients and the database pool."""
+        if self.publisher is not None:
+            self.publisher.close()
+        self.turn_store.close()
         self.live.close()
         self.lease.close()
         self.guard.close()
@@ -106,9 +112,11 @@ def build_wiring(
     )
     instrument(runner)  # spans, metrics and log context of every step
     # Every event leaves the process: deltas and progress live only, durable events as a
-    # wake-up for followers (they are read from the store).
+    # wake-up for followers (they are read from the store). A thread of their own sends
+    # them, so a step never waits for Redis (several steps' events often share a round trip).
     live = store.RedisLiveEvents(settings.redis_url, prefix=settings.redis_prefix)
-    runner.add_event_listener(live.publish)
+    publisher = BackgroundPublisher(live)
+    runner.add_event_listener(publisher)
     # A turn that ends frees its conversation for the next queued message (queued messages
     # name their agent, or fall back to AGENT_RUNNER_INBOX_AGENT).
     runner.add_event_listener(InboxNotifier(dispatcher))
@@ -125,6 +133,7 @@ def build_wiring(
         keeper=LeaseKeeper(lease, settings.lease_ttl_ms, name=f"celery worker {os.getpid()}"),
         live=live,
         engine=engine,
+        publisher=publisher,
     )
 
 

@@ -295,3 +295,24 @@ def test_connections_kept_for_the_driver_go_back_when_the_engine_is_disposed_or_
     while open_connections(admin, application) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert open_connections(admin, application) == 0
+
+
+def test_the_sql_lease_runs_its_statements_prepared_on_the_driver(pg_url: str) -> None:
+    engine = store.make_engine(pg_url)
+    try:
+        lease = store.SqlTurnLease(engine)
+        held = lease.acquire("t-1", "me", 10_000)
+        assert held is not None
+        assert lease.acquire("t-1", "other", 10_000) is None
+        assert lease.renew(held, 10_000) and lease.release(held)
+        assert not lease.release(held)
+        taken = lease.acquire("t-1", "other", 10_000)
+        assert taken is not None and taken.fence == held.fence + 1
+        lease.close()
+        assert engine.pool.checkedout() == 0  # type: ignore[attr-defined]
+        with engine.connect() as connection:
+            prepared = connection.exec_driver_sql("SELECT statement FROM pg_prepared_statements").scalars().all()
+    finally:
+        engine.dispose()
+    assert any(text.startswith("INSERT INTO agent_turn_leases") for text in prepared)
+    assert sum(text.startswith("UPDATE agent_turn_leases") for text in prepared) == 2
