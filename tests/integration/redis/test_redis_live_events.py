@@ -92,11 +92,14 @@ def test_wait_returns_at_once_wakes_on_a_publish_and_times_out(live: LiveEventCh
     # Nothing new: the wait ends empty after the timeout (and at once with no timeout)
     assert live.wait(root_turn_id="r-1", after=cursor, timeout=0.2) == []
     assert live.wait(root_turn_id="r-1", after=cursor, timeout=0) == []
-    # An event published by another thread while waiting wakes the waiter
+    # An event published by another thread while waiting wakes the waiter. A cursor
+    # belongs to the scope it was read from (the tree's and the conversation's streams
+    # number their entries apart), so the conversation is waited on after its own cursor.
+    conversation_cursor = live.read(conversation_id="c-1")[-1].cursor
     second = delta(type=E.TOOL_PROGRESS)
     timer = threading.Timer(0.1, live.publish, args=(second,))
     timer.start()
-    woke = live.wait(conversation_id="c-1", after=cursor, timeout=20)
+    woke = live.wait(conversation_id="c-1", after=conversation_cursor, timeout=20)
     timer.join()
     assert ids(woke) == [second.event_id]
 

@@ -353,7 +353,7 @@ def test_live_wait_returns_at_once_blocks_until_a_publish_or_times_out(live: InM
     second = live_event()
     timer = threading.Timer(0.05, live.publish, args=(second,))
     timer.start()
-    woke = live.wait(conversation_id="c-1", after=cursor, timeout=10)
+    woke = live.wait(conversation_id="c-1", after=live.read(conversation_id="c-1")[-1].cursor, timeout=10)
     timer.join()
     assert ids(woke) == [second.event_id]
 
