@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -26,6 +25,7 @@ from agent_runner import (
     VersionConflictError,
 )
 from agent_runner.persistence import AgentTurnStore, EventLog
+from tests.helpers.event_log import settled
 
 S = AgentTurnStatus
 E = AgentEventType
@@ -75,20 +75,6 @@ def log_of(store: AgentTurnStore) -> EventLog:
 
 def ids(events: list[AgentEvent]) -> list[str]:
     return [e.event_id for e in events]
-
-
-def settled(read: Callable[[], list[AgentEvent]], count: int, within: float = 30.0) -> list[AgentEvent]:
-    """Repeat `read` until it returns at least `count` events (or time runs out), and return the last result.
-
-    On PostgreSQL a committed event becomes readable once every write transaction that
-    started before it on the server has ended, and other suites may share the server.
-    """
-    deadline = time.monotonic() + within
-    found = read()
-    while len(found) < count and time.monotonic() < deadline:
-        time.sleep(0.02)
-        found = read()
-    return found
 
 
 def advance(store: AgentTurnStore, turn: AgentTurn, *types: E, **update: Any) -> tuple[AgentTurn, list[AgentEvent]]:
@@ -203,7 +189,7 @@ def test_conversations_and_trees_are_kept_apart(turn_store: AgentTurnStore) -> N
     log = log_of(turn_store)
     assert ids(settled(lambda: log.read_events(conversation_id="c-1"), 1)) == ["r-1:0:0"]
     assert ids(log.read_events(conversation_id="c-2")) == ["r-2:0:0"]
-    assert ids(log.read_events(root_turn_id="r-3")) == ["r-3:0:0"]
+    assert ids(settled(lambda: log.read_events(root_turn_id="r-3"), 1)) == ["r-3:0:0"]
     assert log.read_events(conversation_id="unknown") == []
 
 
@@ -390,7 +376,7 @@ def test_prune_removes_old_ended_trees_with_their_events_and_keeps_the_rest(turn
     assert ids(settled(lambda: log.read_events(root_turn_id="mixed"), 2)) == ["mixed:0:0", "mixed.a:0:0"]
     assert log.read_events(root_turn_id="done-1") == []
     assert turn_store.load("mixed.a").messages[0].content == "hello"
-    assert ids(log.read_events(root_turn_id="late-child")) == ["late-child:0:0", "late-child.a:0:0"]
+    assert ids(settled(lambda: log.read_events(root_turn_id="late-child"), 2)) == ["late-child:0:0", "late-child.a:0:0"]
     # And pruning again finds nothing more
     assert prunable_store(turn_store).prune(timedelta(days=1)) == 0
 

@@ -36,6 +36,7 @@ from agent_runner import (
 from agent_runner._base import utcnow
 from store.schema import turns as turns_table
 from tests.conftest import libpq_url
+from tests.helpers.event_log import settled
 from tests.integration.store.store_kit import step, turn_with_history
 
 pytestmark = pytest.mark.integration
@@ -261,7 +262,7 @@ def test_a_backend_killed_inside_a_single_statement_create_leaves_no_turn(
             turns.load("t-1")
         # And the same create succeeds on retry, with its event
         assert turns.save(turn_with_history("t-1", 2), -1, [started]).version == 0
-        assert [e.event_id for e in turns.read_events(root_turn_id="t-1")] == ["t-1:0:0"]
+        assert [e.event_id for e in settled(lambda: turns.read_events(root_turn_id="t-1"), 1)] == ["t-1:0:0"]
 
 
 def open_connections(admin: psycopg.Connection[tuple[Any, ...]], application: str) -> int:
