@@ -1,8 +1,8 @@
 """Worker processes and a per-test deployment for the Celery worker tests (used by `conftest.py` and the tests).
 
-Worker processes run `celery -A workers.app worker` with the prefork pool, in their own
-process group, and are stopped by process group id: SIGTERM, then SIGKILL when they do
-not exit in time.
+Worker processes run `celery -A workers.app worker` (the prefork pool unless a test asks
+for another), in their own process group, and are stopped by process group id: SIGTERM,
+then SIGKILL when they do not exit in time.
 """
 
 from __future__ import annotations
@@ -114,14 +114,19 @@ class Cluster:
         wait: bool = True,
         extra_args: Sequence[str] = (),
         env: Mapping[str, str] | None = None,
+        pool: str = "prefork",
     ) -> WorkerProcess:
-        """Start a prefork worker; `extra_args` go to `celery worker`, `env` overrides this worker's environment."""
+        """Start a worker; `extra_args` go to `celery worker`, `env` overrides this worker's environment.
+
+        With `pool="threads"` (or `"solo"`) every task runs in the worker's own process, so
+        the worker's pid is the pid of the process that runs the tools.
+        """
         args = [
             CELERY,
             "-A",
             "workers.app",
             "worker",
-            "--pool=prefork",
+            f"--pool={pool}",
             f"--concurrency={concurrency}",
             f"--hostname={name}-{uuid.uuid4().hex[:6]}@%h",
             "--without-gossip",

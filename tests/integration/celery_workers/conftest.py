@@ -17,6 +17,7 @@ import pytest
 import sqlalchemy as sa
 
 import store
+from tests.integration.celery_workers import chaos_agents
 from tests.integration.celery_workers.celery_agents import dispose_ledger_engine, metadata
 from tests.integration.celery_workers.celery_cluster import DEFAULT_DATABASE_URL, Cluster, clusters
 
@@ -37,7 +38,7 @@ def database_url() -> str:
 
 @pytest.fixture
 def schema_url(database_url: str) -> Iterator[str]:
-    """A migrated PostgreSQL schema of this test alone (with the ledger tables); dropped afterwards."""
+    """A migrated PostgreSQL schema of this test alone (with the ledger tables of the test agents); dropped afterwards."""
     schema = f"w_{uuid.uuid4().hex[:12]}"
     admin = sa.create_engine(database_url)
     with admin.begin() as connection:
@@ -48,6 +49,7 @@ def schema_url(database_url: str) -> Iterator[str]:
         store.migrate(rendered)
         engine = sa.create_engine(rendered)
         metadata.create_all(engine)
+        chaos_agents.metadata.create_all(engine)
         engine.dispose()
         yield rendered
     finally:
