@@ -32,7 +32,6 @@ from typing import Any
 
 from agent_runner import AgentRunnerError, AgentTurnStatus, StoreUnavailableError, TurnRef
 from workers.app import app
-from workers.deadlines import apply_due_deadlines
 from workers.names import RUN_SCHEDULE, SWEEP_DEADLINES, SWEEP_DUE_RETRIES, SWEEP_INBOX, SWEEP_STALE_TURNS
 from workers.schedules import Schedule, ScheduleError, ScheduleOutcome, fire_schedule
 from workers.task_arguments import checked_arguments
@@ -124,9 +123,10 @@ def _reconcile_parents(wiring: Wiring, updated_before: datetime) -> int:
 def sweep_deadlines(wiring: Wiring) -> int:
     """Send due deadline reminders and apply the defaults of passed deadlines; return the turns handled.
 
-    A turn resumed by its default is enqueued by the runner's dispatcher like any resume.
+    The sweep is `AgentRunner.apply_due_deadlines`, the one the embedded `AgentWorker`
+    runs too; a turn resumed by its default is enqueued by the runner's dispatcher like any resume.
     """
-    return apply_due_deadlines(wiring.runner, wiring.turn_store, SWEEP_BATCH)
+    return wiring.runner.apply_due_deadlines(SWEEP_BATCH)
 
 
 def run_schedule(wiring: Wiring, schedule: Schedule, tick: datetime) -> ScheduleOutcome:

@@ -375,7 +375,11 @@ def db_upgrade(obj: _Context) -> None:
 )
 @pass_context
 def worker(obj: _Context, concurrency: int, lease_ttl: float, poll_interval: float, run_for: float | None) -> None:
-    """Run the embedded AgentWorker (SQL leases, no Redis or Celery needed)."""
+    """Run the embedded AgentWorker (SQL leases, no Redis or Celery needed).
+
+    It also applies approval and form deadlines and their reminders, every
+    AGENT_RUNNER_DEADLINE_SWEEP_INTERVAL_S seconds.
+    """
     from agent_runner.worker import AgentWorker
     from store import SqlTurnLease
 
@@ -386,6 +390,7 @@ def worker(obj: _Context, concurrency: int, lease_ttl: float, poll_interval: flo
         concurrency=concurrency,
         lease_ttl=lease_ttl,
         poll_interval=poll_interval,
+        deadline_interval=obj.settings().deadline_sweep_interval_s,
     )
     click.echo(f"worker {embedded.owner} stepping turns with {concurrency} thread(s); Ctrl-C stops", err=True)
     embedded.start()

@@ -1,9 +1,9 @@
 """The backends behind the HTTP server, one set per worker mode, and the threads it runs.
 
 - `embedded`: an `AgentRunner` on the SQL store with an `AgentWorker` stepping turns on
-  threads of the server process (SQL leases; SQLite migrates itself), an inbox pump
-  that starts queued messages when their conversation frees, and the deadline sweep of
-  approvals and forms (beat does it for Celery deployments).
+  threads of the server process (SQL leases; SQLite migrates itself) and sweeping the
+  deadlines of approvals and forms (beat does it for Celery deployments), and an inbox
+  pump that starts queued messages when their conversation frees.
 - `celery`: the Celery wiring of `workers.wiring` (dispatching runner, Redis guard,
   broker); the Celery workers step turns and `dispatch_inbox` starts queued messages.
 - `none`: the SQL store and the inbox pump only; turns are stepped elsewhere.
@@ -28,7 +28,6 @@ from agent_runner import AgentEvent, AgentLoader, AgentRunner, AgentRunnerError,
 from agent_runner.worker import AgentWorker
 from workers.agents import apply_runner_setup, load_agent_loader
 from workers.api.settings import ApiSettings, WorkerMode
-from workers.deadlines import apply_due_deadlines
 from workers.inbox import start_next_message, turn_started_from
 from workers.telemetry import instrument
 
@@ -117,36 +116,6 @@ class InboxPump:
                 self.inbox.release_for_retry(claim.message_id)
         for conversation_id in self.inbox.conversations_ready():
             self.serve(conversation_id)
-
-
-class Periodic:
-    """Calls `action` every `interval` seconds on a background thread; its failures are logged."""
-
-    def __init__(self, name: str, interval: float, action: Callable[[], object]) -> None:
-        self.name = name
-        self.interval = interval
-        self.action = action
-        self._stopping = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def start(self) -> None:
-        """Start the thread."""
-        self._stopping.clear()
-        self._thread = threading.Thread(target=self._loop, name=self.name, daemon=True)
-        self._thread.start()
-
-    def stop(self, timeout: float = 10.0) -> None:
-        """Stop the thread (after the call in flight, if any)."""
-        self._stopping.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
-
-    def _loop(self) -> None:
-        while not self._stopping.wait(self.interval):
-            try:
-                self.action()
-            except Exception:
-                logger.exception("%s failed; it runs again in %s s", self.name, self.interval)
 
 
 @dataclass
@@ -294,17 +263,11 @@ def _sql_runtime(settings: ApiSettings, agent_loader: AgentLoader | None) -> Run
             lease=store.SqlTurnLease(engine),
             concurrency=settings.worker_concurrency,
             lease_ttl=worker_settings.lease_ttl_s,
+            # No beat here: the worker applies approval and form deadlines itself.
+            deadline_interval=worker_settings.deadline_sweep_interval_s,
         )
         runtime._starts.append(worker.start)
         runtime._stops.append(lambda: _stop_worker(worker))
-        # No beat here: the server applies approval and form deadlines itself.
-        deadlines = Periodic(
-            "agent-runner-deadlines",
-            worker_settings.deadline_sweep_interval_s,
-            lambda: apply_due_deadlines(runner, turn_store),
-        )
-        runtime._starts.append(deadlines.start)
-        runtime._stops.append(deadlines.stop)
     runtime._starts.append(pump.start)
     runtime._stops.append(pump.stop)
     return runtime
