@@ -56,6 +56,8 @@ if TYPE_CHECKING:
 EXIT_BAD_INPUT = 2
 EXIT_FAILURE = 1
 MAX_LIST_LIMIT = 1000
+REJECT_REASON = "rejected by the operator"
+"""The reason of a `resume --reject` given without `--reason`."""
 
 _BAD_INPUT_ERRORS: tuple[type[AgentRunnerError], ...] = (
     TurnError,  # an unknown turn, a command that does not fit the turn
@@ -563,7 +565,20 @@ def _decision_line(item: dict[str, Any]) -> str:
 @click.argument("turn_id")
 @click.option("--approve", "approve", metavar="CALL", default=None, help="Approve the pending tool call CALL.")
 @click.option("--reject", "reject", metavar="CALL", default=None, help="Reject the pending tool call CALL.")
-@click.option("--reason", default="rejected by the operator", show_default=True, help="Why, with --reject.")
+@click.option(
+    "--mark-done",
+    "mark_done",
+    nargs=2,
+    metavar="CALL RESULT",
+    default=None,
+    help="Settle CALL, whose outcome is unknown, as done with RESULT as its result.",
+)
+@click.option(
+    "--reason",
+    default=None,
+    help="Why, recorded with the decision of --approve, --reject or --mark-done "
+    f"(the model reads a rejection's; default for --reject: {REJECT_REASON!r}).",
+)
 @click.option("--input", "text", metavar="TEXT", default=None, help="Answer a plain-text question.")
 @click.option("--form", "form", nargs=2, metavar="CALL JSON", default=None, help="Submit form data for CALL.")
 @click.option("--retry", is_flag=True, help="Retry a RETRY_SCHEDULED turn now.")
@@ -574,16 +589,25 @@ def resume(
     turn_id: str,
     approve: str | None,
     reject: str | None,
-    reason: str,
+    mark_done: tuple[str, str] | None,
+    reason: str | None,
     text: str | None,
     form: tuple[str, str] | None,
     retry: bool,
     run_now: bool,
 ) -> None:
-    """Resume a waiting turn; by default it is saved runnable for a worker to continue."""
-    chosen = [x for x in (approve, reject, text, form, retry or None) if x is not None]
+    """Resume a waiting turn; by default it is saved runnable for a worker to continue.
+
+    A decision (--approve, --reject, --mark-done) is recorded as taken by $USER, with
+    --reason as why; `turns show` and the HTTP API show both.
+    """
+    chosen = [x for x in (approve, reject, mark_done, text, form, retry or None) if x is not None]
     if len(chosen) != 1:
-        _fail("give exactly one of --approve, --reject, --input, --form, --retry", EXIT_BAD_INPUT)
+        _fail("give exactly one of --approve, --reject, --mark-done, --input, --form, --retry", EXIT_BAD_INPUT)
+    if reason is not None:
+        if approve is None and reject is None and mark_done is None:
+            _fail("--reason goes with --approve, --reject or --mark-done", EXIT_BAD_INPUT)
+        check_text(reason, "--reason", DEFAULT_LIMITS.max_message_bytes)
     data: dict[str, Any] | None = None
     if form is not None:
         try:
@@ -595,9 +619,13 @@ def resume(
         if not isinstance(data, dict):
             _fail("--form data must be a JSON object", EXIT_BAD_INPUT)
     if approve is not None:
-        command = resume_command(ResumeAction.APPROVE, tool_call_id=approve)
+        command = resume_command(ResumeAction.APPROVE, tool_call_id=approve, reason=reason)
     elif reject is not None:
-        command = resume_command(ResumeAction.REJECT, tool_call_id=reject, reason=reason)
+        command = resume_command(ResumeAction.REJECT, tool_call_id=reject, reason=reason or REJECT_REASON)
+    elif mark_done is not None:
+        command = resume_command(
+            ResumeAction.TOOL_RESULT, tool_call_id=mark_done[0], content=mark_done[1], reason=reason
+        )
     elif text is not None:
         command = resume_command(ResumeAction.INPUT, content=text)
     elif form is not None:
