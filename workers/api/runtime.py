@@ -28,7 +28,7 @@ from agent_runner import AgentEvent, AgentLoader, AgentRunner, AgentRunnerError,
 from agent_runner.worker import AgentWorker
 from workers.agents import apply_runner_setup, load_agent_loader
 from workers.api.settings import ApiSettings, WorkerMode
-from workers.inbox import start_next_message, turn_started_from
+from workers.inbox import settle_stale_claims, start_next_message
 from workers.telemetry import instrument
 
 logger = logging.getLogger("workers.api")
@@ -108,12 +108,7 @@ class InboxPump:
 
     def sweep(self) -> None:
         """Settle claims of a server that died mid-start, then serve every idle conversation with a message."""
-        for claim in self.inbox.stale_claims(self.runner.clock() - _STALE_INBOX_CLAIM):
-            turn_id = turn_started_from(self.runner, claim.conversation_id, claim.message_id)
-            if turn_id is not None:
-                self.inbox.mark_completed(claim.message_id, turn_id)
-            else:
-                self.inbox.release_for_retry(claim.message_id)
+        settle_stale_claims(self.runner, self.inbox, self.runner.clock() - _STALE_INBOX_CLAIM)
         for conversation_id in self.inbox.conversations_ready():
             self.serve(conversation_id)
 
