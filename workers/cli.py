@@ -52,6 +52,7 @@ from workers.views import (
 
 if TYPE_CHECKING:
     from store import SqlAgentTurnStore
+    from workers.database import Database
 
 EXIT_BAD_INPUT = 2
 EXIT_FAILURE = 1
@@ -163,6 +164,7 @@ class _Context:
         self.as_json = as_json
         self.url_source = url_source
         self._runner: AgentRunner | None = None
+        self._database: Database | None = None
         self._closers: list[Callable[[], object]] = []
 
     @property
@@ -211,22 +213,31 @@ class _Context:
                 EXIT_BAD_INPUT,
             )
 
+    def database(self) -> Database:
+        """The database and its SQL backends, opened once as every process opens it (`workers.database`).
+
+        A SQLite file that does not exist is created and migrated; commands on existing
+        turns call `require_database` first.
+        """
+        if self._database is None:
+            from store import SchemaVersionError
+            from workers.database import open_database
+
+            try:
+                self._database = open_database(self.database_url)
+            except SchemaVersionError as exc:  # names the database and `agent-runner db upgrade`
+                _fail(str(exc))
+            except AgentRunnerError as exc:
+                _fail(f"{exc} (database {self.shown_url})", _exit_code(exc))
+            except Exception as exc:  # a URL SQLAlchemy cannot parse or has no driver for
+                _unusable_url(self.database_url, exc)
+            self._closers.append(self._database.close)
+        return self._database
+
     def turn_store(self) -> SqlAgentTurnStore:
         """The SQL turn store, for reading (an existing database at the schema this code needs)."""
         self.require_database()
-        from store import SchemaVersionError, SqlAgentTurnStore, check_schema
-
-        try:
-            turn_store = SqlAgentTurnStore(self.database_url)
-            self._closers.append(turn_store.close)
-            check_schema(turn_store.engine)
-        except SchemaVersionError as exc:
-            _fail(str(exc))
-        except AgentRunnerError as exc:
-            _fail(f"{exc} (database {self.shown_url})", _exit_code(exc))
-        except Exception as exc:  # a URL SQLAlchemy cannot parse or has no driver for
-            _unusable_url(self.database_url, exc)
-        return turn_store
+        return self.database().turn_store
 
     def loader(self) -> AgentLoader:
         """The agents named by --agents (or AGENT_RUNNER_AGENT_LOADER); none when unset."""
@@ -244,26 +255,19 @@ class _Context:
 
     def embedded_runner(self) -> AgentRunner:
         """A runner on the SQL store that works in this process (SQLite migrates itself)."""
-        from store import SqlAgentTurnStore, SqlChatMemoryProvider, make_engine
-
         settings = self.settings()
         loader = self.loader()
+        database = self.database()
+        runner = AgentRunner(
+            turn_store=database.turn_store,
+            agent_loader=loader,
+            chat_memory_provider=database.memories,
+            policy=settings.policy(),
+        )
         try:
-            engine = make_engine(self.database_url)
-            self._closers.append(engine.dispose)
-            runner = AgentRunner(
-                turn_store=SqlAgentTurnStore(engine),
-                agent_loader=loader,
-                chat_memory_provider=SqlChatMemoryProvider(engine),
-                policy=settings.policy(),
-            )
             return apply_runner_setup(runner, settings.runner_setup)
         except SettingsError as exc:
             _fail(str(exc), EXIT_BAD_INPUT)
-        except AgentRunnerError as exc:
-            _fail(f"{exc} (database {self.shown_url})", _exit_code(exc))
-        except Exception as exc:  # a URL SQLAlchemy cannot parse or has no driver for
-            _unusable_url(self.database_url, exc)
 
     def _wired_runner(self) -> AgentRunner:
         from workers.app import create_app
@@ -388,7 +392,7 @@ def worker(obj: _Context, concurrency: int, lease_ttl: float, poll_interval: flo
     runner = obj.embedded_runner()
     embedded = AgentWorker(
         runner,
-        lease=SqlTurnLease(obj.database_url),
+        lease=SqlTurnLease(obj.database().engine),
         concurrency=concurrency,
         lease_ttl=lease_ttl,
         poll_interval=poll_interval,
@@ -685,12 +689,9 @@ def prune(obj: _Context, older_than: str, batch_size: int) -> None:
         _fail(str(exc), EXIT_BAD_INPUT)
     if batch_size < 1:
         _fail(f"--batch-size must be at least 1, got {batch_size}", EXIT_BAD_INPUT)
-    obj.require_database()
-    from store import SqlAgentTurnStore
-
+    turn_store = obj.turn_store()
     try:
-        with SqlAgentTurnStore(obj.database_url) as turn_store:
-            removed = turn_store.prune(age, batch_size=batch_size)
+        removed = turn_store.prune(age, batch_size=batch_size)
     except AgentRunnerError as exc:
         _fail(str(exc))
     obj.emit(

@@ -28,6 +28,7 @@ from agent_runner import AgentEvent, AgentLoader, AgentRunner, AgentRunnerError,
 from agent_runner.worker import AgentWorker
 from workers.agents import apply_runner_setup, load_agent_loader
 from workers.api.settings import ApiSettings, WorkerMode
+from workers.database import open_database
 from workers.inbox import settle_stale_claims, start_next_message
 from workers.telemetry import instrument
 
@@ -213,26 +214,21 @@ def _database_check(engine: Engine) -> Callable[[], None]:
 def _sql_runtime(settings: ApiSettings, agent_loader: AgentLoader | None) -> Runtime:
     worker_settings = settings.workers
     loader = agent_loader if agent_loader is not None else load_agent_loader(worker_settings.agent_loader)
-    engine = store.make_engine(worker_settings.database_url)
+    database = open_database(worker_settings.database_url)
     try:
-        turn_store = store.SqlAgentTurnStore(engine)
-        memories = store.SqlChatMemoryProvider(engine)
-        inbox = store.Inbox(engine)
-        idempotency = store.IdempotencyKeys(engine)
+        idempotency = store.IdempotencyKeys(database.engine)
     except BaseException:
-        engine.dispose()
-        raise
-    try:
-        store.check_schema(engine)
-    except BaseException:
-        engine.dispose()
+        database.close()
         raise
     runner = AgentRunner(
-        turn_store=turn_store, agent_loader=loader, chat_memory_provider=memories, policy=worker_settings.policy()
+        turn_store=database.turn_store,
+        agent_loader=loader,
+        chat_memory_provider=database.memories,
+        policy=worker_settings.policy(),
     )
     instrument(runner)  # spans, metrics and log context of the steps this process runs
     apply_runner_setup(runner, worker_settings.runner_setup)
-    pump = InboxPump(runner, inbox, worker_settings.inbox_agent, INBOX_SWEEP_INTERVAL_S)
+    pump = InboxPump(runner, database.inbox, worker_settings.inbox_agent, INBOX_SWEEP_INTERVAL_S)
     runner.add_event_listener(pump.on_event)
     # The steps run in this process, so its events reach SSE subscribers in-process; in
     # `none` mode they are the events of what this process does (starts, cancels).
@@ -241,21 +237,21 @@ def _sql_runtime(settings: ApiSettings, agent_loader: AgentLoader | None) -> Run
     runtime = Runtime(
         settings=settings,
         runner=runner,
-        turn_store=turn_store,
-        memories=memories,
-        inbox=inbox,
+        turn_store=database.turn_store,
+        memories=database.memories,
+        inbox=database.inbox,
         idempotency=idempotency,
-        engine=engine,
+        engine=database.engine,
         wake_inbox=pump.notify,
-        events=EventFeed(turn_store, live),
-        checks={"database": _database_check(engine)},
+        events=EventFeed(database.turn_store, live),
+        checks={"database": _database_check(database.engine)},
     )
     # Stopped in reverse: the pump, then the worker (its steps in flight finish), then the pool.
-    runtime._stops.append(engine.dispose)
+    runtime._stops.append(database.close)
     if settings.worker_mode is WorkerMode.EMBEDDED:
         worker = AgentWorker(
             runner,
-            lease=store.SqlTurnLease(engine),
+            lease=store.SqlTurnLease(database.engine),
             concurrency=settings.worker_concurrency,
             lease_ttl=worker_settings.lease_ttl_s,
             # No beat here: the worker applies approval and form deadlines itself.
