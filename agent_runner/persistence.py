@@ -122,6 +122,19 @@ class AgentTurnStore(Protocol):
         ...
 
 
+@runtime_checkable
+class DeadlineSource(Protocol):
+    """A turn store that lists the waiting turns whose deadline reminder or deadline is due.
+
+    `AgentRunner.apply_due_deadlines` reads its runner's store through it. The in-memory
+    and the SQL turn stores implement it; a store that does not has no deadline sweep.
+    """
+
+    def list_due_timers(self, now: datetime, limit: int = 100) -> list[TurnRef]:
+        """Return waiting turns whose reminder or deadline is due at `now`, earliest first."""
+        ...
+
+
 DEFAULT_EVENT_PAGE = 500
 """Events one read returns at most unless told otherwise."""
 

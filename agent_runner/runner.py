@@ -51,6 +51,7 @@ from agent_runner.persistence import (
     AgentTurnStore,
     ChatMemoryProvider,
     ConversationGuard,
+    DeadlineSource,
     TurnDispatcher,
 )
 from agent_runner.policy import AgentExecutionPolicy, RetryPolicy
@@ -59,6 +60,9 @@ from agent_runner.suspensions import AgentResumeCommand, AgentSuspension, Resume
 from agent_runner.tools import Tool, ToolOutcome, encode_tool_result, tool_scope
 
 logger = logging.getLogger("agent_runner")
+
+DEADLINE_BATCH = 500
+"""Most turns one deadline sweep handles (`AgentRunner.apply_due_deadlines`)."""
 
 S = AgentTurnStatus
 
@@ -471,6 +475,37 @@ class AgentRunner:
             return self.submit_resume(turn_id, command)
         except InvalidResumeCommand:
             return self.turn_store.load(turn_id)  # decided (or cancelled) meanwhile: that decision stands
+
+    def apply_due_deadlines(self, limit: int = DEADLINE_BATCH) -> int:
+        """Send due deadline reminders and apply passed deadlines' defaults; return how many turns were handled.
+
+        The deadline sweep of every deployment: Celery beat calls it, and so does the
+        embedded `AgentWorker` (in the HTTP server, `agent-runner worker` and your own
+        processes). Each due turn goes through `apply_deadline`, a compare-and-swap decision,
+        so two sweeps at once remind once and apply a default once, and a person who decided
+        first wins. A turn resumed by its default is handed on like any resume: to the
+        dispatcher (the Celery workers, an `AgentWorker`), or left RUNNING for a worker.
+
+        Args:
+            limit: Most turns handled; the rest wait for the next sweep, earliest first.
+
+        Raises:
+            DefinitionError: The turn store cannot list due deadlines (it is not a `DeadlineSource`).
+            StoreError: The store could not list them.
+        """
+        source = self.turn_store
+        if not isinstance(source, DeadlineSource):
+            raise DefinitionError(
+                f"the turn store {type(source).__name__} cannot list due deadlines (it has no list_due_timers)"
+            )
+        handled = 0
+        for ref in source.list_due_timers(self.clock(), limit):
+            try:
+                self.apply_deadline(ref.turn_id)
+                handled += 1
+            except AgentRunnerError as exc:
+                logger.warning("could not apply the deadline of turn %s: %s", ref.turn_id, exc)
+        return handled
 
     def agent_for(self, turn: AgentTurn) -> Agent:
         """The agent definition of a turn, from the loader."""

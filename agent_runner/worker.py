@@ -2,9 +2,12 @@
 
 It steps the turns handed to it by the runner's dispatch first, and polls the turn store
 for READY, RUNNING and due RETRY_SCHEDULED turns as the safety net (turns made runnable by
-other processes, dispatches it did not keep). It takes each turn's lease before touching
-it, stamps the lease's fencing number on every save, renews the lease on a heartbeat
-while a long model or tool call runs, and releases it when the turn blocks or ends. A
+other processes, dispatches it did not keep). Every `deadline_interval` it also runs the
+deadline sweep (`AgentRunner.apply_due_deadlines`, the one Celery beat runs in distributed
+deployments): reminders of approvals and forms near their deadline, and the defaults of
+those past it, whose turns it then steps like any resumed turn. It takes each turn's lease
+before touching it, stamps the lease's fencing number on every save, renews the lease on a
+heartbeat while a long model or tool call runs, and releases it when the turn blocks or ends. A
 worker that dies leaves its turns RUNNING with a lease that simply expires; any other
 worker then picks them up. With the SQL store and the SQL lease this runs a whole
 deployment in one process with SQLite and no Redis or Celery.
@@ -36,7 +39,7 @@ from agent_runner._stepping import StopReason
 from agent_runner.errors import AgentRunnerError, TurnNotFound
 from agent_runner.in_memory import InMemoryTurnLease
 from agent_runner.leasing import HeldLease, LeaseKeeper
-from agent_runner.persistence import AgentTurnStore, TurnLease
+from agent_runner.persistence import AgentTurnStore, DeadlineSource, TurnLease
 from agent_runner.runner import AgentRunner
 from agent_runner.snapshot import AgentTurn
 
@@ -107,6 +110,13 @@ class AgentWorker:
             other turns go first.
         batch_size: Runnable turns fetched per poll.
         owner: The lease owner token; unique per worker (default: host, pid and a random part).
+        deadline_interval: Seconds between deadline sweeps: DEADLINE_APPROACHING reminders,
+            and the `on_timeout` defaults of approvals and forms whose deadline passed. One
+            of the threads sweeps at `start` and then every `deadline_interval`; `run_once`
+            sweeps on every call. Several workers may sweep the same store: each reminder and
+            default is applied once. None turns the sweep off (something else sweeps, such
+            as Celery beat); so does a turn store that cannot list deadlines (not a
+            `DeadlineSource`).
 
     Raises:
         ValueError: A count or duration is not positive.
@@ -123,6 +133,7 @@ class AgentWorker:
         max_steps_per_claim: int = 100,
         batch_size: int = 50,
         owner: str | None = None,
+        deadline_interval: float | None = 10.0,
     ) -> None:
         if concurrency < 1 or max_steps_per_claim < 1 or batch_size < 1:
             raise ValueError(
@@ -131,6 +142,8 @@ class AgentWorker:
             )
         if lease_ttl <= 0 or poll_interval <= 0:
             raise ValueError(f"lease_ttl and poll_interval must be positive, got {lease_ttl} and {poll_interval}")
+        if deadline_interval is not None and deadline_interval <= 0:
+            raise ValueError(f"deadline_interval must be positive or None, got {deadline_interval}")
         self.runner = runner
         self.lease: TurnLease = lease if lease is not None else _in_process_lease(runner.turn_store)
         self.concurrency = concurrency
@@ -139,6 +152,7 @@ class AgentWorker:
         self.max_steps_per_claim = max_steps_per_claim
         self.batch_size = batch_size
         self.owner = owner or f"{socket.gethostname()}:{os.getpid()}:{new_id()[:8]}"
+        self.deadline_interval = deadline_interval if isinstance(runner.turn_store, DeadlineSource) else None
         if runner.dispatcher is None:
             runner.dispatcher = self
         if runner.lease_scope is None:
@@ -151,6 +165,7 @@ class AgentWorker:
         # try before they poll. Losing one costs latency only: the poll finds every runnable turn.
         self._dispatched: OrderedDict[str, None] = OrderedDict()
         self._wake = threading.Event()
+        self._next_deadline_sweep = 0.0  # time.monotonic() at which a thread runs the deadline sweep next
         self._stop: threading.Event | None = None
         self._threads: list[threading.Thread] = []
 
@@ -183,15 +198,19 @@ class AgentWorker:
     def run_once(self) -> int:
         """Make one pass in this thread over the runnable turns; return the steps made.
 
-        Each runnable turn this worker can lease is stepped until it blocks, ends, or used
+        The pass starts with the deadline sweep (unless `deadline_interval` is None), so a
+        turn resumed by its deadline's default is stepped in the same pass. Then each
+        runnable turn this worker can lease is stepped until it blocks, ends, or used
         `max_steps_per_claim` steps: first the turns dispatched to it, then those the store
         lists. Turns whose lease is held elsewhere are skipped. Turns that become runnable
         during the pass (child turns, a parent whose last child ended) are left to the next
         pass.
 
         Raises:
-            StoreError: The store could not list the runnable turns.
+            StoreError: The store could not list the runnable turns or the due deadlines.
         """
+        if self.deadline_interval is not None:
+            self.runner.apply_due_deadlines()
         seen: set[str] = set()
         steps = self._run_dispatched(None, seen)
         return steps + self._run_polled(None, seen)
@@ -205,6 +224,7 @@ class AgentWorker:
             # out keep theirs set and finish, instead of being revived by this start.
             stop = threading.Event()
             self._stop = stop
+            self._next_deadline_sweep = 0.0  # deadlines that passed while nothing ran are applied at once
             self._threads = [t for t in self._threads if t.is_alive()]
             for index in range(self.concurrency):
                 thread = threading.Thread(target=self._loop, args=(stop,), name=f"agent-worker-{index}", daemon=True)
@@ -250,6 +270,7 @@ class AgentWorker:
             # Clear before looking, not after: a dispatch that arrives during the pass then
             # makes the wait below return at once instead of being forgotten.
             self._wake.clear()
+            self._sweep_deadlines_if_due()
             seen: set[str] = set()
             try:
                 steps = self._run_dispatched(stop, seen)
@@ -267,7 +288,25 @@ class AgentWorker:
                 steps = 0
                 next_poll = time.monotonic() + self.poll_interval
             if steps == 0 and not stop.is_set():
-                self._wake.wait(max(0.0, next_poll - time.monotonic()))
+                wake_at = next_poll if self.deadline_interval is None else min(next_poll, self._next_deadline_sweep)
+                self._wake.wait(max(0.0, wake_at - time.monotonic()))
+
+    def _sweep_deadlines_if_due(self) -> None:
+        """Run the deadline sweep if its time has come; one thread of the worker does, the others go on stepping."""
+        if self.deadline_interval is None:
+            return
+        with self._lock:
+            now = time.monotonic()
+            if now < self._next_deadline_sweep:
+                return
+            self._next_deadline_sweep = now + self.deadline_interval
+        try:
+            self.runner.apply_due_deadlines()
+        except Exception:
+            # The store is down or the sweep hit a bug: stepping goes on, the next sweep tries again.
+            logger.exception(
+                "worker %s: the deadline sweep failed; trying again in %ss", self.owner, self.deadline_interval
+            )
 
     def _run_dispatched(self, stop: threading.Event | None, seen: set[str]) -> int:
         """Advance the turns dispatched before this call, oldest first; add them to `seen`."""

@@ -128,7 +128,7 @@ def _check_agents(sender: Any = None, **_: Any) -> None:
         return  # a worker of another Celery app in a process that imported this one
     from agent_runner import StoreError
     from workers.agents import load_agent_loader, load_runner_setup
-    from workers.wiring import check_database
+    from workers.database import check_database
 
     try:
         if settings.agent_loader is None:

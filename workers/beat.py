@@ -32,11 +32,10 @@ from typing import Any
 
 from agent_runner import AgentRunnerError, AgentTurnStatus, StoreUnavailableError, TurnRef
 from workers.app import app
-from workers.deadlines import apply_due_deadlines
+from workers.inbox import settle_stale_claims
 from workers.names import RUN_SCHEDULE, SWEEP_DEADLINES, SWEEP_DUE_RETRIES, SWEEP_INBOX, SWEEP_STALE_TURNS
 from workers.schedules import Schedule, ScheduleError, ScheduleOutcome, fire_schedule
 from workers.task_arguments import checked_arguments
-from workers.tasks import turn_started_from
 from workers.wiring import Wiring, current
 
 logger = logging.getLogger("workers.beat")
@@ -60,23 +59,10 @@ def sweep_inbox(wiring: Wiring) -> int:
 def _settle_stuck_claims(wiring: Wiring) -> int:
     """Finish or undo inbox claims older than two lease TTLs (the claimer died between claim and mark).
 
-    A claimer that is only slow is not harmed: if its message goes back to PENDING, the next
-    claim finds the turn it started (by the message id) and marks the message COMPLETED
-    instead of starting a second turn.
+    See `workers.inbox.settle_stale_claims`, which the HTTP server's inbox pump calls too.
     """
     cutoff = wiring.runner.clock() - timedelta(seconds=2 * wiring.settings.lease_ttl_s)
-    stuck = wiring.inbox.stale_claims(cutoff, SWEEP_BATCH)
-    for claim in stuck:
-        message_id = claim.message_id
-        try:
-            turn_id = turn_started_from(wiring, claim.conversation_id, message_id)
-            if turn_id is not None:
-                wiring.inbox.mark_completed(message_id, turn_id)
-            else:
-                wiring.inbox.release_for_retry(message_id)
-        except AgentRunnerError as exc:
-            logger.warning("could not settle inbox message %s: %s", message_id, exc)
-    return len(stuck)
+    return settle_stale_claims(wiring.runner, wiring.inbox, cutoff, SWEEP_BATCH)
 
 
 def sweep_stale_turns(wiring: Wiring) -> int:
@@ -124,9 +110,10 @@ def _reconcile_parents(wiring: Wiring, updated_before: datetime) -> int:
 def sweep_deadlines(wiring: Wiring) -> int:
     """Send due deadline reminders and apply the defaults of passed deadlines; return the turns handled.
 
-    A turn resumed by its default is enqueued by the runner's dispatcher like any resume.
+    The sweep is `AgentRunner.apply_due_deadlines`, the one the embedded `AgentWorker`
+    runs too; a turn resumed by its default is enqueued by the runner's dispatcher like any resume.
     """
-    return apply_due_deadlines(wiring.runner, wiring.turn_store, SWEEP_BATCH)
+    return wiring.runner.apply_due_deadlines(SWEEP_BATCH)
 
 
 def run_schedule(wiring: Wiring, schedule: Schedule, tick: datetime) -> ScheduleOutcome:

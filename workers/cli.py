@@ -52,10 +52,13 @@ from workers.views import (
 
 if TYPE_CHECKING:
     from store import SqlAgentTurnStore
+    from workers.database import Database
 
 EXIT_BAD_INPUT = 2
 EXIT_FAILURE = 1
 MAX_LIST_LIMIT = 1000
+REJECT_REASON = "rejected by the operator"
+"""The reason of a `resume --reject` given without `--reason`."""
 
 _BAD_INPUT_ERRORS: tuple[type[AgentRunnerError], ...] = (
     TurnError,  # an unknown turn, a command that does not fit the turn
@@ -161,6 +164,7 @@ class _Context:
         self.as_json = as_json
         self.url_source = url_source
         self._runner: AgentRunner | None = None
+        self._database: Database | None = None
         self._closers: list[Callable[[], object]] = []
 
     @property
@@ -209,22 +213,31 @@ class _Context:
                 EXIT_BAD_INPUT,
             )
 
+    def database(self) -> Database:
+        """The database and its SQL backends, opened once as every process opens it (`workers.database`).
+
+        A SQLite file that does not exist is created and migrated; commands on existing
+        turns call `require_database` first.
+        """
+        if self._database is None:
+            from store import SchemaVersionError
+            from workers.database import open_database
+
+            try:
+                self._database = open_database(self.database_url)
+            except SchemaVersionError as exc:  # names the database and `agent-runner db upgrade`
+                _fail(str(exc))
+            except AgentRunnerError as exc:
+                _fail(f"{exc} (database {self.shown_url})", _exit_code(exc))
+            except Exception as exc:  # a URL SQLAlchemy cannot parse or has no driver for
+                _unusable_url(self.database_url, exc)
+            self._closers.append(self._database.close)
+        return self._database
+
     def turn_store(self) -> SqlAgentTurnStore:
         """The SQL turn store, for reading (an existing database at the schema this code needs)."""
         self.require_database()
-        from store import SchemaVersionError, SqlAgentTurnStore, check_schema
-
-        try:
-            turn_store = SqlAgentTurnStore(self.database_url)
-            self._closers.append(turn_store.close)
-            check_schema(turn_store.engine)
-        except SchemaVersionError as exc:
-            _fail(str(exc))
-        except AgentRunnerError as exc:
-            _fail(f"{exc} (database {self.shown_url})", _exit_code(exc))
-        except Exception as exc:  # a URL SQLAlchemy cannot parse or has no driver for
-            _unusable_url(self.database_url, exc)
-        return turn_store
+        return self.database().turn_store
 
     def loader(self) -> AgentLoader:
         """The agents named by --agents (or AGENT_RUNNER_AGENT_LOADER); none when unset."""
@@ -242,26 +255,19 @@ class _Context:
 
     def embedded_runner(self) -> AgentRunner:
         """A runner on the SQL store that works in this process (SQLite migrates itself)."""
-        from store import SqlAgentTurnStore, SqlChatMemoryProvider, make_engine
-
         settings = self.settings()
         loader = self.loader()
+        database = self.database()
+        runner = AgentRunner(
+            turn_store=database.turn_store,
+            agent_loader=loader,
+            chat_memory_provider=database.memories,
+            policy=settings.policy(),
+        )
         try:
-            engine = make_engine(self.database_url)
-            self._closers.append(engine.dispose)
-            runner = AgentRunner(
-                turn_store=SqlAgentTurnStore(engine),
-                agent_loader=loader,
-                chat_memory_provider=SqlChatMemoryProvider(engine),
-                policy=settings.policy(),
-            )
             return apply_runner_setup(runner, settings.runner_setup)
         except SettingsError as exc:
             _fail(str(exc), EXIT_BAD_INPUT)
-        except AgentRunnerError as exc:
-            _fail(f"{exc} (database {self.shown_url})", _exit_code(exc))
-        except Exception as exc:  # a URL SQLAlchemy cannot parse or has no driver for
-            _unusable_url(self.database_url, exc)
 
     def _wired_runner(self) -> AgentRunner:
         from workers.app import create_app
@@ -375,17 +381,22 @@ def db_upgrade(obj: _Context) -> None:
 )
 @pass_context
 def worker(obj: _Context, concurrency: int, lease_ttl: float, poll_interval: float, run_for: float | None) -> None:
-    """Run the embedded AgentWorker (SQL leases, no Redis or Celery needed)."""
+    """Run the embedded AgentWorker (SQL leases, no Redis or Celery needed).
+
+    It also applies approval and form deadlines and their reminders, every
+    AGENT_RUNNER_DEADLINE_SWEEP_INTERVAL_S seconds.
+    """
     from agent_runner.worker import AgentWorker
     from store import SqlTurnLease
 
     runner = obj.embedded_runner()
     embedded = AgentWorker(
         runner,
-        lease=SqlTurnLease(obj.database_url),
+        lease=SqlTurnLease(obj.database().engine),
         concurrency=concurrency,
         lease_ttl=lease_ttl,
         poll_interval=poll_interval,
+        deadline_interval=obj.settings().deadline_sweep_interval_s,
     )
     click.echo(f"worker {embedded.owner} stepping turns with {concurrency} thread(s); Ctrl-C stops", err=True)
     embedded.start()
@@ -558,7 +569,20 @@ def _decision_line(item: dict[str, Any]) -> str:
 @click.argument("turn_id")
 @click.option("--approve", "approve", metavar="CALL", default=None, help="Approve the pending tool call CALL.")
 @click.option("--reject", "reject", metavar="CALL", default=None, help="Reject the pending tool call CALL.")
-@click.option("--reason", default="rejected by the operator", show_default=True, help="Why, with --reject.")
+@click.option(
+    "--mark-done",
+    "mark_done",
+    nargs=2,
+    metavar="CALL RESULT",
+    default=None,
+    help="Settle CALL, whose outcome is unknown, as done with RESULT as its result.",
+)
+@click.option(
+    "--reason",
+    default=None,
+    help="Why, recorded with the decision of --approve, --reject or --mark-done "
+    f"(the model reads a rejection's; default for --reject: {REJECT_REASON!r}).",
+)
 @click.option("--input", "text", metavar="TEXT", default=None, help="Answer a plain-text question.")
 @click.option("--form", "form", nargs=2, metavar="CALL JSON", default=None, help="Submit form data for CALL.")
 @click.option("--retry", is_flag=True, help="Retry a RETRY_SCHEDULED turn now.")
@@ -569,16 +593,25 @@ def resume(
     turn_id: str,
     approve: str | None,
     reject: str | None,
-    reason: str,
+    mark_done: tuple[str, str] | None,
+    reason: str | None,
     text: str | None,
     form: tuple[str, str] | None,
     retry: bool,
     run_now: bool,
 ) -> None:
-    """Resume a waiting turn; by default it is saved runnable for a worker to continue."""
-    chosen = [x for x in (approve, reject, text, form, retry or None) if x is not None]
+    """Resume a waiting turn; by default it is saved runnable for a worker to continue.
+
+    A decision (--approve, --reject, --mark-done) is recorded as taken by $USER, with
+    --reason as why; `turns show` and the HTTP API show both.
+    """
+    chosen = [x for x in (approve, reject, mark_done, text, form, retry or None) if x is not None]
     if len(chosen) != 1:
-        _fail("give exactly one of --approve, --reject, --input, --form, --retry", EXIT_BAD_INPUT)
+        _fail("give exactly one of --approve, --reject, --mark-done, --input, --form, --retry", EXIT_BAD_INPUT)
+    if reason is not None:
+        if approve is None and reject is None and mark_done is None:
+            _fail("--reason goes with --approve, --reject or --mark-done", EXIT_BAD_INPUT)
+        check_text(reason, "--reason", DEFAULT_LIMITS.max_message_bytes)
     data: dict[str, Any] | None = None
     if form is not None:
         try:
@@ -590,9 +623,13 @@ def resume(
         if not isinstance(data, dict):
             _fail("--form data must be a JSON object", EXIT_BAD_INPUT)
     if approve is not None:
-        command = resume_command(ResumeAction.APPROVE, tool_call_id=approve)
+        command = resume_command(ResumeAction.APPROVE, tool_call_id=approve, reason=reason)
     elif reject is not None:
-        command = resume_command(ResumeAction.REJECT, tool_call_id=reject, reason=reason)
+        command = resume_command(ResumeAction.REJECT, tool_call_id=reject, reason=reason or REJECT_REASON)
+    elif mark_done is not None:
+        command = resume_command(
+            ResumeAction.TOOL_RESULT, tool_call_id=mark_done[0], content=mark_done[1], reason=reason
+        )
     elif text is not None:
         command = resume_command(ResumeAction.INPUT, content=text)
     elif form is not None:
@@ -652,12 +689,9 @@ def prune(obj: _Context, older_than: str, batch_size: int) -> None:
         _fail(str(exc), EXIT_BAD_INPUT)
     if batch_size < 1:
         _fail(f"--batch-size must be at least 1, got {batch_size}", EXIT_BAD_INPUT)
-    obj.require_database()
-    from store import SqlAgentTurnStore
-
+    turn_store = obj.turn_store()
     try:
-        with SqlAgentTurnStore(obj.database_url) as turn_store:
-            removed = turn_store.prune(age, batch_size=batch_size)
+        removed = turn_store.prune(age, batch_size=batch_size)
     except AgentRunnerError as exc:
         _fail(str(exc))
     obj.emit(

@@ -8,12 +8,16 @@ every path starts a message the same way and at most once.
 
 `enqueue_message` is the public way to queue a message for a conversation that may be
 busy: the message waits its turn, and starts at once when the conversation is free.
+
+`settle_stale_claims` repairs what a process that died between claiming a message and
+marking it left behind; beat's inbox sweep and the HTTP server's inbox pump both call it.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
@@ -185,6 +189,32 @@ def _start_claimed(
         return InboxOutcome.FAILED
     inbox.mark_completed(message.message_id, turn.id)
     return InboxOutcome.STARTED
+
+
+def settle_stale_claims(runner: AgentRunner, inbox: Inbox, claimed_before: datetime, limit: int = 100) -> int:
+    """Finish or undo the inbox claims made before `claimed_before`; return how many were found.
+
+    A claim this old means its claimer died between claiming the message and marking it:
+    the message becomes COMPLETED if a turn was started from it, else PENDING again. A
+    claimer that is only slow is not harmed: if its message goes back to PENDING, the next
+    claim finds the turn it started (by the message id) and marks the message COMPLETED
+    instead of starting a second turn. A claim that cannot be settled now (the store failed)
+    is logged and left for the next sweep.
+
+    Raises:
+        StoreUnavailableError: The stale claims could not be listed.
+    """
+    stale = inbox.stale_claims(claimed_before, limit)
+    for claim in stale:
+        try:
+            turn_id = turn_started_from(runner, claim.conversation_id, claim.message_id)
+            if turn_id is not None:
+                inbox.mark_completed(claim.message_id, turn_id)
+            else:
+                inbox.release_for_retry(claim.message_id)
+        except AgentRunnerError as exc:
+            logger.warning("could not settle inbox message %s: %s", claim.message_id, exc)
+    return len(stale)
 
 
 def turn_started_from(runner: AgentRunner, conversation_id: str, message_id: str) -> str | None:

@@ -199,11 +199,6 @@ def start_next_message(wiring: Wiring, conversation_id: str) -> InboxOutcome:
     )
 
 
-def turn_started_from(wiring: Wiring, conversation_id: str, message_id: str) -> str | None:
-    """Return the id of the turn started from inbox message `message_id`, or None."""
-    return inbox.turn_started_from(wiring.runner, conversation_id, message_id)
-
-
 @checked_arguments(DISPATCH_INBOX, InboxOutcome.REJECTED.value)
 def _dispatch_inbox(conversation_id: str) -> str:
     """Start a turn from the conversation's next queued message if the conversation is idle."""

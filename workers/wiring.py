@@ -27,6 +27,7 @@ from agent_runner import AgentLoader, AgentRunner, Middleware
 from agent_runner.leasing import LeaseKeeper
 from store.redis_events import BackgroundPublisher
 from workers.agents import apply_runner_setup, load_agent_loader
+from workers.database import open_database
 from workers.dispatch import CeleryDispatcher, InboxNotifier
 from workers.settings import WorkerSettings
 from workers.telemetry import instrument
@@ -89,22 +90,14 @@ def build_wiring(
         StoreUnavailableError: The database could not be reached to check its schema.
     """
     loader = agent_loader if agent_loader is not None else load_agent_loader(settings.agent_loader)
-    engine = store.make_engine(settings.database_url)
-    try:
-        turn_store = store.SqlAgentTurnStore(engine)  # migrates a SQLite database, as the embedded default does
-        store.check_schema(engine)
-        memories = store.SqlChatMemoryProvider(engine)
-        inbox = store.Inbox(engine)
-    except BaseException:
-        engine.dispose()
-        raise
+    database = open_database(settings.database_url)
     lease = store.RedisTurnLease(settings.redis_url, prefix=settings.redis_prefix)
     guard = store.RedisConversationGuard(settings.redis_url, prefix=settings.redis_prefix)
     dispatcher = CeleryDispatcher(celery_app, settings)
     runner = AgentRunner(
-        turn_store=turn_store,
+        turn_store=database.turn_store,
         agent_loader=loader,
-        chat_memory_provider=memories,
+        chat_memory_provider=database.memories,
         policy=settings.policy(),
         middleware=list(middleware),
         dispatcher=dispatcher,
@@ -125,34 +118,16 @@ def build_wiring(
         settings=settings,
         celery_app=celery_app,
         runner=runner,
-        turn_store=turn_store,
-        inbox=inbox,
+        turn_store=database.turn_store,
+        inbox=database.inbox,
         lease=lease,
         guard=guard,
         dispatcher=dispatcher,
         keeper=LeaseKeeper(lease, settings.lease_ttl_ms, name=f"celery worker {os.getpid()}"),
         live=live,
-        engine=engine,
+        engine=database.engine,
         publisher=publisher,
     )
-
-
-def check_database(database_url: str) -> None:
-    """Check at start-up that the database's schema is the one this code needs (SQLite is migrated first).
-
-    Raises:
-        SchemaVersionError: The tables are missing or at another revision; the message names
-            the command that fixes it, `agent-runner db upgrade`.
-        StoreUnavailableError: The database could not be reached.
-    """
-    from store.migrations import ensure_embedded_schema
-
-    engine = store.make_engine(database_url)
-    try:
-        ensure_embedded_schema(engine)
-        store.check_schema(engine)
-    finally:
-        engine.dispose()
 
 
 _current: tuple[int, Wiring] | None = None

@@ -650,6 +650,13 @@ CLI_BAD_INPUT: list[Any] = [
     pytest.param(["resume", "{approval}", "--approve", "call-deploy", "--retry"], "exactly one", id="two-actions"),
     pytest.param(["resume", "{approval}"], "exactly one", id="no-action"),
     pytest.param(["resume", "{approval}", "--approve", "wrong-call"], "wrong-call", id="stale-call"),
+    pytest.param(
+        ["resume", "{approval}", "--approve", "call-deploy", "--reason", NON_UTF8],
+        "--reason",
+        id="approve-reason-non-utf8",
+    ),
+    pytest.param(["resume", "{approval}", "--mark-done", NON_UTF8, "x"], "tool_call_id", id="mark-done-non-utf8"),
+    pytest.param(["resume", "{question}", "--input", "x", "--reason", "why"], "--reason", id="reason-without-decision"),
     pytest.param(["worker", "--concurrency", "0"], "--concurrency", id="worker-concurrency"),
     pytest.param(["worker", "--lease-ttl", "-5"], "--lease-ttl", id="worker-lease-ttl"),
     pytest.param(["worker", "--lease-ttl", "nan"], "finite", id="worker-lease-ttl-nan"),

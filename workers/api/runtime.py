@@ -1,9 +1,9 @@
 """The backends behind the HTTP server, one set per worker mode, and the threads it runs.
 
 - `embedded`: an `AgentRunner` on the SQL store with an `AgentWorker` stepping turns on
-  threads of the server process (SQL leases; SQLite migrates itself), an inbox pump
-  that starts queued messages when their conversation frees, and the deadline sweep of
-  approvals and forms (beat does it for Celery deployments).
+  threads of the server process (SQL leases; SQLite migrates itself) and sweeping the
+  deadlines of approvals and forms (beat does it for Celery deployments), and an inbox
+  pump that starts queued messages when their conversation frees.
 - `celery`: the Celery wiring of `workers.wiring` (dispatching runner, Redis guard,
   broker); the Celery workers step turns and `dispatch_inbox` starts queued messages.
 - `none`: the SQL store and the inbox pump only; turns are stepped elsewhere.
@@ -28,8 +28,8 @@ from agent_runner import AgentEvent, AgentLoader, AgentRunner, AgentRunnerError,
 from agent_runner.worker import AgentWorker
 from workers.agents import apply_runner_setup, load_agent_loader
 from workers.api.settings import ApiSettings, WorkerMode
-from workers.deadlines import apply_due_deadlines
-from workers.inbox import start_next_message, turn_started_from
+from workers.database import open_database
+from workers.inbox import settle_stale_claims, start_next_message
 from workers.telemetry import instrument
 
 logger = logging.getLogger("workers.api")
@@ -109,44 +109,9 @@ class InboxPump:
 
     def sweep(self) -> None:
         """Settle claims of a server that died mid-start, then serve every idle conversation with a message."""
-        for claim in self.inbox.stale_claims(self.runner.clock() - _STALE_INBOX_CLAIM):
-            turn_id = turn_started_from(self.runner, claim.conversation_id, claim.message_id)
-            if turn_id is not None:
-                self.inbox.mark_completed(claim.message_id, turn_id)
-            else:
-                self.inbox.release_for_retry(claim.message_id)
+        settle_stale_claims(self.runner, self.inbox, self.runner.clock() - _STALE_INBOX_CLAIM)
         for conversation_id in self.inbox.conversations_ready():
             self.serve(conversation_id)
-
-
-class Periodic:
-    """Calls `action` every `interval` seconds on a background thread; its failures are logged."""
-
-    def __init__(self, name: str, interval: float, action: Callable[[], object]) -> None:
-        self.name = name
-        self.interval = interval
-        self.action = action
-        self._stopping = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def start(self) -> None:
-        """Start the thread."""
-        self._stopping.clear()
-        self._thread = threading.Thread(target=self._loop, name=self.name, daemon=True)
-        self._thread.start()
-
-    def stop(self, timeout: float = 10.0) -> None:
-        """Stop the thread (after the call in flight, if any)."""
-        self._stopping.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
-
-    def _loop(self) -> None:
-        while not self._stopping.wait(self.interval):
-            try:
-                self.action()
-            except Exception:
-                logger.exception("%s failed; it runs again in %s s", self.name, self.interval)
 
 
 @dataclass
@@ -249,26 +214,21 @@ def _database_check(engine: Engine) -> Callable[[], None]:
 def _sql_runtime(settings: ApiSettings, agent_loader: AgentLoader | None) -> Runtime:
     worker_settings = settings.workers
     loader = agent_loader if agent_loader is not None else load_agent_loader(worker_settings.agent_loader)
-    engine = store.make_engine(worker_settings.database_url)
+    database = open_database(worker_settings.database_url)
     try:
-        turn_store = store.SqlAgentTurnStore(engine)
-        memories = store.SqlChatMemoryProvider(engine)
-        inbox = store.Inbox(engine)
-        idempotency = store.IdempotencyKeys(engine)
+        idempotency = store.IdempotencyKeys(database.engine)
     except BaseException:
-        engine.dispose()
-        raise
-    try:
-        store.check_schema(engine)
-    except BaseException:
-        engine.dispose()
+        database.close()
         raise
     runner = AgentRunner(
-        turn_store=turn_store, agent_loader=loader, chat_memory_provider=memories, policy=worker_settings.policy()
+        turn_store=database.turn_store,
+        agent_loader=loader,
+        chat_memory_provider=database.memories,
+        policy=worker_settings.policy(),
     )
     instrument(runner)  # spans, metrics and log context of the steps this process runs
     apply_runner_setup(runner, worker_settings.runner_setup)
-    pump = InboxPump(runner, inbox, worker_settings.inbox_agent, INBOX_SWEEP_INTERVAL_S)
+    pump = InboxPump(runner, database.inbox, worker_settings.inbox_agent, INBOX_SWEEP_INTERVAL_S)
     runner.add_event_listener(pump.on_event)
     # The steps run in this process, so its events reach SSE subscribers in-process; in
     # `none` mode they are the events of what this process does (starts, cancels).
@@ -277,34 +237,28 @@ def _sql_runtime(settings: ApiSettings, agent_loader: AgentLoader | None) -> Run
     runtime = Runtime(
         settings=settings,
         runner=runner,
-        turn_store=turn_store,
-        memories=memories,
-        inbox=inbox,
+        turn_store=database.turn_store,
+        memories=database.memories,
+        inbox=database.inbox,
         idempotency=idempotency,
-        engine=engine,
+        engine=database.engine,
         wake_inbox=pump.notify,
-        events=EventFeed(turn_store, live),
-        checks={"database": _database_check(engine)},
+        events=EventFeed(database.turn_store, live),
+        checks={"database": _database_check(database.engine)},
     )
     # Stopped in reverse: the pump, then the worker (its steps in flight finish), then the pool.
-    runtime._stops.append(engine.dispose)
+    runtime._stops.append(database.close)
     if settings.worker_mode is WorkerMode.EMBEDDED:
         worker = AgentWorker(
             runner,
-            lease=store.SqlTurnLease(engine),
+            lease=store.SqlTurnLease(database.engine),
             concurrency=settings.worker_concurrency,
             lease_ttl=worker_settings.lease_ttl_s,
+            # No beat here: the worker applies approval and form deadlines itself.
+            deadline_interval=worker_settings.deadline_sweep_interval_s,
         )
         runtime._starts.append(worker.start)
         runtime._stops.append(lambda: _stop_worker(worker))
-        # No beat here: the server applies approval and form deadlines itself.
-        deadlines = Periodic(
-            "agent-runner-deadlines",
-            worker_settings.deadline_sweep_interval_s,
-            lambda: apply_due_deadlines(runner, turn_store),
-        )
-        runtime._starts.append(deadlines.start)
-        runtime._stops.append(deadlines.stop)
     runtime._starts.append(pump.start)
     runtime._stops.append(pump.stop)
     return runtime

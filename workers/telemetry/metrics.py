@@ -8,7 +8,7 @@ fixed set of values (agent ids come from the deployment's agents, never from req
 | `agent_runner_steps_total` | counter | `agent_id`, `kind` (model, tool, suspend, children, terminal, conflict, noop, error) |
 | `agent_runner_step_duration_seconds` | histogram | `agent_id`, `kind` |
 | `agent_runner_turns_ended_total` | counter | `status` (the terminal statuses) |
-| `agent_runner_resumes_total` | counter | `action` (input, form, approve, reject, retry, child_completed, retry_due), `outcome` (accepted, rejected) |
+| `agent_runner_resumes_total` | counter | `action` (input, form, approve, reject, retry, child_completed, tool_result, deadline, retry_due), `outcome` (accepted, rejected) |
 | `agent_runner_retries_scheduled_total` | counter | - |
 | `agent_runner_lease_takeovers_total` | counter | - |
 | `agent_runner_queue_delay_seconds` | histogram | - |
@@ -31,7 +31,7 @@ import sys
 import tempfile
 import threading
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, assert_never
 
 from agent_runner import AgentResumeCommand, AgentRunnerError, AgentTurnStatus, ResumeType
 from agent_runner.snapshot import TERMINAL_STATUSES
@@ -45,7 +45,9 @@ MULTIPROC_DIR_VARIABLE = "PROMETHEUS_MULTIPROC_DIR"
 METRICS_SWITCH_VARIABLE = "AGENT_RUNNER_METRICS"
 
 STEP_KINDS = frozenset({"model", "tool", "suspend", "children", "terminal", "conflict", "noop", "error"})
-RESUME_ACTIONS = frozenset({"input", "form", "approve", "reject", "retry", "child_completed", "retry_due"})
+RESUME_ACTIONS = frozenset(
+    {"input", "form", "approve", "reject", "retry", "child_completed", "tool_result", "deadline", "retry_due"}
+)
 RESUME_OUTCOMES = frozenset({"accepted", "rejected"})
 SWEEPS = frozenset({"inbox", "stale_turns", "due_retries"})
 _ENDED_STATUSES = frozenset(status.value for status in TERMINAL_STATUSES)
@@ -146,9 +148,30 @@ def record_resume(action: str, outcome: str = "accepted") -> None:
 
 def resume_action(command: AgentResumeCommand) -> str:
     """The `action` label of a resume command (`input` for text, `form` for form data, ...)."""
-    match command.type:
+    return _action(command.type, with_form_data=command.data is not None)
+
+
+def resume_action_of_event(data: Mapping[str, Any]) -> str:
+    """The `action` label of a TURN_RESUMED event's data.
+
+    Raises:
+        TelemetryError: The event names a command this code does not know.
+    """
+    command = data.get("command")
+    if command is None:
+        return "retry_due"  # the runner picked up a retry whose time had come
+    try:
+        kind = ResumeType(str(command))
+    except ValueError:
+        raise TelemetryError(f"unknown resume command type {command!r}") from None
+    # The event carries the call id of a form submission, not its data.
+    return _action(kind, with_form_data=bool(data.get("tool_call_id")))
+
+
+def _action(kind: ResumeType, *, with_form_data: bool) -> str:
+    match kind:
         case ResumeType.USER_INPUT:
-            return "form" if command.data is not None else "input"
+            return "form" if with_form_data else "input"
         case ResumeType.APPROVE_TOOL:
             return "approve"
         case ResumeType.REJECT_TOOL:
@@ -157,25 +180,12 @@ def resume_action(command: AgentResumeCommand) -> str:
             return "child_completed"
         case ResumeType.RETRY:
             return "retry"
-    raise TelemetryError(f"unknown resume command type {command.type!r}")  # pragma: no cover
-
-
-def resume_action_of_event(data: Mapping[str, Any]) -> str:
-    """The `action` label of a TURN_RESUMED event's data."""
-    command = data.get("command")
-    if command is None:
-        return "retry_due"  # the runner picked up a retry whose time had come
-    match str(command):
-        case ResumeType.USER_INPUT:
-            return "form" if data.get("tool_call_id") else "input"
-        case ResumeType.APPROVE_TOOL:
-            return "approve"
-        case ResumeType.REJECT_TOOL:
-            return "reject"
-        case ResumeType.CHILD_COMPLETED:
-            return "child_completed"
+        case ResumeType.TOOL_RESULT:
+            return "tool_result"
+        case ResumeType.DEADLINE:
+            return "deadline"
         case _:
-            return "retry"
+            assert_never(kind)
 
 
 def record_retry_scheduled() -> None:

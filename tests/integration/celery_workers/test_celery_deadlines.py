@@ -13,14 +13,13 @@ from agent_runner import ActionStatus, AgentActionMessage, AgentEventType, Agent
 from tests.helpers.processes import REPO_ROOT
 from tests.integration.celery_workers import ops_agents
 from tests.integration.celery_workers.celery_cluster import Cluster, WorkerProcess
-from workers.deadlines import apply_due_deadlines
 
 pytestmark = pytest.mark.integration
 
 
 def _sweep(cluster: Cluster) -> None:
     """This process sweeps deadlines too: a second sweeper racing beat's."""
-    apply_due_deadlines(cluster.runner, cluster.turn_store)
+    cluster.runner.apply_due_deadlines()
 
 
 def _sweeping(cluster: Cluster, *beats: WorkerProcess) -> None:

@@ -115,6 +115,10 @@ def test_the_command_line_names_the_fix_and_works_once_it_is_applied(empty_pg_ur
 
     before = cli("turns", "list")
     assert before.returncode == 1 and FIX in before.stderr
+    # Every command that opens the database checks it the same way, the embedded worker included
+    for command_line in (("prune", "--older-than", "1d"), ("worker", "--run-for", "0")):
+        refused = cli(*command_line)
+        assert refused.returncode == 1 and FIX in refused.stderr, (command_line, refused.stderr)
     assert cli("db", "upgrade").returncode == 0
     after = cli("turns", "list")
     assert after.returncode == 0, after.stderr

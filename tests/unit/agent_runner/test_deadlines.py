@@ -25,6 +25,7 @@ from agent_runner import (
     AiMessage,
     DefinitionError,
     InMemoryAgentLoader,
+    InMemoryAgentTurnStore,
     InMemoryChatMemoryProvider,
     InvalidResumeCommand,
     ScriptedChatModel,
@@ -33,6 +34,7 @@ from agent_runner import (
     ToolCall,
     tool,
 )
+from agent_runner.worker import AgentWorker
 from tests.unit.agent_runner.turn_kit import EventLog, FakeClock, RecordingStore, protocol_violations, tool_messages
 
 S = AgentTurnStatus
@@ -387,3 +389,84 @@ def test_a_start_with_a_chosen_id_happens_once_and_the_id_follows_the_id_rules()
     with pytest.raises(InputLimitError):
         desk.runner.start("desk", "deploy the api", turn_id="has spaces")
     assert len(desk.store.list_turns()) == 1
+
+
+def test_the_sweep_sends_the_reminder_then_applies_the_default_and_counts_what_it_handled() -> None:
+    # Given a waiting approval (60 s, reminder at 80 %) that is approved by default
+    desk = _approval_desk("approve")
+    turn = desk.runner.run("desk", "deploy the api")
+
+    # Before the reminder time the sweep finds nothing; past it, it reminds once
+    desk.clock.advance(30)
+    assert desk.runner.apply_due_deadlines() == 0
+    desk.clock.advance(20)
+    assert desk.runner.apply_due_deadlines() == 1
+    assert desk.runner.apply_due_deadlines() == 0
+    assert len(desk.events.of_type(AgentEventType.DEADLINE_APPROACHING)) == 1
+
+    # Past the deadline it applies the default, once
+    desk.clock.advance(11)
+    assert desk.runner.apply_due_deadlines() == 1
+    assert desk.runner.apply_due_deadlines() == 0
+    resumed = desk.store.load(turn.id)
+    assert resumed.status is S.RUNNING and resumed.page_actions[0].status is ActionStatus.APPROVED
+
+
+def test_an_embedded_worker_pass_applies_a_passed_deadline_and_steps_the_turn_on() -> None:
+    # Given a waiting approval whose default is approve, and an embedded worker on the runner
+    desk = _approval_desk("approve")
+    worker = AgentWorker(desk.runner)
+    turn = desk.runner.run("desk", "deploy the api")
+
+    # When a pass runs at the reminder time, then after the deadline
+    desk.clock.advance(50)
+    assert worker.run_once() == 0
+    desk.clock.advance(11)
+    steps = worker.run_once()
+
+    # Then the reminder was sent, and the default approved the call, which the same pass ran
+    assert len(desk.events.of_type(AgentEventType.DEADLINE_APPROACHING)) == 1
+    ended = desk.store.load(turn.id)
+    assert steps == 2 and ended.status is S.COMPLETED and desk.ran == ["api"]
+    assert ended.page_actions[0].decision == {
+        "decided_at": desk.clock.now.isoformat(),
+        "decided_by": "system",
+        "reason": "deadline passed",
+    }
+
+
+def test_a_worker_without_a_deadline_interval_leaves_deadlines_to_someone_else() -> None:
+    desk = _approval_desk("approve")
+    worker = AgentWorker(desk.runner, deadline_interval=None)
+    turn = desk.runner.run("desk", "deploy the api")
+    desk.clock.advance(120)
+
+    assert worker.run_once() == 0
+    assert desk.store.load(turn.id).status is S.WAITING_FOR_APPROVAL
+    assert desk.events.of_type(AgentEventType.DEADLINE_APPROACHING) == []
+
+
+class _StoreWithoutTimers:
+    """A turn store of someone else's that cannot list due deadlines (only what the worker needs)."""
+
+    def __init__(self) -> None:
+        self._turns = InMemoryAgentTurnStore()
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "list_due_timers":
+            raise AttributeError(name)
+        return getattr(self._turns, name)
+
+
+def test_a_store_that_cannot_list_deadlines_has_no_sweep() -> None:
+    runner = AgentRunner(turn_store=_StoreWithoutTimers())
+    with pytest.raises(DefinitionError, match="cannot list due deadlines"):
+        runner.apply_due_deadlines()
+    worker = AgentWorker(runner, deadline_interval=5.0)
+    assert worker.deadline_interval is None
+    assert worker.run_once() == 0
+
+
+def test_a_deadline_interval_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="deadline_interval"):
+        AgentWorker(AgentRunner(), deadline_interval=0)

@@ -8,6 +8,7 @@ import sys
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from prometheus_client import REGISTRY
@@ -32,7 +33,7 @@ from workers.telemetry import (
 )
 from workers.telemetry import metrics as telemetry_metrics
 from workers.telemetry._prometheus import render
-from workers.telemetry.metrics import record_sweep, serve_metrics
+from workers.telemetry.metrics import RESUME_ACTIONS, record_sweep, resume_action_of_event, serve_metrics
 
 ROOT = Path(__file__).resolve().parents[3]
 CONTRACT_NAMES = (
@@ -145,6 +146,29 @@ def test_resume_commands_map_to_their_action_labels() -> None:
     assert resume_action(AgentResumeCommand.reject_tool("call-1", reason="no")) == "reject"
     assert resume_action(AgentResumeCommand.retry()) == "retry"
     assert resume_action(AgentResumeCommand.child_completed("t-1")) == "child_completed"
+    assert resume_action(AgentResumeCommand.tool_result("call-1", "paid")) == "tool_result"
+    assert resume_action(AgentResumeCommand.deadline_passed("call-1")) == "deadline"
+
+
+@pytest.mark.parametrize(
+    ("data", "action"),
+    [
+        ({"command": "USER_INPUT", "tool_call_id": None}, "input"),
+        ({"command": "USER_INPUT", "tool_call_id": "call-form"}, "form"),
+        ({"command": "APPROVE_TOOL", "tool_call_id": "c1"}, "approve"),
+        ({"command": "TOOL_RESULT", "tool_call_id": "c1"}, "tool_result"),
+        ({"command": "DEADLINE", "tool_call_id": "c1"}, "deadline"),
+        ({"reason": "retry due", "attempt": 2}, "retry_due"),
+    ],
+)
+def test_resume_events_map_to_the_action_labels_of_their_commands(data: dict[str, Any], action: str) -> None:
+    assert resume_action_of_event(data) == action
+    assert action in RESUME_ACTIONS
+
+
+def test_a_resume_event_of_an_unknown_command_is_not_counted_under_another_label() -> None:
+    with pytest.raises(TelemetryError, match="SOMETHING_NEW"):
+        resume_action_of_event({"command": "SOMETHING_NEW"})
 
 
 def test_the_metrics_text_names_every_metric_of_the_contract() -> None:

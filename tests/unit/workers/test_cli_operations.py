@@ -17,9 +17,11 @@ from agent_runner import (
     AgentResumeCommand,
     AgentRunner,
     AgentTurn,
+    AgentTurnStatus,
     AiMessage,
     ScriptedChatModel,
     ToolCall,
+    ToolMessage,
     tool,
 )
 from store import SqlAgentTurnStore
@@ -160,6 +162,133 @@ def test_resume_on_the_embedded_runner_applies_the_runner_setup(url: str) -> Non
 
     assert result.exit_code == 0, result.output
     assert [(e.type, e.turn_id) for e in RECORDED] == [(AgentEventType.TURN_RESUMED, turn.id)]
+
+
+def _decision(url: str, turn_id: str) -> dict[str, Any]:
+    shown = json.loads(_invoke("--database-url", url, "--json", "turns", "show", turn_id).output)
+    (decision,) = shown["decisions"]
+    assert isinstance(decision, dict)
+    return decision
+
+
+@pytest.mark.parametrize(
+    ("flag", "reason", "status", "recorded"),
+    [
+        ("--approve", "change window is open", "APPROVED", "change window is open"),
+        ("--approve", None, "APPROVED", None),
+        ("--reject", "change freeze", "REJECTED", "change freeze"),
+        ("--reject", None, "REJECTED", "rejected by the operator"),
+    ],
+)
+def test_an_approval_decision_records_who_decided_and_the_reason_given(
+    url: str, flag: str, reason: str | None, status: str, recorded: str | None
+) -> None:
+    # Given a waiting approval
+    turn = _waiting(url)
+
+    # When an operator decides it from the command line, with or without a reason
+    args = ["--database-url", url, "resume", turn.id, flag, "c1", *(["--reason", reason] if reason else [])]
+    result = _invoke(*args, env={"USER": "op-7"})
+
+    # Then the decision names the operator and the reason, in `turns show` and in the resume event
+    assert result.exit_code == 0, result.output
+    decision = _decision(url, turn.id)
+    assert (decision["status"], decision["decided_by"], decision["reason"]) == (status, "op-7", recorded)
+    human = _invoke("--database-url", url, "turns", "show", turn.id).output
+    line = f"approval c1 (deploy): {status} by op-7 at {decision['decided_at']}"
+    assert line + (f" - {recorded}" if recorded else "") in [shown.strip() for shown in human.splitlines()]
+    with SqlAgentTurnStore(url) as turn_store:
+        (resumed,) = [e for e in turn_store.read_events(root_turn_id=turn.id) if e.type is AgentEventType.TURN_RESUMED]
+    assert resumed.data["metadata"]["decided_by"] == "op-7"
+    assert (resumed.data.get("reason") or resumed.data["metadata"].get("reason")) == recorded
+
+
+class ProcessDied(BaseException):
+    """Stands for the process being killed while a tool ran: nothing catches it, nothing after it runs."""
+
+
+@tool(idempotent=False)
+def pay(order_id: str) -> str:
+    """Pay an order (running it twice pays twice)."""
+    raise ProcessDied  # the payment went out; the process died before its result was saved
+
+
+def _outcome_unknown(url: str) -> AgentTurn:
+    """A turn whose `pay` call started and never recorded a result: it waits for a person to settle it."""
+    agent = Agent(
+        id="payer",
+        chat_model=ScriptedChatModel(
+            [
+                AiMessage(tool_calls=[ToolCall(id="p1", name="pay", arguments={"order_id": "O-7"})]),
+                AiMessage(content="paid"),
+            ]
+        ),
+        tools=[pay],
+    )
+    with SqlAgentTurnStore(url) as turn_store:
+        runner = AgentRunner(turn_store=turn_store)
+        started = runner.start(agent, "pay O-7")
+        with pytest.raises(ProcessDied):
+            runner.run_until_blocked(started)
+        waiting = runner.run_until_blocked(turn_store.load(started.id))
+    assert waiting.status is AgentTurnStatus.WAITING_FOR_APPROVAL
+    assert waiting.suspension is not None and waiting.suspension.metadata["reason"] == "outcome_unknown"
+    return waiting
+
+
+def test_mark_done_settles_a_call_whose_outcome_is_unknown_with_its_result_and_reason(url: str) -> None:
+    # Given a call whose outcome is unknown
+    turn = _outcome_unknown(url)
+
+    # When an operator who checked the bank marks it done
+    result = _invoke(
+        "--database-url",
+        url,
+        "--json",
+        "resume",
+        turn.id,
+        "--mark-done",
+        "p1",
+        "the bank shows O-7 paid",
+        "--reason",
+        "checked the statement",
+        env={"USER": "op-7"},
+    )
+
+    # Then the call's result is the one given (it did not run again), and the decision says who and why
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["status"] == "RUNNING"
+    with SqlAgentTurnStore(url) as turn_store:
+        settled = turn_store.load(turn.id)
+    assert [(m.tool_call_id, m.content, m.is_error) for m in settled.messages if isinstance(m, ToolMessage)] == [
+        ("p1", "the bank shows O-7 paid", False)
+    ]
+    decision = _decision(url, turn.id)
+    assert (decision["kind"], decision["status"], decision["decided_by"], decision["reason"]) == (
+        "outcome_unknown",
+        "SUBMITTED",
+        "op-7",
+        "checked the statement",
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("--input", "hello", "--reason", "why"), "--reason goes with --approve, --reject or --mark-done"),
+        (("--retry", "--reason", "why"), "--reason goes with --approve, --reject or --mark-done"),
+        (("--mark-done", "c1", "done", "--approve", "c1"), "give exactly one of"),
+        (("--approve", "c1", "--reason", "a\x00b"), "--reason"),
+    ],
+)
+def test_resume_refuses_a_reason_without_a_decision_and_two_decisions_at_once(
+    url: str, args: tuple[str, ...], message: str
+) -> None:
+    turn = _waiting(url)
+    result = _invoke("--database-url", url, "resume", turn.id, *args)
+    assert result.exit_code == 2 and message in result.output, result.output
+    with SqlAgentTurnStore(url) as turn_store:
+        assert turn_store.load(turn.id).version == turn.version
 
 
 @pytest.fixture

@@ -1,8 +1,9 @@
-"""`workers.inbox.enqueue_message`: queue a message for a conversation that may be busy (embedded runner)."""
+"""`workers.inbox`: queue a message for a conversation that may be busy; settle claims of dead claimers."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -15,9 +16,10 @@ from agent_runner import (
     DefinitionError,
     InMemoryAgentLoader,
     ScriptedChatModel,
+    UserMessage,
 )
 from store import Inbox, InboxStatus, SqlAgentTurnStore, SqlChatMemoryProvider
-from workers.inbox import enqueue_message, start_next_message
+from workers.inbox import enqueue_message, settle_stale_claims, start_next_message
 
 
 @pytest.fixture
@@ -63,3 +65,23 @@ def test_a_message_for_a_busy_conversation_waits_for_the_turn_to_end(runner: Age
 def test_a_runner_without_a_sql_store_needs_an_inbox() -> None:
     with pytest.raises(DefinitionError, match="inbox="):
         enqueue_message(AgentRunner(), "c3", "hello", agent_id="helper")
+
+
+def test_stale_claims_are_completed_when_their_turn_started_and_queued_again_otherwise(runner: AgentRunner) -> None:
+    # Given two claimed messages whose claimers died: one after starting its turn, one before
+    inbox = Inbox(runner.turn_store.engine)  # type: ignore[attr-defined]
+    for conversation, message in (("c-started", "m-started"), ("c-lost", "m-lost")):
+        inbox.enqueue(conversation, message, "hello", agent_id="helper")
+        assert inbox.claim_next(conversation) is not None
+    started = runner.start("helper", UserMessage(id="m-started", content="hello"), conversation_id="c-started")
+
+    # When the claims are settled while they are young, nothing changes
+    now = runner.clock()
+    assert settle_stale_claims(runner, inbox, now - timedelta(minutes=1)) == 0
+    assert inbox.get("m-lost").status is InboxStatus.PROCESSING  # type: ignore[union-attr]
+
+    # Once they are old enough, the started one is completed with its turn and the other queued again
+    assert settle_stale_claims(runner, inbox, now + timedelta(minutes=1)) == 2
+    completed, requeued = inbox.get("m-started"), inbox.get("m-lost")
+    assert completed is not None and (completed.status, completed.turn_id) == (InboxStatus.COMPLETED, started.id)
+    assert requeued is not None and requeued.status is InboxStatus.PENDING
