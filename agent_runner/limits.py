@@ -73,6 +73,18 @@ class InputLimits(PositionalModel):
     max_metadata_bytes: int = Field(default=64 * KIB, ge=1)
     """Largest metadata of a turn or a resume command."""
 
+    if TYPE_CHECKING:
+
+        def __init__(
+            self,
+            max_json_depth: int = 64,
+            max_id_length: int = 128,
+            max_form_data_bytes: int = 256 * KIB,
+            max_tool_arguments_bytes: int = 256 * KIB,
+            max_message_bytes: int = 1 * MIB,
+            max_metadata_bytes: int = 64 * KIB,
+        ) -> None: ...
+
 
 DEFAULT_LIMITS = InputLimits()
 """The limits of an `AgentExecutionPolicy()` built with no arguments."""

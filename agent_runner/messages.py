@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from datetime import datetime
 from enum import StrEnum
-from typing import Annotated, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
 from pydantic import Field, TypeAdapter
 
@@ -28,6 +28,10 @@ class ToolCall(PositionalModel):
     """Call id chosen by the model; it correlates the call with its `ToolMessage`."""
     name: str
     arguments: dict[str, Any] = Field(default_factory=dict)
+
+    if TYPE_CHECKING:
+
+        def __init__(self, id: str, name: str, arguments: dict[str, Any] = ...) -> None: ...
 
 
 class _MessageBase(PositionalModel):
@@ -45,6 +49,10 @@ class SystemMessage(_MessageBase):
     role: Literal["system"] = "system"
     content: str
 
+    if TYPE_CHECKING:
+
+        def __init__(self, content: str, *, id: str = ..., role: Literal["system"] = "system") -> None: ...
+
 
 class UserMessage(_MessageBase):
     """A message typed by the user."""
@@ -52,6 +60,10 @@ class UserMessage(_MessageBase):
     _positional: ClassVar[tuple[str, ...]] = ("content",)
     role: Literal["user"] = "user"
     content: str
+
+    if TYPE_CHECKING:
+
+        def __init__(self, content: str, *, id: str = ..., role: Literal["user"] = "user") -> None: ...
 
 
 class AiMessage(_MessageBase):
@@ -61,6 +73,17 @@ class AiMessage(_MessageBase):
     role: Literal["assistant"] = "assistant"
     content: str | None = None
     tool_calls: list[ToolCall] = Field(default_factory=list)
+
+    if TYPE_CHECKING:
+
+        def __init__(
+            self,
+            content: str | None = None,
+            tool_calls: list[ToolCall] = ...,
+            *,
+            id: str = ...,
+            role: Literal["assistant"] = "assistant",
+        ) -> None: ...
 
     @property
     def has_tool_calls(self) -> bool:
@@ -77,6 +100,19 @@ class ToolMessage(_MessageBase):
     tool_name: str
     content: str
     is_error: bool = False
+
+    if TYPE_CHECKING:
+
+        def __init__(
+            self,
+            tool_call_id: str,
+            tool_name: str,
+            content: str,
+            is_error: bool = False,
+            *,
+            id: str = ...,
+            role: Literal["tool"] = "tool",
+        ) -> None: ...
 
 
 class ActionStatus(StrEnum):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from agent_runner._base import PositionalModel
 
@@ -15,6 +15,10 @@ class Usage(PositionalModel):
     input_tokens: int = 0
     output_tokens: int = 0
     cost: float = 0.0
+
+    if TYPE_CHECKING:
+
+        def __init__(self, input_tokens: int = 0, output_tokens: int = 0, cost: float = 0.0) -> None: ...
 
     @property
     def total_tokens(self) -> int:

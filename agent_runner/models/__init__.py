@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any, ClassVar, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
 from pydantic import ConfigDict, Field
 
@@ -23,6 +23,10 @@ class ToolSpec(PositionalModel):
     description: str = ""
     parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object", "properties": {}})
 
+    if TYPE_CHECKING:
+
+        def __init__(self, name: str, description: str = "", parameters: dict[str, Any] = ...) -> None: ...
+
 
 class ChatRequest(PositionalModel):
     """One request to a chat model: the model-visible messages (instructions first) and the tools."""
@@ -36,6 +40,16 @@ class ChatRequest(PositionalModel):
     on_delta: Callable[[str], None] | None = Field(default=None, exclude=True)
     """Called by streaming models with each text delta; the runner turns it into MODEL_DELTA events."""
 
+    if TYPE_CHECKING:
+
+        def __init__(
+            self,
+            messages: list[ModelMessage],
+            tools: list[ToolSpec] = ...,
+            *,
+            on_delta: Callable[[str], None] | None = None,
+        ) -> None: ...
+
 
 class ChatResponse(PositionalModel):
     """A model's answer and what it cost."""
@@ -44,6 +58,10 @@ class ChatResponse(PositionalModel):
 
     message: AiMessage
     usage: Usage = Field(default_factory=Usage)
+
+    if TYPE_CHECKING:
+
+        def __init__(self, message: AiMessage, usage: Usage = ...) -> None: ...
 
 
 @runtime_checkable
