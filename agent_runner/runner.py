@@ -42,7 +42,14 @@ from agent_runner.errors import (
 from agent_runner.events import AgentEvent, AgentEventListener, AgentEventType
 from agent_runner.in_memory import InMemoryAgentTurnStore
 from agent_runner.leasing import HeldLease
-from agent_runner.limits import check_id, check_resume_input, check_turn_input
+from agent_runner.limits import (
+    bounded_text,
+    check_id,
+    check_resume_input,
+    check_text,
+    check_turn_input,
+    storable_text,
+)
 from agent_runner.messages import AiMessage, ModelMessage, SystemMessage, ToolCall, ToolMessage, UserMessage
 from agent_runner.middleware import Middleware, chain
 from agent_runner.models import ChatRequest, ChatResponse
@@ -398,7 +405,13 @@ class AgentRunner:
         A READY, waiting or RETRY_SCHEDULED turn ends at once (CANCELLED, history closed out).
         A RUNNING turn gets a durable cancel flag and the thread stepping it ends it at its
         next boundary. A turn that already ended is returned unchanged.
+
+        Raises:
+            InputLimitError: `reason` is over the policy's `max_message_bytes`; nothing changed.
+            InvalidTextError: `reason` holds text no store can keep; nothing changed.
         """
+        if reason is not None:
+            check_text(reason, "reason", self.policy.limits.max_message_bytes)
         reason = reason or self.policy.cancellation_reason
 
         def attempt() -> AgentTurn | object:
@@ -710,9 +723,9 @@ class AgentRunner:
 
         is_error = False
         try:
-            content = encode_tool_result(chain(self.middleware, "wrap_tool", invoke)(call))
+            content = self._tool_text(encode_tool_result(chain(self.middleware, "wrap_tool", invoke)(call)))
         except ToolError as exc:
-            content, is_error = str(exc), True
+            content, is_error = self._tool_text(str(exc)), True
         except AgentFormRequiredException as exc:
             if call.id in turn.form_data:
                 error = FormProtocolError(turn.id, call.id, exc.form.key)
@@ -744,7 +757,7 @@ class AgentRunner:
                 outcome = ToolOutcome.unknown(f"reconciling raised {type(exc).__name__}: {exc}")
         if outcome.state == "done":
             updated, message = machine.apply_tool_result(
-                turn, call, encode_tool_result(outcome.result), False, self.clock()
+                turn, call, self._tool_text(encode_tool_result(outcome.result)), False, self.clock()
             )
             completed = (
                 AgentEventType.TOOL_COMPLETED,
@@ -756,6 +769,14 @@ class AgentRunner:
         plan = machine.outcome_unknown_suspension(turn, call, tool, outcome.note)
         suspended = machine.apply_suspension(turn, plan, self.clock())
         return AgentStepResult(turn=self._save(suspended, expected, self._suspended_event(suspended)))
+
+    def _tool_text(self, content: str) -> str:
+        """A tool's answer in a form every store can save: unstorable characters replaced, cut at the message limit.
+
+        A tool's return value, like model output, is kept rather than refused: the call ran,
+        and failing its save would run it again.
+        """
+        return bounded_text(storable_text(content), self.policy.limits.max_message_bytes)
 
     def _failed_call(
         self,

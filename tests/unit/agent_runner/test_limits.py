@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -29,6 +30,7 @@ from agent_runner import (
     InvalidTextError,
     ScriptedChatModel,
     ToolCall,
+    ToolError,
     ToolMessage,
     machine,
     tool,
@@ -44,7 +46,9 @@ from agent_runner.limits import (
     check_text,
     storable_text,
 )
+from agent_runner.persistence import AgentTurnStore
 from agent_runner.tools import INVALID_ARGUMENTS_KEY
+from store import SqlAgentTurnStore
 
 NOW = datetime(2030, 1, 1, tzinfo=UTC)
 
@@ -283,3 +287,48 @@ def test_a_huge_flat_value_is_refused_early() -> None:
     assert caught.value.found == "more than 262144 bytes"
     with pytest.raises(InputLimitError):
         check_json({str(i): i for i in range(100_000)}, "metadata", max_bytes=64 * 1024, max_depth=64)
+
+
+# --- Tool output ---------------------------------------------------------------------------------
+
+
+@tool
+def dump(kind: str) -> Any:
+    """Return what a careless tool might."""
+    if kind == "huge":
+        return "y" * (3 * 1024)
+    if kind == "unstorable":
+        return {"text": "a\x00b\udc80c"}
+    raise ToolError("failed: \udc80" + "z" * 5000)
+
+
+@pytest.mark.parametrize("store_kind", ["memory", "sqlite"])
+def test_tool_output_is_made_storable_and_cut_at_the_message_limit(store_kind: str, tmp_path: Path) -> None:
+    calls = [
+        ToolCall(id=f"c{n}", name="dump", arguments={"kind": k}) for n, k in enumerate(("huge", "unstorable", "err"))
+    ]
+    model = ScriptedChatModel([AiMessage(tool_calls=[call]) for call in calls] + [AiMessage(content="done")])
+    store: AgentTurnStore | None = None
+    if store_kind == "sqlite":
+        store = SqlAgentTurnStore(f"sqlite:///{tmp_path / 'turns.db'}")
+    runner = AgentRunner(turn_store=store, policy=AgentExecutionPolicy(limits=InputLimits(max_message_bytes=1024)))
+    # When tools return text over the limit, text no store can keep, and raise with both
+    turn = runner.run(Agent(id="a", chat_model=model, tools=[dump]), "go")
+    # Then each answer was saved (the tool did not run again) and the turn went on to its end
+    assert turn.status is AgentTurnStatus.COMPLETED
+    huge, unstorable, failed = (m for m in runner.turn_store.load(turn.id).messages if isinstance(m, ToolMessage))
+    assert len(huge.content.encode()) <= 1024 and "3072 bytes, over the limit of 1024 bytes" in huge.content
+    # (JSON escapes the NUL character; the lone surrogate becomes U+FFFD)
+    assert unstorable.content == '{"text": "a\\u0000b\ufffdc"}' and not unstorable.is_error
+    assert failed.is_error and failed.content.startswith("failed: \ufffd") and len(failed.content.encode()) <= 1024
+
+
+def test_a_cancel_reason_over_the_limit_is_refused_and_the_turn_goes_on() -> None:
+    runner = AgentRunner(policy=AgentExecutionPolicy(limits=InputLimits(max_message_bytes=16)))
+    turn = runner.start(Agent(id="a", chat_model=ScriptedChatModel([AiMessage(content="ok")])), "go")
+    with pytest.raises(InputLimitError, match="reason"):
+        runner.cancel(turn.id, "because " * 3)
+    with pytest.raises(InvalidTextError):
+        runner.cancel(turn.id, "bad \x00")
+    assert runner.turn_store.load(turn.id) == turn
+    assert runner.cancel(turn.id, "user left").status is AgentTurnStatus.CANCELLED
