@@ -23,6 +23,7 @@ from typing import Any
 
 from agent_runner import AgentConversationBusyException, AgentRunner, AgentRunnerError, DefinitionError, UserMessage
 from agent_runner._base import new_id
+from agent_runner.limits import check_reference, check_turn_input
 from store import Inbox, InboxMessage
 
 logger = logging.getLogger("workers.inbox")
@@ -82,9 +83,16 @@ def enqueue_message(
         The stored message (PENDING, or already further along when it was queued before).
 
     Raises:
+        InputLimitError: The content, an id or the metadata is over a limit of the runner's
+            policy or breaks the id rules; nothing was queued.
+        InvalidTextError: The content holds text no store can keep; nothing was queued.
         DefinitionError: No inbox was given and the runner's store is not a SQL store.
         StoreUnavailableError: The database could not be reached; nothing was queued.
     """
+    # Checked now, as `runner.start` would: a message queued beyond a limit could never start.
+    check_turn_input(runner.policy.limits, content, None, conversation_id, tenant_id, metadata)
+    if message_id is not None:
+        check_reference(message_id, "message_id", runner.policy.limits)
     if inbox is None:
         engine = getattr(runner.turn_store, "engine", None)
         if engine is None:

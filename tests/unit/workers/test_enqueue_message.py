@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -15,6 +16,8 @@ from agent_runner import (
     AiMessage,
     DefinitionError,
     InMemoryAgentLoader,
+    InputLimitError,
+    InvalidTextError,
     ScriptedChatModel,
     UserMessage,
 )
@@ -60,6 +63,30 @@ def test_a_message_for_a_busy_conversation_waits_for_the_turn_to_end(runner: Age
     start_next_message(runner, inbox, None, "c2")
     following = runner.turn_store.find_active_turn("c2")
     assert following is not None and following.messages[-1].id == "m-2"
+
+
+DEEP: list[Any] = []
+for _ in range(100):
+    DEEP = [DEEP]
+
+
+@pytest.mark.parametrize(
+    ("content", "extra", "error"),
+    [
+        ("x" * (1024 * 1024 + 1), {}, InputLimitError),
+        ("bad \udc80 text", {}, InvalidTextError),
+        ("fine", {"message_id": "m" * 500}, InputLimitError),
+        ("fine", {"metadata": {"deep": DEEP}}, InputLimitError),
+    ],
+    ids=["content-too-big", "lone-surrogate", "message-id-too-long", "metadata-too-deep"],
+)
+def test_a_message_a_turn_could_never_take_is_refused_before_it_is_queued(
+    runner: AgentRunner, content: str, extra: dict[str, Any], error: type[Exception]
+) -> None:
+    inbox = Inbox(runner.turn_store.engine)  # type: ignore[attr-defined]
+    with pytest.raises(error):
+        enqueue_message(runner, "c-bad", content, agent_id="helper", inbox=inbox, **extra)
+    assert inbox.claim_next("c-bad") is None and runner.turn_store.find_active_turn("c-bad") is None
 
 
 def test_a_runner_without_a_sql_store_needs_an_inbox() -> None:
