@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from celery import Celery, signals
 
+from workers.names import STEP_TURN, SWEEP_DEADLINES, SWEEP_DUE_RETRIES, SWEEP_INBOX, SWEEP_STALE_TURNS
 from workers.settings import WorkerSettings
 from workers.telemetry import logs, metrics, tracing_available
 
@@ -40,11 +41,12 @@ ENQUEUED_AT_HEADER = "agent_runner_enqueued_at"
 TRACE_HEADER = "agent_runner_trace"
 """Message header: the trace context (a text carrier) of the span that published the message."""
 
-STEP_TASK = "agent_runner.step_turn"
+STEP_TASK = STEP_TURN
 SWEEP_TASKS = {
-    "agent_runner.sweep_inbox": "inbox",
-    "agent_runner.sweep_stale_turns": "stale_turns",
-    "agent_runner.sweep_due_retries": "due_retries",
+    SWEEP_INBOX: "inbox",
+    SWEEP_STALE_TURNS: "stale_turns",
+    SWEEP_DUE_RETRIES: "due_retries",
+    SWEEP_DEADLINES: "deadlines",
 }
 TASK_PREFIX = "agent_runner."
 WORKER_SERVICE_NAME = "agent-runner-worker"

@@ -12,8 +12,8 @@ fixed set of values (agent ids come from the deployment's agents, never from req
 | `agent_runner_retries_scheduled_total` | counter | - |
 | `agent_runner_lease_takeovers_total` | counter | - |
 | `agent_runner_queue_delay_seconds` | histogram | - |
-| `agent_runner_sweeps_total` | counter | `sweep` (inbox, stale_turns, due_retries) |
-| `agent_runner_sweep_enqueued_total` | counter | `sweep` |
+| `agent_runner_sweeps_total` | counter | `sweep` (inbox, stale_turns, due_retries, deadlines) |
+| `agent_runner_sweep_enqueued_total` | counter | `sweep` (for deadlines: the turns reminded or resumed by their default) |
 
 `prometheus-client` is imported on first use only, so that a Celery worker can point
 PROMETHEUS_MULTIPROC_DIR at its directory before anything creates a metric (see
@@ -49,7 +49,7 @@ RESUME_ACTIONS = frozenset(
     {"input", "form", "approve", "reject", "retry", "child_completed", "tool_result", "deadline", "retry_due"}
 )
 RESUME_OUTCOMES = frozenset({"accepted", "rejected"})
-SWEEPS = frozenset({"inbox", "stale_turns", "due_retries"})
+SWEEPS = frozenset({"inbox", "stale_turns", "due_retries", "deadlines"})
 _ENDED_STATUSES = frozenset(status.value for status in TERMINAL_STATUSES)
 
 

@@ -234,7 +234,7 @@ def test_a_turn_tree_across_two_workers_is_one_trace_and_the_metrics_count_it(
     cluster.wait_for(
         lambda: all(
             total([scrape(ports[1])], "agent_runner_sweeps_total", sweep=sweep) >= 1
-            for sweep in ("inbox", "stale_turns", "due_retries")
+            for sweep in ("inbox", "stale_turns", "due_retries", "deadlines")
         ),
         TIMEOUT_S,
         "one run of each sweep",

@@ -32,7 +32,7 @@ from workers.dispatch import CeleryDispatcher
 from workers.settings import WorkerSettings
 from workers.tasks import advance
 from workers.telemetry import logs
-from workers.telemetry.celery_signals import ENQUEUED_AT_HEADER, TRACE_HEADER, CeleryTelemetry
+from workers.telemetry.celery_signals import ENQUEUED_AT_HEADER, SWEEP_TASKS, TRACE_HEADER, CeleryTelemetry
 from workers.wiring import Wiring
 
 assert workers.beat and workers.tasks
@@ -111,18 +111,21 @@ def _record() -> Any:
     return logging.LogRecord("workers.tasks", logging.INFO, __file__, 1, "msg", (), None)
 
 
-def test_sweeps_count_their_runs_and_what_they_re_enqueued(telemetry: CeleryTelemetry) -> None:
-    sweep = telemetry.app.tasks["agent_runner.sweep_stale_turns"]
+@pytest.mark.parametrize(("task_name", "sweep"), sorted(SWEEP_TASKS.items()))
+def test_sweeps_count_their_runs_and_what_they_re_enqueued(
+    telemetry: CeleryTelemetry, task_name: str, sweep: str
+) -> None:
+    task = telemetry.app.tasks[task_name]
     runs, items = (
-        _sample("agent_runner_sweeps_total", sweep="stale_turns"),
-        _sample("agent_runner_sweep_enqueued_total", sweep="stale_turns"),
+        _sample("agent_runner_sweeps_total", sweep=sweep),
+        _sample("agent_runner_sweep_enqueued_total", sweep=sweep),
     )
 
-    telemetry.on_task_postrun(task=sweep, retval=4)
-    telemetry.on_task_postrun(task=sweep, retval=0)
+    telemetry.on_task_postrun(task=task, retval=4)
+    telemetry.on_task_postrun(task=task, retval=0)
 
-    assert _sample("agent_runner_sweeps_total", sweep="stale_turns") - runs == 2
-    assert _sample("agent_runner_sweep_enqueued_total", sweep="stale_turns") - items == 4
+    assert _sample("agent_runner_sweeps_total", sweep=sweep) - runs == 2
+    assert _sample("agent_runner_sweep_enqueued_total", sweep=sweep) - items == 4
 
 
 def test_an_eta_header_is_read_in_either_form() -> None:
