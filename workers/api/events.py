@@ -15,7 +15,8 @@ out; `?follow=false` sends what is stored and closes.
 Following costs a stream no thread: the streams of a turn tree or a conversation take
 their events from one follower of that scope shared in the process (`workers.api.fanout`),
 which waits on the live channel and reads the log for all of them. Reads (a stream catching
-up from its cursor) run on threads of a pool of their own, apart from the other routes'.
+up from its cursor) run on a small pool of threads of their own, apart from the other
+routes'; so do the few streams that follow on their own (see `_Stream`).
 """
 
 from __future__ import annotations
@@ -46,9 +47,12 @@ KEEPALIVE_S = 10.0
 """Longest quiet stretch before a comment line is sent (at most 15 s is promised)."""
 
 STREAM_THREADS = 256
-"""Threads of the pool the streams read on (and follow on, the few that follow alone); more wait for one."""
+"""Streams that can follow the feed on their own at the same time (a thread each); more wait for a thread."""
 
-_limiter: anyio.CapacityLimiter | None = None
+READ_THREADS = 32
+"""Threads the streams read on (catching up, checking their turn); more reads wait for one, holding no thread."""
+
+_limiters: dict[str, anyio.CapacityLimiter] = {}
 
 _CURSOR_PATTERN = r"^[A-Za-z0-9._:-]{0,256}$"
 
@@ -78,11 +82,11 @@ _SSE_RESPONSE: dict[int | str, dict[str, Any]] = {
 router = APIRouter(prefix="/v1", tags=["events"], dependencies=[Depends(get_tenant)])
 
 
-def _stream_limiter() -> anyio.CapacityLimiter:
-    global _limiter
-    if _limiter is None:
-        _limiter = anyio.CapacityLimiter(STREAM_THREADS)
-    return _limiter
+def _limiter(name: str, threads: int) -> anyio.CapacityLimiter:
+    limiter = _limiters.get(name)
+    if limiter is None:
+        limiter = _limiters[name] = anyio.CapacityLimiter(threads)
+    return limiter
 
 
 def format_event(event: AgentEvent, tenant: Tenant, mask: ArgumentMask) -> str:
@@ -114,10 +118,10 @@ def _masked(data: dict[str, Any], mask: ArgumentMask) -> dict[str, Any]:
 class _Stream:
     """The events of one scope after a cursor: read from the feed, then taken from the scope's shared follower.
 
-    Reads run on threads of the stream pool. Following joins the scope's `EventFanout`
+    Reads run on threads of the read pool. Following joins the scope's `EventFanout`
     follower once the reads reached the end of the feed (see `workers.api.fanout`); a
     stream that cannot join it (the server follows too many scopes, or the follower keeps
-    being elsewhere) follows the feed on its own, on a thread of the pool.
+    being elsewhere) follows the feed on its own, on a thread of a pool of such streams.
     """
 
     def __init__(self, feed: EventFeed, fanout: EventFanout, scope: dict[str, str], after: str | None) -> None:
@@ -163,7 +167,9 @@ class _Stream:
             remaining = max(0.0, deadline - time.monotonic())
             if self._alone is not None:
                 alone = self._alone
-                events: list[AgentEvent] = await _in_thread(alone.next_batch, remaining)
+                events: list[AgentEvent] = await run_sync(
+                    alone.next_batch, remaining, abandon_on_cancel=True, limiter=_limiter("follow", STREAM_THREADS)
+                )
                 self.position = alone.position
                 return events
             if self._subscription is None:
@@ -220,7 +226,7 @@ _JOIN_RETRY_S = 0.05
 
 
 async def _in_thread(function: Any, *args: Any) -> Any:
-    return await run_sync(function, *args, abandon_on_cancel=True, limiter=_stream_limiter())
+    return await run_sync(function, *args, abandon_on_cancel=True, limiter=_limiter("read", READ_THREADS))
 
 
 def _end(turn_id: str, status: str) -> str:
