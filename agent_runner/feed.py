@@ -54,6 +54,7 @@ _AWAITED_S = 60.0
 """How long a durable event announced on the live channel is looked out for in the log (it may never come:
 its save can fail after the announcement of an event delivered early, such as TOOL_STARTED)."""
 _MAX_AWAITED = 1000
+"""Most announced durable events looked out for at once (the oldest are given up first)."""
 
 
 @dataclass(frozen=True)
