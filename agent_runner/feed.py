@@ -16,6 +16,13 @@ Cursors: each returned event's `cursor` is `"<log cursor>:<live cursor>"` (eithe
 be empty), opaque to clients and made of URL-safe characters. Reading after it returns
 exactly what followed that event in both sources. Ephemeral events older than the live
 channel's retention are gone; durable ones stay until pruned.
+
+Following: the log is read only when something new may be there: first, after a durable
+wake-up on the live channel (then again a few times shortly after, until the announced
+event is readable), after a full page, and every poll interval (a committed event becomes
+readable only once the transactions that began before it have ended, and a wake-up may be
+lost). Ephemeral events that arrive while waiting are handed out straight from the wait,
+so a stream of deltas costs no log reads.
 """
 
 from __future__ import annotations
@@ -39,6 +46,15 @@ _MAX_LIVE_PAGES = 50
 """Pages of live events one read goes through to find ephemeral ones behind durable wake-ups."""
 _REMEMBERED_IDS = 10_000
 """Event ids `follow` remembers to drop an event the live channel delivered twice."""
+_FIRST_RETRY_S = 0.01
+"""Delay of the first re-read of the log when a durable event announced on the live channel was not readable yet.
+
+Each further re-read waits twice as long, up to the poll interval."""
+_AWAITED_S = 60.0
+"""How long a durable event announced on the live channel is looked out for in the log (it may never come:
+its save can fail after the announcement of an event delivered early, such as TOOL_STARTED)."""
+_MAX_AWAITED = 1000
+"""Most announced durable events looked out for at once (the oldest are given up first)."""
 
 
 @dataclass(frozen=True)
@@ -67,10 +83,14 @@ class FeedPosition:
 
 
 @dataclass(frozen=True)
-class _Page:
+class FeedPage:
+    """One read of a feed: its events, where the next read starts, and whether more may be there already."""
+
     events: list[AgentEvent]
     end: FeedPosition
     """Where the next page starts: after everything this page went through, emitted or not."""
+    more: bool
+    """A source returned a full page, so more events may be readable now."""
 
 
 class EventFeed:
@@ -107,8 +127,33 @@ class EventFeed:
         event_scope(root_turn_id, conversation_id)
         if limit <= 0:
             return []
-        page = self._page(root_turn_id, conversation_id, FeedPosition.parse(after), limit)
-        return page.events
+        return self.read_page(
+            root_turn_id=root_turn_id, conversation_id=conversation_id, after=after, limit=limit
+        ).events
+
+    def read_page(
+        self,
+        *,
+        root_turn_id: str | None = None,
+        conversation_id: str | None = None,
+        after: FeedPosition | str | None = None,
+        limit: int = DEFAULT_EVENT_PAGE,
+    ) -> FeedPage:
+        """Like `read`, but return the page with the position after everything it went through.
+
+        The position can be past the last event's cursor: durable wake-ups on the live
+        channel are gone through but not returned.
+
+        Raises:
+            InvalidEventQuery: Neither or both of `root_turn_id` and `conversation_id` were given.
+            InvalidCursor: `after` is not a cursor of this feed.
+            StoreError: The durable log could not be read.
+        """
+        event_scope(root_turn_id, conversation_id)
+        start = after if isinstance(after, FeedPosition) else FeedPosition.parse(after)
+        if limit <= 0:
+            return FeedPage([], start, False)
+        return self._page(root_turn_id, conversation_id, start, limit)
 
     def follow(
         self,
@@ -121,56 +166,30 @@ class EventFeed:
     ) -> Generator[AgentEvent, None, None]:
         """Yield events after the cursor `after` as they come, until `timeout` seconds pass with none.
 
-        With a live channel it waits on the channel, waking for ephemeral events and for the
-        wake-ups runners publish after each save; it still reads the log at least every
-        `poll_interval` seconds, since a committed event becomes readable only once the
-        transactions that started before it have ended. Without one it polls the log.
+        With a live channel it waits on the channel: ephemeral events come straight from
+        the wait, and the log is read after the wake-ups runners publish after each save;
+        it is still read at least every `poll_interval` seconds, since a committed event
+        becomes readable only once the transactions that started before it have ended.
+        Without a live channel it polls the log. See `FeedFollower`.
 
         Raises:
             InvalidEventQuery: Neither or both of `root_turn_id` and `conversation_id` were given.
             InvalidCursor: `after` is not a cursor of this feed.
             StoreError: The durable log could not be read.
         """
-        event_scope(root_turn_id, conversation_id)
-        if poll_interval <= 0:
-            raise ValueError(f"poll_interval must be positive, got {poll_interval!r}")
-        position = FeedPosition.parse(after)
-        recent: OrderedDict[str, None] = OrderedDict()
+        follower = FeedFollower(
+            self, root_turn_id=root_turn_id, conversation_id=conversation_id, after=after, poll_interval=poll_interval
+        )
         idle_until = time.monotonic() + timeout
         while True:
-            page = self._page(root_turn_id, conversation_id, position, DEFAULT_EVENT_PAGE)
-            position = page.end
-            for event in page.events:
-                if event.event_id in recent:
-                    continue
-                recent[event.event_id] = None
-                if len(recent) > _REMEMBERED_IDS:
-                    recent.popitem(last=False)
+            events = follower.next_batch(max(0.0, idle_until - time.monotonic()))
+            if not events:
+                return
+            for event in events:
                 idle_until = time.monotonic() + timeout
                 yield event
-            if page.events:
-                continue
-            remaining = idle_until - time.monotonic()
-            if remaining <= 0:
-                return
-            self._pause(root_turn_id, conversation_id, position, min(poll_interval, remaining))
 
-    def _pause(self, root_turn_id: str | None, conversation_id: str | None, at: FeedPosition, seconds: float) -> None:
-        """Sleep until the live channel has something after `at`, or `seconds` pass."""
-        if self.live is not None:
-            started = time.monotonic()
-            try:
-                self.live.wait(
-                    root_turn_id=root_turn_id, conversation_id=conversation_id, after=at.live, timeout=seconds
-                )
-                return
-            except StoreError as exc:
-                logger.warning("waiting on the live event channel failed, polling instead: %s", exc)
-            seconds -= time.monotonic() - started
-        if seconds > 0:
-            time.sleep(seconds)
-
-    def _page(self, root_turn_id: str | None, conversation_id: str | None, start: FeedPosition, limit: int) -> _Page:
+    def _page(self, root_turn_id: str | None, conversation_id: str | None, start: FeedPosition, limit: int) -> FeedPage:
         """Merge the next events of both sources after `start`.
 
         The two sources are merged by timestamp, each keeping its own order, so every
@@ -183,6 +202,7 @@ class EventFeed:
         )
         durable_full = len(durable) >= limit
         live, live_full = self._live_page(root_turn_id, conversation_id, start.live, limit)
+        more = durable_full or live_full
         log_at, live_at = start.log, start.live
         out: list[AgentEvent] = []
         emitted: set[str] = set()
@@ -207,7 +227,7 @@ class EventFeed:
             if emit:
                 emitted.add(event.event_id)
                 out.append(event.model_copy(update={"cursor": str(FeedPosition(log_at, live_at))}))
-        return _Page(out, FeedPosition(log_at, live_at))
+        return FeedPage(out, FeedPosition(log_at, live_at), more or len(out) >= limit)
 
     def _live_page(
         self, root_turn_id: str | None, conversation_id: str | None, after: str | None, limit: int
@@ -240,3 +260,166 @@ class EventFeed:
             logger.warning("reading the live event channel failed; serving durable events only: %s", exc)
             return [], False
         return found, True
+
+
+class FeedFollower:
+    """Follows the events of a turn tree or a conversation from a position, one batch at a time.
+
+    `EventFeed.follow` runs one; callers that need more than a generator (the position
+    after everything handed out, batches with a deadline) use it directly. Not
+    thread-safe: one thread calls `next_batch` at a time.
+
+    What it reads, and when:
+
+    - the log (with a page of the live channel, merged as `EventFeed.read` does) first;
+      again at once after a full page; after a durable event was announced on the live
+      channel (a runner's wake-up after a save); and at least every `poll_interval`
+      seconds. An announced event that was not readable yet (on PostgreSQL it becomes
+      readable once the transactions that began before it have ended; a runner announces
+      some events, such as TOOL_STARTED, before their save) is looked for again after 10,
+      20, 40 ms and so on, up to the poll interval, until it comes.
+    - the live channel in between: it waits there, and hands out the ephemeral events the
+      wait returns directly, without a read of the log. At the first announcement of a
+      durable event it has not handed out, it stops and merges the log with the live
+      channel from there, so a turn's events keep the order of `read` wherever the log
+      has caught up.
+
+    Ephemeral events may thus come before a durable event that happened earlier but was
+    not readable yet (as `read` may have them too). Every event comes once: an event id
+    handed out is remembered (the last `_REMEMBERED_IDS`) and not handed out again.
+
+    Args:
+        feed: The feed to follow.
+        root_turn_id: The turn tree to follow (or `conversation_id`).
+        conversation_id: The conversation to follow.
+        after: Start after this feed cursor or position (None: from the start).
+        poll_interval: Longest time between two reads of the log, in seconds.
+
+    Raises:
+        InvalidEventQuery: Neither or both of `root_turn_id` and `conversation_id` were given.
+        InvalidCursor: `after` is not a cursor of this feed.
+        ValueError: `poll_interval` is not positive.
+    """
+
+    def __init__(
+        self,
+        feed: EventFeed,
+        *,
+        root_turn_id: str | None = None,
+        conversation_id: str | None = None,
+        after: FeedPosition | str | None = None,
+        poll_interval: float = 0.25,
+    ) -> None:
+        event_scope(root_turn_id, conversation_id)
+        if poll_interval <= 0:
+            raise ValueError(f"poll_interval must be positive, got {poll_interval!r}")
+        self.feed = feed
+        self.root_turn_id = root_turn_id
+        self.conversation_id = conversation_id
+        self.poll_interval = poll_interval
+        self.position = after if isinstance(after, FeedPosition) else FeedPosition.parse(after)
+        """Where the next read starts: after every event handed out and every wake-up gone through."""
+        self._recent: OrderedDict[str, None] = OrderedDict()
+        self._awaited: OrderedDict[str, float] = OrderedDict()
+        """Durable events announced on the live channel and not read from the log yet -> when announced."""
+        self._log_due = True
+        self._next_log_read = 0.0
+        self._retries = 0
+
+    def next_batch(self, timeout: float) -> list[AgentEvent]:
+        """Return the next events, waiting up to `timeout` seconds for some; empty when none came in that time.
+
+        Raises:
+            StoreError: The durable log could not be read. (A failing live channel is logged
+                and the log polled instead.)
+        """
+        deadline = time.monotonic() + max(timeout, 0.0)
+        while True:
+            if self._log_due or time.monotonic() >= self._next_log_read:
+                events = self._read_log()
+                if events:
+                    return events
+                if self._log_due:
+                    continue  # a full page of events handed out before: read on
+            now = time.monotonic()
+            remaining = deadline - now
+            if remaining <= 0:
+                return []
+            events = self._wait(min(remaining, max(self._next_log_read - now, 0.0)))
+            if events:
+                return events
+
+    def _read_log(self) -> list[AgentEvent]:
+        page = self.feed.read_page(
+            root_turn_id=self.root_turn_id,
+            conversation_id=self.conversation_id,
+            after=self.position,
+            limit=DEFAULT_EVENT_PAGE,
+        )
+        self.position = page.end
+        self._log_due = page.more
+        for event in page.events:
+            self._awaited.pop(event.event_id, None)
+        now = time.monotonic()
+        while self._awaited and (
+            len(self._awaited) > _MAX_AWAITED or next(iter(self._awaited.values())) < now - _AWAITED_S
+        ):
+            self._awaited.popitem(last=False)
+        if self._awaited:
+            # An announced event is not readable yet: look again soon, then less and less often.
+            self._next_log_read = now + min(self.poll_interval, _FIRST_RETRY_S * 2**self._retries)
+            self._retries += 1
+        else:
+            self._next_log_read = now + self.poll_interval
+            self._retries = 0
+        return self._fresh(page.events)
+
+    def _wait(self, seconds: float) -> list[AgentEvent]:
+        """Wait up to `seconds` on the live channel; return the ephemeral events it brought (see the class)."""
+        live = self.feed.live
+        if seconds <= 0:
+            return []
+        if live is None:
+            time.sleep(seconds)
+            return []
+        started = time.monotonic()
+        try:
+            found = live.wait(
+                root_turn_id=self.root_turn_id,
+                conversation_id=self.conversation_id,
+                after=self.position.live,
+                timeout=seconds,
+            )
+        except StoreError as exc:
+            logger.warning("waiting on the live event channel failed, polling instead: %s", exc)
+            left = seconds - (time.monotonic() - started)
+            if left > 0:
+                time.sleep(left)
+            return []
+        out: list[AgentEvent] = []
+        for event in found:
+            if event.type.is_durable:
+                if event.event_id not in self._recent:
+                    # A save's wake-up: the log has something new (or soon will). Merge from here.
+                    self._awaited[event.event_id] = time.monotonic()
+                    self._log_due = True
+                    self._retries = 0
+                    break
+                # The announcement of an event the log already gave: go past it.
+                self.position = FeedPosition(self.position.log, event.cursor)
+                continue
+            self.position = FeedPosition(self.position.log, event.cursor)
+            out.append(event.model_copy(update={"cursor": str(self.position)}))
+        return self._fresh(out)
+
+    def _fresh(self, events: list[AgentEvent]) -> list[AgentEvent]:
+        """The events not handed out before; remembers them."""
+        fresh: list[AgentEvent] = []
+        for event in events:
+            if event.event_id in self._recent:
+                continue
+            self._recent[event.event_id] = None
+            if len(self._recent) > _REMEMBERED_IDS:
+                self._recent.popitem(last=False)
+            fresh.append(event)
+        return fresh

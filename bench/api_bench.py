@@ -3,9 +3,10 @@
 Both servers run in the same run, on the same PostgreSQL server, under uvicorn with one
 process each:
 
-- `agent-runner serve --worker none`: POST /v1/turns validates the request, checks the
-  agent, saves the READY turn and its first message, and answers with the turn view
-  (nobody steps the turns, so only the API's own cost is measured);
+- `agent-runner serve --worker celery`: POST /v1/turns validates the request, checks the
+  agent, saves the READY turn and its first message, enqueues its first step on the Redis
+  broker (as for Celery workers) and answers with the turn view. No worker consumes the
+  queue, so only the API's own cost is measured: saved and enqueued;
 - a bare FastAPI app whose POST validates the same body with pydantic and does one INSERT.
 
 Each repetition sends requests from 16 client threads (keep-alive connections) for a
@@ -31,7 +32,18 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from _common import ROOT, Stat, arguments, latency_summary, log, machine_facts, pg_schema, write_results
+from _common import (
+    ROOT,
+    Stat,
+    arguments,
+    delete_redis_prefix,
+    latency_summary,
+    log,
+    machine_facts,
+    pg_schema,
+    redis_url,
+    write_results,
+)
 from pydantic import BaseModel, ConfigDict
 
 
@@ -113,6 +125,17 @@ def stop(process: subprocess.Popen[bytes]) -> None:
             process.wait(20)
 
 
+def queued_messages(prefix: str) -> int:
+    """Messages waiting in the run's Celery queue (each answered POST enqueued one)."""
+    from redis import Redis
+
+    client: Any = Redis.from_url(redis_url())
+    try:
+        return sum(int(client.llen(key)) for key in client.scan_iter(match=f"{prefix}:broker:{prefix}-queue*"))
+    finally:
+        client.close()
+
+
 def load(url: str, path: str, body: dict[str, Any], seconds: float) -> dict[str, Any]:
     """Send POSTs from `CLIENTS` threads for `seconds`; requests/s and latency of the 2xx answers."""
     latencies: list[list[float]] = [[] for _ in range(CLIENTS)]
@@ -150,9 +173,15 @@ def main() -> int:
     repetitions = 2 if args.quick else 3
     body = {"agent_id": "desk", "input": "hello"}
     results: dict[str, Any] = {"machine": machine_facts(), "clients": CLIENTS, "seconds_per_run": seconds}
+    prefix = f"bench-api-{uuid.uuid4().hex[:8]}"
     with pg_schema("apibench") as (database_url, _schema):
         env = {k: v for k, v in os.environ.items() if not k.startswith(("AGENT_RUNNER_", "CELERY_"))}
         env["AGENT_RUNNER_DATABASE_URL"] = database_url
+        # The Redis broker and keys of this run alone (deleted afterwards): the steps are enqueued there.
+        env["AGENT_RUNNER_REDIS_URL"] = env["CELERY_BROKER_URL"] = redis_url()
+        env["AGENT_RUNNER_REDIS_PREFIX"] = prefix
+        env["AGENT_RUNNER_BROKER_KEY_PREFIX"] = f"{prefix}:broker:"
+        env["AGENT_RUNNER_QUEUE"] = f"{prefix}-queue"
         env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "bench")])
         api_port, bare_port = free_port(), free_port()
         api = start(
@@ -164,7 +193,7 @@ def main() -> int:
                 "--port",
                 str(api_port),
                 "--worker",
-                "none",
+                "celery",
             ],
             env,
             api_port,
@@ -183,15 +212,18 @@ def main() -> int:
                     f"ratio {ratio:.2f}"
                 )
                 runs.append({"api": api_run, "bare": bare_run, "ratio": ratio})
+            results["enqueued"] = queued_messages(prefix)
         finally:
             stop(api)
             stop(bare)
+            delete_redis_prefix(redis_url(), prefix)
     for name in ("api", "bare"):
         results[name] = {
             key: Stat.of([run[name][key] for run in runs]).as_dict() for key in ("requests_per_s", "p50", "p99")
         }
         results[name]["failures"] = sum(run[name]["failures"] for run in runs)
     results["ratio_requests_per_s"] = Stat.of([run["ratio"] for run in runs]).as_dict()
+    results["answered"] = sum(run["api"]["n"] for run in runs)
     log(
         f"POST /v1/turns: {results['api']['requests_per_s']['median']:.0f} requests/s, "
         f"p50 {results['api']['p50']['median']:.1f} ms, p99 {results['api']['p99']['median']:.1f} ms; "

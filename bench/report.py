@@ -581,6 +581,88 @@ def memory_section(data: dict[str, Any]) -> str:
     )
 
 
+def api_section(data: dict[str, Any]) -> str:
+    api, bare = data["api"], data["bare"]
+    rows = [
+        [
+            "`POST /v1/turns` (`agent-runner serve --worker celery`): saved and enqueued",
+            spread(api["requests_per_s"]),
+            spread(api["p50"], 1),
+            spread(api["p99"], 1),
+            str(api["failures"]),
+        ],
+        [
+            "bare FastAPI `POST`: pydantic body, one INSERT",
+            spread(bare["requests_per_s"]),
+            spread(bare["p50"], 1),
+            spread(bare["p99"], 1),
+            str(bare["failures"]),
+        ],
+    ]
+    enqueued = data.get("enqueued")
+    answered = data.get("answered")
+    check = (
+        f" The run's Celery queue held {enqueued:,} step messages afterwards, one per answered start ({answered:,})."
+        if enqueued is not None and answered is not None
+        else ""
+    )
+    return (
+        f"{data['clients']} client threads with keep-alive connections send the same body for "
+        f"{data['seconds_per_run']:g} s to one server, then to the other, {api['requests_per_s']['n']} times; both "
+        "servers are one uvicorn process each, on the same PostgreSQL. Starting a turn validates the request, checks "
+        "the agent, saves the READY turn with its first message and event, and sends its first step to the Redis "
+        "broker (no worker consumes the queue here, so only the API's own cost is measured)."
+        + check
+        + "\n\n"
+        + table(["endpoint", "requests/s", "p50 ms", "p99 ms", "failed"], rows)
+        + f"\n\nStarting a turn runs at {times(data['ratio_requests_per_s'])} the requests/s of the bare INSERT "
+        "(ratio per repetition). The clients run on the same cores as the servers and the database."
+    )
+
+
+def sse_section(data: dict[str, Any]) -> str:
+    mb = 2**20
+    followers = data["followers"]
+    per_follower = (data["server_rss_peak_bytes"] - data["server_rss_idle_bytes"]) / followers
+    rows = [
+        ["events received (all followers)", f"{data['events_received']:,}"],
+        [
+            "delivery latency, every event: p50 / p90 / p99",
+            f"{data['all']['p50']:.1f} / {data['all']['p90']:.1f} / **{data['all']['p99']:.1f} ms**",
+        ],
+        ["deltas (MODEL_DELTA): p50 / p99", f"{data['deltas']['p50']:.1f} / {data['deltas']['p99']:.1f} ms"],
+        [
+            "durable events (save included): p50 / p99",
+            f"{data['durable']['p50']:.1f} / {data['durable']['p99']:.1f} ms",
+        ],
+        [
+            "server RSS: before the followers / connected / peak",
+            f"{data['server_rss_idle_bytes'] / mb:.0f} / {data['server_rss_connected_bytes'] / mb:.0f} / "
+            f"**{data['server_rss_peak_bytes'] / mb:.0f} MB** ({size(max(per_follower, 0))} per follower)",
+        ],
+        [
+            "server threads: before the followers / peak",
+            f"{data['server_threads_idle']} / {data['server_threads_peak']}",
+        ],
+        [
+            "server CPU while streaming",
+            f"{data['server_cpu_s']:.2f} s over {data['streaming_s']:.1f} s "
+            f"({data['server_cpu_ms_per_1000_events']:.0f} ms per 1,000 events delivered)",
+        ],
+        ["followers connected in", f"{data['connect_s']:.1f} s"],
+    ]
+    return (
+        f"{followers} clients follow one conversation (`GET /v1/conversations/{{id}}/events`) through a real "
+        "`agent-runner serve --worker celery` process on PostgreSQL and Redis, as behind Celery workers; the "
+        f"clients run in {data.get('processes', 2)} processes of their own. A runner with a worker's wiring (SQL store, "
+        f"chat memory, Redis live channel through the background publisher) runs {data['turns']} turn(s) whose model "
+        f"streams {data['deltas_per_turn']} deltas, one every {data['interval_s'] * 1000:g} ms. Latency: the "
+        "client's clock when the event arrived minus the event's `timestamp` (set when the runner creates it: for a "
+        "delta just before it is published, for a durable event before the save that writes it). One machine, one "
+        "clock; the clients, the server, the runner, PostgreSQL and Redis share its cores.\n\n" + table(["", ""], rows)
+    )
+
+
 # --- Plots ----------------------------------------------------------------------------------------
 
 
@@ -780,6 +862,10 @@ def render(everything: dict[str, Any], docs: Path) -> None:
         parts += ["## 5. Peers: LangGraph", peers_section(sections.get("durable"), sections.get("resume"))]
     if "memory" in sections:
         parts += ["## 6. Memory", memory_section(sections["memory"])]
+    if "api_bench" in sections:
+        parts += ["## 7. HTTP API: starting a turn", api_section(sections["api_bench"])]
+    if "sse_bench" in sections:
+        parts += ["## 8. Server-sent events: many followers of one conversation", sse_section(sections["sse_bench"])]
     parts += [NOTES_TITLE, limits_section(found, sections)]
     plots = ["## Plots"]
     if "durable" in sections:

@@ -4,8 +4,8 @@ Each section runs in a process of its own (`python bench/<section>.py --json ...
 section's imports, caches and garbage do not weigh on the next, and the memory section
 measures a clean process. The results are collected as JSON, then rendered by `report.py`.
 
-    python bench/run.py            # the full run (about 5-10 minutes on 2 cores)
-    python bench/run.py --quick    # a smoke run of every section (about 2 minutes)
+    python bench/run.py            # the full run (about 7-12 minutes on 2 cores)
+    python bench/run.py --quick    # a smoke run of every section (about 3 minutes)
     python bench/run.py --only durable,resume
     python bench/run.py --render-only DIR   # re-render docs from the JSON of an earlier run
 
@@ -27,7 +27,7 @@ from typing import Any
 
 from _common import HERE, ROOT, log, machine_facts
 
-SECTIONS = ("step_overhead", "durable", "store_growth", "resume", "celery_bench", "memory")
+SECTIONS = ("step_overhead", "durable", "store_growth", "resume", "celery_bench", "memory", "api_bench", "sse_bench")
 SECTION_TIMEOUT_S = 900
 
 

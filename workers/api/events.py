@@ -12,15 +12,21 @@ whenever the stream has been quiet for `KEEPALIVE_S`, so proxies keep the connec
 The turn stream ends with `event: end` once the root turn has ended and its events are
 out; `?follow=false` sends what is stored and closes.
 
-Following the feed blocks (it waits on the live channel), so each open stream holds a
-thread of its own pool while it waits, apart from the pool of the other routes.
+Following costs a stream no thread: the streams of a turn tree or a conversation take
+their events from one follower of that scope shared in the process (`workers.api.fanout`),
+which waits on the live channel and reads the log for all of them. Reads (a stream catching
+up from its cursor) run on a small pool of threads of their own, apart from the other
+routes'; so do the few streams that follow on their own (see `_Stream`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import threading
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections import OrderedDict
+from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
 import anyio
@@ -29,7 +35,9 @@ from fastapi import APIRouter, Depends, Header, Query
 from fastapi.responses import StreamingResponse
 
 from agent_runner import AgentEvent, EventFeed, ToolCall
-from agent_runner.persistence import DEFAULT_EVENT_PAGE
+from agent_runner.feed import FeedFollower, FeedPosition
+from agent_runner.persistence import DEFAULT_EVENT_PAGE, event_scope
+from workers.api.fanout import Detached, EventFanout, Subscription
 from workers.api.routes import ConversationId, RuntimeDep, TenantDep, TurnId, _errors, get_tenant
 from workers.api.runtime import Runtime
 from workers.api.tenancy import Tenant
@@ -39,9 +47,12 @@ KEEPALIVE_S = 10.0
 """Longest quiet stretch before a comment line is sent (at most 15 s is promised)."""
 
 STREAM_THREADS = 256
-"""Streams that can wait on the feed at the same time; more wait for a free thread."""
+"""Streams that can follow the feed on their own at the same time (a thread each); more wait for a thread."""
 
-_limiter: anyio.CapacityLimiter | None = None
+READ_THREADS = 32
+"""Threads the streams read on (catching up, checking their turn); more reads wait for one, holding no thread."""
+
+_limiters: dict[str, anyio.CapacityLimiter] = {}
 
 _CURSOR_PATTERN = r"^[A-Za-z0-9._:-]{0,256}$"
 
@@ -71,11 +82,11 @@ _SSE_RESPONSE: dict[int | str, dict[str, Any]] = {
 router = APIRouter(prefix="/v1", tags=["events"], dependencies=[Depends(get_tenant)])
 
 
-def _stream_limiter() -> anyio.CapacityLimiter:
-    global _limiter
-    if _limiter is None:
-        _limiter = anyio.CapacityLimiter(STREAM_THREADS)
-    return _limiter
+def _limiter(name: str, threads: int) -> anyio.CapacityLimiter:
+    limiter = _limiters.get(name)
+    if limiter is None:
+        limiter = _limiters[name] = anyio.CapacityLimiter(threads)
+    return limiter
 
 
 def format_event(event: AgentEvent, tenant: Tenant, mask: ArgumentMask) -> str:
@@ -105,26 +116,38 @@ def _masked(data: dict[str, Any], mask: ArgumentMask) -> dict[str, Any]:
 
 
 class _Stream:
-    """The events of one scope after a cursor, read and followed on a thread of the stream pool."""
+    """The events of one scope after a cursor: read from the feed, then taken from the scope's shared follower.
 
-    def __init__(self, feed: EventFeed, scope: dict[str, str], after: str | None) -> None:
+    Reads run on threads of the read pool. Following joins the scope's `EventFanout`
+    follower once the reads reached the end of the feed (see `workers.api.fanout`); a
+    stream that cannot join it (the server follows too many scopes, or the follower keeps
+    being elsewhere) follows the feed on its own, on a thread of a pool of such streams.
+    """
+
+    def __init__(self, feed: EventFeed, fanout: EventFanout, scope: dict[str, str], after: str | None) -> None:
         self.feed = feed
+        self.fanout = fanout
         self.root_turn_id = scope.get("root_turn_id")
         self.conversation_id = scope.get("conversation_id")
-        self.cursor = after
-        self._following: Iterator[AgentEvent] | None = None
+        self.scope = event_scope(self.root_turn_id, self.conversation_id)
+        self.position = FeedPosition.parse(after)
+        """Where the next read starts: after every event sent, and every wake-up gone through."""
+        self._caught_up = False
+        self._subscription: Subscription | None = None
+        self._alone: FeedFollower | None = None
+        self._missed_joins = 0
 
     def read_page(self) -> list[AgentEvent]:
-        """The stored events after the cursor (one page); moves the cursor past them."""
-        events = self.feed.read(
+        """The stored events after the position (one page); moves the position past them."""
+        page = self.feed.read_page(
             root_turn_id=self.root_turn_id,
             conversation_id=self.conversation_id,
-            after=self.cursor,
+            after=self.position,
             limit=DEFAULT_EVENT_PAGE,
         )
-        if events:
-            self.cursor = events[-1].cursor
-        return events
+        self.position = page.end
+        self._caught_up = not page.more
+        return page.events
 
     def root_end_stored(self) -> bool:
         """Whether the root turn's terminal event is readable, wherever it lies in the stream."""
@@ -137,23 +160,73 @@ class _Stream:
                 return False
             after = page[-1].cursor
 
-    def next_event(self, timeout: float) -> AgentEvent | None:
-        """The next event, waiting up to `timeout` seconds for one; None when none came."""
-        if self._following is None:
-            self._following = self.feed.follow(
-                root_turn_id=self.root_turn_id, conversation_id=self.conversation_id, after=self.cursor, timeout=timeout
+    async def next_events(self, timeout: float) -> list[AgentEvent]:
+        """The next events, waiting up to `timeout` seconds for some; empty when none came."""
+        deadline = time.monotonic() + timeout
+        while True:
+            remaining = max(0.0, deadline - time.monotonic())
+            if self._alone is not None:
+                alone = self._alone
+                events: list[AgentEvent] = await run_sync(
+                    alone.next_batch, remaining, abandon_on_cancel=True, limiter=_limiter("follow", STREAM_THREADS)
+                )
+                self.position = alone.position
+                return events
+            if self._subscription is None:
+                if not self._caught_up:
+                    events = await _in_thread(self.read_page)
+                    if events:
+                        return events
+                    continue
+                if not await self._join(remaining):
+                    return []
+                continue
+            try:
+                events = await self._subscription.next_batch(remaining)
+            except Detached:
+                self.leave()
+                continue
+            self.position = self._subscription.position
+            return events
+
+    async def _join(self, remaining: float) -> bool:
+        """Join the shared follower at the position reached; False when `remaining` ran out first."""
+        self._subscription = self.fanout.subscribe(self.scope, self.position)
+        if self._subscription is not None:
+            self._missed_joins = 0
+            return True
+        self._missed_joins += 1
+        if self._missed_joins > _JOIN_ATTEMPTS or not self.fanout.has_room(self.scope):
+            self._alone = FeedFollower(
+                self.feed, root_turn_id=self.root_turn_id, conversation_id=self.conversation_id, after=self.position
             )
-        try:
-            event = next(self._following)
-        except StopIteration:
-            self._following = None
-            return None
-        self.cursor = event.cursor
-        return event
+            return True
+        # The shared follower stands elsewhere: a moment behind this stream (it will get
+        # here) or ahead of it (a read gets this stream there). Wait a little, read, retry.
+        pause = min(remaining, _JOIN_RETRY_S * self._missed_joins)
+        await asyncio.sleep(pause)
+        self._caught_up = False
+        return pause < remaining
+
+    def leave(self) -> None:
+        """Stop following (reads go on from the position; following joins again)."""
+        if self._subscription is not None:
+            self.position = self._subscription.position
+            self._subscription.close()
+            self._subscription = None
+        if self._alone is not None:
+            self.position = self._alone.position
+            self._alone = None
+        self._caught_up = False
+
+
+_JOIN_ATTEMPTS = 5
+"""Joins of the shared follower a stream tries in a row before it follows on its own."""
+_JOIN_RETRY_S = 0.05
 
 
 async def _in_thread(function: Any, *args: Any) -> Any:
-    return await run_sync(function, *args, abandon_on_cancel=True, limiter=_stream_limiter())
+    return await run_sync(function, *args, abandon_on_cancel=True, limiter=_limiter("read", READ_THREADS))
 
 
 def _end(turn_id: str, status: str) -> str:
@@ -175,14 +248,55 @@ class _Writer:
 
     def __call__(self, event: AgentEvent) -> str:
         self.root_ended = self.root_ended or _ends_root(event, self.root_turn_id)
-        return format_event(event, self.tenant, self.mask)
+        if _has_arguments(event.data):
+            return format_event(event, self.tenant, self.mask)
+        return _shared_texts.text(event, self.tenant)
+
+
+def _has_arguments(data: dict[str, Any]) -> bool:
+    """Whether masking may change the event's data (see `_masked`)."""
+    return "arguments" in data or "tool_calls" in data
+
+
+class _SharedTexts:
+    """The SSE text of events without arguments to mask, kept for the other streams sending the same event.
+
+    The streams of a shared follower send the very same event objects, so each event is
+    formatted once rather than once per stream. Without arguments the text depends only
+    on the event and on the conversation id the tenant knows, which make the key (the
+    event object by identity, kept alive while its text is).
+    """
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._texts: OrderedDict[tuple[int, str | None], tuple[AgentEvent, str]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def text(self, event: AgentEvent, tenant: Tenant) -> str:
+        key = (id(event), tenant.shown_conversation(event.conversation_id))
+        with self._lock:
+            found = self._texts.get(key)
+        if found is not None and found[0] is event:
+            return found[1]
+        text = format_event(event, tenant, _no_arguments)
+        with self._lock:
+            self._texts[key] = (event, text)
+            if len(self._texts) > self.size:
+                self._texts.popitem(last=False)
+        return text
+
+
+def _no_arguments(call: ToolCall) -> dict[str, Any]:
+    raise AssertionError("an event with arguments is formatted with the stream's mask")
+
+
+_shared_texts = _SharedTexts(4096)
 
 
 async def _replay(stream: _Stream, page: list[AgentEvent], write: _Writer) -> AsyncIterator[str]:
     """Send `page` and every stored page after it."""
     while page:
-        for event in page:
-            yield write(event)
+        yield "".join(write(event) for event in page)
         page = await _in_thread(stream.read_page)
 
 
@@ -197,6 +311,7 @@ async def _finish(runtime: Runtime, stream: _Stream, write: _Writer, root_turn_i
     ref = await _in_thread(runtime.turn_store.get_ref, root_turn_id)
     if not ref.status.is_terminal:
         return
+    stream.leave()
     async for chunk in _replay(stream, await _in_thread(stream.read_page), write):
         yield chunk
     if write.root_ended or await _in_thread(stream.root_end_stored):
@@ -207,27 +322,31 @@ async def _finish(runtime: Runtime, stream: _Stream, write: _Writer, root_turn_i
 async def _follow(
     runtime: Runtime, stream: _Stream, first: list[AgentEvent], write: _Writer, root_turn_id: str | None
 ) -> AsyncIterator[str]:
-    yield ": stream open\n\n"
-    async for chunk in _replay(stream, first, write):
-        yield chunk
-    if root_turn_id is not None:
-        async for chunk in _finish(runtime, stream, write, root_turn_id):
-            yield chunk
-        if write.root_ended:
-            return
-    last_comment = time.monotonic()
-    while True:
-        event = await _in_thread(stream.next_event, KEEPALIVE_S)
-        if event is not None:
-            yield write(event)
-        if event is None or time.monotonic() - last_comment >= KEEPALIVE_S:
-            yield ": keep-alive\n\n"
-            last_comment = time.monotonic()
-        if root_turn_id is not None and (event is None or _ends_root(event, root_turn_id)):
+    try:
+        yield ": stream open\n\n"
+        if first:
+            yield "".join(write(event) for event in first)
+        if root_turn_id is not None:
             async for chunk in _finish(runtime, stream, write, root_turn_id):
                 yield chunk
             if write.root_ended:
                 return
+        last_comment = time.monotonic()
+        while True:
+            events = await stream.next_events(KEEPALIVE_S)
+            if events:
+                # One write per batch: a burst of deltas costs the server one send per stream.
+                yield "".join(write(event) for event in events)
+            if not events or time.monotonic() - last_comment >= KEEPALIVE_S:
+                yield ": keep-alive\n\n"
+                last_comment = time.monotonic()
+            if root_turn_id is not None and (not events or any(_ends_root(e, root_turn_id) for e in events)):
+                async for chunk in _finish(runtime, stream, write, root_turn_id):
+                    yield chunk
+                if write.root_ended:
+                    return
+    finally:
+        stream.leave()
 
 
 def _response(body: AsyncIterator[str]) -> StreamingResponse:
@@ -246,7 +365,7 @@ async def _open(
     follow: bool,
     root_turn_id: str | None,
 ) -> StreamingResponse:
-    stream = _Stream(runtime.events, scope, cursor)
+    stream = _Stream(runtime.events, runtime.fanout, scope, cursor)
     # The first page is read before answering, so a bad cursor is a 422 rather than a broken stream.
     first = await _in_thread(stream.read_page)
     write = _Writer(tenant, catalog_mask(runtime.agent_loader), root_turn_id)

@@ -27,6 +27,7 @@ import store
 from agent_runner import AgentEvent, AgentLoader, AgentRunner, AgentRunnerError, EventFeed, InMemoryLiveEvents
 from agent_runner.worker import AgentWorker
 from workers.agents import apply_runner_setup, load_agent_loader
+from workers.api.fanout import EventFanout
 from workers.api.settings import ApiSettings, WorkerMode
 from workers.database import open_database
 from workers.inbox import settle_stale_claims, start_next_message
@@ -38,6 +39,9 @@ INBOX_SWEEP_INTERVAL_S = 2.0
 """How often the inbox pump looks for idle conversations with queued messages it was not told about."""
 
 PURGE_INTERVAL_S = 3600.0
+
+STREAM_FOLLOWERS = 256
+"""Turn trees and conversations the SSE streams can follow through shared followers at once (a thread each)."""
 
 _STALE_INBOX_CLAIM = timedelta(seconds=60)
 
@@ -128,6 +132,7 @@ class Runtime:
         engine: The database engine all of them share.
         wake_inbox: Asks for a conversation's next queued message to be started.
         events: The event feed of the SSE routes (durable log plus live channel).
+        fanout: The followers of the feed the SSE streams share, one per scope.
     """
 
     settings: ApiSettings
@@ -139,6 +144,7 @@ class Runtime:
     engine: Engine
     wake_inbox: Callable[[str], object]
     events: EventFeed
+    fanout: EventFanout
     checks: dict[str, Callable[[], None]] = field(default_factory=dict)
     _starts: list[Callable[[], None]] = field(default_factory=list)
     _stops: list[Callable[[], None]] = field(default_factory=list)
@@ -234,6 +240,7 @@ def _sql_runtime(settings: ApiSettings, agent_loader: AgentLoader | None) -> Run
     # `none` mode they are the events of what this process does (starts, cancels).
     live = InMemoryLiveEvents()
     runner.add_event_listener(live.publish)
+    feed = EventFeed(database.turn_store, live)
     runtime = Runtime(
         settings=settings,
         runner=runner,
@@ -243,7 +250,8 @@ def _sql_runtime(settings: ApiSettings, agent_loader: AgentLoader | None) -> Run
         idempotency=idempotency,
         engine=database.engine,
         wake_inbox=pump.notify,
-        events=EventFeed(database.turn_store, live),
+        events=feed,
+        fanout=EventFanout(feed, max_scopes=STREAM_FOLLOWERS),
         checks={"database": _database_check(database.engine)},
     )
     # Stopped in reverse: the pump, then the worker (its steps in flight finish), then the pool.
@@ -261,6 +269,7 @@ def _sql_runtime(settings: ApiSettings, agent_loader: AgentLoader | None) -> Run
         runtime._stops.append(lambda: _stop_worker(worker))
     runtime._starts.append(pump.start)
     runtime._stops.append(pump.stop)
+    runtime._stops.append(runtime.fanout.close)  # stopped first: its threads read through the store
     return runtime
 
 
@@ -290,6 +299,7 @@ def _celery_runtime(settings: ApiSettings, agent_loader: AgentLoader | None) -> 
     memories = runner.chat_memory_provider
     assert isinstance(memories, store.SqlChatMemoryProvider)
     dispatcher = wiring.dispatcher
+    feed = EventFeed(wiring.turn_store, live)
 
     def check_redis() -> None:
         wiring.guard.holder("agent-runner-readiness-probe")
@@ -307,8 +317,10 @@ def _celery_runtime(settings: ApiSettings, agent_loader: AgentLoader | None) -> 
         idempotency=idempotency,
         engine=wiring.engine,
         wake_inbox=dispatcher.send_inbox,
-        events=EventFeed(wiring.turn_store, live),
+        events=feed,
+        fanout=EventFanout(feed, max_scopes=STREAM_FOLLOWERS),
         checks={"database": _database_check(wiring.engine), "redis": check_redis, "broker": check_broker},
     )
     runtime._stops.append(wiring.close)
+    runtime._stops.append(runtime.fanout.close)  # stopped first: its threads read through the wiring
     return runtime

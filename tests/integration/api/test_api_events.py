@@ -146,3 +146,48 @@ def test_a_delegating_turn_streams_its_childs_events_too(client: httpx.Client) -
     child = next(t for t in turns if t != parent)
     _, from_child = read_stream(client, f"/v1/turns/{child}/events", params={"follow": "false"}, until_end=False)
     assert event_ids(from_child) == event_ids(events)
+
+
+def test_many_streams_of_one_conversation_get_the_same_events_and_each_cursor_resumes(client: httpx.Client) -> None:
+    # Given a dozen clients following one conversation (they share one follower in the server)
+    chat = f"c-{uuid.uuid4().hex[:8]}"
+    received: dict[int, str] = {}
+    opened = threading.Barrier(13, timeout=20)
+
+    def listen(index: int) -> None:
+        with httpx.Client(base_url=str(client.base_url), timeout=30) as listener:
+            with listener.stream("GET", f"/v1/conversations/{chat}/events") as response:
+                chunks: list[str] = []
+                for chunk in response.iter_text():
+                    if not chunks:
+                        opened.wait()
+                    chunks.append(chunk)
+                    if "event: TURN_COMPLETED\n" in "".join(chunks):
+                        break
+                received[index] = "".join(chunks)
+
+    threads = [threading.Thread(target=listen, args=(i,)) for i in range(12)]
+    for thread in threads:
+        thread.start()
+    opened.wait()
+    # When a turn goes through its form and approval to the end
+    turn_id = finished_ticket(client, chat)
+    for thread in threads:
+        thread.join(30)
+    assert len(received) == 12
+    # Then each client got every stored event, in the order a replay gives
+    _, replay = read_stream(client, f"/v1/conversations/{chat}/events", params={"follow": "false"}, until_end=False)
+    streams = [parse_sse(text) for text in received.values()]
+    assert all(event_ids(events) == event_ids(replay) for events in streams)
+    assert {e["data"]["turn_id"] for e in replay} == {turn_id}
+    # And every cursor the live streams handed out resumes with exactly the rest
+    live = streams[0]
+    for index, event in enumerate(live):
+        _, rest = read_stream(
+            client,
+            f"/v1/conversations/{chat}/events",
+            params={"follow": "false"},
+            headers={"Last-Event-ID": event["id"]},
+            until_end=False,
+        )
+        assert event_ids(rest) == event_ids(live[index + 1 :])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -21,9 +22,11 @@ from agent_runner import (
     InvalidEventQuery,
     StoreUnavailableError,
 )
+from agent_runner.feed import FeedFollower
 from agent_runner.persistence import LiveEventChannel
 from store import RedisLiveEvents
 from store.keys import RedisKeys
+from tests.unit.agent_runner.feed_kit import CountingLog
 
 pytestmark = pytest.mark.integration
 
@@ -141,6 +144,48 @@ def test_a_feed_merges_the_redis_channel_with_the_durable_log(redis_url: str, ke
         assert next(followed).event_id == later.event_id
         followed.close()  # end the follow
         timer.join()
+
+
+def test_following_reads_the_log_for_saves_only_not_for_deltas(live: LiveEventChannel) -> None:
+    # Given a follower of a conversation on this channel, over a log that counts its reads
+    store = InMemoryAgentTurnStore()
+    log = CountingLog(store)
+    turn = AgentTurn(id="r-1", agent_id="a", conversation_id="c-1")
+    started = AgentEvent(event_id="r-1:0:0", type=E.TURN_STARTED, turn_id="r-1", conversation_id="c-1")
+    store.save(turn, -1, [started])
+    live.publish(started)
+    follower = FeedFollower(EventFeed(log, live), conversation_id="c-1", poll_interval=30)
+    assert ids(follower.next_batch(5)) == ["r-1:0:0"]
+    reads = log.reads
+    # When 30 deltas are published from another thread, a few milliseconds apart
+    deltas = [delta(n=n) for n in range(30)]
+
+    def stream() -> None:
+        for event in deltas:
+            live.publish(event)
+            time.sleep(0.002)
+
+    producer = threading.Thread(target=stream)
+    producer.start()
+    followed: list[AgentEvent] = []
+    while len(followed) < len(deltas):
+        batch = follower.next_batch(10)
+        assert batch, "the deltas stopped coming"
+        followed += batch
+    producer.join()
+    # Then they all came, and the log was not read for them
+    assert ids(followed) == ids(deltas)
+    assert log.reads == reads
+    # And a save's wake-up brings its event at once, with one read (the poll is 30 s away)
+    answer = AgentEvent(event_id="r-1:1:0", type=E.MODEL_RESPONSE, turn_id="r-1", conversation_id="c-1")
+    store.save(store.load("r-1"), 0, [answer])
+    timer = threading.Timer(0.05, live.publish, args=(answer,))
+    started_at = time.monotonic()
+    timer.start()
+    assert ids(follower.next_batch(10)) == ["r-1:1:0"]
+    timer.join()
+    assert time.monotonic() - started_at < 5
+    assert log.reads == reads + 1
 
 
 # --- Redis specifics ------------------------------------------------------------------------------

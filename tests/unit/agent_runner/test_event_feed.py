@@ -6,7 +6,6 @@ import logging
 import random
 import threading
 import time
-from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -24,67 +23,10 @@ from agent_runner import (
     InvalidEventQuery,
     StoreUnavailableError,
 )
+from agent_runner.feed import FeedFollower
+from tests.unit.agent_runner.feed_kit import CountingLog, Tree
 
 E = AgentEventType
-T0 = datetime(2030, 1, 1, tzinfo=UTC)
-
-
-class Tree:
-    """A turn tree in an in-memory store, with a runner's habits: save durable events, then publish them."""
-
-    def __init__(self, store: InMemoryAgentTurnStore, live: InMemoryLiveEvents, root: str = "r-1") -> None:
-        self.store = store
-        self.live = live
-        self.root = root
-        self.turns: dict[str, AgentTurn] = {}
-        self.clock = T0
-        self.save(root)
-
-    def tick(self) -> datetime:
-        self.clock += timedelta(milliseconds=1)
-        return self.clock
-
-    def save(self, turn_id: str, *types: E) -> list[AgentEvent]:
-        """Save the turn's next version with one durable event per type (TURN_STARTED when creating)."""
-        current = self.turns.get(turn_id)
-        if current is None:
-            parent = None if turn_id == self.root else self.root
-            current = AgentTurn(
-                id=turn_id,
-                agent_id="a",
-                root_turn_id=self.root,
-                parent_turn_id=parent,
-                conversation_id="c-1" if parent is None else None,
-            )
-            types = types or (E.TURN_STARTED,)
-        version = current.version + 1
-        events = [
-            AgentEvent(
-                event_id=f"{turn_id}:{version}:{n}",
-                type=t,
-                turn_id=turn_id,
-                root_turn_id=self.root,
-                conversation_id="c-1",
-                timestamp=self.tick(),
-            )
-            for n, t in enumerate(types)
-        ]
-        self.turns[turn_id] = self.store.save(current, version - 1, events)
-        for published in events:
-            self.live.publish(published)
-        return events
-
-    def delta(self, turn_id: str, text: str = "x", type: E = E.MODEL_DELTA) -> AgentEvent:
-        published = AgentEvent(
-            type=type,
-            turn_id=turn_id,
-            root_turn_id=self.root,
-            conversation_id="c-1",
-            timestamp=self.tick(),
-            data={"text": text},
-        )
-        self.live.publish(published)
-        return published
 
 
 @pytest.fixture
@@ -310,6 +252,121 @@ def test_follow_without_a_live_channel_polls_the_log(tree: Tree, store: InMemory
 def test_follow_refuses_a_non_positive_poll_interval(tree: Tree) -> None:
     with pytest.raises(ValueError):
         next(EventFeed(tree.store).follow(root_turn_id="r-1", timeout=1, poll_interval=0))
+
+
+# --- What following reads -------------------------------------------------------------------------
+
+
+@pytest.fixture
+def counting(store: InMemoryAgentTurnStore) -> CountingLog:
+    return CountingLog(store)
+
+
+def test_deltas_come_straight_from_the_live_channel_without_reading_the_log(
+    tree: Tree, live: InMemoryLiveEvents, counting: CountingLog
+) -> None:
+    # Given a follower that has read the log once (the poll is far away)
+    followed = EventFeed(counting, live).follow(conversation_id="c-1", timeout=5, poll_interval=60)
+    assert next(followed).event_id == "r-1:0:0"
+    assert counting.reads == 1
+    # When a model streams 50 deltas
+    deltas = [tree.delta("r-1", f"t{n}") for n in range(50)]
+    # Then every delta is followed, in order, and the log was not read again
+    assert [next(followed).event_id for _ in deltas] == ids(deltas)
+    assert counting.reads == 1
+    followed.close()
+
+
+def test_a_saves_wake_up_brings_its_durable_events_at_once(
+    tree: Tree, live: InMemoryLiveEvents, counting: CountingLog
+) -> None:
+    follower = FeedFollower(EventFeed(counting, live), conversation_id="c-1", poll_interval=60)
+    assert ids(follower.next_batch(1)) == ["r-1:0:0"]
+    # A producer saves from another thread while the follower waits (the poll is a minute away)
+    timer = threading.Timer(0.05, lambda: tree.save("r-1", E.MODEL_RESPONSE, E.TOOL_STARTED))
+    started = time.monotonic()
+    timer.start()
+    batch = follower.next_batch(10)
+    waited = time.monotonic() - started
+    timer.join()
+    # One read of the log brings both events of the save, well before the poll
+    assert ids(batch) == ["r-1:1:0", "r-1:1:1"]
+    assert waited < 2 and counting.reads == 2
+
+
+def test_an_announced_event_the_log_does_not_show_yet_is_looked_for_again_soon(
+    tree: Tree, live: InMemoryLiveEvents, counting: CountingLog
+) -> None:
+    follower = FeedFollower(EventFeed(counting, live), root_turn_id="r-1", poll_interval=60)
+    assert ids(follower.next_batch(1)) == ["r-1:0:0"]
+    # Given a save whose event stays unreadable for a while after its wake-up
+    counting.hide.add("r-1:1:0")
+    tree.save("r-1", E.TOOL_COMPLETED)
+    threading.Timer(0.1, counting.hide.clear).start()
+    started = time.monotonic()
+    # Then it comes within a few re-reads of the log, long before the poll
+    assert ids(follower.next_batch(10)) == ["r-1:1:0"]
+    assert time.monotonic() - started < 2
+    assert 2 < counting.reads < 12
+    # And once it came, the re-reads stop
+    reads = counting.reads
+    assert follower.next_batch(0.3) == []
+    assert counting.reads == reads
+
+
+def test_without_wake_ups_the_log_is_still_polled(store: InMemoryAgentTurnStore, counting: CountingLog) -> None:
+    # A live channel that never hears of the save (a wake-up lost, or a process without a channel)
+    tree = Tree(store, InMemoryLiveEvents())
+    follower = FeedFollower(EventFeed(counting, InMemoryLiveEvents()), root_turn_id="r-1", poll_interval=0.05)
+    assert ids(follower.next_batch(1)) == ["r-1:0:0"]
+    tree.save("r-1", E.TURN_COMPLETED)
+    assert ids(follower.next_batch(2)) == ["r-1:1:0"]
+
+
+def test_a_delta_after_a_wake_up_comes_after_the_durable_event(tree: Tree, store: InMemoryAgentTurnStore) -> None:
+    live = tree.live
+    follower = FeedFollower(EventFeed(store, live), conversation_id="c-1", poll_interval=60)
+    follower.next_batch(1)
+    before = tree.delta("r-1")
+    (saved,) = tree.save("r-1", E.MODEL_RESPONSE)
+    after = tree.delta("r-1")
+    followed: list[AgentEvent] = []
+    while batch := follower.next_batch(0.05):
+        followed += batch
+    assert ids(followed) == [before.event_id, saved.event_id, after.event_id]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_following_gives_what_reading_gives_and_reads_the_log_once_per_save(
+    tree: Tree, store: InMemoryAgentTurnStore, live: InMemoryLiveEvents, counting: CountingLog, seed: int
+) -> None:
+    # Given a follower that takes what there is between random deltas and saves of a tree
+    rng = random.Random(seed)
+    feed = EventFeed(counting, live)
+    follower = FeedFollower(feed, conversation_id="c-1", poll_interval=60)
+    followed: list[AgentEvent] = []
+    saves = 0
+    for _ in range(80):
+        turn_id = rng.choice(["r-1", "r-1.a", "r-1.b"])
+        roll = rng.random()
+        if roll < 0.5:
+            tree.delta(turn_id, type=rng.choice([E.MODEL_DELTA, E.TOOL_PROGRESS]))
+        elif roll < 0.8:
+            tree.save(turn_id, *rng.choices([E.MODEL_RESPONSE, E.TOOL_STARTED, E.TOOL_COMPLETED], k=rng.randint(1, 3)))
+            saves += 1
+        else:
+            while batch := follower.next_batch(0.001):
+                followed += batch
+    while batch := follower.next_batch(0.001):
+        followed += batch
+    # Then the log was read once at the start and at most once per save
+    assert counting.reads <= 1 + saves
+    # And it followed exactly what a read of everything returns, in the same order
+    everything = EventFeed(store, live).read(conversation_id="c-1", limit=10_000)
+    assert ids(followed) == ids(everything)
+    # And each cursor it handed out resumes with exactly the rest
+    for index, event in enumerate(followed):
+        assert ids(feed.read(conversation_id="c-1", after=event.cursor, limit=10_000)) == ids(followed[index + 1 :])
 
 
 # --- InMemoryLiveEvents ---------------------------------------------------------------------------
