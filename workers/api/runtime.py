@@ -14,7 +14,6 @@ Every mode also purges old idempotency keys once an hour.
 from __future__ import annotations
 
 import logging
-import queue
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -24,94 +23,17 @@ from typing import Any
 from sqlalchemy import Engine, text
 
 import store
-from agent_runner import AgentEvent, AgentLoader, AgentRunner, AgentRunnerError, EventFeed, InMemoryLiveEvents
+from agent_runner import AgentLoader, AgentRunner, AgentRunnerError, EventFeed, InMemoryLiveEvents
 from agent_runner.worker import AgentWorker
 from workers.agents import apply_runner_setup, load_agent_loader
 from workers.api.settings import ApiSettings, WorkerMode
 from workers.database import open_database
-from workers.inbox import settle_stale_claims, start_next_message
+from workers.inbox import INBOX_SWEEP_INTERVAL_S, InboxPump
 from workers.telemetry import instrument
 
 logger = logging.getLogger("workers.api")
 
-INBOX_SWEEP_INTERVAL_S = 2.0
-"""How often the inbox pump looks for idle conversations with queued messages it was not told about."""
-
 PURGE_INTERVAL_S = 3600.0
-
-_STALE_INBOX_CLAIM = timedelta(seconds=60)
-
-
-class InboxPump:
-    """Starts queued inbox messages on a background thread (embedded and `none` modes).
-
-    It is told about conversations whose turn ended (`on_event`, a runner listener) and
-    about messages queued while their conversation was free (`notify`); a sweep every
-    `interval` seconds catches the rest (turns ended in other processes, a restart).
-
-    Args:
-        runner: Starts the turns.
-        inbox: The queues.
-        default_agent: Agent for messages queued without one (`AGENT_RUNNER_INBOX_AGENT`).
-        interval: Seconds between sweeps.
-    """
-
-    def __init__(self, runner: AgentRunner, inbox: store.Inbox, default_agent: str | None, interval: float) -> None:
-        self.runner = runner
-        self.inbox = inbox
-        self.default_agent = default_agent
-        self.interval = interval
-        self._pending: queue.SimpleQueue[str | None] = queue.SimpleQueue()
-        self._thread: threading.Thread | None = None
-        self._stopping = threading.Event()
-
-    def on_event(self, event: AgentEvent) -> None:
-        """Runner listener: a conversation turn ended, so its next message may start."""
-        if event.type.is_terminal and event.conversation_id is not None:
-            self.notify(event.conversation_id)
-
-    def notify(self, conversation_id: str) -> None:
-        """Try to start the conversation's next message soon."""
-        self._pending.put(conversation_id)
-
-    def start(self) -> None:
-        """Start the pump thread."""
-        self._stopping.clear()
-        self._thread = threading.Thread(target=self._loop, name="agent-runner-inbox", daemon=True)
-        self._thread.start()
-
-    def stop(self, timeout: float = 10.0) -> None:
-        """Stop the pump thread."""
-        self._stopping.set()
-        self._pending.put(None)
-        if self._thread is not None:
-            self._thread.join(timeout)
-
-    def _loop(self) -> None:
-        while not self._stopping.is_set():
-            try:
-                conversation = self._pending.get(timeout=self.interval)
-            except queue.Empty:
-                conversation = None
-                self._guarded(self.sweep)
-            if conversation is not None:
-                self._guarded(self.serve, conversation)
-
-    def _guarded(self, action: Callable[..., object], *args: Any) -> None:
-        try:
-            action(*args)
-        except Exception:
-            logger.exception("the inbox pump failed; it tries again at the next sweep")
-
-    def serve(self, conversation_id: str) -> None:
-        """Start the conversation's next message if it is free."""
-        start_next_message(self.runner, self.inbox, self.default_agent, conversation_id, ask_again=self.notify)
-
-    def sweep(self) -> None:
-        """Settle claims of a server that died mid-start, then serve every idle conversation with a message."""
-        settle_stale_claims(self.runner, self.inbox, self.runner.clock() - _STALE_INBOX_CLAIM)
-        for conversation_id in self.inbox.conversations_ready():
-            self.serve(conversation_id)
 
 
 @dataclass
