@@ -2,11 +2,13 @@
 
 - `embedded`: an `AgentRunner` on the SQL store with an `AgentWorker` stepping turns on
   threads of the server process (SQL leases; SQLite migrates itself) and sweeping the
-  deadlines of approvals and forms (beat does it for Celery deployments), and an inbox
-  pump that starts queued messages when their conversation frees.
+  deadlines of approvals and forms (beat does it for Celery deployments), an inbox pump
+  that starts queued messages when their conversation frees, and a `Scheduler` firing the
+  scheduled turns of `AGENT_RUNNER_SCHEDULES` (beat does it for Celery deployments).
 - `celery`: the Celery wiring of `workers.wiring` (dispatching runner, Redis guard,
   broker); the Celery workers step turns and `dispatch_inbox` starts queued messages.
-- `none`: the SQL store and the inbox pump only; turns are stepped elsewhere.
+- `none`: the SQL store and the inbox pump only; turns are stepped elsewhere, and the
+  scheduled turns are fired where they are stepped (`agent-runner worker`, or beat).
 
 Every mode also purges old idempotency keys once an hour.
 """
@@ -18,7 +20,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Engine, text
 
@@ -30,6 +32,9 @@ from workers.api.settings import ApiSettings, WorkerMode
 from workers.database import open_database
 from workers.inbox import INBOX_SWEEP_INTERVAL_S, InboxPump
 from workers.telemetry import instrument
+
+if TYPE_CHECKING:
+    from workers.scheduler import Scheduler
 
 logger = logging.getLogger("workers.api")
 
@@ -183,7 +188,27 @@ def _sql_runtime(settings: ApiSettings, agent_loader: AgentLoader | None) -> Run
         runtime._stops.append(lambda: _stop_worker(worker))
     runtime._starts.append(pump.start)
     runtime._stops.append(pump.stop)
+    if settings.worker_mode is WorkerMode.EMBEDDED and worker_settings.schedules is not None:
+        try:
+            scheduler = _scheduler(runner, database.inbox, worker_settings.schedules, pump.notify)
+        except BaseException:
+            database.close()
+            raise
+        runtime._starts.append(scheduler.start)
+        runtime._stops.append(lambda: _stop_scheduler(scheduler))  # first: no tick starts a turn as the rest stops
     return runtime
+
+
+def _scheduler(runner: AgentRunner, inbox: store.Inbox, spec: str, notify_inbox: Callable[[str], object]) -> Scheduler:
+    # Imported here: the schedules read cron fields with Celery's parser.
+    from workers.scheduler import build_scheduler
+
+    return build_scheduler(runner, inbox, spec, notify_inbox=notify_inbox)
+
+
+def _stop_scheduler(scheduler: Scheduler) -> None:
+    if not scheduler.stop(timeout=10.0):
+        logger.warning("the scheduler was still firing a tick after 10 s; the server stops without it")
 
 
 def _stop_worker(worker: AgentWorker) -> None:
