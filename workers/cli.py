@@ -53,6 +53,7 @@ from workers.views import (
 if TYPE_CHECKING:
     from store import SqlAgentTurnStore
     from workers.database import Database
+    from workers.scheduler import Scheduler
 
 EXIT_BAD_INPUT = 2
 EXIT_FAILURE = 1
@@ -383,23 +384,37 @@ def db_upgrade(obj: _Context) -> None:
 def worker(obj: _Context, concurrency: int, lease_ttl: float, poll_interval: float, run_for: float | None) -> None:
     """Run the embedded AgentWorker (SQL leases, no Redis or Celery needed).
 
-    It also applies approval and form deadlines and their reminders, every
-    AGENT_RUNNER_DEADLINE_SWEEP_INTERVAL_S seconds.
+    Besides stepping turns it does what beat and the Celery tasks do for a Celery
+    deployment: it applies approval and form deadlines and their reminders (every
+    AGENT_RUNNER_DEADLINE_SWEEP_INTERVAL_S seconds), starts queued inbox messages when
+    their conversation frees, and fires the scheduled turns of AGENT_RUNNER_SCHEDULES
+    (each tick starts one turn, however many processes fire it).
     """
     from agent_runner.worker import AgentWorker
     from store import SqlTurnLease
+    from workers.inbox import INBOX_SWEEP_INTERVAL_S, InboxPump
 
+    settings = obj.settings()
     runner = obj.embedded_runner()
+    database = obj.database()
+    pump = InboxPump(runner, database.inbox, settings.inbox_agent, INBOX_SWEEP_INTERVAL_S)
+    runner.add_event_listener(pump.on_event)
+    scheduler = _scheduler(runner, database, settings.schedules, pump.notify)
     embedded = AgentWorker(
         runner,
-        lease=SqlTurnLease(obj.database().engine),
+        lease=SqlTurnLease(database.engine),
         concurrency=concurrency,
         lease_ttl=lease_ttl,
         poll_interval=poll_interval,
-        deadline_interval=obj.settings().deadline_sweep_interval_s,
+        deadline_interval=settings.deadline_sweep_interval_s,
     )
-    click.echo(f"worker {embedded.owner} stepping turns with {concurrency} thread(s); Ctrl-C stops", err=True)
+    names = ", ".join(schedule.name for schedule in scheduler.schedules) if scheduler is not None else ""
+    firing = f", firing schedules {names}" if names else ""
+    click.echo(f"worker {embedded.owner} stepping turns with {concurrency} thread(s){firing}; Ctrl-C stops", err=True)
     embedded.start()
+    pump.start()
+    if scheduler is not None:
+        scheduler.start()
     try:
         deadline = None if run_for is None else time.monotonic() + run_for
         while deadline is None or time.monotonic() < deadline:
@@ -407,7 +422,25 @@ def worker(obj: _Context, concurrency: int, lease_ttl: float, poll_interval: flo
     except KeyboardInterrupt:
         pass
     finally:
+        if scheduler is not None:
+            scheduler.stop()
+        pump.stop()
         embedded.stop()
+
+
+def _scheduler(
+    runner: AgentRunner, database: Database, spec: str | None, notify_inbox: Callable[[str], object]
+) -> Scheduler | None:
+    """The scheduler of `AGENT_RUNNER_SCHEDULES` (None when unset); schedules that cannot be loaded end the command."""
+    if spec is None:
+        return None
+    from workers.scheduler import build_scheduler
+    from workers.schedules import ScheduleError
+
+    try:
+        return build_scheduler(runner, database.inbox, spec, notify_inbox=notify_inbox)
+    except ScheduleError as exc:
+        _fail(str(exc), EXIT_BAD_INPUT)
 
 
 def _is_loopback(host: str) -> bool:
@@ -704,9 +737,16 @@ def _not_json(name: str) -> Any:
     raise ValueError(f"{name} is not a JSON value")
 
 
+SCHEDULERS = (
+    "fired by every `agent-runner worker` and `agent-runner serve` (worker embedded) on the database, "
+    "or by `celery -A workers.app beat` in a Celery deployment; each tick starts one turn"
+)
+"""Which processes fire the scheduled turns, as `schedules list` says."""
+
+
 @main.group()
 def schedules() -> None:
-    """Scheduled turns (run by `celery -A workers.app beat`)."""
+    """Scheduled turns, fired by `agent-runner worker`, `agent-runner serve` (embedded) or Celery beat."""
 
 
 @schedules.command("list")
@@ -732,6 +772,7 @@ def schedules_list(obj: _Context, spec: str | None) -> None:
     def human() -> None:
         if not found:
             click.echo("no schedules (set AGENT_RUNNER_SCHEDULES or pass --schedules)")
+            return
         for schedule in found:
             upcoming = schedule.next_run(now)
             local = upcoming.astimezone(ZoneInfo(schedule.timezone))
@@ -740,6 +781,7 @@ def schedules_list(obj: _Context, spec: str | None) -> None:
                 f"conversation {schedule.conversation_id or '-'}  if busy {schedule.if_busy}  "
                 f"next {local:%Y-%m-%d %H:%M:%S %Z}"
             )
+        click.echo(f"({SCHEDULERS})")
 
     obj.emit(rows, human)
 

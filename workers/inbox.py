@@ -3,25 +3,35 @@
 A message waits in the `store.Inbox` while its conversation has an active turn. Once the
 conversation is free, `start_next_message` claims the next message and starts its turn
 (saved READY; whoever steps turns takes it from there). The Celery task `dispatch_inbox`,
-the HTTP server's embedded inbox pump and anything else that drains an inbox call it, so
-every path starts a message the same way and at most once.
+the `InboxPump` of the embedded processes (the HTTP server, `agent-runner worker`) and
+anything else that drains an inbox call it, so every path starts a message the same way
+and at most once.
 
 `enqueue_message` is the public way to queue a message for a conversation that may be
 busy: the message waits its turn, and starts at once when the conversation is free.
 
 `settle_stale_claims` repairs what a process that died between claiming a message and
-marking it left behind; beat's inbox sweep and the HTTP server's inbox pump both call it.
+marking it left behind; beat's inbox sweep and the inbox pump both call it.
 """
 
 from __future__ import annotations
 
 import logging
+import queue
+import threading
 from collections.abc import Callable
-from datetime import datetime
+from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
-from agent_runner import AgentConversationBusyException, AgentRunner, AgentRunnerError, DefinitionError, UserMessage
+from agent_runner import (
+    AgentConversationBusyException,
+    AgentEvent,
+    AgentRunner,
+    AgentRunnerError,
+    DefinitionError,
+    UserMessage,
+)
 from agent_runner._base import new_id
 from agent_runner.limits import check_reference, check_turn_input
 from store import Inbox, InboxMessage
@@ -63,9 +73,10 @@ def enqueue_message(
     from `workers.build_runner()` a `dispatch_inbox` message goes to the Celery workers;
     with any other runner the next message starts here if the conversation is free (the
     turn is saved READY for whoever steps turns). Either way a message queued behind a
-    busy conversation starts when its active turn ends: the Celery workers (and the HTTP
-    server) ask for the next message then; an embedded deployment of your own calls
-    `start_next_message` when a conversation turn ends.
+    busy conversation starts when its active turn ends: the Celery workers, the HTTP
+    server and `agent-runner worker` ask for the next message then; an embedded deployment
+    of your own runs an `InboxPump` (or calls `start_next_message` when a conversation
+    turn ends).
 
     Args:
         runner: The runner of the deployment.
@@ -240,3 +251,84 @@ def turn_started_from(runner: AgentRunner, conversation_id: str, message_id: str
         # Projected, so a turn was started from it, but it is beyond the search window.
         return turns[0].id if turns else None
     return min(carrying, key=lambda t: t.created_at).id
+
+
+INBOX_SWEEP_INTERVAL_S = 2.0
+"""How often an inbox pump looks for idle conversations with queued messages it was not told about."""
+
+_STALE_INBOX_CLAIM = timedelta(seconds=60)
+
+
+class InboxPump:
+    """Starts queued inbox messages on a background thread of an embedded process.
+
+    The HTTP server (embedded and `none` modes) and `agent-runner worker` run one, so any
+    process that steps turns without Celery also starts the queued messages of the
+    conversations it frees. It is told about conversations whose turn ended (`on_event`, a
+    runner listener) and about messages queued while their conversation was free
+    (`notify`); a sweep every `interval` seconds catches the rest (turns ended in other
+    processes, a restart).
+
+    Args:
+        runner: Starts the turns.
+        inbox: The queues.
+        default_agent: Agent for messages queued without one (`AGENT_RUNNER_INBOX_AGENT`).
+        interval: Seconds between sweeps.
+    """
+
+    def __init__(self, runner: AgentRunner, inbox: Inbox, default_agent: str | None, interval: float) -> None:
+        self.runner = runner
+        self.inbox = inbox
+        self.default_agent = default_agent
+        self.interval = interval
+        self._pending: queue.SimpleQueue[str | None] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._stopping = threading.Event()
+
+    def on_event(self, event: AgentEvent) -> None:
+        """Runner listener: a conversation turn ended, so its next message may start."""
+        if event.type.is_terminal and event.conversation_id is not None:
+            self.notify(event.conversation_id)
+
+    def notify(self, conversation_id: str) -> None:
+        """Try to start the conversation's next message soon."""
+        self._pending.put(conversation_id)
+
+    def start(self) -> None:
+        """Start the pump thread."""
+        self._stopping.clear()
+        self._thread = threading.Thread(target=self._loop, name="agent-runner-inbox", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop the pump thread."""
+        self._stopping.set()
+        self._pending.put(None)
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def _loop(self) -> None:
+        while not self._stopping.is_set():
+            try:
+                conversation = self._pending.get(timeout=self.interval)
+            except queue.Empty:
+                conversation = None
+                self._guarded(self.sweep)
+            if conversation is not None:
+                self._guarded(self.serve, conversation)
+
+    def _guarded(self, action: Callable[..., object], *args: Any) -> None:
+        try:
+            action(*args)
+        except Exception:
+            logger.exception("the inbox pump failed; it tries again at the next sweep")
+
+    def serve(self, conversation_id: str) -> None:
+        """Start the conversation's next message if it is free."""
+        start_next_message(self.runner, self.inbox, self.default_agent, conversation_id, ask_again=self.notify)
+
+    def sweep(self) -> None:
+        """Settle claims of a process that died mid-start, then serve every idle conversation with a message."""
+        settle_stale_claims(self.runner, self.inbox, self.runner.clock() - _STALE_INBOX_CLAIM)
+        for conversation_id in self.inbox.conversations_ready():
+            self.serve(conversation_id)

@@ -1,18 +1,21 @@
-"""Scheduled turns: start a turn for an agent at cron times or fixed intervals, from `celery beat`.
+"""Scheduled turns: start a turn for an agent at cron times or fixed intervals.
 
 A `Schedule` names the agent, the input text and, optionally, the conversation of the
 turns it starts; `every=` (a fixed interval) or `cron=` (five cron fields, read in
 `timezone`) says when. Declare them in Python or in a YAML or JSON file, and point
-`AGENT_RUNNER_SCHEDULES` at them; the Celery app puts one beat entry per schedule into
-its beat schedule, and `celery -A workers.app beat` sends a `run_schedule` message at
-each tick.
+`AGENT_RUNNER_SCHEDULES` at them. In a Celery deployment the app puts one beat entry per
+schedule into its beat schedule, and `celery -A workers.app beat` sends a `run_schedule`
+message at each tick; without Celery, `agent-runner worker` and `agent-runner serve`
+(embedded mode) fire the ticks from a thread (`workers.scheduler`). Both end in
+`fire_schedule`.
 
 Each tick starts exactly one turn, even when two beat processes run by mistake. Beat
 computes the tick's time when it sends the message (the newest tick not after its
 clock), so every beat names the same tick, and the turn's id is derived from the
 schedule's name and that time: a second start of the same tick finds the turn stored and
 does nothing. A tick queued through a conversation's inbox uses the same id as its
-inbox message id, which the inbox also accepts once.
+inbox message id, which the inbox also accepts once. The embedded scheduler names its
+ticks the same way, so any number of embedded processes fire each tick once too.
 
 Ticks of `every=` schedules fall on whole multiples of the interval since 1970-01-01
 00:00 UTC (`every=timedelta(hours=1)` fires on the hour), whatever time beat started.

@@ -58,7 +58,8 @@ def create_app(
         environ: The environment to read instead of `os.environ`.
 
     Raises:
-        SettingsError: A setting cannot be used.
+        SettingsError: A setting cannot be used (`ScheduleError` for schedules that cannot
+            be loaded, in the embedded mode, which fires them).
     """
     settings = settings if settings is not None else ApiSettings.from_env(environ)
     if database_url is not None:
@@ -70,6 +71,12 @@ def create_app(
     if worker is not None:
         settings = replace(settings, worker_mode=WorkerMode(worker))
     final = settings
+    if final.worker_mode is WorkerMode.EMBEDDED and final.workers.schedules is not None:
+        # The embedded worker fires the scheduled turns: a definition it cannot load stops
+        # the start here, before the server listens, as it stops `celery beat`.
+        from workers.schedules import load_schedules
+
+        load_schedules(final.workers.schedules)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

@@ -2,11 +2,13 @@
 
 - `embedded`: an `AgentRunner` on the SQL store with an `AgentWorker` stepping turns on
   threads of the server process (SQL leases; SQLite migrates itself) and sweeping the
-  deadlines of approvals and forms (beat does it for Celery deployments), and an inbox
-  pump that starts queued messages when their conversation frees.
+  deadlines of approvals and forms (beat does it for Celery deployments), an inbox pump
+  that starts queued messages when their conversation frees, and a `Scheduler` firing the
+  scheduled turns of `AGENT_RUNNER_SCHEDULES` (beat does it for Celery deployments).
 - `celery`: the Celery wiring of `workers.wiring` (dispatching runner, Redis guard,
   broker); the Celery workers step turns and `dispatch_inbox` starts queued messages.
-- `none`: the SQL store and the inbox pump only; turns are stepped elsewhere.
+- `none`: the SQL store and the inbox pump only; turns are stepped elsewhere, and the
+  scheduled turns are fired where they are stepped (`agent-runner worker`, or beat).
 
 Every mode also purges old idempotency keys once an hour.
 """
@@ -14,108 +16,33 @@ Every mode also purges old idempotency keys once an hour.
 from __future__ import annotations
 
 import logging
-import queue
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Engine, text
 
 import store
-from agent_runner import AgentEvent, AgentLoader, AgentRunner, AgentRunnerError, EventFeed, InMemoryLiveEvents
+from agent_runner import AgentLoader, AgentRunner, AgentRunnerError, EventFeed, InMemoryLiveEvents
 from agent_runner.worker import AgentWorker
 from workers.agents import apply_runner_setup, load_agent_loader
 from workers.api.fanout import EventFanout
 from workers.api.settings import ApiSettings, WorkerMode
 from workers.database import open_database
-from workers.inbox import settle_stale_claims, start_next_message
+from workers.inbox import INBOX_SWEEP_INTERVAL_S, InboxPump
 from workers.telemetry import instrument
 
-logger = logging.getLogger("workers.api")
+if TYPE_CHECKING:
+    from workers.scheduler import Scheduler
 
-INBOX_SWEEP_INTERVAL_S = 2.0
-"""How often the inbox pump looks for idle conversations with queued messages it was not told about."""
+logger = logging.getLogger("workers.api")
 
 PURGE_INTERVAL_S = 3600.0
 
 STREAM_FOLLOWERS = 256
 """Turn trees and conversations the SSE streams can follow through shared followers at once (a thread each)."""
-
-_STALE_INBOX_CLAIM = timedelta(seconds=60)
-
-
-class InboxPump:
-    """Starts queued inbox messages on a background thread (embedded and `none` modes).
-
-    It is told about conversations whose turn ended (`on_event`, a runner listener) and
-    about messages queued while their conversation was free (`notify`); a sweep every
-    `interval` seconds catches the rest (turns ended in other processes, a restart).
-
-    Args:
-        runner: Starts the turns.
-        inbox: The queues.
-        default_agent: Agent for messages queued without one (`AGENT_RUNNER_INBOX_AGENT`).
-        interval: Seconds between sweeps.
-    """
-
-    def __init__(self, runner: AgentRunner, inbox: store.Inbox, default_agent: str | None, interval: float) -> None:
-        self.runner = runner
-        self.inbox = inbox
-        self.default_agent = default_agent
-        self.interval = interval
-        self._pending: queue.SimpleQueue[str | None] = queue.SimpleQueue()
-        self._thread: threading.Thread | None = None
-        self._stopping = threading.Event()
-
-    def on_event(self, event: AgentEvent) -> None:
-        """Runner listener: a conversation turn ended, so its next message may start."""
-        if event.type.is_terminal and event.conversation_id is not None:
-            self.notify(event.conversation_id)
-
-    def notify(self, conversation_id: str) -> None:
-        """Try to start the conversation's next message soon."""
-        self._pending.put(conversation_id)
-
-    def start(self) -> None:
-        """Start the pump thread."""
-        self._stopping.clear()
-        self._thread = threading.Thread(target=self._loop, name="agent-runner-inbox", daemon=True)
-        self._thread.start()
-
-    def stop(self, timeout: float = 10.0) -> None:
-        """Stop the pump thread."""
-        self._stopping.set()
-        self._pending.put(None)
-        if self._thread is not None:
-            self._thread.join(timeout)
-
-    def _loop(self) -> None:
-        while not self._stopping.is_set():
-            try:
-                conversation = self._pending.get(timeout=self.interval)
-            except queue.Empty:
-                conversation = None
-                self._guarded(self.sweep)
-            if conversation is not None:
-                self._guarded(self.serve, conversation)
-
-    def _guarded(self, action: Callable[..., object], *args: Any) -> None:
-        try:
-            action(*args)
-        except Exception:
-            logger.exception("the inbox pump failed; it tries again at the next sweep")
-
-    def serve(self, conversation_id: str) -> None:
-        """Start the conversation's next message if it is free."""
-        start_next_message(self.runner, self.inbox, self.default_agent, conversation_id, ask_again=self.notify)
-
-    def sweep(self) -> None:
-        """Settle claims of a server that died mid-start, then serve every idle conversation with a message."""
-        settle_stale_claims(self.runner, self.inbox, self.runner.clock() - _STALE_INBOX_CLAIM)
-        for conversation_id in self.inbox.conversations_ready():
-            self.serve(conversation_id)
 
 
 @dataclass
@@ -269,8 +196,28 @@ def _sql_runtime(settings: ApiSettings, agent_loader: AgentLoader | None) -> Run
         runtime._stops.append(lambda: _stop_worker(worker))
     runtime._starts.append(pump.start)
     runtime._stops.append(pump.stop)
-    runtime._stops.append(runtime.fanout.close)  # stopped first: its threads read through the store
+    runtime._stops.append(runtime.fanout.close)  # before the pump, worker and pool: its threads read through the store
+    if settings.worker_mode is WorkerMode.EMBEDDED and worker_settings.schedules is not None:
+        try:
+            scheduler = _scheduler(runner, database.inbox, worker_settings.schedules, pump.notify)
+        except BaseException:
+            database.close()
+            raise
+        runtime._starts.append(scheduler.start)
+        runtime._stops.append(lambda: _stop_scheduler(scheduler))  # first: no tick starts a turn as the rest stops
     return runtime
+
+
+def _scheduler(runner: AgentRunner, inbox: store.Inbox, spec: str, notify_inbox: Callable[[str], object]) -> Scheduler:
+    # Imported here: the schedules read cron fields with Celery's parser.
+    from workers.scheduler import build_scheduler
+
+    return build_scheduler(runner, inbox, spec, notify_inbox=notify_inbox)
+
+
+def _stop_scheduler(scheduler: Scheduler) -> None:
+    if not scheduler.stop(timeout=10.0):
+        logger.warning("the scheduler was still firing a tick after 10 s; the server stops without it")
 
 
 def _stop_worker(worker: AgentWorker) -> None:

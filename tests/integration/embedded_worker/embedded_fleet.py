@@ -286,3 +286,53 @@ def spawn_worker(
             start_new_session=True,
         )
     return WorkerProcess(name, process, ready, log_file)
+
+
+@dataclass
+class CommandWorker:
+    """An `agent-runner worker` process, started by `spawn_command_worker`."""
+
+    name: str
+    process: subprocess.Popen[bytes]
+    log_file: Path
+
+    def wait_ready(self, timeout: float = 30.0) -> None:
+        """Wait for the line the command prints once its threads are about to start."""
+        wait_for(lambda: "stepping turns" in self.log() or self._exited(), timeout, f"worker {self.name} to start")
+        assert self.process.poll() is None, f"worker {self.name} exited with {self.process.returncode}:\n{self.log()}"
+
+    def _exited(self) -> bool:
+        return self.process.poll() is not None
+
+    def stop(self, timeout: float = 20.0) -> int:
+        """Ctrl-C (SIGINT): the command stops its threads, steps in flight first; SIGKILL if it does not exit."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGINT)
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(10)
+        return self.process.returncode
+
+    def log(self) -> str:
+        return self.log_file.read_text(encoding="utf-8", errors="replace") if self.log_file.exists() else ""
+
+
+def spawn_command_worker(
+    folder: Path, name: str, database_url: str, env: Mapping[str, str] | None = None
+) -> CommandWorker:
+    """Start `agent-runner worker` on this module's agents, with only the `AGENT_RUNNER_` settings in `env`."""
+    from tests.helpers.api_server import AGENT_RUNNER, server_env
+
+    log_file = folder / f"command-worker-{name}.log"
+    command = [AGENT_RUNNER, "--agents", f"{__name__}:loader", "worker", "--poll-interval", "0.05"]
+    with log_file.open("wb") as log:
+        process = subprocess.Popen(
+            [*command, "--concurrency", "2", "--lease-ttl", "10"],
+            env=server_env(database_url, **(env or {})),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    return CommandWorker(name, process, log_file)

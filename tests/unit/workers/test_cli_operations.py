@@ -321,6 +321,7 @@ def test_schedules_list_shows_each_schedule_and_its_next_run(schedules_file: Pat
     lines = human.output.splitlines()
     assert lines[0].startswith("nightly") and "cron 0 2 * * * (Europe/Paris)" in lines[0]
     assert lines[1].startswith("ping") and "every 300s" in lines[1] and "conversation c" in lines[1]
+    assert "agent-runner worker" in lines[2] and "agent-runner serve" in lines[2] and "beat" in lines[2]
     assert [item["name"] for item in listed] == ["nightly", "ping"]
     nightly = listed[0]["next_run"]
     assert nightly.endswith(("T01:00:00+00:00", "T00:00:00+00:00"))  # 02:00 in Paris, winter or summer
