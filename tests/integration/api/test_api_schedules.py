@@ -44,8 +44,10 @@ def test_the_embedded_server_starts_one_turn_per_tick(tmp_path: Path) -> None:
         scheduled = _scheduled(turns)
 
     # Then each tick started one turn, named by its tick, which the embedded worker ran
+    # (a tick the server was too busy to reach in time is skipped, as beat skips it, never doubled)
     ticks = sorted(datetime.fromisoformat(t.metadata["scheduled_for"]) for t in scheduled)
-    assert ticks == [ticks[0] + timedelta(seconds=INTERVAL_S * i) for i in range(len(ticks))], ticks
+    assert len(set(ticks)) == len(ticks), ticks
+    assert all((tick - ticks[0]) % timedelta(seconds=INTERVAL_S) == timedelta(0) for tick in ticks), ticks
     for turn in scheduled:
         assert turn.id == SCHEDULE.turn_id(datetime.fromisoformat(turn.metadata["scheduled_for"]))
         if turn.status is AgentTurnStatus.COMPLETED:
