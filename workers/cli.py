@@ -17,7 +17,9 @@ import json
 import math
 import os
 import re
+import signal
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterable
 from datetime import UTC, datetime, timedelta
@@ -410,18 +412,25 @@ def worker(obj: _Context, concurrency: int, lease_ttl: float, poll_interval: flo
     )
     names = ", ".join(schedule.name for schedule in scheduler.schedules) if scheduler is not None else ""
     firing = f", firing schedules {names}" if names else ""
-    click.echo(f"worker {embedded.owner} stepping turns with {concurrency} thread(s){firing}; Ctrl-C stops", err=True)
+    click.echo(
+        f"worker {embedded.owner} stepping turns with {concurrency} thread(s){firing}; Ctrl-C or SIGTERM stops",
+        err=True,
+    )
+    # SIGTERM (docker stop, systemd, Kubernetes) stops as gracefully as Ctrl-C: steps in flight finish.
+    stopping = threading.Event()
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: stopping.set())
     embedded.start()
     pump.start()
     if scheduler is not None:
         scheduler.start()
     try:
         deadline = None if run_for is None else time.monotonic() + run_for
-        while deadline is None or time.monotonic() < deadline:
-            time.sleep(0.2)
+        while not stopping.is_set() and (deadline is None or time.monotonic() < deadline):
+            stopping.wait(0.2)
     except KeyboardInterrupt:
         pass
     finally:
+        signal.signal(signal.SIGTERM, previous)
         if scheduler is not None:
             scheduler.stop()
         pump.stop()

@@ -304,10 +304,10 @@ class CommandWorker:
     def _exited(self) -> bool:
         return self.process.poll() is not None
 
-    def stop(self, timeout: float = 20.0) -> int:
-        """Ctrl-C (SIGINT): the command stops its threads, steps in flight first; SIGKILL if it does not exit."""
+    def stop(self, timeout: float = 20.0, signum: int = signal.SIGINT) -> int:
+        """Ctrl-C (SIGINT, or `signum`): the command stops its threads, steps in flight first; SIGKILL if it does not exit."""
         if self.process.poll() is None:
-            self.process.send_signal(signal.SIGINT)
+            self.process.send_signal(signum)
             try:
                 self.process.wait(timeout)
             except subprocess.TimeoutExpired:
