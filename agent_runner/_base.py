@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import uuid
+import os
 from datetime import UTC, datetime
 from typing import Any, ClassVar
 
@@ -10,8 +10,12 @@ from pydantic import BaseModel, ConfigDict
 
 
 def new_id() -> str:
-    """Return a new random identifier (32 hex characters)."""
-    return uuid.uuid4().hex
+    """Return a new random identifier (32 hex characters).
+
+    128 random bits (a UUID4 has 122), without building a `uuid.UUID`: ids are opaque
+    text, never parsed as UUIDs, and one is made for every message a model returns.
+    """
+    return os.urandom(16).hex()
 
 
 def utcnow() -> datetime:
