@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import os
 from datetime import UTC, datetime
-from typing import Any, ClassVar
+from collections.abc import Mapping
+from typing import Any, ClassVar, Self
 
 from pydantic import BaseModel, ConfigDict
+
+
+_set = object.__setattr__
 
 
 def new_id() -> str:
@@ -30,6 +34,28 @@ class FrozenModel(BaseModel):
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True, serialize_by_alias=True)
+
+    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Self:
+        """Return a shallow copy with `update` applied (not validated), as `BaseModel.model_copy` does.
+
+        The runner copies a snapshot several times per step. These models forbid extra
+        fields and have no private attributes, so the copy is their field values and the
+        set of fields given, without the generic path's `copy.copy` of each part.
+        """
+        if deep or self.__pydantic_private__ is not None:
+            return super().model_copy(update=update, deep=deep)
+        cls = type(self)
+        copied = cls.__new__(cls)
+        values = self.__dict__.copy()
+        fields_set = set(self.__pydantic_fields_set__)
+        if update:
+            values.update(update)
+            fields_set.update(update)
+        _set(copied, "__dict__", values)
+        _set(copied, "__pydantic_fields_set__", fields_set)
+        _set(copied, "__pydantic_extra__", None)
+        _set(copied, "__pydantic_private__", None)
+        return copied
 
 
 class PositionalModel(FrozenModel):
