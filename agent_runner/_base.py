@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import os
-from datetime import UTC, datetime
 from collections.abc import Mapping
-from typing import Any, ClassVar, Self
+from datetime import UTC, datetime
+from typing import Any, ClassVar, Self, TypeVar
 
 from pydantic import BaseModel, ConfigDict
-
 
 _set = object.__setattr__
 
@@ -25,6 +24,24 @@ def new_id() -> str:
 def utcnow() -> datetime:
     """Return the current time, timezone-aware in UTC."""
     return datetime.now(UTC)
+
+
+ModelT = TypeVar("ModelT", bound=BaseModel)
+
+
+def trusted(cls: type[ModelT], given: frozenset[str], values: dict[str, Any]) -> ModelT:
+    """Build a model from values the runner made from validated data, without validating them again.
+
+    What `model_construct` does for a model without aliases, extra fields or private
+    attributes, minus its generic walk over the fields: `values` must hold every field
+    (defaults included) and `given` names the fields that count as set.
+    """
+    built = cls.__new__(cls)
+    _set(built, "__dict__", values)
+    _set(built, "__pydantic_fields_set__", set(given))
+    _set(built, "__pydantic_extra__", None)
+    _set(built, "__pydantic_private__", None)
+    return built
 
 
 class FrozenModel(BaseModel):
