@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic_core import to_json
 
 from agent_runner.events import AgentEvent
-from agent_runner.messages import ModelMessage, ModelMessagesAdapter
+from agent_runner.messages import ModelMessage
 from agent_runner.snapshot import AgentTurn
 from store._engine import DriverConnection
 
@@ -202,14 +202,15 @@ def save_parameters(
         "expected_version": expected_version,
         "known": known,
         "message_keys": to_json([[m.id, m.role] for m in messages]).decode(),
-        "messages": ModelMessagesAdapter.dump_json(list(messages)).decode() if messages else "[]",
+        # One message at a time: the same JSON as through the union's adapter, with less CPU.
+        "messages": "[" + ",".join([message.model_dump_json() for message in messages]) + "]",
         "event_keys": to_json(
             [
                 [e.event_id, e.turn_id, e.root_turn_id, e.conversation_id, e.type.value, _aware(e.timestamp)]
                 for e in events
             ]
         ).decode(),
-        "events": "[" + ",".join(e.model_dump_json(exclude=_NO_CURSOR) for e in events) + "]",
+        "events": "[" + ",".join([e.model_dump_json(exclude=_NO_CURSOR) for e in events]) + "]",
     }
 
 
