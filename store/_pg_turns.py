@@ -225,7 +225,7 @@ def event_fields(event: AgentEvent) -> list[Any]:
         event.turn_id,
         event.root_turn_id,
         event.conversation_id,
-        event.type,
+        event.type.value,  # the text: to_json takes longer to find out what to make of an enum member
         _aware(event.timestamp),
         event.timestamp,
         event.data,
