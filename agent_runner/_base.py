@@ -2,21 +2,46 @@
 
 from __future__ import annotations
 
-import uuid
+import os
+from collections.abc import Mapping
 from datetime import UTC, datetime
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Self, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
+_set = object.__setattr__
+
 
 def new_id() -> str:
-    """Return a new random identifier (32 hex characters)."""
-    return uuid.uuid4().hex
+    """Return a new random identifier (32 hex characters).
+
+    128 random bits (a UUID4 has 122), without building a `uuid.UUID`: ids are opaque
+    text, never parsed as UUIDs, and one is made for every message a model returns.
+    """
+    return os.urandom(16).hex()
 
 
 def utcnow() -> datetime:
     """Return the current time, timezone-aware in UTC."""
     return datetime.now(UTC)
+
+
+ModelT = TypeVar("ModelT", bound=BaseModel)
+
+
+def trusted(cls: type[ModelT], given: frozenset[str], values: dict[str, Any]) -> ModelT:
+    """Build a model from values the runner made from validated data, without validating them again.
+
+    What `model_construct` does for a model without aliases, extra fields or private
+    attributes, minus its generic walk over the fields: `values` must hold every field
+    (defaults included) and `given` names the fields that count as set.
+    """
+    built = cls.__new__(cls)
+    _set(built, "__dict__", values)
+    _set(built, "__pydantic_fields_set__", set(given))
+    _set(built, "__pydantic_extra__", None)
+    _set(built, "__pydantic_private__", None)
+    return built
 
 
 class FrozenModel(BaseModel):
@@ -26,6 +51,28 @@ class FrozenModel(BaseModel):
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True, serialize_by_alias=True)
+
+    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Self:
+        """Return a shallow copy with `update` applied (not validated), as `BaseModel.model_copy` does.
+
+        The runner copies a snapshot several times per step. These models forbid extra
+        fields and have no private attributes, so the copy is their field values and the
+        set of fields given, without the generic path's `copy.copy` of each part.
+        """
+        if deep or self.__pydantic_private__ is not None:
+            return super().model_copy(update=update, deep=deep)
+        cls = type(self)
+        copied = cls.__new__(cls)
+        values = self.__dict__.copy()
+        fields_set = set(self.__pydantic_fields_set__)
+        if update:
+            values.update(update)
+            fields_set.update(update)
+        _set(copied, "__dict__", values)
+        _set(copied, "__pydantic_fields_set__", fields_set)
+        _set(copied, "__pydantic_extra__", None)
+        _set(copied, "__pydantic_private__", None)
+        return copied
 
 
 class PositionalModel(FrozenModel):

@@ -79,6 +79,13 @@ def _always() -> bool:
     return True
 
 
+def _fenced(turn: AgentTurn, fence: int | None) -> AgentTurn:
+    """`turn` to save under `fence`; after the first save it already carries it (no copy then)."""
+    if fence is None or turn.lease_fence == fence:
+        return turn
+    return turn.model_copy(update={"lease_fence": fence})
+
+
 def advance(
     runner: AgentRunner,
     turn: AgentTurn,
@@ -112,7 +119,7 @@ def advance(
                 break
             first = False
             try:
-                result = runner.step(turn if fence is None else turn.model_copy(update={"lease_fence": fence}))
+                result = runner.step(_fenced(turn, fence))
             except LeaseLostError as exc:
                 logger.warning("turn %s moved on under a newer lease; leaving it", turn.id)
                 stopped, error = StopReason.LEASE_LOST, exc
@@ -121,9 +128,7 @@ def advance(
                 # Every save is atomic: the turn stays as last saved, and the caller decides
                 # when it is tried again, unless it failed this way too often in a row.
                 stopped, error = StopReason.FAILED, exc
-                turn = runner._step_failed(
-                    turn if fence is None else turn.model_copy(update={"lease_fence": fence}), exc
-                )
+                turn = runner._step_failed(_fenced(turn, fence), exc)
                 if turn.is_terminal:
                     stopped = StopReason.ENDED
                 break

@@ -197,7 +197,8 @@ def check_json(value: object, field: str, *, max_bytes: int | None, max_depth: i
     while stack:
         item, depth, where = stack.pop()
         if isinstance(item, str):
-            check_storable(item, _field_at(field, where))
+            if _UNSTORABLE.search(item) is not None:  # the path is worked out only for the error
+                check_storable(item, _field_at(field, where))
             at_least += len(item) + 2  # UTF-8 has at least one byte per character
         elif isinstance(item, Mapping | list | tuple):
             if depth >= max_depth:
@@ -213,7 +214,8 @@ def check_json(value: object, field: str, *, max_bytes: int | None, max_depth: i
                         raise InputLimitError(
                             field, "string keys", f"the key {preview(repr(key), 40)} ({_kind(key)}) at {_path(where)}"
                         )
-                    check_storable(key, f"a key of {field} at {_path(where)}")
+                    if _UNSTORABLE.search(key) is not None:
+                        check_storable(key, f"a key of {field} at {_path(where)}")
                     at_least += len(key) + 3  # quotes and colon
                     stack.append((child, depth + 1, (where, key)))
             else:
@@ -225,11 +227,14 @@ def check_json(value: object, field: str, *, max_bytes: int | None, max_depth: i
             raise _too_big(field, max_bytes)
     if max_bytes is None:
         return None
-    size = len(json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode("utf-8"))
+    size = len(_COMPACT_JSON.encode(value).encode("utf-8"))
     if size > max_bytes:
         raise InputLimitError(field, f"{max_bytes} bytes", f"{size} bytes")
     return size
 
+
+_COMPACT_JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
+"""`json.dumps(value, ensure_ascii=False, separators=(",", ":"))`, without making an encoder per call."""
 
 _Where = tuple["_Where", str | int] | None
 """Where a value sits in a JSON document: None for the root, else (its parent's place, its key)."""

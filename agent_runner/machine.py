@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+from agent_runner._base import trusted
 from agent_runner.agent import Agent
 from agent_runner.errors import InputLimitError, InvalidResumeCommand, InvalidTransitionError, ToolArgumentsError
 from agent_runner.forms import AgentFormDefinition, validate_form_data
@@ -399,8 +400,19 @@ def apply_tool_result(
     turn: AgentTurn, call: ToolCall, content: str, is_error: bool, now: datetime
 ) -> tuple[AgentTurn, ToolMessage]:
     """Write the ToolMessage of `call`, drop it from the pending calls, and go back to MODEL when none are left."""
-    message = ToolMessage(
-        id=next_message_id(turn), tool_call_id=call.id, tool_name=call.name, content=content, is_error=is_error
+    # Every field is text or a flag the runner made, or comes from the validated call: the
+    # message needs no validation (a str subclass is stored as plain text, as validation would).
+    message = trusted(
+        ToolMessage,
+        _TOOL_MESSAGE_FIELDS,
+        {
+            "id": next_message_id(turn),
+            "role": "tool",
+            "tool_call_id": call.id,
+            "tool_name": call.name,
+            "content": content if type(content) is str else str.__str__(content),
+            "is_error": bool(is_error),
+        },
     )
     pending = _without_call(turn.pending_tool_calls, call.id)
     form_data = turn.form_data
@@ -419,6 +431,9 @@ def apply_tool_result(
         steps=turn.steps + 1,
     )
     return updated, message
+
+
+_TOOL_MESSAGE_FIELDS = frozenset(ToolMessage.model_fields) - {"role"}
 
 
 def _without_call(calls: list[ToolCall], call_id: str) -> list[ToolCall]:

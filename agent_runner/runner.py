@@ -19,7 +19,7 @@ from datetime import datetime
 from typing import Any
 
 from agent_runner import machine, telemetry  # telemetry hook: trace context of new turns
-from agent_runner._base import new_id, utcnow
+from agent_runner._base import new_id, trusted, utcnow
 from agent_runner._cas import AGAIN, retry_on_conflict
 from agent_runner._children import ChildTurns
 from agent_runner._conversations import ConversationGate
@@ -81,6 +81,11 @@ being runnable (so there is nothing left to step)."""
 
 PendingEvent = tuple[AgentEventType, dict[str, Any]] | None
 """An event a save causes: its type and data (None: no event)."""
+
+# The fields the runner sets when it builds these models from validated data (see `trusted`).
+_EVENT_GIVEN = frozenset(AgentEvent.model_fields) - {"cursor"}
+_REQUEST_GIVEN = frozenset(ChatRequest.model_fields)
+_RESPONSE_GIVEN = frozenset(ChatResponse.model_fields)
 
 TERMINAL_EVENTS: dict[AgentTurnStatus, AgentEventType] = {
     S.COMPLETED: AgentEventType.TURN_COMPLETED,
@@ -664,10 +669,14 @@ class AgentRunner:
         if agent.chat_model is None:
             raise DefinitionError(f"agent {agent.id!r} has no chat_model")
         chat_model = agent.chat_model
-        request = ChatRequest.model_construct(
-            messages=self._request_messages(turn, agent),
-            tools=agent.tool_specs(),
-            on_delta=_DeltaSink(self, turn),
+        request = trusted(
+            ChatRequest,
+            _REQUEST_GIVEN,
+            {
+                "messages": self._request_messages(turn, agent),
+                "tools": agent.tool_specs(),
+                "on_delta": _DeltaSink(self, turn),
+            },
         )
         try:
             raw: object = chain(self.middleware, "wrap_model", chat_model.generate)(request)
@@ -682,7 +691,7 @@ class AgentRunner:
         except Exception as exc:
             return self._failed_call(turn, exc, expected, self.policy.retry_for(agent))
         updated, message = machine.apply_model_response(turn, response, self.clock())
-        response = ChatResponse.model_construct(message=message, usage=response.usage)
+        response = trusted(ChatResponse, _RESPONSE_GIVEN, {"message": message, "usage": response.usage})
         event = {
             "message_id": message.id,
             "content": message.content,
@@ -932,14 +941,19 @@ class AgentRunner:
     ) -> AgentEvent:
         """A durable event of the save that gives `turn` the version `version`."""
         # Every field comes from a validated snapshot or from here: no need to validate again.
-        return AgentEvent.model_construct(
-            event_id=f"{turn.id}:{version}:{index}",
-            type=event_type,
-            turn_id=turn.id,
-            root_turn_id=turn.root_turn_id,
-            conversation_id=turn.conversation_id or turn.root_conversation_id,
-            timestamp=self.clock(),
-            data={"status": turn.status.value, "version": version, **data},
+        return trusted(
+            AgentEvent,
+            _EVENT_GIVEN,
+            {
+                "event_id": f"{turn.id}:{version}:{index}",
+                "type": event_type,
+                "turn_id": turn.id,
+                "root_turn_id": turn.root_turn_id,
+                "conversation_id": turn.conversation_id or turn.root_conversation_id,
+                "timestamp": self.clock(),
+                "data": {"status": turn.status.value, "version": version, **data},
+                "cursor": None,
+            },
         )
 
     def _carried(self, turn_id: str) -> list[AgentEvent]:

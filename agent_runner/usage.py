@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, ClassVar
 
-from agent_runner._base import PositionalModel
+from agent_runner._base import PositionalModel, trusted
 
 
 class Usage(PositionalModel):
@@ -26,8 +26,16 @@ class Usage(PositionalModel):
         return self.input_tokens + self.output_tokens
 
     def __add__(self, other: Usage) -> Usage:
-        return Usage(
-            input_tokens=self.input_tokens + other.input_tokens,
-            output_tokens=self.output_tokens + other.output_tokens,
-            cost=self.cost + other.cost,
+        # Sums of validated counts and costs are valid: no need to validate them again.
+        return trusted(
+            Usage,
+            _ALL_FIELDS,
+            {
+                "input_tokens": self.input_tokens + other.input_tokens,
+                "output_tokens": self.output_tokens + other.output_tokens,
+                "cost": self.cost + other.cost,
+            },
         )
+
+
+_ALL_FIELDS = frozenset(Usage.model_fields)

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic_core import to_json
 
 from agent_runner.events import AgentEvent
-from agent_runner.messages import ModelMessage, ModelMessagesAdapter
+from agent_runner.messages import ModelMessage
 from agent_runner.snapshot import AgentTurn
 from store._engine import DriverConnection
 
@@ -40,20 +40,25 @@ added AS (
 ), events AS (
     INSERT INTO agent_turn_events (event_id, turn_id, root_turn_id, conversation_id, type, created_at, payload, xid)
     SELECT k.value ->> 0, k.value ->> 1, k.value ->> 2, k.value ->> 3, k.value ->> 4, (k.value ->> 5)::timestamptz,
-        e.value, pg_current_xact_id()::text::bigint
-    FROM header,
-        json_array_elements(%(event_keys)s::json) WITH ORDINALITY AS k
-        JOIN json_array_elements(%(events)s::json) WITH ORDINALITY AS e ON e.ordinality = k.ordinality
+        ('{"event_id":' || (k.value -> 0)::text || ',"type":' || (k.value -> 4)::text
+            || ',"turn_id":' || (k.value -> 1)::text || ',"root_turn_id":' || (k.value -> 2)::text
+            || ',"conversation_id":' || (k.value -> 3)::text || ',"timestamp":' || (k.value -> 6)::text
+            || ',"data":' || (k.value -> 7)::text || '}')::json,
+        pg_current_xact_id()::text::bigint
+    FROM header, json_array_elements(%(events)s::json) WITH ORDINALITY AS k
     ORDER BY k.ordinality
     ON CONFLICT (event_id) DO NOTHING
 )"""
 """The INSERTs of a save's new messages (from seq `known` on) and events, fed by the `header` CTE.
 
 They are selected FROM the header's RETURNING: when the header was not written, nothing
-is. Each message and event comes as its payload (in one JSON array of them) and its key
-columns (in a small JSON array of arrays beside it, so the server never digs them out of
-a large payload). Events go in in their order, so their ids follow it, and an event id
-already stored is skipped.
+is. Each message comes as its payload (in one JSON array of them) and its key columns (in
+a small JSON array of arrays beside it, so the server never digs them out of a large
+payload). Each event comes as one array of its fields (see `event_fields`); its payload is
+the text of those fields put together in the order of `AgentEvent`'s fields, the JSON
+`model_dump_json` would give (a `json` value keeps the text it was given, so `->` and
+`::text` return each field exactly as the client wrote it). Events go in in their order,
+so their ids follow it, and an event id already stored is skipped.
 """
 
 SAVE = f"""\
@@ -202,19 +207,29 @@ def save_parameters(
         "expected_version": expected_version,
         "known": known,
         "message_keys": to_json([[m.id, m.role] for m in messages]).decode(),
-        "messages": ModelMessagesAdapter.dump_json(list(messages)).decode() if messages else "[]",
-        "event_keys": to_json(
-            [
-                [e.event_id, e.turn_id, e.root_turn_id, e.conversation_id, e.type.value, _aware(e.timestamp)]
-                for e in events
-            ]
-        ).decode(),
-        "events": "[" + ",".join(e.model_dump_json(exclude=_NO_CURSOR) for e in events) + "]",
+        # One message at a time: the same JSON as through the union's adapter, with less CPU.
+        "messages": "[" + ",".join([message.model_dump_json() for message in messages]) + "]",
+        "events": to_json([event_fields(e) for e in events]).decode(),
     }
 
 
-_NO_CURSOR: set[str] = {"cursor"}
-"""An event log keeps events without the cursor they were read at."""
+def event_fields(event: AgentEvent) -> list[Any]:
+    """An event of a save as `_ADDED_ROWS` takes it: its key columns, then its timestamp and data as given.
+
+    The key columns are the event id, turn id, root turn id, conversation id, type and the
+    time in UTC (the `created_at` column); the payload is made of the same fields, as JSON,
+    so each is encoded once. An event log keeps events without the cursor they were read at.
+    """
+    return [
+        event.event_id,
+        event.turn_id,
+        event.root_turn_id,
+        event.conversation_id,
+        event.type.value,  # the text: to_json takes longer to find out what to make of an enum member
+        _aware(event.timestamp),
+        event.timestamp,
+        event.data,
+    ]
 
 
 def _aware(value: datetime) -> datetime:
