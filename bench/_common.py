@@ -16,7 +16,9 @@ import itertools
 import json
 import os
 import platform
+import signal
 import statistics
+import subprocess
 import sys
 import time
 import uuid
@@ -436,3 +438,33 @@ def write_results(path: Path | None, results: dict[str, Any]) -> None:
 
 def log(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
+
+
+def stop_process_group(process: subprocess.Popen[Any]) -> None:
+    """SIGTERM a process started in a session of its own (with its children), SIGKILL if it is not gone in 20 s."""
+    if process.poll() is not None:
+        return
+    os.killpg(process.pid, signal.SIGTERM)
+    try:
+        process.wait(20)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait(10)
+
+
+class TickerModel:
+    """A chat model that streams `deltas` deltas, `interval` seconds apart, then answers "done".
+
+    The turn's input is JSON: `{"deltas": N, "interval": seconds}`. Each delta is the wall-clock
+    time (`time.time()`) at which it was handed to the runner, so a follower can tell how long
+    it took to arrive.
+    """
+
+    def generate(self, request: ChatRequest) -> ChatResponse:
+        opening = next(m for m in reversed(request.messages) if isinstance(m, UserMessage))
+        spec = json.loads(opening.content)
+        for _ in range(int(spec["deltas"])):
+            time.sleep(float(spec["interval"]))
+            if request.on_delta is not None:
+                request.on_delta(f"{time.time():.6f}")
+        return ChatResponse(message=AiMessage(content="done"))

@@ -20,7 +20,6 @@ machine with the servers, so absolute numbers depend on it; the ratio is the res
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import statistics
 import subprocess
@@ -42,6 +41,7 @@ from _common import (
     machine_facts,
     pg_schema,
     redis_url,
+    stop_process_group,
     write_results,
 )
 from pydantic import BaseModel, ConfigDict
@@ -113,16 +113,6 @@ def start(command: list[str], env: dict[str, str], port: int) -> subprocess.Pope
         if process.poll() is not None or time.monotonic() > deadline:
             raise RuntimeError(f"{command[:3]} did not start")
         time.sleep(0.1)
-
-
-def stop(process: subprocess.Popen[bytes]) -> None:
-    if process.poll() is None:
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(20)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait(20)
 
 
 def queued_messages(prefix: str) -> int:
@@ -214,8 +204,8 @@ def main() -> int:
                 runs.append({"api": api_run, "bare": bare_run, "ratio": ratio})
             results["enqueued"] = queued_messages(prefix)
         finally:
-            stop(api)
-            stop(bare)
+            stop_process_group(api)
+            stop_process_group(bare)
             delete_redis_prefix(redis_url(), prefix)
     for name in ("api", "bare"):
         results[name] = {

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import gc
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -48,6 +47,7 @@ from _common import (
     prior_messages,
     redis_url,
     steps_per_turn,
+    stop_process_group,
     w_agent,
     write_results,
 )
@@ -112,14 +112,7 @@ class Worker:
             raise RuntimeError(f"worker exited with {self.process.returncode}:\n{self.log_path.read_text()[-3000:]}")
 
     def stop(self) -> None:
-        if self.process.poll() is not None:
-            return
-        os.killpg(self.process.pid, signal.SIGTERM)
-        try:
-            self.process.wait(20)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait(10)
+        stop_process_group(self.process)
 
 
 class Bench:

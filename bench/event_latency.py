@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -41,12 +40,14 @@ from typing import Any
 from _common import (
     HERE,
     ROOT,
+    TickerModel,
     arguments,
     delete_redis_prefix,
     latency_summary,
     log,
     pg_schema,
     redis_url,
+    stop_process_group,
     write_results,
 )
 
@@ -55,12 +56,8 @@ from agent_runner import (
     Agent,
     AgentEvent,
     AgentEventType,
-    AiMessage,
-    ChatRequest,
-    ChatResponse,
     EventFeed,
     InMemoryAgentLoader,
-    UserMessage,
 )
 
 CELERY = str(Path(sys.executable).with_name("celery"))
@@ -73,19 +70,6 @@ FOLLOW_IDLE_S = 60.0
 
 
 # --- The worker side: an agent whose model streams timestamps ----------------------------------
-
-
-class TickerModel:
-    """Streams `deltas` deltas, `interval` seconds apart, each the wall-clock time it was handed over."""
-
-    def generate(self, request: ChatRequest) -> ChatResponse:
-        opening = next(m for m in reversed(request.messages) if isinstance(m, UserMessage))
-        spec = json.loads(opening.content)
-        for _ in range(int(spec["deltas"])):
-            time.sleep(float(spec["interval"]))
-            if request.on_delta is not None:
-                request.on_delta(f"{time.time():.6f}")
-        return ChatResponse(message=AiMessage(content="done"))
 
 
 def build_loader() -> InMemoryAgentLoader:
@@ -128,14 +112,7 @@ class Worker:
             raise RuntimeError(f"worker exited with {self.process.returncode}:\n{self.log_path.read_text()[-3000:]}")
 
     def stop(self) -> None:
-        if self.process.poll() is not None:
-            return
-        os.killpg(self.process.pid, signal.SIGTERM)
-        try:
-            self.process.wait(20)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait(10)
+        stop_process_group(self.process)
 
 
 # --- The follower side ------------------------------------------------------------------------

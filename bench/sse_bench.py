@@ -27,7 +27,6 @@ import argparse
 import asyncio
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -42,6 +41,7 @@ from typing import Any
 from _common import (
     HERE,
     ROOT,
+    TickerModel,
     arguments,
     delete_redis_prefix,
     latency_summary,
@@ -49,10 +49,11 @@ from _common import (
     machine_facts,
     pg_schema,
     redis_url,
+    stop_process_group,
     write_results,
 )
 
-from agent_runner import Agent, AiMessage, ChatRequest, ChatResponse, InMemoryAgentLoader, UserMessage
+from agent_runner import Agent, InMemoryAgentLoader
 
 AGENT_ID = "ticker"
 AGENT_RUNNER = str(Path(sys.executable).with_name("agent-runner"))
@@ -64,19 +65,6 @@ LATE_DELTAS_S = 5.0
 
 
 # --- The agent: a model that streams deltas ----------------------------------------------------
-
-
-class TickerModel:
-    """Streams `deltas` deltas, `interval` seconds apart, then answers."""
-
-    def generate(self, request: ChatRequest) -> ChatResponse:
-        opening = next(m for m in reversed(request.messages) if isinstance(m, UserMessage))
-        spec = json.loads(opening.content)
-        for n in range(int(spec["deltas"])):
-            time.sleep(float(spec["interval"]))
-            if request.on_delta is not None:
-                request.on_delta(f"d{n} ")
-        return ChatResponse(message=AiMessage(content="done"))
 
 
 def build_loader() -> InMemoryAgentLoader:
@@ -138,14 +126,7 @@ class Server:
             time.sleep(0.1)
 
     def stop(self) -> None:
-        if self.process.poll() is not None:
-            return
-        os.killpg(self.process.pid, signal.SIGTERM)
-        try:
-            self.process.wait(20)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait(10)
+        stop_process_group(self.process)
 
 
 class Sampler:

@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -32,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
+from _common import stop_process_group
 from redis import Redis
 
 import store
@@ -158,12 +158,7 @@ def _measure(database_url: str, redis_url: str, steps_per_task: int, concurrency
             "long_done_s": max(ended[t] for t in long_turns) - arrived,
         }
     finally:
-        os.killpg(worker.pid, signal.SIGTERM)
-        try:
-            worker.wait(20)
-        except subprocess.TimeoutExpired:
-            os.killpg(worker.pid, signal.SIGKILL)
-            worker.wait(10)
+        stop_process_group(worker)
         with admin.begin() as connection:
             connection.execute(sa.text(f'DROP SCHEMA "{schema}" CASCADE'))
         admin.dispose()
