@@ -6,6 +6,7 @@ import { api, seg } from "../api.js";
 import { h, replaceChildren, timeElement, uniqueId } from "../dom.js";
 import { KeyedList, cancelControl, isTerminal, questionCard, renderKey, statusBadge, timelineItem } from "../components.js";
 import { LiveAnswers, streamStatusElement } from "../live.js";
+import { Refresher } from "../refresher.js";
 import { agentPicker, busyPicker, startErrorText } from "./agents.js";
 
 const POLL_MS = 4000;
@@ -54,14 +55,11 @@ export function mountConversation(main, conversationId) {
   );
 
   let stopped = false;
-  let timer = null;
-  let refreshing = null;
-  let again = false;
   let activeKey = "";
   let older = []; // pages fetched with `before`, oldest first
   let latest = [];
   let moreBefore = false;
-  const handlers = { onChanged: () => scheduleRefresh() };
+  const handlers = { onChanged: () => refresher.request() };
   const keyed = new KeyedList(timeline, (message) => timelineItem(message, handlers));
 
   const answers = new LiveAnswers({
@@ -71,7 +69,7 @@ export function mountConversation(main, conversationId) {
     isShown: (messageId) => keyed.has(messageId),
     showsText: (text) => [...older, ...latest].some((m) => m.role === "assistant" && m.content === text),
     onEvent: (event) => {
-      if (event.type !== "MODEL_DELTA" && event.type !== "TOOL_PROGRESS") scheduleRefresh();
+      if (event.type !== "MODEL_DELTA" && event.type !== "TOOL_PROGRESS") refresher.request();
     },
     onStatus: (text) => {
       streamStatus.textContent = text;
@@ -144,30 +142,13 @@ export function mountConversation(main, conversationId) {
     }
   });
 
-  function scheduleRefresh() {
-    if (stopped) return;
-    if (refreshing) {
-      again = true;
-      return;
-    }
-    clearTimeout(timer);
-    refreshing = refresh()
-      .catch((error) => {
-        if (stopped) return;
-        loadError.textContent = `Could not load the conversation: ${error.message}`;
-        loadError.hidden = false;
-      })
-      .finally(() => {
-        refreshing = null;
-        if (stopped) return;
-        if (again) {
-          again = false;
-          scheduleRefresh();
-        } else {
-          timer = setTimeout(scheduleRefresh, POLL_MS);
-        }
-      });
-  }
+  const refresher = new Refresher(refresh, {
+    intervalMs: POLL_MS,
+    onError: (error) => {
+      loadError.textContent = `Could not load the conversation: ${error.message}`;
+      loadError.hidden = false;
+    },
+  });
 
   composer.addEventListener("submit", async (event) => {
     event.preventDefault();
@@ -186,7 +167,7 @@ export function mountConversation(main, conversationId) {
       const result = await api.startTurn({ agent_id: picker.select.value, input: text, conversation_id: conversationId, if_busy: busy.select.value });
       input.value = "";
       composerStatus.textContent = result && result.status === "QUEUED" ? "Queued: it starts when the active turn ends." : "Started.";
-      scheduleRefresh();
+      refresher.request();
     } catch (error) {
       composerStatus.textContent = "";
       showComposerError(startErrorText(error));
@@ -203,21 +184,11 @@ export function mountConversation(main, conversationId) {
   }
 
   // The timeline first, so that replayed answers already shown are not drawn twice.
-  refreshing = refresh()
-    .catch((error) => {
-      loadError.textContent = `Could not load the conversation: ${error.message}`;
-      loadError.hidden = false;
-    })
-    .finally(() => {
-      refreshing = null;
-      if (stopped) return;
-      answers.start();
-      timer = setTimeout(scheduleRefresh, POLL_MS);
-    });
+  refresher.start(() => answers.start());
 
   return () => {
     stopped = true;
-    clearTimeout(timer);
+    refresher.stop();
     answers.stop();
   };
 }

@@ -5,6 +5,7 @@ import { api, seg } from "../api.js";
 import { h, timeElement } from "../dom.js";
 import { KeyedList, argumentsList, cancelControl, isTerminal, renderKey, statusBadge, suspensionPanel, timelineItem } from "../components.js";
 import { LiveAnswers, streamStatusElement } from "../live.js";
+import { Refresher } from "../refresher.js";
 
 const POLL_MS = 4000;
 
@@ -65,11 +66,8 @@ export function mountTurn(main, turnId) {
   );
 
   let stopped = false;
-  let timer = null;
   let panelKey = null;
-  let refreshing = null;
-  let again = false;
-  const handlers = { onChanged: () => scheduleRefresh() };
+  const handlers = { onChanged: () => refresher.request() };
   const keyed = new KeyedList(messages, (message) => timelineItem(message, handlers));
   let answers = null;
   let shown = [];
@@ -121,58 +119,33 @@ export function mountTurn(main, turnId) {
     render(turn);
   }
 
-  function scheduleRefresh() {
-    if (stopped) return;
-    if (refreshing) {
-      again = true;
-      return;
-    }
-    clearTimeout(timer);
-    refreshing = refresh()
-      .catch((error) => {
-        if (stopped) return;
-        loadError.textContent = error.status === 404 ? "No such turn." : `Could not load the turn: ${error.message}`;
-        loadError.hidden = false;
-      })
-      .finally(() => {
-        refreshing = null;
-        if (stopped) return;
-        if (again) {
-          again = false;
-          scheduleRefresh();
-        } else {
-          timer = setTimeout(scheduleRefresh, POLL_MS);
-        }
-      });
-  }
-
-  refreshing = refresh()
-    .catch((error) => {
+  const refresher = new Refresher(refresh, {
+    intervalMs: POLL_MS,
+    onError: (error) => {
       loadError.textContent = error.status === 404 ? "No such turn." : `Could not load the turn: ${error.message}`;
       loadError.hidden = false;
-    })
-    .finally(() => {
-      refreshing = null;
-      if (stopped) return;
-      answers = new LiveAnswers({
-        path: `v1/turns/${seg(turnId)}/events`,
-        storageKey: `turn.${turnId}`,
-        list: live,
-        isShown: (messageId) => keyed.has(messageId),
-        showsText: (text) => shown.some((m) => m.role === "assistant" && m.content === text),
-        onEvent: (event) => {
-          if (event.type !== "MODEL_DELTA" && event.type !== "TOOL_PROGRESS") scheduleRefresh();
-        },
-        onStatus: (text) => {
-          streamStatus.textContent = text;
-        },
-      }).start();
-      timer = setTimeout(scheduleRefresh, POLL_MS);
-    });
+    },
+  });
+
+  refresher.start(() => {
+    answers = new LiveAnswers({
+      path: `v1/turns/${seg(turnId)}/events`,
+      storageKey: `turn.${turnId}`,
+      list: live,
+      isShown: (messageId) => keyed.has(messageId),
+      showsText: (text) => shown.some((m) => m.role === "assistant" && m.content === text),
+      onEvent: (event) => {
+        if (event.type !== "MODEL_DELTA" && event.type !== "TOOL_PROGRESS") refresher.request();
+      },
+      onStatus: (text) => {
+        streamStatus.textContent = text;
+      },
+    }).start();
+  });
 
   return () => {
     stopped = true;
-    clearTimeout(timer);
+    refresher.stop();
     if (answers) answers.stop();
   };
 }
