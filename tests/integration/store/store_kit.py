@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import threading
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
+import psycopg
 from sqlalchemy import event
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.engine.interfaces import DBAPICursor, ExecutionContext
@@ -68,3 +72,36 @@ def step(turn: AgentTurn) -> AgentTurn:
     return turn.model_copy(
         update={"messages": [*turn.messages, reply], "steps": turn.steps + 1, "status": AgentTurnStatus.RUNNING}
     )
+
+
+def killed_mid_statement(
+    admin: psycopg.Connection[tuple[Any, ...]], action: Callable[[], AgentTurn], what: str
+) -> list[BaseException | AgentTurn]:
+    """Run `action` (a save held inside the server by a lock) on a thread, kill its backend, and return its outcome.
+
+    The save's single statement (`WITH header ...`) must be waiting on a lock another
+    transaction holds; its backend is terminated while it waits, and the outcome (the
+    saved turn or the exception) is returned once the thread ended.
+    """
+    outcome: list[BaseException | AgentTurn] = []
+
+    def run() -> None:
+        try:
+            outcome.append(action())
+        except BaseException as exc:  # the caller checks it
+            outcome.append(exc)
+
+    worker = threading.Thread(target=run)
+    worker.start()
+    waiting = None
+    for _ in range(500):
+        waiting = admin.execute(
+            "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE 'WITH header%%'"
+        ).fetchone()
+        if waiting is not None:
+            break
+        time.sleep(0.01)
+    assert waiting is not None, f"the {what} never reached the server"
+    admin.execute("SELECT pg_terminate_backend(%s)", [waiting[0]])
+    worker.join(timeout=30)
+    return outcome

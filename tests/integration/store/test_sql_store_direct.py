@@ -10,7 +10,6 @@ driver path.
 from __future__ import annotations
 
 import gc
-import threading
 import time
 import uuid
 from datetime import timedelta
@@ -37,7 +36,7 @@ from agent_runner._base import utcnow
 from store.schema import turns as turns_table
 from tests.conftest import libpq_url
 from tests.helpers.event_log import settled
-from tests.integration.store.store_kit import step, turn_with_history
+from tests.integration.store.store_kit import killed_mid_statement, step, turn_with_history
 
 pytestmark = pytest.mark.integration
 
@@ -226,7 +225,6 @@ def test_a_backend_killed_inside_a_single_statement_create_leaves_no_turn(
     pg_url: str, admin: psycopg.Connection[tuple[Any, ...]]
 ) -> None:
     started = AgentEvent(event_id="t-1:0:0", type=AgentEventType.TURN_STARTED, turn_id="t-1", root_turn_id="t-1")
-    outcome: list[BaseException | AgentTurn] = []
     with store.SqlAgentTurnStore(pg_url) as turns, psycopg.connect(libpq_url(pg_url)) as blocker:
         # Given another transaction that inserted the creation's event id and has not committed,
         # so the create statement, its header and message already written, waits on that row
@@ -235,26 +233,8 @@ def test_a_backend_killed_inside_a_single_statement_create_leaves_no_turn(
             " VALUES (0, 't-1:0:0', 't-1', 't-1', 'TURN_STARTED', now(), '{}')"
         )
 
-        def create() -> None:
-            try:
-                outcome.append(turns.save(turn_with_history("t-1", 2), -1, [started]))
-            except BaseException as exc:  # checked below
-                outcome.append(exc)
-
-        creator = threading.Thread(target=create)
-        creator.start()
-        waiting = None
-        for _ in range(500):
-            waiting = admin.execute(
-                "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE 'WITH header%%'"
-            ).fetchone()
-            if waiting is not None:
-                break
-            time.sleep(0.01)
-        assert waiting is not None, "the create never reached the server"
         # When its backend is killed in the middle of the statement
-        admin.execute("SELECT pg_terminate_backend(%s)", [waiting[0]])
-        creator.join(timeout=30)
+        outcome = killed_mid_statement(admin, lambda: turns.save(turn_with_history("t-1", 2), -1, [started]), "create")
         blocker.rollback()
         # Then the create failed as unavailable, and nothing of it was written
         assert len(outcome) == 1 and isinstance(outcome[0], StoreUnavailableError)

@@ -7,7 +7,6 @@ the driver's error, and never shows the database password.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -19,6 +18,7 @@ from sqlalchemy.engine import Connection, make_url
 
 from agent_runner import AgentTurn, AiMessage, StoreUnavailableError, TurnNotFound, UserMessage
 from store import Inbox, SqlAgentTurnStore, SqlChatMemoryProvider, SqlTurnLease
+from tests.integration.store.store_kit import killed_mid_statement
 
 pytestmark = pytest.mark.integration
 
@@ -99,32 +99,13 @@ def test_a_backend_killed_inside_a_single_statement_save_leaves_the_old_snapshot
 ) -> None:
     with SqlAgentTurnStore(pg_url) as turns:
         created = turns.save(make_turn("t-1"), -1)
-        outcome: list[BaseException | AgentTurn] = []
         libpq = make_url(pg_url).set(drivername="postgresql").render_as_string(hide_password=False)
         with psycopg.connect(libpq) as blocker:
             # Given another transaction holding the turn's row, so the save's statement waits inside the server
             blocker.execute("SELECT 1 FROM agent_turns WHERE id = 't-1' FOR UPDATE")
 
-            def save() -> None:
-                try:
-                    outcome.append(turns.save(grow(created), 0))
-                except BaseException as exc:  # checked below
-                    outcome.append(exc)
-
-            saver = threading.Thread(target=save)
-            saver.start()
-            waiting = None
-            for _ in range(500):
-                waiting = admin.execute(
-                    "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE 'WITH header%%'"
-                ).fetchone()
-                if waiting is not None:
-                    break
-                time.sleep(0.01)
-            assert waiting is not None, "the save never reached the server"
             # When its backend is killed in the middle of the statement
-            admin.execute("SELECT pg_terminate_backend(%s)", [waiting[0]])
-            saver.join(timeout=30)
+            outcome = killed_mid_statement(admin, lambda: turns.save(grow(created), 0), "save")
             blocker.rollback()
         # Then the save failed as unavailable, and nothing was written
         assert len(outcome) == 1 and isinstance(outcome[0], StoreUnavailableError)
