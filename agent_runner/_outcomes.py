@@ -15,6 +15,7 @@ happened:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from agent_runner.errors import DefinitionError, RecoverableError
@@ -27,14 +28,37 @@ from agent_runner.tools import Tool, ToolOutcome, tool_scope
 NO_RECONCILER_NOTE = "the tool has no reconcile function"
 
 
-def leaves_outcome_unknown(tool: Tool, error: Exception) -> bool:
-    """Whether `error`, raised by the body of `tool` after it started, leaves the call's effect unknown.
+class BodyWatch:
+    """Records whether a tool's body ran and what it raised, whatever the middleware around it makes of that.
 
-    True for a non-idempotent tool and any exception but `RecoverableError` (the tool's own
-    statement that nothing took effect); `ToolError` and `AgentFormRequiredException` are
-    handled before this is asked.
+    The statement that nothing happened must come from the body: a `RecoverableError` a
+    middleware raised in place of the body's own error (a time limit recast as a retry),
+    or after the body returned, says nothing about what the call did.
     """
-    return not tool.idempotent and not isinstance(error, RecoverableError)
+
+    __slots__ = ("entered", "raised")
+
+    def __init__(self) -> None:
+        self.entered = False
+        self.raised: BaseException | None = None
+
+    def invoke(self, tool: Tool, arguments: Mapping[str, Any]) -> Any:
+        """Run the tool on `arguments` (see `Tool.invoke`), noting that it ran and what it raised."""
+        self.entered = True
+        try:
+            return tool.invoke(arguments)
+        except BaseException as exc:
+            self.raised = exc
+            raise
+
+    def leaves_outcome_unknown(self, tool: Tool) -> bool:
+        """Whether the call failed in a way that leaves its effect unknown (see the module docstring).
+
+        True for a non-idempotent tool whose body ran and did not itself raise
+        `RecoverableError`; `ToolError` and `AgentFormRequiredException` are handled before
+        this is asked.
+        """
+        return self.entered and not tool.idempotent and not isinstance(self.raised, RecoverableError)
 
 
 def find_outcome(tool: Tool, turn: AgentTurn, call: ToolCall) -> ToolOutcome:

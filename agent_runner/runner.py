@@ -23,7 +23,7 @@ from agent_runner._base import new_id, trusted, utcnow
 from agent_runner._cas import AGAIN, retry_on_conflict
 from agent_runner._children import ChildTurns
 from agent_runner._conversations import ConversationGate
-from agent_runner._outcomes import find_outcome, leaves_outcome_unknown, outcome_unknown_suspension
+from agent_runner._outcomes import BodyWatch, find_outcome, outcome_unknown_suspension
 from agent_runner._projection import Projection
 from agent_runner._stepping import AdvanceResult, StopReason, advance
 from agent_runner.agent import Agent, InMemoryAgentLoader
@@ -724,16 +724,14 @@ class AgentRunner:
             expected = started.version
             turn = machine.unmark_started(started, call.id)
         submitted = turn.form_data.get(call.id, {})
-        entered = False  # a middleware may raise before the body runs: then nothing happened
+        body = BodyWatch()  # middleware may fail before the body runs, or recast what it raised
 
         def progress(data: Any) -> None:
             self._emit(AgentEventType.TOOL_PROGRESS, turn, tool_call_id=call.id, tool_name=call.name, progress=data)
 
         def invoke(tool_call: ToolCall) -> Any:
-            nonlocal entered
-            entered = True
             with tool_scope(turn.id, tool_call, submitted, progress):
-                return tool.invoke(tool_call.arguments)
+                return body.invoke(tool, tool_call.arguments)
 
         is_error = False
         try:
@@ -749,7 +747,7 @@ class AgentRunner:
             suspended = machine.apply_suspension(turn, plan, self.clock(), reminder=self.policy.deadline_reminder)
             return AgentStepResult(turn=self._save(suspended, expected, self._suspended_event(suspended)))
         except Exception as exc:
-            if entered and leaves_outcome_unknown(tool, exc):
+            if body.leaves_outcome_unknown(tool):
                 return self._reconcile_tool(started, call, tool, expected, retry, exc)
             return self._failed_call(turn, exc, expected, retry, tool.retry_on)
         updated, message = machine.apply_tool_result(turn, call, content, is_error, self.clock())

@@ -286,3 +286,47 @@ def test_an_idempotent_tool_is_still_retried_on_a_timeout() -> None:
     first = runner.run_until_blocked(runner.start(agent, "pay 30"))
     assert first.status is S.RETRY_SCHEDULED
     assert _run_to_rest(runner, first, clock).status is S.COMPLETED and calls == [30, 30]
+
+
+class RecastAsRetry(Middleware):
+    """Turns whatever the call raised into `RecoverableError`, as a time-limit middleware does."""
+
+    def wrap_tool(self, tool_call: ToolCall, call_next: Callable[[ToolCall], Any]) -> Any:
+        try:
+            return call_next(tool_call)
+        except TimeoutError as exc:
+            raise RecoverableError("the call ran past its time limit") from exc
+
+
+class FailAfterTheBody(Middleware):
+    """Raises `RecoverableError` once after the body returned (the result never reaches the runner)."""
+
+    def __init__(self) -> None:
+        self.failed = False
+
+    def wrap_tool(self, tool_call: ToolCall, call_next: Callable[[ToolCall], Any]) -> Any:
+        result = call_next(tool_call)
+        if not self.failed:
+            self.failed = True
+            raise RecoverableError("lost on the way back")
+        return result
+
+
+@pytest.mark.parametrize(
+    ("middleware", "payments"),
+    [
+        pytest.param(RecastAsRetry(), Payments(TimeoutError("hung")), id="body-error-recast"),
+        pytest.param(FailAfterTheBody(), Payments(TimeoutError("unused"), failures=0), id="after-the-body"),
+    ],
+)
+def test_only_the_body_itself_can_say_nothing_happened(middleware: Middleware, payments: Payments) -> None:
+    # Given a middleware that raises RecoverableError in place of the body's error, or after it returned
+    runner, agent, clock = _runner(payments.tool())
+    runner.middleware.append(middleware)
+
+    turn = _run_to_rest(runner, runner.start(agent, "pay 30"), clock)
+
+    # Then the charge that went through is not repeated: a person is asked
+    assert payments.charges == [30]
+    assert turn.status is S.WAITING_FOR_APPROVAL
+    assert turn.suspension is not None and "RecoverableError" in turn.suspension.message
