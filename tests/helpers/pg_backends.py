@@ -1,4 +1,4 @@
-"""Killing a PostgreSQL backend while one of its statements waits on a lock, for the tests of dropped connections."""
+"""PostgreSQL backends whose statements wait on a lock: found, and killed, for the tests of dropped connections."""
 
 from __future__ import annotations
 
@@ -12,6 +12,28 @@ import psycopg
 T = TypeVar("T")
 
 
+def waiting_backends(
+    admin: psycopg.Connection[tuple[Any, ...]], query_prefix: str, count: int, what: str, *, blocked_by: int | None
+) -> list[int]:
+    """Wait until `count` backends run a statement starting with `query_prefix` that waits on a lock; their pids.
+
+    With `blocked_by`, only statements that the backend `blocked_by` holds up count, which
+    keeps the search off other tests' statements on a shared server.
+    """
+    found: list[int] = []
+    for _ in range(500):
+        rows = admin.execute(
+            "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE %s"
+            " AND (%s::int IS NULL OR %s::int = ANY(pg_blocking_pids(pid))) ORDER BY pid",
+            [query_prefix + "%", blocked_by, blocked_by],
+        ).fetchall()
+        found = [int(row[0]) for row in rows]
+        if len(found) >= count:
+            return found
+        time.sleep(0.01)
+    raise AssertionError(f"the {what} never reached the server ({len(found)} of {count} waiting)")
+
+
 def killed_while_waiting(
     admin: psycopg.Connection[tuple[Any, ...]],
     action: Callable[[], T],
@@ -23,10 +45,9 @@ def killed_while_waiting(
     """Run `action` on a thread, terminate the backend whose statement waits on a lock, and return its outcome.
 
     The statement that `action` sends (its text starts with `query_prefix`) must be made to
-    wait on a lock another transaction holds (the backend `blocked_by`, when given, which
-    keeps the search off other tests' statements on a shared server); its backend is
-    terminated while it waits, and the outcome (the value returned or the exception
-    raised) is returned once the thread ended.
+    wait on a lock another transaction holds (see `waiting_backends` for `blocked_by`); its
+    backend is terminated while it waits, and the outcome (the value returned or the
+    exception raised) is returned once the thread ended.
     """
     outcome: list[BaseException | T] = []
 
@@ -38,17 +59,7 @@ def killed_while_waiting(
 
     worker = threading.Thread(target=run)
     worker.start()
-    waiting = None
-    for _ in range(500):
-        waiting = admin.execute(
-            "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE %s"
-            " AND (%s::int IS NULL OR %s::int = ANY(pg_blocking_pids(pid)))",
-            [query_prefix + "%", blocked_by, blocked_by],
-        ).fetchone()
-        if waiting is not None:
-            break
-        time.sleep(0.01)
-    assert waiting is not None, f"the {what} never reached the server"
-    admin.execute("SELECT pg_terminate_backend(%s)", [waiting[0]])
+    [waiting] = waiting_backends(admin, query_prefix, 1, what, blocked_by=blocked_by)[:1]
+    admin.execute("SELECT pg_terminate_backend(%s)", [waiting])
     worker.join(timeout=30)
     return outcome

@@ -5,11 +5,14 @@ its answer is terminated while that statement waits (a trigger in the test's sch
 it wait on an advisory lock the test holds). The action has happened and its answer is
 not recorded. The same request sent again with the same key must get the first answer,
 told from what the action saved, and never act a second time or answer 409 for minutes.
+The same lock holds a first request at its recording while its retry comes in: both get
+one answer.
 """
 
 from __future__ import annotations
 
 import random
+import threading
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -21,12 +24,14 @@ import pytest
 
 from tests.conftest import libpq_url
 from tests.helpers.api_server import ApiServer
-from tests.helpers.pg_backends import killed_while_waiting
+from tests.helpers.pg_backends import killed_while_waiting, waiting_backends
 from tests.integration.api.api_server import eventually, serve, wait_for
 
 pytestmark = pytest.mark.integration
 
 Admin = psycopg.Connection[tuple[Any, ...]]
+RECORDING = "UPDATE agent_idempotency_keys"
+"""How the statement that records an answer starts."""
 
 
 @pytest.fixture
@@ -55,7 +60,7 @@ def cut_while_recording(admin: Admin, lock: int, send: Callable[[], httpx.Respon
     admin.execute("SELECT pg_advisory_lock(%s)", [lock])
     try:
         outcome = killed_while_waiting(
-            admin, send, "UPDATE agent_idempotency_keys", "recording of the answer", blocked_by=admin.info.backend_pid
+            admin, send, RECORDING, "recording of the answer", blocked_by=admin.info.backend_pid
         )
     finally:
         admin.execute("SELECT pg_advisory_unlock(%s)", [lock])
@@ -130,3 +135,37 @@ def test_each_post_retried_after_its_answer_was_lost_gets_that_answer_and_acts_o
         # And the queued message ran exactly once, after the cancel freed the conversation
         eventually(lambda: any(t["final_output"] == "echo: later" for t in turns_of(client, chat)), what="echo: later")
         assert len(turns_of(client, chat)) == 2
+
+
+def test_a_retry_while_the_first_request_is_still_running_gets_the_same_answer(
+    server: ApiServer, admin: Admin, answer_lock: int
+) -> None:
+    chat = f"c-{uuid.uuid4().hex[:8]}"
+    body = {"agent_id": "desk", "input": "ticket", "conversation_id": chat}
+    with server.client() as client:
+        answers: dict[str, httpx.Response] = {}
+
+        def send(name: str) -> None:
+            answers[name] = client.post("/v1/turns", json=body, headers={"Idempotency-Key": "start-twice"})
+
+        # Given a first request held while it records its answer, and its retry sent meanwhile
+        admin.execute("SELECT pg_advisory_lock(%s)", [answer_lock])
+        try:
+            first = threading.Thread(target=send, args=("first",))
+            first.start()
+            [held] = waiting_backends(admin, RECORDING, 1, "first recording", blocked_by=admin.info.backend_pid)
+            retry = threading.Thread(target=send, args=("retry",))
+            retry.start()
+            # The retry found the turn and waits (behind the first) to record the same answer,
+            # rather than being told 409 "in use"
+            waiting_backends(admin, RECORDING, 1, "retry's recording", blocked_by=held)
+        finally:
+            admin.execute("SELECT pg_advisory_unlock(%s)", [answer_lock])
+        first.join(timeout=30)
+        retry.join(timeout=30)
+
+        # Then both got the first answer, and the conversation has one turn
+        assert answers["first"].status_code == answers["retry"].status_code == 201, answers
+        assert answers["retry"].json() == answers["first"].json()
+        assert answers["retry"].headers.get("Idempotent-Replayed") == "true"
+        assert [t["id"] for t in turns_of(client, chat)] == [answers["first"].json()["id"]]
