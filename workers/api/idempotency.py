@@ -113,7 +113,7 @@ def run_once(
         error = api_error_of(exc)
         if error.status >= 500:
             raise error from exc
-        earlier = find_earlier() if unanswered else None  # the earlier attempt may have acted meanwhile
+        earlier = _found_meanwhile(find_earlier) if unanswered else None
         if earlier is None:
             status, headers = error.status, error.headers or {}
             body = error_body(error.type_name, error.message, error.details, **error.extra)
@@ -129,3 +129,15 @@ def run_once(
         # Another attempt with the key recorded its answer first: give the same one.
         return JSONResponse(recorded.response_body, status_code=recorded.response_status, headers=REPLAYED)
     return JSONResponse(body, status_code=status, headers=headers or None)
+
+
+def _found_meanwhile(find_earlier: Callable[[], Answer | None]) -> Answer | None:
+    """What an earlier attempt still running may have done since the first look; None when that look fails too.
+
+    Asked after the action was refused (a 4xx): the refusal stands unless the earlier
+    attempt's effect is found now.
+    """
+    try:
+        return find_earlier()
+    except Exception:
+        return None

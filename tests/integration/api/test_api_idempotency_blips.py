@@ -169,3 +169,20 @@ def test_a_retry_while_the_first_request_is_still_running_gets_the_same_answer(
         assert answers["retry"].json() == answers["first"].json()
         assert answers["retry"].headers.get("Idempotent-Replayed") == "true"
         assert [t["id"] for t in turns_of(client, chat)] == [answers["first"].json()["id"]]
+
+
+def test_a_lost_refusal_is_given_again_and_recorded_on_retry(
+    server: ApiServer, pg_url: str, admin: Admin, answer_lock: int
+) -> None:
+    with server.client() as client:
+
+        def cancel() -> httpx.Response:
+            return client.post("/v1/turns/no-such-turn/cancel", json={}, headers={"Idempotency-Key": "cancel-none"})
+
+        # Given a refusal (404) whose recording was cut
+        first = cut_while_recording(admin, answer_lock, cancel)
+        assert first.status_code == 404
+        # Then the retry is refused the same way, and that answer is recorded for the next one
+        retry = cancel()
+        assert (retry.status_code, retry.json()) == (404, first.json())
+        assert stored_key(admin, pg_url, "cancel-none") == ("COMPLETED", 404)
