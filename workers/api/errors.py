@@ -118,13 +118,6 @@ class IdempotencyKeyReused(ApiError):
         )
 
 
-class IdempotencyKeyInUse(ApiError):
-    """The first request with this idempotency key is still running."""
-
-    def __init__(self, key: str) -> None:
-        super().__init__(409, f"a request with idempotency key {key!r} is still being processed; retry shortly")
-
-
 def error_body(
     type_name: str, message: str, details: list[dict[str, Any]] | None = None, **extra: Any
 ) -> dict[str, Any]:

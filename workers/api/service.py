@@ -20,6 +20,7 @@ from agent_runner import (
     AgentTurnStatus,
     AnyMessage,
     UserMessage,
+    VersionConflictError,
 )
 from workers.api.errors import ApiError, InvalidRequest, TurnEndedError
 from workers.api.models import CancelRequest, ResumeRequest, StartTurnRequest
@@ -54,7 +55,9 @@ class Queued:
     conversation_id: str
 
 
-def start_turn(runtime: Runtime, tenant: Tenant, request: StartTurnRequest, message_id: str) -> AgentTurn | Queued:
+def start_turn(
+    runtime: Runtime, tenant: Tenant, request: StartTurnRequest, message_id: str, turn_id: str | None = None
+) -> AgentTurn | Queued:
     """Start a turn, or handle a busy conversation as `request.if_busy` says.
 
     Args:
@@ -62,6 +65,8 @@ def start_turn(runtime: Runtime, tenant: Tenant, request: StartTurnRequest, mess
         tenant: Who asks; owns the turn and the conversation.
         request: The validated request.
         message_id: Id of the user message (and of the inbox message, if it is queued).
+        turn_id: Id of the new turn (default: a random one). When a turn with this id is
+            stored already, that turn is the answer: the start happened before.
 
     Raises:
         AgentNotFound: No such agent (nothing is saved).
@@ -77,9 +82,16 @@ def start_turn(runtime: Runtime, tenant: Tenant, request: StartTurnRequest, mess
                 conversation_id=conversation,
                 tenant_id=tenant.id,
                 metadata=request.metadata,
+                turn_id=turn_id,
             )
+        except VersionConflictError:
+            if turn_id is None:
+                raise
+            return get_turn(runtime, tenant, turn_id)
         except AgentConversationBusyException as busy:
             assert conversation is not None and request.conversation_id is not None
+            if busy.active_turn_id == turn_id:
+                return get_turn(runtime, tenant, turn_id)
             if request.if_busy == "reject":
                 raise ConversationBusy(request.conversation_id, busy) from None
             if request.if_busy == "enqueue" or not _interrupt(runtime, busy.active_turn_id):
@@ -132,8 +144,13 @@ def get_turn(runtime: Runtime, tenant: Tenant, turn_id: str) -> AgentTurn:
     return tenant.check(runtime.turn_store.load(turn_id))
 
 
-def resume_turn(runtime: Runtime, tenant: Tenant, turn_id: str, request: ResumeRequest) -> AgentTurn:
+def resume_turn(
+    runtime: Runtime, tenant: Tenant, turn_id: str, request: ResumeRequest, marks: dict[str, str] | None = None
+) -> AgentTurn:
     """Validate and save a decision; the turn is left RUNNING for a worker to continue.
+
+    `marks` join the command's metadata (after the request's own), which the turn's
+    TURN_RESUMED event keeps.
 
     Raises:
         TurnNotFound: No such turn, or another tenant's.
@@ -148,7 +165,7 @@ def resume_turn(runtime: Runtime, tenant: Tenant, turn_id: str, request: ResumeR
         content=request.content,
         data=request.data,
         reason=request.reason,
-        metadata={"channel": "http", **request.metadata},
+        metadata={"channel": "http", **request.metadata, **(marks or {})},
     )
     return runtime.runner.submit_resume(turn_id, command)
 
