@@ -13,6 +13,7 @@ from fastapi.staticfiles import StaticFiles
 from agent_runner import AgentLoader
 from workers.api.auth import HANDLE_STATE, get_runtime
 from workers.api.cors import add_cors
+from workers.api.docs import add_offline_docs
 from workers.api.embedding import API_ROUTERS, prepare_settings
 from workers.api.errors import ApiError, install_error_handlers
 from workers.api.guard import RequestGuard
@@ -75,6 +76,8 @@ def create_app(
         version="1",
         description=DESCRIPTION,
         lifespan=handle.lifespan,
+        docs_url=None,  # served from packaged assets instead of a CDN (workers.api.docs)
+        redoc_url=None,
         openapi_tags=[
             {"name": "turns", "description": "Start, inspect, resume and cancel turns."},
             {"name": "events", "description": "Server-sent events of turns and conversations."},
@@ -92,6 +95,7 @@ def create_app(
     for api_router in API_ROUTERS:
         app.include_router(api_router)
     _add_probes(app)
+    add_offline_docs(app)
     _add_console(app)
     return app
 
