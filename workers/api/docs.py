@@ -29,26 +29,31 @@ def add_offline_docs(app: FastAPI, docs_url: str = "/docs", redoc_url: str = "/r
     app.mount(ASSETS_PATH, StaticFiles(directory=docs_assets()), name="docs-assets")
     openapi_url = app.openapi_url or "/openapi.json"
 
+    def links(request: Request) -> tuple[str, str]:
+        # Under a mount (`host.mount("/agents", app)`) every link starts with the mount path.
+        root = request.scope.get("root_path", "")
+        return f"{root}{openapi_url}", f"{root}{ASSETS_PATH}"
+
     @app.get(docs_url, include_in_schema=False)
     def swagger_ui(request: Request) -> HTMLResponse:
-        root = request.scope.get("root_path", "")
+        spec, assets = links(request)
         return get_swagger_ui_html(
-            openapi_url=f"{root}{openapi_url}",
+            openapi_url=spec,
             title=f"{app.title} - Swagger UI",
-            swagger_js_url=f"{root}{ASSETS_PATH}/swagger-ui-bundle.js",
-            swagger_css_url=f"{root}{ASSETS_PATH}/swagger-ui.css",
-            swagger_favicon_url=f"{root}{ASSETS_PATH}/favicon.png",
+            swagger_js_url=f"{assets}/swagger-ui-bundle.js",
+            swagger_css_url=f"{assets}/swagger-ui.css",
+            swagger_favicon_url=f"{assets}/favicon.png",
             oauth2_redirect_url=None,
             swagger_ui_parameters=app.swagger_ui_parameters,
         )
 
     @app.get(redoc_url, include_in_schema=False)
     def redoc(request: Request) -> HTMLResponse:
-        root = request.scope.get("root_path", "")
+        spec, assets = links(request)
         return get_redoc_html(
-            openapi_url=f"{root}{openapi_url}",
+            openapi_url=spec,
             title=f"{app.title} - ReDoc",
-            redoc_js_url=f"{root}{ASSETS_PATH}/redoc.standalone.js",
-            redoc_favicon_url=f"{root}{ASSETS_PATH}/favicon.png",
+            redoc_js_url=f"{assets}/redoc.standalone.js",
+            redoc_favicon_url=f"{assets}/favicon.png",
             with_google_fonts=False,
         )

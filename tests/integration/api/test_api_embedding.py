@@ -71,20 +71,26 @@ def check_host_routes(server: ApiServer) -> None:
         assert invalid.status_code == 422 and "detail" in invalid.json() and "error" not in invalid.json()
 
 
+def serve_and_run(factory: str, env: dict[str, str], log: Path) -> ApiServer:
+    """Serve `host_apps.<factory>()`, run the core flow and check the host's routes; return the stopped server."""
+    server = host_server(factory, env, log)
+    server.start()
+    try:
+        run_core_flow(server, f"c-{factory}")
+        check_host_routes(server)
+    finally:
+        server.stop()
+    return server
+
+
 # --- embedded mode (SQLite) -------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("factory", ["mounted", "mounted_with_lifespan", "included"])
 def test_a_host_app_embedding_the_api_runs_the_core_flow_on_sqlite(factory: str, tmp_path: Path) -> None:
     # Given a team's app with the API under /agents, on a SQLite file
-    server = host_server(factory, server_env(f"sqlite:///{tmp_path / 'host.db'}"), tmp_path / "host.log")
-    server.start()
-    try:
-        # When a turn goes through its form and approval, Then it completes and its stream ends
-        run_core_flow(server, f"c-{factory}")
-        check_host_routes(server)
-    finally:
-        server.stop()
+    # When a turn goes through its form and approval, Then it completes and its stream ends
+    server = serve_and_run(factory, server_env(f"sqlite:///{tmp_path / 'host.db'}"), tmp_path / "host.log")
     # A mounted app without the hook says, once, that its runtime started on first use.
     assert server.output().count(FIRST_USE_NOTICE) == (1 if factory == "mounted" else 0), server.output()
 
@@ -127,10 +133,4 @@ def celery_env(pg_url: str, tmp_path: Path) -> Iterator[dict[str, str]]:
 def test_a_host_app_embedding_the_api_runs_the_core_flow_on_celery_workers(
     factory: str, celery_env: dict[str, str], tmp_path: Path
 ) -> None:
-    server = host_server(factory, celery_env, tmp_path / "host.log")
-    server.start()
-    try:
-        run_core_flow(server, f"c-{factory}")
-        check_host_routes(server)
-    finally:
-        server.stop()
+    serve_and_run(factory, celery_env, tmp_path / "host.log")
