@@ -60,6 +60,8 @@ def run_core_flow(server: ApiServer, conversation_id: str) -> None:
         # The API's error shape and request checks hold inside the host.
         assert_error(client.post("/v1/turns", json={"agent_id": "desk"}), 422, "InvalidRequest")
         assert_error(client.post("/v1/turns", content=b'{"agent_id": "desk", "input": NaN}'), 422, "InvalidRequest")
+        oversized = b'{"agent_id": "desk", "input": "' + b"x" * (1024 * 1024) + b'"}'
+        assert_error(client.post("/v1/turns", content=oversized), 413, "PayloadTooLarge")
         assert_error(client.get("/v1/turns/unknown-turn"), 404, "TurnNotFound")
 
 
