@@ -187,6 +187,24 @@ def test_a_stream_takes_a_token_in_the_query_but_never_a_key(server: ApiServer) 
         assert "access_token" in error["message"]
 
 
+def test_a_token_verifies_on_every_server_process_with_the_same_secret(
+    server: ApiServer, database_url: str, tmp_path: Path
+) -> None:
+    with server.client(KEY_A) as key:
+        turn = start(key, "hello", chat_id())
+    token = mint(server, KEY_A, user="u-frank")["token"]
+    # A second process of the deployment: same database, keys and secret, nothing shared in memory
+    for replica in serve(
+        tmp_path,
+        database_url,
+        ["--worker", "none"],
+        AGENT_RUNNER_API_KEYS=f"tenant-a:{KEY_A}",
+        AGENT_RUNNER_TOKEN_SECRET=SECRET,
+    ):
+        with replica.client(token) as frank:
+            assert frank.get(f"/v1/turns/{turn['id']}").json()["id"] == turn["id"]
+
+
 def _tampered(token: str) -> list[str]:
     prefix, payload, signature = token.split(".")
     claims = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
