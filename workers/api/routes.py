@@ -17,6 +17,7 @@ from agent_runner._base import new_id
 from store import IdempotencyStatus
 from workers.api import service
 from workers.api.auth import RuntimeDep, TenantDep, get_tenant
+from workers.api.auth import get_runtime as get_runtime  # importable from here as before
 from workers.api.errors import (
     IdempotencyKeyInUse,
     IdempotencyKeyReused,
