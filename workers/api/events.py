@@ -37,8 +37,10 @@ from fastapi.responses import StreamingResponse
 from agent_runner import AgentEvent, EventFeed, ToolCall
 from agent_runner.feed import FeedFollower, FeedPosition
 from agent_runner.persistence import DEFAULT_EVENT_PAGE, event_scope
+from workers.api import service
+from workers.api.auth import RuntimeDep, TenantDep, get_tenant
 from workers.api.fanout import Detached, EventFanout, Subscription
-from workers.api.routes import ConversationId, RuntimeDep, TenantDep, TurnId, _errors, get_tenant
+from workers.api.routes import ConversationId, TurnId, _errors
 from workers.api.runtime import Runtime
 from workers.api.tenancy import Tenant
 from workers.views import ArgumentMask, catalog_mask, tool_call_view
@@ -398,8 +400,7 @@ async def turn_events(
     last_event_id: LastEventId = None,
 ) -> StreamingResponse:
     """The events of the turn and its child turns, as server-sent events; `event: end` after the root turn ends."""
-    turn = await _in_thread(runtime.turn_store.load, turn_id)
-    tenant.check(turn)
+    turn = await _in_thread(service.get_turn, runtime, tenant, turn_id)
     root = turn.root_turn_id
     return await _open(runtime, tenant, {"root_turn_id": root}, last_event_id or after, follow, root)
 
@@ -419,5 +420,5 @@ async def conversation_events(
     last_event_id: LastEventId = None,
 ) -> StreamingResponse:
     """Every event of the conversation's turns (and their child turns), as server-sent events."""
-    scope = {"conversation_id": tenant.stored_conversation(conversation_id)}
+    scope = {"conversation_id": tenant.reaches(conversation_id)}
     return await _open(runtime, tenant, scope, last_event_id or after, follow, None)

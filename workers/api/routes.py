@@ -8,13 +8,13 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Header, Path, Query, Request
 from fastapi.responses import JSONResponse
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel
 
 from agent_runner import AgentTurn, AgentTurnStatus, TurnNotFound
 from store.idempotency import RESUME_MARK
 from workers.api import service
-from workers.api.errors import Unauthorized
+from workers.api.auth import RuntimeDep, TenantDep, get_tenant
+from workers.api.auth import get_runtime as get_runtime  # importable from here as before
 from workers.api.idempotency import Answer, is_cancelled, request_id, run_once, turn_id_of
 from workers.api.models import (
     ID_PATTERN,
@@ -31,11 +31,6 @@ from workers.api.models import (
 from workers.api.runtime import Runtime
 from workers.api.tenancy import Tenant
 from workers.views import catalog_mask, find_agent, message_view, turn_view
-
-_bearer = HTTPBearer(
-    auto_error=False,
-    description="`Authorization: Bearer <key>` with a key from AGENT_RUNNER_API_KEYS (required when keys are set).",
-)
 
 TurnId = Annotated[str, Path(pattern=ID_PATTERN, max_length=128, description="A turn id.")]
 ConversationId = Annotated[str, Path(pattern=ID_PATTERN, max_length=128, description="A conversation id.")]
@@ -63,34 +58,6 @@ def _errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
     }
     return {status: {"model": ErrorResponse, "description": descriptions[status]} for status in statuses}
 
-
-def get_runtime(request: Request) -> Runtime:
-    """The server's backends."""
-    runtime: Runtime = request.app.state.runtime
-    return runtime
-
-
-def get_tenant(
-    request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
-) -> Tenant:
-    """The tenant of the request's API key; the single tenant when no keys are configured.
-
-    Raises:
-        Unauthorized: Keys are configured and the request has none, or an unknown one.
-    """
-    keys = get_runtime(request).settings.keys
-    if not keys.enabled:
-        return Tenant()
-    if credentials is None:
-        raise Unauthorized()
-    tenant = keys.tenant_of(credentials.credentials)
-    if tenant is None:
-        raise Unauthorized("the API key is not valid")
-    return Tenant(tenant)
-
-
-RuntimeDep = Annotated[Runtime, Depends(get_runtime)]
-TenantDep = Annotated[Tenant, Depends(get_tenant)]
 
 router = APIRouter(prefix="/v1", dependencies=[Depends(get_tenant)], responses=_errors(401, 413, 503))
 
