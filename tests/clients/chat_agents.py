@@ -1,0 +1,111 @@
+"""Agents served to the client-protocol tests (`--agents tests.clients.chat_agents:build_loader`).
+
+The model streams its text as deltas (a word at a time) and plays from the turn's last
+message, so any worker can take any turn over:
+
+- `hello <text>`: answers "Hello! You said <text>." at once;
+- `story <n>`: answers with `n` words, one every `STORY_WORD_S` seconds (long enough to drop
+  a connection in the middle);
+- `deploy <service>`: calls `deploy` (needs approval), then answers "deployed <service>" or,
+  after a rejection, "not deployed: <reason>";
+- `ticket`: asks for the `ticket_details` form, then answers "ticket for <system> (<scope>)";
+- `fail`: the model raises, and the turn fails;
+- anything else: answers "thanks: <text>".
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+from agent_runner import (
+    Agent,
+    AgentFormDefinition,
+    AgentUserInputTool,
+    AiMessage,
+    ChatRequest,
+    InMemoryAgentLoader,
+    ScriptedChatModel,
+    ToolCall,
+    ToolMessage,
+    UserMessage,
+    tool,
+)
+
+STORY_WORD_S = 0.15
+
+TICKET_FORM = AgentFormDefinition(
+    key="ticket_details",
+    description="What the ticket is about.",
+    schema={
+        "type": "object",
+        "properties": {
+            "system": {"type": "string", "minLength": 2},
+            "scope": {"type": "string", "enum": ["ONE_USER", "ALL_USERS"]},
+        },
+        "required": ["system", "scope"],
+        "additionalProperties": False,
+    },
+)
+
+
+@tool(requires_approval=True)
+def deploy(service: str) -> str:
+    """Deploy a service to production."""
+    return f"deployed {service}"
+
+
+def _stream(request: ChatRequest, text: str, pause: float = 0.0) -> AiMessage:
+    words = text.split(" ")
+    for index, word in enumerate(words):
+        if request.on_delta is not None:
+            request.on_delta(word if index == 0 else f" {word}")
+        if pause:
+            time.sleep(pause)
+    return AiMessage(content=text)
+
+
+def _answer(request: ChatRequest) -> AiMessage:
+    last = request.messages[-1]
+    call_id = f"call-{len(request.messages)}"
+    if isinstance(last, ToolMessage):
+        if last.tool_name == "deploy":
+            return _stream(request, f"not deployed: {last.content}" if last.is_error else last.content)
+        if last.tool_name == "request_user_input":
+            data = json.loads(last.content)
+            return _stream(request, f"ticket for {data['system']} ({data['scope']})")
+        return _stream(request, f"done: {last.content}")
+    assert isinstance(last, UserMessage), last
+    text = last.content
+    if text.startswith("story "):
+        count = int(text.split()[1])
+        return _stream(request, " ".join(f"word{n}" for n in range(1, count + 1)), STORY_WORD_S)
+    if text.startswith("deploy "):
+        service = text.removeprefix("deploy ")
+        return AiMessage(tool_calls=[ToolCall(id=call_id, name="deploy", arguments={"service": service})])
+    if text == "ticket":
+        call = ToolCall(id=call_id, name="request_user_input", arguments={"formKey": TICKET_FORM.key})
+        return AiMessage(content="I need the details.", tool_calls=[call])
+    if text == "fail":
+        raise ValueError("the model broke down")
+    if text.startswith("hello "):
+        return _stream(request, f"Hello! You said {text.removeprefix('hello ')}.")
+    return _stream(request, f"thanks: {text}")
+
+
+def build_agents() -> list[Agent]:
+    """The `assistant` agent."""
+    return [
+        Agent(
+            id="assistant",
+            version="1",
+            instructions="Help; ask for approval before deploying.",
+            chat_model=ScriptedChatModel(_answer),
+            tools=[AgentUserInputTool(forms=[TICKET_FORM]), deploy],
+        )
+    ]
+
+
+def build_loader() -> InMemoryAgentLoader:
+    """Entry point of `--agents tests.clients.chat_agents:build_loader`."""
+    return InMemoryAgentLoader(build_agents())

@@ -1,0 +1,208 @@
+"""What every chat protocol does with a conversation: start a turn, answer what it waits for, stop it, stream it.
+
+The protocol modules parse their client's request into one of these calls and write the
+resulting `Step`s in their own format. Everything goes through the server's runner, turn
+store, tenants and event feed, as the `/v1/turns` routes do:
+
+- a new user message starts a turn in the conversation through `service.start_turn`
+  (busy conversations are refused, the `reject` policy of `if_busy`), or answers the
+  active turn's plain-text question;
+- a decision (approve, reject, form data) is submitted to the waiting turn with
+  `runner.submit_resume`, validated against the frozen form schema;
+- a stream is the turn tree's events from the event feed, translated by a
+  `TurnTranslator`, so a client that reconnects gets them again from the log.
+
+A client message id names the stored user message (hashed with the tenant and the
+conversation), so a request sent twice finds the turn its first copy started instead of
+starting another.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from starlette.concurrency import run_in_threadpool
+
+from agent_runner import (
+    AgentEvent,
+    AgentResumeCommand,
+    AgentTurn,
+    SuspensionType,
+    UserMessage,
+)
+from agent_runner.feed import FeedPosition
+from agent_runner.persistence import DEFAULT_EVENT_PAGE
+from workers.api import service
+from workers.api.errors import ApiError
+from workers.api.events import follow_tree
+from workers.api.models import StartTurnRequest
+from workers.api.protocols.steps import Step, TurnContent, TurnFinished, TurnTranslator, ends_stream
+from workers.api.runtime import Runtime
+from workers.api.tenancy import Tenant
+from workers.views import agent_mask, find_agent
+
+CHANNEL_METADATA_KEY = "channel"
+
+
+class NothingToAnswer(ApiError):
+    """A decision for a conversation whose active turn does not wait for it (409)."""
+
+    def __init__(self, conversation_id: str, message: str) -> None:
+        super().__init__(409, f"conversation {conversation_id!r}: {message}")
+
+
+@dataclass(frozen=True)
+class Decision:
+    """A person's answer to the call a turn waits for."""
+
+    call_id: str
+    kind: Literal["approve", "reject", "form", "input"]
+    reason: str | None = None
+    data: dict[str, Any] | None = None
+    content: str | None = None
+
+
+@dataclass(frozen=True)
+class Started:
+    """The turn a request acted on, and where its client's stream starts (None: the turn's first event)."""
+
+    turn: AgentTurn
+    after: FeedPosition | None
+
+    def to_json(self) -> dict[str, Any]:
+        """What an idempotency key records, to stream the same turn from the same place on a retry."""
+        return {"turn_id": self.turn.id, "after": None if self.after is None else str(self.after)}
+
+
+def stored_message_id(tenant: Tenant, conversation_id: str, client_message_id: str) -> str:
+    """The id of the stored user message for a client's message id (the same for a retried request)."""
+    raw = f"{tenant.id or ''}\x00{conversation_id}\x00{client_message_id}"
+    return hashlib.sha256(raw.encode()).hexdigest()[:32]
+
+
+def active_turn(runtime: Runtime, tenant: Tenant, agent_id: str, conversation_id: str) -> AgentTurn | None:
+    """The conversation's active (not ended) turn of this agent, if any."""
+    turn = runtime.turn_store.find_active_turn(tenant.stored_conversation(conversation_id))
+    if turn is None or not tenant.owns(turn) or turn.agent_id != agent_id:
+        return None
+    return turn
+
+
+def send_message(
+    runtime: Runtime, tenant: Tenant, agent_id: str, conversation_id: str, text: str, message_id: str, channel: str
+) -> Started:
+    """Start a turn from a user message, or answer the active turn's plain-text question with it.
+
+    A message already stored (the same request sent again) starts nothing: its turn is
+    streamed from the start.
+
+    Raises:
+        AgentNotFound: No such agent.
+        ConversationBusy: The conversation has an active turn that is not asking a question (409).
+    """
+    stored_conversation = tenant.stored_conversation(conversation_id)
+    for turn in runtime.turn_store.list_turns(conversation_id=stored_conversation, limit=1):
+        if tenant.owns(turn) and any(isinstance(m, UserMessage) and m.id == message_id for m in turn.messages):
+            return Started(turn, None)
+    waiting = active_turn(runtime, tenant, agent_id, conversation_id)
+    suspension = None if waiting is None else waiting.suspension
+    if (
+        waiting is not None
+        and suspension is not None
+        and suspension.type is SuspensionType.USER_INPUT
+        and suspension.correlation_id is None
+    ):
+        after = feed_position(runtime, waiting.id)
+        command = AgentResumeCommand.user_input(text).with_metadata(CHANNEL_METADATA_KEY, channel)
+        return Started(runtime.runner.submit_resume(waiting.id, command), after)
+    request = StartTurnRequest(
+        agent_id=agent_id,
+        input=text,
+        conversation_id=conversation_id,
+        metadata={CHANNEL_METADATA_KEY: channel},
+        if_busy="reject",
+    )
+    outcome = service.start_turn(runtime, tenant, request, message_id)
+    assert isinstance(outcome, AgentTurn), "if_busy=reject never queues"
+    return Started(outcome, None)
+
+
+def decide(runtime: Runtime, tenant: Tenant, turn: AgentTurn, decision: Decision, channel: str) -> Started:
+    """Submit a person's decision to the waiting turn; its stream continues after the decision.
+
+    Raises:
+        InvalidResumeCommand: The decision does not fit the turn (409), or the form data
+            fails the frozen schema (422, with a detail per field).
+    """
+    after = feed_position(runtime, turn.id)
+    if decision.kind == "approve":
+        command = AgentResumeCommand.approve_tool(decision.call_id)
+    elif decision.kind == "reject":
+        command = AgentResumeCommand.reject_tool(decision.call_id, decision.reason or "rejected by the user")
+    elif decision.kind == "form":
+        command = AgentResumeCommand.user_input(decision.call_id, decision.data or {})
+    else:
+        command = AgentResumeCommand.user_input(decision.content or "")
+    if decision.reason is not None and decision.kind == "approve":
+        command = command.model_copy(update={"reason": decision.reason})
+    command = command.with_metadata(CHANNEL_METADATA_KEY, channel)
+    return Started(runtime.runner.submit_resume(turn.id, command), after)
+
+
+def stop(runtime: Runtime, tenant: Tenant, agent_id: str, conversation_id: str, reason: str) -> AgentTurn | None:
+    """Cancel the conversation's active turn (with close-out); None when nothing is active."""
+    turn = active_turn(runtime, tenant, agent_id, conversation_id)
+    if turn is None:
+        return None
+    return runtime.runner.cancel(turn.id, reason)
+
+
+def feed_position(runtime: Runtime, turn_id: str) -> FeedPosition:
+    """The position after every event of the turn tree readable now (where a continuation starts)."""
+    position = FeedPosition()
+    while True:
+        page = runtime.events.read_page(root_turn_id=turn_id, after=position, limit=DEFAULT_EVENT_PAGE)
+        position = page.end
+        if not page.more:
+            return position
+
+
+def turn_content(runtime: Runtime, turn: AgentTurn) -> TurnContent:
+    """Reads the tree's messages for a translator, with the agent's sensitive arguments masked."""
+    return TurnContent(runtime.turn_store.load, agent_mask(find_agent(runtime.agent_loader, turn)))
+
+
+async def stream_steps(
+    runtime: Runtime, translator: TurnTranslator, after: FeedPosition | None, *, quiet_after: float
+) -> AsyncIterator[list[tuple[Step, str | None]]]:
+    """The turn's steps with the cursor of the event behind each, until the turn ends or waits for a person.
+
+    A batch is empty when nothing happened for `quiet_after` seconds (time for a keep-alive).
+    """
+    async for events in follow_tree(runtime, translator.root_turn_id, after, quiet_after=quiet_after):
+        if not events:
+            yield []
+            continue
+        batch: list[tuple[Step, str | None]] = []
+        for event in events:
+            steps = await run_in_threadpool(translator.translate, event)
+            if any(isinstance(step, TurnFinished) and step.waiting for step in steps):
+                if not await run_in_threadpool(_still_waits, runtime, event):
+                    # A replay going past a wait that has since been answered: the turn went on.
+                    steps = [s for s in steps if not (isinstance(s, TurnFinished) and s.waiting)]
+            batch.extend((step, event.cursor) for step in steps)
+            if any(ends_stream(step) for step in steps):
+                yield batch
+                return
+        yield batch
+
+
+def _still_waits(runtime: Runtime, suspended: AgentEvent) -> bool:
+    """Whether the turn still waits for what the TURN_SUSPENDED event `suspended` asked."""
+    turn = runtime.turn_store.load(suspended.turn_id)
+    if turn.suspension is None or turn.status.value != suspended.data.get("status"):
+        return False
+    return turn.suspension.correlation_id == suspended.data.get("correlation_id")
