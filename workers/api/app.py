@@ -85,6 +85,7 @@ def create_app(
             {"name": "agents", "description": "The agents this server runs."},
             {"name": "tokens", "description": "Short-lived tokens for browsers."},
             {"name": "ai-sdk", "description": "The AI SDK's `useChat` (UI message stream) over turns."},
+            {"name": "ag-ui", "description": "AG-UI runs (`HttpAgent`) over turns."},
             {"name": "health", "description": "Liveness and readiness probes."},
         ],
     )

@@ -29,7 +29,6 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
 from agent_runner import AgentTurn
-from agent_runner.feed import FeedPosition
 from workers.api.errors import InvalidRequest
 from workers.api.events import KEEPALIVE_S
 from workers.api.models import ID_PATTERN, Identifier
@@ -60,7 +59,6 @@ from workers.api.routes import (
     TenantDep,
     _errors,
     _fingerprint,
-    _idempotent,
     _view,
     get_tenant,
 )
@@ -318,23 +316,16 @@ async def ai_sdk_chat(
     `if_busy=reject` does. Form data failing the frozen schema answers 422 with a detail
     per field; nothing changes.
     """
-
-    def act() -> tuple[int, dict[str, Any]]:
-        return 200, _act(runtime, tenant, agent_id, body).to_json()
-
-    answer: JSONResponse = await run_in_threadpool(
-        _idempotent, runtime, tenant, idempotency_key, _fingerprint(request, body), act
+    started = await chat.act_once(
+        runtime,
+        tenant,
+        idempotency_key,
+        _fingerprint(request, body),
+        lambda: _act(runtime, tenant, agent_id, body),
     )
-    if answer.status_code != 200:
-        return answer
-    started = await run_in_threadpool(_started_of, runtime, tenant, json.loads(bytes(answer.body)))
+    if isinstance(started, JSONResponse):
+        return started
     return _stream(runtime, tenant, started)
-
-
-def _started_of(runtime: Runtime, tenant: Tenant, recorded: dict[str, Any]) -> chat.Started:
-    turn = tenant.check(runtime.turn_store.load(str(recorded["turn_id"])))
-    after = recorded.get("after")
-    return chat.Started(turn, None if after is None else FeedPosition.parse(str(after)))
 
 
 @router.get(

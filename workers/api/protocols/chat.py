@@ -20,10 +20,12 @@ starting another.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import AsyncIterator
+import json
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
 from agent_runner import (
@@ -40,6 +42,7 @@ from workers.api.errors import ApiError
 from workers.api.events import follow_tree
 from workers.api.models import StartTurnRequest
 from workers.api.protocols.steps import Step, TurnContent, TurnFinished, TurnTranslator, ends_stream
+from workers.api.routes import _idempotent as idempotent
 from workers.api.runtime import Runtime
 from workers.api.tenancy import Tenant
 from workers.views import agent_mask, find_agent
@@ -168,6 +171,51 @@ def feed_position(runtime: Runtime, turn_id: str) -> FeedPosition:
         position = page.end
         if not page.more:
             return position
+
+
+def prime(runtime: Runtime, translator: TurnTranslator) -> FeedPosition:
+    """Feed the translator every event of its turn readable now, discarding the steps; the position after them.
+
+    For a client that joins a turn in the middle and is shown what happened so far in
+    another way (a snapshot of the messages): `TurnTranslator.reopen` then gives it the
+    text streaming now.
+    """
+    position = FeedPosition()
+    while True:
+        page = runtime.events.read_page(root_turn_id=translator.root_turn_id, after=position, limit=DEFAULT_EVENT_PAGE)
+        for event in page.events:
+            translator.translate(event)
+        position = page.end
+        if not page.more:
+            return position
+
+
+async def act_once(
+    runtime: Runtime,
+    tenant: Tenant,
+    idempotency_key: str | None,
+    fingerprint: str,
+    act: Callable[[], Started],
+) -> Started | JSONResponse:
+    """Run `act` once per idempotency key, as the `/v1` POSTs do; a retry streams the same turn from the same place.
+
+    Returns the `Started` to stream, or the error answer recorded for the key (a retry of
+    a request that failed gets the same failure).
+    """
+
+    def recorded() -> tuple[int, dict[str, Any]]:
+        return 200, act().to_json()
+
+    answer: JSONResponse = await run_in_threadpool(idempotent, runtime, tenant, idempotency_key, fingerprint, recorded)
+    if answer.status_code != 200:
+        return answer
+    return await run_in_threadpool(_started_of, runtime, tenant, json.loads(bytes(answer.body)))
+
+
+def _started_of(runtime: Runtime, tenant: Tenant, recorded: dict[str, Any]) -> Started:
+    turn = tenant.check(runtime.turn_store.load(str(recorded["turn_id"])))
+    after = recorded.get("after")
+    return Started(turn, None if after is None else FeedPosition.parse(str(after)))
 
 
 def turn_content(runtime: Runtime, turn: AgentTurn) -> TurnContent:

@@ -70,7 +70,11 @@ class TextEnded:
 
 @dataclass(frozen=True)
 class ToolCallStarted:
-    """The model called a tool; its arguments follow."""
+    """The model called a tool; its arguments follow.
+
+    `message_id` names the model call's assistant message in the stream: the same id as
+    its text, so clients keep the text and the calls of one model call together.
+    """
 
     call_id: str
     name: str
@@ -385,7 +389,7 @@ class TurnTranslator:
             for tool_call in [] if message is None else message.tool_calls:
                 arguments = self.content.mask(tool_call)
                 self._shown_calls.add(tool_call.id)
-                out.append(ToolCallStarted(tool_call.id, tool_call.name, message_id))
+                out.append(ToolCallStarted(tool_call.id, tool_call.name, call.text_id))
                 out.append(ToolCallArgs(tool_call.id, json.dumps(arguments, separators=(",", ":"))))
                 out.append(ToolCallAvailable(tool_call.id, tool_call.name, arguments))
         self._call = None
