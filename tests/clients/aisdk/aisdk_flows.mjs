@@ -136,6 +136,15 @@ const flows = {
     print({ flow: 'reconnect-after-end', ...summary(after) });
   },
 
+  // A long answer in the chat CHAT_ID (WORDS words), followed to its end on one connection,
+  // whatever happens to the workers meanwhile; then a reloaded page resuming it finds it done.
+  async story() {
+    const id = process.env.CHAT_ID;
+    const chat = newChat(id);
+    await chat.sendMessage({ text: `story ${process.env.WORDS}` });
+    print({ flow: 'story', ...summary(chat) });
+  },
+
   // The same chat id under two tenants: two conversations that never meet.
   async tenants() {
     const id = `shared-${Date.now()}`;
