@@ -20,7 +20,6 @@ import time
 
 from agent_runner import (
     Agent,
-    AgentFormDefinition,
     AgentUserInputTool,
     AiMessage,
     ChatRequest,
@@ -31,22 +30,9 @@ from agent_runner import (
     UserMessage,
     tool,
 )
+from tests.integration.api.api_agents import TICKET_FORM
 
 STORY_WORD_S = 0.15
-
-TICKET_FORM = AgentFormDefinition(
-    key="ticket_details",
-    description="What the ticket is about.",
-    schema={
-        "type": "object",
-        "properties": {
-            "system": {"type": "string", "minLength": 2},
-            "scope": {"type": "string", "enum": ["ONE_USER", "ALL_USERS"]},
-        },
-        "required": ["system", "scope"],
-        "additionalProperties": False,
-    },
-)
 
 
 @tool(requires_approval=True)

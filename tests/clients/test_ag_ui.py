@@ -132,6 +132,11 @@ def test_two_tenants_with_the_same_thread_id_never_meet(clients: Path, server: A
     snapshot = probed["events"][1]["messages"]
     assert [m["content"] for m in snapshot] == ["hello from a", "Hello! You said from a."]
     assert probed["outcome"] == {"type": "success"}
+    # b's reconnect: b's thread, and the interrupt b's turn still waits for
+    probed_b = tenants["probedB"]
+    assert valid(probed_b) == ["RUN_STARTED", "MESSAGES_SNAPSHOT", "RUN_FINISHED"]
+    assert [m["role"] for m in probed_b["events"][1]["messages"]] == ["user", "assistant"]
+    assert probed_b["outcome"] == tenants["second"]["outcome"]
 
 
 # --- The raw stream and bad input ------------------------------------------------------------------

@@ -149,7 +149,10 @@ const flows = {
     // a reconnects: a snapshot of a's thread only, and no interrupt of b's
     const probe = newAgent(threadId, { key });
     const probed = await run(probe);
-    print({ flow: 'tenants', first, second, probed });
+    // b reconnects: b's thread, and the interrupt its turn still waits for
+    const probeB = newAgent(threadId, { key: otherKey });
+    const probedB = await run(probeB);
+    print({ flow: 'tenants', first, second, probed, probedB });
   },
 };
 

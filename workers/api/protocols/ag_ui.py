@@ -360,8 +360,13 @@ async def _run(
             yield writer.sse(writer.finished({"type": "success"}))
             return
         translator = TurnTranslator(turn.id, chat.turn_content(runtime, turn))
-        after: FeedPosition | None = await run_in_threadpool(chat.prime, runtime, translator)
+        primed = await run_in_threadpool(chat.prime, runtime, translator)
+        if primed.ending:
+            # The turn already waits for a person (or just ended): say so, there is nothing to follow.
+            yield "".join(writer.sse(e) for step in primed.ending for e in writer.events(step))
+            return
         yield "".join(writer.sse(e) for step in translator.reopen() for e in writer.events(step))
+        after: FeedPosition | None = primed.after
     else:
         turn = started.turn
         translator = TurnTranslator(turn.id, chat.turn_content(runtime, turn))

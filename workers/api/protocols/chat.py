@@ -41,7 +41,17 @@ from workers.api import service
 from workers.api.errors import ApiError
 from workers.api.events import follow_tree
 from workers.api.models import StartTurnRequest
-from workers.api.protocols.steps import Step, TurnContent, TurnFinished, TurnTranslator, ends_stream
+from workers.api.protocols.steps import (
+    ApprovalRequested,
+    FormRequested,
+    QuestionAsked,
+    Step,
+    TurnContent,
+    TurnFailed,
+    TurnFinished,
+    TurnTranslator,
+    ends_stream,
+)
 from workers.api.routes import _idempotent as idempotent
 from workers.api.runtime import Runtime
 from workers.api.tenancy import Tenant
@@ -173,21 +183,46 @@ def feed_position(runtime: Runtime, turn_id: str) -> FeedPosition:
             return position
 
 
-def prime(runtime: Runtime, translator: TurnTranslator) -> FeedPosition:
-    """Feed the translator every event of its turn readable now, discarding the steps; the position after them.
+@dataclass(frozen=True)
+class Primed:
+    """Where a client joining a turn starts, and how the stream ends already if it does."""
+
+    after: FeedPosition
+    """The position after every event read."""
+    ending: list[Step]
+    """The steps of the last event read when they end the stream (the turn ended, or waits for a person
+    now): the client is shown them at once, as nothing more may come."""
+
+
+_ENDING_STEPS = (ApprovalRequested, FormRequested, QuestionAsked, TurnFinished, TurnFailed)
+"""What a client joining a turn that waits or has ended is shown of the last event (not the close of a text it never saw)."""
+
+
+def prime(runtime: Runtime, translator: TurnTranslator) -> Primed:
+    """Feed the translator every event of its turn readable now, discarding their steps but the ending ones.
 
     For a client that joins a turn in the middle and is shown what happened so far in
     another way (a snapshot of the messages): `TurnTranslator.reopen` then gives it the
     text streaming now.
     """
     position = FeedPosition()
+    last: tuple[AgentEvent, list[Step]] | None = None
     while True:
         page = runtime.events.read_page(root_turn_id=translator.root_turn_id, after=position, limit=DEFAULT_EVENT_PAGE)
         for event in page.events:
-            translator.translate(event)
+            steps = translator.translate(event)
+            if steps:
+                last = (event, steps)
         position = page.end
         if not page.more:
-            return position
+            break
+    ending: list[Step] = []
+    if last is not None and any(ends_stream(step) for step in last[1]):
+        event, steps = last
+        waits = any(isinstance(step, TurnFinished) and step.waiting for step in steps)
+        if not waits or _still_waits(runtime, event):
+            ending = [step for step in steps if isinstance(step, _ENDING_STEPS)]
+    return Primed(position, ending)
 
 
 async def act_once(
