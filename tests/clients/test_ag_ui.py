@@ -208,3 +208,24 @@ def test_busy_threads_bad_resumes_and_missing_keys_answer_in_the_api_error_shape
             assert anonymous.post(RUN, json=newer).status_code == 401
         assert client.post(f"{RUN}/t-busy/stop").status_code == 202
         assert client.post(f"{RUN}/t-busy/stop").status_code == 204
+
+
+def _events(response: httpx.Response) -> list[Any]:
+    return [
+        EVENTS.validate_json(line.removeprefix("data: ")) for line in response.iter_lines() if line.startswith("data: ")
+    ]
+
+
+def test_a_form_interrupt_answered_cancelled_stops_the_turn(server: ApiServer) -> None:
+    asked = _input(threadId="t-form-cancel", messages=[{"id": "m1", "role": "user", "content": "ticket"}])
+    with server.client(KEY_A) as client:
+        with client.stream("POST", RUN, json=asked) as response:
+            (interrupt,) = _events(response)[-1].outcome.interrupts
+        assert interrupt.reason == "form"
+        cancel = _input(threadId="t-form-cancel", resume=[{"interruptId": interrupt.id, "status": "cancelled"}])
+        with client.stream("POST", RUN, json=cancel) as response:
+            events = _events(response)
+        turns = client.get("/v1/turns", params={"conversation_id": "t-form-cancel"}).json()["items"]
+    assert events[0].type == "RUN_STARTED" and events[-1].type == "RUN_FINISHED"
+    assert events[-1].outcome.type == "cancelled"
+    assert [t["status"] for t in turns] == ["CANCELLED"]

@@ -150,8 +150,8 @@ def _resume(runtime: Runtime, tenant: Tenant, agent_id: str, body: RunAgentInput
         return chat.decide(runtime, tenant, turn, chat.Decision(wanted, "input", content=payload), CHANNEL)
     if suspension.form is not None:
         if entry.status == "cancelled":
-            turn = runtime.runner.cancel(turn.id, STOP_REASON)
-            return chat.Started(turn, chat.feed_position(runtime, turn.id))
+            after = chat.feed_position(runtime, turn.id)  # before the cancel, so the run shows it
+            return chat.Started(runtime.runner.cancel(turn.id, STOP_REASON), after)
         if not isinstance(payload, dict):
             raise InvalidRequest("the form data must be a JSON object", path=path)
         return chat.decide(runtime, tenant, turn, chat.Decision(wanted, "form", data=payload), CHANNEL)
