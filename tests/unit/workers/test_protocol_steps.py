@@ -9,6 +9,7 @@ from agent_runner import (
     AgentEventType,
     AgentResumeCommand,
     AgentRunner,
+    AgentSuspension,
     InMemoryAgentTurnStore,
 )
 from tests.clients.chat_agents import build_agents
@@ -16,6 +17,7 @@ from workers.api.protocols.steps import (
     ApprovalAnswered,
     ApprovalRequested,
     FormRequested,
+    QuestionAsked,
     Step,
     StepFinished,
     StepStarted,
@@ -196,3 +198,12 @@ def test_a_client_joining_mid_call_is_shown_the_text_so_far() -> None:
     assert isinstance(reopened[2], TextDelta) and reopened[2].delta == "Hello there"
     assert kinds(translator.close()) == ["TextEnded", "StepFinished"]
     assert not any(isinstance(s, TextEnded | StepFinished) for s in translator.close())
+
+
+def test_a_plain_question_waits_for_the_next_user_message() -> None:
+    recorded = Recorded()
+    queued = recorded.runner.start(recorded.agent, "hello world")
+    recorded.runner.suspend(queued, AgentSuspension.user_input("which order?"))
+    steps = recorded.steps(queued.id)
+    assert steps[0] == QuestionAsked("which order?")
+    assert isinstance(steps[1], TurnFinished) and steps[1].waiting and steps[1].status == "WAITING_FOR_USER"
