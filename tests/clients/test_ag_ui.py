@@ -7,9 +7,9 @@ from typing import Any
 
 import httpx
 import pytest
-from ag_ui.core import Event, RunAgentInput
-from pydantic import TypeAdapter
+from ag_ui.core import RunAgentInput
 
+from tests.clients.ag_ui_events import EVENTS, valid
 from tests.clients.conftest import KEY_A, KEY_B
 from tests.helpers.api_server import ApiServer
 from tests.helpers.node import json_lines, run_node
@@ -17,7 +17,6 @@ from tests.helpers.node import json_lines, run_node
 pytestmark = pytest.mark.integration
 
 RUN = "/v1/agents/assistant/ag-ui"
-EVENTS: TypeAdapter[Any] = TypeAdapter(Event)
 
 
 def flow(clients: Path, server: ApiServer, name: str, *keys: str) -> list[dict[str, Any]]:
@@ -26,13 +25,6 @@ def flow(clients: Path, server: ApiServer, name: str, *keys: str) -> list[dict[s
     found = json_lines(done.stdout)
     assert found, done.stdout
     return found
-
-
-def valid(run: dict[str, Any]) -> list[str]:
-    """The run's event types, after checking each event against the protocol's own models."""
-    for event in run["events"]:
-        EVENTS.validate_python(event)
-    return [str(event["type"]) for event in run["events"]]
 
 
 def test_an_answer_streams_as_one_text_message_between_run_started_and_run_finished(

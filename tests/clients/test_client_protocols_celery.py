@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
+from tests.clients.ag_ui_events import valid
 from tests.clients.conftest import AGENTS, API_KEYS, KEY_A
-from tests.clients.test_ag_ui import valid
 from tests.conftest import TEST_REDIS_URL
 from tests.helpers.api_server import ApiServer
 from tests.helpers.node import json_lines, run_node
