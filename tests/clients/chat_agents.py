@@ -8,6 +8,8 @@ message, so any worker can take any turn over:
   a connection in the middle);
 - `deploy <service>`: calls `deploy` (needs approval), then answers "deployed <service>" or,
   after a rejection, "not deployed: <reason>";
+- `lookup <key>`: calls `lookup`, which knows only `vpn` (any other key is an error the
+  model reads), then answers "found: <result>" or "lookup failed: <error>";
 - `ticket`: asks for the `ticket_details` form, then answers "ticket for <system> (<scope>)";
 - `fail`: the model raises, and the turn fails;
 - anything else: answers "thanks: <text>".
@@ -26,6 +28,7 @@ from agent_runner import (
     InMemoryAgentLoader,
     ScriptedChatModel,
     ToolCall,
+    ToolError,
     ToolMessage,
     UserMessage,
     tool,
@@ -39,6 +42,14 @@ STORY_WORD_S = 0.15
 def deploy(service: str) -> str:
     """Deploy a service to production."""
     return f"deployed {service}"
+
+
+@tool
+def lookup(key: str) -> str:
+    """Look a system up in the inventory."""
+    if key != "vpn":
+        raise ToolError(f"no system called {key!r}")
+    return "vpn: 3 gateways"
 
 
 def _stream(request: ChatRequest, text: str, pause: float = 0.0) -> AiMessage:
@@ -57,6 +68,8 @@ def _answer(request: ChatRequest) -> AiMessage:
     if isinstance(last, ToolMessage):
         if last.tool_name == "deploy":
             return _stream(request, f"not deployed: {last.content}" if last.is_error else last.content)
+        if last.tool_name == "lookup":
+            return _stream(request, f"lookup failed: {last.content}" if last.is_error else f"found: {last.content}")
         if last.tool_name == "request_user_input":
             data = json.loads(last.content)
             return _stream(request, f"ticket for {data['system']} ({data['scope']})")
@@ -69,6 +82,9 @@ def _answer(request: ChatRequest) -> AiMessage:
     if text.startswith("deploy "):
         service = text.removeprefix("deploy ")
         return AiMessage(tool_calls=[ToolCall(id=call_id, name="deploy", arguments={"service": service})])
+    if text.startswith("lookup "):
+        key = text.removeprefix("lookup ")
+        return AiMessage(tool_calls=[ToolCall(id=call_id, name="lookup", arguments={"key": key})])
     if text == "ticket":
         call = ToolCall(id=call_id, name="request_user_input", arguments={"formKey": TICKET_FORM.key})
         return AiMessage(content="I need the details.", tool_calls=[call])
@@ -87,7 +103,7 @@ def build_agents() -> list[Agent]:
             version="1",
             instructions="Help; ask for approval before deploying.",
             chat_model=ScriptedChatModel(_answer),
-            tools=[AgentUserInputTool(forms=[TICKET_FORM]), deploy],
+            tools=[AgentUserInputTool(forms=[TICKET_FORM]), deploy, lookup],
         )
     ]
 

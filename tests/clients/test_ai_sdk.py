@@ -82,6 +82,19 @@ def test_a_form_is_refused_with_field_errors_then_filled_in(clients: Path, serve
     assert filled["text"].endswith("ticket for vpn (ALL_USERS)") and filled["metadata"]["status"] == "COMPLETED"
 
 
+def test_tool_results_and_tool_errors_show_on_their_tool_parts(clients: Path, server: ApiServer) -> None:
+    found, failed = flow(clients, server, "tools")
+    (ok,) = parts_of(found, "tool-lookup")
+    assert ok["state"] == "output-available" and ok["input"] == {"key": "vpn"} and ok["output"] == "vpn: 3 gateways"
+    assert found["text"] == "found: vpn: 3 gateways"
+    (error,) = parts_of(failed, "tool-lookup")
+    assert error["state"] == "output-error" and error["errorText"] == "no system called 'mainframe'"
+    assert failed["text"] == "lookup failed: no system called 'mainframe'"
+    assert failed["metadata"]["status"] == "COMPLETED"
+    # one step per model call: the call, then the answer
+    assert [p["type"] for p in failed["parts"]] == ["step-start", "tool-lookup", "step-start", "text"]
+
+
 def test_a_failing_turn_ends_the_stream_with_an_error(clients: Path, server: ApiServer) -> None:
     (failed,) = flow(clients, server, "failure")
     assert failed["status"] == "error" and "the model broke down" in failed["error"]

@@ -82,6 +82,15 @@ const flows = {
     print({ flow: 'form-filled', ...summary(chat) });
   },
 
+  // A tool that runs without approval: found, and failing (an error the model reads).
+  async tools() {
+    for (const key of ['vpn', 'mainframe']) {
+      const chat = newChat(`tools-${key}-${Date.now()}`);
+      await chat.sendMessage({ text: `lookup ${key}` });
+      print({ flow: 'tools', key, ...summary(chat) });
+    }
+  },
+
   // A failing turn: an error chunk, then finish.
   async failure() {
     const chat = newChat(`fail-${Date.now()}`);
