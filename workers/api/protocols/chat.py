@@ -30,7 +30,6 @@ from starlette.concurrency import run_in_threadpool
 
 from agent_runner import (
     AgentEvent,
-    AgentResumeCommand,
     AgentTurn,
     SuspensionType,
     UserMessage,
@@ -40,7 +39,7 @@ from agent_runner.persistence import DEFAULT_EVENT_PAGE
 from workers.api import service
 from workers.api.errors import ApiError
 from workers.api.events import follow_tree
-from workers.api.models import StartTurnRequest
+from workers.api.models import CancelRequest, StartTurnRequest
 from workers.api.protocols.steps import (
     ApprovalRequested,
     FormRequested,
@@ -55,9 +54,10 @@ from workers.api.protocols.steps import (
 from workers.api.routes import _idempotent as idempotent
 from workers.api.runtime import Runtime
 from workers.api.tenancy import Tenant
-from workers.views import agent_mask, find_agent
+from workers.views import ResumeAction, agent_mask, find_agent, resume_command
 
 CHANNEL_METADATA_KEY = "channel"
+"""The resume metadata (and turn metadata) naming the client protocol a decision or a turn came through."""
 
 
 class NothingToAnswer(ApiError):
@@ -69,9 +69,10 @@ class NothingToAnswer(ApiError):
 
 @dataclass(frozen=True)
 class Decision:
-    """A person's answer to the call a turn waits for."""
+    """A person's answer to what a turn waits for: `kind` is the resume action (see `ResumeRequest`)."""
 
     call_id: str
+    """The tool call answered (unused for `input`, the answer to a plain-text question)."""
     kind: Literal["approve", "reject", "form", "input"]
     reason: str | None = None
     data: dict[str, Any] | None = None
@@ -128,9 +129,7 @@ def send_message(
         and suspension.type is SuspensionType.USER_INPUT
         and suspension.correlation_id is None
     ):
-        after = feed_position(runtime, waiting.id)
-        command = AgentResumeCommand.user_input(text).with_metadata(CHANNEL_METADATA_KEY, channel)
-        return Started(runtime.runner.submit_resume(waiting.id, command), after)
+        return decide(runtime, tenant, waiting, Decision("", "input", content=text), channel)
     request = StartTurnRequest(
         agent_id=agent_id,
         input=text,
@@ -151,17 +150,14 @@ def decide(runtime: Runtime, tenant: Tenant, turn: AgentTurn, decision: Decision
             fails the frozen schema (422, with a detail per field).
     """
     after = feed_position(runtime, turn.id)
-    if decision.kind == "approve":
-        command = AgentResumeCommand.approve_tool(decision.call_id)
-    elif decision.kind == "reject":
-        command = AgentResumeCommand.reject_tool(decision.call_id, decision.reason or "rejected by the user")
-    elif decision.kind == "form":
-        command = AgentResumeCommand.user_input(decision.call_id, decision.data or {})
-    else:
-        command = AgentResumeCommand.user_input(decision.content or "")
-    if decision.reason is not None and decision.kind == "approve":
-        command = command.model_copy(update={"reason": decision.reason})
-    command = command.with_metadata(CHANNEL_METADATA_KEY, channel)
+    command = resume_command(
+        ResumeAction(decision.kind),
+        tool_call_id=None if decision.kind == "input" else decision.call_id,
+        content=decision.content,
+        data=decision.data,
+        reason=decision.reason,
+        metadata={CHANNEL_METADATA_KEY: channel},
+    )
     return Started(runtime.runner.submit_resume(turn.id, command), after)
 
 
@@ -170,7 +166,7 @@ def stop(runtime: Runtime, tenant: Tenant, agent_id: str, conversation_id: str, 
     turn = active_turn(runtime, tenant, agent_id, conversation_id)
     if turn is None:
         return None
-    return runtime.runner.cancel(turn.id, reason)
+    return service.cancel_turn(runtime, tenant, turn.id, CancelRequest(reason=reason))
 
 
 def feed_position(runtime: Runtime, turn_id: str) -> FeedPosition:

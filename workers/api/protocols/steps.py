@@ -415,7 +415,10 @@ class TurnTranslator:
         if not isinstance(call_id, str):
             return []
         if command == ResumeType.APPROVE_TOOL:
-            return [ApprovalAnswered(call_id, True, _text_or_none(data.get("reason")))]
+            # An approval's reason is recorded in the decision's metadata (the model never reads it).
+            metadata = data.get("metadata")
+            reason = metadata.get("reason") if isinstance(metadata, dict) else None
+            return [ApprovalAnswered(call_id, True, _text_or_none(data.get("reason") or reason))]
         if command == ResumeType.REJECT_TOOL:
             answered: list[Step] = [ApprovalAnswered(call_id, False, _text_or_none(data.get("reason")))]
             return answered + self._tool_result(call_id)
