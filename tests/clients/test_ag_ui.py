@@ -11,8 +11,8 @@ from ag_ui.core import RunAgentInput
 
 from tests.clients.ag_ui_events import EVENTS, valid
 from tests.clients.conftest import KEY_A, KEY_B
+from tests.clients.node_flows import run_flow
 from tests.helpers.api_server import ApiServer
-from tests.helpers.node import json_lines, run_node
 
 pytestmark = pytest.mark.integration
 
@@ -20,11 +20,7 @@ RUN = "/v1/agents/assistant/ag-ui"
 
 
 def flow(clients: Path, server: ApiServer, name: str, *keys: str) -> list[dict[str, Any]]:
-    done = run_node(clients, "agui_flows.mjs", [name, server.url, *(keys or (KEY_A,))])
-    assert done.returncode == 0, done.stderr[-3000:] + server.output()
-    found = json_lines(done.stdout)
-    assert found, done.stdout
-    return found
+    return run_flow(clients, server, "agui_flows.mjs", name, *keys)
 
 
 def test_an_answer_streams_as_one_text_message_between_run_started_and_run_finished(

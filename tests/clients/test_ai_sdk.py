@@ -9,8 +9,8 @@ import httpx
 import pytest
 
 from tests.clients.conftest import KEY_A, KEY_B
+from tests.clients.node_flows import run_flow
 from tests.helpers.api_server import ApiServer
-from tests.helpers.node import json_lines, run_node
 
 pytestmark = pytest.mark.integration
 
@@ -18,11 +18,7 @@ CHAT = "/v1/agents/assistant/ai-sdk/chat"
 
 
 def flow(clients: Path, server: ApiServer, name: str, *keys: str) -> list[dict[str, Any]]:
-    done = run_node(clients, "aisdk_flows.mjs", [name, server.url, *(keys or (KEY_A,))])
-    assert done.returncode == 0, done.stderr[-3000:] + server.output()
-    found = json_lines(done.stdout)
-    assert found, done.stdout
-    return found
+    return run_flow(clients, server, "aisdk_flows.mjs", name, *keys)
 
 
 def parts_of(summary: dict[str, Any], kind: str) -> list[dict[str, Any]]:

@@ -40,25 +40,7 @@ from agent_runner.feed import FeedPosition
 from workers.api.errors import InvalidRequest
 from workers.api.events import KEEPALIVE_S
 from workers.api.models import ID_PATTERN, Identifier
-from workers.api.protocols import chat
-from workers.api.protocols.steps import (
-    ApprovalRequested,
-    FormRequested,
-    QuestionAsked,
-    Step,
-    StepFinished,
-    StepStarted,
-    TextDelta,
-    TextEnded,
-    TextStarted,
-    ToolCallArgs,
-    ToolCallAvailable,
-    ToolCallStarted,
-    ToolResult,
-    TurnFailed,
-    TurnFinished,
-    TurnTranslator,
-)
+from workers.api.protocols import chat, steps
 from workers.api.routes import (
     ConversationId,
     IdempotencyKey,
@@ -235,19 +217,19 @@ class _Events:
         event = {"type": "RUN_FINISHED", "threadId": self.thread_id, "runId": self.run_id, "outcome": outcome}
         return event if result is None else {**event, "result": result}
 
-    def events(self, step: Step) -> list[dict[str, Any]]:
+    def events(self, step: steps.Step) -> list[dict[str, Any]]:
         match step:
-            case StepStarted(name=name):
+            case steps.StepStarted(name=name):
                 return [{"type": "STEP_STARTED", "stepName": name}]
-            case StepFinished(name=name):
+            case steps.StepFinished(name=name):
                 return [{"type": "STEP_FINISHED", "stepName": name}]
-            case TextStarted(text_id=text_id):
+            case steps.TextStarted(text_id=text_id):
                 return [{"type": "TEXT_MESSAGE_START", "messageId": text_id, "role": "assistant"}]
-            case TextDelta(text_id=text_id, delta=delta):
+            case steps.TextDelta(text_id=text_id, delta=delta):
                 return [{"type": "TEXT_MESSAGE_CONTENT", "messageId": text_id, "delta": delta}]
-            case TextEnded(text_id=text_id):
+            case steps.TextEnded(text_id=text_id):
                 return [{"type": "TEXT_MESSAGE_END", "messageId": text_id}]
-            case ToolCallStarted(call_id=call_id, name=name, message_id=message_id):
+            case steps.ToolCallStarted(call_id=call_id, name=name, message_id=message_id):
                 return [
                     {
                         "type": "TOOL_CALL_START",
@@ -256,11 +238,11 @@ class _Events:
                         "parentMessageId": message_id,
                     }
                 ]
-            case ToolCallArgs(call_id=call_id, delta=delta):
+            case steps.ToolCallArgs(call_id=call_id, delta=delta):
                 return [{"type": "TOOL_CALL_ARGS", "toolCallId": call_id, "delta": delta}]
-            case ToolCallAvailable(call_id=call_id):
+            case steps.ToolCallAvailable(call_id=call_id):
                 return [{"type": "TOOL_CALL_END", "toolCallId": call_id}]
-            case ToolResult(call_id=call_id, content=content, message_id=message_id):
+            case steps.ToolResult(call_id=call_id, content=content, message_id=message_id):
                 return [
                     {
                         "type": "TOOL_CALL_RESULT",
@@ -272,9 +254,9 @@ class _Events:
                 ]
         return self._ends(step)
 
-    def _ends(self, step: Step) -> list[dict[str, Any]]:
+    def _ends(self, step: steps.Step) -> list[dict[str, Any]]:
         match step:
-            case ApprovalRequested(call_id=call_id, name=name, arguments=arguments, message=message):
+            case steps.ApprovalRequested(call_id=call_id, name=name, arguments=arguments, message=message):
                 self.interrupts.append(
                     {
                         "id": call_id,
@@ -285,7 +267,7 @@ class _Events:
                         "metadata": {"toolName": name, "arguments": arguments},
                     }
                 )
-            case FormRequested(call_id=call_id, key=key, description=description, schema=schema, message=message):
+            case steps.FormRequested(call_id=call_id, key=key, description=description, schema=schema, message=message):
                 self.interrupts.append(
                     {
                         "id": call_id,
@@ -296,19 +278,19 @@ class _Events:
                         "metadata": {"formKey": key, "description": description},
                     }
                 )
-            case QuestionAsked(message=message):
+            case steps.QuestionAsked(message=message):
                 self.interrupts.append(
                     {"id": QUESTION_INTERRUPT, "reason": "user_input", "message": message or "your answer?"}
                 )
-            case TurnFinished(waiting=True):
+            case steps.TurnFinished(waiting=True):
                 return [self.finished({"type": "interrupt", "interrupts": self.interrupts})]
-            case TurnFinished(status="COMPLETED", final_output=final):
+            case steps.TurnFinished(status="COMPLETED", final_output=final):
                 return [self.finished({"type": "success"}, final)]
-            case TurnFinished(status="CANCELLED"):
+            case steps.TurnFinished(status="CANCELLED"):
                 return [self.finished({"type": "cancelled"})]
-            case TurnFinished(status=status):
+            case steps.TurnFinished(status=status):
                 return [{"type": "RUN_ERROR", "message": f"the turn ended with {status}", "code": status}]
-            case TurnFailed(status=status, error=error):
+            case steps.TurnFailed(status=status, error=error):
                 return [{"type": "RUN_ERROR", "message": error, "code": status}]
         return []
 
@@ -359,7 +341,7 @@ async def _run(
         if turn is None or not tenant.owns(turn):
             yield writer.sse(writer.finished({"type": "success"}))
             return
-        translator = TurnTranslator(turn.id, chat.turn_content(runtime, turn))
+        translator = steps.TurnTranslator(turn.id, chat.turn_content(runtime, turn))
         primed = await run_in_threadpool(chat.prime, runtime, translator)
         if primed.ending:
             # The turn already waits for a person (or just ended): say so, there is nothing to follow.
@@ -369,7 +351,7 @@ async def _run(
         after: FeedPosition | None = primed.after
     else:
         turn = started.turn
-        translator = TurnTranslator(turn.id, chat.turn_content(runtime, turn))
+        translator = steps.TurnTranslator(turn.id, chat.turn_content(runtime, turn))
         after = started.after
     async for batch in chat.stream_steps(runtime, translator, after, quiet_after=KEEPALIVE_S):
         if not batch:

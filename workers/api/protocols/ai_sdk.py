@@ -32,26 +32,7 @@ from agent_runner import AgentTurn
 from workers.api.errors import InvalidRequest
 from workers.api.events import KEEPALIVE_S
 from workers.api.models import ID_PATTERN, Identifier
-from workers.api.protocols import chat
-from workers.api.protocols.steps import (
-    ApprovalAnswered,
-    ApprovalRequested,
-    FormRequested,
-    QuestionAsked,
-    Step,
-    StepFinished,
-    StepStarted,
-    TextDelta,
-    TextEnded,
-    TextStarted,
-    ToolCallArgs,
-    ToolCallAvailable,
-    ToolCallStarted,
-    ToolResult,
-    TurnFailed,
-    TurnFinished,
-    TurnTranslator,
-)
+from workers.api.protocols import chat, steps
 from workers.api.routes import (
     ConversationId,
     IdempotencyKey,
@@ -189,56 +170,56 @@ class _Chunks:
         metadata = {"turnId": self.turn.id, "conversationId": self.conversation_id}
         return self.sse({"type": "start", "messageId": self.turn.id, "messageMetadata": metadata})
 
-    def chunks(self, step: Step) -> list[dict[str, Any]]:
+    def chunks(self, step: steps.Step) -> list[dict[str, Any]]:
         match step:
-            case StepStarted():
+            case steps.StepStarted():
                 return [{"type": "start-step"}]
-            case StepFinished():
+            case steps.StepFinished():
                 return [{"type": "finish-step"}]
-            case TextStarted(text_id=text_id):
+            case steps.TextStarted(text_id=text_id):
                 return [{"type": "text-start", "id": text_id}]
-            case TextDelta(text_id=text_id, delta=delta):
+            case steps.TextDelta(text_id=text_id, delta=delta):
                 return [{"type": "text-delta", "id": text_id, "delta": delta}]
-            case TextEnded(text_id=text_id):
+            case steps.TextEnded(text_id=text_id):
                 return [{"type": "text-end", "id": text_id}]
-            case TurnFinished():
+            case steps.TurnFinished():
                 return [{"type": "finish", "finishReason": _finish_reason(step), "messageMetadata": self._meta(step)}]
-            case TurnFailed(error=error):
+            case steps.TurnFailed(error=error):
                 return [
                     {"type": "error", "errorText": error},
                     {"type": "finish", "finishReason": "error", "messageMetadata": self._meta(step)},
                 ]
         return self._tool_chunks(step)
 
-    def _tool_chunks(self, step: Step) -> list[dict[str, Any]]:
+    def _tool_chunks(self, step: steps.Step) -> list[dict[str, Any]]:
         match step:
-            case ToolCallStarted(call_id=call_id, name=name):
+            case steps.ToolCallStarted(call_id=call_id, name=name):
                 return [{"type": "tool-input-start", "toolCallId": call_id, "toolName": name}]
-            case ToolCallArgs(call_id=call_id, delta=delta):
+            case steps.ToolCallArgs(call_id=call_id, delta=delta):
                 return [{"type": "tool-input-delta", "toolCallId": call_id, "inputTextDelta": delta}]
-            case ToolCallAvailable(call_id=call_id, name=name, arguments=arguments):
+            case steps.ToolCallAvailable(call_id=call_id, name=name, arguments=arguments):
                 return [{"type": "tool-input-available", "toolCallId": call_id, "toolName": name, "input": arguments}]
-            case ToolResult(call_id=call_id, content=content, is_error=is_error):
+            case steps.ToolResult(call_id=call_id, content=content, is_error=is_error):
                 if call_id in self.denied:
                     return [{"type": "tool-output-denied", "toolCallId": call_id}]
                 if is_error:
                     return [{"type": "tool-output-error", "toolCallId": call_id, "errorText": content}]
                 return [{"type": "tool-output-available", "toolCallId": call_id, "output": _output(content)}]
-            case ApprovalRequested(call_id=call_id):
+            case steps.ApprovalRequested(call_id=call_id):
                 return [{"type": "tool-approval-request", "approvalId": call_id, "toolCallId": call_id}]
-            case ApprovalAnswered(call_id=call_id, approved=approved, reason=reason):
+            case steps.ApprovalAnswered(call_id=call_id, approved=approved, reason=reason):
                 if not approved:
                     self.denied.add(call_id)
                 answer: dict[str, Any] = {"type": "tool-approval-response", "approvalId": call_id, "approved": approved}
                 return [answer if reason is None else {**answer, "reason": reason}]
-            case FormRequested(call_id=call_id, key=key, description=description, schema=schema, message=message):
+            case steps.FormRequested(call_id=call_id, key=key, description=description, schema=schema, message=message):
                 form = {"toolCallId": call_id, "key": key, "description": description, "schema": schema}
                 return [{"type": "data-form", "id": call_id, "data": {**form, "message": message}}]
-            case QuestionAsked(message=message):
+            case steps.QuestionAsked(message=message):
                 return [{"type": "data-question", "data": {"message": message}}]
         return []
 
-    def _meta(self, step: TurnFinished | TurnFailed) -> dict[str, Any]:
+    def _meta(self, step: steps.TurnFinished | steps.TurnFailed) -> dict[str, Any]:
         return {
             "turnId": self.turn.id,
             "conversationId": self.conversation_id,
@@ -247,7 +228,7 @@ class _Chunks:
         }
 
 
-def _finish_reason(step: TurnFinished) -> str:
+def _finish_reason(step: steps.TurnFinished) -> str:
     if step.waiting:
         return "tool-calls"
     return "stop" if step.status == "COMPLETED" else "other"
@@ -264,7 +245,7 @@ def _output(content: str) -> Any:
 async def _body(runtime: Runtime, tenant: Tenant, started: chat.Started) -> AsyncIterator[str]:
     turn = started.turn
     writer = _Chunks(tenant, turn)
-    translator = TurnTranslator(turn.id, chat.turn_content(runtime, turn))
+    translator = steps.TurnTranslator(turn.id, chat.turn_content(runtime, turn))
     yield writer.start()
     ended = False
     async for batch in chat.stream_steps(runtime, translator, started.after, quiet_after=KEEPALIVE_S):
@@ -275,7 +256,7 @@ async def _body(runtime: Runtime, tenant: Tenant, started: chat.Started) -> Asyn
         for step, cursor in batch:
             for chunk in writer.chunks(step):
                 out.append(writer.sse(chunk, cursor))
-            ended = ended or isinstance(step, TurnFinished | TurnFailed)
+            ended = ended or isinstance(step, steps.TurnFinished | steps.TurnFailed)
         yield "".join(out)
     if ended:
         yield "data: [DONE]\n\n"
