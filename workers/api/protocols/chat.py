@@ -265,18 +265,27 @@ async def stream_steps(
         if not events:
             yield []
             continue
-        batch: list[tuple[Step, str | None]] = []
-        for event in events:
-            steps = await run_in_threadpool(translator.translate, event)
-            if any(isinstance(step, TurnFinished) and step.waiting for step in steps):
-                if not await run_in_threadpool(_still_waits, runtime, event):
-                    # A replay going past a wait that has since been answered: the turn went on.
-                    steps = [s for s in steps if not (isinstance(s, TurnFinished) and s.waiting)]
-            batch.extend((step, event.cursor) for step in steps)
-            if any(ends_stream(step) for step in steps):
-                yield batch
-                return
+        # One thread hop per batch: a burst of deltas needs no store, a response or a result may.
+        batch, ended = await run_in_threadpool(_translate, runtime, translator, events)
         yield batch
+        if ended:
+            return
+
+
+def _translate(
+    runtime: Runtime, translator: TurnTranslator, events: list[AgentEvent]
+) -> tuple[list[tuple[Step, str | None]], bool]:
+    """The steps of a batch of events, each with its event's cursor, up to the first that ends the stream."""
+    batch: list[tuple[Step, str | None]] = []
+    for event in events:
+        steps = translator.translate(event)
+        if any(isinstance(step, TurnFinished) and step.waiting for step in steps) and not _still_waits(runtime, event):
+            # A replay going past a wait that has since been answered: the turn went on.
+            steps = [s for s in steps if not (isinstance(s, TurnFinished) and s.waiting)]
+        batch.extend((step, event.cursor) for step in steps)
+        if any(ends_stream(step) for step in steps):
+            return batch, True
+    return batch, False
 
 
 def _still_waits(runtime: Runtime, suspended: AgentEvent) -> bool:
