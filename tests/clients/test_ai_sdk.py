@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import os
+import signal
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from tests.clients.conftest import KEY_A, KEY_B
+from tests.clients.conftest import AGENTS, API_KEYS, KEY_A, KEY_B
 from tests.clients.node_flows import run_flow
-from tests.helpers.api_server import ApiServer
+from tests.helpers.api_server import ApiServer, running_server
+from tests.helpers.node import json_lines, run_node
 
 pytestmark = pytest.mark.integration
 
@@ -114,6 +118,37 @@ def test_a_dropped_connection_is_resumed_to_the_same_message_as_an_uninterrupted
         assert resumed["metadata"]["status"] == "COMPLETED"
     # After the turn ended, resuming finds nothing active (204) and changes nothing
     assert after_end["messages"] == 2 and after_end["status"] == "ready"
+
+
+def test_a_server_killed_mid_answer_finishes_it_after_a_restart_and_a_resumed_page_shows_it_once(
+    clients: Path, tmp_path: Path
+) -> None:
+    # Given an embedded server (its worker inside) streaming a long answer to a client
+    serve = contextmanager(running_server)
+    with serve(AGENTS, tmp_path, AGENT_RUNNER_API_KEYS=API_KEYS, AGENT_RUNNER_LEASE_TTL_S="2") as crashing:
+        body = {"id": "c-crash", "messages": [_user("story 20", "first")]}
+        with crashing.client(KEY_A) as client, client.stream("POST", CHAT, json=body) as response:
+            deltas = 0
+            for line in response.iter_lines():
+                deltas += '"type":"text-delta"' in line
+                if deltas == 3:
+                    break
+            # When the whole process is killed mid-answer and started again on the same database
+            assert crashing.process is not None
+            os.killpg(crashing.process.pid, signal.SIGKILL)
+        crashing.process.wait(10)
+        crashing.process = None
+        crashing.start()
+        # Then a page reloaded on the chat resumes it, and ends with the whole answer once
+        done = run_node(
+            clients, "aisdk_flows.mjs", ["resume", crashing.url, KEY_A], env={"CHAT_ID": "c-crash", "TEXT": "story 20"}
+        )
+    assert done.returncode == 0, done.stderr[-3000:]
+    (resumed,) = json_lines(done.stdout)
+    assert resumed["status"] == "ready" and resumed["error"] is None, resumed
+    assert resumed["text"] == " ".join(f"word{n}" for n in range(1, 21))
+    assert [p["type"] for p in resumed["parts"]] == ["step-start", "text"]
+    assert resumed["metadata"]["status"] == "COMPLETED"
 
 
 def test_two_tenants_with_the_same_chat_id_never_meet(clients: Path, server: ApiServer) -> None:

@@ -154,6 +154,15 @@ const flows = {
     print({ flow: 'story', ...summary(chat) });
   },
 
+  // A page reloaded on the chat CHAT_ID whose first message was TEXT: resume the answer.
+  async resume() {
+    const chat = newChat(process.env.CHAT_ID, {
+      messages: [{ id: 'first', role: 'user', parts: [{ type: 'text', text: process.env.TEXT }] }],
+    });
+    await chat.resumeStream();
+    print({ flow: 'resume', ...summary(chat) });
+  },
+
   // The same chat id under two tenants: two conversations that never meet.
   async tenants() {
     const id = `shared-${Date.now()}`;
