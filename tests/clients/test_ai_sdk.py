@@ -14,7 +14,6 @@ import pytest
 from tests.clients.conftest import AGENTS, API_KEYS, KEY_A, KEY_B
 from tests.clients.node_flows import run_flow
 from tests.helpers.api_server import ApiServer, running_server
-from tests.helpers.node import json_lines, run_node
 
 pytestmark = pytest.mark.integration
 
@@ -140,11 +139,9 @@ def test_a_server_killed_mid_answer_finishes_it_after_a_restart_and_a_resumed_pa
         crashing.process = None
         crashing.start()
         # Then a page reloaded on the chat resumes it, and ends with the whole answer once
-        done = run_node(
-            clients, "aisdk_flows.mjs", ["resume", crashing.url, KEY_A], env={"CHAT_ID": "c-crash", "TEXT": "story 20"}
+        (resumed,) = run_flow(
+            clients, crashing, "aisdk_flows.mjs", "resume", env={"CHAT_ID": "c-crash", "TEXT": "story 20"}
         )
-    assert done.returncode == 0, done.stderr[-3000:]
-    (resumed,) = json_lines(done.stdout)
     assert resumed["status"] == "ready" and resumed["error"] is None, resumed
     assert resumed["text"] == " ".join(f"word{n}" for n in range(1, 21))
     assert [p["type"] for p in resumed["parts"]] == ["step-start", "text"]
