@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import sqlite3
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -230,3 +232,39 @@ def test_a_request_sent_twice_starts_one_turn(server: ApiServer) -> None:
 
 def chunks(response: httpx.Response) -> list[str]:
     return [line for line in response.text.splitlines() if line.startswith("data: ")]
+
+
+def _forget_answer(server: ApiServer, key: str) -> None:
+    """Make the server's record of `key` look like an attempt that acted and died before recording its answer."""
+    database = server.env["AGENT_RUNNER_DATABASE_URL"].removeprefix("sqlite:///")
+    with sqlite3.connect(database) as connection:
+        changed = connection.execute(
+            "UPDATE agent_idempotency_keys SET status = 'IN_PROGRESS', response_status = NULL, response_body = NULL "
+            "WHERE idempotency_key = ?",
+            (key,),
+        ).rowcount
+    assert changed == 1
+
+
+def test_a_keyed_decision_retried_after_its_answer_was_lost_streams_the_same_continuation(server: ApiServer) -> None:
+    # Given a turn waiting for approval, and the chat's message approving it
+    with server.client(KEY_A) as client:
+        first = client.post(CHAT, json={"id": "c-keyed-decision", "messages": [_user("deploy web")]})
+        assert '"type":"tool-approval-request"' in first.text
+        turn_id = json.loads(chunks(first)[0].removeprefix("data: "))["messageId"]
+        call_id = client.get(f"/v1/turns/{turn_id}").json()["suspension"]["correlation_id"]
+        approval = {"id": call_id, "approved": True}
+        part = {"type": "tool-deploy", "toolCallId": call_id, "state": "approval-responded", "approval": approval}
+        answer = {"id": turn_id, "role": "assistant", "parts": [part]}
+        body = {"id": "c-keyed-decision", "messages": [_user("deploy web"), answer]}
+        headers = {"Idempotency-Key": "decision-1"}
+        # When it is sent with a key, then again after the server lost its record of the answer
+        decided = client.post(CHAT, json=body, headers=headers)
+        _forget_answer(server, "decision-1")
+        retried = client.post(CHAT, json=body, headers=headers)
+        view = client.get(f"/v1/turns/{turn_id}").json()
+    # Then the retry applied nothing twice and streamed the same continuation
+    assert decided.status_code == retried.status_code == 200, retried.text
+    assert chunks(decided) == chunks(retried)
+    assert '"type":"tool-output-available"' in decided.text and '"delta":"deployed"' in decided.text
+    assert view["status"] == "COMPLETED" and view["final_output"] == "deployed web"

@@ -37,9 +37,10 @@ from starlette.concurrency import run_in_threadpool
 
 from agent_runner import AgentTurn, AiMessage, ToolMessage, UserMessage
 from agent_runner.feed import FeedPosition
+from workers.api import service
 from workers.api.errors import InvalidRequest
 from workers.api.events import KEEPALIVE_S
-from workers.api.models import ID_PATTERN, Identifier
+from workers.api.models import ID_PATTERN, CancelRequest, Identifier
 from workers.api.protocols import chat, steps
 from workers.api.routes import (
     ConversationId,
@@ -112,7 +113,7 @@ class RunAgentInput(BaseModel):
 # --- Requests -------------------------------------------------------------------------------
 
 
-def _resume(runtime: Runtime, tenant: Tenant, agent_id: str, body: RunAgentInput) -> chat.Started:
+def _resume(runtime: Runtime, tenant: Tenant, agent_id: str, body: RunAgentInput, ids: chat.RequestIds) -> chat.Started:
     turn = chat.active_turn(runtime, tenant, agent_id, body.thread_id)
     suspension = None if turn is None else turn.suspension
     if turn is None or suspension is None:
@@ -129,19 +130,19 @@ def _resume(runtime: Runtime, tenant: Tenant, agent_id: str, body: RunAgentInput
     if suspension.correlation_id is None:
         if not isinstance(payload, str) or not payload.strip():
             raise InvalidRequest("the answer to a question must be a non-empty string", path=path)
-        return chat.decide(runtime, tenant, turn, chat.Decision(wanted, "input", content=payload), CHANNEL)
+        return chat.decide(runtime, tenant, turn, chat.Decision(wanted, "input", content=payload), CHANNEL, ids)
     if suspension.form is not None:
         if entry.status == "cancelled":
             after = chat.feed_position(runtime, turn.id)  # before the cancel, so the run shows it
-            return chat.Started(runtime.runner.cancel(turn.id, STOP_REASON), after)
+            return chat.Started(service.cancel_turn(runtime, tenant, turn.id, CancelRequest(reason=STOP_REASON)), after)
         if not isinstance(payload, dict):
             raise InvalidRequest("the form data must be a JSON object", path=path)
-        return chat.decide(runtime, tenant, turn, chat.Decision(wanted, "form", data=payload), CHANNEL)
+        return chat.decide(runtime, tenant, turn, chat.Decision(wanted, "form", data=payload), CHANNEL, ids)
     approved, reason = _approval(payload, path)
     if entry.status == "cancelled":
         approved = False
     decision = chat.Decision(wanted, "approve" if approved else "reject", reason=reason)
-    return chat.decide(runtime, tenant, turn, decision, CHANNEL)
+    return chat.decide(runtime, tenant, turn, decision, CHANNEL, ids)
 
 
 def _approval(payload: Any, path: str) -> tuple[bool, str | None]:
@@ -167,11 +168,13 @@ def _user_text(body: RunAgentInput, index: int) -> str:
     return content
 
 
-def _act(runtime: Runtime, tenant: Tenant, agent_id: str, body: RunAgentInput) -> chat.Started | None:
+def _act(
+    runtime: Runtime, tenant: Tenant, agent_id: str, body: RunAgentInput, ids: chat.RequestIds
+) -> chat.Started | None:
     """Start or resume a turn; None when the input asks for nothing new (a reconnect)."""
     runtime.agent_loader.load(agent_id)
     if body.resume:
-        return _resume(runtime, tenant, agent_id, body)
+        return _resume(runtime, tenant, agent_id, body, ids)
     users = [n for n, m in enumerate(body.messages) if m.role == "user"]
     if not users:
         return None
@@ -180,7 +183,7 @@ def _act(runtime: Runtime, tenant: Tenant, agent_id: str, body: RunAgentInput) -
         return None
     message_id = chat.stored_message_id(tenant, body.thread_id, body.messages[last].id)
     text = _user_text(body, last)
-    return chat.send_message(runtime, tenant, agent_id, body.thread_id, text, message_id, CHANNEL)
+    return chat.send_message(runtime, tenant, agent_id, body.thread_id, text, message_id, CHANNEL, ids)
 
 
 def _is_stored(runtime: Runtime, tenant: Tenant, conversation_id: str, client_message_id: str) -> bool:
@@ -390,9 +393,10 @@ async def ag_ui_run(
         outcome = await chat.act_once(
             runtime,
             tenant,
+            body.thread_id,
             idempotency_key,
             _fingerprint(request, body),
-            lambda: _require(_act(runtime, tenant, agent_id, body)),
+            lambda ids: _require(_act(runtime, tenant, agent_id, body, ids)),
         )
         if isinstance(outcome, JSONResponse):
             return outcome

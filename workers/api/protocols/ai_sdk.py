@@ -132,7 +132,7 @@ def _decision(body: ChatRequest, turn: AgentTurn) -> chat.Decision:
     )
 
 
-def _act(runtime: Runtime, tenant: Tenant, agent_id: str, body: ChatRequest) -> chat.Started:
+def _act(runtime: Runtime, tenant: Tenant, agent_id: str, body: ChatRequest, ids: chat.RequestIds) -> chat.Started:
     if body.trigger == "regenerate-message":
         raise InvalidRequest(
             "regenerating is not supported: a turn's answer is durable; send a new message instead", path="/trigger"
@@ -141,14 +141,14 @@ def _act(runtime: Runtime, tenant: Tenant, agent_id: str, body: ChatRequest) -> 
     if last.role == "user":
         text = _user_text(body)
         message_id = chat.stored_message_id(tenant, body.id, last.id)
-        return chat.send_message(runtime, tenant, agent_id, body.id, text, message_id, CHANNEL)
+        return chat.send_message(runtime, tenant, agent_id, body.id, text, message_id, CHANNEL, ids)
     if last.role != "assistant":
         raise InvalidRequest("the last message must be a user or an assistant message", path="/messages")
     runtime.agent_loader.load(agent_id)
     turn = chat.active_turn(runtime, tenant, agent_id, body.id)
     if turn is None:
         raise chat.NothingToAnswer(body.id, "no turn is active, so there is nothing to answer")
-    return chat.decide(runtime, tenant, turn, _decision(body, turn), CHANNEL)
+    return chat.decide(runtime, tenant, turn, _decision(body, turn), CHANNEL, ids)
 
 
 # --- Chunks ---------------------------------------------------------------------------------
@@ -300,9 +300,10 @@ async def ai_sdk_chat(
     started = await chat.act_once(
         runtime,
         tenant,
+        body.id,
         idempotency_key,
         _fingerprint(request, body),
-        lambda: _act(runtime, tenant, agent_id, body),
+        lambda ids: _act(runtime, tenant, agent_id, body, ids),
     )
     if isinstance(started, JSONResponse):
         return started

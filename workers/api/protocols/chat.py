@@ -22,7 +22,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from fastapi.responses import JSONResponse
@@ -30,15 +30,19 @@ from starlette.concurrency import run_in_threadpool
 
 from agent_runner import (
     AgentEvent,
+    AgentEventType,
     AgentTurn,
     SuspensionType,
+    TurnNotFound,
     UserMessage,
 )
 from agent_runner.feed import FeedPosition
 from agent_runner.persistence import DEFAULT_EVENT_PAGE
+from store.idempotency import RESUME_MARK
 from workers.api import service
 from workers.api.errors import ApiError
 from workers.api.events import follow_tree
+from workers.api.idempotency import Answer, request_id, run_once, turn_id_of
 from workers.api.models import CancelRequest, StartTurnRequest
 from workers.api.protocols.steps import (
     ApprovalRequested,
@@ -51,7 +55,6 @@ from workers.api.protocols.steps import (
     TurnTranslator,
     ends_stream,
 )
-from workers.api.routes import _idempotent as idempotent
 from workers.api.runtime import Runtime
 from workers.api.tenancy import Tenant
 from workers.views import ResumeAction, agent_mask, find_agent, resume_command
@@ -106,7 +109,14 @@ def active_turn(runtime: Runtime, tenant: Tenant, agent_id: str, conversation_id
 
 
 def send_message(
-    runtime: Runtime, tenant: Tenant, agent_id: str, conversation_id: str, text: str, message_id: str, channel: str
+    runtime: Runtime,
+    tenant: Tenant,
+    agent_id: str,
+    conversation_id: str,
+    text: str,
+    message_id: str,
+    channel: str,
+    ids: RequestIds | None = None,
 ) -> Started:
     """Start a turn from a user message, or answer the active turn's plain-text question with it.
 
@@ -129,7 +139,7 @@ def send_message(
         and suspension.type is SuspensionType.USER_INPUT
         and suspension.correlation_id is None
     ):
-        return decide(runtime, tenant, waiting, Decision("", "input", content=text), channel)
+        return decide(runtime, tenant, waiting, Decision("", "input", content=text), channel, ids)
     request = StartTurnRequest(
         agent_id=agent_id,
         input=text,
@@ -137,12 +147,14 @@ def send_message(
         metadata={CHANNEL_METADATA_KEY: channel},
         if_busy="reject",
     )
-    outcome = service.start_turn(runtime, tenant, request, message_id)
+    outcome = service.start_turn(runtime, tenant, request, message_id, None if ids is None else ids.turn_id)
     assert isinstance(outcome, AgentTurn), "if_busy=reject never queues"
     return Started(outcome, None)
 
 
-def decide(runtime: Runtime, tenant: Tenant, turn: AgentTurn, decision: Decision, channel: str) -> Started:
+def decide(
+    runtime: Runtime, tenant: Tenant, turn: AgentTurn, decision: Decision, channel: str, ids: RequestIds | None = None
+) -> Started:
     """Submit a person's decision to the waiting turn; its stream continues after the decision.
 
     Raises:
@@ -156,7 +168,7 @@ def decide(runtime: Runtime, tenant: Tenant, turn: AgentTurn, decision: Decision
         content=decision.content,
         data=decision.data,
         reason=decision.reason,
-        metadata={CHANNEL_METADATA_KEY: channel},
+        metadata={CHANNEL_METADATA_KEY: channel, **({} if ids is None else ids.marks)},
     )
     return Started(runtime.runner.submit_resume(turn.id, command), after)
 
@@ -221,23 +233,52 @@ def prime(runtime: Runtime, translator: TurnTranslator) -> Primed:
     return Primed(position, ending)
 
 
+@dataclass(frozen=True)
+class RequestIds:
+    """Ids derived from a request's `Idempotency-Key`, so that a retry and its first attempt converge on one effect."""
+
+    key: str | None
+    turn_id: str | None = None
+    """The id of the turn a keyed start creates (None without a key)."""
+    marks: dict[str, str] = field(default_factory=dict)
+    """Resume metadata naming the keyed request (`RESUME_MARK`), kept by the TURN_RESUMED event."""
+
+    @classmethod
+    def of(cls, tenant: Tenant, key: str | None) -> RequestIds:
+        """The ids of a request with this key (none without one)."""
+        if key is None:
+            return cls(None)
+        mark = request_id(tenant, key)
+        return cls(key, turn_id_of(key, mark), {RESUME_MARK: mark})
+
+
 async def act_once(
     runtime: Runtime,
     tenant: Tenant,
+    conversation_id: str,
     idempotency_key: str | None,
     fingerprint: str,
-    act: Callable[[], Started],
+    act: Callable[[RequestIds], Started],
 ) -> Started | JSONResponse:
     """Run `act` once per idempotency key, as the `/v1` POSTs do; a retry streams the same turn from the same place.
 
-    Returns the `Started` to stream, or the error answer recorded for the key (a retry of
-    a request that failed gets the same failure).
+    A retry whose first answer was not recorded finds what the first attempt did from what
+    it saved (the keyed turn it started, or the keyed decision in the conversation's
+    latest turn), see `workers.api.idempotency`. Returns the `Started` to stream, or the
+    error answer given for the key (a retry of a request that failed gets the same failure).
     """
+    ids = RequestIds.of(tenant, idempotency_key)
 
-    def recorded() -> tuple[int, dict[str, Any]]:
-        return 200, act().to_json()
+    def recorded() -> Answer:
+        return 200, act(ids).to_json()
 
-    answer: JSONResponse = await run_in_threadpool(idempotent, runtime, tenant, idempotency_key, fingerprint, recorded)
+    def find_earlier() -> Answer | None:
+        started = _earlier(runtime, tenant, conversation_id, ids)
+        return None if started is None else (200, started.to_json())
+
+    answer: JSONResponse = await run_in_threadpool(
+        run_once, runtime, tenant, idempotency_key, fingerprint, recorded, find_earlier
+    )
     if answer.status_code != 200:
         return answer
     return await run_in_threadpool(_started_of, runtime, tenant, json.loads(bytes(answer.body)))
@@ -247,6 +288,40 @@ def _started_of(runtime: Runtime, tenant: Tenant, recorded: dict[str, Any]) -> S
     turn = tenant.check(runtime.turn_store.load(str(recorded["turn_id"])))
     after = recorded.get("after")
     return Started(turn, None if after is None else FeedPosition.parse(str(after)))
+
+
+def _earlier(runtime: Runtime, tenant: Tenant, conversation_id: str, ids: RequestIds) -> Started | None:
+    """What an earlier attempt of a keyed request did, told from what it saved; None when it saved nothing."""
+    if ids.turn_id is not None:
+        try:
+            return Started(tenant.check(runtime.turn_store.load(ids.turn_id)), None)
+        except TurnNotFound:
+            pass
+    mark = ids.marks.get(RESUME_MARK)
+    if mark is None:
+        return None
+    for turn in runtime.turn_store.list_turns(conversation_id=tenant.stored_conversation(conversation_id), limit=1):
+        if tenant.owns(turn) and runtime.idempotency.is_resume_applied(turn, mark):
+            return Started(turn, _before_resume(runtime, turn.id, mark))
+    return None
+
+
+def _before_resume(runtime: Runtime, turn_id: str, mark: str) -> FeedPosition | None:
+    """The feed position just before the TURN_RESUMED event of the keyed decision `mark` (where its stream began)."""
+    previous: str | None = None
+    position = FeedPosition()
+    while True:
+        page = runtime.events.read_page(root_turn_id=turn_id, after=position, limit=DEFAULT_EVENT_PAGE)
+        for event in page.events:
+            metadata = event.data.get("metadata")
+            if event.type is AgentEventType.TURN_RESUMED and isinstance(metadata, dict):
+                if metadata.get(RESUME_MARK) == mark:
+                    return FeedPosition() if previous is None else FeedPosition.parse(previous)
+            previous = event.cursor
+        position = page.end
+        if not page.more:
+            # Applied, and not readable yet (a moment behind the commit): stream from the start.
+            return None
 
 
 def turn_content(runtime: Runtime, turn: AgentTurn) -> TurnContent:
