@@ -268,3 +268,40 @@ def test_a_keyed_decision_retried_after_its_answer_was_lost_streams_the_same_con
     assert chunks(decided) == chunks(retried)
     assert '"type":"tool-output-available"' in decided.text and '"delta":"deployed"' in decided.text
     assert view["status"] == "COMPLETED" and view["final_output"] == "deployed web"
+
+
+def test_a_browser_token_for_one_conversation_chats_there_decides_as_its_user_and_reaches_nothing_else(
+    server: ApiServer,
+) -> None:
+    with server.client(KEY_A) as client:
+        minted = client.post("/v1/tokens", json={"user": "u-7", "conversation_id": "c-token"})
+        assert minted.status_code in (200, 201), minted.text
+        token = minted.json()["token"]
+    with server.client(token) as browser:
+        # The token's conversation: a turn waiting for approval, approved from the chat
+        first = browser.post(CHAT, json={"id": "c-token", "messages": [_user("deploy docs")]})
+        assert first.status_code == 200 and '"type":"tool-approval-request"' in first.text
+        turn_id = json.loads(chunks(first)[0].removeprefix("data: "))["messageId"]
+        call_id = browser.get(f"/v1/turns/{turn_id}").json()["suspension"]["correlation_id"]
+        part = {
+            "type": "tool-deploy",
+            "toolCallId": call_id,
+            "state": "approval-responded",
+            "approval": {"id": call_id, "approved": True},
+        }
+        answer = {"id": turn_id, "role": "assistant", "parts": [part]}
+        approved = browser.post(CHAT, json={"id": "c-token", "messages": [_user("deploy docs"), answer]})
+        assert approved.status_code == 200 and '"delta":"deployed"' in approved.text
+        cards = browser.get("/v1/conversations/c-token/messages").json()["items"]
+        # Any other conversation is out of its reach, like an unknown one
+        elsewhere = browser.post(CHAT, json={"id": "c-other", "messages": [_user("hello")]})
+        reconnect = browser.get(f"{CHAT}/c-other/stream")
+        stop = browser.post(f"{CHAT}/c-other/stop")
+        ag_ui = browser.post(
+            "/v1/agents/assistant/ag-ui",
+            json={"threadId": "c-other", "runId": "r-1", "messages": [{"id": "m", "role": "user", "content": "hi"}]},
+        )
+    (card,) = [item for item in cards if item.get("action_id") == call_id]
+    assert card["status"] == "APPROVED" and card["decided_by"] == "u-7"
+    for refused in (elsewhere, reconnect, stop, ag_ui):
+        _error(refused, 404)

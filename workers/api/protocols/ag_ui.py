@@ -38,6 +38,7 @@ from starlette.concurrency import run_in_threadpool
 from agent_runner import AgentTurn, AiMessage, ToolMessage, UserMessage
 from agent_runner.feed import FeedPosition
 from workers.api import service
+from workers.api.auth import RuntimeDep, TenantDep, get_tenant
 from workers.api.errors import InvalidRequest
 from workers.api.events import KEEPALIVE_S
 from workers.api.models import ID_PATTERN, CancelRequest, Identifier
@@ -45,12 +46,9 @@ from workers.api.protocols import chat, steps
 from workers.api.routes import (
     ConversationId,
     IdempotencyKey,
-    RuntimeDep,
-    TenantDep,
     _errors,
     _fingerprint,
     _view,
-    get_tenant,
 )
 from workers.api.runtime import Runtime
 from workers.api.tenancy import Tenant
@@ -189,7 +187,7 @@ def _act(
 def _is_stored(runtime: Runtime, tenant: Tenant, conversation_id: str, client_message_id: str) -> bool:
     """Whether the conversation holds the client's message: sent before, or shown by a MESSAGES_SNAPSHOT."""
     stored = chat.stored_message_id(tenant, conversation_id, client_message_id)
-    memory = runtime.memories(tenant.stored_conversation(conversation_id))
+    memory = runtime.memories(tenant.reaches(conversation_id))
     return any(m.id in (stored, client_message_id) for m in memory.get_messages(SNAPSHOT_MESSAGES))
 
 
@@ -300,7 +298,7 @@ class _Events:
 
 def snapshot_messages(runtime: Runtime, tenant: Tenant, conversation_id: str) -> list[dict[str, Any]]:
     """The conversation's model messages as AG-UI messages (arguments masked), oldest first."""
-    memory = runtime.memories(tenant.stored_conversation(conversation_id))
+    memory = runtime.memories(tenant.reaches(conversation_id))
     mask = catalog_mask(runtime.agent_loader)
     out: list[dict[str, Any]] = []
     for message in memory.get_messages(SNAPSHOT_MESSAGES):
@@ -340,7 +338,7 @@ async def _run(
         # A reconnect: what the conversation holds, then its active turn from where it is.
         messages = await run_in_threadpool(snapshot_messages, runtime, tenant, body.thread_id)
         yield writer.sse({"type": "MESSAGES_SNAPSHOT", "messages": messages})
-        turn = await run_in_threadpool(runtime.turn_store.find_active_turn, tenant.stored_conversation(body.thread_id))
+        turn = await run_in_threadpool(runtime.turn_store.find_active_turn, tenant.reaches(body.thread_id))
         if turn is None or not tenant.owns(turn):
             yield writer.sse(writer.finished({"type": "success"}))
             return
@@ -411,6 +409,7 @@ async def ag_ui_run(
 def _is_reconnect(runtime: Runtime, tenant: Tenant, agent_id: str, body: RunAgentInput) -> bool:
     """Whether the input asks for nothing new: no resume entries, and its last user message is stored already."""
     runtime.agent_loader.load(agent_id)
+    tenant.reaches(body.thread_id)  # a thread out of the token's reach is a 404 before anything streams
     if body.resume:
         return False
     users = [m for m in body.messages if m.role == "user"]

@@ -29,6 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
 from agent_runner import AgentTurn
+from workers.api.auth import RuntimeDep, TenantDep, get_tenant
 from workers.api.errors import InvalidRequest
 from workers.api.events import KEEPALIVE_S
 from workers.api.models import ID_PATTERN, Identifier
@@ -36,12 +37,9 @@ from workers.api.protocols import chat, steps
 from workers.api.routes import (
     ConversationId,
     IdempotencyKey,
-    RuntimeDep,
-    TenantDep,
     _errors,
     _fingerprint,
     _view,
-    get_tenant,
 )
 from workers.api.runtime import Runtime
 from workers.api.tenancy import Tenant

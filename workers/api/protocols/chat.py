@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from fastapi.responses import JSONResponse
+from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 
 from agent_runner import (
@@ -40,10 +41,10 @@ from agent_runner.feed import FeedPosition
 from agent_runner.persistence import DEFAULT_EVENT_PAGE
 from store.idempotency import RESUME_MARK
 from workers.api import service
-from workers.api.errors import ApiError
+from workers.api.errors import ApiError, InvalidRequest
 from workers.api.events import follow_tree
 from workers.api.idempotency import Answer, request_id, run_once, turn_id_of
-from workers.api.models import CancelRequest, StartTurnRequest
+from workers.api.models import CancelRequest, ResumeRequest, StartTurnRequest
 from workers.api.protocols.steps import (
     ApprovalRequested,
     FormRequested,
@@ -57,7 +58,7 @@ from workers.api.protocols.steps import (
 )
 from workers.api.runtime import Runtime
 from workers.api.tenancy import Tenant
-from workers.views import ResumeAction, agent_mask, find_agent, resume_command
+from workers.views import agent_mask, find_agent
 
 CHANNEL_METADATA_KEY = "channel"
 """The resume metadata (and turn metadata) naming the client protocol a decision or a turn came through."""
@@ -102,7 +103,7 @@ def stored_message_id(tenant: Tenant, conversation_id: str, client_message_id: s
 
 def active_turn(runtime: Runtime, tenant: Tenant, agent_id: str, conversation_id: str) -> AgentTurn | None:
     """The conversation's active (not ended) turn of this agent, if any."""
-    turn = runtime.turn_store.find_active_turn(tenant.stored_conversation(conversation_id))
+    turn = runtime.turn_store.find_active_turn(tenant.reaches(conversation_id))
     if turn is None or not tenant.owns(turn) or turn.agent_id != agent_id:
         return None
     return turn
@@ -127,7 +128,7 @@ def send_message(
         AgentNotFound: No such agent.
         ConversationBusy: The conversation has an active turn that is not asking a question (409).
     """
-    stored_conversation = tenant.stored_conversation(conversation_id)
+    stored_conversation = tenant.reaches(conversation_id)
     for turn in runtime.turn_store.list_turns(conversation_id=stored_conversation, limit=1):
         if tenant.owns(turn) and any(isinstance(m, UserMessage) and m.id == message_id for m in turn.messages):
             return Started(turn, None)
@@ -162,15 +163,22 @@ def decide(
             fails the frozen schema (422, with a detail per field).
     """
     after = feed_position(runtime, turn.id)
-    command = resume_command(
-        ResumeAction(decision.kind),
-        tool_call_id=None if decision.kind == "input" else decision.call_id,
-        content=decision.content,
-        data=decision.data,
-        reason=decision.reason,
-        metadata={CHANNEL_METADATA_KEY: channel, **({} if ids is None else ids.marks)},
-    )
-    return Started(runtime.runner.submit_resume(turn.id, command), after)
+    try:
+        request = ResumeRequest.model_validate(
+            {
+                "action": decision.kind,
+                "tool_call_id": None if decision.kind == "input" else decision.call_id,
+                "content": decision.content,
+                "data": decision.data,
+                "reason": decision.reason,
+                "metadata": {CHANNEL_METADATA_KEY: channel},
+            }
+        )
+    except ValidationError as exc:
+        # Only a call id the model made up outside the API's id alphabet gets here.
+        raise InvalidRequest(f"the decision cannot be expressed: {exc.errors()[0]['msg']}", path="/") from None
+    turn = service.resume_turn(runtime, tenant, turn.id, request, None if ids is None else ids.marks)
+    return Started(turn, after)
 
 
 def stop(runtime: Runtime, tenant: Tenant, agent_id: str, conversation_id: str, reason: str) -> AgentTurn | None:
@@ -300,7 +308,7 @@ def _earlier(runtime: Runtime, tenant: Tenant, conversation_id: str, ids: Reques
     mark = ids.marks.get(RESUME_MARK)
     if mark is None:
         return None
-    for turn in runtime.turn_store.list_turns(conversation_id=tenant.stored_conversation(conversation_id), limit=1):
+    for turn in runtime.turn_store.list_turns(conversation_id=tenant.reaches(conversation_id), limit=1):
         if tenant.owns(turn) and runtime.idempotency.is_resume_applied(turn, mark):
             return Started(turn, _before_resume(runtime, turn.id, mark))
     return None
