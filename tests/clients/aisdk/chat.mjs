@@ -36,7 +36,7 @@ export function transport({ baseUrl, agentId, key, fetch }) {
 }
 
 /** Wait until `predicate()` holds, polling; throws after `timeoutMs`. */
-export async function until(predicate, what, timeoutMs = 30000) {
+export async function until(predicate, what, timeoutMs = 90000) {
   const deadline = Date.now() + timeoutMs;
   while (!predicate()) {
     if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
