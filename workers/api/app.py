@@ -84,6 +84,8 @@ def create_app(
             {"name": "conversations", "description": "A conversation's page timeline."},
             {"name": "agents", "description": "The agents this server runs."},
             {"name": "tokens", "description": "Short-lived tokens for browsers."},
+            {"name": "ai-sdk", "description": "The AI SDK's `useChat` (UI message stream) over turns."},
+            {"name": "ag-ui", "description": "AG-UI runs (`HttpAgent`) over turns."},
             {"name": "health", "description": "Liveness and readiness probes."},
         ],
     )

@@ -422,3 +422,25 @@ async def conversation_events(
     """Every event of the conversation's turns (and their child turns), as server-sent events."""
     scope = {"conversation_id": tenant.reaches(conversation_id)}
     return await _open(runtime, tenant, scope, last_event_id or after, follow, None)
+
+
+async def follow_tree(
+    runtime: Runtime, root_turn_id: str, after: FeedPosition | str | None = None, *, quiet_after: float = KEEPALIVE_S
+) -> AsyncIterator[list[AgentEvent]]:
+    """The events of a turn tree after `after`, batch by batch, read and followed like the SSE streams do.
+
+    For the client protocols (`workers.api.protocols`), which write the events in a shape
+    of their own. A batch is empty when nothing came for `quiet_after` seconds (time for a
+    keep-alive). The iteration ends once the root turn's terminal event has been yielded;
+    the caller may stop earlier (a turn waiting for a person).
+    """
+    stream = _Stream(runtime.events, runtime.fanout, {"root_turn_id": root_turn_id}, None)
+    stream.position = after if isinstance(after, FeedPosition) else FeedPosition.parse(after)
+    try:
+        while True:
+            events = await stream.next_events(quiet_after)
+            yield events
+            if any(_ends_root(e, root_turn_id) for e in events):
+                return
+    finally:
+        stream.leave()
