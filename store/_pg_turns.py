@@ -26,6 +26,7 @@ from agent_runner.events import AgentEvent
 from agent_runner.messages import ModelMessage
 from agent_runner.snapshot import AgentTurn
 from store._engine import DriverConnection
+from store._event_log import claim_positions
 
 if TYPE_CHECKING:
     from psycopg import Cursor
@@ -37,15 +38,27 @@ added AS (
     FROM header,
         json_array_elements(%(message_keys)s::json) WITH ORDINALITY AS k
         JOIN json_array_elements(%(messages)s::json) WITH ORDINALITY AS m ON m.ordinality = k.ordinality
+), scopes AS (
+    INSERT INTO agent_event_scopes AS s (kind, scope_id, last_position)
+    SELECT c.value ->> 0, c.value ->> 1, (c.value ->> 2)::bigint
+    FROM header, json_array_elements(%(scopes)s::json) WITH ORDINALITY AS c
+    ORDER BY c.ordinality
+    ON CONFLICT (kind, scope_id) DO UPDATE SET last_position = s.last_position + excluded.last_position
+    RETURNING kind, scope_id, last_position
 ), events AS (
-    INSERT INTO agent_turn_events (event_id, turn_id, root_turn_id, conversation_id, type, created_at, payload, xid)
+    INSERT INTO agent_turn_events (
+        event_id, turn_id, root_turn_id, conversation_id, type, created_at, payload, root_position,
+        conversation_position
+    )
     SELECT k.value ->> 0, k.value ->> 1, k.value ->> 2, k.value ->> 3, k.value ->> 4, (k.value ->> 5)::timestamptz,
         ('{"event_id":' || (k.value -> 0)::text || ',"type":' || (k.value -> 4)::text
             || ',"turn_id":' || (k.value -> 1)::text || ',"root_turn_id":' || (k.value -> 2)::text
             || ',"conversation_id":' || (k.value -> 3)::text || ',"timestamp":' || (k.value -> 6)::text
             || ',"data":' || (k.value -> 7)::text || '}')::json,
-        pg_current_xact_id()::text::bigint
-    FROM header, json_array_elements(%(events)s::json) WITH ORDINALITY AS k
+        tree.last_position + (k.value ->> 8)::bigint, conversation.last_position + (k.value ->> 9)::bigint
+    FROM json_array_elements(%(events)s::json) WITH ORDINALITY AS k
+        JOIN scopes AS tree ON tree.kind = 'root' AND tree.scope_id = k.value ->> 2
+        LEFT JOIN scopes AS conversation ON conversation.kind = 'conversation' AND conversation.scope_id = k.value ->> 3
     ORDER BY k.ordinality
     ON CONFLICT (event_id) DO NOTHING
 )"""
@@ -58,7 +71,13 @@ payload). Each event comes as one array of its fields (see `event_fields`); its 
 the text of those fields put together in the order of `AgentEvent`'s fields, the JSON
 `model_dump_json` would give (a `json` value keeps the text it was given, so `->` and
 `::text` return each field exactly as the client wrote it). Events go in in their order,
-so their ids follow it, and an event id already stored is skipped.
+and an event id already stored is skipped.
+
+Before the events, the save bumps the counter of each scope they go to (`scopes`, in the
+fixed lock order; see `store._event_log`) and places each event at its scope's new last
+position plus the event's offset. The counters' row locks last until the statement
+commits, so the next save of the same tree or conversation takes the positions after
+these.
 """
 
 SAVE = f"""\
@@ -209,16 +228,27 @@ def save_parameters(
         "message_keys": to_json([[m.id, m.role] for m in messages]).decode(),
         # One message at a time: the same JSON as through the union's adapter, with less CPU.
         "messages": "[" + ",".join([message.model_dump_json() for message in messages]) + "]",
-        "events": to_json([event_fields(e) for e in events]).decode(),
+        **event_parameters(events),
     }
 
 
-def event_fields(event: AgentEvent) -> list[Any]:
-    """An event of a save as `_ADDED_ROWS` takes it: its key columns, then its timestamp and data as given.
+def event_parameters(events: Sequence[AgentEvent]) -> dict[str, str]:
+    """The `scopes` and `events` parameters of `SAVE` and `CREATE` for the event log's copies of a save's events."""
+    if not events:
+        return {"scopes": "[]", "events": "[]"}
+    claim = claim_positions(events)
+    fields = [event_fields(event, *offsets) for event, offsets in zip(events, claim.offsets, strict=True)]
+    return {"scopes": to_json(claim.scopes).decode(), "events": to_json(fields).decode()}
+
+
+def event_fields(event: AgentEvent, tree_offset: int, conversation_offset: int | None) -> list[Any]:
+    """An event of a save as `_ADDED_ROWS` takes it: its key columns, its timestamp and data as given, its offsets.
 
     The key columns are the event id, turn id, root turn id, conversation id, type and the
     time in UTC (the `created_at` column); the payload is made of the same fields, as JSON,
     so each is encoded once. An event log keeps events without the cursor they were read at.
+    The offsets place the event from the last positions of its tree and conversation (see
+    `store._event_log.PositionClaim`).
     """
     return [
         event.event_id,
@@ -229,6 +259,8 @@ def event_fields(event: AgentEvent) -> list[Any]:
         _aware(event.timestamp),
         event.timestamp,
         event.data,
+        tree_offset,
+        conversation_offset,
     ]
 
 

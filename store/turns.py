@@ -8,17 +8,9 @@ reads the header and only the messages added since (usually none), in one statem
 PostgreSQL.
 
 The durable events of a save go to `agent_turn_events` in the same transaction (on
-PostgreSQL, usually in the same single statement). Readers page through them with a
-cursor, and the cursor must never pass an event that is not yet committed. Ids drawn from
-a sequence do not give that: a transaction can take id 7, stay open while id 8 commits,
-and commit later, so a reader that went past 8 would never see 7. On PostgreSQL each row
-therefore records its transaction id (`pg_current_xact_id()`), and a read returns only rows
-whose transaction id is below the oldest transaction still running in its snapshot
-(`pg_snapshot_xmin`): every transaction below that horizon has finished, so nothing can
-later appear before the rows returned. The cursor is `<xid>.<id>` in that order. The
-price is latency, never loss: an event waits until every write transaction that began
-before it, anywhere on the server, has ended. SQLite runs one writer at a time, so ids
-follow commit order there and the cursor is `0.<id>`.
+PostgreSQL, usually in the same single statement), each numbered in its turn tree and in
+its conversation in commit order; readers page through them by those positions, and see
+an event as soon as its save has committed (see `store._event_log`).
 """
 
 from __future__ import annotations
@@ -37,20 +29,20 @@ from sqlalchemy.engine import Connection
 from agent_runner._base import utcnow
 from agent_runner.errors import (
     AgentConversationBusyException,
-    InvalidCursor,
     LeaseLostError,
     StoreUnavailableError,
     TurnNotFound,
     VersionConflictError,
 )
 from agent_runner.events import AgentEvent
-from agent_runner.in_memory import stored_event, stored_snapshot
+from agent_runner.in_memory import stored_snapshot
 from agent_runner.messages import ModelMessage, ModelMessagesAdapter
-from agent_runner.persistence import DEFAULT_EVENT_PAGE, TurnRef, event_scope, format_position, parse_position
+from agent_runner.persistence import DEFAULT_EVENT_PAGE, TurnRef, event_scope
 from agent_runner.snapshot import DEADLINE_STATUSES, TERMINAL_STATUSES, AgentTurn, AgentTurnStatus
 from store import _pg_turns
 from store._backend import SqlBackend
 from store._engine import AnyRow, UrlOrEngine, dialect_insert, translated_errors
+from store._event_log import SqlEventLog, kept_events, needs_root_conversation, prune_counters
 from store.schema import NON_TERMINAL_STATUSES, turn_events, turn_leases, turn_messages, turns
 
 _COLUMN_FIELDS = frozenset(
@@ -126,75 +118,6 @@ def _message_rows(turn_id: str, messages: Sequence[ModelMessage], start: int) ->
         }
         for seq, message in enumerate(messages[start:], start)
     ]
-
-
-def _needs_root_conversation(turn: AgentTurn, events: Sequence[AgentEvent]) -> bool:
-    """Whether a child turn's events leave out the conversation, which then is its root's."""
-    return (
-        turn.conversation_id is None
-        and turn.root_turn_id != turn.id
-        and any(e.conversation_id is None and e.type.is_durable for e in events)
-    )
-
-
-def _kept_events(turn: AgentTurn, events: Sequence[AgentEvent], root_conversation_id: str | None) -> list[AgentEvent]:
-    """The event log's copies of the durable events among `events`, once per event id, in order."""
-    kept: list[AgentEvent] = []
-    seen: set[str] = set()
-    for event in events:
-        if not event.type.is_durable or event.event_id in seen:
-            continue
-        seen.add(event.event_id)
-        kept.append(stored_event(event, turn, root_conversation_id))
-    return kept
-
-
-def _event_rows(
-    turn: AgentTurn, events: Sequence[AgentEvent], root_conversation_id: str | None
-) -> list[dict[str, Any]]:
-    """The rows of the durable events among `events`, once per event id, in order."""
-    return [
-        {
-            "event_id": kept.event_id,
-            "turn_id": kept.turn_id,
-            "root_turn_id": kept.root_turn_id,
-            "conversation_id": kept.conversation_id,
-            "type": kept.type.value,
-            "created_at": kept.timestamp,
-            "payload": kept.model_dump(mode="json", exclude={"cursor"}),
-        }
-        for kept in _kept_events(turn, events, root_conversation_id)
-    ]
-
-
-_EVENT_COLUMNS = ("event_id", "turn_id", "root_turn_id", "conversation_id", "type", "created_at", "payload")
-
-
-def _current_xid(dialect: str) -> sa.ColumnElement[int]:
-    """The id of the writing transaction on PostgreSQL (taken at its first write); 0 on SQLite."""
-    if dialect == "postgresql":
-        return sa.cast(sa.cast(sa.func.pg_current_xact_id(), sa.Text), sa.BigInteger)
-    return sa.literal(0, sa.BigInteger)
-
-
-_PG_HORIZON = sa.cast(sa.cast(sa.func.pg_snapshot_xmin(sa.func.pg_current_snapshot()), sa.Text), sa.BigInteger)
-"""The oldest transaction id still running when the statement's snapshot was taken."""
-
-
-def _read_events_statement(dialect: str, scope: str) -> sa.Select[Any]:
-    """The page of a scope's events after a cursor; parameters `scope`, `after_xid`, `after_id`, `limit`."""
-    column = turn_events.c.root_turn_id if scope == "root" else turn_events.c.conversation_id
-    query = sa.select(turn_events.c.id, turn_events.c.xid, turn_events.c.payload).where(column == sa.bindparam("scope"))
-    after_id = sa.bindparam("after_id", type_=sa.BigInteger)
-    if dialect == "postgresql":
-        after_xid = sa.bindparam("after_xid", type_=sa.BigInteger)
-        query = query.where(
-            sa.tuple_(turn_events.c.xid, turn_events.c.id) > sa.tuple_(after_xid, after_id),
-            turn_events.c.xid < _PG_HORIZON,
-        ).order_by(turn_events.c.xid, turn_events.c.id)
-    else:
-        query = query.where(turn_events.c.id > after_id).order_by(turn_events.c.id)
-    return query.limit(sa.bindparam("limit", type_=sa.Integer))
 
 
 def _snapshot(header: AnyRow, messages: list[ModelMessage]) -> AgentTurn:
@@ -456,13 +379,7 @@ class SqlAgentTurnStore(SqlBackend):
         self._counts: OrderedDict[str, tuple[int, int]] = OrderedDict()
         self._counts_lock = threading.Lock()
         self._histories = _Histories()
-        dialect = self._engine.dialect.name
-        self._insert_events = (
-            dialect_insert(self._engine, turn_events)
-            .values(xid=_current_xid(dialect))
-            .on_conflict_do_nothing(index_elements=[turn_events.c.event_id])
-        )
-        self._read_events = {scope: _read_events_statement(dialect, scope) for scope in ("root", "conversation")}
+        self._event_log = SqlEventLog(self._engine)
 
     # --- Reads -------------------------------------------------------------------------------
 
@@ -699,26 +616,21 @@ class SqlAgentTurnStore(SqlBackend):
     ) -> list[AgentEvent]:
         """Return up to `limit` durable events of a turn tree or a conversation after the cursor `after`.
 
-        Events come in the order of their transaction ids, then of their ids: the events of
-        one turn in the order its saves committed. On PostgreSQL an event becomes readable
-        once every transaction that started before it has ended, so a transaction left open
-        anywhere on the server delays (never loses) the events after it.
+        Events come in the order of their positions in the scope read: the order in which
+        their saves committed. An event is readable as soon as its save has returned.
 
         Raises:
             InvalidEventQuery: Neither or both of `root_turn_id` and `conversation_id` were given.
             InvalidCursor: `after` is not a cursor of this log.
         """
         scope, value = event_scope(root_turn_id, conversation_id)
-        after_xid, after_id = (0, 0) if after is None else parse_position(after, 2)
-        if after is not None and after_xid != 0 and self._engine.dialect.name != "postgresql":
-            raise InvalidCursor(after, "a SQLite event cursor starts with 0.")
         if limit <= 0:
+            if after is not None:
+                self._event_log.check_cursor(after)
             return []
-        parameters = {"scope": value, "after_xid": after_xid, "after_id": after_id, "limit": limit}
         with translated_errors(self._engine, f"reading the events of {scope} {value!r}"):
             with self._reader.connect() as connection:
-                rows = connection.execute(self._read_events[scope], parameters).all()
-        return [AgentEvent.model_validate({**row.payload, "cursor": format_position(row.xid, row.id)}) for row in rows]
+                return self._event_log.read(connection, scope, value, after, limit)
 
     def _assemble(self, connection: Connection, headers: Sequence[AnyRow]) -> list[AgentTurn]:
         """Build snapshots from header rows, reading their messages in one query."""
@@ -778,18 +690,16 @@ class SqlAgentTurnStore(SqlBackend):
     def _write_events(self, connection: Connection, turn: AgentTurn, events: Sequence[AgentEvent]) -> None:
         """Insert the event rows of a save inside its transaction."""
         root_conversation = None
-        if _needs_root_conversation(turn, events):
+        if needs_root_conversation(turn, events):
             root_conversation = connection.execute(
                 sa.select(turns.c.conversation_id).where(turns.c.id == turn.root_turn_id)
             ).scalar()
-        rows = _event_rows(turn, events, root_conversation)
-        if rows:
-            connection.execute(self._insert_events, rows)
+        self._event_log.write(connection, kept_events(turn, events, root_conversation))
 
     def _create(self, turn: AgentTurn, events: Sequence[AgentEvent]) -> AgentTurn | None:
         """Insert a new turn; None when a conflicting active turn ended meanwhile (try again)."""
         stored = stored_snapshot(turn, None, -1)
-        if self._direct() and not (events and _needs_root_conversation(stored, events)):
+        if self._direct() and not (events and needs_root_conversation(stored, events)):
             return self._create_in_one_statement(stored, events)
         # ON CONFLICT DO NOTHING covers the primary key and the active-conversation index
         # alike and, unlike a failed INSERT, leaves the PostgreSQL transaction usable for
@@ -824,7 +734,7 @@ class SqlAgentTurnStore(SqlBackend):
             0,
             stored.model_dump_json(exclude=_STATE_EXCLUDED),
             stored.messages,
-            _kept_events(stored, events, None) if events else (),
+            kept_events(stored, events, None) if events else (),
         )
         with self._driver.connection() as lent:
             cursor = _pg_turns.cursor(lent)
@@ -844,7 +754,7 @@ class SqlAgentTurnStore(SqlBackend):
             known is not None
             and self._postgres
             and known <= len(turn.messages)
-            and not (events and _needs_root_conversation(turn, events))
+            and not (events and needs_root_conversation(turn, events))
         ):
             return self._update_in_one_statement(turn, expected_version, known, events)
         # The cancel flag only ever goes from False to True and the fence only up, so a
@@ -907,7 +817,7 @@ class SqlAgentTurnStore(SqlBackend):
             known,
             turn.model_dump_json(exclude=_STATE_EXCLUDED),
             turn.messages[known:],
-            _kept_events(turn, events, None) if events else (),
+            kept_events(turn, events, None) if events else (),
         )
         try:
             if self._direct():
@@ -1001,6 +911,7 @@ class SqlAgentTurnStore(SqlBackend):
                 if roots:
                     tree = sa.select(turns.c.id).where(turns.c.root_turn_id.in_(roots)).scalar_subquery()
                     connection.execute(sa.delete(turn_events).where(turn_events.c.root_turn_id.in_(roots)))
+                    prune_counters(connection, roots)
                     connection.execute(sa.delete(turn_messages).where(turn_messages.c.turn_id.in_(tree)))
                     connection.execute(sa.delete(turn_leases).where(turn_leases.c.turn_id.in_(tree)))
                     removed += connection.execute(sa.delete(turns).where(turns.c.root_turn_id.in_(roots))).rowcount
