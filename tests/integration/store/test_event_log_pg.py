@@ -25,7 +25,21 @@ from sqlalchemy import event as sa_event
 from sqlalchemy.engine import make_url
 
 import store
-from agent_runner import AgentEvent, AgentEventType, AgentTurn, AgentTurnStatus, VersionConflictError
+from agent_runner import (
+    Agent,
+    AgentEvent,
+    AgentEventType,
+    AgentRunner,
+    AgentTurn,
+    AgentTurnStatus,
+    AiMessage,
+    InMemoryAgentLoader,
+    ScriptedChatModel,
+    ToolCall,
+    VersionConflictError,
+    tool,
+)
+from tests.helpers.other_database import transaction_open_elsewhere
 
 pytestmark = pytest.mark.integration
 
@@ -305,6 +319,38 @@ def test_parallel_children_with_slow_commits_reach_every_reader_exactly_once(hol
             for turn_id in plans:
                 own = [i for i in follower.seen if i.startswith(f"{turn_id}:")]
                 assert own == sorted(own, key=lambda i: (int(i.split(":")[1]), int(i.split(":")[2])))
+
+
+@tool
+def lookup(order: str) -> str:
+    """Look an order up."""
+    return f"{order}: shipped"
+
+
+def test_a_transaction_left_open_in_another_database_delays_no_event(
+    pg_url: str, admin: psycopg.Connection[Any]
+) -> None:
+    model = ScriptedChatModel(
+        [AiMessage(tool_calls=[ToolCall(id="c1", name="lookup", arguments={"order": "A-1"})]), AiMessage("shipped")]
+    )
+    agent = Agent(id="orders", chat_model=model, tools=[lookup])
+    with (
+        store.SqlAgentTurnStore(pg_url) as turns,
+        store.SqlChatMemoryProvider(pg_url) as memories,
+        transaction_open_elsewhere(admin),
+    ):
+        # Given a write transaction left open in another database of the same server
+        runner = AgentRunner(turn_store=turns, agent_loader=InMemoryAgentLoader([agent]), chat_memory_provider=memories)
+        # When a turn runs to its end
+        turn = runner.run(agent, "where is A-1?", conversation_id="c-open")
+        assert turn.status is AgentTurnStatus.COMPLETED
+        # Then all its events are readable at once, by tree and by conversation, the terminal one last
+        by_tree = turns.read_events(root_turn_id=turn.id)
+        by_conversation = turns.read_events(conversation_id="c-open")
+    types = [e.type for e in by_tree]
+    assert types[0] is E.TURN_STARTED and types[-1] is E.TURN_COMPLETED
+    assert {E.MODEL_RESPONSE, E.TOOL_STARTED, E.TOOL_COMPLETED} <= set(types)
+    assert ids(by_conversation) == ids(by_tree)
 
 
 # --- The one-statement save and the read query ------------------------------------------------
