@@ -424,3 +424,18 @@ def test_a_cursor_past_the_last_position_is_simply_later(turns: store.SqlAgentTu
     assert turns.read_events(root_turn_id="r-1", after=str(2**62)) == []
     # An `<xid>.<id>` cursor of the earlier read order precedes every event written since
     assert ids(turns.read_events(root_turn_id="r-1", after=f"{2**62}.1")) == ["r-1:0:0"]
+
+
+def test_a_save_takes_its_position_counters_in_one_order_whatever_the_order_of_its_events() -> None:
+    from store._event_log import claim_positions
+
+    # Events of one save filed under two conversations, in mixed order
+    events = [
+        AgentEvent(event_id=f"e{n}", type=E.TOOL_COMPLETED, turn_id="r-1.a", root_turn_id="r-1", conversation_id=c)
+        for n, c in enumerate(["c-2", "c-1", None, "c-2"])
+    ]
+    claim = claim_positions(events)
+    # Counters are taken sorted by kind, then id (the lock order every save shares), each bumped by its count
+    assert claim.scopes == [("conversation", "c-1", 1), ("conversation", "c-2", 2), ("root", "r-1", 4)]
+    # And each event lands at the new last position plus its offset, in its order
+    assert claim.offsets == [(-3, -1), (-2, 0), (-1, None), (0, 0)]

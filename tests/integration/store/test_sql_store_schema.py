@@ -20,6 +20,26 @@ from store.schema import VERSION_TABLE, metadata
 
 ALL_TABLES = {table.name for table in metadata.sorted_tables}
 
+EMPTY_DATABASES = pytest.mark.parametrize(
+    "database",
+    [
+        pytest.param("sqlite_url", id="sqlite"),
+        pytest.param("empty_pg_url", id="postgres", marks=pytest.mark.integration),
+    ],
+)
+"""Runs a test on an empty SQLite file and on an empty PostgreSQL schema (the fixture named by `database`)."""
+
+
+def migrated_to(engine: sa.Engine, revision: str) -> None:
+    """Migrate the database of `engine` up to `revision` only, as an older version left it."""
+    from alembic import command
+
+    from store._engine import writer
+    from store.migrations import alembic_config
+
+    with writer(engine).begin() as connection:
+        command.upgrade(alembic_config(connection), revision)
+
 
 def schema_differences(url: str) -> list[Any]:
     engine = store.make_engine(url)
@@ -41,13 +61,7 @@ def table_names(url: str) -> set[str]:
         engine.dispose()
 
 
-@pytest.mark.parametrize(
-    "database",
-    [
-        pytest.param("sqlite_url", id="sqlite"),
-        pytest.param("empty_pg_url", id="postgres", marks=pytest.mark.integration),
-    ],
-)
+@EMPTY_DATABASES
 def test_the_migrated_schema_equals_the_models(database: str, request: pytest.FixtureRequest) -> None:
     url = str(request.getfixturevalue(database))
     # Given an empty database, when it is migrated (twice: the second run is a no-op)
@@ -150,29 +164,19 @@ def test_worker_queries_use_indexes(pg_url: str) -> None:
     assert scanning == {}
 
 
-@pytest.mark.parametrize(
-    "database",
-    [
-        pytest.param("sqlite_url", id="sqlite"),
-        pytest.param("empty_pg_url", id="postgres", marks=pytest.mark.integration),
-    ],
-)
+@EMPTY_DATABASES
 def test_upgrading_from_0001_moves_the_tenant_from_the_state_into_its_column(
     database: str, request: pytest.FixtureRequest
 ) -> None:
     import json
 
-    from alembic import command
-
     from store._engine import writer
-    from store.migrations import alembic_config
 
     url = str(request.getfixturevalue(database))
     engine = store.make_engine(url)
     try:
         # Given a database at revision 0001 holding turns saved then, the tenant inside the state JSON
-        with writer(engine).begin() as connection:
-            command.upgrade(alembic_config(connection), "0001")
+        migrated_to(engine, "0001")
         header_columns = {c.name for c in metadata.tables["agent_turns"].columns} - {"state", "tenant_id"}
         with writer(engine).begin() as connection:
             for turn_id, tenant in (("t-1", "tenant-a"), ("t-2", None)):
@@ -203,21 +207,12 @@ def test_upgrading_from_0001_moves_the_tenant_from_the_state_into_its_column(
     assert schema_differences(url) == []
 
 
-@pytest.mark.parametrize(
-    "database",
-    [
-        pytest.param("sqlite_url", id="sqlite"),
-        pytest.param("empty_pg_url", id="postgres", marks=pytest.mark.integration),
-    ],
-)
+@EMPTY_DATABASES
 def test_upgrading_from_0005_numbers_stored_events_in_their_read_order_and_old_cursors_keep_working(
     database: str, request: pytest.FixtureRequest
 ) -> None:
-    from alembic import command
-
     from agent_runner import AgentEvent, AgentEventType
     from store._engine import writer
-    from store.migrations import alembic_config
 
     url = str(request.getfixturevalue(database))
     postgres = url.startswith("postgresql")
@@ -231,8 +226,7 @@ def test_upgrading_from_0005_numbers_stored_events_in_their_read_order_and_old_c
     ]
     engine = store.make_engine(url)
     try:
-        with writer(engine).begin() as connection:
-            command.upgrade(alembic_config(connection), "0005")
+        migrated_to(engine, "0005")
         with writer(engine).begin() as connection:
             for row_id, xid, event_id, root, conversation in stored:
                 payload = AgentEvent(
