@@ -1,19 +1,21 @@
 """The event log of `SqlAgentTurnStore`: where the events of a save are placed, and how readers page through them.
 
 Every turn tree (`root_turn_id`) and every conversation numbers its events 1, 2, 3, ...
-An event gets its place in both scopes from a counter row per scope (`agent_event_scopes`)
-that the save bumps by the number of its events, in the same statement or transaction as
-the snapshot and the event rows. The bump holds the counter's row lock until the save
-commits, so the next save of the same scope waits for it and takes the positions after
-it: within a scope, positions follow commit order. A reader that sees position `p`
-therefore sees every committed position below `p` too (a save becomes visible before its
-locks are let go), and paging by position never skips an event, whatever else runs on
-the database server. Positions of a save that rolled back, or of an event id that was
-already stored, are simply never used; a gap means nothing.
+An event gets its place in both scopes from a counter per scope: the tree's is
+`event_position` on its root turn's row (a root's own saves rewrite that row anyway), a
+conversation's is its row in `agent_event_conversations`. The save bumps them by the
+number of its events, in the same statement or transaction as the snapshot and the event
+rows, and holds their row locks until it commits, so the next save of the same scope
+waits for it and takes the positions after it: within a scope, positions follow commit
+order. A reader that sees position `p` therefore sees every committed position below `p`
+too (a save becomes visible before its locks are let go), and paging by position never
+skips an event, whatever else runs on the database server. Positions of a save that
+rolled back, or of an event id that was already stored, are simply never used; a gap
+means nothing.
 
-A save of a child turn bumps its tree and its root's conversation. Every save takes its
-counters in one fixed order (by kind, then id), after its own turn's row, so two saves
-can wait on each other but never in a cycle.
+Every save takes its locks in one order: its own turn's row, then its tree's root row (a
+child's save), then its conversations' counters by id. Two saves can wait on each other,
+never in a cycle.
 
 Cursors are the position in the scope read (`"17"`). Cursors of the earlier read order,
 `<xid>.<id>` (transaction id, then row id; `0.<id>` on SQLite), still work: the events
@@ -28,15 +30,15 @@ from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.engine import Connection
+from sqlalchemy.engine import Connection, Engine
 
-from agent_runner.errors import InvalidCursor
+from agent_runner.errors import InvalidCursor, StoreError
 from agent_runner.events import AgentEvent
 from agent_runner.in_memory import stored_event
 from agent_runner.persistence import format_position, parse_position
 from agent_runner.snapshot import AgentTurn
 from store._engine import dialect_insert
-from store.schema import event_scopes, turn_events
+from store.schema import event_conversations, turn_events, turns
 
 ROOT = "root"
 CONVERSATION = "conversation"
@@ -67,85 +69,92 @@ def kept_events(turn: AgentTurn, events: Sequence[AgentEvent], root_conversation
 class PositionClaim:
     """The positions a save takes for its events, before it knows where each scope stands.
 
-    A save adds `count` to the counter of each scope in `scopes` (in the order given, the
-    fixed lock order) and reads back the new last position; event `i` then sits at that
-    position plus `offsets[i]` in its tree and in its conversation (None: it has none).
+    A save adds `len(offsets)` to its tree's counter and `count` to the counter of each
+    conversation in `conversations` (in the order given, the lock order), and reads back
+    the new last positions; event `i` then sits at those plus `offsets[i]` in its tree and
+    in its conversation (None: it has none).
     """
 
-    scopes: list[tuple[str, str, int]]
-    """`(kind, scope_id, count)` per scope, sorted by kind, then id."""
+    conversations: list[tuple[str, int]]
+    """`(conversation_id, count)` per conversation, sorted by id."""
     offsets: list[tuple[int, int | None]]
     """Per event: its offset from the last position of its tree, and of its conversation (zero or below)."""
 
 
 def claim_positions(events: Sequence[AgentEvent]) -> PositionClaim:
-    """The counters a save bumps for `events` (the event log's copies) and where each event lands."""
-    counts: dict[tuple[str, str], int] = {}
-    ranks: list[tuple[int, int | None]] = []
+    """Where the event log's copies of a save's events land (they are all in the tree of the saved turn)."""
+    counts: dict[str, int] = {}
+    ranks: list[int] = []
     for event in events:
-        tree = (ROOT, event.root_turn_id or event.turn_id)
-        counts[tree] = counts.get(tree, 0) + 1
-        in_conversation: int | None = None
         if event.conversation_id is not None:
-            conversation = (CONVERSATION, event.conversation_id)
-            counts[conversation] = in_conversation = counts.get(conversation, 0) + 1
-        ranks.append((counts[tree], in_conversation))
-    offsets = []
-    for event, (tree_rank, conversation_rank) in zip(events, ranks, strict=True):
-        tree_offset = tree_rank - counts[(ROOT, event.root_turn_id or event.turn_id)]
-        conversation_offset = (
-            None
-            if conversation_rank is None or event.conversation_id is None
-            else conversation_rank - counts[(CONVERSATION, event.conversation_id)]
-        )
-        offsets.append((tree_offset, conversation_offset))
-    return PositionClaim([(kind, scope, count) for (kind, scope), count in sorted(counts.items())], offsets)
+            counts[event.conversation_id] = counts.get(event.conversation_id, 0) + 1
+        ranks.append(0 if event.conversation_id is None else counts[event.conversation_id])
+    total = len(events)
+    offsets = [
+        (index + 1 - total, None if event.conversation_id is None else rank - counts[event.conversation_id])
+        for index, (event, rank) in enumerate(zip(events, ranks, strict=True))
+    ]
+    return PositionClaim(sorted(counts.items()), offsets)
 
 
 class SqlEventLog:
     """The statements of the event log on one engine's dialect, and their use on a connection of the caller."""
 
-    def __init__(self, connection_or_engine: Any) -> None:
-        self._insert = dialect_insert(connection_or_engine, turn_events).on_conflict_do_nothing(
+    def __init__(self, engine: Engine) -> None:
+        self._insert = dialect_insert(engine, turn_events).on_conflict_do_nothing(
             index_elements=[turn_events.c.event_id]
         )
-        bump = dialect_insert(connection_or_engine, event_scopes).values(
-            kind=sa.bindparam("kind"), scope_id=sa.bindparam("scope_id"), last_position=sa.bindparam("count")
+        self._bump_tree = (
+            sa.update(turns)
+            .where(turns.c.id == sa.bindparam("root"))
+            .values(event_position=turns.c.event_position + sa.bindparam("count", type_=sa.BigInteger))
+            .returning(turns.c.event_position)
         )
-        self._bump = bump.on_conflict_do_update(
-            index_elements=[event_scopes.c.kind, event_scopes.c.scope_id],
-            set_={"last_position": event_scopes.c.last_position + bump.excluded.last_position},
-        ).returning(event_scopes.c.last_position)
-        self._postgres = connection_or_engine.dialect.name == "postgresql"
+        bump = dialect_insert(engine, event_conversations).values(
+            conversation_id=sa.bindparam("conversation"), last_position=sa.bindparam("count")
+        )
+        self._bump_conversation = bump.on_conflict_do_update(
+            index_elements=[event_conversations.c.conversation_id],
+            set_={"last_position": event_conversations.c.last_position + bump.excluded.last_position},
+        ).returning(event_conversations.c.last_position)
+        self._postgres = engine.dialect.name == "postgresql"
         self._reads = {kind: _read_statement(kind) for kind in (ROOT, CONVERSATION)}
         self._legacy = {kind: _legacy_statement(kind) for kind in (ROOT, CONVERSATION)}
 
-    def write(self, connection: Connection, kept: Sequence[AgentEvent]) -> None:
-        """Insert the event log's copies of a save's events inside its transaction, each at its positions."""
+    def write(self, connection: Connection, turn: AgentTurn, kept: Sequence[AgentEvent]) -> None:
+        """Insert the event log's copies of a save's events inside its transaction, each at its positions.
+
+        Raises:
+            StoreError: The turn's root turn is not stored, so its events have no tree to go to.
+        """
         if not kept:
             return
         claim = claim_positions(kept)
-        last: dict[tuple[str, str], int] = {}
-        for kind, scope_id, count in claim.scopes:
-            last[(kind, scope_id)] = connection.execute(
-                self._bump, {"kind": kind, "scope_id": scope_id, "count": count}
+        tree_last = connection.execute(self._bump_tree, {"root": turn.root_turn_id, "count": len(kept)}).scalar()
+        if tree_last is None:
+            raise StoreError(f"turn {turn.id!r} names root turn {turn.root_turn_id!r}, which is not stored")
+        last = {
+            conversation: connection.execute(
+                self._bump_conversation, {"conversation": conversation, "count": count}
             ).scalar_one()
+            for conversation, count in claim.conversations
+        }
         rows = []
         for event, (tree_offset, conversation_offset) in zip(kept, claim.offsets, strict=True):
             rows.append(
                 {
                     "event_id": event.event_id,
                     "turn_id": event.turn_id,
-                    "root_turn_id": event.root_turn_id,
+                    "root_turn_id": turn.root_turn_id,
                     "conversation_id": event.conversation_id,
                     "type": event.type.value,
                     "created_at": event.timestamp,
                     "payload": event.model_dump(mode="json", exclude={"cursor"}),
-                    "root_position": last[(ROOT, event.root_turn_id or event.turn_id)] + tree_offset,
+                    "root_position": tree_last + tree_offset,
                     "conversation_position": (
                         None
                         if conversation_offset is None or event.conversation_id is None
-                        else last[(CONVERSATION, event.conversation_id)] + conversation_offset
+                        else last[event.conversation_id] + conversation_offset
                     ),
                 }
             )
@@ -185,11 +194,6 @@ class SqlEventLog:
         if xid != 0 and not self._postgres:
             raise InvalidCursor(cursor, "an earlier SQLite event cursor starts with 0.")
         return 0, (xid, row_id)
-
-
-def prune_counters(connection: Connection, roots: Sequence[str]) -> None:
-    """Delete the counters of pruned turn trees (conversations go on, so theirs stay)."""
-    connection.execute(sa.delete(event_scopes).where(event_scopes.c.kind == ROOT, event_scopes.c.scope_id.in_(roots)))
 
 
 def _scope_columns(kind: str) -> tuple[sa.Column[Any], sa.Column[Any]]:

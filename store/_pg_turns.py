@@ -38,13 +38,22 @@ added AS (
     FROM header,
         json_array_elements(%(message_keys)s::json) WITH ORDINALITY AS k
         JOIN json_array_elements(%(messages)s::json) WITH ORDINALITY AS m ON m.ordinality = k.ordinality
-), scopes AS (
-    INSERT INTO agent_event_scopes AS s (kind, scope_id, last_position)
-    SELECT c.value ->> 0, c.value ->> 1, (c.value ->> 2)::bigint
-    FROM header, json_array_elements(%(scopes)s::json) WITH ORDINALITY AS c
-    ORDER BY c.ordinality
-    ON CONFLICT (kind, scope_id) DO UPDATE SET last_position = s.last_position + excluded.last_position
-    RETURNING kind, scope_id, last_position
+), root AS (
+    UPDATE agent_turns AS r SET event_position = r.event_position + %(root_events)s::bigint
+    FROM header
+    WHERE r.id = %(root_turn_id)s::text AND %(root_events)s::bigint > 0
+    RETURNING r.event_position
+), tree AS (
+    SELECT event_position FROM header WHERE %(own_events)s::bigint > 0
+    UNION ALL
+    SELECT event_position FROM root
+), conversations AS (
+    INSERT INTO agent_event_conversations AS c (conversation_id, last_position)
+    SELECT v.value ->> 0, (v.value ->> 1)::bigint
+    FROM tree, json_array_elements(%(conversations)s::json) WITH ORDINALITY AS v
+    ORDER BY v.ordinality
+    ON CONFLICT (conversation_id) DO UPDATE SET last_position = c.last_position + excluded.last_position
+    RETURNING conversation_id, last_position
 ), events AS (
     INSERT INTO agent_turn_events (
         event_id, turn_id, root_turn_id, conversation_id, type, created_at, payload, root_position,
@@ -55,10 +64,10 @@ added AS (
             || ',"turn_id":' || (k.value -> 1)::text || ',"root_turn_id":' || (k.value -> 2)::text
             || ',"conversation_id":' || (k.value -> 3)::text || ',"timestamp":' || (k.value -> 6)::text
             || ',"data":' || (k.value -> 7)::text || '}')::json,
-        tree.last_position + (k.value ->> 8)::bigint, conversation.last_position + (k.value ->> 9)::bigint
-    FROM json_array_elements(%(events)s::json) WITH ORDINALITY AS k
-        JOIN scopes AS tree ON tree.kind = 'root' AND tree.scope_id = k.value ->> 2
-        LEFT JOIN scopes AS conversation ON conversation.kind = 'conversation' AND conversation.scope_id = k.value ->> 3
+        tree.event_position + (k.value ->> 8)::bigint, conversation.last_position + (k.value ->> 9)::bigint
+    FROM header, json_array_elements(%(events)s::json) WITH ORDINALITY AS k
+        LEFT JOIN tree ON true
+        LEFT JOIN conversations AS conversation ON conversation.conversation_id = k.value ->> 3
     ORDER BY k.ordinality
     ON CONFLICT (event_id) DO NOTHING
 )"""
@@ -73,11 +82,15 @@ the text of those fields put together in the order of `AgentEvent`'s fields, the
 `::text` return each field exactly as the client wrote it). Events go in in their order,
 and an event id already stored is skipped.
 
-Before the events, the save bumps the counter of each scope they go to (`scopes`, in the
-fixed lock order; see `store._event_log`) and places each event at its scope's new last
-position plus the event's offset. The counters' row locks last until the statement
-commits, so the next save of the same tree or conversation takes the positions after
-these.
+Before the events, the save bumps the counters of the scopes they go to (see
+`store._event_log`): its tree's, on the root's row (`event_position`: in the header's own
+UPDATE or INSERT for a root turn, `own_events`; in `root` for a child, `root_events`),
+then its conversations' (`conversations`, in id order). The conversations' bump reads
+`tree`, so it runs after the root's, and takes its locks in that order. Each event goes
+at its scopes' new last positions plus its offsets; a child whose root is not stored
+gets no tree position, and the NOT NULL column refuses the whole statement. The row locks
+last until the statement commits, so the next save of the same tree or conversation
+takes the positions after these.
 """
 
 SAVE = f"""\
@@ -100,6 +113,7 @@ WITH header AS (
         tenant_id = %(tenant_id)s::text,
         wake_at = %(wake_at)s::timestamptz,
         state = %(state)s::json,
+        event_position = t.event_position + %(own_events)s::bigint,
         status_changed_at = CASE
             WHEN t.status = %(status)s::text AND t.status_changed_at <= %(updated_at)s::timestamptz
             THEN t.status_changed_at ELSE %(updated_at)s::timestamptz END
@@ -107,7 +121,7 @@ WITH header AS (
         AND t.version = %(expected_version)s::integer
         AND t.message_count = %(known)s::integer
         AND (%(fence)s::bigint IS NULL OR t.lease_fence IS NULL OR t.lease_fence <= %(fence)s::bigint)
-    RETURNING t.cancel_requested, t.lease_fence
+    RETURNING t.cancel_requested, t.lease_fence, t.event_position
 ), {_ADDED_ROWS}
 SELECT cancel_requested, lease_fence FROM header"""
 """The compare-and-swap save of a header with its new messages and events, as one autocommitted statement.
@@ -125,16 +139,17 @@ WITH header AS (
     INSERT INTO agent_turns (
         id, agent_id, agent_version, conversation_id, parent_turn_id, root_turn_id, status, phase, version,
         message_count, cancel_requested, lease_fence, next_retry_at, created_at, updated_at, tenant_id, state,
-        status_changed_at, wake_at
+        status_changed_at, wake_at, event_position
     ) VALUES (
         %(id)s::text, %(agent_id)s::text, %(agent_version)s::text, %(conversation_id)s::text,
         %(parent_turn_id)s::text, %(root_turn_id)s::text, %(status)s::text, %(phase)s::text, %(version)s::integer,
         %(message_count)s::integer, %(cancel_requested)s::boolean, %(fence)s::bigint,
         %(next_retry_at)s::timestamptz, %(created_at)s::timestamptz, %(updated_at)s::timestamptz,
-        %(tenant_id)s::text, %(state)s::json, %(updated_at)s::timestamptz, %(wake_at)s::timestamptz
+        %(tenant_id)s::text, %(state)s::json, %(updated_at)s::timestamptz, %(wake_at)s::timestamptz,
+        %(own_events)s::bigint
     )
     ON CONFLICT DO NOTHING
-    RETURNING id
+    RETURNING id, event_position
 ), {_ADDED_ROWS}
 SELECT id FROM header"""
 """The INSERT of a new turn with its messages and events, as one autocommitted statement.
@@ -228,17 +243,23 @@ def save_parameters(
         "message_keys": to_json([[m.id, m.role] for m in messages]).decode(),
         # One message at a time: the same JSON as through the union's adapter, with less CPU.
         "messages": "[" + ",".join([message.model_dump_json() for message in messages]) + "]",
-        **event_parameters(events),
+        **event_parameters(turn, events),
     }
 
 
-def event_parameters(events: Sequence[AgentEvent]) -> dict[str, str]:
-    """The `scopes` and `events` parameters of `SAVE` and `CREATE` for the event log's copies of a save's events."""
+def event_parameters(turn: AgentTurn, events: Sequence[AgentEvent]) -> dict[str, Any]:
+    """The parameters of `SAVE` and `CREATE` that place the event log's copies of a save's events."""
     if not events:
-        return {"scopes": "[]", "events": "[]"}
+        return {"own_events": 0, "root_events": 0, "conversations": "[]", "events": "[]"}
     claim = claim_positions(events)
     fields = [event_fields(event, *offsets) for event, offsets in zip(events, claim.offsets, strict=True)]
-    return {"scopes": to_json(claim.scopes).decode(), "events": to_json(fields).decode()}
+    own = turn.id == turn.root_turn_id
+    return {
+        "own_events": len(events) if own else 0,
+        "root_events": 0 if own else len(events),
+        "conversations": to_json(claim.conversations).decode(),
+        "events": to_json(fields).decode(),
+    }
 
 
 def event_fields(event: AgentEvent, tree_offset: int, conversation_offset: int | None) -> list[Any]:

@@ -14,6 +14,8 @@ Tables:
         (`fillfactor`) to make room for it. Sweeps that look for turns idle since a
         time use `status_changed_at` instead, which changes only with the status.
         `wake_at` is when the deadline sweep must look at a waiting turn next.
+        `event_position` is, on a root turn's row, the last position handed out in its
+        turn tree's event log (0 on child turns; see `store._event_log`).
     agent_turn_messages: the turn's messages, append-only, keyed by (turn_id, seq).
     agent_turn_events: the durable events, append-only, written with the save that caused
         them. `root_position` is the event's place in its turn tree and
@@ -21,9 +23,10 @@ Tables:
         counts its events 1, 2, 3, ... in the order their saves committed, and readers page
         by these (see `store._event_log`). `xid` is only kept for events written before
         positions existed (NULL since), to resume the cursors issued then.
-    agent_event_scopes: the last position handed out in each turn tree (`kind` "root") and
-        conversation (`kind` "conversation"); a save bumps these rows in the statement that
-        writes its events, and their row locks put the saves of one scope in commit order.
+    agent_event_conversations: the last position handed out in each conversation's event
+        log. A save bumps this row, and its tree's root row (`event_position`), in the
+        statement that writes its events; their row locks put the saves of one tree or
+        conversation in commit order.
     agent_chat_conversations / agent_chat_messages: ChatMemory, with a per-conversation
         sequence counter.
     agent_inbox_conversations / agent_inbox_messages: the inbox of queued user messages.
@@ -131,6 +134,9 @@ turns = sa.Table(
     # When the turn entered its current status: never later than `updated_at`, and unlike it
     # unchanged by the saves of a running turn, so indexes over it survive HOT updates.
     sa.Column("status_changed_at", UtcDateTime, nullable=False),
+    # The tree's event counter lives on its root's row, which the root's own saves rewrite
+    # anyway: they bump it at no extra cost. Not indexed, so a bump stays a HOT update.
+    sa.Column("event_position", sa.BigInteger, nullable=False, server_default="0"),
     # The durable backstop of "one active turn per conversation": two creators racing past
     # every other check still cannot both commit a non-terminal turn.
     sa.Index(
@@ -197,11 +203,10 @@ turn_events = sa.Table(
     sqlite_autoincrement=True,
 )
 
-event_scopes = sa.Table(
-    "agent_event_scopes",
+event_conversations = sa.Table(
+    "agent_event_conversations",
     metadata,
-    sa.Column("kind", sa.String(16), primary_key=True),
-    sa.Column("scope_id", sa.String, primary_key=True),
+    sa.Column("conversation_id", sa.String, primary_key=True),
     sa.Column("last_position", sa.BigInteger, nullable=False),
 )
 

@@ -42,7 +42,7 @@ from agent_runner.snapshot import DEADLINE_STATUSES, TERMINAL_STATUSES, AgentTur
 from store import _pg_turns
 from store._backend import SqlBackend
 from store._engine import AnyRow, UrlOrEngine, dialect_insert, translated_errors
-from store._event_log import SqlEventLog, kept_events, needs_root_conversation, prune_counters
+from store._event_log import SqlEventLog, kept_events, needs_root_conversation
 from store.schema import NON_TERMINAL_STATUSES, turn_events, turn_leases, turn_messages, turns
 
 _COLUMN_FIELDS = frozenset(
@@ -159,7 +159,8 @@ def _guarded_update(sets_cancel: bool, sets_fence: bool) -> sa.Update:
     It matches only the expected version and message count, and a fence no lower than the
     stored one; parameters are `new_<column>` and `match_id/version/count/fence`.
     """
-    skipped = set()
+    # The tree's event counter is bumped by the writing of events, never set from a snapshot.
+    skipped = {"event_position"}
     if not sets_cancel:
         skipped.add("cancel_requested")
     if not sets_fence:
@@ -694,7 +695,7 @@ class SqlAgentTurnStore(SqlBackend):
             root_conversation = connection.execute(
                 sa.select(turns.c.conversation_id).where(turns.c.id == turn.root_turn_id)
             ).scalar()
-        self._event_log.write(connection, kept_events(turn, events, root_conversation))
+        self._event_log.write(connection, turn, kept_events(turn, events, root_conversation))
 
     def _create(self, turn: AgentTurn, events: Sequence[AgentEvent]) -> AgentTurn | None:
         """Insert a new turn; None when a conflicting active turn ended meanwhile (try again)."""
@@ -911,7 +912,6 @@ class SqlAgentTurnStore(SqlBackend):
                 if roots:
                     tree = sa.select(turns.c.id).where(turns.c.root_turn_id.in_(roots)).scalar_subquery()
                     connection.execute(sa.delete(turn_events).where(turn_events.c.root_turn_id.in_(roots)))
-                    prune_counters(connection, roots)
                     connection.execute(sa.delete(turn_messages).where(turn_messages.c.turn_id.in_(tree)))
                     connection.execute(sa.delete(turn_leases).where(turn_leases.c.turn_id.in_(tree)))
                     removed += connection.execute(sa.delete(turns).where(turns.c.root_turn_id.in_(roots))).rowcount

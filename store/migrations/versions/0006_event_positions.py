@@ -4,14 +4,15 @@ Until now a read of the event log returned only the events of transactions below
 oldest transaction still running anywhere on the database server (`pg_snapshot_xmin`),
 so a transaction left open in another database of the same server held every event
 stream back. Each event now gets its place in its turn tree (`root_position`) and in its
-conversation (`conversation_position`) from a counter row per scope
-(`agent_event_scopes`), bumped by the statement that writes the event; the counter's
-row lock makes the saves of one scope commit in the order of their positions, so readers
-page by position and see an event as soon as its save commits.
+conversation (`conversation_position`) from a counter per scope (`event_position` on
+the tree's root row in `agent_turns`, a row of `agent_event_conversations` per
+conversation), bumped by the statement that writes the event; the counter's row lock
+makes the saves of one scope commit in the order of their positions, so readers page by
+position and see an event as soon as its save commits.
 
 The upgrade numbers the existing events of each scope in the order they were read until
-now (transaction id, then id), so every existing log reads as before, and fills the
-counters with the last position of each scope. `xid` stays, NULL for events written from
+now (transaction id, then id), so every existing log reads as before, and sets the
+counters to the last position of each scope. `xid` stays, NULL for events written from
 now on, so the `<xid>.<id>` cursors issued before keep working (see `store._event_log`).
 Processes of an older version cannot write events on the new schema: stop them (or
 replace them) together with this upgrade.
@@ -48,23 +49,30 @@ FROM (
 WHERE agent_turn_events.id = numbered.id
 """
 
-_FILL_COUNTERS = """
-INSERT INTO agent_event_scopes (kind, scope_id, last_position)
-SELECT 'root', root_turn_id, max(root_position) FROM agent_turn_events GROUP BY root_turn_id
-UNION ALL
-SELECT 'conversation', conversation_id, max(conversation_position) FROM agent_turn_events
+_FILL_COUNTERS = (
+    """
+UPDATE agent_turns SET event_position = (
+    SELECT max(root_position) FROM agent_turn_events WHERE agent_turn_events.root_turn_id = agent_turns.id
+)
+WHERE id IN (SELECT root_turn_id FROM agent_turn_events)
+""",
+    """
+INSERT INTO agent_event_conversations (conversation_id, last_position)
+SELECT conversation_id, max(conversation_position) FROM agent_turn_events
 WHERE conversation_id IS NOT NULL GROUP BY conversation_id
-"""
+""",
+)
 
 
 def upgrade() -> None:
     op.create_table(
-        "agent_event_scopes",
-        sa.Column("kind", sa.String(16), nullable=False),
-        sa.Column("scope_id", sa.String(), nullable=False),
+        "agent_event_conversations",
+        sa.Column("conversation_id", sa.String(), nullable=False),
         sa.Column("last_position", sa.BigInteger(), nullable=False),
-        sa.PrimaryKeyConstraint("kind", "scope_id", name="pk_agent_event_scopes"),
+        sa.PrimaryKeyConstraint("conversation_id", name="pk_agent_event_conversations"),
     )
+    # A constant default: PostgreSQL adds the column without rewriting the table.
+    op.add_column("agent_turns", sa.Column("event_position", sa.BigInteger(), nullable=False, server_default="0"))
     op.drop_index("ix_agent_turn_events_conversation_position", table_name=_EVENTS)
     op.drop_index("ix_agent_turn_events_root_position", table_name=_EVENTS)
     # SQLite rebuilds the table for these changes: keep its AUTOINCREMENT.
@@ -84,7 +92,8 @@ def upgrade() -> None:
         postgresql_where=sa.text(_HAS_CONVERSATION),
         sqlite_where=sa.text(_HAS_CONVERSATION),
     )
-    op.execute(_FILL_COUNTERS)
+    for statement in _FILL_COUNTERS:
+        op.execute(statement)
 
 
 def downgrade() -> None:
@@ -109,4 +118,6 @@ def downgrade() -> None:
         postgresql_where=sa.text(_HAS_CONVERSATION),
         sqlite_where=sa.text(_HAS_CONVERSATION),
     )
-    op.drop_table("agent_event_scopes")
+    with op.batch_alter_table("agent_turns") as batch:
+        batch.drop_column("event_position")
+    op.drop_table("agent_event_conversations")

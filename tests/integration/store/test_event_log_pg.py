@@ -158,12 +158,19 @@ def holder_pid(admin: psycopg.Connection[Any], key: int) -> int:
 
 
 def wait_for_blocked_by(admin: psycopg.Connection[Any], pid: int, count: int, within: float = 30.0) -> None:
-    """Wait until `count` backends wait on a lock that backend `pid` holds."""
+    """Wait until `count` backends wait, directly or behind another waiter, on a lock that backend `pid` holds."""
     deadline = time.monotonic() + within
     while time.monotonic() < deadline:
-        row = admin.execute("SELECT count(*) FROM pg_stat_activity WHERE %s = ANY(pg_blocking_pids(pid))", (pid,))
-        found = row.fetchone()
-        if found is not None and found[0] >= count:
+        waits = admin.execute(
+            "SELECT pid, pg_blocking_pids(pid) FROM pg_stat_activity WHERE cardinality(pg_blocking_pids(pid)) > 0"
+        ).fetchall()
+        blocked = {pid}
+        grew = True
+        while grew:
+            before = len(blocked)
+            blocked |= {waiter for waiter, blockers in waits if blocked & set(blockers)}
+            grew = len(blocked) > before
+        if len(blocked) - 1 >= count:
             return
         time.sleep(0.01)
     raise AssertionError(f"{count} saves did not start waiting on backend {pid}")
@@ -413,10 +420,10 @@ def test_prune_in_batches_leaves_no_rows_of_pruned_trees(pg_url: str) -> None:
                 table: connection.execute(sa.text(f"SELECT count(*) FROM {table}")).scalar()
                 for table in ("agent_turns", "agent_turn_messages", "agent_turn_events", "agent_turn_leases")
             }
-            counters = connection.execute(sa.text("SELECT kind, scope_id FROM agent_event_scopes")).all()
+            counters = connection.execute(sa.text("SELECT conversation_id FROM agent_event_conversations")).all()
     assert counts == dict.fromkeys(counts, 0)
-    # The trees' position counters went with them; the conversation's stays, as the conversation goes on
-    assert [tuple(row) for row in counters] == [("conversation", "c-1")]
+    # The conversation's position counter stays, as the conversation goes on (the trees' went with their roots)
+    assert [tuple(row) for row in counters] == [("c-1",)]
 
 
 def test_a_cursor_past_the_last_position_is_simply_later(turns: store.SqlAgentTurnStore) -> None:
@@ -426,7 +433,7 @@ def test_a_cursor_past_the_last_position_is_simply_later(turns: store.SqlAgentTu
     assert ids(turns.read_events(root_turn_id="r-1", after=f"{2**62}.1")) == ["r-1:0:0"]
 
 
-def test_a_save_takes_its_position_counters_in_one_order_whatever_the_order_of_its_events() -> None:
+def test_a_save_takes_its_conversation_counters_in_one_order_whatever_the_order_of_its_events() -> None:
     from store._event_log import claim_positions
 
     # Events of one save filed under two conversations, in mixed order
@@ -435,7 +442,7 @@ def test_a_save_takes_its_position_counters_in_one_order_whatever_the_order_of_i
         for n, c in enumerate(["c-2", "c-1", None, "c-2"])
     ]
     claim = claim_positions(events)
-    # Counters are taken sorted by kind, then id (the lock order every save shares), each bumped by its count
-    assert claim.scopes == [("conversation", "c-1", 1), ("conversation", "c-2", 2), ("root", "r-1", 4)]
-    # And each event lands at the new last position plus its offset, in its order
+    # Conversation counters are taken sorted by id (the lock order every save shares), each bumped by its count
+    assert claim.conversations == [("c-1", 1), ("c-2", 2)]
+    # And each event lands at the new last positions plus its offsets, in its order
     assert claim.offsets == [(-3, -1), (-2, 0), (-1, None), (0, 0)]

@@ -228,6 +228,16 @@ def test_upgrading_from_0005_numbers_stored_events_in_their_read_order_and_old_c
     try:
         migrated_to(engine, "0005")
         with writer(engine).begin() as connection:
+            for root in ("r-1", "r-2"):
+                connection.execute(
+                    sa.text(
+                        "INSERT INTO agent_turns (id, agent_id, agent_version, conversation_id, root_turn_id, status,"
+                        " phase, version, message_count, cancel_requested, created_at, updated_at, state,"
+                        " status_changed_at) VALUES (:id, 'a', '1', :conversation, :id, 'RUNNING', 'MODEL', 0, 0,"
+                        " false, CURRENT_TIMESTAMP, CURRENT_TIMESTAMP, '{}', CURRENT_TIMESTAMP)"
+                    ),
+                    {"id": root, "conversation": "c-1" if root == "r-1" else None},
+                )
             for row_id, xid, event_id, root, conversation in stored:
                 payload = AgentEvent(
                     event_id=event_id,
@@ -275,7 +285,7 @@ def test_upgrading_from_0005_numbers_stored_events_in_their_read_order_and_old_c
         # And events saved after the upgrade follow the stored ones, also after an old cursor
         ended = AgentTurn(id="r-1", agent_id="a", conversation_id="c-1", status=AgentTurnStatus.COMPLETED)
         added = AgentEvent(event_id="r-1:3:0", type=AgentEventType.TURN_COMPLETED, turn_id="r-1")
-        turns.save(ended, -1, [added])
+        turns.save(ended, 0, [added])
         assert [e.event_id for e in turns.read_events(root_turn_id="r-1", after=old_cursor[tree[-1]])] == ["r-1:3:0"]
         assert [e.cursor for e in turns.read_events(root_turn_id="r-1", after="3")] == ["4"]
         last_in_conversation = turns.read_events(conversation_id="c-1", after=old_cursor[in_conversation[-1]])
