@@ -725,7 +725,7 @@ class SqlAgentTurnStore(SqlBackend):
     def _create_in_one_statement(self, stored: AgentTurn, events: Sequence[AgentEvent]) -> AgentTurn | None:
         """The PostgreSQL fast path of a creation: the header, message and event INSERTs as one statement.
 
-        One autocommitted statement on the driver (`store._pg_turns.CREATE`) instead of a
+        One autocommitted statement on the driver (`store._pg_turns.create_statement`) instead of a
         transaction of four; when the turn was refused (its id or its conversation taken),
         nothing was written, and reads on a fresh connection find out which.
         """
@@ -739,7 +739,7 @@ class SqlAgentTurnStore(SqlBackend):
         )
         with self._driver.connection() as lent:
             cursor = _pg_turns.cursor(lent)
-            if cursor.execute(_pg_turns.CREATE, parameters, prepare=True).fetchone() is not None:
+            if cursor.execute(_pg_turns.create_statement(parameters), parameters, prepare=True).fetchone() is not None:
                 return stored
         with self._reader.connect() as connection:
             existing = connection.execute(sa.select(turns.c.version).where(turns.c.id == stored.id)).scalar()
@@ -808,7 +808,7 @@ class SqlAgentTurnStore(SqlBackend):
         """The PostgreSQL fast path: header UPDATE, message and event INSERTs as one autocommitted statement.
 
         A statement is atomic on its own, so no BEGIN and COMMIT round trips are needed: the
-        save costs one round trip, and runs prepared on the driver (`store._pg_turns.SAVE`;
+        save costs one round trip, and runs prepared on the driver (`store._pg_turns.save_statement`;
         through SQLAlchemy when its statements are watched). The INSERTs read the UPDATE's
         RETURNING, so when the guard matches no row nothing at all is written.
         """
@@ -824,10 +824,10 @@ class SqlAgentTurnStore(SqlBackend):
             if self._direct():
                 with self._driver.connection() as lent:
                     cursor = _pg_turns.cursor(lent)
-                    stored = cursor.execute(_pg_turns.SAVE, parameters, prepare=True).fetchone()
+                    stored = cursor.execute(_pg_turns.save_statement(parameters), parameters, prepare=True).fetchone()
             else:
                 with self._reader.connect() as connection:
-                    stored = connection.exec_driver_sql(_pg_turns.SAVE, parameters).first()
+                    stored = connection.exec_driver_sql(_pg_turns.save_statement(parameters), parameters).first()
         except sa_exc.IntegrityError:
             with self._engine.connect() as connection:
                 self._raise_if_busy(connection, turn)
