@@ -28,6 +28,8 @@ from tests.integration.api.api_server import ended, parse_sse, read_stream, serv
 from workers.api import create_app
 from workers.api.runtime import Runtime
 
+pytestmark = pytest.mark.integration
+
 E = AgentEventType
 
 
