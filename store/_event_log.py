@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import Connection, Engine
 
 from agent_runner.errors import InvalidCursor, StoreError
@@ -132,7 +133,7 @@ class SqlEventLog:
         claim = claim_positions(kept)
         tree_last = connection.execute(self._bump_tree, {"root": turn.root_turn_id, "count": len(kept)}).scalar()
         if tree_last is None:
-            raise StoreError(f"turn {turn.id!r} names root turn {turn.root_turn_id!r}, which is not stored")
+            raise StoreError(missing_root(turn))
         last = {
             conversation: connection.execute(
                 self._bump_conversation, {"conversation": conversation, "count": count}
@@ -194,6 +195,27 @@ class SqlEventLog:
         if xid != 0 and not self._postgres:
             raise InvalidCursor(cursor, "an earlier SQLite event cursor starts with 0.")
         return 0, (xid, row_id)
+
+
+_NOT_NULL_VIOLATION = "23502"
+
+
+def raise_if_no_tree(error: sa_exc.IntegrityError, turn: AgentTurn) -> None:
+    """Raise a clear `StoreError` when a one-statement save was refused for want of its tree's root row.
+
+    The statement places a child's events from its root's row; without that row they get no
+    tree position, which the NOT NULL column refuses (nothing at all is written then).
+    """
+    if getattr(error.orig, "sqlstate", None) == _NOT_NULL_VIOLATION and turn.root_turn_id != turn.id:
+        raise StoreError(missing_root(turn)) from error
+
+
+def missing_root(turn: AgentTurn) -> str:
+    """Why the events of a turn whose root turn is not stored cannot be saved."""
+    return (
+        f"turn {turn.id!r} names root turn {turn.root_turn_id!r}, which is not stored: "
+        "its events have no turn tree to go to, so nothing was saved"
+    )
 
 
 def _scope_columns(kind: str) -> tuple[sa.Column[Any], sa.Column[Any]]:

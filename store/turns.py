@@ -42,7 +42,7 @@ from agent_runner.snapshot import DEADLINE_STATUSES, TERMINAL_STATUSES, AgentTur
 from store import _pg_turns
 from store._backend import SqlBackend
 from store._engine import AnyRow, UrlOrEngine, dialect_insert, translated_errors
-from store._event_log import SqlEventLog, kept_events, needs_root_conversation
+from store._event_log import SqlEventLog, kept_events, needs_root_conversation, raise_if_no_tree
 from store.schema import NON_TERMINAL_STATUSES, turn_events, turn_leases, turn_messages, turns
 
 _COLUMN_FIELDS = frozenset(
@@ -674,6 +674,8 @@ class SqlAgentTurnStore(SqlBackend):
             AgentConversationBusyException: The save would give the conversation a second
                 non-terminal turn.
             LeaseLostError: `turn.lease_fence` is lower than the stored fence.
+            StoreError: `turn` is a child turn with events whose root turn is not stored
+                (a tree's event positions are counted on its root's row); nothing was written.
             StoreUnavailableError: The database failed mid-save; nothing was written.
         """
         with translated_errors(self._engine, f"saving turn {turn.id!r}"):
@@ -737,10 +739,15 @@ class SqlAgentTurnStore(SqlBackend):
             stored.messages,
             kept_events(stored, events, None) if events else (),
         )
-        with self._driver.connection() as lent:
-            cursor = _pg_turns.cursor(lent)
-            if cursor.execute(_pg_turns.create_statement(parameters), parameters, prepare=True).fetchone() is not None:
-                return stored
+        try:
+            with self._driver.connection() as lent:
+                cursor = _pg_turns.cursor(lent)
+                statement = _pg_turns.create_statement(parameters)
+                if cursor.execute(statement, parameters, prepare=True).fetchone() is not None:
+                    return stored
+        except sa_exc.IntegrityError as exc:
+            raise_if_no_tree(exc, stored)
+            raise
         with self._reader.connect() as connection:
             existing = connection.execute(sa.select(turns.c.version).where(turns.c.id == stored.id)).scalar()
             if existing is not None:
@@ -828,7 +835,8 @@ class SqlAgentTurnStore(SqlBackend):
             else:
                 with self._reader.connect() as connection:
                     stored = connection.exec_driver_sql(_pg_turns.save_statement(parameters), parameters).first()
-        except sa_exc.IntegrityError:
+        except sa_exc.IntegrityError as exc:
+            raise_if_no_tree(exc, turn)
             with self._engine.connect() as connection:
                 self._raise_if_busy(connection, turn)
             return None

@@ -35,6 +35,7 @@ from agent_runner import (
     AiMessage,
     InMemoryAgentLoader,
     ScriptedChatModel,
+    StoreError,
     ToolCall,
     VersionConflictError,
     tool,
@@ -446,3 +447,22 @@ def test_a_save_takes_its_conversation_counters_in_one_order_whatever_the_order_
     assert claim.conversations == [("c-1", 1), ("c-2", 2)]
     # And each event lands at the new last positions plus its offsets, in its order
     assert claim.offsets == [(-3, -1), (-2, 0), (-1, None), (0, 0)]
+
+
+@pytest.mark.parametrize("database", ["pg_url", "sqlite_url"])
+def test_a_child_whose_root_is_not_stored_cannot_save_events_and_nothing_is_written(
+    database: str, request: pytest.FixtureRequest
+) -> None:
+    url = str(request.getfixturevalue(database))
+    with store.SqlAgentTurnStore(url) as turns:
+        # Given a child turn of a root turn that was never stored
+        child = make_turn("r-9.a", "r-9")
+        # When it is created, or saved, with events
+        with pytest.raises(StoreError, match="root turn 'r-9', which is not stored"):
+            turns.save(child, -1, events_for(child, 1))
+        stored = turns.save(child, -1)
+        with pytest.raises(StoreError, match="root turn 'r-9', which is not stored"):
+            turns.save(stored, 0, events_for(stored, 2))
+        # Then neither save wrote anything: the turn is as first stored without events
+        assert turns.load("r-9.a").version == 0
+        assert turns.read_events(root_turn_id="r-9") == []
