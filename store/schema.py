@@ -14,10 +14,19 @@ Tables:
         (`fillfactor`) to make room for it. Sweeps that look for turns idle since a
         time use `status_changed_at` instead, which changes only with the status.
         `wake_at` is when the deadline sweep must look at a waiting turn next.
+        `event_position` is, on a root turn's row, the last position handed out in its
+        turn tree's event log (0 on child turns; see `store._event_log`).
     agent_turn_messages: the turn's messages, append-only, keyed by (turn_id, seq).
     agent_turn_events: the durable events, append-only, written with the save that caused
-        them. `xid` is the writing transaction's id on PostgreSQL (0 on SQLite), the first
-        half of the read order (see `store.turns`).
+        them. `root_position` is the event's place in its turn tree and
+        `conversation_position` its place in its conversation (NULL without one): each scope
+        counts its events 1, 2, 3, ... in the order their saves committed, and readers page
+        by these (see `store._event_log`). `xid` is only kept for events written before
+        positions existed (NULL since), to resume the cursors issued then.
+    agent_event_conversations: the last position handed out in each conversation's event
+        log. A save bumps this row, and its tree's root row (`event_position`), in the
+        statement that writes its events; their row locks put the saves of one tree or
+        conversation in commit order.
     agent_chat_conversations / agent_chat_messages: ChatMemory, with a per-conversation
         sequence counter.
     agent_inbox_conversations / agent_inbox_messages: the inbox of queued user messages.
@@ -46,6 +55,9 @@ ACTIVE_TURN_PREDICATE = "status IN ({})".format(", ".join(f"'{s}'" for s in NON_
 Migration 0001 spells out the same list: a new non-terminal status needs a migration that
 recreates the index.
 """
+
+HAS_CONVERSATION = "conversation_id IS NOT NULL"
+"""Predicate of the partial index of events by conversation."""
 
 TURNS_FILLFACTOR = 75
 """Percent of each `agent_turns` page filled by inserts on PostgreSQL; the rest takes the new
@@ -122,6 +134,9 @@ turns = sa.Table(
     # When the turn entered its current status: never later than `updated_at`, and unlike it
     # unchanged by the saves of a running turn, so indexes over it survive HOT updates.
     sa.Column("status_changed_at", UtcDateTime, nullable=False),
+    # The tree's event counter lives on its root's row, which the root's own saves rewrite
+    # anyway: they bump it at no extra cost. Not indexed, so a bump stays a HOT update.
+    sa.Column("event_position", sa.BigInteger, nullable=False, server_default="0"),
     # The durable backstop of "one active turn per conversation": two creators racing past
     # every other check still cannot both commit a non-terminal turn.
     sa.Index(
@@ -161,9 +176,10 @@ turn_events = sa.Table(
     "agent_turn_events",
     metadata,
     # INTEGER on SQLite, so that the column is the rowid; AUTOINCREMENT below keeps SQLite
-    # from reusing the ids of deleted (pruned) rows, which a reader's cursor may be past.
+    # from reusing the ids of deleted (pruned) rows.
     sa.Column("id", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), primary_key=True, autoincrement=True),
-    sa.Column("xid", sa.BigInteger, nullable=False),
+    # The writing transaction of an event stored before positions existed; NULL since (see above).
+    sa.Column("xid", sa.BigInteger, nullable=True),
     sa.Column("event_id", sa.String, nullable=False),
     sa.Column("turn_id", sa.String, nullable=False),
     sa.Column("root_turn_id", sa.String, nullable=False),
@@ -171,18 +187,27 @@ turn_events = sa.Table(
     sa.Column("type", sa.String(32), nullable=False),
     sa.Column("created_at", UtcDateTime, nullable=False),
     sa.Column("payload", _json(), nullable=False),
+    sa.Column("root_position", sa.BigInteger, nullable=False),
+    sa.Column("conversation_position", sa.BigInteger, nullable=True),
     sa.UniqueConstraint("event_id", name="uq_agent_turn_events_event_id"),
-    sa.Index("ix_agent_turn_events_root_position", "root_turn_id", "xid", "id"),
-    # Only events filed under a conversation: the others would never be read through it.
+    sa.Index("ix_agent_turn_events_root_position", "root_turn_id", "root_position", unique=True),
+    # Only events filed under a conversation: the others are never read through one.
     sa.Index(
         "ix_agent_turn_events_conversation_position",
         "conversation_id",
-        "xid",
-        "id",
-        postgresql_where=sa.text("conversation_id IS NOT NULL"),
-        sqlite_where=sa.text("conversation_id IS NOT NULL"),
+        "conversation_position",
+        unique=True,
+        postgresql_where=sa.text(HAS_CONVERSATION),
+        sqlite_where=sa.text(HAS_CONVERSATION),
     ),
     sqlite_autoincrement=True,
+)
+
+event_conversations = sa.Table(
+    "agent_event_conversations",
+    metadata,
+    sa.Column("conversation_id", sa.String, primary_key=True),
+    sa.Column("last_position", sa.BigInteger, nullable=False),
 )
 
 chat_conversations = sa.Table(
