@@ -20,6 +20,7 @@ from store.idempotency import IdempotencyKeys, IdempotencyRecord, IdempotencySta
 from store.inbox import Inbox, InboxMessage, InboxStatus
 from store.migrations import SchemaVersionError, check_schema, migrate
 from store.sql_lease import SqlTurnLease
+from store.threads import ThreadRecord, ThreadRecords
 from store.turns import SqlAgentTurnStore
 
 # Redis backends are imported on first use, so the SQL backends (the embedded default)
@@ -58,6 +59,8 @@ __all__ = [
     "SqlChatMemoryProvider",
     "SchemaVersionError",
     "SqlTurnLease",
+    "ThreadRecord",
+    "ThreadRecords",
     "check_schema",
     "make_engine",
     "migrate",
