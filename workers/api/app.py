@@ -17,6 +17,7 @@ from agent_runner import AgentLoader
 from workers.api.errors import ApiError, install_error_handlers
 from workers.api.events import router as events_router
 from workers.api.guard import RequestGuard
+from workers.api.langgraph import router as langgraph_router
 from workers.api.models import ErrorResponse, HealthView, ReadyView
 from workers.api.routes import router
 from workers.api.runtime import Runtime, build_runtime
@@ -99,6 +100,10 @@ def create_app(
             {"name": "conversations", "description": "A conversation's page timeline."},
             {"name": "agents", "description": "The agents this server runs."},
             {"name": "health", "description": "Liveness and readiness probes."},
+            {
+                "name": "langgraph",
+                "description": "The LangGraph (Agent Protocol) API for `langgraph-sdk` clients; see docs/langgraph.md.",
+            },
         ],
     )
     app.state.settings = final
@@ -106,6 +111,7 @@ def create_app(
     app.add_middleware(RequestGuard)
     app.include_router(router)
     app.include_router(events_router)
+    app.include_router(langgraph_router)
     _add_probes(app)
     _add_console(app)
     return app

@@ -26,7 +26,7 @@ import json
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Annotated, Any
 
 import anyio
@@ -345,6 +345,55 @@ async def _follow(
                     yield chunk
                 if write.root_ended:
                     return
+    finally:
+        stream.leave()
+
+
+async def follow_tree(runtime: Runtime, root_turn_id: str, after: str | None) -> AsyncGenerator[list[AgentEvent], None]:
+    """The events of a turn tree after the cursor `after`, in batches, ending after the root turn's terminal event.
+
+    For other front ends over the same feed (the LangGraph API's run streams). The first
+    batch is what is stored after `after` (it may be empty); an empty batch later means
+    nothing came for `KEEPALIVE_S` (time for a heartbeat). The end follows the same rule as
+    the turn stream's `event: end` (see `_finish`).
+
+    Raises:
+        InvalidCursor: `after` is not a cursor of this feed (from the first batch).
+    """
+    stream = _Stream(runtime.events, runtime.fanout, {"root_turn_id": root_turn_id}, after)
+    ended = False
+
+    def ends(events: list[AgentEvent]) -> bool:
+        return ended or any(_ends_root(e, root_turn_id) for e in events)
+
+    async def finished() -> AsyncIterator[list[AgentEvent]]:
+        """What is left once the root has ended (nothing when it has not); sets `ended` when it is all out."""
+        nonlocal ended
+        ref = await _in_thread(runtime.turn_store.get_ref, root_turn_id)
+        if not ref.status.is_terminal:
+            return
+        stream.leave()
+        page = await _in_thread(stream.read_page)
+        while page:
+            ended = ends(page)
+            yield page
+            page = await _in_thread(stream.read_page)
+        ended = ended or await _in_thread(stream.root_end_stored)
+
+    try:
+        first = await _in_thread(stream.read_page)
+        ended = ends(first)
+        yield first
+        if not ended:
+            async for batch in finished():
+                yield batch
+        while not ended:
+            events = await stream.next_events(KEEPALIVE_S)
+            ended = ends(events)
+            yield events
+            if not ended and not events:
+                async for batch in finished():
+                    yield batch
     finally:
         stream.leave()
 

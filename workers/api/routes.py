@@ -82,9 +82,20 @@ def get_runtime(request: Request) -> Runtime:
 
 
 def get_tenant(
-    request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
+    request: Request,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+    api_key: Annotated[
+        str | None,
+        Header(
+            alias="x-api-key",
+            include_in_schema=False,
+            description="The API key, as LangGraph clients send it (same keys as the bearer token).",
+        ),
+    ] = None,
 ) -> Tenant:
     """The tenant of the request's API key; the single tenant when no keys are configured.
+
+    The key comes as a bearer token or, as LangGraph clients send it, in `x-api-key`.
 
     Raises:
         Unauthorized: Keys are configured and the request has none, or an unknown one.
@@ -92,9 +103,10 @@ def get_tenant(
     keys = get_runtime(request).settings.keys
     if not keys.enabled:
         return Tenant()
-    if credentials is None:
+    key = credentials.credentials if credentials is not None else api_key
+    if key is None:
         raise Unauthorized()
-    tenant = keys.tenant_of(credentials.credentials)
+    tenant = keys.tenant_of(key)
     if tenant is None:
         raise Unauthorized("the API key is not valid")
     return Tenant(tenant)
