@@ -201,7 +201,8 @@ def thread_history(runtime: Runtime, record: store.ThreadRecord, limit: int) -> 
             break
         if not turn.is_terminal:
             continue
-        owned = [positions[m.id] for m in turn.messages if m.id in positions]
+        loaded = runtime.turn_store.load(turn.id)  # listings leave the messages out
+        owned = [positions[m.id] for m in loaded.messages if m.id in positions]
         if not owned:
             continue
         upto = messages[: max(owned) + 1]
