@@ -47,7 +47,7 @@ def test_the_core_flow_runs_on_celery_workers(server: ApiServer) -> None:
         thread_id = client.threads.create()["thread_id"]
         modes: Any = ["values", "messages-tuple"]
         received: list[StreamPart] = []
-        stream = client.runs.stream(
+        stream = any_client.runs.stream(
             thread_id, "writer", input={"messages": [{"role": "user", "content": "story 20"}]}, stream_mode=modes
         )
         assert isinstance(stream, Generator)
