@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from store._engine import make_engine
 from store.chat_memory import SqlChatMemory, SqlChatMemoryProvider
+from store.crons import CronRecord, CronRecords
 from store.idempotency import IdempotencyKeys, IdempotencyRecord, IdempotencyStatus
 from store.inbox import Inbox, InboxMessage, InboxStatus
 from store.migrations import SchemaVersionError, check_schema, migrate
@@ -48,6 +49,8 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     # SQL backends
+    "CronRecord",
+    "CronRecords",
     "IdempotencyKeys",
     "IdempotencyRecord",
     "IdempotencyStatus",

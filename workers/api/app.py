@@ -18,6 +18,7 @@ from workers.api.errors import ApiError, install_error_handlers
 from workers.api.events import router as events_router
 from workers.api.guard import RequestGuard
 from workers.api.langgraph import router as langgraph_router
+from workers.api.langgraph import start_cron_scheduler, stop_cron_scheduler
 from workers.api.models import ErrorResponse, HealthView, ReadyView
 from workers.api.routes import router
 from workers.api.runtime import Runtime, build_runtime
@@ -84,9 +85,11 @@ def create_app(
         runtime: Runtime = await run_in_threadpool(build_runtime, final, agents)
         app.state.runtime = runtime
         await run_in_threadpool(runtime.start)
+        await run_in_threadpool(start_cron_scheduler, app)
         try:
             yield
         finally:
+            await run_in_threadpool(stop_cron_scheduler, app)
             await run_in_threadpool(runtime.stop)
 
     app = FastAPI(

@@ -7,11 +7,13 @@ thread a conversation, a run a turn, an interrupt a suspension (see docs/langgra
 
 from fastapi import APIRouter
 
-from workers.api.langgraph import assistants, runs, threads
+from workers.api.langgraph import assistants, crons, runs, threads
+from workers.api.langgraph.crons import start_cron_scheduler, stop_cron_scheduler
 
 router = APIRouter()
 router.include_router(assistants.router)
 router.include_router(threads.router)
 router.include_router(runs.router)
+router.include_router(crons.router)
 
-__all__ = ["router"]
+__all__ = ["router", "start_cron_scheduler", "stop_cron_scheduler"]
