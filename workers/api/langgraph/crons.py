@@ -26,7 +26,7 @@ from workers.api.errors import ApiError, InvalidRequest
 from workers.api.langgraph.mapping import NotSupported, input_text
 from workers.api.langgraph.models import CronCreate, CronSearch
 from workers.api.langgraph.runs import RollbackNotSupported
-from workers.api.langgraph.threads import RecordsDep, ThreadId, load_thread
+from workers.api.langgraph.threads import RecordsDep, ThreadId, app_backend, load_thread
 from workers.api.routes import RuntimeDep, TenantDep, get_tenant
 from workers.api.runtime import Runtime
 from workers.api.tenancy import Tenant
@@ -51,12 +51,8 @@ class CronNotFound(ApiError):
 
 
 def cron_records(request: Request) -> store.CronRecords:
-    """The cron records of the server's database (made once per application)."""
-    records: store.CronRecords | None = getattr(request.app.state, "cron_records", None)
-    if records is None:
-        runtime: Runtime = request.app.state.runtime
-        records = request.app.state.cron_records = store.CronRecords(runtime.engine)
-    return records
+    """The cron records of the server's database."""
+    return app_backend(request, "cron_records", store.CronRecords)
 
 
 CronsDep = Annotated[store.CronRecords, Depends(cron_records)]

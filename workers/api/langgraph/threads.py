@@ -12,12 +12,13 @@ its turns, their events and the conversation's messages are kept as the audit re
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 from fastapi import APIRouter, Depends, Path, Query, Request
 from fastapi.responses import JSONResponse, Response
+from sqlalchemy import Engine
 from starlette.concurrency import run_in_threadpool
 
 import store
@@ -44,6 +45,8 @@ ThreadId = Annotated[str, Path(pattern=ID_PATTERN, max_length=128, description="
 
 router = APIRouter(tags=["langgraph"], dependencies=[Depends(get_tenant)])
 
+Backend = TypeVar("Backend")
+
 
 class ThreadNotFound(ApiError):
     """No such thread for this tenant (404)."""
@@ -59,13 +62,19 @@ class ThreadExists(ApiError):
         super().__init__(409, f"thread {thread_id!r} already exists", type_name="ThreadExists")
 
 
-def thread_records(request: Request) -> store.ThreadRecords:
-    """The thread records of the server's database (made once per application)."""
-    records: store.ThreadRecords | None = getattr(request.app.state, "thread_records", None)
-    if records is None:
+def app_backend(request: Request, name: str, make: Callable[[Engine], Backend]) -> Backend:
+    """A SQL backend on the server's engine, made on first use and kept in the application's state as `name`."""
+    backend: Backend | None = getattr(request.app.state, name, None)
+    if backend is None:
         runtime: Runtime = request.app.state.runtime
-        records = request.app.state.thread_records = store.ThreadRecords(runtime.engine)
-    return records
+        backend = make(runtime.engine)
+        setattr(request.app.state, name, backend)
+    return backend
+
+
+def thread_records(request: Request) -> store.ThreadRecords:
+    """The thread records of the server's database."""
+    return app_backend(request, "thread_records", store.ThreadRecords)
 
 
 RecordsDep = Annotated[store.ThreadRecords, Depends(thread_records)]
