@@ -8,10 +8,9 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.api_server import ApiServer, running_server
+from tests.integration.langgraph.langgraph_agents import AGENTS
 
 pytestmark = pytest.mark.integration
-
-AGENTS = "tests.integration.langgraph.langgraph_agents:build_loader"
 
 
 @pytest.fixture(scope="module")

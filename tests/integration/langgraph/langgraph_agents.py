@@ -13,6 +13,9 @@ import time
 from agent_runner import Agent, AiMessage, ChatRequest, InMemoryAgentLoader, ScriptedChatModel, UserMessage
 from tests.integration.api import api_agents
 
+AGENTS = f"{__name__}:build_loader"
+"""What `agent-runner serve --agents` takes to serve these agents."""
+
 WORD_PAUSE_S = 0.05
 
 

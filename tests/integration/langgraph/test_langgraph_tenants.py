@@ -12,7 +12,7 @@ import pytest
 from langgraph_sdk import get_sync_client
 
 from tests.helpers.api_server import ApiServer, running_server
-from tests.integration.langgraph.conftest import AGENTS
+from tests.integration.langgraph.langgraph_agents import AGENTS
 
 pytestmark = pytest.mark.integration
 
