@@ -14,8 +14,7 @@ from langgraph_sdk.schema import StreamPart
 from tests.conftest import TEST_REDIS_URL
 from tests.helpers.api_server import ApiServer
 from tests.integration.celery_workers.celery_cluster import Cluster, cluster_env, delete_prefix
-from tests.integration.langgraph.langgraph_agents import AGENTS
-from tests.integration.langgraph.langgraph_agents import story
+from tests.integration.langgraph.langgraph_agents import AGENTS, story
 
 pytestmark = pytest.mark.integration
 
