@@ -159,17 +159,18 @@ def test_form_and_approval_interrupts_show_in_the_state_and_resume_with_commands
     assert request["name"] == "open_ticket"
     assert request["args"] == {"system": "db", "scope": "ALL_USERS", "api_token": "***"}
     assert approval["value"]["review_configs"] == [
-        {"action_name": "open_ticket", "allowed_decisions": ["approve", "reject"]}
+        {"action_name": "open_ticket", "allowed_decisions": ["approve", "edit", "reject"]}
     ]
     assert client.threads.get_state(thread_id)["interrupts"] == [approval]
-    # An edit decision is not supported (typed 501); an unknown one is a 422
-    with pytest.raises(httpx.HTTPStatusError) as edit:
-        client.runs.wait(
-            thread_id,
-            "desk",
-            command={"resume": {"decisions": [{"type": "edit", "edited_action": {"name": "open_ticket", "args": {}}}]}},
-        )
-    assert edit.value.response.status_code == 501
+    # An edit whose arguments fail the tool's schema is a 422 naming the field; nothing changes
+    bad_edit = {"name": "open_ticket", "args": {"system": "db", "scope": "EVERYONE", "api_token": "***"}}
+    error = refused(
+        lambda: client.runs.wait(
+            thread_id, "desk", command={"resume": {"decisions": [{"type": "edit", "edited_action": bad_edit}]}}
+        ),
+        422,
+    )
+    assert [d["path"] for d in error["details"]] == ["/scope"]
     refused(lambda: client.runs.wait(thread_id, "desk", command={"resume": {"decisions": [{"type": "maybe"}]}}), 422)
     # A reject with a message reaches the model, which answers; the run is the same turn
     run_id = client.runs.list(thread_id)[0]["run_id"]
@@ -192,6 +193,29 @@ def test_approve_decision_runs_the_recorded_call(client: Client) -> None:
     client.runs.wait(thread_id, "desk", command={"resume": {"system": "mail", "scope": "ONE_USER"}})
     final = client.runs.wait(thread_id, "desk", command={"resume": {"decisions": [{"type": "approve"}]}})
     assert final["messages"][-1]["content"] == "opened TICKET-mail-ONE_USER"
+
+
+def test_edit_decision_runs_the_edited_call_and_keeps_masked_arguments(client: Client, server: ApiServer) -> None:
+    thread_id = client.threads.create()["thread_id"]
+    client.runs.wait(thread_id, "desk", input=user("ticket"))
+    waiting = client.runs.wait(thread_id, "desk", command={"resume": {"system": "mail", "scope": "ONE_USER"}})
+    shown = waiting["__interrupt__"][0]["value"]["action_requests"][0]["args"]
+    # When a person widens the scope, sending the masked token back as it was shown
+    edited = {"name": "open_ticket", "args": {**shown, "scope": "ALL_USERS"}}
+    final = client.runs.wait(
+        thread_id,
+        "desk",
+        command={"resume": {"decisions": [{"type": "edit", "edited_action": edited}]}},
+        metadata={"decided_by": "ops-lead", "reason": "it hits everyone"},
+    )
+    # Then the edited call ran (the model was not asked again) and the answer follows from it
+    assert final["messages"][-1]["content"] == "opened TICKET-mail-ALL_USERS"
+    assert final["messages"][-2]["type"] == "tool" and final["messages"][-2]["content"] == "TICKET-mail-ALL_USERS"
+    # And the decision is recorded with who and why
+    with httpx.Client(base_url=server.url) as raw:
+        cards = raw.get(f"/v1/conversations/{thread_id}/messages").json()["items"]
+    (card,) = [item for item in cards if item["role"] == "agent_action"]
+    assert (card["status"], card["decided_by"], card["reason"]) == ("APPROVED", "ops-lead", "it hits everyone")
 
 
 def test_join_stream_with_last_event_id_misses_and_repeats_nothing(client: Client) -> None:

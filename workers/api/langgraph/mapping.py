@@ -33,7 +33,7 @@ from agent_runner import (
     UserMessage,
 )
 from workers.api.errors import ApiError, InvalidRequest
-from workers.views import ArgumentMask, agent_mask
+from workers.views import MASK, ArgumentMask, agent_mask
 
 S = AgentTurnStatus
 
@@ -45,8 +45,8 @@ WAITING_FOR_A_PERSON = frozenset({S.WAITING_FOR_USER, S.WAITING_FOR_APPROVAL})
 
 FAILED = frozenset({S.FAILED, S.MAX_ITERATIONS_REACHED, S.MAX_STEPS_REACHED, S.BUDGET_EXCEEDED})
 
-APPROVAL_DECISIONS = ("approve", "reject")
-"""The decisions an approval interrupt allows (`edit` is answered 501: see `resume_command`)."""
+APPROVAL_DECISIONS = ("approve", "edit", "reject")
+"""The decisions an approval interrupt allows."""
 
 
 class NotSupported(ApiError):
@@ -267,18 +267,20 @@ def input_text(value: Any, history: Sequence[AnyMessage]) -> str:
 # --- Resume -----------------------------------------------------------------------------------
 
 
-def resume_command(turn: AgentTurn, resume: Any, metadata: dict[str, Any]) -> AgentResumeCommand:
+def resume_command(turn: AgentTurn, agent: Agent | None, resume: Any, metadata: dict[str, Any]) -> AgentResumeCommand:
     """The resume command of a `command.resume` value for the turn's pending interrupt.
 
     - a form: the form data (an object), checked against the frozen schema by the runner;
-    - an approval: `{"decisions": [{"type": "approve"} | {"type": "reject", "message": ...}]}`;
+    - an approval: `{"decisions": [decision]}` with `{"type": "approve"}`, `{"type":
+      "reject", "message": ...}` or `{"type": "edit", "edited_action": {"name", "args"}}`
+      (the arguments are checked against the tool's schema by the runner; an argument the
+      interrupt showed masked and that comes back as `"***"` keeps its recorded value);
     - a plain question: the answer text.
 
     A value keyed by the interrupt id (`{interrupt_id: value}`) is accepted too.
 
     Raises:
         InvalidRequest: The value does not fit the interrupt (422).
-        NotSupported: An `edit` decision (501).
     """
     suspension = turn.suspension
     if suspension is None or turn.status not in WAITING_FOR_A_PERSON:
@@ -290,13 +292,13 @@ def resume_command(turn: AgentTurn, resume: Any, metadata: dict[str, Any]) -> Ag
     interrupt_id = suspension.correlation_id or turn.id
     if isinstance(resume, dict) and set(resume) == {interrupt_id}:
         resume = resume[interrupt_id]
-    command = _command_for(turn, resume)
+    command = _command_for(turn, agent, resume)
     for key, value in metadata.items():
         command = command.with_metadata(key, value)
     return command
 
 
-def _command_for(turn: AgentTurn, resume: Any) -> AgentResumeCommand:
+def _command_for(turn: AgentTurn, agent: Agent | None, resume: Any) -> AgentResumeCommand:
     suspension = turn.suspension
     assert suspension is not None
     call_id = suspension.correlation_id
@@ -312,7 +314,7 @@ def _command_for(turn: AgentTurn, resume: Any) -> AgentResumeCommand:
                 raise InvalidRequest("a reject decision's message must be a non-empty string", path="/command/resume")
             return AgentResumeCommand.reject_tool(call_id, message or "rejected by the user")
         if kind == "edit":
-            raise NotSupported("the edit decision (changing a tool call's arguments before it runs)")
+            return AgentResumeCommand.edit_tool(call_id, _edited_arguments(turn, agent, call_id, decision))
         raise InvalidRequest(
             f"a decision's type must be one of {', '.join(APPROVAL_DECISIONS)}, not {kind!r}",
             path="/command/resume/decisions/0/type",
@@ -324,6 +326,27 @@ def _command_for(turn: AgentTurn, resume: Any) -> AgentResumeCommand:
     if not isinstance(resume, str) or not resume:
         raise InvalidRequest("a question resumes with the answer text (a non-empty string)", path="/command/resume")
     return AgentResumeCommand.user_input(resume)
+
+
+def _edited_arguments(turn: AgentTurn, agent: Agent | None, call_id: str, decision: dict[str, Any]) -> dict[str, Any]:
+    path = "/command/resume/decisions/0/edited_action"
+    action = decision.get("edited_action")
+    if not isinstance(action, dict) or not isinstance(action.get("args"), dict):
+        raise InvalidRequest('an edit decision needs edited_action {"name", "args": {...}}', path=path)
+    call = next((c for c in turn.pending_tool_calls if c.id == call_id), None)
+    if call is None:
+        raise InvalidRequest(f"tool call {call_id!r} is no longer pending", path=path)
+    if action.get("name", call.name) != call.name:
+        raise InvalidRequest(
+            f"an edit changes the arguments of {call.name!r}, not which tool is called", path=f"{path}/name"
+        )
+    tool = agent.tool(call.name) if agent is not None else None
+    hidden = set(getattr(tool, "sensitive", ()))
+    args: dict[str, Any] = action["args"]
+    return {
+        name: call.arguments[name] if name in hidden and value == MASK and name in call.arguments else value
+        for name, value in args.items()
+    }
 
 
 def _single_decision(resume: Any) -> dict[str, Any]:

@@ -211,7 +211,7 @@ def _resume(runtime: Runtime, thread: store.ThreadRecord, body: RunCreate) -> St
             path="/assistant_id",
         )
     metadata = {"channel": "langgraph", **body.metadata}
-    command = resume_command(active, body.command.resume, metadata)
+    command = resume_command(active, find_agent(runtime.agent_loader, active), body.command.resume, metadata)
     after = tree_end(runtime, active.root_turn_id)
     turn = runtime.runner.submit_resume(active.id, command)
     return StartedRun(thread, turn.id, turn, after, body.multitask_strategy)
