@@ -357,3 +357,26 @@ def test_unsupported_options_and_bad_input_are_typed_errors(client: Client, serv
     with httpx.Client(base_url=server.url) as raw:
         answer = raw.post(f"/threads/{thread_id}/runs", json={"assistant_id": "desk", "surprise": 1})
         assert answer.status_code == 422 and answer.json()["error"]["details"][0]["path"] == "/surprise"
+
+
+def test_custom_mode_streams_tool_progress_and_tool_messages_come_in_messages_mode(client: Client) -> None:
+    thread_id = client.threads.create()["thread_id"]
+    parts = list(
+        client.runs.stream(thread_id, "writer", input=user("count 3"), stream_mode=["custom", "messages-tuple"])
+    )
+    assert [p.data for p in parts if p.event == "custom"] == [{"step": 1}, {"step": 2}, {"step": 3}]
+    messages = [p.data[0] for p in parts if p.event == "messages"]
+    assert [(m["type"], m["content"]) for m in messages] == [("ai", ""), ("tool", "counted 3"), ("ai", "counted 3")]
+    assert messages[1]["tool_call_id"] == "count-1" and parts[-1].event == "end"
+
+
+def test_a_failed_run_sends_an_error_event_and_the_thread_is_in_error(client: Client) -> None:
+    thread_id = client.threads.create()["thread_id"]
+    parts = list(client.runs.stream(thread_id, "writer", input=user("fail"), stream_mode="values"))
+    assert [p.event for p in parts][-2:] == ["error", "end"]
+    assert parts[-2].data["error"] == "TURN_FAILED" and "cannot write that" in parts[-2].data["message"]
+    assert client.threads.get(thread_id)["status"] == "error"
+    assert client.runs.list(thread_id)[0]["status"] == "error"
+    waited = client.runs.wait(thread_id, "writer", input=user("fine now"))
+    assert waited["messages"][-1]["content"] == "wrote: fine now"
+    assert client.threads.get(thread_id)["status"] == "idle"
