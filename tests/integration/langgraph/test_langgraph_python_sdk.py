@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from collections.abc import Callable, Generator, Iterator
 from typing import Any
@@ -138,6 +139,10 @@ def test_form_and_approval_interrupts_show_in_the_state_and_resume_with_commands
     (interrupt,) = parts[2].data["__interrupt__"]
     # Then the thread is interrupted, and its state carries the frozen schema
     assert client.threads.get(thread_id)["status"] == "interrupted"
+    # A client that joins after the interrupt went out gets the end of the run's stream at once
+    time.sleep(1.2)
+    run_id = parts[0].data["run_id"]
+    assert [p.event for p in client.runs.join_stream(thread_id, run_id, last_event_id=parts[2].id)] == ["end"]
     state = client.threads.get_state(thread_id)
     assert state["next"] == ["tools"] and state["interrupts"] == [interrupt]
     assert state["tasks"][0]["interrupts"] == [interrupt]

@@ -484,7 +484,9 @@ async def join_stream(
     """The run's stream from its start, or after `Last-Event-ID` (nothing missed, nothing repeated)."""
     if cancel_on_disconnect:
         raise NotSupported("cancel_on_disconnect")
-    modes = list(dict.fromkeys(stream_mode or ["values", "updates", "messages-tuple", "custom"]))
+    # The SDKs send an empty `stream_mode=` when none was chosen: every supported mode then.
+    chosen = [mode for mode in stream_mode or [] if mode]
+    modes = list(dict.fromkeys(chosen or ["values", "updates", "messages-tuple", "custom"]))
     unsupported = [mode for mode in modes if mode not in SUPPORTED_MODES]
     if unsupported:
         raise NotSupported(f"stream_mode {', '.join(unsupported)} (supported: {', '.join(SUPPORTED_MODES)})")

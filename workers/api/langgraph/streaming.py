@@ -39,6 +39,7 @@ from agent_runner import (
     ToolMessage,
     TurnNotFound,
 )
+from agent_runner._base import utcnow
 from workers.api.events import follow_tree
 from workers.api.langgraph.mapping import (
     WAITING_FOR_A_PERSON,
@@ -53,6 +54,9 @@ from workers.views import ArgumentMask, catalog_mask, find_agent
 E = AgentEventType
 
 SUPPORTED_MODES = ("values", "updates", "messages-tuple", "messages", "custom")
+
+SETTLED_S = 1.0
+"""How long a run must have waited for a person before a stream that read no interrupt ends on it."""
 
 HISTORY_MESSAGES = 10_000
 
@@ -99,6 +103,18 @@ class RunTranslator:
         if fresh or turn_id not in self._turns:
             self._turns[turn_id] = self.runtime.turn_store.load(turn_id)
         return self._turns[turn_id]
+
+    def waits_since_before(self, seconds: float) -> bool:
+        """Whether the root turn has been waiting for a person for more than `seconds`.
+
+        A stream that joins after the interrupt went out reads no suspension event; it ends
+        on this. The margin covers a suspension saved but not readable yet (PostgreSQL),
+        which the stream will still read and send.
+        """
+        turn = self.runtime.turn_store.load(self.root_id)
+        if turn.status not in WAITING_FOR_A_PERSON:
+            return False
+        return (utcnow() - turn.updated_at).total_seconds() > seconds
 
     def _namespace(self, event: AgentEvent) -> str | None:
         """'' for the root, `<agent>:<turn>` for a child turn, None when children are not streamed."""
@@ -241,13 +257,17 @@ async def run_stream(
         if metadata is not None:
             yield sse("metadata", metadata)
         batch: list[AgentEvent] | None = first
+        quiet_start = not first
         while batch is not None:
-            if not batch:
-                yield ": heartbeat\n\n"
-            else:
+            if batch:
                 yield await run_sync(_render, translator, batch)
                 if translator.waiting or translator.failed:
                     break
+            elif await run_sync(translator.waits_since_before, SETTLED_S):
+                break  # joined after the interrupt was sent: the run is over for now
+            elif not quiet_start:
+                yield ": heartbeat\n\n"
+            quiet_start = False
             batch = await anext(batches, None)
         yield sse("end", None)
     finally:
