@@ -385,3 +385,17 @@ def test_a_failed_run_sends_an_error_event_and_the_thread_is_in_error(client: Cl
     waited = client.runs.wait(thread_id, "writer", input=user("fine now"))
     assert waited["messages"][-1]["content"] == "wrote: fine now"
     assert client.threads.get(thread_id)["status"] == "idle"
+
+
+def test_parts_of_the_protocol_not_offered_answer_501_naming_them(client: Client) -> None:
+    thread_id = client.threads.create(metadata={"count": "me"})["thread_id"]
+    assert client.threads.count(metadata={"count": "me"}) == 1
+    calls = {
+        "copying a thread": lambda: client.threads.copy(thread_id),
+        "the key-value store": lambda: client.store.put_item(["ns"], "key", {"v": 1}),
+        "cancelling several runs at once": lambda: client.runs.cancel_many(thread_id=thread_id, run_ids=["r"]),
+        "deleting an assistant": lambda: client.assistants.delete("desk"),
+    }
+    for what, call in calls.items():
+        error = refused(call, 501)
+        assert error["type"] == "NotSupported" and what in error["message"]

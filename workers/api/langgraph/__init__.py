@@ -7,7 +7,7 @@ thread a conversation, a run a turn, an interrupt a suspension (see docs/langgra
 
 from fastapi import APIRouter
 
-from workers.api.langgraph import assistants, crons, runs, threads
+from workers.api.langgraph import assistants, crons, runs, threads, unsupported
 from workers.api.langgraph.crons import start_cron_scheduler, stop_cron_scheduler
 
 router = APIRouter()
@@ -15,5 +15,6 @@ router.include_router(assistants.router)
 router.include_router(threads.router)
 router.include_router(runs.router)
 router.include_router(crons.router)
+router.include_router(unsupported.router)
 
 __all__ = ["router", "start_cron_scheduler", "stop_cron_scheduler"]
