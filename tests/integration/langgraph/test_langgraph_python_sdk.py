@@ -399,3 +399,13 @@ def test_parts_of_the_protocol_not_offered_answer_501_naming_them(client: Client
     for what, call in calls.items():
         error = refused(call, 501)
         assert error["type"] == "NotSupported" and what in error["message"]
+
+
+def test_messages_mode_sends_partial_then_complete_messages(client: Client) -> None:
+    thread_id = client.threads.create()["thread_id"]
+    parts = list(client.runs.stream(thread_id, "writer", input=user("story 5"), stream_mode="messages"))
+    events = [p.event for p in parts]
+    assert events[1] == "messages/metadata" and events[-2] == "messages/complete"
+    partials = [p.data[0]["content"] for p in parts if p.event == "messages/partial"]
+    assert partials == [story(n) for n in range(1, 6)]
+    assert parts[-2].data[0]["content"] == story(5) and parts[-2].data[0]["type"] == "ai"

@@ -6,8 +6,10 @@ Each `AgentEvent` of the tree becomes zero or more parts, in the stream modes as
   end of the turn (`{"messages": [...]}`), and `{"__interrupt__": [...]}` when it waits;
 - `updates`: `{"model": {"messages": [ai]}}`, `{"tools": {"messages": [tool]}}` and
   `{"__interrupt__": [...]}`;
-- `messages-tuple` (also `messages`): `[message chunk, metadata]`: each MODEL_DELTA as an
-  `AIMessageChunk`, a whole answer that streamed no deltas, each tool message;
+- `messages-tuple`: `[message chunk, metadata]`: each MODEL_DELTA as an `AIMessageChunk`,
+  a whole answer that streamed no deltas, each tool message;
+- `messages`: `messages/metadata` once per message, `messages/partial` with the answer so
+  far at each delta, `messages/complete` with each whole AI or tool message;
 - `custom`: the data a tool reports with `report_progress`.
 
 Child turns (sub-agents) appear only with `stream_subgraphs`, under the namespace
@@ -95,6 +97,8 @@ class RunTranslator:
         self._turns: dict[str, AgentTurn] = {}
         self._upto: dict[str, int] = {}
         self._streamed: set[str] = set()
+        self._partial: dict[str, str] = {}
+        self._named: set[str] = set()
         self.waiting = False
         """The root turn waits for a person: the run is over for now."""
         self.failed = False
@@ -149,11 +153,7 @@ class RunTranslator:
         data = event.data
         modes = self.modes
         if event.type is E.MODEL_DELTA:
-            self._streamed.add(event.turn_id)
-            if modes & {"messages-tuple", "messages"} and isinstance(data.get("delta"), str):
-                chunk = message_chunk(f"{event.turn_id}:{self._upto.get(event.turn_id, 0)}", data["delta"])
-                parts.append(("messages", [chunk, self._metadata(event)]))
-            return parts
+            return self._delta(event)
         if event.type is E.TOOL_PROGRESS:
             if "custom" in modes:
                 parts.append(("custom", data.get("progress")))
@@ -173,19 +173,54 @@ class RunTranslator:
             parts.append(("values", self._values(turn, position)))
         message = turn.messages[position] if position < len(turn.messages) else None
         if event.type in (E.MODEL_RESPONSE, E.TOOL_COMPLETED) and message is not None:
-            shown = langchain_message(message, self.mask)
-            if "updates" in modes:
-                node = "model" if event.type is E.MODEL_RESPONSE else "tools"
-                parts.append(("updates", {node: {"messages": [shown]}}))
-            streamed = event.type is E.MODEL_RESPONSE and event.turn_id in self._streamed
-            if modes & {"messages-tuple", "messages"} and not streamed:
-                parts.append(("messages", [shown, self._metadata(event)]))
+            parts.extend(self._message_parts(event, message))
         if event.type is E.MODEL_RESPONSE:
             self._streamed.discard(event.turn_id)
+            self._partial.pop(event.turn_id, None)
         if event.type.is_terminal and event.turn_id == self.root_id and event.type is not E.TURN_COMPLETED:
             self.failed = True
             parts.append(("error", {"error": event.type.value, "message": turn.error or event.type.value}))
         return parts
+
+    def _delta(self, event: AgentEvent) -> list[tuple[str, Any]]:
+        """The parts of a token delta: a chunk (`messages-tuple`), the answer so far (`messages`)."""
+        self._streamed.add(event.turn_id)
+        delta = event.data.get("delta")
+        if not isinstance(delta, str):
+            return []
+        parts: list[tuple[str, Any]] = []
+        chunk_id = f"{event.turn_id}:{self._upto.get(event.turn_id, 0)}"
+        if "messages-tuple" in self.modes:
+            parts.append(("messages", [message_chunk(chunk_id, delta), self._metadata(event)]))
+        if "messages" in self.modes:
+            so_far = self._partial[event.turn_id] = self._partial.get(event.turn_id, "") + delta
+            parts.extend(self._announced(chunk_id, event))
+            parts.append(("messages/partial", [{**message_chunk(chunk_id, so_far), "type": "ai"}]))
+        return parts
+
+    def _message_parts(self, event: AgentEvent, message: AnyMessage) -> list[tuple[str, Any]]:
+        """The parts of a new AI or tool message in the `updates`, `messages-tuple` and `messages` modes."""
+        shown = langchain_message(message, self.mask)
+        if shown is None:
+            return []
+        parts: list[tuple[str, Any]] = []
+        if "updates" in self.modes:
+            node = "model" if event.type is E.MODEL_RESPONSE else "tools"
+            parts.append(("updates", {node: {"messages": [shown]}}))
+        streamed = event.type is E.MODEL_RESPONSE and event.turn_id in self._streamed
+        if "messages-tuple" in self.modes and not streamed:
+            parts.append(("messages", [shown, self._metadata(event)]))
+        if "messages" in self.modes:
+            parts.extend(self._announced(str(shown["id"]), event))
+            parts.append(("messages/complete", [shown]))
+        return parts
+
+    def _announced(self, message_id: str, event: AgentEvent) -> list[tuple[str, Any]]:
+        """The `messages/metadata` part of a message the `messages` mode has not named yet."""
+        if message_id in self._named:
+            return []
+        self._named.add(message_id)
+        return [("messages/metadata", {message_id: {"metadata": self._metadata(event)}})]
 
     def _position(self, turn: AgentTurn, event: AgentEvent) -> int | None:
         """Index of the last message of the state after `event` in `turn.messages`."""
