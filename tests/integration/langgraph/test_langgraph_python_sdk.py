@@ -409,3 +409,25 @@ def test_messages_mode_sends_partial_then_complete_messages(client: Client) -> N
     partials = [p.data[0]["content"] for p in parts if p.event == "messages/partial"]
     assert partials == [story(n) for n in range(1, 6)]
     assert parts[-2].data[0]["content"] == story(5) and parts[-2].data[0]["type"] == "ai"
+
+
+def test_on_disconnect_cancel_ends_the_run_when_the_client_leaves(client: Client) -> None:
+    thread_id = client.threads.create()["thread_id"]
+    stream = client.runs.stream(
+        thread_id, "writer", input=user("story 200"), stream_mode="messages-tuple", on_disconnect="cancel"
+    )
+    run_id = ""
+    for part in stream:
+        run_id = part.data["run_id"] if part.event == "metadata" else run_id
+        if part.event == "messages":
+            break
+    stream.close()
+    deadline = time.monotonic() + 20
+    while client.runs.get(thread_id, run_id)["status"] != "interrupted" and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert client.runs.get(thread_id, run_id)["status"] == "interrupted"
+    # Without it (the default), a client that leaves does not end the run
+    kept = client.runs.stream(thread_id, "writer", input=user("story 10"), stream_mode="messages-tuple")
+    kept_id = next(p.data["run_id"] for p in kept if p.event == "metadata")
+    kept.close()
+    assert client.runs.join(thread_id, kept_id)["messages"][-1]["content"] == story(10)

@@ -288,6 +288,7 @@ async def _stream_response(
     *,
     fresh: bool,
     headers: dict[str, str],
+    cancel_on_disconnect: bool = False,
 ) -> StreamingResponse:
     async def body() -> AsyncIterator[str]:
         root = turn
@@ -296,7 +297,8 @@ async def _stream_response(
             root = await _started_turn(runtime, thread, run_id)
         translator = await run_in_threadpool(RunTranslator, runtime, root, thread.thread_id, modes, subgraphs)
         metadata = {"run_id": root.id, "attempt": 1} if fresh else None
-        async for chunk in run_stream(runtime, translator, after, metadata=metadata):
+        stream = run_stream(runtime, translator, after, metadata=metadata, cancel_on_disconnect=cancel_on_disconnect)
+        async for chunk in stream:
             yield chunk
 
     chunks = body()
@@ -347,6 +349,7 @@ async def _create_stream(
         started.after,
         fresh=True,
         headers={"Content-Location": location, "Location": f"{location}/stream"},
+        cancel_on_disconnect=body.on_disconnect == "cancel",
     )
 
 
@@ -482,8 +485,6 @@ async def join_stream(
     ] = None,
 ) -> StreamingResponse:
     """The run's stream from its start, or after `Last-Event-ID` (nothing missed, nothing repeated)."""
-    if cancel_on_disconnect:
-        raise NotSupported("cancel_on_disconnect")
     # The SDKs send an empty `stream_mode=` when none was chosen: every supported mode then.
     chosen = [mode for mode in stream_mode or [] if mode]
     modes = list(dict.fromkeys(chosen or ["values", "updates", "messages-tuple", "custom"]))
@@ -503,6 +504,7 @@ async def join_stream(
         last_event_id or None,
         fresh=not last_event_id,
         headers={"Content-Location": location, "Location": f"{location}/stream"},
+        cancel_on_disconnect=cancel_on_disconnect,
     )
 
 

@@ -26,14 +26,17 @@ event names, so a replay shows the same values as the live stream did.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
+from anyio import CancelScope
 from anyio.to_thread import run_sync
 
 from agent_runner import (
     AgentEvent,
     AgentEventType,
+    AgentRunnerError,
     AgentTurn,
     AiMessage,
     AnyMessage,
@@ -55,7 +58,11 @@ from workers.views import ArgumentMask, catalog_mask, find_agent
 
 E = AgentEventType
 
+logger = logging.getLogger("workers.api")
+
 SUPPORTED_MODES = ("values", "updates", "messages-tuple", "messages", "custom")
+
+DISCONNECT_REASON = "the client left the run's stream (on_disconnect=cancel)"
 
 SETTLED_S = 1.0
 """How long a run must have waited for a person before a stream that read no interrupt ends on it."""
@@ -279,15 +286,19 @@ async def run_stream(
     after: str | None,
     *,
     metadata: dict[str, Any] | None,
+    cancel_on_disconnect: bool = False,
 ) -> AsyncIterator[str]:
     """The SSE text of a run's stream from the cursor `after` (see the module docstring).
 
     `metadata` (the `metadata` part) is sent first when given: on a new stream, not on a
     reconnect. The first read happens on the first `anext`, so a bad cursor raises there.
+    With `cancel_on_disconnect`, a client that goes away before the end cancels the run.
     """
     batches: AsyncGenerator[list[AgentEvent], None] = follow_tree(runtime, translator.root_id, after)
+    opened = ended = False
     try:
         first = await anext(batches)
+        opened = True
         yield ": stream open\n\n"
         if metadata is not None:
             yield sse("metadata", metadata)
@@ -304,9 +315,22 @@ async def run_stream(
                 yield ": heartbeat\n\n"
             quiet_start = False
             batch = await anext(batches, None)
+        ended = True
         yield sse("end", None)
     finally:
         await batches.aclose()
+        if cancel_on_disconnect and opened and not ended:
+            # The response is being torn down (the client left): finish the cancel anyway.
+            with CancelScope(shield=True):
+                await run_sync(_cancel_left_run, runtime, translator.root_id)
+
+
+def _cancel_left_run(runtime: Runtime, turn_id: str) -> None:
+    try:
+        if not runtime.turn_store.get_ref(turn_id).status.is_terminal:
+            runtime.runner.cancel(turn_id, DISCONNECT_REASON)
+    except AgentRunnerError as exc:
+        logger.warning("could not cancel run %s after its client left: %s", turn_id, exc)
 
 
 def _render(translator: RunTranslator, batch: list[AgentEvent]) -> str:
