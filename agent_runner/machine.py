@@ -848,21 +848,13 @@ def _resume_edit(
             turn_id=turn.id,
             errors=errors,
         )
-    # The decision (who, when, why) goes on the call's card like an approval's; the
-    # TURN_RESUMED event records that it was an edit.
-    actions = _decide_action(turn, call.id, ActionStatus.APPROVED, command, now, noted_reason(command))
+    # Then it is an approval of the edited call: the decision (who, when, why) goes on the
+    # call's card like any approval's, and the TURN_RESUMED event records that it was an edit.
     edited = call.model_copy(update={"arguments": arguments})
-    return transition(
-        turn,
-        S.RUNNING,
-        now,
-        suspension=None,
-        phase=Phase.TOOLS,
-        pending_tool_calls=[edited if c.id == call.id else c for c in turn.pending_tool_calls],
-        approved_call_ids=[*turn.approved_call_ids, call.id],
-        started_call_ids=[c for c in turn.started_call_ids if c != call.id],
-        page_actions=actions,
+    with_edit = turn.model_copy(
+        update={"pending_tool_calls": [edited if c.id == call.id else c for c in turn.pending_tool_calls]}
     )
+    return _decide_approval(with_edit, edited, True, command, now)
 
 
 def _decide_approval(
