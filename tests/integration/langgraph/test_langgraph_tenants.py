@@ -74,3 +74,10 @@ def test_tenants_share_thread_ids_without_meeting(a: Any, b: Any) -> None:
     assert hidden.value.response.status_code == 404
     assert only_a not in {t["thread_id"] for t in b.threads.search(limit=1000)}
     assert only_a in {t["thread_id"] for t in a.threads.search(limit=1000)}
+
+
+def test_the_x_api_key_header_works_on_the_v1_routes_too(server: ApiServer) -> None:
+    with httpx.Client(base_url=server.url) as raw:
+        assert raw.get("/v1/turns", headers={"x-api-key": KEY_A}).status_code == 200
+        assert raw.get("/v1/turns", headers={"x-api-key": "nope"}).status_code == 401
+        assert raw.get("/v1/turns").status_code == 401
