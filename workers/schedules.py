@@ -54,7 +54,7 @@ from agent_runner import (
 )
 from agent_runner._base import utcnow
 from agent_runner.agent import AGENT_ID_PATTERN
-from store import Inbox
+from store import CronRecords, Inbox
 from workers.settings import SettingsError
 
 logger = logging.getLogger("workers.schedules")
@@ -611,3 +611,20 @@ def _cron_search(fields: _CronFields, zone: ZoneInfo, origin: datetime, *, forwa
         if abs(wall - local) > _SEARCH_LIMIT:
             break
     raise ScheduleError(f"the cron expression never fires within {_SEARCH_LIMIT.days} days")
+
+
+def stored_schedules(crons: CronRecords, now: datetime | None = None) -> list[Schedule]:
+    """The schedules stored in the database (made over HTTP) that fire now: enabled and not ended.
+
+    A definition that no longer loads is logged and left out.
+    """
+    now = now or utcnow()
+    found = []
+    for record in crons.list(every_tenant=True):
+        if not record.enabled or (record.end_time is not None and record.end_time <= now):
+            continue
+        try:
+            found.append(Schedule.from_dict(record.schedule))
+        except ScheduleError as exc:
+            logger.error("stored schedule %s cannot be fired: %s", record.cron_id, exc)
+    return found

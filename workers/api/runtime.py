@@ -15,14 +15,17 @@ Every mode also purges old idempotency keys once an hour.
 
 from __future__ import annotations
 
+import atexit
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Engine, text
+from starlette.concurrency import run_in_threadpool
 
 import store
 from agent_runner import AgentLoader, AgentRunner, AgentRunnerError, EventFeed, InMemoryLiveEvents
@@ -60,6 +63,9 @@ class Runtime:
         wake_inbox: Asks for a conversation's next queued message to be started.
         events: The event feed of the SSE routes (durable log plus live channel).
         fanout: The followers of the feed the SSE streams share, one per scope.
+        threads: The records of conversations managed as threads (the LangGraph API).
+        crons: The schedules made over HTTP (the LangGraph API's crons).
+        cron_scheduler: Fires `crons` from this process; `wake()` it after a change.
     """
 
     settings: ApiSettings
@@ -73,6 +79,9 @@ class Runtime:
     events: EventFeed
     fanout: EventFanout
     checks: dict[str, Callable[[], None]] = field(default_factory=dict)
+    threads: store.ThreadRecords | None = None
+    crons: store.CronRecords | None = None
+    cron_scheduler: Scheduler | None = None
     _starts: list[Callable[[], None]] = field(default_factory=list)
     _stops: list[Callable[[], None]] = field(default_factory=list)
     _purger: threading.Thread | None = None
@@ -132,8 +141,39 @@ def build_runtime(settings: ApiSettings, agent_loader: AgentLoader | None = None
         StoreUnavailableError: The database could not be reached.
     """
     if settings.worker_mode is WorkerMode.CELERY:
-        return _celery_runtime(settings, agent_loader)
-    return _sql_runtime(settings, agent_loader)
+        runtime = _celery_runtime(settings, agent_loader)
+    else:
+        runtime = _sql_runtime(settings, agent_loader)
+    _add_client_records(runtime)
+    return runtime
+
+
+STORED_SCHEDULES_POLL = timedelta(seconds=5)
+"""How soon a server notices a schedule another process stored (the one that stored it checks at once)."""
+
+
+def _add_client_records(runtime: Runtime) -> None:
+    """Threads and crons of the LangGraph API; every server process fires the stored crons, whatever its mode.
+
+    A tick starts its turn once however many processes fire it (the turn id comes from the
+    schedule and the tick). No start-up grace: a schedule fires the ticks after it was seen,
+    never one from before it was made.
+    """
+    from workers.scheduler import Scheduler
+    from workers.schedules import stored_schedules
+
+    runtime.threads = store.ThreadRecords(runtime.engine)
+    crons = runtime.crons = store.CronRecords(runtime.engine)
+    scheduler = runtime.cron_scheduler = Scheduler(
+        runtime.runner,
+        runtime.inbox,
+        lambda: stored_schedules(crons),
+        notify_inbox=runtime.wake_inbox,
+        startup_grace=timedelta(0),
+        poll=STORED_SCHEDULES_POLL,
+    )
+    runtime._starts.append(scheduler.start)
+    runtime._stops.append(lambda: _stop_scheduler(scheduler))  # stops run in reverse: this one first
 
 
 def _database_check(engine: Engine) -> Callable[[], None]:
@@ -271,3 +311,95 @@ def _celery_runtime(settings: ApiSettings, agent_loader: AgentLoader | None) -> 
     runtime._stops.append(wiring.close)
     runtime._stops.append(runtime.fanout.close)  # stopped first: its threads read through the wiring
     return runtime
+
+
+class RuntimeHandle:
+    """The runtime of one API application: started by the application's lifespan, or on first use without one.
+
+    An application mounted inside another (`host.mount("/agents", create_app())`) never
+    gets its own lifespan (the host's server sends it to the host only). Its first request
+    then builds and starts the runtime, says so in the log (with the hook that starts it
+    with the host instead), and the runtime stops when the process exits. A runtime that
+    cannot be built answers that request with a 503 naming why, and the next request tries
+    again.
+
+    Args:
+        settings: The server's settings.
+        agents: The agents (default: `AGENT_RUNNER_AGENT_LOADER`).
+    """
+
+    def __init__(self, settings: ApiSettings, agents: AgentLoader | None = None) -> None:
+        self.settings = settings
+        self._agents = agents
+        self._runtime: Runtime | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def started(self) -> bool:
+        """Whether the runtime is running."""
+        return self._runtime is not None
+
+    def get(self) -> Runtime:
+        """The running runtime, started now if nothing started it (see the class docstring).
+
+        Raises:
+            RuntimeUnavailableError: The runtime could not be built (the database is down,
+                the agents cannot be loaded).
+        """
+        runtime = self._runtime
+        if runtime is not None:
+            return runtime
+        with self._lock:
+            if self._runtime is None:
+                logger.warning(
+                    "the agent-runner API was not started by its application's lifespan (mounted inside another "
+                    "app?); starting its runtime on first use. To start and stop it with the host, create the host "
+                    "with `FastAPI(lifespan=runtime_handle(agents_app).lifespan)`, or add the routes with "
+                    "`include_api(host)` instead of mounting (docs/http-api.md)"
+                )
+                self._runtime = self._build_and_start()
+                atexit.register(self.stop)
+            return self._runtime
+
+    def start(self) -> Runtime:
+        """Build and start the runtime (once; later calls return the running one)."""
+        with self._lock:
+            if self._runtime is None:
+                self._runtime = self._build_and_start()
+            return self._runtime
+
+    def stop(self) -> None:
+        """Stop the runtime if it runs (its threads finish their steps); it can be started again."""
+        with self._lock:
+            runtime, self._runtime = self._runtime, None
+        if runtime is not None:
+            runtime.stop()
+
+    @asynccontextmanager
+    async def lifespan(self, app: Any = None) -> AsyncIterator[None]:
+        """Start the runtime with an application and stop it after: pass it as `FastAPI(lifespan=...)`."""
+        await run_in_threadpool(self.start)
+        try:
+            yield
+        finally:
+            await run_in_threadpool(self.stop)
+
+    def _build_and_start(self) -> Runtime:
+        try:
+            runtime = build_runtime(self.settings, self._agents)
+        except Exception as exc:
+            # Whatever failed (settings, database, broker), requests get a 503 that names it.
+            logger.error("the agent-runner runtime could not start: %s: %s", type(exc).__name__, exc)
+            raise RuntimeUnavailableError(f"{type(exc).__name__}: {exc}") from exc
+        runtime.start()
+        return runtime
+
+
+class RuntimeUnavailableError(AgentRunnerError):
+    """The server's runtime (stores, worker) could not be built; requests get a 503 until it can."""
+
+    retryable = True
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+        super().__init__(f"the agent-runner runtime could not start: {reason}")

@@ -8,7 +8,6 @@ thread a conversation, a run a turn, an interrupt a suspension (see docs/langgra
 from fastapi import APIRouter
 
 from workers.api.langgraph import assistants, crons, runs, threads, unsupported
-from workers.api.langgraph.crons import start_cron_scheduler, stop_cron_scheduler
 
 router = APIRouter()
 router.include_router(assistants.router)
@@ -17,4 +16,4 @@ router.include_router(runs.router)
 router.include_router(crons.router)
 router.include_router(unsupported.router)
 
-__all__ = ["router", "start_cron_scheduler", "stop_cron_scheduler"]
+__all__ = ["router"]

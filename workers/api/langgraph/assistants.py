@@ -17,9 +17,9 @@ from fastapi import APIRouter, Depends, Path
 from fastapi.responses import JSONResponse
 
 from agent_runner import Agent
+from workers.api.auth import RuntimeDep, get_tenant
 from workers.api.langgraph.mapping import NotSupported
 from workers.api.langgraph.models import AssistantSearch
-from workers.api.routes import RuntimeDep, get_tenant
 from workers.api.runtime import Runtime
 
 AssistantId = Annotated[str, Path(max_length=128, description="An assistant id: the agent id.")]

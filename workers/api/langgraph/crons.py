@@ -5,38 +5,36 @@ definition is stored in the database (`store.CronRecords`). Each tick starts a t
 assistant's agent with the input's user message, owned by the cron's tenant: on the cron's
 thread (a run of that thread; `multitask_strategy` `reject` or `enqueue` says what a busy
 thread does), or, for a cron made at `/runs/crons`, as a turn of its own outside any
-conversation. Every server process runs a scheduler over the stored crons (whatever its
-worker mode); a tick starts its turn once however many processes fire it, since the turn
-id comes from the cron and the tick. A cron fires ticks after its creation only.
+conversation. Every server process runs a scheduler over the stored crons, whatever its
+worker mode (`workers.api.runtime`); a tick starts its turn once however many processes
+fire it, since the turn id comes from the cron and the tick. A cron fires ticks after its
+creation only.
 """
 
 from __future__ import annotations
 
 import logging
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, FastAPI, Path, Request
+from fastapi import APIRouter, Depends, Path, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 
 import store
 from agent_runner._base import new_id, utcnow
+from workers.api.auth import RuntimeDep, TenantDep, get_tenant
 from workers.api.errors import ApiError, InvalidRequest
 from workers.api.langgraph.mapping import NotSupported, input_text
 from workers.api.langgraph.models import CronCreate, CronSearch
 from workers.api.langgraph.runs import RollbackNotSupported
-from workers.api.langgraph.threads import RecordsDep, ThreadId, app_backend, load_thread
-from workers.api.routes import RuntimeDep, TenantDep, get_tenant
+from workers.api.langgraph.threads import RecordsDep, ThreadId, load_thread
 from workers.api.runtime import Runtime
 from workers.api.tenancy import Tenant
-from workers.scheduler import Scheduler
 from workers.schedules import Schedule, ScheduleError
 
 logger = logging.getLogger("workers.api")
 
-POLL = timedelta(seconds=5)
-"""How soon a server notices a cron another process made (the one that made it checks at once)."""
 
 CronId = Annotated[str, Path(pattern=r"^[A-Za-z0-9_.:-]{1,100}$", description="A cron id.")]
 
@@ -50,51 +48,13 @@ class CronNotFound(ApiError):
         super().__init__(404, f"cron {cron_id!r} not found", type_name="CronNotFound")
 
 
-def cron_records(request: Request) -> store.CronRecords:
+def cron_records(runtime: RuntimeDep) -> store.CronRecords:
     """The cron records of the server's database."""
-    return app_backend(request, "cron_records", store.CronRecords)
+    assert runtime.crons is not None  # made with every runtime
+    return runtime.crons
 
 
 CronsDep = Annotated[store.CronRecords, Depends(cron_records)]
-
-
-def due_schedules(records: store.CronRecords, now: datetime | None = None) -> list[Schedule]:
-    """The schedules of every enabled cron that has not ended (a definition that no longer loads is skipped)."""
-    now = now or utcnow()
-    found = []
-    for record in records.list(every_tenant=True):
-        if not record.enabled or (record.end_time is not None and record.end_time <= now):
-            continue
-        try:
-            found.append(Schedule.from_dict(record.schedule))
-        except ScheduleError as exc:
-            logger.error("cron %s cannot be fired: %s", record.cron_id, exc)
-    return found
-
-
-def start_cron_scheduler(app: FastAPI) -> Scheduler:
-    """Start firing the stored crons from a thread of this process; stop it with `stop_cron_scheduler`."""
-    runtime: Runtime = app.state.runtime
-    records = app.state.cron_records = store.CronRecords(runtime.engine)
-    # No grace: a cron fires the ticks after it was seen, never one from before its creation.
-    scheduler = Scheduler(
-        runtime.runner,
-        runtime.inbox,
-        lambda: due_schedules(records),
-        notify_inbox=runtime.wake_inbox,
-        startup_grace=timedelta(0),
-        poll=POLL,
-    )
-    scheduler.start()
-    app.state.cron_scheduler = scheduler
-    return scheduler
-
-
-def stop_cron_scheduler(app: FastAPI) -> None:
-    """Stop the thread of `start_cron_scheduler`."""
-    scheduler: Scheduler | None = getattr(app.state, "cron_scheduler", None)
-    if scheduler is not None and not scheduler.stop(timeout=10.0):
-        logger.warning("the cron scheduler did not stop within 10 s")
 
 
 def cron_view(record: store.CronRecord, now: datetime | None = None) -> dict[str, Any]:
@@ -198,10 +158,9 @@ def _own(crons: store.CronRecords, tenant: Tenant, cron_id: str) -> store.CronRe
     return record
 
 
-def _woken(request: Request) -> None:
-    scheduler: Scheduler | None = getattr(request.app.state, "cron_scheduler", None)
-    if scheduler is not None:
-        scheduler.wake()
+def _woken(runtime: Runtime) -> None:
+    if runtime.cron_scheduler is not None:
+        runtime.cron_scheduler.wake()
 
 
 @router.post("/threads/{thread_id}/runs/crons", summary="Create a cron on a thread")
@@ -221,7 +180,7 @@ async def create_on_thread(
         return cron_view(create_cron(runtime, tenant, crons, thread, body))
 
     view = await run_in_threadpool(act)
-    _woken(request)
+    _woken(runtime)
     return JSONResponse(view)
 
 
@@ -231,7 +190,7 @@ async def create(
 ) -> JSONResponse:
     """Start a turn of the assistant at every tick, outside any thread."""
     view = await run_in_threadpool(lambda: cron_view(create_cron(runtime, tenant, crons, None, body)))
-    _woken(request)
+    _woken(runtime)
     return JSONResponse(view)
 
 
@@ -261,7 +220,9 @@ async def count(body: CronSearch, tenant: TenantDep, crons: CronsDep) -> JSONRes
 
 
 @router.patch("/runs/crons/{cron_id}", summary="Enable or disable a cron")
-async def update(request: Request, cron_id: CronId, tenant: TenantDep, crons: CronsDep) -> JSONResponse:
+async def update(
+    request: Request, cron_id: CronId, runtime: RuntimeDep, tenant: TenantDep, crons: CronsDep
+) -> JSONResponse:
     """Only `enabled` can change; anything else is a 501."""
     raw = await request.json()
     if not isinstance(raw, dict):
@@ -281,12 +242,12 @@ async def update(request: Request, cron_id: CronId, tenant: TenantDep, crons: Cr
         return cron_view(record)
 
     view = await run_in_threadpool(act)
-    _woken(request)
+    _woken(runtime)
     return JSONResponse(view)
 
 
 @router.delete("/runs/crons/{cron_id}", summary="Delete a cron", status_code=204)
-async def delete(request: Request, cron_id: CronId, tenant: TenantDep, crons: CronsDep) -> Response:
+async def delete(cron_id: CronId, runtime: RuntimeDep, tenant: TenantDep, crons: CronsDep) -> Response:
     """Delete the cron: no tick fires after this; the runs it started stay."""
 
     def act() -> None:
@@ -294,5 +255,5 @@ async def delete(request: Request, cron_id: CronId, tenant: TenantDep, crons: Cr
         crons.delete(cron_id)
 
     await run_in_threadpool(act)
-    _woken(request)
+    _woken(runtime)
     return Response(status_code=204)

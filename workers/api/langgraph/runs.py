@@ -31,6 +31,7 @@ from agent_runner._base import new_id
 from agent_runner.feed import FeedPosition
 from agent_runner.persistence import DEFAULT_EVENT_PAGE
 from workers.api import service
+from workers.api.auth import RuntimeDep, TenantDep, get_tenant
 from workers.api.errors import ApiError, InvalidRequest
 from workers.api.langgraph.mapping import (
     WAITING_FOR_A_PERSON,
@@ -53,7 +54,6 @@ from workers.api.langgraph.threads import (
     thread_view,
 )
 from workers.api.models import ID_PATTERN, CancelRequest, StartTurnRequest
-from workers.api.routes import RuntimeDep, TenantDep, get_tenant
 from workers.api.runtime import Runtime
 from workers.api.tenancy import Tenant
 from workers.views import find_agent

@@ -27,7 +27,8 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator
+import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 from anyio import CancelScope
@@ -45,7 +46,7 @@ from agent_runner import (
     TurnNotFound,
 )
 from agent_runner._base import utcnow
-from workers.api.events import follow_tree
+from workers.api.events import KEEPALIVE_S, follow_tree
 from workers.api.langgraph.mapping import (
     WAITING_FOR_A_PERSON,
     build_interrupt,
@@ -115,17 +116,17 @@ class RunTranslator:
             self._turns[turn_id] = self.runtime.turn_store.load(turn_id)
         return self._turns[turn_id]
 
-    def waits_since_before(self, seconds: float) -> bool:
-        """Whether the root turn has been waiting for a person for more than `seconds`.
+    def settled_since_before(self, seconds: float) -> bool:
+        """Whether the root turn has ended, or waited for a person, for more than `seconds`.
 
-        A stream that joins after the interrupt went out reads no suspension event; it ends
-        on this. The margin covers a suspension saved but not readable yet (PostgreSQL),
+        A stream that joins after the interrupt or the end went out reads no such event; it
+        ends on this. The margin covers an event saved but not readable yet (PostgreSQL),
         which the stream will still read and send.
         """
-        turn = self.runtime.turn_store.load(self.root_id)
-        if turn.status not in WAITING_FOR_A_PERSON:
+        ref = self.runtime.turn_store.get_ref(self.root_id)
+        if not ref.status.is_terminal and ref.status not in WAITING_FOR_A_PERSON:
             return False
-        return (utcnow() - turn.updated_at).total_seconds() > seconds
+        return (utcnow() - ref.updated_at).total_seconds() > seconds
 
     def _namespace(self, event: AgentEvent) -> str | None:
         """'' for the root, `<agent>:<turn>` for a child turn, None when children are not streamed."""
@@ -294,7 +295,9 @@ async def run_stream(
     reconnect. The first read happens on the first `anext`, so a bad cursor raises there.
     With `cancel_on_disconnect`, a client that goes away before the end cancels the run.
     """
-    batches: AsyncGenerator[list[AgentEvent], None] = follow_tree(runtime, translator.root_id, after)
+    # Quiet spells are short so that a stream joining a settled run ends soon; heartbeats
+    # still go out only every KEEPALIVE_S.
+    batches = aiter(follow_tree(runtime, translator.root_id, after, quiet_after=SETTLED_S))
     opened = ended = False
     try:
         first = await anext(batches)
@@ -303,22 +306,25 @@ async def run_stream(
         if metadata is not None:
             yield sse("metadata", metadata)
         batch: list[AgentEvent] | None = first
-        quiet_start = not first
+        last_sent = time.monotonic()
         while batch is not None:
             if batch:
                 yield await run_sync(_render, translator, batch)
+                last_sent = time.monotonic()
                 if translator.waiting or translator.failed:
                     break
-            elif await run_sync(translator.waits_since_before, SETTLED_S):
-                break  # joined after the interrupt was sent: the run is over for now
-            elif not quiet_start:
+            elif await run_sync(translator.settled_since_before, SETTLED_S):
+                break  # joined after the interrupt or the end went out: nothing more comes
+            elif time.monotonic() - last_sent >= KEEPALIVE_S:
                 yield ": heartbeat\n\n"
-            quiet_start = False
+                last_sent = time.monotonic()
             batch = await anext(batches, None)
         ended = True
         yield sse("end", None)
     finally:
-        await batches.aclose()
+        close = getattr(batches, "aclose", None)
+        if close is not None:
+            await close()
         if cancel_on_disconnect and opened and not ended:
             # The response is being torn down (the client left): finish the cancel anyway.
             with CancelScope(shield=True):

@@ -12,18 +12,18 @@ its turns, their events and the conversation's messages are kept as the audit re
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from datetime import datetime
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Path, Query, Request
+from fastapi import APIRouter, Depends, Path, Query
 from fastapi.responses import JSONResponse, Response
-from sqlalchemy import Engine
 from starlette.concurrency import run_in_threadpool
 
 import store
 from agent_runner import AgentTurn, AnyMessage
 from agent_runner._base import new_id
+from workers.api.auth import RuntimeDep, TenantDep, get_tenant
 from workers.api.errors import ApiError
 from workers.api.langgraph.mapping import (
     NotSupported,
@@ -33,7 +33,6 @@ from workers.api.langgraph.mapping import (
 )
 from workers.api.langgraph.models import ThreadCreate, ThreadHistoryQuery, ThreadPatch, ThreadSearch
 from workers.api.models import ID_PATTERN
-from workers.api.routes import RuntimeDep, TenantDep, get_tenant
 from workers.api.runtime import Runtime
 from workers.api.tenancy import Tenant
 from workers.views import catalog_mask, find_agent
@@ -44,8 +43,6 @@ HISTORY_MESSAGES = 10_000
 ThreadId = Annotated[str, Path(pattern=ID_PATTERN, max_length=128, description="A thread id (a conversation id).")]
 
 router = APIRouter(tags=["langgraph"], dependencies=[Depends(get_tenant)])
-
-Backend = TypeVar("Backend")
 
 
 class ThreadNotFound(ApiError):
@@ -62,19 +59,10 @@ class ThreadExists(ApiError):
         super().__init__(409, f"thread {thread_id!r} already exists", type_name="ThreadExists")
 
 
-def app_backend(request: Request, name: str, make: Callable[[Engine], Backend]) -> Backend:
-    """A SQL backend on the server's engine, made on first use and kept in the application's state as `name`."""
-    backend: Backend | None = getattr(request.app.state, name, None)
-    if backend is None:
-        runtime: Runtime = request.app.state.runtime
-        backend = make(runtime.engine)
-        setattr(request.app.state, name, backend)
-    return backend
-
-
-def thread_records(request: Request) -> store.ThreadRecords:
+def thread_records(runtime: RuntimeDep) -> store.ThreadRecords:
     """The thread records of the server's database."""
-    return app_backend(request, "thread_records", store.ThreadRecords)
+    assert runtime.threads is not None  # made with every runtime
+    return runtime.threads
 
 
 RecordsDep = Annotated[store.ThreadRecords, Depends(thread_records)]
@@ -90,7 +78,7 @@ def load_thread(records: store.ThreadRecords, tenant: Tenant, thread_id: str) ->
     Raises:
         ThreadNotFound: No such thread, a deleted one, or another tenant's.
     """
-    record = records.get(tenant.stored_conversation(thread_id))
+    record = records.get(tenant.reaches(thread_id))
     if record is None or record.deleted_at is not None or record.tenant_id != tenant.id:
         raise ThreadNotFound(thread_id)
     return record
@@ -105,7 +93,7 @@ def create_thread(
         ThreadExists: The id is taken (409), by a live thread with `raise`, or by a deleted one.
     """
     chosen = thread_id or new_id()
-    record, created = records.create(tenant.stored_conversation(chosen), chosen, tenant.id, metadata)
+    record, created = records.create(tenant.reaches(chosen), chosen, tenant.id, metadata)
     if created:
         return record
     if record.tenant_id == tenant.id and record.deleted_at is None and if_exists == "do_nothing":
@@ -260,6 +248,8 @@ def _search(runtime: Runtime, tenant: Tenant, records: store.ThreadRecords, body
         raise NotSupported("sorting threads other than by created_at, newest first")
     found = []
     for record in records.list(tenant.id):
+        if tenant.conversation is not None and record.conversation_id != tenant.conversation:
+            continue  # a token limited to one conversation sees that thread only
         if body.ids is not None and record.thread_id not in body.ids:
             continue
         if body.metadata and any(record.metadata.get(k) != v for k, v in body.metadata.items()):

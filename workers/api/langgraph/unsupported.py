@@ -10,8 +10,8 @@ from collections.abc import Callable
 
 from fastapi import APIRouter, Depends
 
+from workers.api.auth import get_tenant
 from workers.api.langgraph.mapping import NotSupported
-from workers.api.routes import get_tenant
 
 UNSUPPORTED: tuple[tuple[str, str, str], ...] = (
     ("POST", "/runs/batch", "creating runs in a batch"),
