@@ -22,7 +22,12 @@ KEY_B = "key-b-9876543210"
 
 @pytest.fixture(scope="module")
 def server(server_dir: Path) -> Iterator[ApiServer]:
-    yield from running_server(AGENTS, server_dir, AGENT_RUNNER_API_KEYS=f"tenant-a:{KEY_A},tenant-b:{KEY_B}")
+    yield from running_server(
+        AGENTS,
+        server_dir,
+        AGENT_RUNNER_API_KEYS=f"tenant-a:{KEY_A},tenant-b:{KEY_B}",
+        AGENT_RUNNER_TOKEN_SECRET="a-test-secret-of-enough-length-0123456789",
+    )
 
 
 @pytest.fixture
@@ -81,3 +86,20 @@ def test_the_x_api_key_header_works_on_the_v1_routes_too(server: ApiServer) -> N
         assert raw.get("/v1/turns", headers={"x-api-key": KEY_A}).status_code == 200
         assert raw.get("/v1/turns", headers={"x-api-key": "nope"}).status_code == 401
         assert raw.get("/v1/turns").status_code == 401
+
+
+def test_a_token_limited_to_one_conversation_reaches_that_thread_only(server: ApiServer, a: Any) -> None:
+    mine, other = f"mine-{uuid.uuid4().hex}", f"other-{uuid.uuid4().hex}"
+    a.threads.create(thread_id=mine)
+    a.threads.create(thread_id=other)
+    with httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {KEY_A}"}) as raw:
+        minted = raw.post("/v1/tokens", json={"user": "ann", "conversation_id": mine})
+        assert minted.status_code in (200, 201), minted.text
+        token = minted.json()["token"]
+    with get_sync_client(url=server.url, api_key=token) as limited:
+        values = limited.runs.wait(mine, "desk", input={"messages": [{"role": "user", "content": "hi"}]})
+        assert values["messages"][-1]["content"] == "echo: hi"
+        assert [t["thread_id"] for t in limited.threads.search(limit=1000)] == [mine]
+        with pytest.raises(httpx.HTTPStatusError) as raised:
+            limited.threads.get(other)
+        assert raised.value.response.status_code == 404
