@@ -96,7 +96,8 @@ def test_a_token_limited_to_one_conversation_reaches_that_thread_only(server: Ap
         minted = raw.post("/v1/tokens", json={"user": "ann", "conversation_id": mine})
         assert minted.status_code in (200, 201), minted.text
         token = minted.json()["token"]
-    with get_sync_client(url=server.url, api_key=token) as limited:
+    with get_sync_client(url=server.url, api_key=token) as typed:
+        limited: Any = typed
         values = limited.runs.wait(mine, "desk", input={"messages": [{"role": "user", "content": "hi"}]})
         assert values["messages"][-1]["content"] == "echo: hi"
         assert [t["thread_id"] for t in limited.threads.search(limit=1000)] == [mine]
