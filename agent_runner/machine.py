@@ -573,11 +573,17 @@ def close_out(
 
 
 def apply_resume(
-    turn: AgentTurn, command: AgentResumeCommand, now: datetime, child: AgentTurn | None = None
+    turn: AgentTurn,
+    command: AgentResumeCommand,
+    now: datetime,
+    child: AgentTurn | None = None,
+    *,
+    edit_schema: dict[str, Any] | None = None,
 ) -> AgentTurn:
     """Validate `command` against the turn's suspension and apply it.
 
     Returns the new snapshot: RUNNING, or still WAITING_FOR_CHILD while other children run.
+    `edit_schema` is the JSON Schema of the arguments of the tool an EDIT_TOOL command edits.
 
     Raises:
         InvalidResumeCommand: The command does not fit; nothing is changed.
@@ -602,6 +608,8 @@ def apply_resume(
             return _resume_user_input(turn, suspension, command, now)
         case ResumeType.APPROVE_TOOL | ResumeType.REJECT_TOOL | ResumeType.TOOL_RESULT:
             return _resume_approval(turn, suspension, command, now)
+        case ResumeType.EDIT_TOOL:
+            return _resume_edit(turn, suspension, command, now, edit_schema)
         case ResumeType.CHILD_COMPLETED:
             return _resume_child(turn, command, child, now)
         case ResumeType.RETRY:
@@ -616,6 +624,7 @@ _EXPECTED_SUSPENSION = {
     ResumeType.CHILD_COMPLETED: SuspensionType.CHILD_AGENT,
     ResumeType.RETRY: SuspensionType.RETRY,
     ResumeType.TOOL_RESULT: SuspensionType.TOOL_APPROVAL,
+    ResumeType.EDIT_TOOL: SuspensionType.TOOL_APPROVAL,
 }
 
 
@@ -776,6 +785,44 @@ def _resume_approval(
         return resumed.model_copy(update={"steps": turn.steps})
     approved = command.type is ResumeType.APPROVE_TOOL
     return _decide_approval(turn, call, approved, command, now, unknown_outcome=unknown_outcome)
+
+
+def _resume_edit(
+    turn: AgentTurn,
+    suspension: AgentSuspension,
+    command: AgentResumeCommand,
+    now: datetime,
+    schema: dict[str, Any] | None,
+) -> AgentTurn:
+    """Replace the waiting call's arguments by the edited ones and approve it; the model is not asked again."""
+    call = _check_call_id(turn, suspension, command)
+    if suspension.metadata.get("reason") == OUTCOME_UNKNOWN:
+        raise InvalidResumeCommand(
+            f"tool call {call.id!r} of turn {turn.id!r} started and its outcome is unknown; "
+            "it can be retried, settled or failed, not edited",
+            turn_id=turn.id,
+        )
+    if schema is None:
+        raise InvalidResumeCommand(
+            f"the arguments of tool call {call.id!r} ({call.name!r}) cannot be edited: the agent has no such tool",
+            turn_id=turn.id,
+        )
+    arguments = dict(command.data or {})
+    errors = validate_form_data(schema, arguments, max_depth=MAX_JSON_DEPTH)
+    if errors:
+        raise InvalidResumeCommand(
+            f"edited arguments for call {call.id!r} do not match the schema of tool {call.name!r}: "
+            + "; ".join(errors),
+            turn_id=turn.id,
+            errors=errors,
+        )
+    # Then it is an approval of the edited call: the decision (who, when, why) goes on the
+    # call's card like any approval's, and the TURN_RESUMED event records that it was an edit.
+    edited = call.model_copy(update={"arguments": arguments})
+    with_edit = turn.model_copy(
+        update={"pending_tool_calls": [edited if c.id == call.id else c for c in turn.pending_tool_calls]}
+    )
+    return _decide_approval(with_edit, edited, True, command, now)
 
 
 def _decide_approval(

@@ -900,9 +900,20 @@ class AgentRunner:
         def attempt() -> AgentTurn:
             # Re-validated against the newest snapshot each time: a concurrent decision wins once.
             turn = self.turn_store.load(turn_id)
-            return self._save(machine.apply_resume(turn, command, self.clock()), turn.version, event)
+            schema = self._edited_tool_schema(turn, command)
+            return self._save(
+                machine.apply_resume(turn, command, self.clock(), edit_schema=schema), turn.version, event
+            )
 
         return retry_on_conflict(turn_id, attempt)
+
+    def _edited_tool_schema(self, turn: AgentTurn, command: AgentResumeCommand) -> dict[str, Any] | None:
+        """The argument schema of the tool an EDIT_TOOL command edits (None for other commands or no such tool)."""
+        if command.type is not ResumeType.EDIT_TOOL:
+            return None
+        call = next((c for c in turn.pending_tool_calls if c.id == command.tool_call_id), None)
+        tool = None if call is None else self.agent_for(turn).tool(call.name)
+        return None if tool is None else dict(tool.parameters)
 
     # --- Persistence and events --------------------------------------------------------------
 

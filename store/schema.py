@@ -34,6 +34,11 @@ Tables:
     agent_idempotency_keys: the first answer to each HTTP request sent with an
         `Idempotency-Key`, per tenant and key, so that a retried request is answered the
         same and acts once.
+    agent_threads: what a conversation has beyond its messages and turns when a client
+        manages it as a thread (the LangGraph API): who owns it, its metadata, when it
+        was created, and whether it was deleted.
+    agent_crons: schedules made over HTTP (LangGraph crons): the `workers.schedules`
+        definition of each, with its owner, thread and the request that made it.
 """
 
 from __future__ import annotations
@@ -284,4 +289,35 @@ idempotency_keys = sa.Table(
     sa.Column("created_at", UtcDateTime, nullable=False),
     sa.Column("updated_at", UtcDateTime, nullable=False),
     sa.Index("ix_agent_idempotency_keys_created", "created_at"),
+)
+
+threads = sa.Table(
+    "agent_threads",
+    metadata,
+    # The conversation id as stored (with the tenant's prefix), so a thread is its conversation.
+    sa.Column("conversation_id", sa.String, primary_key=True),
+    sa.Column("thread_id", sa.String, nullable=False),
+    sa.Column("tenant_id", sa.String, nullable=True),
+    sa.Column("metadata", _json(), nullable=False),
+    sa.Column("created_at", UtcDateTime, nullable=False),
+    sa.Column("updated_at", UtcDateTime, nullable=False),
+    sa.Column("deleted_at", UtcDateTime, nullable=True),
+    sa.Index("ix_agent_threads_tenant_created", "tenant_id", "created_at"),
+)
+
+crons = sa.Table(
+    "agent_crons",
+    metadata,
+    sa.Column("cron_id", sa.String, primary_key=True),
+    sa.Column("tenant_id", sa.String, nullable=True),
+    sa.Column("thread_id", sa.String, nullable=True),
+    sa.Column("assistant_id", sa.String, nullable=False),
+    # `workers.schedules.Schedule.to_dict()`: what fires, when, into which stored conversation.
+    sa.Column("schedule", _json(), nullable=False),
+    sa.Column("payload", _json(), nullable=False),
+    sa.Column("enabled", sa.Boolean, nullable=False),
+    sa.Column("end_time", UtcDateTime, nullable=True),
+    sa.Column("created_at", UtcDateTime, nullable=False),
+    sa.Column("updated_at", UtcDateTime, nullable=False),
+    sa.Index("ix_agent_crons_tenant_created", "tenant_id", "created_at"),
 )

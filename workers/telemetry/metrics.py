@@ -184,6 +184,8 @@ def _action(kind: ResumeType, *, with_form_data: bool) -> str:
             return "tool_result"
         case ResumeType.DEADLINE:
             return "deadline"
+        case ResumeType.EDIT_TOOL:
+            return "edit"
         case _:
             assert_never(kind)
 
