@@ -18,6 +18,7 @@ from sqlalchemy.engine import URL, Connection, Engine, Row, make_url
 from sqlalchemy.pool import StaticPool
 
 from agent_runner.errors import StoreError, StoreUnavailableError
+from store._redaction import check_password_encoding
 
 WRITE = "agent_runner_write"
 """Execution option marking a transaction that will write.
@@ -52,6 +53,11 @@ def make_engine(url: str | URL) -> Engine:
 
     Pass the engine to several backends to share its pool; dispose of it when done.
     """
+    if isinstance(url, str):
+        try:
+            check_password_encoding(url)
+        except ValueError as exc:
+            raise StoreError(str(exc)) from None
     parsed = make_url(url)
     backend = parsed.get_backend_name()
     if backend == "sqlite":

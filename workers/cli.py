@@ -40,8 +40,9 @@ from agent_runner import (
     TurnError,
 )
 from agent_runner.limits import DEFAULT_LIMITS, check_id, check_text
+from store._redaction import check_password_encoding, mask_url_secrets
 from workers.agents import apply_runner_setup, load_agent_loader
-from workers.settings import DEFAULT_DATABASE_URL, SettingsError, WorkerSettings, mask_url_secrets
+from workers.settings import DEFAULT_DATABASE_URL, SettingsError, WorkerSettings
 from workers.views import (
     ResumeAction,
     decisions_view,
@@ -173,14 +174,7 @@ class _Context:
     @property
     def shown_url(self) -> str:
         """The database URL with its password masked, and where it came from."""
-        from sqlalchemy.engine import make_url
-
-        from store._engine import display_url
-
-        try:
-            shown = display_url(make_url(self.database_url))
-        except Exception:  # an unparsable URL is reported by whoever uses it
-            shown = self.database_url
+        shown = mask_url_secrets(self.database_url)
         return f"{shown} ({self.url_source})" if self.url_source else shown
 
     def uses_broker(self) -> bool:
@@ -203,8 +197,9 @@ class _Context:
         from sqlalchemy.exc import ArgumentError
 
         try:
+            check_password_encoding(self.database_url)
             url = make_url(self.database_url)
-        except ArgumentError as exc:
+        except (ArgumentError, ValueError) as exc:
             _unusable_url(self.database_url, exc)
         if url.get_backend_name() != "sqlite" or url.database in (None, "", ":memory:"):
             return
@@ -227,6 +222,7 @@ class _Context:
             from workers.database import open_database
 
             try:
+                check_password_encoding(self.database_url)  # a ValueError: bad input, below
                 self._database = open_database(self.database_url)
             except SchemaVersionError as exc:  # names the database and `agent-runner db upgrade`
                 _fail(str(exc))
