@@ -306,8 +306,9 @@ class AgentRunner:
         Raises:
             TurnNotFound: No such turn.
             AgentNotFound: The loader does not know the turn's agent and version.
+            InputLimitError: `turn_id` is not an id (NUL characters and lone surrogates included).
         """
-        turn = self.turn_store.load(turn_id)
+        turn = self.turn_store.load(check_id(turn_id, "turn_id", self.policy.limits))
         self.agent_loader.load(turn.agent_id, turn.agent_version)
         turn = self._projection.project(turn)
         if turn.status is S.WAITING_FOR_CHILD:
@@ -413,9 +414,11 @@ class AgentRunner:
         next boundary. A turn that already ended is returned unchanged.
 
         Raises:
-            InputLimitError: `reason` is over the policy's `max_message_bytes`; nothing changed.
+            InputLimitError: `turn_id` is not an id, or `reason` is over the policy's
+                `max_message_bytes`; nothing changed.
             InvalidTextError: `reason` holds text no store can keep; nothing changed.
         """
+        check_id(turn_id, "turn_id", self.policy.limits)
         if reason is not None:
             check_text(reason, "reason", self.policy.limits.max_message_bytes)
         given = reason or None

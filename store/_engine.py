@@ -17,7 +17,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import URL, Connection, Engine, Row, make_url
 from sqlalchemy.pool import StaticPool
 
-from agent_runner.errors import StoreError, StoreUnavailableError
+from agent_runner.errors import InputLimitError, InvalidTextError, StoreError, StoreUnavailableError
 from store._redaction import check_password_encoding
 
 WRITE = "agent_runner_write"
@@ -340,8 +340,36 @@ class translated_errors:  # named as the function it replaced: `with translated_
         return None
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: object) -> None:
+        if exc is not None and _is_unstorable_text(exc):
+            _raise_unstorable(self.action, exc)
         if isinstance(exc, sa_exc.SQLAlchemyError):
             _raise_translated(self.engine, self.action, exc)
+
+
+_NUL_REFUSED = "cannot contain NUL"
+"""What psycopg says when a text parameter holds a NUL character, which PostgreSQL text cannot keep."""
+
+
+def _is_unstorable_text(error: BaseException) -> bool:
+    """Whether a driver refused a parameter for holding a lone surrogate (any driver) or a NUL (PostgreSQL)."""
+    if isinstance(error, sa_exc.StatementError) and error.orig is not None:
+        error = error.orig
+    return isinstance(error, UnicodeEncodeError) or _NUL_REFUSED in str(error)
+
+
+def _raise_unstorable(action: str, error: BaseException) -> NoReturn:
+    """Raise the typed error of a parameter no store can keep (an id or text given by a caller).
+
+    Callers check what they are given first (`agent_runner.limits`); this is the backstop for
+    those that did not, so that they get `InvalidTextError` (an `InputLimitError`) instead of
+    a driver's error.
+    """
+    cause = error.orig if isinstance(error, sa_exc.StatementError) and error.orig is not None else error
+    field = f"a value given for {action}"
+    if isinstance(cause, UnicodeEncodeError) and isinstance(cause.object, str):
+        raise InvalidTextError(field, cause.start, cause.object[cause.start]) from None
+    # The driver does not say where the NUL is.
+    raise InputLimitError(field, "text without NUL characters", "a NUL character") from None
 
 
 def _raise_translated(engine: Engine, action: str, error: sa_exc.SQLAlchemyError) -> NoReturn:
