@@ -14,13 +14,13 @@ from fastapi.staticfiles import StaticFiles
 from starlette.concurrency import run_in_threadpool
 
 from agent_runner import AgentLoader
-from workers.api.errors import ApiError, install_error_handlers
+from workers.api.errors import ApiError, Unauthorized, install_error_handlers
 from workers.api.events import router as events_router
 from workers.api.guard import RequestGuard
 from workers.api.models import ErrorResponse, HealthView, ReadyView
 from workers.api.routes import router
 from workers.api.runtime import Runtime, build_runtime
-from workers.api.settings import ApiSettings, WorkerMode, default_worker_mode
+from workers.api.settings import ApiSettings, MetricsAccess, WorkerMode, default_worker_mode
 from workers.telemetry import TelemetryError, render_metrics
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
@@ -140,12 +140,22 @@ def _add_probes(app: FastAPI) -> None:
         return JSONResponse({"status": "ok", "checks": {name: "ok" for name in results}})
 
     @app.get("/metrics", tags=["health"], summary="Prometheus metrics", response_class=Response)
-    def metrics() -> Response:
+    def metrics(request: Request) -> Response:
         """The Prometheus text of this server (503 when prometheus-client is not installed).
 
         It counts the steps its embedded worker ran, the turns that ended, resumes, retries and
-        lease takeovers.
+        lease takeovers, over all tenants. With `AGENT_RUNNER_METRICS_TOKEN` set, send it as
+        `Authorization: Bearer <token>` (401 otherwise); with API keys set and no metrics
+        token, 403: no tenant's key opens numbers that span tenants.
         """
+        scheme, _, bearer = request.headers.get("authorization", "").partition(" ")
+        access = request.app.state.settings.metrics_access(bearer.strip() if scheme.lower() == "bearer" else None)
+        if access is MetricsAccess.UNAUTHORIZED:
+            raise Unauthorized("send the metrics token (AGENT_RUNNER_METRICS_TOKEN) as Authorization: Bearer <token>")
+        if access is MetricsAccess.CLOSED:
+            raise ApiError(
+                403, "the metrics span every tenant: set AGENT_RUNNER_METRICS_TOKEN to read them", type_name="Forbidden"
+            )
         try:
             body, content_type = render_metrics()
         except TelemetryError as exc:
