@@ -5,8 +5,9 @@ Every command reads the database from `--database-url` or `AGENT_RUNNER_DATABASE
 `--json` for scripts. Every error is one `error: ...` line on standard error (form data
 that fails its schema adds one `  - ...` line per schema error), never a traceback. The
 exit status is 2 for bad input (an unknown turn, an invalid id, JSON or option value,
-invalid form data, a command that does not fit the turn, arguments that are not UTF-8)
-and 1 for failures of the infrastructure (the database cannot be reached, a store error).
+invalid form data, a command that does not fit the turn such as a cancel of an ended one,
+arguments that are not UTF-8) and 1 for failures of the infrastructure (the database cannot
+be reached, a store error).
 """
 
 from __future__ import annotations
@@ -313,7 +314,11 @@ pass_context = click.make_pass_decorator(_Context)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable JSON output.")
 @click.pass_context
 def main(ctx: click.Context, database_url: str, agents: str | None, as_json: bool) -> None:
-    """Operate agent-runner turns: inspect, resume, cancel, migrate, run a worker."""
+    """Operate agent-runner turns: inspect, resume, cancel, migrate, run a worker.
+
+    Exit status: 0 done; 2 bad input, or a command that does not fit the turn (a cancel of
+    a turn that has ended); 1 the database or another service failed.
+    """
     source = ctx.get_parameter_source("database_url")
     origin = (
         {
@@ -691,14 +696,21 @@ def resume(
 @click.option("--reason", default=None, help="Reason recorded in the close-out (default: the policy's).")
 @pass_context
 def cancel(obj: _Context, turn_id: str, reason: str | None) -> None:
-    """Cancel a turn and its children (a running turn stops at its next boundary)."""
+    """Cancel a turn and its children (a running turn stops at its next boundary).
+
+    A turn that has already ended exits 2, as any command that does not fit the turn.
+    """
     check_id(turn_id, "TURN_ID")
     if reason is not None:
         check_text(reason, "--reason", DEFAULT_LIMITS.max_message_bytes)
     try:
-        turn = obj.runner().cancel(turn_id, reason)
+        runner = obj.runner()
+        ended_before = runner.turn_store.get_ref(turn_id).status.is_terminal
+        turn = runner.cancel(turn_id, reason)
     except AgentRunnerError as exc:
         _fail_with(exc)
+    if ended_before or (turn.is_terminal and turn.status is not AgentTurnStatus.CANCELLED):
+        _fail(f"turn {turn.id!r} has already ended ({turn.status.value}); there is nothing to cancel", EXIT_BAD_INPUT)
     message = "cancel requested; it stops at its next boundary" if turn.status is AgentTurnStatus.RUNNING else ""
     obj.emit(turn_summary(turn), lambda: click.echo(f"turn {turn.id} is {turn.status.value} {message}".rstrip()))
 
