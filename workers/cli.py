@@ -396,6 +396,8 @@ def worker(obj: _Context, concurrency: int, lease_ttl: float, poll_interval: flo
     from agent_runner.worker import AgentWorker
     from store import SqlTurnLease
     from workers.inbox import INBOX_SWEEP_INTERVAL_S, InboxPump
+    from workers.telemetry import WORKER_SERVICE_NAME, instrument
+    from workers.telemetry.metrics import start_metrics_server
 
     settings = obj.settings()
     runner = obj.embedded_runner()
@@ -411,8 +413,14 @@ def worker(obj: _Context, concurrency: int, lease_ttl: float, poll_interval: flo
         poll_interval=poll_interval,
         deadline_interval=settings.deadline_sweep_interval_s,
     )
+    # Spans, metrics and the log context of every step, as `serve` and the Celery workers have them.
+    instrument(runner, service_name=WORKER_SERVICE_NAME)
+    port = settings.metrics_port
+    metrics_server = None if port is None else start_metrics_server(port, settings.metrics_addr)
     names = ", ".join(schedule.name for schedule in scheduler.schedules) if scheduler is not None else ""
     firing = f", firing schedules {names}" if names else ""
+    if metrics_server is not None:
+        firing += f", metrics on http://{metrics_server.addr}:{metrics_server.port}/metrics"
     click.echo(
         f"worker {embedded.owner} stepping turns with {concurrency} thread(s){firing}; Ctrl-C or SIGTERM stops",
         err=True,
@@ -436,6 +444,8 @@ def worker(obj: _Context, concurrency: int, lease_ttl: float, poll_interval: flo
             scheduler.stop()
         pump.stop()
         embedded.stop()
+        if metrics_server is not None:
+            metrics_server.close()
 
 
 def _scheduler(
