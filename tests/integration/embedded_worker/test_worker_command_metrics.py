@@ -9,8 +9,8 @@ import pytest
 from agent_runner import AgentRunner, AgentTurnStatus
 from store import SqlAgentTurnStore
 from tests.helpers.api_server import free_port
+from tests.helpers.metrics import scrape
 from tests.integration.embedded_worker.embedded_fleet import loader, spawn_command_worker, wait_for
-from tests.integration.telemetry.test_telemetry_workers import scrape
 
 pytestmark = pytest.mark.integration
 
