@@ -270,7 +270,7 @@ class _Context:
             _fail(str(exc), EXIT_BAD_INPUT)
 
     def _wired_runner(self) -> AgentRunner:
-        from workers.app import create_app
+        from workers.celery_config import create_app
         from workers.wiring import build_wiring
 
         settings = self.settings()
