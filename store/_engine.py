@@ -7,6 +7,7 @@ PostgreSQL and SQLite with the same connection settings.
 from __future__ import annotations
 
 import json
+import sqlite3
 import time
 from typing import Any, NoReturn, TypeAlias
 
@@ -96,8 +97,8 @@ def _sqlite_engine(url: URL) -> Engine:
         dbapi_connection.isolation_level = None
         cursor = dbapi_connection.cursor()
         try:
-            cursor.execute("PRAGMA journal_mode=WAL")
             cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+            _enable_wal(cursor)
             cursor.execute("PRAGMA foreign_keys=ON")
             cursor.execute("PRAGMA synchronous=NORMAL")
         finally:
@@ -109,6 +110,27 @@ def _sqlite_engine(url: URL) -> Engine:
         connection.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
 
     return engine
+
+
+def _enable_wal(cursor: Any) -> None:
+    """Switch the database to WAL journaling, waiting up to the busy timeout for a writer that holds it.
+
+    Unlike other statements the switch does not wait for locks: while another process
+    holds the write lock of a database still in its first (rollback) journal mode, as the
+    process creating a new file does for a moment, it fails at once with "database is
+    locked". Several processes opening a new file together would then fail at random.
+    """
+    deadline = time.monotonic() + SQLITE_BUSY_TIMEOUT_MS / 1000
+    pause = 0.005
+    while True:
+        try:
+            cursor.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() >= deadline:
+                raise
+        time.sleep(pause)
+        pause = min(pause * 2, 0.1)
 
 
 def resolve_engine(url_or_engine: UrlOrEngine) -> tuple[Engine, bool]:
