@@ -493,9 +493,10 @@ def serve(
 ) -> None:
     """Serve the HTTP API (and the console) for web apps; see docs/http-api.md."""
     try:
-        import uvicorn
+        import uvicorn  # noqa: F401 - checked here, so that a missing extra is one clear line
 
         from workers.api import ApiSettings, WorkerMode, create_app
+        from workers.api.app import run_server
     except ImportError as exc:
         _fail(f"serving needs the api extra (pip install 'agent-runner[api]'): {exc}", EXIT_BAD_INPUT)
     spec = agents_spec or obj.agents
@@ -521,7 +522,7 @@ def serve(
     app = create_app(settings, agents=loader, worker=WorkerMode(worker_mode) if worker_mode else None)
     mode = app.state.settings.worker_mode.value
     click.echo(f"agent-runner API on http://{host}:{port} (docs at /docs, worker: {mode})", err=True)
-    uvicorn.run(app, host=host, port=port, log_level="info", timeout_graceful_shutdown=5)
+    run_server(app, host, port)
 
 
 @main.group()

@@ -163,6 +163,24 @@ def _add_probes(app: FastAPI) -> None:
         return Response(content=body, media_type=content_type)
 
 
+def run_server(app: FastAPI, host: str, port: int) -> None:
+    """Serve `app` with uvicorn until SIGTERM or Ctrl-C; open event streams then end at once, quietly.
+
+    Uvicorn waits for open connections before it stops, and event streams stay open until
+    their client leaves; told first, they end and the server stops without waiting.
+    """
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            runtime: Runtime | None = getattr(app.state, "runtime", None)
+            if runtime is not None:
+                runtime.fanout.close_streams()
+            super().handle_exit(sig, frame)
+
+    Server(uvicorn.Config(app, host=host, port=port, log_level="info", timeout_graceful_shutdown=5)).run()
+
+
 def _add_console(app: FastAPI) -> None:
     """Serve the console from `workers/api/static/` when it is there; else point `/` at the docs."""
     index = STATIC_DIR / "index.html"
