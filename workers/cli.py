@@ -397,6 +397,7 @@ def worker(obj: _Context, concurrency: int, lease_ttl: float, poll_interval: flo
     from store import SqlTurnLease
     from workers.inbox import INBOX_SWEEP_INTERVAL_S, InboxPump
     from workers.telemetry import WORKER_SERVICE_NAME, instrument
+    from workers.telemetry.logs import configure_service_logging
     from workers.telemetry.metrics import start_metrics_server
 
     settings = obj.settings()
@@ -414,6 +415,7 @@ def worker(obj: _Context, concurrency: int, lease_ttl: float, poll_interval: flo
         deadline_interval=settings.deadline_sweep_interval_s,
     )
     # Spans, metrics and the log context of every step, as `serve` and the Celery workers have them.
+    configure_service_logging()
     instrument(runner, service_name=WORKER_SERVICE_NAME)
     port = settings.metrics_port
     metrics_server = None if port is None else start_metrics_server(port, settings.metrics_addr)
@@ -497,6 +499,7 @@ def serve(
 
         from workers.api import ApiSettings, WorkerMode, create_app
         from workers.api.app import run_server
+        from workers.telemetry.logs import configure_service_logging
     except ImportError as exc:
         _fail(f"serving needs the api extra (pip install 'agent-runner[api]'): {exc}", EXIT_BAD_INPUT)
     spec = agents_spec or obj.agents
@@ -522,6 +525,7 @@ def serve(
     app = create_app(settings, agents=loader, worker=WorkerMode(worker_mode) if worker_mode else None)
     mode = app.state.settings.worker_mode.value
     click.echo(f"agent-runner API on http://{host}:{port} (docs at /docs, worker: {mode})", err=True)
+    configure_service_logging()
     run_server(app, host, port)
 
 
