@@ -74,16 +74,19 @@ def prunable(turns: Iterable[AgentTurn], cutoff: datetime) -> set[str]:
 def stored_snapshot(turn: AgentTurn, current: AgentTurn | None, expected_version: int) -> AgentTurn:
     """Return what a store keeps for a successful save of `turn` over `current`.
 
-    The version advances by one, the cancel flag never goes back to False and the lease
-    fence never goes down. Every store applies this same rule.
+    The version advances by one, the cancel flag never goes back to False (nor is its
+    reason forgotten) and the lease fence never goes down. Every store applies this same rule.
     """
     cancel = turn.cancel_requested or (current is not None and current.cancel_requested)
+    reason = turn.cancel_reason or (None if current is None else current.cancel_reason)
     fence = turn.lease_fence
     if current is not None and current.lease_fence is not None and (fence is None or fence < current.lease_fence):
         fence = current.lease_fence
     update: dict[str, object] = {"version": expected_version + 1}
     if cancel != turn.cancel_requested:
         update["cancel_requested"] = cancel
+    if reason != turn.cancel_reason:
+        update["cancel_reason"] = reason
     if fence != turn.lease_fence:
         update["lease_fence"] = fence
     return turn.model_copy(update=update)
@@ -225,14 +228,17 @@ class InMemoryAgentTurnStore:
             turn_id = self._active.get(conversation_id)
             return None if turn_id is None else self._turns[turn_id]
 
-    def request_cancel(self, turn_id: str) -> AgentTurn:
-        """Set the monotonic cancel flag without a version change."""
+    def request_cancel(self, turn_id: str, reason: str | None = None) -> AgentTurn:
+        """Set the monotonic cancel flag, and the first reason given, without a version change."""
         with self._lock:
             turn = self._turns.get(turn_id)
             if turn is None:
                 raise TurnNotFound(turn_id)
-            if not turn.cancel_requested:
-                turn = turn.model_copy(update={"cancel_requested": True})
+            update: dict[str, object] = {"cancel_requested": True}
+            if turn.cancel_reason is None and reason:
+                update["cancel_reason"] = reason
+            if any(getattr(turn, name) != value for name, value in update.items()):
+                turn = turn.model_copy(update=update)
                 self._turns[turn_id] = turn
             return turn
 

@@ -164,7 +164,7 @@ StepPlan = Terminate | CallModel | ExecuteTool | ReconcileTool | WriteToolResult
 def plan_step(turn: AgentTurn, agent: Agent, policy: AgentExecutionPolicy) -> StepPlan:
     """Decide what the next step of a runnable turn does. Limits are checked first."""
     if turn.cancel_requested:
-        return Terminate(S.CANCELLED, policy.cancellation_reason)
+        return Terminate(S.CANCELLED, turn.cancel_reason or policy.cancellation_reason)
     if turn.steps >= policy.max_steps:
         return Terminate(S.MAX_STEPS_REACHED, f"the turn reached its limit of {policy.max_steps} steps")
     budget_reason = budget_exceeded(turn, agent)

@@ -88,8 +88,13 @@ class AgentTurnStore(Protocol):
         """Return the conversation's non-terminal turn, or None."""
         ...
 
-    def request_cancel(self, turn_id: str) -> AgentTurn:
-        """Set the turn's cancel flag without changing its version; return the stored snapshot."""
+    def request_cancel(self, turn_id: str, reason: str | None = None) -> AgentTurn:
+        """Set the turn's cancel flag without changing its version; return the stored snapshot.
+
+        `reason` is kept as the snapshot's `cancel_reason` unless an earlier request gave
+        one, and no save clears it (a save need not return it: `load` does). A store whose `request_cancel` takes only the turn id
+        still works: its cancelled turns end with the policy's default reason.
+        """
         ...
 
     def list_turns(

@@ -20,6 +20,7 @@ from typing import Any
 
 from agent_runner import machine, telemetry  # telemetry hook: trace context of new turns
 from agent_runner._base import new_id, trusted, utcnow
+from agent_runner._cancelling import request_cancel, stored_cancel_reason
 from agent_runner._cas import AGAIN, retry_on_conflict
 from agent_runner._children import ChildTurns
 from agent_runner._conversations import ConversationGate
@@ -306,8 +307,9 @@ class AgentRunner:
         Raises:
             TurnNotFound: No such turn.
             AgentNotFound: The loader does not know the turn's agent and version.
+            InputLimitError: `turn_id` is not an id (NUL characters and lone surrogates included).
         """
-        turn = self.turn_store.load(turn_id)
+        turn = self.turn_store.load(check_id(turn_id, "turn_id", self.policy.limits))
         self.agent_loader.load(turn.agent_id, turn.agent_version)
         turn = self._projection.project(turn)
         if turn.status is S.WAITING_FOR_CHILD:
@@ -413,22 +415,25 @@ class AgentRunner:
         next boundary. A turn that already ended is returned unchanged.
 
         Raises:
-            InputLimitError: `reason` is over the policy's `max_message_bytes`; nothing changed.
+            InputLimitError: `turn_id` is not an id, or `reason` is over the policy's
+                `max_message_bytes`; nothing changed.
             InvalidTextError: `reason` holds text no store can keep; nothing changed.
         """
+        check_id(turn_id, "turn_id", self.policy.limits)
         if reason is not None:
             check_text(reason, "reason", self.policy.limits.max_message_bytes)
-        reason = reason or self.policy.cancellation_reason
+        given = reason or None
 
         def attempt() -> AgentTurn | object:
             turn = self.turn_store.load(turn_id)
             if turn.is_terminal:
                 return turn
             if turn.status is S.RUNNING:
-                flagged = self.turn_store.request_cancel(turn_id)
+                flagged = request_cancel(self.turn_store, turn_id, given)
                 # It blocked or ended meanwhile: cancel that state instead.
                 return flagged if flagged.status is S.RUNNING else AGAIN
-            return self._finish(turn, S.CANCELLED, reason)
+            # A turn flagged while it ran and then suspended ends with the flag's reason.
+            return self._finish(turn, S.CANCELLED, given or turn.cancel_reason or self.policy.cancellation_reason)
 
         return retry_on_conflict(turn_id, attempt)  # type: ignore[return-value]
 
@@ -637,6 +642,8 @@ class AgentRunner:
                 expected = running.version
             match plan:
                 case machine.Terminate(status=status, reason=reason):
+                    if status is S.CANCELLED:
+                        reason = stored_cancel_reason(self.turn_store, running) or reason
                     return AgentStepResult(turn=self._finish(running, status, reason, expected_version=expected))
                 case machine.CallModel():
                     return self._call_model(running, agent, expected)
@@ -687,7 +694,7 @@ class AgentRunner:
                 raise DefinitionError(f"chat model returned {type(response).__name__}, expected ChatResponse")
         except _CancelledMidCall:
             # Cancelled while the answer streamed in: stop paying for it and end the turn now.
-            reason = self.policy.cancellation_reason
+            reason = stored_cancel_reason(self.turn_store, turn) or self.policy.cancellation_reason
             return AgentStepResult(turn=self._finish(turn, S.CANCELLED, reason, expected_version=expected))
         except Exception as exc:
             return self._failed_call(turn, exc, expected, self.policy.retry_for(agent))

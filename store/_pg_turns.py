@@ -229,6 +229,7 @@ _HEADER_COLUMNS = (
     "version",
     "message_count",
     "cancel_requested",
+    "cancel_reason",
     "lease_fence",
     "next_retry_at",
     "created_at",

@@ -127,6 +127,8 @@ turns = sa.Table(
     sa.Column("version", sa.Integer, nullable=False),
     sa.Column("message_count", sa.Integer, nullable=False),
     sa.Column("cancel_requested", sa.Boolean, nullable=False),
+    # Written only by a cancel request (its first reason); saves leave it alone.
+    sa.Column("cancel_reason", sa.Text, nullable=True),
     sa.Column("lease_fence", sa.BigInteger, nullable=True),
     sa.Column("next_retry_at", UtcDateTime, nullable=True),
     sa.Column("created_at", UtcDateTime, nullable=False),

@@ -57,6 +57,7 @@ _COLUMN_FIELDS = frozenset(
         "phase",
         "version",
         "cancel_requested",
+        "cancel_reason",
         "lease_fence",
         "next_retry_at",
         "created_at",
@@ -159,8 +160,9 @@ def _guarded_update(sets_cancel: bool, sets_fence: bool) -> sa.Update:
     It matches only the expected version and message count, and a fence no lower than the
     stored one; parameters are `new_<column>` and `match_id/version/count/fence`.
     """
-    # The tree's event counter is bumped by the writing of events, never set from a snapshot.
-    skipped = {"event_position"}
+    # The tree's event counter is bumped by the writing of events, and the cancel reason is
+    # written by `request_cancel` alone: no save sets either from a snapshot.
+    skipped = {"event_position", "cancel_reason"}
     if not sets_cancel:
         skipped.add("cancel_requested")
     if not sets_fence:
@@ -879,15 +881,18 @@ class SqlAgentTurnStore(SqlBackend):
         if active is not None:
             raise AgentConversationBusyException(turn.conversation_id, active.id, AgentTurnStatus(active.status))
 
-    def request_cancel(self, turn_id: str) -> AgentTurn:
+    def request_cancel(self, turn_id: str, reason: str | None = None) -> AgentTurn:
         """Set the turn's cancel flag without changing its version; return the stored snapshot.
+
+        `reason` becomes the turn's `cancel_reason` unless an earlier request gave one.
 
         Raises:
             TurnNotFound: No turn has this id.
         """
+        flag = {"cancel_requested": True, "cancel_reason": sa.func.coalesce(turns.c.cancel_reason, reason or None)}
         with translated_errors(self._engine, f"cancelling turn {turn_id!r}"), self._writer.begin() as connection:
             flagged = connection.execute(
-                sa.update(turns).where(turns.c.id == turn_id).values(cancel_requested=True).returning(turns)
+                sa.update(turns).where(turns.c.id == turn_id).values(flag).returning(turns)
             ).first()
             if flagged is None:
                 raise TurnNotFound(turn_id)

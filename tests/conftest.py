@@ -22,7 +22,7 @@ from redis.exceptions import RedisError
 from sqlalchemy.engine import make_url
 
 import store
-from store._scripts import redact_url
+from store._redaction import redact_url
 
 TEST_DATABASE_URL = os.environ.get(
     "AGENT_RUNNER_TEST_DATABASE_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"

@@ -5,8 +5,9 @@ Every command reads the database from `--database-url` or `AGENT_RUNNER_DATABASE
 `--json` for scripts. Every error is one `error: ...` line on standard error (form data
 that fails its schema adds one `  - ...` line per schema error), never a traceback. The
 exit status is 2 for bad input (an unknown turn, an invalid id, JSON or option value,
-invalid form data, a command that does not fit the turn, arguments that are not UTF-8)
-and 1 for failures of the infrastructure (the database cannot be reached, a store error).
+invalid form data, a command that does not fit the turn such as a cancel of an ended one,
+arguments that are not UTF-8) and 1 for failures of the infrastructure (the database cannot
+be reached, a store error).
 """
 
 from __future__ import annotations
@@ -40,8 +41,9 @@ from agent_runner import (
     TurnError,
 )
 from agent_runner.limits import DEFAULT_LIMITS, check_id, check_text
+from store._redaction import check_password_encoding, mask_url_secrets
 from workers.agents import apply_runner_setup, load_agent_loader
-from workers.settings import DEFAULT_DATABASE_URL, SettingsError, WorkerSettings, mask_url_secrets
+from workers.settings import DEFAULT_DATABASE_URL, SettingsError, WorkerSettings
 from workers.views import (
     ResumeAction,
     decisions_view,
@@ -173,14 +175,7 @@ class _Context:
     @property
     def shown_url(self) -> str:
         """The database URL with its password masked, and where it came from."""
-        from sqlalchemy.engine import make_url
-
-        from store._engine import display_url
-
-        try:
-            shown = display_url(make_url(self.database_url))
-        except Exception:  # an unparsable URL is reported by whoever uses it
-            shown = self.database_url
+        shown = mask_url_secrets(self.database_url)
         return f"{shown} ({self.url_source})" if self.url_source else shown
 
     def uses_broker(self) -> bool:
@@ -203,8 +198,9 @@ class _Context:
         from sqlalchemy.exc import ArgumentError
 
         try:
+            check_password_encoding(self.database_url)
             url = make_url(self.database_url)
-        except ArgumentError as exc:
+        except (ArgumentError, ValueError) as exc:
             _unusable_url(self.database_url, exc)
         if url.get_backend_name() != "sqlite" or url.database in (None, "", ":memory:"):
             return
@@ -227,6 +223,7 @@ class _Context:
             from workers.database import open_database
 
             try:
+                check_password_encoding(self.database_url)  # a ValueError: bad input, below
                 self._database = open_database(self.database_url)
             except SchemaVersionError as exc:  # names the database and `agent-runner db upgrade`
                 _fail(str(exc))
@@ -273,7 +270,7 @@ class _Context:
             _fail(str(exc), EXIT_BAD_INPUT)
 
     def _wired_runner(self) -> AgentRunner:
-        from workers.app import create_app
+        from workers.celery_config import create_app
         from workers.wiring import build_wiring
 
         settings = self.settings()
@@ -317,7 +314,11 @@ pass_context = click.make_pass_decorator(_Context)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable JSON output.")
 @click.pass_context
 def main(ctx: click.Context, database_url: str, agents: str | None, as_json: bool) -> None:
-    """Operate agent-runner turns: inspect, resume, cancel, migrate, run a worker."""
+    """Operate agent-runner turns: inspect, resume, cancel, migrate, run a worker.
+
+    Exit status: 0 done; 2 bad input, or a command that does not fit the turn (a cancel of
+    a turn that has ended); 1 the database or another service failed.
+    """
     source = ctx.get_parameter_source("database_url")
     origin = (
         {
@@ -395,6 +396,9 @@ def worker(obj: _Context, concurrency: int, lease_ttl: float, poll_interval: flo
     from agent_runner.worker import AgentWorker
     from store import SqlTurnLease
     from workers.inbox import INBOX_SWEEP_INTERVAL_S, InboxPump
+    from workers.telemetry import WORKER_SERVICE_NAME, instrument
+    from workers.telemetry.logs import configure_service_logging
+    from workers.telemetry.metrics import start_metrics_server
 
     settings = obj.settings()
     runner = obj.embedded_runner()
@@ -410,8 +414,15 @@ def worker(obj: _Context, concurrency: int, lease_ttl: float, poll_interval: flo
         poll_interval=poll_interval,
         deadline_interval=settings.deadline_sweep_interval_s,
     )
+    # Spans, metrics and the log context of every step, as `serve` and the Celery workers have them.
+    configure_service_logging()
+    instrument(runner, service_name=WORKER_SERVICE_NAME)
+    port = settings.metrics_port
+    metrics_server = None if port is None else start_metrics_server(port, settings.metrics_addr)
     names = ", ".join(schedule.name for schedule in scheduler.schedules) if scheduler is not None else ""
     firing = f", firing schedules {names}" if names else ""
+    if metrics_server is not None:
+        firing += f", metrics on http://{metrics_server.addr}:{metrics_server.port}/metrics"
     click.echo(
         f"worker {embedded.owner} stepping turns with {concurrency} thread(s){firing}; Ctrl-C or SIGTERM stops",
         err=True,
@@ -435,6 +446,8 @@ def worker(obj: _Context, concurrency: int, lease_ttl: float, poll_interval: flo
             scheduler.stop()
         pump.stop()
         embedded.stop()
+        if metrics_server is not None:
+            metrics_server.close()
 
 
 def _scheduler(
@@ -482,9 +495,11 @@ def serve(
 ) -> None:
     """Serve the HTTP API (and the console) for web apps; see docs/http-api.md."""
     try:
-        import uvicorn
+        import uvicorn  # noqa: F401 - checked here, so that a missing extra is one clear line
 
         from workers.api import ApiSettings, WorkerMode, create_app
+        from workers.api.app import run_server
+        from workers.telemetry.logs import configure_service_logging
     except ImportError as exc:
         _fail(f"serving needs the api extra (pip install 'agent-runner[api]'): {exc}", EXIT_BAD_INPUT)
     spec = agents_spec or obj.agents
@@ -510,7 +525,8 @@ def serve(
     app = create_app(settings, agents=loader, worker=WorkerMode(worker_mode) if worker_mode else None)
     mode = app.state.settings.worker_mode.value
     click.echo(f"agent-runner API on http://{host}:{port} (docs at /docs, worker: {mode})", err=True)
-    uvicorn.run(app, host=host, port=port, log_level="info", timeout_graceful_shutdown=5)
+    configure_service_logging()
+    run_server(app, host, port)
 
 
 @main.group()
@@ -695,14 +711,21 @@ def resume(
 @click.option("--reason", default=None, help="Reason recorded in the close-out (default: the policy's).")
 @pass_context
 def cancel(obj: _Context, turn_id: str, reason: str | None) -> None:
-    """Cancel a turn and its children (a running turn stops at its next boundary)."""
+    """Cancel a turn and its children (a running turn stops at its next boundary).
+
+    A turn that has already ended exits 2, as any command that does not fit the turn.
+    """
     check_id(turn_id, "TURN_ID")
     if reason is not None:
         check_text(reason, "--reason", DEFAULT_LIMITS.max_message_bytes)
     try:
-        turn = obj.runner().cancel(turn_id, reason)
+        runner = obj.runner()
+        ended_before = runner.turn_store.get_ref(turn_id).status.is_terminal
+        turn = runner.cancel(turn_id, reason)
     except AgentRunnerError as exc:
         _fail_with(exc)
+    if ended_before or (turn.is_terminal and turn.status is not AgentTurnStatus.CANCELLED):
+        _fail(f"turn {turn.id!r} has already ended ({turn.status.value}); there is nothing to cancel", EXIT_BAD_INPUT)
     message = "cancel requested; it stops at its next boundary" if turn.status is AgentTurnStatus.RUNNING else ""
     obj.emit(turn_summary(turn), lambda: click.echo(f"turn {turn.id} is {turn.status.value} {message}".rstrip()))
 

@@ -52,6 +52,7 @@ from urllib.parse import urlsplit
 from pydantic import ValidationError
 
 from agent_runner import AgentExecutionPolicy, AgentRunnerError, DefinitionError, RetryPolicy
+from store._redaction import check_password_encoding, mask_url_secrets
 
 T = TypeVar("T", int, float)
 
@@ -62,25 +63,6 @@ DEFAULT_QUEUE = "agent-runner"
 
 _QUEUE_NAME = re.compile(r"^[A-Za-z0-9_.:-]{1,200}$")
 _IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
-
-
-_USERINFO_SECRET = re.compile(r"(?P<user>[^\s:/@?#]*):(?!//)(?P<secret>[^\s?#]*)@")
-_QUERY_SECRET = re.compile(
-    r"(?P<key>[?&;](?:password|passwd|pwd|pass|sslpassword|secret|token|access_token|api_key|apikey)=)[^&;#\s]*",
-    re.IGNORECASE,
-)
-
-
-def mask_url_secrets(text: str) -> str:
-    """Return `text` with every password in a URL-shaped part replaced by `***`, whether the URL parses or not.
-
-    Masked: the password of `user:password@` wherever it appears (also after a broken
-    scheme separator, as in `postgres:/user:secret@host`, and up to the last `@` when the
-    password holds an unescaped one), and query parameters such as `password=`. Masking
-    too much is preferred to showing a secret.
-    """
-    masked = _USERINFO_SECRET.sub(lambda m: f"{m.group('user')}:***@", text)
-    return _QUERY_SECRET.sub(lambda m: f"{m.group('key')}***", masked)
 
 
 class SettingsError(AgentRunnerError):
@@ -269,6 +251,10 @@ def _url(env: Mapping[str, str], name: str, default: str) -> str:
         return default
     if "://" not in value:
         raise SettingsError(name, value, "expected a URL such as scheme://host/...")
+    try:
+        check_password_encoding(value)
+    except ValueError as exc:
+        raise SettingsError(name, value, str(exc)) from None
     try:
         urlsplit(value).port  # noqa: B018 - reading the port is what validates it
     except ValueError:

@@ -347,7 +347,9 @@ async def _follow(
                 return
         last_comment = time.monotonic()
         while True:
-            events = await stream.next_events(KEEPALIVE_S)
+            events = await runtime.fanout.unless_closing(stream.next_events(KEEPALIVE_S))
+            if events is None:
+                return  # the server is stopping: end the stream now, the client reconnects elsewhere
             if events:
                 # One write per batch: a burst of deltas costs the server one send per stream.
                 yield "".join(write(event) for event in events)

@@ -267,7 +267,7 @@ def _stop_worker(worker: AgentWorker) -> None:
 
 def _celery_runtime(settings: ApiSettings, agent_loader: AgentLoader | None) -> Runtime:
     # The only place the HTTP server touches the Celery wiring.
-    from workers.app import create_app
+    from workers.celery_config import create_app
     from workers.wiring import build_wiring
 
     worker_settings = settings.workers

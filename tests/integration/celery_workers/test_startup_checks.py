@@ -46,13 +46,13 @@ def test_build_wiring_refuses_a_database_without_tables_and_names_the_command(
     with pytest.raises(store.SchemaVersionError, match=FIX) as raised:
         build_wiring(settings, create_app(settings))
     assert "has no agent-runner tables" in str(raised.value)
-    assert raised.value.current is None and raised.value.head == "0007"
+    assert raised.value.current is None and raised.value.head == "0008"
 
 
 def test_build_wiring_refuses_a_database_an_upgrade_behind(empty_pg_url: str, redis_url: str) -> None:
     _at_revision(empty_pg_url, "0003")
     settings = WorkerSettings.from_env(_env(empty_pg_url, redis_url))
-    with pytest.raises(store.SchemaVersionError, match="is at schema revision 0003, this version needs 0007"):
+    with pytest.raises(store.SchemaVersionError, match="is at schema revision 0003, this version needs 0008"):
         build_wiring(settings, create_app(settings))
     # Once migrated, it starts
     store.migrate(empty_pg_url)

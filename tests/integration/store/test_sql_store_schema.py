@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import sqlite3
+import subprocess
+import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -73,7 +77,7 @@ def test_the_migrated_schema_equals_the_models(database: str, request: pytest.Fi
     engine = store.make_engine(url)
     try:
         with engine.connect() as connection:
-            assert current_revision(connection) == head_revision() == "0007"
+            assert current_revision(connection) == head_revision() == "0008"
         # And the partial unique index covers exactly the non-terminal statuses
         index = next(
             i
@@ -121,6 +125,54 @@ def test_concurrent_first_use_of_an_embedded_database_migrates_it_once(tmp_path:
         thread.join(timeout=30)
     assert errors == []
     assert schema_differences(url) == []
+
+
+FIRST_USE_SCRIPT = """
+import sys
+from workers.database import open_database
+print("ready", flush=True)
+sys.stdin.readline()
+open_database(sys.argv[1]).close()
+"""
+
+
+def test_processes_opening_a_new_database_file_together_all_start(tmp_path: Path) -> None:
+    # Given a new SQLite file whose creator still holds its write lock, in its first
+    # (rollback) journal mode, as the process that creates a new file does for a moment
+    path = tmp_path / "together.db"
+    creator = sqlite3.connect(path, isolation_level=None)
+    creator.execute("BEGIN IMMEDIATE")
+    creator.execute("CREATE TABLE creating (x)")
+    # When several processes open it at the same moment, while the lock is held
+    processes = [
+        subprocess.Popen(
+            [sys.executable, "-c", FIRST_USE_SCRIPT, f"sqlite:///{path}"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(4)
+    ]
+    for process in processes:
+        assert process.stdout is not None and process.stdout.readline() == "ready\n"
+    for process in processes:
+        assert process.stdin is not None
+        process.stdin.write("go\n")
+        process.stdin.flush()
+    time.sleep(1.5)
+    creator.execute("ROLLBACK")  # it wrote nothing the migration must know about
+    creator.close()
+    # Then each waits for the lock instead of failing with "database is locked", and the
+    # database ends up migrated once, in WAL mode
+    outcomes = [(p.wait(timeout=60), p.communicate(timeout=60)[1]) for p in processes]
+    assert [stderr for code, stderr in outcomes if code != 0] == []
+    assert schema_differences(f"sqlite:///{path}") == []
+    check = sqlite3.connect(path)
+    try:
+        assert check.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+    finally:
+        check.close()
 
 
 @pytest.mark.integration

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -332,3 +333,18 @@ def test_a_cancel_reason_over_the_limit_is_refused_and_the_turn_goes_on() -> Non
         runner.cancel(turn.id, "bad \x00")
     assert runner.turn_store.load(turn.id) == turn
     assert runner.cancel(turn.id, "user left").status is AgentTurnStatus.CANCELLED
+
+
+@pytest.mark.parametrize("bad_id", ["t\x00", "t\ud800", "t" * 129, ""])
+def test_runner_entry_points_taking_a_turn_id_refuse_one_that_is_not_an_id(bad_id: str) -> None:
+    runner = AgentRunner()
+    calls: list[Callable[[], object]] = [
+        lambda: runner.restore(bad_id),
+        lambda: runner.cancel(bad_id),
+        lambda: runner.cancel(bad_id, reason="why"),
+        lambda: runner.resume(bad_id, AgentResumeCommand.retry()),
+        lambda: runner.submit_resume(bad_id, AgentResumeCommand.retry()),
+    ]
+    for call in calls:
+        with pytest.raises(InputLimitError, match="turn_id"):
+            call()

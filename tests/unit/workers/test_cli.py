@@ -139,6 +139,19 @@ def test_cancel_closes_out_a_waiting_turn(url: str) -> None:
     assert "not needed" in (stored.error or "")
 
 
+def test_cancel_of_an_ended_turn_exits_2_with_one_line_and_changes_nothing(url: str) -> None:
+    turn = _waiting_turn(url, APPROVAL)
+    assert cli(url, "cancel", turn.id).returncode == 0
+    cancelled = _stored(url, turn.id)
+    # When the ended turn is cancelled again
+    again = cli(url, "cancel", turn.id, "--reason", "twice")
+    # Then the command exits 2 with one line saying so, as HTTP answers 409, and nothing changed
+    assert again.returncode == 2, again.stderr
+    [line] = again.stderr.splitlines()
+    assert line.startswith("error: ") and "already ended (CANCELLED)" in line and turn.id in line
+    assert _stored(url, turn.id) == cancelled
+
+
 @pytest.mark.parametrize(
     "args",
     [
