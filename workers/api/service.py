@@ -57,6 +57,9 @@ class Queued:
 def start_turn(runtime: Runtime, tenant: Tenant, request: StartTurnRequest, message_id: str) -> AgentTurn | Queued:
     """Start a turn, or handle a busy conversation as `request.if_busy` says.
 
+    With `if_busy=enqueue` a message also queues while earlier queued messages of the
+    conversation wait to start, so the conversation's messages start in the order accepted.
+
     Args:
         runtime: The server's backends.
         tenant: Who asks; owns the turn and the conversation.
@@ -69,6 +72,10 @@ def start_turn(runtime: Runtime, tenant: Tenant, request: StartTurnRequest, mess
     """
     runtime.agent_loader.load(request.agent_id)
     conversation = None if request.conversation_id is None else tenant.stored_conversation(request.conversation_id)
+    if conversation is not None and request.if_busy == "enqueue" and runtime.inbox.has_waiting(conversation):
+        # Earlier messages are still queued (their turn has not started yet, although the
+        # conversation may be free for a moment): starting this one now would overtake them.
+        return _enqueue(runtime, tenant, request, conversation, message_id)
     for _ in range(_INTERRUPT_ATTEMPTS):
         try:
             return runtime.runner.start(

@@ -37,9 +37,23 @@ class Stack:
         return self.server.client()
 
 
+TENANT_KEYS = {"tenant-a": "key-a-0123456789", "tenant-b": "key-b-9876543210"}
+
+
 @pytest.fixture
 def stack(pg_url: str, tmp_path: Path) -> Iterator[Stack]:
     """PostgreSQL, Redis, one Celery worker process and the API server, all of this test alone."""
+    yield from _stack(pg_url, tmp_path)
+
+
+@pytest.fixture
+def tenant_stack(pg_url: str, tmp_path: Path) -> Iterator[Stack]:
+    """The same, with the API keys of two tenants."""
+    keys = ",".join(f"{tenant}:{key}" for tenant, key in TENANT_KEYS.items())
+    yield from _stack(pg_url, tmp_path, AGENT_RUNNER_API_KEYS=keys)
+
+
+def _stack(pg_url: str, tmp_path: Path, **overrides: str) -> Iterator[Stack]:
     namespace = f"ar-api-{uuid.uuid4().hex[:10]}"
     env = cluster_env(
         schema_url=pg_url,
@@ -47,6 +61,7 @@ def stack(pg_url: str, tmp_path: Path) -> Iterator[Stack]:
         namespace=namespace,
         AGENT_RUNNER_AGENT_LOADER=AGENTS,
         AGENT_RUNNER_INBOX_AGENT="desk",
+        **overrides,
     )
     cluster = Cluster(env=env, tmp_path=tmp_path, redis_url=TEST_REDIS_URL)
     server = ApiServer(agents=AGENTS, env=env, log=tmp_path / "server.log")
@@ -116,6 +131,44 @@ def test_busy_conversations_reject_enqueue_and_interrupt_through_celery(stack: S
         assert interrupted.status_code == 201, interrupted.text
         assert client.get(f"/v1/turns/{waiting['id']}").json()["status"] == "CANCELLED"
         assert wait_for(client, interrupted.json()["id"], blocked)["final_output"] == "echo: stop that"
+
+
+def test_queued_messages_of_tenants_sharing_a_conversation_id_start_in_order_on_celery_workers(
+    tenant_stack: Stack,
+) -> None:
+    # Given two tenants whose conversations share an id, each with a turn waiting for a form
+    server = tenant_stack.server
+    with server.client(TENANT_KEYS["tenant-a"]) as a, server.client(TENANT_KEYS["tenant-b"]) as b:
+        body: dict[str, Any] = {"agent_id": "desk", "conversation_id": "shared"}
+        active = {}
+        for name, client in (("a", a), ("b", b)):
+            created = client.post("/v1/turns", json={**body, "input": "ticket"})
+            assert created.status_code == 201, created.text
+            active[name] = created.json()["id"]
+            wait_for(client, active[name], blocked)
+
+        # When each queues three messages behind it, then frees its conversation
+        for name, client in (("a", a), ("b", b)):
+            for i in range(3):
+                queued = client.post("/v1/turns", json={**body, "input": f"{name}{i}", "if_busy": "enqueue"})
+                assert queued.status_code == 202 and queued.json()["status"] == "QUEUED", queued.text
+                assert queued.json()["conversation_id"] == "shared"
+            assert client.post(f"/v1/turns/{active[name]}/cancel").json()["status"] == "CANCELLED"
+
+        # Then every queued message runs, in the order queued, in its own tenant's conversation only
+        for name, client in (("a", a), ("b", b)):
+
+            def answered(client: httpx.Client = client) -> list[dict[str, Any]] | None:
+                turns = client.get("/v1/turns", params={"conversation_id": "shared"}).json()["items"]
+                return turns if len(turns) == 4 and all(ended(t) for t in turns) else None
+
+            turns = eventually(answered, timeout=30, what=f"the messages of tenant {name}")
+            outputs = [t["final_output"] for t in sorted(turns, key=lambda t: t["created_at"])][1:]
+            assert outputs == [f"echo: {name}{i}" for i in range(3)]
+            assert {t["conversation_id"] for t in turns} == {"shared"}
+    # And no worker dropped a message of a tenant's conversation (nor warned at each turn end)
+    logs = tenant_stack.cluster.logs()
+    assert "rejected a" not in logs, logs
 
 
 def test_readiness_names_a_broker_that_does_not_answer(pg_url: str, tmp_path: Path) -> None:
