@@ -17,6 +17,7 @@ from tests.integration.api.api_server import (
     AGENTS,
     assert_error,
     blocked,
+    check_queued_messages_of_two_tenants_start_in_order,
     ended,
     eventually,
     read_stream,
@@ -136,36 +137,9 @@ def test_busy_conversations_reject_enqueue_and_interrupt_through_celery(stack: S
 def test_queued_messages_of_tenants_sharing_a_conversation_id_start_in_order_on_celery_workers(
     tenant_stack: Stack,
 ) -> None:
-    # Given two tenants whose conversations share an id, each with a turn waiting for a form
     server = tenant_stack.server
     with server.client(TENANT_KEYS["tenant-a"]) as a, server.client(TENANT_KEYS["tenant-b"]) as b:
-        body: dict[str, Any] = {"agent_id": "desk", "conversation_id": "shared"}
-        active = {}
-        for name, client in (("a", a), ("b", b)):
-            created = client.post("/v1/turns", json={**body, "input": "ticket"})
-            assert created.status_code == 201, created.text
-            active[name] = created.json()["id"]
-            wait_for(client, active[name], blocked)
-
-        # When each queues three messages behind it, then frees its conversation
-        for name, client in (("a", a), ("b", b)):
-            for i in range(3):
-                queued = client.post("/v1/turns", json={**body, "input": f"{name}{i}", "if_busy": "enqueue"})
-                assert queued.status_code == 202 and queued.json()["status"] == "QUEUED", queued.text
-                assert queued.json()["conversation_id"] == "shared"
-            assert client.post(f"/v1/turns/{active[name]}/cancel").json()["status"] == "CANCELLED"
-
-        # Then every queued message runs, in the order queued, in its own tenant's conversation only
-        for name, client in (("a", a), ("b", b)):
-
-            def answered(client: httpx.Client = client) -> list[dict[str, Any]] | None:
-                turns = client.get("/v1/turns", params={"conversation_id": "shared"}).json()["items"]
-                return turns if len(turns) == 4 and all(ended(t) for t in turns) else None
-
-            turns = eventually(answered, timeout=30, what=f"the messages of tenant {name}")
-            outputs = [t["final_output"] for t in sorted(turns, key=lambda t: t["created_at"])][1:]
-            assert outputs == [f"echo: {name}{i}" for i in range(3)]
-            assert {t["conversation_id"] for t in turns} == {"shared"}
+        check_queued_messages_of_two_tenants_start_in_order(a, b)
     # And no worker dropped a message of a tenant's conversation (nor warned at each turn end)
     logs = tenant_stack.cluster.logs()
     assert "rejected a" not in logs, logs
