@@ -55,8 +55,6 @@ class Message:
 
     tenant: str
     conversation: str
-    index: int
-    """Its place among the messages posted to its conversation."""
     agent_id: str
     text: str
     if_busy: str
@@ -69,41 +67,52 @@ class Message:
 
 @dataclass
 class Accepted:
-    """What the server answered a message (201 with a turn, or 202 QUEUED), in the order answered."""
+    """The messages the server accepted (201 with a turn, or 202 QUEUED), and what it refused."""
 
-    answers: dict[str, list[tuple[Message, int]]] = field(default_factory=lambda: defaultdict(list))
+    answers: dict[str, list[Message]] = field(default_factory=lambda: defaultdict(list))
+    """The accepted messages of each conversation (`tenant/conversation`), in the order accepted."""
     refused: list[str] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def record(self, message: Message, status: int, body: str) -> None:
         with self.lock:
             if status in (201, 202):
-                self.answers[f"{message.tenant}/{message.conversation}"].append((message, status))
+                self.answers[f"{message.tenant}/{message.conversation}"].append(message)
             else:
                 self.refused.append(f"{message.label}: {status} {body[:300]}")
 
     def messages(self) -> list[Message]:
-        return [message for answers in self.answers.values() for message, _ in answers]
+        return [message for answers in self.answers.values() for message in answers]
 
 
-def _messages(tenant: int, conversation: int, count: int, conversations: int) -> list[Message]:
+@dataclass(frozen=True)
+class RunSize:
+    """How much one run does: conversations per tenant, messages per conversation, worker kills, time allowed."""
+
+    conversations: int
+    per_conversation: int
+    max_kills: int
+    timeout: float
+
+
+def _messages(tenant: int, conversation: int, size: RunSize) -> list[Message]:
     """The messages of one tenant's conversation: every scenario kind in turn, a deadline, an interrupt."""
     tenant_name = list(TENANTS)[tenant]
     made: list[Message] = []
-    for index in range(count):
-        number = (tenant * conversations + conversation) * count + index
+    for index in range(size.per_conversation):
+        number = (tenant * size.conversations + conversation) * size.per_conversation + index
         if index % 8 == 6:
             label = f"t{number}"
             # Left to its deadline: approved by default after `APPROVAL_TIMEOUT_S`.
             deadline = Scenario({"label": label}, COMPLETED, (label,))
-            made.append(Message(tenant_name, f"c-{conversation}", index, "deadline-agent", label, "enqueue", deadline))
+            made.append(Message(tenant_name, f"c-{conversation}", "deadline-agent", label, "enqueue", deadline))
             continue
         chosen = scenario(number)
         if index % 6 == 5:
             chosen = Scenario({"kind": "plain", "label": f"t{number}"}, COMPLETED, ())
         if_busy = "interrupt" if index % 6 == 5 else "enqueue"
         text = json.dumps(chosen.spec)
-        made.append(Message(tenant_name, f"c-{conversation}", index, "worker-agent", text, if_busy, chosen))
+        made.append(Message(tenant_name, f"c-{conversation}", "worker-agent", text, if_busy, chosen))
     return made
 
 
@@ -236,10 +245,7 @@ def run_tenants_under_chaos(
     tmp_path: Path,
     *,
     broker_url: str | None,
-    conversations: int,
-    per_conversation: int,
-    max_kills: int,
-    timeout: float,
+    size: RunSize,
 ) -> None:
     """Run the tenants' messages under the faults, then check every promise (see the module docstring)."""
     # Given workers and beat whose database connections carry an application name the
@@ -269,8 +275,8 @@ def run_tenants_under_chaos(
     for worker in workers:
         cluster.wait_ready(worker)
     server.start()
-    connection_killer = ConnectionKiller(admin, application, seed=conversations * per_conversation, pause=(0.3, 1.5))
-    worker_killer = WorkerKiller(cluster, workers, seed=per_conversation, max_kills=max_kills, every=2.5)
+    connection_killer = ConnectionKiller(admin, application, seed=size.per_conversation, pause=(0.3, 1.5))
+    worker_killer = WorkerKiller(cluster, workers, seed=size.conversations, max_kills=size.max_kills, every=2.5)
     accepted = Accepted()
     try:
         # When both tenants post to their conversations of the same ids while the faults run
@@ -280,16 +286,16 @@ def run_tenants_under_chaos(
         posters = [
             threading.Thread(
                 target=_post_all,
-                args=(server, _messages(t, c, per_conversation, conversations), accepted, t * 100 + c),
+                args=(server, _messages(t, c, size), accepted, t * 100 + c),
                 daemon=True,
             )
             for t in range(len(TENANTS))
-            for c in range(conversations)
+            for c in range(size.conversations)
         ]
         for poster in posters:
             poster.start()
         answered = 0
-        deadline = started + timeout
+        deadline = started + size.timeout
         finished = False
         while not finished and time.monotonic() < deadline:
             answered += _answer_people(server)
@@ -306,11 +312,11 @@ def run_tenants_under_chaos(
         )
         assert worker_killer.error is None and connection_killer.error is None, "a fault injector died"
         assert accepted.refused == [], f"messages the server did not accept: {accepted.refused}"
-        assert len(posted) == len(TENANTS) * conversations * per_conversation
+        assert len(posted) == len(TENANTS) * size.conversations * size.per_conversation
         if not finished:
             # Report what is missing rather than only that time ran out
             _check_turns(cluster, server, accepted, schema_url)
-            pytest.fail(f"the turns had not all ended after {timeout}s\n{cluster.logs()[-8000:]}")
+            pytest.fail(f"the turns had not all ended after {size.timeout}s\n{cluster.logs()[-8000:]}")
         ticks = _check_turns(cluster, server, accepted, schema_url)
         assert ticks >= 2, "the schedule did not fire during the run"
         # And the chaos was real
@@ -362,9 +368,9 @@ def _check_turns(cluster: Cluster, server: ApiServer, accepted: Accepted, url: s
     optional: list[str] = []
     expected: list[str] = []
     for conversation, answers in accepted.answers.items():
-        interrupts = [i for i, (m, _) in enumerate(answers) if m.if_busy == "interrupt"]
+        interrupts = [i for i, m in enumerate(answers) if m.if_busy == "interrupt"]
         queued_starts: list[tuple[str, str]] = []
-        for position, (message, _) in enumerate(answers):
+        for position, message in enumerate(answers):
             [view] = roots[f"{message.tenant}:{message.label}"]
             assert view["conversation_id"] == message.conversation
             interrupted = any(i > position for i in interrupts)
@@ -396,51 +402,35 @@ def _check_turns(cluster: Cluster, server: ApiServer, accepted: Accepted, url: s
     return len(ticks)
 
 
-def test_two_tenants_with_every_feature_lose_and_repeat_nothing_under_faults_on_redis(
-    make_cluster: Callable[..., Cluster], schema_url: str, admin: psycopg.Connection[Any], tmp_path: Path
+BROKERS = {"redis": None, "rabbitmq": RABBITMQ_URL}
+"""The broker URL of each broker the runs are made on (None: the Redis of the leases)."""
+
+
+SIZES = [
+    pytest.param(RunSize(conversations=3, per_conversation=10, max_kills=3, timeout=75), id="60-messages"),
+    pytest.param(
+        RunSize(conversations=10, per_conversation=50, max_kills=1_000, timeout=1_200),
+        id="1000-messages",
+        marks=[pytest.mark.slow, pytest.mark.timeout(1_500)],
+    ),
+]
+
+
+@pytest.mark.parametrize("size", SIZES)
+@pytest.mark.parametrize("broker", list(BROKERS))
+def test_two_tenants_with_every_feature_lose_reorder_repeat_and_leak_nothing_under_faults(
+    broker: str,
+    size: RunSize,
+    make_cluster: Callable[..., Cluster],
+    schema_url: str,
+    admin: psycopg.Connection[Any],
+    tmp_path: Path,
 ) -> None:
     run_tenants_under_chaos(
         make_cluster,
         schema_url,
         admin,
         tmp_path,
-        broker_url=None,
-        conversations=3,
-        per_conversation=10,
-        max_kills=3,
-        timeout=75,
-    )
-
-
-def test_two_tenants_with_every_feature_lose_and_repeat_nothing_under_faults_on_rabbitmq(
-    make_cluster: Callable[..., Cluster], schema_url: str, admin: psycopg.Connection[Any], tmp_path: Path
-) -> None:
-    run_tenants_under_chaos(
-        make_cluster,
-        schema_url,
-        admin,
-        tmp_path,
-        broker_url=RABBITMQ_URL,
-        conversations=3,
-        per_conversation=10,
-        max_kills=3,
-        timeout=75,
-    )
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("broker", ["redis", "rabbitmq"])
-def test_a_thousand_turns_of_two_tenants_lose_and_repeat_nothing_under_faults(
-    broker: str, make_cluster: Callable[..., Cluster], schema_url: str, admin: psycopg.Connection[Any], tmp_path: Path
-) -> None:
-    run_tenants_under_chaos(
-        make_cluster,
-        schema_url,
-        admin,
-        tmp_path,
-        broker_url=RABBITMQ_URL if broker == "rabbitmq" else None,
-        conversations=10,
-        per_conversation=50,
-        max_kills=1_000,
-        timeout=1_200,
+        broker_url=BROKERS[broker],
+        size=size,
     )
