@@ -631,38 +631,6 @@ def unmark_started(turn: AgentTurn, call_id: str) -> AgentTurn:
     return turn.model_copy(update={"started_call_ids": [c for c in turn.started_call_ids if c != call_id]})
 
 
-def outcome_unknown_suspension(turn: AgentTurn, call: ToolCall, tool: Tool, note: str) -> Suspend:
-    """Ask a person to settle a call that started and whose outcome was never recorded."""
-    masked = tool.masked_arguments(call.arguments)
-    summary = f"{tool.name}({', '.join(f'{k}={v!r}' for k, v in masked.items())})"
-    message = (
-        f"The call {summary} started but its outcome was not recorded (the worker stopped while it ran)"
-        + (f": {note}" if note else "")
-        + ". Retry it, mark it done with its result, or fail it."
-    )
-    suspension = AgentSuspension(
-        type=SuspensionType.TOOL_APPROVAL,
-        correlation_id=call.id,
-        message=message,
-        resume_phase=Phase.TOOLS,
-        metadata={"reason": OUTCOME_UNKNOWN, "tool_name": tool.name, "arguments": masked, "note": note},
-    )
-    message_id = f"{page_message_id(turn.id, call.id)}-outcome"
-    payload: dict[str, Any] = {
-        "role": "agent_action",
-        "id": message_id,
-        "turn_id": turn.id,
-        "action_id": call.id,
-        "tool_name": tool.name,
-        "summary": message,
-        "arguments": masked,
-        "kind": OUTCOME_UNKNOWN,
-    }
-    return Suspend(
-        suspension, PageAction(message_id=message_id, action_id=call.id, kind=OUTCOME_UNKNOWN, payload=payload)
-    )
-
-
 def _check_call_id(turn: AgentTurn, suspension: AgentSuspension, command: AgentResumeCommand) -> ToolCall:
     call_id = command.tool_call_id
     if call_id != suspension.correlation_id:

@@ -23,6 +23,7 @@ from agent_runner._base import new_id, trusted, utcnow
 from agent_runner._cas import AGAIN, retry_on_conflict
 from agent_runner._children import ChildTurns
 from agent_runner._conversations import ConversationGate
+from agent_runner._outcomes import BodyWatch, find_outcome, outcome_unknown_suspension
 from agent_runner._projection import Projection
 from agent_runner._stepping import AdvanceResult, StopReason, advance
 from agent_runner.agent import Agent, InMemoryAgentLoader
@@ -64,7 +65,7 @@ from agent_runner.persistence import (
 from agent_runner.policy import AgentExecutionPolicy, RetryPolicy
 from agent_runner.snapshot import AgentTurn, AgentTurnStatus
 from agent_runner.suspensions import AgentResumeCommand, AgentSuspension, ResumeType, SuspensionType
-from agent_runner.tools import Tool, ToolOutcome, encode_tool_result, tool_scope
+from agent_runner.tools import Tool, encode_tool_result, tool_scope
 
 logger = logging.getLogger("agent_runner")
 
@@ -642,7 +643,7 @@ class AgentRunner:
                 case machine.ExecuteTool(call=call, tool=tool):
                     return self._execute_tool(running, call, tool, expected, self.policy.retry_for(agent))
                 case machine.ReconcileTool(call=call, tool=tool):
-                    return self._reconcile_tool(running, call, tool, expected, self.policy.retry_for(agent))
+                    return self._reconcile_tool(running, call, tool, expected, self.policy.retry_for(agent), None)
                 case machine.WriteToolResult(call=call, content=content, is_error=is_error):
                     updated, message = machine.apply_tool_result(running, call, content, is_error, now)
                     saved = self._save(updated, expected, _tool_completed(call, is_error))
@@ -715,6 +716,7 @@ class AgentRunner:
         self, turn: AgentTurn, call: ToolCall, tool: Tool, expected: int, retry: RetryPolicy
     ) -> AgentStepResult:
         self._carry(AgentEventType.TOOL_STARTED, turn, tool_call_id=call.id, tool_name=call.name)
+        started = turn
         if not tool.idempotent:
             # Saved before the body runs: after a crash, the call is known to have started and
             # is reconciled instead of being run again. The saves after the body forget the mark.
@@ -722,13 +724,14 @@ class AgentRunner:
             expected = started.version
             turn = machine.unmark_started(started, call.id)
         submitted = turn.form_data.get(call.id, {})
+        body = BodyWatch()  # middleware may fail before the body runs, or recast what it raised
 
         def progress(data: Any) -> None:
             self._emit(AgentEventType.TOOL_PROGRESS, turn, tool_call_id=call.id, tool_name=call.name, progress=data)
 
         def invoke(tool_call: ToolCall) -> Any:
             with tool_scope(turn.id, tool_call, submitted, progress):
-                return tool.invoke(tool_call.arguments)
+                return body.invoke(tool, tool_call.arguments)
 
         is_error = False
         try:
@@ -744,38 +747,29 @@ class AgentRunner:
             suspended = machine.apply_suspension(turn, plan, self.clock(), reminder=self.policy.deadline_reminder)
             return AgentStepResult(turn=self._save(suspended, expected, self._suspended_event(suspended)))
         except Exception as exc:
+            if body.leaves_outcome_unknown(tool):
+                return self._reconcile_tool(started, call, tool, expected, retry, exc)
             return self._failed_call(turn, exc, expected, retry, tool.retry_on)
         updated, message = machine.apply_tool_result(turn, call, content, is_error, self.clock())
         saved = self._save(updated, expected, _tool_completed(call, is_error))
         return AgentStepResult(turn=saved, tool_messages=[message])
 
     def _reconcile_tool(
-        self, turn: AgentTurn, call: ToolCall, tool: Tool, expected: int, retry: RetryPolicy
+        self, turn: AgentTurn, call: ToolCall, tool: Tool, expected: int, retry: RetryPolicy, raised: Exception | None
     ) -> AgentStepResult:
-        """Settle a non-idempotent call that started and has no recorded outcome, without re-running it blindly."""
-        outcome = ToolOutcome.unknown("the tool has no reconcile function")
-        if tool.reconciler is not None:
-            key = f"{turn.id}:{call.id}"  # the call's idempotency key (AgentToolContext.get_idempotency_key)
-            try:
-                with tool_scope(turn.id, call, turn.form_data.get(call.id, {}), lambda _: None):
-                    found = tool.reconciler(call, key)
-                if not isinstance(found, ToolOutcome):
-                    raise DefinitionError(f"reconcile of tool {tool.name!r} returned {found!r}, not a ToolOutcome")
-                outcome = found
-            except Exception as exc:
-                outcome = ToolOutcome.unknown(f"reconciling raised {type(exc).__name__}: {exc}")
+        """Settle a started non-idempotent call, never re-running it blindly (`raised`: what its body raised now)."""
+        outcome = find_outcome(tool, turn, call)
         if outcome.state == "done":
-            updated, message = machine.apply_tool_result(
-                turn, call, self._tool_text(encode_tool_result(outcome.result)), False, self.clock()
-            )
-            completed = (
-                AgentEventType.TOOL_COMPLETED,
-                {"tool_call_id": call.id, "tool_name": call.name, "is_error": False, "reconciled": True},
-            )
-            return AgentStepResult(turn=self._save(updated, expected, completed), tool_messages=[message])
+            content = self._tool_text(encode_tool_result(outcome.result))
+            updated, message = machine.apply_tool_result(turn, call, content, False, self.clock())
+            saved = self._save(updated, expected, _tool_completed(call, False, reconciled=True))
+            return AgentStepResult(turn=saved, tool_messages=[message])
+        if outcome.state == "not_done" and raised is not None:
+            # Nothing took effect: the error counts as for any tool (retried on the schedule, or failed).
+            return self._failed_call(machine.unmark_started(turn, call.id), raised, expected, retry, tool.retry_on)
         if outcome.state == "not_done":
             return self._execute_tool(machine.unmark_started(turn, call.id), call, tool, expected, retry)
-        plan = machine.outcome_unknown_suspension(turn, call, tool, outcome.note)
+        plan = outcome_unknown_suspension(turn, call, tool, outcome.note, raised)
         suspended = machine.apply_suspension(turn, plan, self.clock())
         return AgentStepResult(turn=self._save(suspended, expected, self._suspended_event(suspended)))
 
@@ -1062,8 +1056,11 @@ def _terminal_event(turn: AgentTurn) -> PendingEvent:
     return (TERMINAL_EVENTS[turn.status], {"error": turn.error, "final_output": turn.final_output})
 
 
-def _tool_completed(call: ToolCall, is_error: bool) -> PendingEvent:
-    return (AgentEventType.TOOL_COMPLETED, {"tool_call_id": call.id, "tool_name": call.name, "is_error": is_error})
+def _tool_completed(call: ToolCall, is_error: bool, **extra: Any) -> PendingEvent:
+    return (
+        AgentEventType.TOOL_COMPLETED,
+        {"tool_call_id": call.id, "tool_name": call.name, "is_error": is_error, **extra},
+    )
 
 
 def _suspension_data(suspension: AgentSuspension | None) -> dict[str, Any]:

@@ -53,7 +53,8 @@ class Tool:
         self.function = function
         self.idempotent = idempotent
         """False: a re-run could act twice. The runner then saves "started" before the body runs
-        and never re-runs a call whose outcome it did not record (see `reconcile`)."""
+        and never re-runs a call whose outcome it does not know, whether the worker stopped in
+        the body or the body raised (see `reconcile`)."""
         self.reconciler: Callable[[ToolCall, str], ToolOutcome] | None = None
         self.name = name or function.__name__
         if not TOOL_NAME_PATTERN.match(self.name):
@@ -83,13 +84,19 @@ class Tool:
         """What a call whose approval deadline passed becomes: `"reject"` or `"approve"`."""
 
     def reconcile(self, function: Callable[[ToolCall, str], ToolOutcome]) -> Callable[[ToolCall, str], ToolOutcome]:
-        """Register the function that finds out what became of a call whose outcome was not recorded.
+        """Register the function that finds out what became of a call whose outcome is unknown.
 
-        Used as a decorator on a non-idempotent tool (`@send_email.reconcile`). After a crash
-        between the start of the body and the save of its result, the runner calls
-        `function(call, idempotency_key)` instead of running the body again; it returns
-        `ToolOutcome.done(result)`, `ToolOutcome.not_done()` (the body runs again) or
-        `ToolOutcome.unknown(why)` (a person decides).
+        Used as a decorator on a non-idempotent tool (`@send_email.reconcile`). The outcome
+        is unknown after a crash between the start of the body and the save of its result,
+        and when the body raised anything but `RecoverableError` or `ToolError` (a timeout
+        or a dropped connection says nothing about whether the call acted). The runner then
+        calls `function(call, idempotency_key)` instead of running the body again; it
+        returns `ToolOutcome.done(result)` (`result` is the call's answer),
+        `ToolOutcome.not_done()` (after a crash the body runs again; after an error the
+        error is retried on the retry schedule, or fails the turn if it is not transient)
+        or `ToolOutcome.unknown(why)` (a person decides: retry, mark done with a result, or
+        fail). It runs right after the body raised, so a system that takes a while to show
+        a call should answer `unknown` rather than `not_done` while it cannot tell.
         """
         if self.idempotent:
             raise DefinitionError(f"tool {self.name!r} is idempotent: only @tool(idempotent=False) tools reconcile")
@@ -201,11 +208,16 @@ def tool(
         sensitive: Argument names never shown on approval cards or page messages.
         retry_on: Exception types this tool raises for transient failures (its own client's
             connection errors, say): the call is retried on the retry schedule instead of
-            failing the turn.
+            failing the turn. For a non-idempotent tool only once its reconcile function
+            says the call did not act (see `idempotent`).
         idempotent: False for a tool that could act twice if run again (an email, a payment
             without idempotency keys): its start is saved before the body runs, and a call
-            that started but has no recorded result is reconciled or put to a person instead
-            of being re-run blindly.
+            whose outcome is unknown is reconciled or put to a person instead of being re-run
+            blindly. Unknown means the worker stopped in the body, or the body raised anything
+            but `RecoverableError` (raise it to say "nothing happened, retry me") or
+            `ToolError` (the call's answer for the model; raise it when the call did not act,
+            or say in it what it did). A timeout or connection error out of the body is
+            unknown, whatever the retry policy says.
         approval_timeout: With `requires_approval`, how long a call waits for a decision
             (a `timedelta` or seconds). When the deadline passes, the deadline sweep applies
             `on_timeout` through the normal resume path, recorded as decided by `"system"`

@@ -6,22 +6,30 @@ first request claims the key (IN_PROGRESS), acts, and records its answer (COMPLE
 later requests with the key read that answer. Keys are scoped per tenant, and a request
 fingerprint (a hash of what was asked) lets the caller refuse a key reused for a
 different request.
+
+Recording the answer is a write of its own, after the action: a key can stay IN_PROGRESS
+although its action happened (the connection dropped while recording, the process died).
+The caller then tells what happened from what the action saved (see
+`workers.api.idempotency`); this store only keeps the first answer recorded.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
 import sqlalchemy as sa
 
+from agent_runner import AgentEventType, AgentTurn
 from agent_runner._base import utcnow
 from store._backend import SqlBackend
 from store._engine import AnyRow, UrlOrEngine, dialect_insert, translated_errors
-from store.schema import idempotency_keys
+from store.schema import idempotency_keys, turn_events
 
+RESUME_MARK = "idempotency_id"
+"""Key of a resume command's metadata naming the keyed request that sent it; its TURN_RESUMED event keeps it."""
 _NO_TENANT = ""
 """How a single-tenant server's keys are stored (the tenant is part of the primary key)."""
 
@@ -78,8 +86,7 @@ def _where(tenant_id: str | None, key: str) -> sa.ColumnElement[bool]:
 class IdempotencyKeys(SqlBackend):
     """Idempotency keys and the answers recorded for them, in PostgreSQL or SQLite.
 
-    Use it in three moves: `claim` before acting, then `complete` with the answer, or
-    `abandon` when the request failed in a way a retry should redo (nothing was done).
+    Use it in two moves: `claim` before acting, then `complete` with the answer.
 
     Args:
         url_or_engine: A database URL or an engine to share. An engine made from a URL is
@@ -93,22 +100,19 @@ class IdempotencyKeys(SqlBackend):
     def __init__(self, url_or_engine: UrlOrEngine) -> None:
         super().__init__(url_or_engine)
 
-    def claim(
-        self, tenant_id: str | None, key: str, fingerprint: str, *, stale_after: timedelta
-    ) -> IdempotencyRecord | None:
-        """Claim `key` for a request about to act; None when this caller now holds it.
+    def claim(self, tenant_id: str | None, key: str, fingerprint: str) -> IdempotencyRecord | None:
+        """Claim `key` for a request about to act; None when the key is new and this request holds it.
 
         Otherwise returns the stored record: COMPLETED (answer with its response, after
-        checking its fingerprint) or IN_PROGRESS (the first request is still running). An
-        IN_PROGRESS claim with the same fingerprint not touched for `stale_after` belongs
-        to a request that died before it answered; it is taken over (None).
+        checking its fingerprint) or IN_PROGRESS (an earlier request with the key has not
+        recorded an answer: it is still running, or it died or lost its connection before
+        recording, possibly after acting).
         """
         now = utcnow()
-        tenant = tenant_id or _NO_TENANT
         insert = (
             dialect_insert(self._engine, idempotency_keys)
             .values(
-                tenant_id=tenant,
+                tenant_id=tenant_id or _NO_TENANT,
                 idempotency_key=key,
                 fingerprint=fingerprint,
                 status=IdempotencyStatus.IN_PROGRESS.value,
@@ -123,48 +127,55 @@ class IdempotencyKeys(SqlBackend):
                 if connection.execute(insert).first() is not None:
                     return None
                 row = connection.execute(sa.select(idempotency_keys).where(_where(tenant_id, key))).first()
-                if row is None:  # deleted (abandoned) between the two statements: claim it again
+                if row is None:  # purged between the two statements: claim it again
                     connection.execute(insert)
                     return None
-                record = _record(row)
-                if (
-                    record.status is IdempotencyStatus.IN_PROGRESS
-                    and record.fingerprint == fingerprint
-                    and record.updated_at < now - stale_after
-                ):
-                    taken = connection.execute(
-                        sa.update(idempotency_keys)
-                        .where(_where(tenant_id, key), idempotency_keys.c.updated_at == record.updated_at)
-                        .values(updated_at=now)
-                    )
-                    if taken.rowcount == 1:
-                        return None
-                return record
+                return _record(row)
 
-    def complete(self, tenant_id: str | None, key: str, status: int, body: Any) -> None:
-        """Record the answer of the request that holds `key`."""
+    def complete(self, tenant_id: str | None, key: str, status: int, body: Any) -> IdempotencyRecord | None:
+        """Record the answer of a request with `key` unless one is recorded already; return the recorded one.
+
+        The first answer recorded stays: a retry that ran while the first request was still
+        running, and the first request itself, end up giving the same answer. None when the
+        key is no longer stored (purged a day after its claim).
+        """
         statement = (
             sa.update(idempotency_keys)
-            .where(_where(tenant_id, key))
+            .where(_where(tenant_id, key), idempotency_keys.c.status == IdempotencyStatus.IN_PROGRESS.value)
             .values(
                 status=IdempotencyStatus.COMPLETED.value,
                 response_status=status,
                 response_body=body,
                 updated_at=utcnow(),
             )
+            .returning(*idempotency_keys.c)
         )
         with translated_errors(self._engine, f"recording the answer for idempotency key {key!r}"):
             with self._writer.begin() as connection:
-                connection.execute(statement)
+                row = connection.execute(statement).first()
+                if row is None:
+                    row = connection.execute(sa.select(idempotency_keys).where(_where(tenant_id, key))).first()
+        return None if row is None else _record(row)
 
-    def abandon(self, tenant_id: str | None, key: str) -> None:
-        """Release an IN_PROGRESS claim whose request did nothing, so that a retry acts."""
-        statement = sa.delete(idempotency_keys).where(
-            _where(tenant_id, key), idempotency_keys.c.status == IdempotencyStatus.IN_PROGRESS.value
+    def is_resume_applied(self, turn: AgentTurn, request_id: str) -> bool:
+        """Whether a resume command whose metadata has `RESUME_MARK` = `request_id` was applied to `turn`.
+
+        Reads the turn's committed TURN_RESUMED events directly: unlike the event feed, this
+        does not wait for the other transactions open on the server to end.
+        """
+        query = sa.select(turn_events.c.payload).where(
+            turn_events.c.root_turn_id == turn.root_turn_id,
+            turn_events.c.turn_id == turn.id,
+            turn_events.c.type == AgentEventType.TURN_RESUMED.value,
         )
-        with translated_errors(self._engine, f"releasing idempotency key {key!r}"):
-            with self._writer.begin() as connection:
-                connection.execute(statement)
+        with translated_errors(self._engine, f"reading the resumes of turn {turn.id!r}"):
+            with self._engine.connect() as connection:
+                payloads = connection.execute(query).scalars().all()
+        for payload in payloads:
+            metadata = (payload.get("data") or {}).get("metadata")
+            if isinstance(metadata, dict) and metadata.get(RESUME_MARK) == request_id:
+                return True
+        return False
 
     def get(self, tenant_id: str | None, key: str) -> IdempotencyRecord | None:
         """Return the stored record of `key`, or None."""

@@ -17,7 +17,9 @@ class SoftTimeLimitAsRetry(Middleware):
     The limit fires when one call hangs. Without this the runner would see an unknown
     exception and fail the turn for good; a hung call is a transient failure, so the turn
     is retried with backoff like a timeout. The call runs again with the same idempotency
-    key.
+    key. A call of a non-idempotent tool is not: the runner sees that its body did not
+    itself raise `RecoverableError`, so the call may have acted, and it is reconciled or
+    put to a person instead (see `agent_runner.Tool.reconcile`).
     """
 
     def wrap_model(self, request: ChatRequest, call_next: Callable[[ChatRequest], ChatResponse]) -> ChatResponse:

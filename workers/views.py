@@ -121,7 +121,7 @@ def suspension_view(turn: AgentTurn, agent: Agent | None) -> dict[str, Any] | No
     """What the turn waits for: type, correlation id, message, form, the tool call concerned, and its deadline.
 
     `kind` is that of the action card of a TOOL_APPROVAL suspension: `approval` (the call
-    waits to run) or `outcome_unknown` (it started and its outcome was never recorded);
+    waits to run) or `outcome_unknown` (it started and its outcome is unknown);
     None for the other suspensions. `deadline` (ISO 8601, or None) is when `on_timeout`
     (`"approve"`, `"reject"` or `"submit"`) is applied if nobody decided.
     """

@@ -53,6 +53,8 @@ class ApiServer:
     log: Path
     args: list[str] = field(default_factory=list)
     port: int = 0
+    command: list[str] | None = None
+    """Another command serving the API (run with `--port <port>` appended), e.g. uvicorn with a host application."""
     process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -62,7 +64,10 @@ class ApiServer:
     def start(self) -> ApiServer:
         """Start the process on a free port and wait until it answers /healthz (fails the test if it never does)."""
         self.port = free_port()
-        command = [AGENT_RUNNER, "serve", "--agents", self.agents, "--port", str(self.port), *self.args]
+        if self.command is None:
+            command = [AGENT_RUNNER, "serve", "--agents", self.agents, "--port", str(self.port), *self.args]
+        else:
+            command = [*self.command, "--port", str(self.port)]
         with self.log.open("ab") as sink:
             self.process = subprocess.Popen(
                 command, cwd=REPO_ROOT, env=self.env, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True

@@ -7,6 +7,22 @@ JSON, without importing the runner. See `docs/http-api.md`.
 from __future__ import annotations
 
 from workers.api.app import create_app
+from workers.api.auth import HandleDep, RuntimeDep, TenantDep, get_runtime, get_tenant, runtime_handle
+from workers.api.embedding import include_api
+from workers.api.runtime import RuntimeHandle
 from workers.api.settings import ApiKeys, ApiSettings, WorkerMode
 
-__all__ = ["ApiKeys", "ApiSettings", "WorkerMode", "create_app"]
+__all__ = [
+    "ApiKeys",
+    "ApiSettings",
+    "HandleDep",
+    "RuntimeDep",
+    "RuntimeHandle",
+    "TenantDep",
+    "WorkerMode",
+    "create_app",
+    "get_runtime",
+    "get_tenant",
+    "include_api",
+    "runtime_handle",
+]

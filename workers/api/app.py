@@ -2,25 +2,24 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
-from contextlib import asynccontextmanager
-from dataclasses import replace
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import FileResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
-from starlette.concurrency import run_in_threadpool
 
 from agent_runner import AgentLoader
+from workers.api.auth import HANDLE_STATE, get_runtime
+from workers.api.cors import add_cors
+from workers.api.docs import add_offline_docs
+from workers.api.embedding import API_ROUTERS, prepare_settings
 from workers.api.errors import ApiError, install_error_handlers
-from workers.api.events import router as events_router
 from workers.api.guard import RequestGuard
 from workers.api.models import ErrorResponse, HealthView, ReadyView
-from workers.api.routes import router
-from workers.api.runtime import Runtime, build_runtime
-from workers.api.settings import ApiSettings, WorkerMode, default_worker_mode
+from workers.api.runtime import RuntimeHandle
+from workers.api.settings import ApiSettings, WorkerMode
 from workers.telemetry import TelemetryError, render_metrics
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
@@ -30,7 +29,8 @@ Start agent turns, follow them, and answer what they wait for: approvals, forms,
 
 Turns run on workers (embedded threads or Celery); every POST returns at once. Errors are
 `{"error": {"type", "message", "details"}}`. Send `Idempotency-Key` on POSTs to make
-retries safe. With API keys configured, send `Authorization: Bearer <key>`.
+retries safe. With API keys configured, send `Authorization: Bearer <key>`, or a short-lived token
+from `POST /v1/tokens`.
 """
 
 
@@ -41,14 +41,17 @@ def create_app(
     database_url: str | None = None,
     worker: WorkerMode | str | None = None,
     environ: Mapping[str, str] | None = None,
+    cors_origins: str | list[str] | tuple[str, ...] | None = None,
 ) -> FastAPI:
     """Build the HTTP API application.
 
     With no arguments everything is read from the environment, like the command line and
     the workers: `AGENT_RUNNER_DATABASE_URL`, `AGENT_RUNNER_AGENT_LOADER`,
-    `AGENT_RUNNER_API_KEYS`, `AGENT_RUNNER_API_WORKER` (see `workers.api.settings`). The
-    backends are built, and the embedded worker started, when the application starts
-    (its lifespan), and stopped with it.
+    `AGENT_RUNNER_API_KEYS`, `AGENT_RUNNER_API_WORKER`, `AGENT_RUNNER_CORS_ORIGINS` (see
+    `workers.api.settings`). The backends are built, and the embedded worker started, when
+    the application starts (its lifespan), and stopped with it; mounted inside another
+    application, which runs no lifespan of it, on the first request (see
+    `workers.api.embedding`).
 
     Args:
         settings: The settings (default: `ApiSettings.from_env(environ)`).
@@ -56,57 +59,45 @@ def create_app(
         database_url: Overrides the database URL of the settings.
         worker: Overrides the worker mode (`embedded`, `celery` or `none`).
         environ: The environment to read instead of `os.environ`.
+        cors_origins: Overrides the origins whose pages may call the API from a browser
+            (a comma-separated string or a list; see `workers.api.cors`).
 
     Raises:
-        SettingsError: A setting cannot be used (`ScheduleError` for schedules that cannot
-            be loaded, in the embedded mode, which fires them).
+        SettingsError: A setting cannot be used (`*` among the origins of a server with
+            API keys; `ScheduleError` for schedules that cannot be loaded, in the embedded
+            mode, which fires them).
     """
-    settings = settings if settings is not None else ApiSettings.from_env(environ)
-    if database_url is not None:
-        settings = replace(
-            settings,
-            workers=replace(settings.workers, database_url=database_url),
-            worker_mode=default_worker_mode(database_url),
-        )
-    if worker is not None:
-        settings = replace(settings, worker_mode=WorkerMode(worker))
-    final = settings
-    if final.worker_mode is WorkerMode.EMBEDDED and final.workers.schedules is not None:
-        # The embedded worker fires the scheduled turns: a definition it cannot load stops
-        # the start here, before the server listens, as it stops `celery beat`.
-        from workers.schedules import load_schedules
-
-        load_schedules(final.workers.schedules)
-
-    @asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        runtime: Runtime = await run_in_threadpool(build_runtime, final, agents)
-        app.state.runtime = runtime
-        await run_in_threadpool(runtime.start)
-        try:
-            yield
-        finally:
-            await run_in_threadpool(runtime.stop)
-
+    final = prepare_settings(
+        settings, database_url=database_url, worker=worker, environ=environ, cors_origins=cors_origins
+    )
+    handle = RuntimeHandle(final, agents)
     app = FastAPI(
         title="agent-runner",
         version="1",
         description=DESCRIPTION,
-        lifespan=lifespan,
+        lifespan=handle.lifespan,
+        docs_url=None,  # served from packaged assets instead of a CDN (workers.api.docs)
+        redoc_url=None,
         openapi_tags=[
             {"name": "turns", "description": "Start, inspect, resume and cancel turns."},
             {"name": "events", "description": "Server-sent events of turns and conversations."},
             {"name": "conversations", "description": "A conversation's page timeline."},
             {"name": "agents", "description": "The agents this server runs."},
+            {"name": "tokens", "description": "Short-lived tokens for browsers."},
+            {"name": "ai-sdk", "description": "The AI SDK's `useChat` (UI message stream) over turns."},
+            {"name": "ag-ui", "description": "AG-UI runs (`HttpAgent`) over turns."},
             {"name": "health", "description": "Liveness and readiness probes."},
         ],
     )
     app.state.settings = final
+    setattr(app.state, HANDLE_STATE, handle)
     install_error_handlers(app)
     app.add_middleware(RequestGuard)
-    app.include_router(router)
-    app.include_router(events_router)
+    add_cors(app, final.cors_origins)  # last: outermost, so that error answers carry its headers too
+    for api_router in API_ROUTERS:
+        app.include_router(api_router)
     _add_probes(app)
+    add_offline_docs(app)
     _add_console(app)
     return app
 
@@ -126,8 +117,7 @@ def _add_probes(app: FastAPI) -> None:
     )
     def readyz(request: Request) -> JSONResponse:
         """200 when the database (and, with Celery, Redis and the broker) answer; else 503 naming what failed."""
-        runtime: Runtime = request.app.state.runtime
-        results = runtime.readiness()
+        results = get_runtime(request).readiness()
         failed = {name: reason for name, reason in results.items() if reason is not None}
         if failed:
             raise ApiError(

@@ -118,13 +118,6 @@ class IdempotencyKeyReused(ApiError):
         )
 
 
-class IdempotencyKeyInUse(ApiError):
-    """The first request with this idempotency key is still running."""
-
-    def __init__(self, key: str) -> None:
-        super().__init__(409, f"a request with idempotency key {key!r} is still being processed; retry shortly")
-
-
 def error_body(
     type_name: str, message: str, details: list[dict[str, Any]] | None = None, **extra: Any
 ) -> dict[str, Any]:
@@ -192,11 +185,16 @@ async def _on_runner_error(request: Request, error: Exception) -> JSONResponse:
     return render(api_error_of(error))
 
 
-async def _on_validation_error(request: Request, error: Exception) -> JSONResponse:
-    assert isinstance(error, RequestValidationError)
+def validation_response(error: RequestValidationError) -> JSONResponse:
+    """The 422 answer to a request that failed validation, in the API's error shape."""
     details = validation_details(error)
     summary = "; ".join(f"{d['location']}{d['path'] or ''}: {d['message']}" for d in details[:5])
     return render(ApiError(422, f"invalid request: {summary}", details=details, type_name="InvalidRequest"))
+
+
+async def _on_validation_error(request: Request, error: Exception) -> JSONResponse:
+    assert isinstance(error, RequestValidationError)
+    return validation_response(error)
 
 
 async def _on_http_error(request: Request, error: Exception) -> JSONResponse:

@@ -37,8 +37,10 @@ from fastapi.responses import StreamingResponse
 from agent_runner import AgentEvent, EventFeed, ToolCall
 from agent_runner.feed import FeedFollower, FeedPosition
 from agent_runner.persistence import DEFAULT_EVENT_PAGE, event_scope
+from workers.api import service
+from workers.api.auth import RuntimeDep, TenantDep, get_tenant
 from workers.api.fanout import Detached, EventFanout, Subscription
-from workers.api.routes import ConversationId, RuntimeDep, TenantDep, TurnId, _errors, get_tenant
+from workers.api.routes import ConversationId, TurnId, _errors
 from workers.api.runtime import Runtime
 from workers.api.tenancy import Tenant
 from workers.views import ArgumentMask, catalog_mask, tool_call_view
@@ -398,8 +400,7 @@ async def turn_events(
     last_event_id: LastEventId = None,
 ) -> StreamingResponse:
     """The events of the turn and its child turns, as server-sent events; `event: end` after the root turn ends."""
-    turn = await _in_thread(runtime.turn_store.load, turn_id)
-    tenant.check(turn)
+    turn = await _in_thread(service.get_turn, runtime, tenant, turn_id)
     root = turn.root_turn_id
     return await _open(runtime, tenant, {"root_turn_id": root}, last_event_id or after, follow, root)
 
@@ -419,5 +420,27 @@ async def conversation_events(
     last_event_id: LastEventId = None,
 ) -> StreamingResponse:
     """Every event of the conversation's turns (and their child turns), as server-sent events."""
-    scope = {"conversation_id": tenant.stored_conversation(conversation_id)}
+    scope = {"conversation_id": tenant.reaches(conversation_id)}
     return await _open(runtime, tenant, scope, last_event_id or after, follow, None)
+
+
+async def follow_tree(
+    runtime: Runtime, root_turn_id: str, after: FeedPosition | str | None = None, *, quiet_after: float = KEEPALIVE_S
+) -> AsyncIterator[list[AgentEvent]]:
+    """The events of a turn tree after `after`, batch by batch, read and followed like the SSE streams do.
+
+    For the client protocols (`workers.api.protocols`), which write the events in a shape
+    of their own. A batch is empty when nothing came for `quiet_after` seconds (time for a
+    keep-alive). The iteration ends once the root turn's terminal event has been yielded;
+    the caller may stop earlier (a turn waiting for a person).
+    """
+    stream = _Stream(runtime.events, runtime.fanout, {"root_turn_id": root_turn_id}, None)
+    stream.position = after if isinstance(after, FeedPosition) else FeedPosition.parse(after)
+    try:
+        while True:
+            events = await stream.next_events(quiet_after)
+            yield events
+            if any(_ends_root(e, root_turn_id) for e in events):
+                return
+    finally:
+        stream.leave()

@@ -104,16 +104,25 @@ class RequestGuard:
         app: The application behind the guard.
         max_body_bytes: Largest accepted body.
         max_depth: Deepest accepted JSON nesting.
+        path_prefix: Check only requests whose path starts with this (in a host application
+            that has the API's routes beside its own); empty: every request.
     """
 
-    def __init__(self, app: ASGIApp, max_body_bytes: int = MAX_BODY_BYTES, max_depth: int = MAX_JSON_DEPTH) -> None:
+    def __init__(
+        self, app: ASGIApp, max_body_bytes: int = MAX_BODY_BYTES, max_depth: int = MAX_JSON_DEPTH, path_prefix: str = ""
+    ) -> None:
         self.app = app
         self.max_body_bytes = max_body_bytes
         self.max_depth = max_depth
+        self.path_prefix = path_prefix
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Check the request, then pass it on with its body replayed."""
-        if scope["type"] != "http" or scope["method"] in ("GET", "HEAD", "OPTIONS", "DELETE"):
+        if (
+            scope["type"] != "http"
+            or scope["method"] in ("GET", "HEAD", "OPTIONS", "DELETE")
+            or not _app_path(scope).startswith(self.path_prefix)
+        ):
             await self.app(scope, receive, send)
             return
         try:
@@ -157,3 +166,10 @@ class RequestGuard:
             if not message.get("more_body", False):
                 break
         return b"".join(chunks)
+
+
+def _app_path(scope: Scope) -> str:
+    """The request path inside the application (without the prefix it is mounted under, if any)."""
+    path: str = scope.get("path", "")
+    root: str = scope.get("root_path", "")
+    return path[len(root) :] if root and path.startswith(root) else path

@@ -4,26 +4,18 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable
-from datetime import timedelta
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Header, Path, Query, Request
 from fastapi.responses import JSONResponse
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel
 
-from agent_runner import AgentTurn, AgentTurnStatus
-from agent_runner._base import new_id
-from store import IdempotencyStatus
+from agent_runner import AgentTurn, AgentTurnStatus, TurnNotFound
+from store.idempotency import RESUME_MARK
 from workers.api import service
-from workers.api.errors import (
-    IdempotencyKeyInUse,
-    IdempotencyKeyReused,
-    Unauthorized,
-    api_error_of,
-    error_body,
-)
+from workers.api.auth import RuntimeDep, TenantDep, get_tenant
+from workers.api.auth import get_runtime as get_runtime  # importable from here as before
+from workers.api.idempotency import Answer, is_cancelled, request_id, run_once, turn_id_of
 from workers.api.models import (
     ID_PATTERN,
     AgentList,
@@ -40,11 +32,6 @@ from workers.api.runtime import Runtime
 from workers.api.tenancy import Tenant
 from workers.views import catalog_mask, find_agent, message_view, turn_view
 
-_bearer = HTTPBearer(
-    auto_error=False,
-    description="`Authorization: Bearer <key>` with a key from AGENT_RUNNER_API_KEYS (required when keys are set).",
-)
-
 TurnId = Annotated[str, Path(pattern=ID_PATTERN, max_length=128, description="A turn id.")]
 ConversationId = Annotated[str, Path(pattern=ID_PATTERN, max_length=128, description="A conversation id.")]
 IdempotencyKey = Annotated[
@@ -59,9 +46,6 @@ IdempotencyKey = Annotated[
     ),
 ]
 
-_STALE_CLAIM_FLOOR_S = 120.0
-"""An unanswered claim younger than this is taken to be still running; see `IdempotencyKeys.claim`."""
-
 
 def _errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
     descriptions = {
@@ -75,34 +59,6 @@ def _errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
     return {status: {"model": ErrorResponse, "description": descriptions[status]} for status in statuses}
 
 
-def get_runtime(request: Request) -> Runtime:
-    """The server's backends."""
-    runtime: Runtime = request.app.state.runtime
-    return runtime
-
-
-def get_tenant(
-    request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
-) -> Tenant:
-    """The tenant of the request's API key; the single tenant when no keys are configured.
-
-    Raises:
-        Unauthorized: Keys are configured and the request has none, or an unknown one.
-    """
-    keys = get_runtime(request).settings.keys
-    if not keys.enabled:
-        return Tenant()
-    if credentials is None:
-        raise Unauthorized()
-    tenant = keys.tenant_of(credentials.credentials)
-    if tenant is None:
-        raise Unauthorized("the API key is not valid")
-    return Tenant(tenant)
-
-
-RuntimeDep = Annotated[Runtime, Depends(get_runtime)]
-TenantDep = Annotated[Tenant, Depends(get_tenant)]
-
 router = APIRouter(prefix="/v1", dependencies=[Depends(get_tenant)], responses=_errors(401, 413, 503))
 
 
@@ -115,45 +71,6 @@ def _fingerprint(request: Request, body: BaseModel | None) -> str:
     data = None if body is None else body.model_dump(mode="json")
     text = json.dumps([request.method, request.url.path, data], sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()
-
-
-def _idempotent(
-    runtime: Runtime,
-    tenant: Tenant,
-    key: str | None,
-    fingerprint: str,
-    action: Callable[[], tuple[int, dict[str, Any]]],
-) -> JSONResponse:
-    """Run `action` once per idempotency key: a retry gets the first answer, status and body alike.
-
-    Answers below 500 are recorded (a 409 too: the retry gets the same 409). A failure of
-    the server releases the key, since the request did not complete.
-    """
-    if key is None:
-        status, body = action()
-        return JSONResponse(body, status_code=status)
-    stale = timedelta(seconds=max(_STALE_CLAIM_FLOOR_S, 4 * runtime.settings.interrupt_wait_s))
-    record = runtime.idempotency.claim(tenant.id, key, fingerprint, stale_after=stale)
-    if record is not None:
-        if record.fingerprint != fingerprint:
-            raise IdempotencyKeyReused(key)
-        if record.status is IdempotencyStatus.IN_PROGRESS or record.response_status is None:
-            raise IdempotencyKeyInUse(key)
-        return JSONResponse(
-            record.response_body, status_code=record.response_status, headers={"Idempotent-Replayed": "true"}
-        )
-    headers: dict[str, str] = {}
-    try:
-        status, body = action()
-    except Exception as exc:
-        error = api_error_of(exc)
-        if error.status >= 500:
-            runtime.idempotency.abandon(tenant.id, key)
-            raise error from exc
-        status, headers = error.status, error.headers
-        body = error_body(error.type_name, error.message, error.details, **error.extra)
-    runtime.idempotency.complete(tenant.id, key, status, body)
-    return JSONResponse(body, status_code=status, headers=headers or None)
 
 
 # --- Turns ------------------------------------------------------------------------------------
@@ -178,21 +95,32 @@ def start_turn(
     idempotency_key: IdempotencyKey = None,
 ) -> JSONResponse:
     """Start a turn of an agent; a worker runs it. Answers 201 with the turn, or 202 when the message was queued."""
-    if idempotency_key is None:
-        message_id = new_id()
-    else:
-        # The same key always names the same message, so even a request redone after a
-        # crash cannot queue or project a second copy of it.
-        message_id = hashlib.sha256(f"{tenant.id or ''}\x00{idempotency_key}".encode()).hexdigest()[:32]
+    # With a key, the same key always names the same message and turn, so even a request
+    # redone after a crash cannot start, queue or project a second copy.
+    message_id = request_id(tenant, idempotency_key)
+    turn_id = turn_id_of(idempotency_key, message_id)
 
-    def act() -> tuple[int, dict[str, Any]]:
-        outcome = service.start_turn(runtime, tenant, body, message_id)
+    def queued(conversation_id: str) -> Answer:
+        return 202, {"status": "QUEUED", "message_id": message_id, "conversation_id": conversation_id}
+
+    def act() -> Answer:
+        outcome = service.start_turn(runtime, tenant, body, message_id, turn_id)
         if isinstance(outcome, service.Queued):
-            queued = {"status": "QUEUED", "message_id": outcome.message_id, "conversation_id": outcome.conversation_id}
-            return 202, queued
+            return queued(outcome.conversation_id)
         return 201, _view(runtime, tenant, outcome)
 
-    return _idempotent(runtime, tenant, idempotency_key, _fingerprint(request, body), act)
+    def find_earlier() -> Answer | None:
+        assert turn_id is not None
+        try:
+            return 201, _view(runtime, tenant, service.get_turn(runtime, tenant, turn_id))
+        except TurnNotFound:
+            pass
+        message = runtime.inbox.get(message_id)
+        if message is None or message.tenant_id != tenant.id or body.conversation_id is None:
+            return None
+        return queued(body.conversation_id)
+
+    return run_once(runtime, tenant, idempotency_key, _fingerprint(request, body), act, find_earlier)
 
 
 @router.get("/turns", tags=["turns"], summary="List turns", response_model=TurnList, responses=_errors(422))
@@ -254,11 +182,17 @@ def resume_turn(
     a `details` item (`path` is a JSON Pointer such as `/impact_scope`). A decision that no
     longer fits (already decided, another call, a finished turn) is a 409; nothing changes.
     """
+    mark = request_id(tenant, idempotency_key)
+    marks = {} if idempotency_key is None else {RESUME_MARK: mark}
 
-    def act() -> tuple[int, dict[str, Any]]:
-        return 202, _view(runtime, tenant, service.resume_turn(runtime, tenant, turn_id, body))
+    def act() -> Answer:
+        return 202, _view(runtime, tenant, service.resume_turn(runtime, tenant, turn_id, body, marks))
 
-    return _idempotent(runtime, tenant, idempotency_key, _fingerprint(request, body), act)
+    def find_earlier() -> Answer | None:
+        turn = service.get_turn(runtime, tenant, turn_id)
+        return (202, _view(runtime, tenant, turn)) if runtime.idempotency.is_resume_applied(turn, mark) else None
+
+    return run_once(runtime, tenant, idempotency_key, _fingerprint(request, body), act, find_earlier)
 
 
 @router.post(
@@ -280,10 +214,14 @@ def cancel_turn(
     """Cancel a turn and its children; the history is closed out. A turn mid-step stops at its next boundary."""
     command = body if body is not None else CancelRequest()
 
-    def act() -> tuple[int, dict[str, Any]]:
+    def act() -> Answer:
         return 202, _view(runtime, tenant, service.cancel_turn(runtime, tenant, turn_id, command))
 
-    return _idempotent(runtime, tenant, idempotency_key, _fingerprint(request, command), act)
+    def find_earlier() -> Answer | None:
+        turn = service.get_turn(runtime, tenant, turn_id)
+        return (202, _view(runtime, tenant, turn)) if is_cancelled(turn) else None
+
+    return run_once(runtime, tenant, idempotency_key, _fingerprint(request, command), act, find_earlier)
 
 
 # --- Conversations and agents -----------------------------------------------------------------

@@ -15,14 +15,17 @@ Every mode also purges old idempotency keys once an hour.
 
 from __future__ import annotations
 
+import atexit
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Engine, text
+from starlette.concurrency import run_in_threadpool
 
 import store
 from agent_runner import AgentLoader, AgentRunner, AgentRunnerError, EventFeed, InMemoryLiveEvents
@@ -271,3 +274,95 @@ def _celery_runtime(settings: ApiSettings, agent_loader: AgentLoader | None) -> 
     runtime._stops.append(wiring.close)
     runtime._stops.append(runtime.fanout.close)  # stopped first: its threads read through the wiring
     return runtime
+
+
+class RuntimeHandle:
+    """The runtime of one API application: started by the application's lifespan, or on first use without one.
+
+    An application mounted inside another (`host.mount("/agents", create_app())`) never
+    gets its own lifespan (the host's server sends it to the host only). Its first request
+    then builds and starts the runtime, says so in the log (with the hook that starts it
+    with the host instead), and the runtime stops when the process exits. A runtime that
+    cannot be built answers that request with a 503 naming why, and the next request tries
+    again.
+
+    Args:
+        settings: The server's settings.
+        agents: The agents (default: `AGENT_RUNNER_AGENT_LOADER`).
+    """
+
+    def __init__(self, settings: ApiSettings, agents: AgentLoader | None = None) -> None:
+        self.settings = settings
+        self._agents = agents
+        self._runtime: Runtime | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def started(self) -> bool:
+        """Whether the runtime is running."""
+        return self._runtime is not None
+
+    def get(self) -> Runtime:
+        """The running runtime, started now if nothing started it (see the class docstring).
+
+        Raises:
+            RuntimeUnavailableError: The runtime could not be built (the database is down,
+                the agents cannot be loaded).
+        """
+        runtime = self._runtime
+        if runtime is not None:
+            return runtime
+        with self._lock:
+            if self._runtime is None:
+                logger.warning(
+                    "the agent-runner API was not started by its application's lifespan (mounted inside another "
+                    "app?); starting its runtime on first use. To start and stop it with the host, create the host "
+                    "with `FastAPI(lifespan=runtime_handle(agents_app).lifespan)`, or add the routes with "
+                    "`include_api(host)` instead of mounting (docs/http-api.md)"
+                )
+                self._runtime = self._build_and_start()
+                atexit.register(self.stop)
+            return self._runtime
+
+    def start(self) -> Runtime:
+        """Build and start the runtime (once; later calls return the running one)."""
+        with self._lock:
+            if self._runtime is None:
+                self._runtime = self._build_and_start()
+            return self._runtime
+
+    def stop(self) -> None:
+        """Stop the runtime if it runs (its threads finish their steps); it can be started again."""
+        with self._lock:
+            runtime, self._runtime = self._runtime, None
+        if runtime is not None:
+            runtime.stop()
+
+    @asynccontextmanager
+    async def lifespan(self, app: Any = None) -> AsyncIterator[None]:
+        """Start the runtime with an application and stop it after: pass it as `FastAPI(lifespan=...)`."""
+        await run_in_threadpool(self.start)
+        try:
+            yield
+        finally:
+            await run_in_threadpool(self.stop)
+
+    def _build_and_start(self) -> Runtime:
+        try:
+            runtime = build_runtime(self.settings, self._agents)
+        except Exception as exc:
+            # Whatever failed (settings, database, broker), requests get a 503 that names it.
+            logger.error("the agent-runner runtime could not start: %s: %s", type(exc).__name__, exc)
+            raise RuntimeUnavailableError(f"{type(exc).__name__}: {exc}") from exc
+        runtime.start()
+        return runtime
+
+
+class RuntimeUnavailableError(AgentRunnerError):
+    """The server's runtime (stores, worker) could not be built; requests get a 503 until it can."""
+
+    retryable = True
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+        super().__init__(f"the agent-runner runtime could not start: {reason}")

@@ -19,8 +19,11 @@ from agent_runner import (
     AgentTurn,
     AgentTurnStatus,
     AnyMessage,
+    TurnNotFound,
     UserMessage,
+    VersionConflictError,
 )
+from agent_runner.machine import DECIDER_METADATA_KEYS
 from workers.api.errors import ApiError, InvalidRequest, TurnEndedError
 from workers.api.models import CancelRequest, ResumeRequest, StartTurnRequest
 from workers.api.runtime import Runtime
@@ -54,7 +57,9 @@ class Queued:
     conversation_id: str
 
 
-def start_turn(runtime: Runtime, tenant: Tenant, request: StartTurnRequest, message_id: str) -> AgentTurn | Queued:
+def start_turn(
+    runtime: Runtime, tenant: Tenant, request: StartTurnRequest, message_id: str, turn_id: str | None = None
+) -> AgentTurn | Queued:
     """Start a turn, or handle a busy conversation as `request.if_busy` says.
 
     With `if_busy=enqueue` a message also queues while earlier queued messages of the
@@ -65,17 +70,24 @@ def start_turn(runtime: Runtime, tenant: Tenant, request: StartTurnRequest, mess
         tenant: Who asks; owns the turn and the conversation.
         request: The validated request.
         message_id: Id of the user message (and of the inbox message, if it is queued).
+        turn_id: Id of the new turn (default: a random one). When a turn with this id is
+            stored already, that turn is the answer: the start happened before.
 
     Raises:
         AgentNotFound: No such agent (nothing is saved).
         AgentConversationBusyException: The conversation is busy and `if_busy` is `reject`.
+        ConversationNotFound: The request's token is limited to another conversation.
     """
     runtime.agent_loader.load(request.agent_id)
-    conversation = None if request.conversation_id is None else tenant.stored_conversation(request.conversation_id)
+    if request.conversation_id is None and tenant.conversation is not None:
+        # A token limited to one conversation starts its turns there (a turn outside it would be out of its reach).
+        request = request.model_copy(update={"conversation_id": tenant.shown_conversation(tenant.conversation)})
+    conversation = None if request.conversation_id is None else tenant.reaches(request.conversation_id)
     if conversation is not None and request.if_busy == "enqueue" and runtime.inbox.has_waiting(conversation):
         # Earlier messages are still queued (their turn has not started yet, although the
         # conversation may be free for a moment): starting this one now would overtake them.
-        return _enqueue(runtime, tenant, request, conversation, message_id)
+        started = _started_before(runtime, tenant, turn_id)
+        return started if started is not None else _enqueue(runtime, tenant, request, conversation, message_id)
     for _ in range(_INTERRUPT_ATTEMPTS):
         try:
             return runtime.runner.start(
@@ -84,9 +96,16 @@ def start_turn(runtime: Runtime, tenant: Tenant, request: StartTurnRequest, mess
                 conversation_id=conversation,
                 tenant_id=tenant.id,
                 metadata=request.metadata,
+                turn_id=turn_id,
             )
+        except VersionConflictError:
+            if turn_id is None:
+                raise
+            return get_turn(runtime, tenant, turn_id)
         except AgentConversationBusyException as busy:
             assert conversation is not None and request.conversation_id is not None
+            if busy.active_turn_id == turn_id:
+                return get_turn(runtime, tenant, turn_id)
             if request.if_busy == "reject":
                 raise ConversationBusy(request.conversation_id, busy) from None
             if request.if_busy == "enqueue" or not _interrupt(runtime, busy.active_turn_id):
@@ -95,6 +114,16 @@ def start_turn(runtime: Runtime, tenant: Tenant, request: StartTurnRequest, mess
     # rather than cancel turns in a loop, this message waits its turn.
     assert conversation is not None
     return _enqueue(runtime, tenant, request, conversation, message_id)
+
+
+def _started_before(runtime: Runtime, tenant: Tenant, turn_id: str | None) -> AgentTurn | None:
+    """The turn a keyed start with `turn_id` made already (a retry whose first answer was lost), or None."""
+    if turn_id is None:
+        return None
+    try:
+        return get_turn(runtime, tenant, turn_id)
+    except TurnNotFound:
+        return None
 
 
 def _interrupt(runtime: Runtime, turn_id: str) -> bool:
@@ -134,13 +163,21 @@ def get_turn(runtime: Runtime, tenant: Tenant, turn_id: str) -> AgentTurn:
     """The tenant's turn.
 
     Raises:
-        TurnNotFound: No such turn, or another tenant's.
+        TurnNotFound: No such turn, another tenant's, or one outside the request token's conversation.
     """
-    return tenant.check(runtime.turn_store.load(turn_id))
+    turn = runtime.turn_store.load(turn_id)
+    if tenant.conversation is not None and turn.conversation_id is None and turn.root_turn_id != turn.id:
+        return tenant.check(turn, root=runtime.turn_store.load(turn.root_turn_id))
+    return tenant.check(turn)
 
 
-def resume_turn(runtime: Runtime, tenant: Tenant, turn_id: str, request: ResumeRequest) -> AgentTurn:
+def resume_turn(
+    runtime: Runtime, tenant: Tenant, turn_id: str, request: ResumeRequest, marks: dict[str, str] | None = None
+) -> AgentTurn:
     """Validate and save a decision; the turn is left RUNNING for a worker to continue.
+
+    `marks` join the command's metadata (after the request's own), which the turn's
+    TURN_RESUMED event keeps.
 
     Raises:
         TurnNotFound: No such turn, or another tenant's.
@@ -149,13 +186,18 @@ def resume_turn(runtime: Runtime, tenant: Tenant, turn_id: str, request: ResumeR
             fails the frozen schema (422); nothing changed.
     """
     get_turn(runtime, tenant, turn_id)
+    metadata = {"channel": "http", **request.metadata}
+    if tenant.user is not None:
+        # Made with a token: the decider is the token's user, whatever the client wrote.
+        metadata = {k: v for k, v in metadata.items() if k not in DECIDER_METADATA_KEYS}
+        metadata["decided_by"] = tenant.user
     command = resume_command(
         ResumeAction(request.action),
         tool_call_id=request.tool_call_id,
         content=request.content,
         data=request.data,
         reason=request.reason,
-        metadata={"channel": "http", **request.metadata},
+        metadata={**metadata, **(marks or {})},
     )
     return runtime.runner.submit_resume(turn_id, command)
 
@@ -214,10 +256,12 @@ def list_turns(
 ) -> tuple[list[AgentTurn], str | None]:
     """A page of the tenant's turns, newest first, and the cursor of the next page (None: last page)."""
     before = None if cursor is None else decode_cursor(cursor)
+    # A token limited to one conversation lists that one (another one is none of its turns).
+    conversation = tenant.conversation if conversation_id is None else tenant.stored_conversation(conversation_id)
     page = runtime.turn_store.list_page(
         tenant_id=tenant.id,
         statuses=statuses,
-        conversation_id=None if conversation_id is None else tenant.stored_conversation(conversation_id),
+        conversation_id=conversation,
         agent_id=agent_id,
         before=before,
         limit=limit + 1,
@@ -234,8 +278,9 @@ def conversation_messages(
 
     Raises:
         InvalidRequest: `before` is not a message of the conversation.
+        ConversationNotFound: The request's token is limited to another conversation.
     """
-    memory = runtime.memories(tenant.stored_conversation(conversation_id))
+    memory = runtime.memories(tenant.reaches(conversation_id))
     if before is None:
         return memory.get_messages(limit)
     found = memory.get_messages_before(before, limit)

@@ -7,6 +7,8 @@
 | `AGENT_RUNNER_API_WORKER_CONCURRENCY` | `2` | stepping threads of the embedded worker |
 | `AGENT_RUNNER_API_INTERRUPT_WAIT_S` | `5` | how long `if_busy=interrupt` waits for a turn that is mid-step to stop |
 | `AGENT_RUNNER_API_IDEMPOTENCY_TTL_S` | `86400` | how long idempotency keys and their answers are kept |
+| `AGENT_RUNNER_CORS_ORIGINS` | none | comma-separated origins whose pages may call the API from a browser (`*`: any, refused with keys) |
+| `AGENT_RUNNER_TOKEN_SECRET` | none (no tokens) | at least 32 characters, the same on every server process: signs the short-lived tokens of `POST /v1/tokens` |
 
 Everything else (database, Redis, broker, agents, retry policy) comes from
 `workers.settings.WorkerSettings`.
@@ -24,6 +26,8 @@ from enum import StrEnum
 from sqlalchemy.engine import make_url
 
 from agent_runner.limits import TENANT_PATTERN
+from workers.api.cors import CORS_VARIABLE, check_origins, parse_origins
+from workers.api.tokens import TOKEN_SECRET_VARIABLE, parse_secret
 from workers.settings import SettingsError, WorkerSettings, _number, _raw
 
 KEYS_VARIABLE = "AGENT_RUNNER_API_KEYS"
@@ -119,6 +123,13 @@ class ApiSettings:
     worker_concurrency: int = 2
     interrupt_wait_s: float = 5.0
     idempotency_ttl_s: float = 86_400.0
+    cors_origins: tuple[str, ...] = ()
+    """Origins whose pages may call the API from a browser (see `workers.api.cors`)."""
+    token_secret: bytes | None = field(default=None, repr=False)
+    """The key that signs and checks tokens (None: `POST /v1/tokens` is refused); see `workers.api.tokens`."""
+
+    def __post_init__(self) -> None:
+        check_origins(self.cors_origins, keys_enabled=self.keys.enabled)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> ApiSettings:
@@ -145,4 +156,6 @@ class ApiSettings:
             worker_concurrency=_number(env, "AGENT_RUNNER_API_WORKER_CONCURRENCY", 2, int, minimum=1),
             interrupt_wait_s=_number(env, "AGENT_RUNNER_API_INTERRUPT_WAIT_S", 5.0, float, minimum=0.0),
             idempotency_ttl_s=_number(env, "AGENT_RUNNER_API_IDEMPOTENCY_TTL_S", 86_400.0, float, minimum=60.0),
+            cors_origins=parse_origins(env.get(CORS_VARIABLE)),
+            token_secret=parse_secret(env.get(TOKEN_SECRET_VARIABLE)),
         )

@@ -7,6 +7,10 @@ its inbox (`agent_runner.limits.scoped_conversation_id` builds these ids, and ev
 that carries them accepts them). The prefix never leaves the server: every conversation id
 shown is translated back. Without keys there is one tenant, `None`, that sees everything,
 and conversation ids are stored as given.
+
+A request made with a token (`workers.api.tokens`) also carries the token's end user, and
+may be limited to one conversation: then every other conversation, and every turn outside
+it, is answered like another tenant's.
 """
 
 from __future__ import annotations
@@ -15,13 +19,29 @@ from dataclasses import dataclass
 
 from agent_runner import AgentTurn, TurnNotFound
 from agent_runner.limits import scoped_conversation_id, split_conversation_id
+from workers.api.errors import ApiError
+
+
+class ConversationNotFound(ApiError):
+    """A conversation the request's token does not reach (404, like an unknown id)."""
+
+    def __init__(self, conversation_id: str) -> None:
+        super().__init__(404, f"conversation {conversation_id!r} not found")
 
 
 @dataclass(frozen=True)
 class Tenant:
-    """The tenant of a request (`id` None on a single-tenant server)."""
+    """The tenant of a request (`id` None on a single-tenant server), and the token's user and conversation.
+
+    Attributes:
+        id: The tenant.
+        user: The end user of the request's token (None for a request made with a key).
+        conversation: The stored id of the one conversation the token reaches (None: all of the tenant's).
+    """
 
     id: str | None = None
+    user: str | None = None
+    conversation: str | None = None
 
     def stored_conversation(self, conversation_id: str) -> str:
         """The conversation id under which this tenant's conversation is stored.
@@ -38,16 +58,40 @@ class Tenant:
         owner, own = split_conversation_id(stored)
         return own if owner == self.id else stored
 
-    def owns(self, turn: AgentTurn) -> bool:
-        """Whether this tenant may see and change `turn`."""
-        return self.id is None or turn.tenant_id == self.id
+    def owns(self, turn: AgentTurn, root: AgentTurn | None = None) -> bool:
+        """Whether this tenant may see and change `turn`.
 
-    def check(self, turn: AgentTurn) -> AgentTurn:
-        """Return `turn` if this tenant owns it.
+        Args:
+            turn: The turn.
+            root: The root turn of `turn` when it is a child turn: children belong to no
+                conversation themselves, so a conversation-limited token reaches them
+                through their root.
+        """
+        if self.id is not None and turn.tenant_id != self.id:
+            return False
+        if self.conversation is None:
+            return True
+        bound = root if root is not None and turn.conversation_id is None and root.id == turn.root_turn_id else turn
+        return bound.conversation_id == self.conversation
+
+    def check(self, turn: AgentTurn, root: AgentTurn | None = None) -> AgentTurn:
+        """Return `turn` if this tenant owns it (`root`: see `owns`).
 
         Raises:
-            TurnNotFound: The turn belongs to another tenant (answered exactly like an unknown id).
+            TurnNotFound: The turn belongs to another tenant, or lies outside the token's
+                conversation (answered exactly like an unknown id).
         """
-        if not self.owns(turn):
+        if not self.owns(turn, root):
             raise TurnNotFound(turn.id)
         return turn
+
+    def reaches(self, conversation_id: str) -> str:
+        """The stored id of a conversation this request may read and change.
+
+        Raises:
+            ConversationNotFound: The request's token is limited to another conversation.
+        """
+        stored = self.stored_conversation(conversation_id)
+        if self.conversation is not None and stored != self.conversation:
+            raise ConversationNotFound(conversation_id)
+        return stored

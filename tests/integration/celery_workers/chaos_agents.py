@@ -17,10 +17,12 @@ connections of the turn store:
   holds a worker at a chosen point of a call for the test to kill it: before the body (the
   start is saved) and after it (the ticket is committed, the result not saved) in the
   middleware `SETUP` installs, during the body (its insert is sent, not committed) in the
-  body itself.
+  body itself. With `fail_after_commit` the first execution of a call commits its ticket
+  and then raises `TimeoutError`, as a client whose answer was lost on the way back does;
+  the reconcile function counts its calls in `chaos_calls` (see `reconcile_calls`).
 
 A turn's user message is a JSON scenario, `{"label": ..., "changes": n}` for `change-agent`
-and `{"label": ...}` for the ticket agents. The model's call ids are random: a model asked
+and `{"label": ..., "fail_after_commit": bool}` for the ticket agents. The model's call ids are random: a model asked
 again after a tool ran would make a call with a new idempotency key, visible as a second
 effect of the same action.
 """
@@ -169,8 +171,8 @@ def apply_change(change: str) -> str:
 # --- create_ticket: a non-idempotent call a worker can be killed in -----------------------------
 
 
-def _create_ticket(title: str) -> str:
-    """Create a ticket (running it twice creates two tickets)."""
+def _create_ticket(title: str, fail_after_commit: bool = False) -> str:
+    """Create a ticket (running it twice creates two tickets); see the module docstring for `fail_after_commit`."""
     context = AgentToolContext.current()
     key = context.get_idempotency_key()
     with psycopg.connect(libpq_url(os.environ[LEDGER_URL_VARIABLE]), autocommit=True, connect_timeout=5) as connection:
@@ -181,7 +183,10 @@ def _create_ticket(title: str) -> str:
             ).fetchone()
             # Held here, the insert is sent and not committed: the kill rolls it back.
             pause_this_process_once(DURING, context.tool_call.id)
-    assert row is not None
+        made = connection.execute("SELECT count(*) FROM chaos_tickets WHERE idempotency_key = %s", [key]).fetchone()
+    assert row is not None and made is not None
+    if fail_after_commit and made[0] == 1:
+        raise TimeoutError(f"read timed out after ticket T-{row[0]} was created")
     return ticket_result(int(row[0]))
 
 
@@ -199,11 +204,17 @@ reconciled_create_ticket = Tool(_create_ticket, name="create_ticket", idempotent
 @reconciled_create_ticket.reconcile
 def _find_ticket(call: ToolCall, idempotency_key: str) -> ToolOutcome:
     """Look the ticket up by the idempotency key the body stored with it."""
+    _count(reconcile_calls(idempotency_key), "reconcile", "attempts")
     with psycopg.connect(libpq_url(os.environ[LEDGER_URL_VARIABLE]), connect_timeout=5) as connection:
         row = connection.execute(
             "SELECT id FROM chaos_tickets WHERE idempotency_key = %s ORDER BY id", [idempotency_key]
         ).fetchone()
     return ToolOutcome.done(ticket_result(int(row[0]))) if row is not None else ToolOutcome.not_done()
+
+
+def reconcile_calls(idempotency_key: str) -> str:
+    """The `chaos_calls` key whose `attempts` count the reconcile calls for the call `idempotency_key`."""
+    return f"reconcile:{idempotency_key}"
 
 
 class PauseAroundTickets(Middleware):
@@ -252,7 +263,10 @@ class ScenarioModel:
                     message=AiMessage(tool_calls=[_call("apply_change", change=f"{label}:c{responses}")])
                 )
         elif responses == 0:
-            return ChatResponse(message=AiMessage(tool_calls=[_call("create_ticket", title=label)]))
+            fail = bool(spec.get("fail_after_commit", False))
+            return ChatResponse(
+                message=AiMessage(tool_calls=[_call("create_ticket", title=label, fail_after_commit=fail)])
+            )
         last = results[-1].content if results else ""
         return ChatResponse(message=AiMessage(content=f"done:{label}:{last}"))
 

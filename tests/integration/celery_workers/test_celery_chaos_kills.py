@@ -1,4 +1,4 @@
-"""A Celery worker SIGKILLed inside a non-idempotent tool call, at each point of the call.
+"""A non-idempotent tool call cut off: a Celery worker SIGKILLed at each point of it, or its body raising after it acted.
 
 `create_ticket` is `@tool(idempotent=False)`: the runner saves the call's start before its
 body runs. A worker is held at one point of the call (`tests.helpers.crash.pause_this_process_once`)
@@ -14,6 +14,10 @@ them over once their leases expire and the stale-turn sweep sends them again:
   ticket if the first one was made: the person took that risk), mark done makes no ticket
   and the model sees the result the person gave, fail makes no ticket and the model is told
   the call failed.
+
+The same holds when no worker dies but the body raises `TimeoutError` after it created the
+ticket (the retry policy calls that transient): the call's outcome is just as unknown, so
+it is reconciled (the reconcile function asked once) or put to a person, never retried blindly.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from __future__ import annotations
 import json
 import os
 import signal
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +35,15 @@ import sqlalchemy as sa
 from agent_runner import AgentResumeCommand, AgentTurn, AgentTurnStatus, ToolMessage
 from tests.helpers.crash import CRASH_DIR_ENV, PAUSE_AT_ENV, paused_processes
 from tests.integration.celery_workers.celery_cluster import Cluster
-from tests.integration.celery_workers.chaos_agents import AFTER, BEFORE, DURING, LOADER, SETUP, ticket_result
+from tests.integration.celery_workers.chaos_agents import (
+    AFTER,
+    BEFORE,
+    DURING,
+    LOADER,
+    SETUP,
+    reconcile_calls,
+    ticket_result,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -42,6 +54,19 @@ GIVEN_RESULT = "ticket T-900 created by hand"
 """The result a person who marks the call done gives."""
 FAIL_REASON = "no ticket is wanted after all"
 TIMEOUT_S = 60.0
+
+
+def _reconcile_calls(cluster: Cluster, idempotency_key: str) -> int:
+    engine = sa.create_engine(cluster.settings.database_url)
+    try:
+        with engine.connect() as connection:
+            found = connection.execute(
+                sa.text("SELECT attempts FROM chaos_calls WHERE idempotency_key = :key"),
+                {"key": reconcile_calls(idempotency_key)},
+            ).scalar()
+            return int(found or 0)
+    finally:
+        engine.dispose()
 
 
 def _tickets(cluster: Cluster, turn_id: str) -> list[dict[str, Any]]:
@@ -83,9 +108,7 @@ def _kill_at(cluster: Cluster, point: str, kill: str, crash_dir: Path) -> tuple[
     # in a pool process, which is what gets killed then.
     pool = "threads" if kill == "worker" else "prefork"
     doomed = cluster.start_worker("doomed", pool=pool, concurrency=4, env={PAUSE_AT_ENV: point})
-    turn_ids = {RECONCILED: cluster.runner.start("reconciled-ticket-agent", json.dumps({"label": RECONCILED})).id}
-    for choice in (RETRY, MARK_DONE, FAIL):
-        turn_ids[choice] = cluster.runner.start("ticket-agent", json.dumps({"label": choice})).id
+    turn_ids = {name: cluster.runner.start(agent, json.dumps({"label": name})).id for name, agent in _AGENTS.items()}
     cluster.wait_for(lambda: len(paused_processes(crash_dir)) == 4, TIMEOUT_S, f"four calls held {point}")
     paused = {key.removesuffix(f"@{point}"): pid for key, pid in paused_processes(crash_dir).items()}
     at_kill = {name: cluster.load(turn_id) for name, turn_id in turn_ids.items()}
@@ -134,25 +157,73 @@ def test_a_worker_killed_inside_a_non_idempotent_call_never_repeats_it_unasked(
     made_before_kill = 1 if point == AFTER else 0
 
     # Then the turn with a reconcile function completes with exactly one ticket, whose
-    # result the model sees whether the body ran again or the ticket was found
-    reconciled = _wait(cluster, at_kill[RECONCILED].id, lambda t: t.is_terminal, "the reconciled turn to end")
+    # result the model sees whether the body ran again or the ticket was found; the three
+    # others wait for a person, and each choice does exactly what it says
+    calls = {name: turn.pending_tool_calls[0].id for name, turn in at_kill.items()}
+    reconciled = _settle(cluster, {name: turn.id for name, turn in at_kill.items()}, calls, made_before_kill)
+    [ticket] = _tickets(cluster, reconciled.id)
+    assert (ticket["pid"] in killed) is (point == AFTER), "the body ran again although the ticket was made"
+
+
+def test_a_non_idempotent_call_that_raised_after_acting_is_reconciled_or_put_to_a_person(
+    make_cluster: Callable[..., Cluster],
+) -> None:
+    # Given a worker, and four ticket calls whose first execution creates the ticket and
+    # then raises TimeoutError, which the retry policy calls transient
+    cluster = make_cluster(AGENT_RUNNER_AGENT_LOADER=LOADER)
+    cluster.start_worker("worker", pool="threads", concurrency=4)
+    turn_ids = {
+        name: cluster.runner.start(agent, json.dumps({"label": name, "fail_after_commit": True})).id
+        for name, agent in _AGENTS.items()
+    }
+
+    # Then the call is never retried blindly: the reconcile function finds the ticket (asked
+    # once), the others wait for a person with one ticket made, and each choice does what it says
+    reconciled = _settle(cluster, turn_ids, None, made_before=1)
+    [ticket] = _tickets(cluster, reconciled.id)
+    assert _reconcile_calls(cluster, ticket["idempotency_key"]) == 1
+
+
+_AGENTS = {
+    RECONCILED: "reconciled-ticket-agent",
+    RETRY: "ticket-agent",
+    MARK_DONE: "ticket-agent",
+    FAIL: "ticket-agent",
+}
+"""The agent of each of the four turns, by name."""
+
+
+def _settle(
+    cluster: Cluster, turn_ids: Mapping[str, str], calls: Mapping[str, str] | None, made_before: int
+) -> AgentTurn:
+    """Check the four turns through to their end, the person's choices included; return the reconciled one.
+
+    Args:
+        cluster: The cluster running them.
+        turn_ids: The turns by name (`RECONCILED`, `RETRY`, `MARK_DONE`, `FAIL`).
+        calls: The id of each turn's ticket call, when known beforehand.
+        made_before: Tickets each call had made before its outcome became unknown (0 or 1).
+    """
+    reconciled = _wait(cluster, turn_ids[RECONCILED], lambda t: t.is_terminal, "the reconciled turn to end")
     assert reconciled.status is AgentTurnStatus.COMPLETED, reconciled.error
     tickets = _tickets(cluster, reconciled.id)
     assert len(tickets) == 1, f"the reconciled call made {len(tickets)} tickets"
-    assert (tickets[0]["pid"] in killed) is (point == AFTER), "the body ran again although the ticket was made"
     assert _tool_message(reconciled).content == ticket_result(tickets[0]["id"])
     assert reconciled.final_output == f"done:{RECONCILED}:{ticket_result(tickets[0]['id'])}"
     assert reconciled.started_call_ids == []
 
-    # And each of the others waits for a person, its call not run again
+    # Each of the others waits for a person, its call not run again
     waiting = {
-        choice: _wait(cluster, at_kill[choice].id, _outcome_unknown, f"the {choice} turn to ask a person")
+        choice: _wait(cluster, turn_ids[choice], _outcome_unknown, f"the {choice} turn to ask a person")
         for choice in (RETRY, MARK_DONE, FAIL)
     }
     for choice, turn in waiting.items():
-        [call] = at_kill[choice].pending_tool_calls
-        assert turn.suspension is not None and turn.suspension.correlation_id == call.id
-        assert len(_tickets(cluster, turn.id)) == made_before_kill, choice
+        assert turn.suspension is not None and turn.suspension.correlation_id is not None
+        if calls is not None:
+            assert turn.suspension.correlation_id == calls[choice], choice
+        made = _tickets(cluster, turn.id)
+        assert len(made) == made_before, choice
+        assert all(t["idempotency_key"] == f"{turn.id}:{turn.suspension.correlation_id}" for t in made), choice
 
     # When a person retries the first call, marks the second done and fails the third
     commands: dict[str, Callable[[str], AgentResumeCommand]] = {
@@ -173,14 +244,15 @@ def test_a_worker_killed_inside_a_non_idempotent_call_never_repeats_it_unasked(
     # Then retry ran the body exactly once more: one ticket in all, or a second one when the
     # first had been made (what the person chose), and the model sees the new ticket
     retried = _tickets(cluster, done[RETRY].id)
-    assert len(retried) == made_before_kill + 1
+    assert len(retried) == made_before + 1
     assert _tool_message(done[RETRY]).content == ticket_result(retried[-1]["id"])
     # And mark done made no ticket; the model sees the result the person gave
-    assert len(_tickets(cluster, done[MARK_DONE].id)) == made_before_kill
+    assert len(_tickets(cluster, done[MARK_DONE].id)) == made_before
     assert _tool_message(done[MARK_DONE]).content == GIVEN_RESULT
     assert done[MARK_DONE].final_output == f"done:{MARK_DONE}:{GIVEN_RESULT}"
     # And fail made no ticket; the model is told the call failed, and why
-    assert len(_tickets(cluster, done[FAIL].id)) == made_before_kill
+    assert len(_tickets(cluster, done[FAIL].id)) == made_before
     failed = _tool_message(done[FAIL])
     assert failed.is_error and FAIL_REASON in failed.content
     assert all(turn.started_call_ids == [] for turn in done.values())
+    return reconciled

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import threading
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -15,6 +13,7 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.engine.interfaces import DBAPICursor, ExecutionContext
 
 from agent_runner import AgentTurn, AgentTurnStatus, AiMessage, ModelMessage, UserMessage
+from tests.helpers.pg_backends import killed_while_waiting
 
 
 @dataclass
@@ -83,25 +82,4 @@ def killed_mid_statement(
     transaction holds; its backend is terminated while it waits, and the outcome (the
     saved turn or the exception) is returned once the thread ended.
     """
-    outcome: list[BaseException | AgentTurn] = []
-
-    def run() -> None:
-        try:
-            outcome.append(action())
-        except BaseException as exc:  # the caller checks it
-            outcome.append(exc)
-
-    worker = threading.Thread(target=run)
-    worker.start()
-    waiting = None
-    for _ in range(500):
-        waiting = admin.execute(
-            "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE 'WITH header%%'"
-        ).fetchone()
-        if waiting is not None:
-            break
-        time.sleep(0.01)
-    assert waiting is not None, f"the {what} never reached the server"
-    admin.execute("SELECT pg_terminate_backend(%s)", [waiting[0]])
-    worker.join(timeout=30)
-    return outcome
+    return killed_while_waiting(admin, action, "WITH header", what)

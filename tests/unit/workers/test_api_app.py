@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
+from agent_runner import InMemoryAgentLoader
 from workers.api import create_app
 
 
@@ -36,3 +37,19 @@ def test_worker_none_only_saves_turns(tmp_path: Path, monkeypatch: pytest.Monkey
         turn = client.post("/v1/turns", json={"agent_id": "support-agent", "input": "printer jam"}).json()
         time.sleep(0.3)
         assert client.get(f"/v1/turns/{turn['id']}").json()["status"] == "READY"
+
+
+def test_the_docs_of_a_mounted_app_link_their_assets_under_the_mount_path(tmp_path: Path) -> None:
+    from fastapi import FastAPI
+
+    host = FastAPI()
+    host.mount("/agents", create_app(database_url=f"sqlite:///{tmp_path / 'm.db'}", agents=_no_agents()))
+    client = TestClient(host)
+    page = client.get("/agents/docs").text
+    assert 'src="/agents/docs-assets/swagger-ui-bundle.js"' in page and "url: '/agents/openapi.json'" in page
+    assert client.get("/agents/docs-assets/swagger-ui.css").status_code == 200
+    assert client.get("/agents/openapi.json").json()["info"]["title"] == "agent-runner"
+
+
+def _no_agents() -> InMemoryAgentLoader:
+    return InMemoryAgentLoader([])

@@ -69,3 +69,16 @@ def test_an_enqueued_message_starts_at_once_when_nothing_waits(runtime: Runtime)
     # Then both start their turns at once, each in its own tenant's conversation
     assert isinstance(started, AgentTurn) and started.conversation_id == stored
     assert isinstance(other, AgentTurn) and other.conversation_id == "tenant-b/c-1"
+
+
+def test_a_keyed_start_repeated_while_messages_wait_answers_with_the_turn_it_started(runtime: Runtime) -> None:
+    # Given a keyed start that started its turn (its answer was lost), then messages queued behind it
+    tenant = Tenant("tenant-a")
+    first = start_turn(runtime, tenant, _request("first"), "m-1", turn_id="t-keyed")
+    assert isinstance(first, AgentTurn)
+    assert start_turn(runtime, tenant, _request("second"), "m-2") == Queued("m-2", "c-1")
+    # When the keyed start is repeated
+    again = start_turn(runtime, tenant, _request("first"), "m-1", turn_id="t-keyed")
+    # Then it answers with the turn it started, and queues nothing
+    assert isinstance(again, AgentTurn) and again.id == "t-keyed"
+    assert runtime.inbox.get("m-1") is None

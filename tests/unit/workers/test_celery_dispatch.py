@@ -9,12 +9,17 @@ import pytest
 from celery.exceptions import SoftTimeLimitExceeded
 
 from agent_runner import (
+    Agent,
     AgentEvent,
     AgentEventType,
+    AgentRunner,
     AgentTurn,
     AgentTurnStatus,
+    AiMessage,
     ChatRequest,
     RecoverableError,
+    ScriptedChatModel,
+    Tool,
     ToolCall,
 )
 from workers.dispatch import CeleryDispatcher, InboxNotifier
@@ -114,3 +119,23 @@ def test_a_soft_time_limit_inside_a_call_becomes_a_recoverable_error() -> None:
     with pytest.raises(RecoverableError, match="'slow'"):
         middleware.wrap_tool(ToolCall(id="c", name="slow", arguments={}), hang)
     assert middleware.wrap_tool(ToolCall(id="c", name="fast", arguments={}), lambda call: call.name) == "fast"
+
+
+def test_a_soft_time_limit_in_a_non_idempotent_tool_leaves_its_outcome_to_a_person() -> None:
+    # Given a non-idempotent tool that charged, then hung until the soft time limit fired
+    charges: list[int] = []
+
+    def charge(amount: int) -> str:
+        charges.append(amount)
+        raise SoftTimeLimitExceeded()
+
+    model = ScriptedChatModel([AiMessage(tool_calls=[ToolCall(id="p-1", name="charge", arguments={"amount": 5})])])
+    agent = Agent(id="payer", chat_model=model, tools=[Tool(charge, idempotent=False)])
+    runner = AgentRunner(middleware=[SoftTimeLimitAsRetry()])
+
+    turn = runner.run(agent, "pay 5")
+
+    # Then the retry the middleware asks for does not run the charge again: a person decides
+    assert charges == [5]
+    assert turn.status is AgentTurnStatus.WAITING_FOR_APPROVAL
+    assert turn.suspension is not None and turn.suspension.metadata["reason"] == "outcome_unknown"

@@ -17,6 +17,7 @@ from celery import Celery
 from celery.bin.base import CLIContext
 from celery.bin.celery import celery as celery_cli
 
+from workers.api.settings import ApiSettings
 from workers.settings import WorkerSettings
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -32,6 +33,8 @@ PLUGIN_SUBCOMMANDS = {"flower": "flower"}
 
 def _known_variables() -> set[str]:
     source = (ROOT / "workers" / "settings.py").read_text()
+    # The HTTP server's own settings (keys, worker mode, CORS origins, token secret).
+    source += "".join((ROOT / "workers" / "api" / name).read_text() for name in ("settings.py", "cors.py", "tokens.py"))
     # The telemetry modules read the standard OTEL_* variables (and their own) too.
     source += "".join(path.read_text() for path in sorted((ROOT / "workers" / "telemetry").glob("*.py")))
     return set(re.findall(r'"((?:AGENT_RUNNER|CELERY|OTEL)_[A-Z_]+)"', source))
@@ -84,13 +87,20 @@ def _check_celery(args: list[str]) -> None:
 def _check_console_script(target: str, args: list[str]) -> None:
     module_name, _, attribute = target.partition(":")
     command: Any = getattr(importlib.import_module(module_name), attribute)
+    used = 0
     for word in args:
         if word.startswith("-"):
             break
         assert isinstance(command, click.Group), f"{target} has no subcommand {word!r}"
         command = command.commands.get(word)
         assert command is not None, f"{target} has no subcommand {word!r}"
+        used += 1
     assert isinstance(command, click.Command) and not isinstance(command, click.Group), f"{args} is incomplete"
+    # Parsing the options checks their names and values without running anything.
+    try:
+        command.make_context(args[used - 1] if used else target, list(args[used:]))
+    except click.UsageError as exc:
+        raise AssertionError(f"{args}: {exc}") from exc
 
 
 def _compose() -> dict[str, Any]:
@@ -151,6 +161,17 @@ def test_compose_has_the_services_of_a_deployment() -> None:
     assert "container_name" not in services["worker"] and "ports" not in services["worker"]
     assert services["worker"]["depends_on"]["migrate"]["condition"] == "service_completed_successfully"
     assert services["beat"]["command"][:4] == ["celery", "-A", "workers.app", "beat"]
+    # The HTTP API enqueues for the workers and listens beyond loopback (so its keys are in .env)
+    api = services["api"]
+    assert api["command"][:2] == ["agent-runner", "serve"]
+    assert _option(api["command"], "--worker") == "celery" and _option(api["command"], "--host") == "0.0.0.0"
+    assert api["ports"] == [f"127.0.0.1:{_option(api['command'], '--port')}:{_option(api['command'], '--port')}"]
+    assert api["depends_on"]["migrate"]["condition"] == "service_completed_successfully"
+    assert ApiSettings.from_env(_env_example()).keys.enabled
+
+
+def _option(argv: list[str], name: str) -> str:
+    return argv[argv.index(name) + 1]
 
 
 def test_compose_sets_only_variables_the_workers_read() -> None:
@@ -175,7 +196,7 @@ def test_every_kubernetes_container_runs_a_real_entry_point() -> None:
             except AssertionError as exc:
                 raise AssertionError(f"{path.name}: {container['name']}: {exc}") from exc
             containers += 1
-    assert containers == 3
+    assert containers == 4
 
 
 def test_kubernetes_manifests_have_one_beat_workers_a_migration_job_and_the_settings() -> None:
@@ -186,6 +207,7 @@ def test_kubernetes_manifests_have_one_beat_workers_a_migration_job_and_the_sett
     assert beat["spec"]["replicas"] == 1
     assert beat["spec"]["strategy"]["type"] == "Recreate"
     assert ("Deployment", "agent-runner-worker") in by_kind
+    _check_api(by_kind)
     job = by_kind[("Job", "agent-runner-migrate")]
     assert job["spec"]["template"]["spec"]["containers"][0]["command"] == ["agent-runner", "db", "upgrade"]
 
@@ -196,12 +218,33 @@ def test_kubernetes_manifests_have_one_beat_workers_a_migration_job_and_the_sett
     assert {"AGENT_RUNNER_DATABASE_URL", "AGENT_RUNNER_REDIS_URL", "CELERY_BROKER_URL"} <= set(secret)
     assert not {"AGENT_RUNNER_DATABASE_URL", "AGENT_RUNNER_REDIS_URL", "CELERY_BROKER_URL"} & set(config)
     WorkerSettings.from_env({**config, **secret})
+    assert ApiSettings.from_env({**config, **secret}).keys.enabled
+    assert {"AGENT_RUNNER_API_KEYS", "AGENT_RUNNER_TOKEN_SECRET"} <= set(secret)
 
     for _, document in _k8s_documents():
         pod = _pod_spec(document)
         for container in (pod or {}).get("containers", []):
             refs = {ref[key]["name"] for ref in container.get("envFrom", []) for key in ref}
             assert refs == {"agent-runner"}
+
+
+def _check_api(by_kind: dict[tuple[str, str], dict[str, Any]]) -> None:
+    """The API Deployment serves with Celery workers, is probed on /readyz and /healthz, and its Service reaches it."""
+    deployment = by_kind[("Deployment", "agent-runner-api")]
+    pod = deployment["spec"]["template"]
+    (container,) = pod["spec"]["containers"]
+    command = container["command"]
+    assert command[:2] == ["agent-runner", "serve"] and _option(command, "--worker") == "celery"
+    ports = {port["name"]: port["containerPort"] for port in container["ports"]}
+    assert ports == {"http": int(_option(command, "--port"))}
+    readiness, liveness = container["readinessProbe"]["httpGet"], container["livenessProbe"]["httpGet"]
+    assert (readiness["path"], readiness["port"]) == ("/readyz", "http")
+    assert (liveness["path"], liveness["port"]) == ("/healthz", "http")
+    assert deployment["spec"]["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
+    service = by_kind[("Service", "agent-runner-api")]
+    assert service["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
+    assert service["spec"]["selector"]["app.kubernetes.io/component"] == "api"
+    assert [port["targetPort"] for port in service["spec"]["ports"]] == ["http"]
 
 
 def test_kustomization_lists_every_manifest() -> None:
@@ -266,6 +309,8 @@ def test_a_wrong_command_is_rejected() -> None:
         ["celery", "-A", "workers.app", "worker", "--loglevel=LOUD"],
         ["agent-runner", "db", "upgrad"],
         ["agent-runner", "db"],
+        ["agent-runner", "serve", "--worker", "threads"],
+        ["agent-runner", "serve", "--prot", "8000"],
         ["migrate.sh"],
     ):
         with pytest.raises((AssertionError, ImportError, pytest.fail.Exception)):

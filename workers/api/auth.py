@@ -1,0 +1,212 @@
+"""Who is asking, and through which server: the request dependencies every API router uses.
+
+- `get_handle` / `HandleDep`: the `RuntimeHandle` of the application serving the request
+  (settings are readable without starting anything);
+- `get_runtime` / `RuntimeDep`: its running `Runtime` (started on first use when no lifespan did);
+- `get_tenant` / `TenantDep`: the `Tenant` of the request's credentials, checked: a tenant
+  key (`Authorization: Bearer <key>`, from `AGENT_RUNNER_API_KEYS`) or a token of
+  `POST /v1/tokens` (the same header, or `?access_token=<token>` where a browser cannot set
+  headers). Keys are never taken from the query string. 401 otherwise, when keys are set.
+
+A router of the API adds `dependencies=[Depends(get_tenant)]` (so a route without a
+`TenantDep` parameter is guarded too) and takes `TenantDep` and `RuntimeDep` parameters.
+Its routes then accept keys and tokens alike, and a conversation-limited token reaches
+only what `Tenant.owns` and `Tenant.reaches` allow.
+
+This module also has the route that mints tokens, `POST /v1/tokens` (see `workers.api.tokens`).
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Query, Request
+from fastapi.responses import JSONResponse
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.applications import Starlette
+
+from workers.api.errors import Unauthorized
+from workers.api.models import ErrorResponse, Identifier
+from workers.api.runtime import Runtime, RuntimeHandle
+from workers.api.tenancy import Tenant
+from workers.api.tokens import (
+    DEFAULT_TTL_S,
+    MAX_TTL_S,
+    TOKEN_SECRET_VARIABLE,
+    InvalidToken,
+    TokenNotAllowed,
+    TokensDisabled,
+    issue_token,
+    looks_like_token,
+    verify_token,
+)
+
+HANDLE_STATE = "agent_runner"
+"""The attribute of `app.state` that holds the application's `RuntimeHandle`."""
+
+_bearer = HTTPBearer(
+    auto_error=False,
+    description=(
+        "`Authorization: Bearer <key or token>`: a key from AGENT_RUNNER_API_KEYS (required when keys are set), "
+        "or a token from POST /v1/tokens."
+    ),
+)
+
+AccessToken = Annotated[
+    str | None,
+    Query(
+        alias="access_token",
+        max_length=2048,
+        description=(
+            "A token from POST /v1/tokens, for clients that cannot set headers (EventSource). Never a key. "
+            "URLs end up in server logs, proxies and browser history: prefer the header where you can."
+        ),
+    ),
+]
+
+
+def runtime_handle(app: Starlette) -> RuntimeHandle:
+    """The `RuntimeHandle` of an application built by `create_app` (or a host given the routes by `include_api`).
+
+    Raises:
+        RuntimeError: The application has no agent-runner runtime.
+    """
+    handle = getattr(app.state, HANDLE_STATE, None)
+    if not isinstance(handle, RuntimeHandle):
+        raise RuntimeError(
+            "this application has no agent-runner runtime: build it with workers.api.create_app(), "
+            "or add the routes with workers.api.include_api(app)"
+        )
+    return handle
+
+
+def get_handle(request: Request) -> RuntimeHandle:
+    """The `RuntimeHandle` of the application serving the request."""
+    return runtime_handle(request.app)
+
+
+def get_runtime(request: Request) -> Runtime:
+    """The server's backends, started now if no lifespan started them."""
+    return get_handle(request).get()
+
+
+HandleDep = Annotated[RuntimeHandle, Depends(get_handle)]
+RuntimeDep = Annotated[Runtime, Depends(get_runtime)]
+
+
+def get_tenant(
+    request: Request,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+    access_token: AccessToken = None,
+) -> Tenant:
+    """The tenant of the request's key or token; the single tenant when no keys are configured and none is sent.
+
+    Raises:
+        Unauthorized: Keys are configured and the request has none, or an unknown one; or
+            `access_token` holds something else than a token.
+        InvalidToken: The token is forged, damaged or expired, or its tenant is gone (401).
+    """
+    settings = get_handle(request).settings
+    keys = settings.keys
+    if credentials is not None:
+        presented = credentials.credentials
+        # A key that happens to look like a token is still a key.
+        tenant = keys.tenant_of(presented) if keys.enabled else None
+        if tenant is not None:
+            return Tenant(tenant)
+        if looks_like_token(presented):
+            return _token_tenant(settings.token_secret, presented, keys.tenants if keys.enabled else None)
+        if keys.enabled:
+            raise Unauthorized("the API key is not valid")
+        return Tenant()
+    if access_token is not None:
+        if not looks_like_token(access_token):
+            raise Unauthorized("access_token takes a token from POST /v1/tokens; send API keys in the header")
+        return _token_tenant(settings.token_secret, access_token, keys.tenants if keys.enabled else None)
+    if keys.enabled:
+        raise Unauthorized()
+    return Tenant()
+
+
+def _token_tenant(secret: bytes | None, token: str, tenants: frozenset[str] | None) -> Tenant:
+    claims = verify_token(secret, token)
+    # A tenant whose key was removed loses its tokens at once; a single-tenant server
+    # accepts only its own (tenant-less) tokens.
+    if (claims.tenant is None) != (tenants is None) or (tenants is not None and claims.tenant not in tenants):
+        raise InvalidToken("the token is not valid on this server")
+    tenant = Tenant(claims.tenant)
+    conversation = None if claims.conversation_id is None else tenant.stored_conversation(claims.conversation_id)
+    return Tenant(claims.tenant, user=claims.user, conversation=conversation)
+
+
+TenantDep = Annotated[Tenant, Depends(get_tenant)]
+
+
+# --- POST /v1/tokens --------------------------------------------------------------------------
+
+
+class TokenRequest(BaseModel):
+    """Ask for a token for one end user of the tenant."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    user: Identifier = Field(description="The end user the token stands for; recorded as the decider of its resumes.")
+    conversation_id: Identifier | None = Field(
+        default=None, description="Limit the token to this conversation and its turns (default: all of the tenant's)."
+    )
+    expires_in: int = Field(
+        default=DEFAULT_TTL_S, ge=1, le=MAX_TTL_S, description=f"Lifetime in seconds (at most {MAX_TTL_S})."
+    )
+
+
+class TokenView(BaseModel):
+    """A token and what it allows."""
+
+    token: str = Field(description="Send it as `Authorization: Bearer <token>`, or as `?access_token=` on streams.")
+    token_type: str = Field(description="Always `Bearer`.")
+    expires_in: int = Field(description="Seconds until it expires.")
+    expires_at: datetime
+    user: str
+    conversation_id: str | None
+
+
+router = APIRouter(prefix="/v1", tags=["tokens"], dependencies=[Depends(get_tenant)])
+
+
+@router.post(
+    "/tokens",
+    summary="Mint a short-lived token for a browser",
+    status_code=201,
+    response_model=TokenView,
+    responses={
+        401: {"model": ErrorResponse, "description": "No valid API key."},
+        403: {"model": ErrorResponse, "description": "Sent with a token; only a tenant key mints tokens."},
+        422: {"model": ErrorResponse, "description": f"Malformed input (`expires_in` over {MAX_TTL_S})."},
+        501: {"model": ErrorResponse, "description": f"The server has no {TOKEN_SECRET_VARIABLE}."},
+    },
+)
+def create_token(body: TokenRequest, tenant: TenantDep, handle: HandleDep) -> JSONResponse:
+    """Sign a token for one end user (optionally one conversation) that expires in `expires_in` seconds.
+
+    Pages use it instead of the tenant key: it is accepted wherever a key is, and a resume
+    made with it records `user` as the decider.
+    """
+    if tenant.user is not None:
+        raise TokenNotAllowed()
+    secret = handle.settings.token_secret
+    if secret is None:
+        raise TokensDisabled()
+    token, claims = issue_token(
+        secret, tenant=tenant.id, user=body.user, conversation_id=body.conversation_id, ttl_s=body.expires_in
+    )
+    view = {
+        "token": token,
+        "token_type": "Bearer",
+        "expires_in": body.expires_in,
+        "expires_at": datetime.fromtimestamp(claims.expires_at, UTC).isoformat(),
+        "user": claims.user,
+        "conversation_id": claims.conversation_id,
+    }
+    return JSONResponse(view, status_code=201)
