@@ -40,7 +40,7 @@ from agent_runner import (
     InputLimitError,
     TurnError,
 )
-from agent_runner.limits import DEFAULT_LIMITS, check_id, check_text
+from agent_runner.limits import DEFAULT_LIMITS, check_conversation_id, check_id, check_text
 from store._redaction import check_password_encoding, mask_url_secrets
 from workers.agents import apply_runner_setup, load_agent_loader
 from workers.settings import DEFAULT_DATABASE_URL, SettingsError, WorkerSettings
@@ -542,7 +542,7 @@ def turns() -> None:
     type=click.Choice([s.value for s in AgentTurnStatus], case_sensitive=False),
     help="Only turns in this status (repeatable).",
 )
-@click.option("--conversation", default=None, help="Only turns of this conversation.")
+@click.option("--conversation", default=None, help="Only turns of this conversation (TENANT/ID: a tenant's).")
 @click.option(
     "--limit", type=click.IntRange(1, MAX_LIST_LIMIT), default=50, show_default=True, help="Most turns to list."
 )
@@ -550,7 +550,7 @@ def turns() -> None:
 def turns_list(obj: _Context, statuses: tuple[str, ...], conversation: str | None, limit: int) -> None:
     """List turns, most recently updated first."""
     if conversation is not None:
-        check_id(conversation, "--conversation")
+        check_conversation_id(conversation, "--conversation")
     found = obj.turn_store().list_turns(
         statuses=[AgentTurnStatus(s.upper()) for s in statuses] or None, conversation_id=conversation, limit=limit
     )

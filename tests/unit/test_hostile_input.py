@@ -833,10 +833,36 @@ FORGED: list[Any] = [
     pytest.param("inbox", (None,), {}, id="inbox-none"),
     pytest.param("inbox", ("c", "d"), {}, id="inbox-two"),
     pytest.param("inbox", ("c\ud800",), {}, id="inbox-surrogate"),
+    pytest.param("inbox", ("t/c/d",), {}, id="inbox-two-slashes"),
+    pytest.param("inbox", ("t.1/c",), {}, id="inbox-tenant-outside-the-tenant-rules"),
+    pytest.param("inbox", ("/c",), {}, id="inbox-empty-tenant"),
     pytest.param("sweep_inbox", (1,), {}, id="sweep-inbox-argument"),
     pytest.param("sweep_stale_turns", (), {"x": 1}, id="sweep-stale-keyword"),
     pytest.param("sweep_due_retries", ("now",), {}, id="sweep-retries-argument"),
 ]
+
+
+def test_a_tenants_conversation_id_passes_the_inbox_tasks_argument_check(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from workers import tasks
+    from workers.inbox import InboxOutcome
+
+    # Given a worker whose inbox dispatch is observed (no wiring is built)
+    served: list[str] = []
+
+    def serve(_wiring: object, conversation_id: str) -> InboxOutcome:
+        served.append(conversation_id)
+        return InboxOutcome.EMPTY
+
+    monkeypatch.setattr(tasks, "current", lambda: None)
+    monkeypatch.setattr(tasks, "start_next_message", serve)
+    # When dispatch requests arrive for a tenant's conversation and for a plain one
+    with caplog.at_level(logging.WARNING):
+        outcomes = [tasks._dispatch_inbox("tenant-a/c-1"), tasks._dispatch_inbox(conversation_id="c-1")]
+    # Then both reach the dispatch, nothing is rejected and nothing is logged
+    assert outcomes == ["empty", "empty"] and served == ["tenant-a/c-1", "c-1"]
+    assert caplog.records == []
 
 
 @pytest.mark.parametrize(("task", "args", "kwargs"), FORGED)

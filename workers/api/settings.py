@@ -20,19 +20,16 @@ from __future__ import annotations
 import hashlib
 import hmac
 import os
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
 from sqlalchemy.engine import make_url
 
+from agent_runner.limits import TENANT_PATTERN
 from workers.api.cors import CORS_VARIABLE, check_origins, parse_origins
 from workers.api.tokens import TOKEN_SECRET_VARIABLE, parse_secret
 from workers.settings import SettingsError, WorkerSettings, _number, _raw
-
-TENANT_PATTERN = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
-"""Tenant names: no `/`, so `tenant/conversation` never collides with a public conversation id."""
 
 KEYS_VARIABLE = "AGENT_RUNNER_API_KEYS"
 METRICS_TOKEN_VARIABLE = "AGENT_RUNNER_METRICS_TOKEN"
