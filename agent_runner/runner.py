@@ -730,7 +730,7 @@ class AgentRunner:
             self._emit(AgentEventType.TOOL_PROGRESS, turn, tool_call_id=call.id, tool_name=call.name, progress=data)
 
         def invoke(tool_call: ToolCall) -> Any:
-            with tool_scope(turn.id, tool_call, submitted, progress):
+            with tool_scope(turn, tool_call, submitted, progress):
                 return body.invoke(tool, tool_call.arguments)
 
         is_error = False

@@ -67,6 +67,18 @@ RUNNABLE_STATUSES = frozenset({AgentTurnStatus.READY, AgentTurnStatus.RUNNING})
 """Statuses a worker may step right away (RETRY_SCHEDULED becomes runnable at `next_retry_at`)."""
 
 
+def shown_conversation_id(stored: str | None, tenant_id: str | None) -> str | None:
+    """The conversation id a tenant knows for a stored one.
+
+    The HTTP server stores a tenant's conversations under `"{tenant}/{id}"` so that two
+    tenants never share one; the tenant itself only ever sees `id`.
+    """
+    if stored is None or tenant_id is None:
+        return stored
+    prefix = f"{tenant_id}/"
+    return stored[len(prefix) :] if stored.startswith(prefix) else stored
+
+
 class ChildLink(FrozenModel):
     """A child turn created for one delegation call of this turn."""
 

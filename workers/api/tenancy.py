@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from agent_runner import AgentTurn, TurnNotFound
+from agent_runner.snapshot import shown_conversation_id
 from workers.api.errors import ApiError
 
 
@@ -47,10 +48,7 @@ class Tenant:
 
     def shown_conversation(self, stored: str | None) -> str | None:
         """The conversation id this tenant knows for a stored one."""
-        if stored is None or self.id is None:
-            return stored
-        prefix = f"{self.id}/"
-        return stored[len(prefix) :] if stored.startswith(prefix) else stored
+        return shown_conversation_id(stored, self.id)
 
     def owns(self, turn: AgentTurn, root: AgentTurn | None = None) -> bool:
         """Whether this tenant may see and change `turn`.
