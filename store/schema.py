@@ -25,6 +25,9 @@ Tables:
     agent_idempotency_keys: the first answer to each HTTP request sent with an
         `Idempotency-Key`, per tenant and key, so that a retried request is answered the
         same and acts once.
+    agent_webhook_deliveries: one row per event owed to a webhook, keyed by the event id:
+        its attempts, the next one, and the outcome (DEAD rows are the dead letters; see
+        `store.webhooks`).
 """
 
 from __future__ import annotations
@@ -259,4 +262,42 @@ idempotency_keys = sa.Table(
     sa.Column("created_at", UtcDateTime, nullable=False),
     sa.Column("updated_at", UtcDateTime, nullable=False),
     sa.Index("ix_agent_idempotency_keys_created", "created_at"),
+)
+
+WEBHOOK_EVENT_TYPES: tuple[str, ...] = (
+    "TURN_SUSPENDED",
+    "TURN_COMPLETED",
+    "TURN_CANCELLED",
+    "TURN_FAILED",
+    "MAX_ITERATIONS_REACHED",
+    "MAX_STEPS_REACHED",
+    "BUDGET_EXCEEDED",
+)
+"""Event types a webhook may report (`store.webhooks.KIND_EVENT_TYPES`); migration 0009 spells out the same list."""
+
+# The webhook deliverer looks for new events of these types by time; only they are indexed.
+sa.Index(
+    "ix_agent_turn_events_webhook_created",
+    turn_events.c.created_at,
+    postgresql_where=turn_events.c.type.in_(WEBHOOK_EVENT_TYPES),
+    sqlite_where=turn_events.c.type.in_(WEBHOOK_EVENT_TYPES),
+)
+
+webhook_deliveries = sa.Table(
+    "agent_webhook_deliveries",
+    metadata,
+    sa.Column("event_id", sa.String, primary_key=True),
+    sa.Column("kind", sa.String(16), nullable=False),
+    sa.Column("url", sa.Text, nullable=False),
+    sa.Column("body", _json(), nullable=False),
+    sa.Column("status", sa.String(16), nullable=False),
+    sa.Column("attempts", sa.Integer, nullable=False),
+    sa.Column("next_attempt_at", UtcDateTime, nullable=False),
+    sa.Column("last_error", sa.Text, nullable=True),
+    sa.Column("last_status_code", sa.Integer, nullable=True),
+    sa.Column("event_created_at", UtcDateTime, nullable=False),
+    sa.Column("created_at", UtcDateTime, nullable=False),
+    sa.Column("updated_at", UtcDateTime, nullable=False),
+    sa.Index("ix_agent_webhook_deliveries_due", "status", "next_attempt_at"),
+    sa.Index("ix_agent_webhook_deliveries_event_created", "event_created_at"),
 )

@@ -395,6 +395,7 @@ def worker(obj: _Context, concurrency: int, lease_ttl: float, poll_interval: flo
     from agent_runner.worker import AgentWorker
     from store import SqlTurnLease
     from workers.inbox import INBOX_SWEEP_INTERVAL_S, InboxPump
+    from workers.webhooks import build_deliverer
 
     settings = obj.settings()
     runner = obj.embedded_runner()
@@ -419,10 +420,13 @@ def worker(obj: _Context, concurrency: int, lease_ttl: float, poll_interval: flo
     # SIGTERM (docker stop, systemd, Kubernetes) stops as gracefully as Ctrl-C: steps in flight finish.
     stopping = threading.Event()
     previous = signal.signal(signal.SIGTERM, lambda signum, frame: stopping.set())
+    deliverer = build_deliverer(settings.webhooks, database.engine)
     embedded.start()
     pump.start()
     if scheduler is not None:
         scheduler.start()
+    if deliverer is not None:
+        deliverer.start()
     try:
         deadline = None if run_for is None else time.monotonic() + run_for
         while not stopping.is_set() and (deadline is None or time.monotonic() < deadline):
@@ -431,6 +435,8 @@ def worker(obj: _Context, concurrency: int, lease_ttl: float, poll_interval: flo
         pass
     finally:
         signal.signal(signal.SIGTERM, previous)
+        if deliverer is not None:
+            deliverer.stop()
         if scheduler is not None:
             scheduler.stop()
         pump.stop()

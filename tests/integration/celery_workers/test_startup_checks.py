@@ -46,7 +46,7 @@ def test_build_wiring_refuses_a_database_without_tables_and_names_the_command(
     with pytest.raises(store.SchemaVersionError, match=FIX) as raised:
         build_wiring(settings, create_app(settings))
     assert "has no agent-runner tables" in str(raised.value)
-    assert raised.value.current is None and raised.value.head == "0005"
+    assert raised.value.current is None and raised.value.head == "0009"
 
 
 def test_build_wiring_refuses_a_database_an_upgrade_behind(empty_pg_url: str, redis_url: str) -> None:
