@@ -405,12 +405,13 @@ class AgentRunner:
             self._execution.dispatch(turn)
         return turn
 
-    def cancel(self, turn_id: str, reason: str | None = None) -> AgentTurn:
+    def cancel(self, turn_id: str, reason: str | None = None, *, cancelled_by: str | None = None) -> AgentTurn:
         """Cancel a turn and its children.
 
-        A READY, waiting or RETRY_SCHEDULED turn ends at once (CANCELLED, history closed out).
-        A RUNNING turn gets a durable cancel flag and the thread stepping it ends it at its
-        next boundary. A turn that already ended is returned unchanged.
+        A READY, waiting or RETRY_SCHEDULED turn ends at once (CANCELLED, history closed out,
+        its pending approval and form cards settled as decided by `cancelled_by`, else by
+        `"system"`). A RUNNING turn gets a durable cancel flag and the thread stepping it
+        ends it at its next boundary. A turn that already ended is returned unchanged.
 
         Raises:
             InputLimitError: `reason` is over the policy's `max_message_bytes`; nothing changed.
@@ -428,7 +429,7 @@ class AgentRunner:
                 flagged = self.turn_store.request_cancel(turn_id)
                 # It blocked or ended meanwhile: cancel that state instead.
                 return flagged if flagged.status is S.RUNNING else AGAIN
-            return self._finish(turn, S.CANCELLED, reason)
+            return self._finish(turn, S.CANCELLED, reason, decided_by=cancelled_by)
 
         return retry_on_conflict(turn_id, attempt)  # type: ignore[return-value]
 
@@ -820,10 +821,11 @@ class AgentRunner:
         *,
         expected_version: int | None = None,
         steps: int | None = None,
+        decided_by: str | None = None,
     ) -> AgentTurn:
         """Close out and save a terminal snapshot, then cascade to children, guard and parent."""
         expected = turn.version if expected_version is None else expected_version
-        ended = machine.close_out(turn, status, reason, self.policy, self.clock())
+        ended = machine.close_out(turn, status, reason, self.policy, self.clock(), decided_by)
         if steps is not None:
             ended = ended.model_copy(update={"steps": steps})
         saved = self._save(ended, expected, _terminal_event(ended))

@@ -613,6 +613,26 @@ def _decision_line(item: dict[str, Any]) -> str:
     return line
 
 
+def _by_option(function: Callable[..., Any]) -> Callable[..., Any]:
+    return click.option(
+        "--by",
+        "by",
+        metavar="NAME",
+        default=None,
+        help="Who decides, recorded with the decision (default: $USER).",
+    )(function)
+
+
+def _decider(by: str | None) -> str:
+    """Who takes a decision: `--by`, else `$USER`; refused rather than recorded as nobody."""
+    name = by if by is not None else os.environ.get("USER", "")
+    if not name.strip():
+        source = "--by is empty" if by is not None else "$USER is not set"
+        _fail(f"say who decides: {source}; pass --by NAME", EXIT_BAD_INPUT)
+    check_text(name, "--by", DEFAULT_LIMITS.max_message_bytes)
+    return name
+
+
 @main.command()
 @click.argument("turn_id")
 @click.option("--approve", "approve", metavar="CALL", default=None, help="Approve the pending tool call CALL.")
@@ -635,6 +655,7 @@ def _decision_line(item: dict[str, Any]) -> str:
 @click.option("--form", "form", nargs=2, metavar="CALL JSON", default=None, help="Submit form data for CALL.")
 @click.option("--retry", is_flag=True, help="Retry a RETRY_SCHEDULED turn now.")
 @click.option("--run", "run_now", is_flag=True, help="Continue the turn in this process (needs --agents).")
+@_by_option
 @pass_context
 def resume(
     obj: _Context,
@@ -647,15 +668,18 @@ def resume(
     form: tuple[str, str] | None,
     retry: bool,
     run_now: bool,
+    by: str | None,
 ) -> None:
     """Resume a waiting turn; by default it is saved runnable for a worker to continue.
 
-    A decision (--approve, --reject, --mark-done) is recorded as taken by $USER, with
-    --reason as why; `turns show` and the HTTP API show both.
+    A decision (--approve, --reject, --mark-done) is recorded as taken by --by (default
+    $USER; with neither the command refuses), with --reason as why; `turns show` and the
+    HTTP API show both.
     """
     chosen = [x for x in (approve, reject, mark_done, text, form, retry or None) if x is not None]
     if len(chosen) != 1:
         _fail("give exactly one of --approve, --reject, --mark-done, --input, --form, --retry", EXIT_BAD_INPUT)
+    operator = _decider(by)
     if reason is not None:
         if approve is None and reject is None and mark_done is None:
             _fail("--reason goes with --approve, --reject or --mark-done", EXIT_BAD_INPUT)
@@ -684,7 +708,6 @@ def resume(
         command = resume_command(ResumeAction.FORM, tool_call_id=form[0], data=data)
     else:
         command = resume_command(ResumeAction.RETRY)
-    operator = os.environ.get("USER", "unknown")
     # `decided_by` is what the page card and `turns show` report as the decider.
     command = command.with_metadata("channel", "cli").with_metadata("operator", operator)
     command = command.with_metadata("decided_by", operator)
@@ -699,14 +722,20 @@ def resume(
 @main.command()
 @click.argument("turn_id")
 @click.option("--reason", default=None, help="Reason recorded in the close-out (default: the policy's).")
+@_by_option
 @pass_context
-def cancel(obj: _Context, turn_id: str, reason: str | None) -> None:
-    """Cancel a turn and its children (a running turn stops at its next boundary)."""
+def cancel(obj: _Context, turn_id: str, reason: str | None, by: str | None) -> None:
+    """Cancel a turn and its children (a running turn stops at its next boundary).
+
+    The pending approval and form cards of a turn that ends at once are settled as
+    decided by --by (default $USER; with neither the command refuses).
+    """
     check_id(turn_id, "TURN_ID")
     if reason is not None:
         check_text(reason, "--reason", DEFAULT_LIMITS.max_message_bytes)
+    operator = _decider(by)
     try:
-        turn = obj.runner().cancel(turn_id, reason)
+        turn = obj.runner().cancel(turn_id, reason, cancelled_by=operator)
     except AgentRunnerError as exc:
         _fail_with(exc)
     message = "cancel requested; it stops at its next boundary" if turn.status is AgentTurnStatus.RUNNING else ""
