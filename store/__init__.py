@@ -18,7 +18,7 @@ from store._engine import make_engine
 from store.chat_memory import SqlChatMemory, SqlChatMemoryProvider
 from store.idempotency import IdempotencyKeys, IdempotencyRecord, IdempotencyStatus
 from store.inbox import Inbox, InboxMessage, InboxStatus
-from store.migrations import SchemaVersionError, check_schema, migrate
+from store.migrations import Migration, SchemaVersionError, check_schema, migrate
 from store.sql_lease import SqlTurnLease
 from store.turns import SqlAgentTurnStore
 
@@ -57,6 +57,7 @@ __all__ = [
     "SqlChatMemory",
     "SqlChatMemoryProvider",
     "SchemaVersionError",
+    "Migration",
     "SqlTurnLease",
     "check_schema",
     "make_engine",

@@ -348,16 +348,17 @@ def db() -> None:
 @db.command("upgrade")
 @pass_context
 def db_upgrade(obj: _Context) -> None:
-    """Migrate the database to the newest schema (idempotent)."""
+    """Migrate the database to the newest schema (idempotent), and say what was done."""
     from store import migrate
 
     try:
-        migrate(obj.database_url)
+        done = migrate(obj.database_url)
     except AgentRunnerError as exc:
         _fail(str(exc))
     except Exception as exc:
         _unusable_url(obj.database_url, exc)
-    obj.emit({"upgraded": True}, lambda: click.echo("database schema is up to date"))
+    data = {"upgraded": done.changed, "from_revision": done.before, "to_revision": done.after}
+    obj.emit(data, lambda: click.echo(f"{done.describe()} ({obj.shown_url})"))
 
 
 @main.command()
