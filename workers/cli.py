@@ -28,34 +28,17 @@ from zoneinfo import ZoneInfo
 
 import click
 
-from agent_runner import (
-    AgentLoader,
-    AgentNotFound,
-    AgentRunner,
-    AgentRunnerError,
-    AgentTurn,
-    AgentTurnStatus,
-    DefinitionError,
-    InputLimitError,
-    TurnError,
-)
-from agent_runner.limits import DEFAULT_LIMITS, check_id, check_text
-from workers.agents import apply_runner_setup, load_agent_loader
-from workers.settings import DEFAULT_DATABASE_URL, SettingsError, WorkerSettings, mask_url_secrets
-from workers.views import (
-    ResumeAction,
-    decisions_view,
-    find_agent,
-    history_view,
-    resume_command,
-    turn_summary,
-    turn_view,
-)
+from workers.defaults import DEFAULT_DATABASE_URL
 
+# The runner, the store and their dependencies (pydantic, SQLAlchemy, Celery) are imported
+# by the commands that use them, so `agent-runner --help` and the simple commands start
+# without loading what they do not need.
 if TYPE_CHECKING:
+    from agent_runner import AgentLoader, AgentRunner, AgentRunnerError, AgentTurn
     from store import SqlAgentTurnStore
     from workers.database import Database
     from workers.scheduler import Scheduler
+    from workers.settings import WorkerSettings
 
 EXIT_BAD_INPUT = 2
 EXIT_FAILURE = 1
@@ -63,13 +46,6 @@ MAX_LIST_LIMIT = 1000
 REJECT_REASON = "rejected by the operator"
 """The reason of a `resume --reject` given without `--reason`."""
 
-_BAD_INPUT_ERRORS: tuple[type[AgentRunnerError], ...] = (
-    TurnError,  # an unknown turn, a command that does not fit the turn
-    InputLimitError,
-    AgentNotFound,
-    DefinitionError,
-    SettingsError,
-)
 _AGE = re.compile(r"([0-9]{1,9})([smhd])")
 _AGE_UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
 
@@ -83,6 +59,8 @@ def _fail(message: str, code: int = EXIT_FAILURE, details: Iterable[str] = ()) -
 
 def _one_line(text: str) -> str:
     """`text` on one line, passwords masked, and printable whatever bytes the arguments held."""
+    from workers.settings import mask_url_secrets
+
     text = " ".join(mask_url_secrets(text).split())
     try:
         # Arguments that were not UTF-8 reach Python as lone surrogates: show their bytes.
@@ -92,7 +70,12 @@ def _one_line(text: str) -> str:
 
 
 def _exit_code(error: AgentRunnerError) -> int:
-    return EXIT_BAD_INPUT if isinstance(error, _BAD_INPUT_ERRORS) else EXIT_FAILURE
+    from agent_runner import AgentNotFound, DefinitionError, InputLimitError, TurnError
+    from workers.settings import SettingsError
+
+    # TurnError: an unknown turn, or a command that does not fit the turn.
+    bad_input = (TurnError, InputLimitError, AgentNotFound, DefinitionError, SettingsError)
+    return EXIT_BAD_INPUT if isinstance(error, bad_input) else EXIT_FAILURE
 
 
 class _Commands(click.Group):
@@ -120,9 +103,11 @@ class _Commands(click.Group):
             _fail(exc.format_message(), exc.exit_code)
         except click.Abort:
             _fail("aborted")
-        except AgentRunnerError as exc:
-            _fail(str(exc), _exit_code(exc), getattr(exc, "errors", ()))
         except Exception as exc:
+            from agent_runner import AgentRunnerError
+
+            if isinstance(exc, AgentRunnerError):
+                _fail(str(exc), _exit_code(exc), getattr(exc, "errors", ()))
             # An error no layer turned into a typed one: still one line, never a traceback.
             _fail(f"{type(exc).__name__}: {exc}")
         sys.exit(result if isinstance(result, int) else 0)
@@ -139,6 +124,29 @@ class _Seconds(click.FloatRange):
         if not math.isfinite(number):
             self.fail(f"{value!r} is not a finite number of seconds", param, ctx)
         return number
+
+
+class _TurnStatus(click.ParamType[str, Any]):
+    """A turn status, in any case; the statuses are read from the runner only when one is needed."""
+
+    name = "status"
+
+    @staticmethod
+    def values() -> list[str]:
+        """Every turn status."""
+        from agent_runner import AgentTurnStatus
+
+        return [status.value for status in AgentTurnStatus]
+
+    def get_metavar(self, param: click.Parameter, ctx: click.Context) -> str:
+        """The statuses, as `--help` of the command shows them."""
+        return "[" + "|".join(self.values()) + "]"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        """Return the status in upper case; refuse one that does not exist."""
+        if isinstance(value, str) and value.upper() in self.values():
+            return value.upper()
+        self.fail(f"{value!r} is not one of {', '.join(self.values())}", param, ctx)
 
 
 def _unusable_url(url: str, error: Exception) -> NoReturn:
@@ -189,6 +197,8 @@ class _Context:
 
     def settings(self) -> WorkerSettings:
         """The deployment's settings, with this command line's database and agents."""
+        from workers.settings import SettingsError, WorkerSettings
+
         environ = {**os.environ, "AGENT_RUNNER_DATABASE_URL": self.database_url}
         if self.agents:
             environ["AGENT_RUNNER_AGENT_LOADER"] = self.agents
@@ -223,6 +233,7 @@ class _Context:
         turns call `require_database` first.
         """
         if self._database is None:
+            from agent_runner import AgentRunnerError
             from store import SchemaVersionError
             from workers.database import open_database
 
@@ -244,6 +255,9 @@ class _Context:
 
     def loader(self) -> AgentLoader:
         """The agents named by --agents (or AGENT_RUNNER_AGENT_LOADER); none when unset."""
+        from workers.agents import load_agent_loader
+        from workers.settings import SettingsError
+
         try:
             return load_agent_loader(self.agents)
         except SettingsError as exc:
@@ -258,6 +272,10 @@ class _Context:
 
     def embedded_runner(self) -> AgentRunner:
         """A runner on the SQL store that works in this process (SQLite migrates itself)."""
+        from agent_runner import AgentRunner
+        from workers.agents import apply_runner_setup
+        from workers.settings import SettingsError
+
         settings = self.settings()
         loader = self.loader()
         database = self.database()
@@ -273,7 +291,9 @@ class _Context:
             _fail(str(exc), EXIT_BAD_INPUT)
 
     def _wired_runner(self) -> AgentRunner:
+        from agent_runner import AgentRunnerError
         from workers.app import create_app
+        from workers.settings import SettingsError
         from workers.wiring import build_wiring
 
         settings = self.settings()
@@ -349,6 +369,7 @@ def db() -> None:
 @pass_context
 def db_upgrade(obj: _Context) -> None:
     """Migrate the database to the newest schema (idempotent), and say what was done."""
+    from agent_runner import AgentRunnerError
     from store import migrate
 
     try:
@@ -488,6 +509,10 @@ def serve(
     obj: _Context, agents_spec: str | None, host: str, port: int, worker_mode: str | None, concurrency: int | None
 ) -> None:
     """Serve the HTTP API (and the console) for web apps; see docs/http-api.md."""
+    from agent_runner import AgentRunnerError
+    from workers.agents import load_agent_loader
+    from workers.settings import SettingsError
+
     try:
         import uvicorn
 
@@ -530,7 +555,7 @@ def turns() -> None:
     "--status",
     "statuses",
     multiple=True,
-    type=click.Choice([s.value for s in AgentTurnStatus], case_sensitive=False),
+    type=_TurnStatus(),
     help="Only turns in this status (repeatable).",
 )
 @click.option("--conversation", default=None, help="Only turns of this conversation.")
@@ -540,6 +565,10 @@ def turns() -> None:
 @pass_context
 def turns_list(obj: _Context, statuses: tuple[str, ...], conversation: str | None, limit: int) -> None:
     """List turns, most recently updated first."""
+    from agent_runner import AgentTurnStatus
+    from agent_runner.limits import check_id
+    from workers.views import turn_summary
+
     if conversation is not None:
         check_id(conversation, "--conversation")
     found = obj.turn_store().list_turns(
@@ -556,6 +585,9 @@ def turns_list(obj: _Context, statuses: tuple[str, ...], conversation: str | Non
 
 
 def _load(obj: _Context, turn_id: str) -> AgentTurn:
+    from agent_runner import AgentRunnerError
+    from agent_runner.limits import check_id
+
     check_id(turn_id, "TURN_ID")
     try:
         return obj.turn_store().load(turn_id)
@@ -568,6 +600,8 @@ def _load(obj: _Context, turn_id: str) -> AgentTurn:
 @pass_context
 def turns_show(obj: _Context, turn_id: str) -> None:
     """Show a turn: status, suspension and history (tool arguments are not shown)."""
+    from workers.views import decisions_view, find_agent, history_view, turn_view
+
     turn = _load(obj, turn_id)
     suspension = turn.suspension
     data = {
@@ -626,6 +660,8 @@ def _by_option(function: Callable[..., Any]) -> Callable[..., Any]:
 
 def _decider(by: str | None) -> str:
     """Who takes a decision: `--by`, else `$USER`; refused rather than recorded as nobody."""
+    from agent_runner.limits import DEFAULT_LIMITS, check_text
+
     name = by if by is not None else os.environ.get("USER", "")
     if not name.strip():
         source = "--by is empty" if by is not None else "$USER is not set"
@@ -677,6 +713,10 @@ def resume(
     $USER; with neither the command refuses), with --reason as why; `turns show` and the
     HTTP API show both.
     """
+    from agent_runner import AgentRunnerError
+    from agent_runner.limits import DEFAULT_LIMITS, check_text
+    from workers.views import ResumeAction, resume_command, turn_summary
+
     chosen = [x for x in (approve, reject, mark_done, text, form, retry or None) if x is not None]
     if len(chosen) != 1:
         _fail("give exactly one of --approve, --reject, --mark-done, --input, --form, --retry", EXIT_BAD_INPUT)
@@ -731,6 +771,10 @@ def cancel(obj: _Context, turn_id: str, reason: str | None, by: str | None) -> N
     The pending approval and form cards of a turn that ends at once are settled as
     decided by --by (default $USER; with neither the command refuses).
     """
+    from agent_runner import AgentRunnerError, AgentTurnStatus
+    from agent_runner.limits import DEFAULT_LIMITS, check_id, check_text
+    from workers.views import turn_summary
+
     check_id(turn_id, "TURN_ID")
     if reason is not None:
         check_text(reason, "--reason", DEFAULT_LIMITS.max_message_bytes)
@@ -761,6 +805,8 @@ def parse_age(text: str) -> timedelta:
 @pass_context
 def prune(obj: _Context, older_than: str, batch_size: int) -> None:
     """Delete turns that ended more than AGE ago, with their messages and events; active turns stay."""
+    from agent_runner import AgentRunnerError
+
     try:
         age = parse_age(older_than)
     except ValueError as exc:

@@ -53,14 +53,13 @@ from urllib.parse import urlsplit
 from pydantic import ValidationError
 
 from agent_runner import AgentExecutionPolicy, AgentRunnerError, DefinitionError, RetryPolicy
+from workers.defaults import DEFAULT_DATABASE_URL
 
 if TYPE_CHECKING:
     from workers.webhooks import WebhookSettings
 
 T = TypeVar("T", int, float)
 
-DEFAULT_DATABASE_URL = "sqlite:///./agent_runner.db"
-"""The embedded default: a SQLite file in the working directory, migrated on first use."""
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 DEFAULT_QUEUE = "agent-runner"
 
