@@ -58,6 +58,10 @@ DELIVERY_HEADER = "X-Agent-Runner-Delivery"
 KIND_HEADER = "X-Agent-Runner-Webhook"
 """The webhook kind: `waiting`, `ended` or `failed`."""
 
+_LAG = timedelta(seconds=60)
+"""How far before the newest delivered event the look for new events starts: a save commits
+moments after its events are stamped, so one stamped earlier may become visible later."""
+
 _RETRIED_CODES = frozenset({408, 425, 429})
 """4xx answers that mean "try again later"; any other 4xx is a refusal and dead-letters at once."""
 
@@ -205,7 +209,6 @@ class WebhookDeliverer:
     def run_once(self, limit: int = 20) -> int:
         """Find new events, then make every due attempt (up to `limit`); return how many were delivered."""
         now = self.clock()
-        # Commits land moments after their events are stamped; a minute covers any save.
         self.log.discover(self._urls, now, lookback=timedelta(seconds=self.settings.lookback_s), lag=_LAG)
         # Hold a claimed row past the attempt's timeout, so no other process sends it meanwhile.
         hold = timedelta(seconds=self.settings.timeout_s * 2 + 5)
@@ -278,9 +281,6 @@ class WebhookDeliverer:
                 busy = False
             if not busy:
                 self._stop.wait(self.settings.interval_s)
-
-
-_LAG = timedelta(seconds=60)
 
 
 def build_deliverer(settings: WebhookSettings | None, engine: Engine) -> WebhookDeliverer | None:
