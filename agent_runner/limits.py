@@ -192,6 +192,17 @@ def split_conversation_id(stored: str) -> tuple[str | None, str]:
     return (tenant_id, own) if separator else (None, stored)
 
 
+def shown_conversation_id(stored: str | None, tenant_id: str | None) -> str | None:
+    """The conversation id the tenant `tenant_id` knows for a stored one (its own id, without the prefix).
+
+    A stored id of another tenant, or a plain one, is returned as stored.
+    """
+    if stored is None or tenant_id is None:
+        return stored
+    owner, own = split_conversation_id(stored)
+    return own if owner == tenant_id else stored
+
+
 def check_reference(value: object, field: str, limits: InputLimits = DEFAULT_LIMITS) -> str:
     """Check an id someone else chose (a model's tool-call id, a message id): storable text up to `max_id_length`.
 

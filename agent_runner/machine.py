@@ -521,13 +521,19 @@ def schedule_retry(turn: AgentTurn, error: str, delay: float, retry: RetryPolicy
 
 
 def close_out(
-    turn: AgentTurn, status: AgentTurnStatus, reason: str, policy: AgentExecutionPolicy, now: datetime
+    turn: AgentTurn,
+    status: AgentTurnStatus,
+    reason: str,
+    policy: AgentExecutionPolicy,
+    now: datetime,
+    decided_by: str | None = None,
 ) -> AgentTurn:
     """End the turn abnormally and keep the model history protocol-valid.
 
     Every pending tool call gets a ToolMessage with the reason, then one assistant
     message says the turn did not finish, so the next turn of the conversation can
-    build on this history.
+    build on this history. Pending page actions are settled as decided by `decided_by`
+    (the person who cancelled), else by `SYSTEM_DECIDER`.
     """
     messages: list[ModelMessage] = list(turn.messages)
     for call in turn.pending_tool_calls:
@@ -549,7 +555,7 @@ def close_out(
         )
     closing = policy.render(policy.interrupted_turn_message_template, reason=reason, turn_id=turn.id)
     messages.append(AiMessage(id=f"{turn.id}-{len(messages)}", content=closing))
-    ended = decision(SYSTEM_DECIDER, now, reason)
+    ended = decision(decided_by or SYSTEM_DECIDER, now, reason)
     actions = [
         a.model_copy(update={"status": ActionStatus.CANCELLED, "synced": False, "decision": ended})
         if a.status is ActionStatus.PENDING

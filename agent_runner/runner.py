@@ -407,12 +407,13 @@ class AgentRunner:
             self._execution.dispatch(turn)
         return turn
 
-    def cancel(self, turn_id: str, reason: str | None = None) -> AgentTurn:
+    def cancel(self, turn_id: str, reason: str | None = None, *, cancelled_by: str | None = None) -> AgentTurn:
         """Cancel a turn and its children.
 
-        A READY, waiting or RETRY_SCHEDULED turn ends at once (CANCELLED, history closed out).
-        A RUNNING turn gets a durable cancel flag and the thread stepping it ends it at its
-        next boundary. A turn that already ended is returned unchanged.
+        A READY, waiting or RETRY_SCHEDULED turn ends at once (CANCELLED, history closed out,
+        its pending approval and form cards settled as decided by `cancelled_by`, else by
+        `"system"`). A RUNNING turn gets a durable cancel flag and the thread stepping it
+        ends it at its next boundary. A turn that already ended is returned unchanged.
 
         Raises:
             InputLimitError: `turn_id` is not an id, or `reason` is over the policy's
@@ -433,7 +434,8 @@ class AgentRunner:
                 # It blocked or ended meanwhile: cancel that state instead.
                 return flagged if flagged.status is S.RUNNING else AGAIN
             # A turn flagged while it ran and then suspended ends with the flag's reason.
-            return self._finish(turn, S.CANCELLED, given or turn.cancel_reason or self.policy.cancellation_reason)
+            reason = given or turn.cancel_reason or self.policy.cancellation_reason
+            return self._finish(turn, S.CANCELLED, reason, decided_by=cancelled_by)
 
         return retry_on_conflict(turn_id, attempt)  # type: ignore[return-value]
 
@@ -737,7 +739,7 @@ class AgentRunner:
             self._emit(AgentEventType.TOOL_PROGRESS, turn, tool_call_id=call.id, tool_name=call.name, progress=data)
 
         def invoke(tool_call: ToolCall) -> Any:
-            with tool_scope(turn.id, tool_call, submitted, progress):
+            with tool_scope(turn, tool_call, submitted, progress):
                 return body.invoke(tool, tool_call.arguments)
 
         is_error = False
@@ -827,10 +829,11 @@ class AgentRunner:
         *,
         expected_version: int | None = None,
         steps: int | None = None,
+        decided_by: str | None = None,
     ) -> AgentTurn:
         """Close out and save a terminal snapshot, then cascade to children, guard and parent."""
         expected = turn.version if expected_version is None else expected_version
-        ended = machine.close_out(turn, status, reason, self.policy, self.clock())
+        ended = machine.close_out(turn, status, reason, self.policy, self.clock(), decided_by)
         if steps is not None:
             ended = ended.model_copy(update={"steps": steps})
         saved = self._save(ended, expected, _terminal_event(ended))

@@ -19,7 +19,7 @@ from store.chat_memory import SqlChatMemory, SqlChatMemoryProvider
 from store.crons import CronRecord, CronRecords
 from store.idempotency import IdempotencyKeys, IdempotencyRecord, IdempotencyStatus
 from store.inbox import Inbox, InboxMessage, InboxStatus
-from store.migrations import SchemaVersionError, check_schema, migrate
+from store.migrations import Migration, SchemaVersionError, check_schema, migrate
 from store.sql_lease import SqlTurnLease
 from store.threads import ThreadRecord, ThreadRecords
 from store.turns import SqlAgentTurnStore
@@ -61,6 +61,7 @@ __all__ = [
     "SqlChatMemory",
     "SqlChatMemoryProvider",
     "SchemaVersionError",
+    "Migration",
     "SqlTurnLease",
     "ThreadRecord",
     "ThreadRecords",

@@ -39,6 +39,9 @@ Tables:
         was created, and whether it was deleted.
     agent_crons: schedules made over HTTP (LangGraph crons): the `workers.schedules`
         definition of each, with its owner, thread and the request that made it.
+    agent_webhook_deliveries: one row per event owed to a webhook, keyed by the event id:
+        its attempts, the next one, and the outcome (DEAD rows are the dead letters; see
+        `store.webhooks`).
 """
 
 from __future__ import annotations
@@ -322,4 +325,42 @@ crons = sa.Table(
     sa.Column("created_at", UtcDateTime, nullable=False),
     sa.Column("updated_at", UtcDateTime, nullable=False),
     sa.Index("ix_agent_crons_tenant_created", "tenant_id", "created_at"),
+)
+
+WEBHOOK_EVENT_TYPES: tuple[str, ...] = (
+    "TURN_SUSPENDED",
+    "TURN_COMPLETED",
+    "TURN_CANCELLED",
+    "TURN_FAILED",
+    "MAX_ITERATIONS_REACHED",
+    "MAX_STEPS_REACHED",
+    "BUDGET_EXCEEDED",
+)
+"""Event types a webhook may report (`store.webhooks.KIND_EVENT_TYPES`); migration 0009 spells out the same list."""
+
+# The webhook deliverer looks for new events of these types by time; only they are indexed.
+sa.Index(
+    "ix_agent_turn_events_webhook_created",
+    turn_events.c.created_at,
+    postgresql_where=turn_events.c.type.in_(WEBHOOK_EVENT_TYPES),
+    sqlite_where=turn_events.c.type.in_(WEBHOOK_EVENT_TYPES),
+)
+
+webhook_deliveries = sa.Table(
+    "agent_webhook_deliveries",
+    metadata,
+    sa.Column("event_id", sa.String, primary_key=True),
+    sa.Column("kind", sa.String(16), nullable=False),
+    sa.Column("url", sa.Text, nullable=False),
+    sa.Column("body", _json(), nullable=False),
+    sa.Column("status", sa.String(16), nullable=False),
+    sa.Column("attempts", sa.Integer, nullable=False),
+    sa.Column("next_attempt_at", UtcDateTime, nullable=False),
+    sa.Column("last_error", sa.Text, nullable=True),
+    sa.Column("last_status_code", sa.Integer, nullable=True),
+    sa.Column("event_created_at", UtcDateTime, nullable=False),
+    sa.Column("created_at", UtcDateTime, nullable=False),
+    sa.Column("updated_at", UtcDateTime, nullable=False),
+    sa.Index("ix_agent_webhook_deliveries_due", "status", "next_attempt_at"),
+    sa.Index("ix_agent_webhook_deliveries_event_created", "event_created_at"),
 )

@@ -36,6 +36,14 @@ def _no_real_model_keys(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
 
 
+@pytest.fixture(autouse=True)
+def _an_operator_is_logged_in(monkeypatch: pytest.MonkeyPatch) -> None:
+    # CLI decisions are recorded as taken by $USER and refused without one; containers and
+    # CI runners often have none, so the tests give one (the tests of the refusal remove it).
+    if not os.environ.get("USER"):
+        monkeypatch.setenv("USER", "test-operator")
+
+
 def libpq_url(url: str) -> str:
     """The same server as a plain libpq URL, for psycopg connections made by the tests."""
     return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)

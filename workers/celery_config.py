@@ -23,7 +23,7 @@ from typing import Any
 
 from celery import Celery
 
-from workers.names import SWEEP_DEADLINES, SWEEP_DUE_RETRIES, SWEEP_INBOX, SWEEP_STALE_TURNS
+from workers.names import DELIVER_WEBHOOKS, SWEEP_DEADLINES, SWEEP_DUE_RETRIES, SWEEP_INBOX, SWEEP_STALE_TURNS
 from workers.settings import WorkerSettings
 
 
@@ -94,8 +94,19 @@ def celery_config(settings: WorkerSettings) -> dict[str, Any]:
                 "options": {**sweep_options, "expires": settings.deadline_sweep_interval_s},
             },
             **beat_entries(load_schedules(settings.schedules), settings.queue),
+            **_webhook_entries(settings),
         },
     }
+
+
+def _webhook_entries(settings: WorkerSettings) -> dict[str, Any]:
+    """The beat entry of the webhook deliveries, when webhooks are configured."""
+    if settings.webhooks is None:
+        return {}
+    interval = settings.webhooks.interval_s
+    # Like a sweep, a tick that waited longer than one interval is dropped: the next does its work.
+    options = {"queue": settings.queue, "expires": interval}
+    return {"agent-runner-deliver-webhooks": {"task": DELIVER_WEBHOOKS, "schedule": interval, "options": options}}
 
 
 class _SettingsCelery(Celery):  # type: ignore[misc]  # Celery is untyped
@@ -128,6 +139,8 @@ def create_app(settings: WorkerSettings | None = None) -> Celery:
     name and needs neither them nor the agents.
     """
     settings = settings if settings is not None else WorkerSettings.from_env()
-    celery_app = _SettingsCelery(settings.broker_url, "agent_runner", include=["workers.tasks", "workers.beat"])
+    celery_app = _SettingsCelery(
+        settings.broker_url, "agent_runner", include=["workers.tasks", "workers.beat", "workers.webhook_task"]
+    )
     celery_app.conf.update(celery_config(settings))
     return celery_app

@@ -36,6 +36,7 @@ misconfigured deployment fails at start-up rather than on the first turn.
 | `AGENT_RUNNER_METRICS_PORT` | none | a worker serves Prometheus `/metrics` on this port (main process, prefork-safe) |
 | `AGENT_RUNNER_METRICS_ADDR` | `0.0.0.0` | address the worker's metrics port binds to |
 | `AGENT_RUNNER_LOG_FORMAT` | `text` | `json`: one JSON object per log line, with the turn of the step being run |
+| `AGENT_RUNNER_WEBHOOKS` | none | webhook URLs per kind, with `AGENT_RUNNER_WEBHOOK_*` (see `workers.webhooks`) |
 """
 
 from __future__ import annotations
@@ -46,18 +47,20 @@ import os
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import urlsplit
 
 from pydantic import ValidationError
 
 from agent_runner import AgentExecutionPolicy, AgentRunnerError, DefinitionError, RetryPolicy
 from store._redaction import check_password_encoding, mask_url_secrets
+from workers.defaults import DEFAULT_DATABASE_URL
+
+if TYPE_CHECKING:
+    from workers.webhooks import WebhookSettings
 
 T = TypeVar("T", int, float)
 
-DEFAULT_DATABASE_URL = "sqlite:///./agent_runner.db"
-"""The embedded default: a SQLite file in the working directory, migrated on first use."""
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 DEFAULT_QUEUE = "agent-runner"
 
@@ -120,6 +123,7 @@ class WorkerSettings:
     deadline_sweep_interval_s: float = 10.0
     deadline_reminder: float | None = 0.8
     schedules: str | None = None
+    webhooks: WebhookSettings | None = None
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> WorkerSettings:
@@ -166,6 +170,7 @@ class WorkerSettings:
             ),
             deadline_reminder=_reminder(env),
             schedules=_schedules_spec(env),
+            webhooks=_webhooks(env),
         )
         settings._check_consistency(env)
         return settings
@@ -290,6 +295,12 @@ def _schedules_spec(env: Mapping[str, str]) -> str | None:
         value,
         "expected a .yaml, .yml or .json file, or module:attribute of a list of workers.schedules.Schedule",
     )
+
+
+def _webhooks(env: Mapping[str, str]) -> WebhookSettings | None:
+    from workers.webhooks import WebhookSettings  # it raises this module's SettingsError
+
+    return WebhookSettings.from_env(env)
 
 
 def _reminder(env: Mapping[str, str]) -> float | None:

@@ -36,6 +36,7 @@ from workers.api.settings import ApiSettings, WorkerMode
 from workers.database import open_database
 from workers.inbox import INBOX_SWEEP_INTERVAL_S, InboxPump
 from workers.telemetry import instrument
+from workers.webhooks import build_deliverer
 
 if TYPE_CHECKING:
     from workers.scheduler import Scheduler
@@ -234,6 +235,10 @@ def _sql_runtime(settings: ApiSettings, agent_loader: AgentLoader | None) -> Run
         )
         runtime._starts.append(worker.start)
         runtime._stops.append(lambda: _stop_worker(worker))
+        deliverer = build_deliverer(worker_settings.webhooks, database.engine)
+        if deliverer is not None:
+            runtime._starts.append(deliverer.start)
+            runtime._stops.append(deliverer.stop)
     runtime._starts.append(pump.start)
     runtime._stops.append(pump.stop)
     runtime._stops.append(runtime.fanout.close)  # before the pump, worker and pool: its threads read through the store

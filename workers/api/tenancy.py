@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from agent_runner import AgentTurn, TurnNotFound
-from agent_runner.limits import scoped_conversation_id, split_conversation_id
+from agent_runner.limits import scoped_conversation_id, shown_conversation_id
 from workers.api.errors import ApiError
 
 
@@ -53,10 +53,7 @@ class Tenant:
 
     def shown_conversation(self, stored: str | None) -> str | None:
         """The conversation id this tenant knows for a stored one."""
-        if stored is None or self.id is None:
-            return stored
-        owner, own = split_conversation_id(stored)
-        return own if owner == self.id else stored
+        return shown_conversation_id(stored, self.id)
 
     def owns(self, turn: AgentTurn, root: AgentTurn | None = None) -> bool:
         """Whether this tenant may see and change `turn`.
