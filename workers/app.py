@@ -12,6 +12,13 @@ turn execution safe:
 - Prefetch 1: a worker holds no more than the message it runs, so a long model call does
   not strand queued turns behind it.
 - No result backend: the turn store holds every outcome.
+- Two queues: the first step of a turn (`step_turn(turn_id, 0)`) goes to the queue of new
+  turns, every later step (follow-ups, resumes, retries) and every other task to the
+  configured queue, which workers take from first. A turn under way is then never sent
+  behind a backlog of turns that have not started, so its latency stays close to its own
+  service time. On Redis the worker asks the configured queue first on every fetch;
+  RabbitMQ delivers from both queues in turn, so turns under way get at least half of the
+  worker's slots whatever the backlog. Child turns start at version 0 too, and count as new.
 """
 
 from __future__ import annotations
@@ -20,8 +27,16 @@ import logging
 from typing import Any
 
 from celery import Celery, signals
+from kombu import Exchange, Queue
 
-from workers.names import SWEEP_DEADLINES, SWEEP_DUE_RETRIES, SWEEP_INBOX, SWEEP_STALE_TURNS
+from workers.names import (
+    STEP_TURN,
+    SWEEP_DEADLINES,
+    SWEEP_DUE_RETRIES,
+    SWEEP_INBOX,
+    SWEEP_STALE_TURNS,
+    new_turns_queue,
+)
 from workers.settings import SettingsError, WorkerSettings
 from workers.telemetry import celery_signals as telemetry_signals  # telemetry hook
 
@@ -43,6 +58,9 @@ def celery_config(settings: WorkerSettings) -> dict[str, Any]:
         transport_options["socket_timeout"] = 30
         if settings.broker_key_prefix:
             transport_options["global_keyprefix"] = settings.broker_key_prefix
+        # Ask the queues in the order of `task_queues` on every fetch (the default rotates
+        # them): turns under way before new ones.
+        transport_options["queue_order_strategy"] = "priority"
     sweep_options = {
         "queue": settings.queue,
         # A sweep that waited longer than one interval in the queue (workers down or busy)
@@ -68,6 +86,7 @@ def celery_config(settings: WorkerSettings) -> dict[str, Any]:
         "worker_cancel_long_running_tasks_on_connection_loss": True,
         "task_soft_time_limit": settings.soft_time_limit_s,
         "task_time_limit": settings.time_limit_s,
+        "task_queues": task_queues(settings.queue),
         "task_default_queue": settings.queue,
         "task_default_exchange": settings.queue,
         "task_default_routing_key": settings.queue,
@@ -99,6 +118,34 @@ def celery_config(settings: WorkerSettings) -> dict[str, Any]:
     }
 
 
+def task_queues(queue: str) -> tuple[Queue, Queue]:
+    """The queues a worker consumes, in the order it prefers them: `queue`, then its queue of new turns."""
+    exchange = Exchange(queue, type="direct")
+    new = new_turns_queue(queue)
+    return (Queue(queue, exchange, routing_key=queue), Queue(new, exchange, routing_key=new))
+
+
+class AgentRunnerCelery(Celery):  # type: ignore[misc]  # Celery is untyped
+    """A Celery app that sends the first step of each turn to the queue of new turns.
+
+    The version in the message tells a turn's first step (`step_turn(turn_id, 0)`, sent
+    when the turn is saved READY) from the steps that continue it, so producers and the
+    dispatcher keep naming one queue.
+    """
+
+    def send_task(self, name: str, args: Any = None, kwargs: Any = None, **options: Any) -> Any:
+        """Send the task named `name`; a first step sent to the default queue goes to its queue of new turns."""
+        queue = self.conf.task_default_queue
+        if name == STEP_TURN and options.get("queue", queue) == queue and is_first_step(args):
+            options["queue"] = new_turns_queue(queue)
+        return super().send_task(name, args, kwargs, **options)
+
+
+def is_first_step(args: Any) -> bool:
+    """Whether `step_turn` arguments `(turn_id, version)` ask for a turn's first step (version 0, never saved since)."""
+    return isinstance(args, list | tuple) and len(args) == 2 and type(args[1]) is int and args[1] == 0
+
+
 def create_app(settings: WorkerSettings | None = None) -> Celery:
     """Build a Celery app configured from `settings` (default: the environment).
 
@@ -106,7 +153,7 @@ def create_app(settings: WorkerSettings | None = None) -> Celery:
     by name and needs neither them nor the agents.
     """
     settings = settings if settings is not None else WorkerSettings.from_env()
-    celery_app = Celery("agent_runner", include=["workers.tasks", "workers.beat"])
+    celery_app = AgentRunnerCelery("agent_runner", include=["workers.tasks", "workers.beat"])
     celery_app.conf.update(celery_config(settings))
     return celery_app
 
