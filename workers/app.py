@@ -27,7 +27,7 @@ import logging
 from typing import Any
 
 from celery import Celery, signals
-from kombu import Exchange, Queue
+from kombu.entity import Exchange, Queue
 
 from workers.names import (
     STEP_TURN,
@@ -120,9 +120,12 @@ def celery_config(settings: WorkerSettings) -> dict[str, Any]:
 
 def task_queues(queue: str) -> tuple[Queue, Queue]:
     """The queues a worker consumes, in the order it prefers them: `queue`, then its queue of new turns."""
-    exchange = Exchange(queue, type="direct")
+    exchange = Exchange(queue, type="direct")  # type: ignore[no-untyped-call]  # kombu is untyped
     new = new_turns_queue(queue)
-    return (Queue(queue, exchange, routing_key=queue), Queue(new, exchange, routing_key=new))
+    return (
+        Queue(queue, exchange, routing_key=queue),  # type: ignore[no-untyped-call]
+        Queue(new, exchange, routing_key=new),  # type: ignore[no-untyped-call]
+    )
 
 
 class AgentRunnerCelery(Celery):  # type: ignore[misc]  # Celery is untyped
