@@ -866,6 +866,10 @@ def render(everything: dict[str, Any], docs: Path) -> None:
         parts += ["## 7. HTTP API: starting a turn", api_section(sections["api_bench"])]
     if "sse_bench" in sections:
         parts += ["## 8. Server-sent events: many followers of one conversation", sse_section(sections["sse_bench"])]
+    if "latency" in sections:
+        from latency import SECTION_TITLE, section
+
+        parts += [SECTION_TITLE, section(sections["latency"])]
     parts += [NOTES_TITLE, limits_section(found, sections)]
     plots = ["## Plots"]
     if "durable" in sections:
