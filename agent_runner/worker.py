@@ -175,6 +175,7 @@ class AgentWorker:
         self._dispatched: OrderedDict[str, None] = OrderedDict()
         self._wake = threading.Event()
         self._next_deadline_sweep = 0.0  # time.monotonic() at which a thread runs the deadline sweep next
+        self._next_poll = 0.0  # time.monotonic() at which a thread of this worker polls the store next
         self._stop: threading.Event | None = None
         self._threads: list[threading.Thread] = []
 
@@ -245,6 +246,7 @@ class AgentWorker:
             stop = threading.Event()
             self._stop = stop
             self._next_deadline_sweep = 0.0  # deadlines that passed while nothing ran are applied at once
+            self._next_poll = 0.0
             self._threads = [t for t in self._threads if t.is_alive()]
             for index in range(self.concurrency):
                 thread = threading.Thread(target=self._loop, args=(stop,), name=f"agent-worker-{index}", daemon=True)
@@ -285,7 +287,6 @@ class AgentWorker:
         self.stop()
 
     def _loop(self, stop: threading.Event) -> None:
-        next_poll = 0.0  # time.monotonic() at which this thread polls the store next
         while not stop.is_set():
             # Clear before looking, not after: a dispatch that arrives during the pass then
             # makes the wait below return at once instead of being forgotten.
@@ -295,21 +296,36 @@ class AgentWorker:
             try:
                 steps = self._run_dispatched(stop, seen)
                 # Dispatched turns do not wait for the poll, and a wake-up does not poll
-                # either: polling is the safety net, once per interval, or again at once
-                # after a poll that found work (more may wait beyond one batch).
-                if time.monotonic() >= next_poll:
+                # either: polling is the safety net, once per interval for the whole worker
+                # (one thread of hundreds polls, not each), or again at once after a poll
+                # that found work (more may wait beyond one batch).
+                if self._take_poll():
                     polled = self._run_polled(stop, seen)
                     steps += polled
-                    next_poll = 0.0 if polled else time.monotonic() + self.poll_interval
+                    if polled:
+                        self._poll_again()
             except Exception:
                 logger.exception(
                     "worker %s: polling the store failed; trying again in %ss", self.owner, self.poll_interval
                 )
                 steps = 0
-                next_poll = time.monotonic() + self.poll_interval
             if steps == 0 and not stop.is_set():
+                next_poll = self._next_poll
                 wake_at = next_poll if self.deadline_interval is None else min(next_poll, self._next_deadline_sweep)
                 self._wake.wait(max(0.0, wake_at - time.monotonic()))
+
+    def _take_poll(self) -> bool:
+        """Whether this thread polls the store now; if so, the next poll of the worker is an interval away."""
+        with self._lock:
+            now = time.monotonic()
+            if now < self._next_poll:
+                return False
+            self._next_poll = now + self.poll_interval
+            return True
+
+    def _poll_again(self) -> None:
+        with self._lock:
+            self._next_poll = 0.0
 
     def _sweep_deadlines_if_due(self) -> None:
         """Run the deadline sweep if its time has come; one thread of the worker does, the others go on stepping."""

@@ -1,6 +1,9 @@
-"""The embedded `AgentWorker` takes turns under way before a backlog of turns that have not started."""
+"""The embedded `AgentWorker` with a backlog: turns under way go first; many threads poll the store once."""
 
 from __future__ import annotations
+
+import time
+from datetime import datetime
 
 from agent_runner import (
     Agent,
@@ -11,11 +14,13 @@ from agent_runner import (
     AgentTurnStatus,
     AiMessage,
     ChatRequest,
+    InMemoryAgentTurnStore,
     ScriptedChatModel,
     ToolCall,
     ToolMessage,
     tool,
 )
+from agent_runner.persistence import TurnRef
 from agent_runner.worker import AgentWorker
 
 BACKLOG = 20
@@ -86,3 +91,27 @@ def test_a_polling_worker_takes_a_turn_under_way_before_new_turns_saved_earlier(
     poller.run_once()
     # Then it stepped the resumed turn (saved last) before the new turns
     assert order.new_turns_answered_before(resumed, backlog) == []
+
+
+class CountingPolls(InMemoryAgentTurnStore):
+    def __init__(self) -> None:
+        super().__init__()
+        self.polls = 0
+
+    def list_runnable(self, now: datetime, limit: int = 100) -> list[TurnRef]:
+        self.polls += 1
+        return super().list_runnable(now, limit)
+
+
+def test_the_threads_of_a_worker_share_one_poll_schedule() -> None:
+    # Given an idle worker of 50 threads that polls every 0.2 s
+    store = CountingPolls()
+    worker = AgentWorker(AgentRunner(turn_store=store), concurrency=50, poll_interval=0.2, deadline_interval=None)
+    worker.start()
+    try:
+        # When it idles for a second
+        time.sleep(1.0)
+    finally:
+        assert worker.stop(5)
+    # Then the store was polled about once per interval, not once per interval per thread (250)
+    assert 1 <= store.polls <= 15, store.polls

@@ -95,3 +95,16 @@ def test_a_database_pool_too_small_for_the_threads_is_reported() -> None:
     (warning,) = capacity_warnings(settings, "threads", 1000)
     assert "1000 tasks share 3 database connections" in warning
     assert "AGENT_RUNNER_DB_POOL_SIZE=2" in warning
+
+
+def test_the_embedded_worker_command_holds_many_turns_by_default(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from workers.cli import main
+
+    url = f"sqlite:///{tmp_path / 'agents.db'}"
+    result = CliRunner().invoke(
+        main, ["--database-url", url, "worker", "--run-for", "0"], env={"CELERY_BROKER_URL": ""}, catch_exceptions=False
+    )
+    assert result.exit_code == 0, result.output
+    assert "stepping turns with 64 thread(s)" in result.output
