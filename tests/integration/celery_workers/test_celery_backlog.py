@@ -85,3 +85,27 @@ def test_only_the_first_step_of_a_turn_counts_as_new_work() -> None:
     assert not is_first_step(("t-1", False))
     assert not is_first_step(("c-1",))
     assert not is_first_step(None)
+
+
+def test_a_worker_with_the_thread_pool_serves_its_metrics_and_a_prefork_worker_is_warned(
+    make_cluster: Callable[..., Cluster],
+) -> None:
+    from tests.integration.telemetry.test_telemetry_workers import _free_port, scrape
+
+    # Given a worker with the shipped pool, serving metrics
+    cluster = make_cluster(AGENT_RUNNER_METRICS_ADDR="127.0.0.1")
+    port = _free_port()
+    threads = cluster.start_worker(
+        "threads", concurrency=1000, pool="threads", env={"AGENT_RUNNER_METRICS_PORT": str(port)}
+    )
+    # When it runs a turn of five steps
+    turn = cluster.runner.start("worker-agent", json.dumps({"kind": "steps", "label": "metrics", "steps": 2}))
+    cluster.wait_for(lambda: cluster.load(turn.id).status is AgentTurnStatus.COMPLETED, 60, "the turn")
+    # Then its metrics count the steps, and it logged no capacity warning
+    steps = sum(value for (name, _), value in scrape(port).items() if name == "agent_runner_steps_total")
+    assert steps == cluster.load(turn.id).steps == 5
+    assert "turn(s) at once" not in threads.output()
+    threads.stop()
+    # And a prefork worker of two processes is told it holds two turns at once
+    prefork = cluster.start_worker("prefork", concurrency=2)
+    assert "the prefork pool with concurrency 2 holds 2 turn(s) at once" in prefork.output()
