@@ -17,8 +17,8 @@ turn execution safe:
   configured queue, which workers take from first. A turn under way is then never sent
   behind a backlog of turns that have not started, so its latency stays close to its own
   service time. On Redis the worker asks the configured queue first on every fetch;
-  RabbitMQ delivers from both queues in turn, so turns under way get at least half of the
-  worker's slots whatever the backlog. Child turns start at version 0 too, and count as new.
+  RabbitMQ delivers from both queues roughly in turn, so turns under way get about half of
+  the worker's slots whatever the backlog. Child turns start at version 0 too, and count as new.
 """
 
 from __future__ import annotations

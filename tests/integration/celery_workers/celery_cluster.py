@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
+from kombu.connection import Connection
 from redis import Redis
 
 import store
@@ -327,6 +328,17 @@ def delete_prefix(redis_url: str, prefix: str) -> None:
             client.delete(*keys[start : start + 500])
     finally:
         client.close()
+
+
+def reachable_rabbitmq_url() -> str:
+    """The test RabbitMQ's URL (`AGENT_RUNNER_TEST_AMQP_URL`); fails the test when it cannot be reached."""
+    url = os.environ.get("AGENT_RUNNER_TEST_AMQP_URL", RABBITMQ_URL)
+    try:
+        with Connection(url, connect_timeout=3) as connection:  # type: ignore[no-untyped-call]  # kombu is untyped
+            connection.ensure_connection(max_retries=1)
+    except Exception as exc:
+        pytest.fail(f"RabbitMQ at {url} is unreachable ({type(exc).__name__}: {exc}); start it first")
+    return url
 
 
 def delete_amqp_queue(cluster: Cluster) -> None:

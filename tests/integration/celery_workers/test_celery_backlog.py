@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Callable
 
 import pytest
 import sqlalchemy as sa
-from kombu.connection import Connection
 
 from agent_runner import AgentResumeCommand, AgentTurnStatus
-from tests.integration.celery_workers.celery_cluster import RABBITMQ_URL, Cluster
+from tests.integration.celery_workers.celery_cluster import Cluster, reachable_rabbitmq_url
 from workers.app import is_first_step
 
 pytestmark = pytest.mark.integration
@@ -20,15 +18,7 @@ BACKLOG = 20
 
 
 def _broker_url(kind: str) -> str | None:
-    if kind == "redis":
-        return None  # the cluster's Redis
-    url = os.environ.get("AGENT_RUNNER_TEST_AMQP_URL", RABBITMQ_URL)
-    try:
-        with Connection(url, connect_timeout=3) as connection:  # type: ignore[no-untyped-call]  # kombu is untyped
-            connection.ensure_connection(max_retries=1)
-    except Exception as exc:
-        pytest.fail(f"RabbitMQ at {url} is unreachable ({type(exc).__name__}: {exc}); start it first")
-    return url
+    return None if kind == "redis" else reachable_rabbitmq_url()  # None: the cluster's Redis
 
 
 def _model_answers(cluster: Cluster) -> dict[str, list[int]]:
@@ -71,11 +61,15 @@ def test_a_resumed_turn_finishes_before_most_of_a_backlog_of_new_turns_starts(
         "every turn to complete",
     )
     # Then the resumed turn (two more tasks: its approved call, then its answer) gave its
-    # last answer before most of the backlog had its first one
+    # last answer before most of the backlog had its first one: with Redis the worker asks
+    # for turns under way first, so at most the message it held already goes first; RabbitMQ
+    # hands out from both queues roughly in turn, where the follow-ups of the new turns
+    # already started also wait
     answers = _model_answers(cluster)
     finished = answers[waiting.id][-1]
     started_before = [turn_id for turn_id in backlog if answers[turn_id][0] < finished]
-    assert len(started_before) <= 3, f"{len(started_before)} of {BACKLOG} new turns went first"
+    allowed = 3 if broker == "redis" else BACKLOG // 2 - 1
+    assert len(started_before) <= allowed, f"{len(started_before)} of {BACKLOG} new turns went first"
 
 
 def test_only_the_first_step_of_a_turn_counts_as_new_work() -> None:

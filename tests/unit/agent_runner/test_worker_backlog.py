@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-from datetime import datetime
 
 from agent_runner import (
     Agent,
@@ -14,14 +13,13 @@ from agent_runner import (
     AgentTurnStatus,
     AiMessage,
     ChatRequest,
-    InMemoryAgentTurnStore,
     ScriptedChatModel,
     ToolCall,
     ToolMessage,
     tool,
 )
-from agent_runner.persistence import TurnRef
 from agent_runner.worker import AgentWorker
+from tests.unit.agent_runner.test_worker import CountingPolls
 
 BACKLOG = 20
 
@@ -91,16 +89,6 @@ def test_a_polling_worker_takes_a_turn_under_way_before_new_turns_saved_earlier(
     poller.run_once()
     # Then it stepped the resumed turn (saved last) before the new turns
     assert order.new_turns_answered_before(resumed, backlog) == []
-
-
-class CountingPolls(InMemoryAgentTurnStore):
-    def __init__(self) -> None:
-        super().__init__()
-        self.polls = 0
-
-    def list_runnable(self, now: datetime, limit: int = 100) -> list[TurnRef]:
-        self.polls += 1
-        return super().list_runnable(now, limit)
 
 
 def test_the_threads_of_a_worker_share_one_poll_schedule() -> None:
