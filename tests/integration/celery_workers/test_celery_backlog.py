@@ -9,6 +9,7 @@ import pytest
 import sqlalchemy as sa
 
 from agent_runner import AgentResumeCommand, AgentTurnStatus
+from tests.helpers.metrics import free_port, scrape
 from tests.integration.celery_workers.celery_cluster import Cluster, reachable_rabbitmq_url
 from workers.app import is_first_step
 
@@ -84,11 +85,9 @@ def test_only_the_first_step_of_a_turn_counts_as_new_work() -> None:
 def test_a_worker_with_the_thread_pool_serves_its_metrics_and_a_prefork_worker_is_warned(
     make_cluster: Callable[..., Cluster],
 ) -> None:
-    from tests.integration.telemetry.test_telemetry_workers import _free_port, scrape
-
     # Given a worker with the shipped pool, serving metrics
     cluster = make_cluster(AGENT_RUNNER_METRICS_ADDR="127.0.0.1")
-    port = _free_port()
+    port = free_port()
     threads = cluster.start_worker(
         "threads", concurrency=1000, pool="threads", env={"AGENT_RUNNER_METRICS_PORT": str(port)}
     )

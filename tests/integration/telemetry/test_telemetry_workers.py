@@ -10,9 +10,7 @@ are replaced every two tasks, runs the rest. Both serve `/metrics`, scraped over
 from __future__ import annotations
 
 import re
-import socket
 import time
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -22,7 +20,6 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client import REGISTRY
-from prometheus_client.parser import text_string_to_metric_families
 
 from agent_runner import (
     AgentResumeCommand,
@@ -31,6 +28,7 @@ from agent_runner import (
     AgentTurnStatus,
     InMemoryAgentLoader,
 )
+from tests.helpers.metrics import free_port, scrape
 from tests.integration.celery_workers.celery_cluster import Cluster, WorkerProcess
 from tests.integration.telemetry.otlp_receiver import otlp_receiver, read_spans
 from tests.integration.telemetry.telemetry_agents import CHILDREN, MODEL_NAME, USAGE, build_agents
@@ -51,23 +49,6 @@ class Tracing:
 
     def named(self, name: str) -> list[ReadableSpan]:
         return [s for s in self.exporter.get_finished_spans() if s.name == name]
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
-def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    """Every sample of a worker's `/metrics`, by name and sorted labels."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
-        text = response.read().decode()
-    return {
-        (s.name, tuple(sorted(s.labels.items()))): s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-    }
 
 
 def total(samples: list[dict[tuple[str, tuple[tuple[str, str], ...]], float]], name: str, **labels: str) -> float:
@@ -132,7 +113,7 @@ def test_a_turn_tree_across_two_workers_is_one_trace_and_the_metrics_count_it(
         }
 
         # Given a first worker, and a turn created inside a request span of the web app
-        ports = (_free_port(), _free_port())
+        ports = (free_port(), free_port())
         w1 = cluster.start_worker("w1", env={"AGENT_RUNNER_METRICS_PORT": str(ports[0])})
         with client.start_as_current_span("POST /v1/turns") as create_request:
             turn = producer.start("tour", "tour-1")

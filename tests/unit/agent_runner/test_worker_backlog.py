@@ -19,7 +19,7 @@ from agent_runner import (
     tool,
 )
 from agent_runner.worker import AgentWorker
-from tests.unit.agent_runner.test_worker import CountingPolls
+from tests.unit.agent_runner.turn_kit import CountingPolls
 
 BACKLOG = 20
 
