@@ -2,7 +2,9 @@
 
 It steps the turns handed to it by the runner's dispatch first, and polls the turn store
 for READY, RUNNING and due RETRY_SCHEDULED turns as the safety net (turns made runnable by
-other processes, dispatches it did not keep). Every `deadline_interval` it also runs the
+other processes, dispatches it did not keep). Either way a turn under way (resumed, retried,
+a child, one that used its share of steps) goes before a turn that has not started, so a
+backlog of new turns does not hold back the turns already running. Every `deadline_interval` it also runs the
 deadline sweep (`AgentRunner.apply_due_deadlines`, the one Celery beat runs in distributed
 deployments): reminders of approvals and forms near their deadline, and the defaults of
 those past it, whose turns it then steps like any resumed turn. It takes each turn's lease
@@ -41,7 +43,7 @@ from agent_runner.in_memory import InMemoryTurnLease
 from agent_runner.leasing import HeldLease, LeaseKeeper
 from agent_runner.persistence import AgentTurnStore, DeadlineSource, TurnLease
 from agent_runner.runner import AgentRunner
-from agent_runner.snapshot import AgentTurn
+from agent_runner.snapshot import AgentTurn, AgentTurnStatus
 
 logger = logging.getLogger("agent_runner.worker")
 
@@ -52,7 +54,7 @@ _FOREGROUND_WAIT_S = 0.05
 """How often a foreground run waiting for a lease held elsewhere looks again."""
 
 _DISPATCHED_TURNS = 1_000
-"""Most dispatched turn ids a worker keeps for its threads; older ones are left to the poll."""
+"""Most dispatched turn ids a worker keeps for its threads, per kind (under way, new); older ones are left to the poll."""
 
 _shared_leases: weakref.WeakKeyDictionary[AgentTurnStore, InMemoryTurnLease] = weakref.WeakKeyDictionary()
 _shared_leases_lock = threading.Lock()
@@ -72,6 +74,11 @@ def _in_process_lease(turn_store: AgentTurnStore) -> TurnLease:
         except TypeError:  # a store that cannot be weakly referenced or hashed
             return InMemoryTurnLease()
         return lease
+
+
+def _is_new(status: AgentTurnStatus, steps: int, parent_turn_id: str | None) -> bool:
+    """Whether a turn is a root turn that has not started: work that waits behind turns under way."""
+    return status is AgentTurnStatus.READY and steps == 0 and parent_turn_id is None
 
 
 @dataclass
@@ -161,11 +168,14 @@ class AgentWorker:
         self._lock = threading.Lock()
         self._claims: dict[str, _Claim] = {}
         self._backoff: dict[str, tuple[float, float]] = {}
-        # Turns handed over by `dispatch`, oldest first (an ordered set), for the threads to
-        # try before they poll. Losing one costs latency only: the poll finds every runnable turn.
+        # Turns handed over by `dispatch`, oldest first (ordered sets), for the threads to try
+        # before they poll: `_continuing` holds turns under way, `_dispatched` new ones, taken
+        # after. Losing one costs latency only: the poll finds every runnable turn.
+        self._continuing: OrderedDict[str, None] = OrderedDict()
         self._dispatched: OrderedDict[str, None] = OrderedDict()
         self._wake = threading.Event()
         self._next_deadline_sweep = 0.0  # time.monotonic() at which a thread runs the deadline sweep next
+        self._next_poll = 0.0  # time.monotonic() at which a thread of this worker polls the store next
         self._stop: threading.Event | None = None
         self._threads: list[threading.Thread] = []
 
@@ -174,19 +184,30 @@ class AgentWorker:
     def dispatch(self, turn: AgentTurn) -> None:
         """Hand a runnable turn to the stepping threads: the next thread to wake tries it first.
 
-        The thread goes to the turn directly instead of polling the store for it. A turn that
-        is not runnable yet (a retry that is not due) is left to the poll, which finds it
-        when it is due; so are turns beyond the last `_DISPATCHED_TURNS` dispatched.
+        The thread goes to the turn directly instead of polling the store for it, a turn under
+        way before any turn that has not started. A turn that is not runnable yet (a retry
+        that is not due) is left to the poll, which finds it when it is due; so are turns
+        beyond the last `_DISPATCHED_TURNS` dispatched of their kind.
         """
         if turn.is_runnable(self.runner.clock()):
-            self._enqueue(turn.id)
+            self._enqueue(turn.id, ahead=not _is_new(turn.status, turn.steps, turn.parent_turn_id))
         self._wake.set()
 
-    def _enqueue(self, turn_id: str) -> None:
+    def _enqueue(self, turn_id: str, *, ahead: bool = False) -> None:
+        """Queue `turn_id` for the threads: `ahead` of the new turns (a turn under way), or behind them."""
         with self._lock:
-            self._dispatched[turn_id] = None
-            if len(self._dispatched) > _DISPATCHED_TURNS:
-                self._dispatched.popitem(last=False)
+            waiting = self._continuing if ahead else self._dispatched
+            waiting[turn_id] = None
+            if len(waiting) > _DISPATCHED_TURNS:
+                waiting.popitem(last=False)
+
+    def _next_dispatched(self) -> str | None:
+        """Take the oldest dispatched turn under way, else the oldest new one; None when none waits."""
+        with self._lock:
+            for waiting in (self._continuing, self._dispatched):
+                if waiting:
+                    return waiting.popitem(last=False)[0]
+        return None
 
     # --- Running ------------------------------------------------------------------------------
 
@@ -225,6 +246,7 @@ class AgentWorker:
             stop = threading.Event()
             self._stop = stop
             self._next_deadline_sweep = 0.0  # deadlines that passed while nothing ran are applied at once
+            self._next_poll = 0.0
             self._threads = [t for t in self._threads if t.is_alive()]
             for index in range(self.concurrency):
                 thread = threading.Thread(target=self._loop, args=(stop,), name=f"agent-worker-{index}", daemon=True)
@@ -265,7 +287,6 @@ class AgentWorker:
         self.stop()
 
     def _loop(self, stop: threading.Event) -> None:
-        next_poll = 0.0  # time.monotonic() at which this thread polls the store next
         while not stop.is_set():
             # Clear before looking, not after: a dispatch that arrives during the pass then
             # makes the wait below return at once instead of being forgotten.
@@ -275,21 +296,36 @@ class AgentWorker:
             try:
                 steps = self._run_dispatched(stop, seen)
                 # Dispatched turns do not wait for the poll, and a wake-up does not poll
-                # either: polling is the safety net, once per interval, or again at once
-                # after a poll that found work (more may wait beyond one batch).
-                if time.monotonic() >= next_poll:
+                # either: polling is the safety net, once per interval for the whole worker
+                # (one thread of hundreds polls, not each), or again at once after a poll
+                # that found work (more may wait beyond one batch).
+                if self._take_poll():
                     polled = self._run_polled(stop, seen)
                     steps += polled
-                    next_poll = 0.0 if polled else time.monotonic() + self.poll_interval
+                    if polled:
+                        self._poll_again()
             except Exception:
                 logger.exception(
                     "worker %s: polling the store failed; trying again in %ss", self.owner, self.poll_interval
                 )
                 steps = 0
-                next_poll = time.monotonic() + self.poll_interval
             if steps == 0 and not stop.is_set():
+                next_poll = self._next_poll
                 wake_at = next_poll if self.deadline_interval is None else min(next_poll, self._next_deadline_sweep)
                 self._wake.wait(max(0.0, wake_at - time.monotonic()))
+
+    def _take_poll(self) -> bool:
+        """Whether this thread polls the store now; if so, the next poll of the worker is an interval away."""
+        with self._lock:
+            now = time.monotonic()
+            if now < self._next_poll:
+                return False
+            self._next_poll = now + self.poll_interval
+            return True
+
+    def _poll_again(self) -> None:
+        with self._lock:
+            self._next_poll = 0.0
 
     def _sweep_deadlines_if_due(self) -> None:
         """Run the deadline sweep if its time has come; one thread of the worker does, the others go on stepping."""
@@ -309,17 +345,19 @@ class AgentWorker:
             )
 
     def _run_dispatched(self, stop: threading.Event | None, seen: set[str]) -> int:
-        """Advance the turns dispatched before this call, oldest first; add them to `seen`."""
+        """Advance as many dispatched turns as were waiting at this call, under way first; add them to `seen`.
+
+        A turn dispatched under way during the pass goes ahead of the new turns still waiting.
+        """
         with self._lock:
-            waiting = len(self._dispatched)
+            waiting = len(self._continuing) + len(self._dispatched)
         steps = 0
         for _ in range(waiting):
             if stop is not None and stop.is_set():
                 break
-            with self._lock:
-                if not self._dispatched:
-                    break
-                turn_id, _ = self._dispatched.popitem(last=False)
+            turn_id = self._next_dispatched()
+            if turn_id is None:
+                break
             if turn_id in seen or self._is_backing_off(turn_id):
                 continue  # a turn backing off is found again by the poll once it may run
             seen.add(turn_id)
@@ -336,8 +374,11 @@ class AgentWorker:
             # goes for the turns this pass skips.
             ticks = time.monotonic()
             self._backoff = {k: v for k, v in self._backoff.items() if v[0] > ticks}
-            extra = len(self._backoff) + len(seen) + len(self._dispatched)
+            extra = len(self._backoff) + len(seen) + len(self._continuing) + len(self._dispatched)
         refs = self.runner.turn_store.list_runnable(now, self.batch_size + extra)
+        # Turns under way first (a stable sort keeps the store's order within each kind). A
+        # READY turn has not taken a step: every step leaves a turn in another status.
+        refs.sort(key=lambda ref: ref.status is AgentTurnStatus.READY)
         steps = 0
         for ref in refs:
             if stop is not None and stop.is_set():
@@ -361,7 +402,7 @@ class AgentWorker:
 
     def _is_dispatched(self, turn_id: str) -> bool:
         with self._lock:
-            return turn_id in self._dispatched
+            return turn_id in self._continuing or turn_id in self._dispatched
 
     def _advance(self, turn_id: str, stop: threading.Event | None) -> int:
         """Step one turn under its lease until it blocks, ends, or used its share of steps."""
@@ -391,8 +432,9 @@ class AgentWorker:
                 return result.steps
             self._forgive(turn_id)
             if result.stopped is StopReason.BUDGET:
-                # Its share is used up, not its work: queue it behind the turns dispatched
-                # meanwhile rather than leave it to the next poll.
+                # Its share is used up, not its work: queue it behind every turn dispatched
+                # meanwhile, new ones included (that is what the share is for), rather than
+                # leave it to the next poll.
                 self._enqueue(turn_id)
             return result.steps
 

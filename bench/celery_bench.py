@@ -80,8 +80,10 @@ def worker_env(database_url: str, prefix: str, queue: str) -> dict[str, str]:
 class Worker:
     """A `celery worker` process in its own process group, logging to a file."""
 
-    def __init__(self, app: str, env: dict[str, str], concurrency: int, log_path: Path) -> None:
-        args = [CELERY, "-A", app, "worker", "--pool=prefork", f"--concurrency={concurrency}"]
+    def __init__(
+        self, app: str, env: dict[str, str], concurrency: int, log_path: Path, *, pool: str = "prefork"
+    ) -> None:
+        args = [CELERY, "-A", app, "worker", f"--pool={pool}", f"--concurrency={concurrency}"]
         args += ["--without-gossip", "--without-mingle", "--without-heartbeat", "--loglevel=WARNING"]
         args += [f"--hostname={app}-{uuid.uuid4().hex[:6]}@%h"]
         self.log_path = log_path

@@ -888,14 +888,17 @@ def render(everything: dict[str, Any], docs: Path) -> None:
         parts += ["## 4. Resume latency", resume_section(sections.get("resume"), sections.get("celery_bench"))]
     if "durable" in sections or "resume" in sections:
         parts += ["## 5. Peers: LangGraph", peers_section(sections.get("durable"), sections.get("resume"))]
-    if "memory" in sections:
-        parts += ["## 6. Memory", memory_section(sections["memory"])]
-    if "api_bench" in sections:
-        parts += ["## 7. HTTP API: starting a turn", api_section(sections["api_bench"])]
-    if "sse_bench" in sections:
-        parts += ["## 8. Server-sent events: many followers of one conversation", sse_section(sections["sse_bench"])]
-    if "cli_startup" in sections:
-        parts += ["## 9. Command line start-up", cli_section(sections["cli_startup"])]
+    from latency import SECTION_TITLE, section
+
+    for name, title, render_section in (
+        ("memory", "## 6. Memory", memory_section),
+        ("api_bench", "## 7. HTTP API: starting a turn", api_section),
+        ("sse_bench", "## 8. Server-sent events: many followers of one conversation", sse_section),
+        ("cli_startup", "## 9. Command line start-up", cli_section),
+        ("latency", SECTION_TITLE, section),
+    ):
+        if name in sections:
+            parts += [title, render_section(sections[name])]
     parts += [NOTES_TITLE, limits_section(found, sections)]
     plots = ["## Plots"]
     if "durable" in sections:

@@ -37,6 +37,7 @@ SECTIONS = (
     "api_bench",
     "sse_bench",
     "cli_startup",
+    "latency",
 )
 SECTION_TIMEOUT_S = 900
 

@@ -44,11 +44,11 @@ def _json_dumps(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
-def make_engine(url: str | URL) -> Engine:
+def make_engine(url: str | URL, *, pool_size: int = 5, max_overflow: int = 10) -> Engine:
     """Create an engine configured for the agent-runner tables.
 
-    PostgreSQL (`postgresql+psycopg://...`) gets a bounded pool that recycles old
-    connections. SQLite gets WAL journaling (readers never block the writer), a busy
+    PostgreSQL (`postgresql+psycopg://...`) gets a pool of `pool_size` connections kept
+    open plus `max_overflow` opened on demand, which recycles old connections. SQLite gets WAL journaling (readers never block the writer), a busy
     timeout, foreign keys, connections shareable across threads, and transactions that
     SQLAlchemy begins itself so that writers can take the lock up front (see `WRITE`).
 
@@ -66,8 +66,8 @@ def make_engine(url: str | URL) -> Engine:
     if backend == "postgresql":
         return sa.create_engine(
             parsed,
-            pool_size=5,
-            max_overflow=10,
+            pool_size=pool_size,
+            max_overflow=max_overflow,
             pool_timeout=10,
             # Recycling bounds the life of an idle connection a firewall may have cut; a
             # connection that died anyway fails one operation with StoreUnavailableError

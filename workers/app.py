@@ -14,6 +14,8 @@ from celery import signals
 
 from workers.celery_config import celery_config as celery_config
 from workers.celery_config import create_app as create_app
+from workers.celery_config import is_first_step as is_first_step
+from workers.celery_config import task_queues as task_queues
 from workers.settings import SettingsError, WorkerSettings
 from workers.telemetry import celery_signals as telemetry_signals  # telemetry hook
 
@@ -51,6 +53,28 @@ def _check_agents(sender: Any = None, **_: Any) -> None:
         raise SystemExit(f"agent-runner worker not started: {exc}") from exc
 
 
+_tasks_per_process = 1
+
+
+def tasks_per_worker_process() -> int:
+    """Tasks each process of the worker started in this process runs at once (1 outside a worker)."""
+    return _tasks_per_process
+
+
+def _check_capacity(sender: Any = None, **_: Any) -> None:
+    """Record how many tasks a process of this worker runs at once, and warn about what limits it."""
+    global _tasks_per_process
+    if getattr(sender, "app", None) is not app:
+        return
+    from workers.capacity import capacity_warnings, pool_name, tasks_per_process
+
+    pool = pool_name(getattr(sender, "pool_cls", "prefork"))
+    concurrency = int(getattr(sender, "concurrency", 1) or 1)
+    _tasks_per_process = tasks_per_process(pool, concurrency)
+    for warning in capacity_warnings(settings, pool, concurrency):
+        logger.warning("%s", warning)
+
+
 def _close_wiring(**_: Any) -> None:
     """Close this process's database pool and Redis connections on the way out."""
     from workers import wiring
@@ -65,4 +89,5 @@ telemetry_signals.install(app, settings)
 # Connected by call rather than as decorators: Celery is untyped, and a decorator would
 # hide the handlers' signatures from the type checker.
 signals.worker_init.connect(_check_agents, weak=False)
+signals.worker_init.connect(_check_capacity, weak=False)
 signals.worker_process_shutdown.connect(_close_wiring, weak=False)

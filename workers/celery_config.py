@@ -15,6 +15,13 @@ The choices that make turn execution safe:
 - Prefetch 1: a worker holds no more than the message it runs, so a long model call does
   not strand queued turns behind it.
 - No result backend: the turn store holds every outcome.
+- Two queues: the first step of a turn (`step_turn(turn_id, 0)`) goes to the queue of new
+  turns, every later step (follow-ups, resumes, retries) and every other task to the
+  configured queue, which workers take from first. A turn under way is then never sent
+  behind a backlog of turns that have not started, so its latency stays close to its own
+  service time. On Redis the worker asks the configured queue first on every fetch;
+  RabbitMQ delivers from both queues roughly in turn, so turns under way get about half of
+  the worker's slots whatever the backlog. Child turns start at version 0 too, and count as new.
 """
 
 from __future__ import annotations
@@ -22,8 +29,17 @@ from __future__ import annotations
 from typing import Any
 
 from celery import Celery
+from kombu.entity import Exchange, Queue
 
-from workers.names import DELIVER_WEBHOOKS, SWEEP_DEADLINES, SWEEP_DUE_RETRIES, SWEEP_INBOX, SWEEP_STALE_TURNS
+from workers.names import (
+    DELIVER_WEBHOOKS,
+    STEP_TURN,
+    SWEEP_DEADLINES,
+    SWEEP_DUE_RETRIES,
+    SWEEP_INBOX,
+    SWEEP_STALE_TURNS,
+    new_turns_queue,
+)
 from workers.settings import WorkerSettings
 
 
@@ -42,6 +58,9 @@ def celery_config(settings: WorkerSettings) -> dict[str, Any]:
         transport_options["socket_timeout"] = 30
         if settings.broker_key_prefix:
             transport_options["global_keyprefix"] = settings.broker_key_prefix
+        # Ask the queues in the order of `task_queues` on every fetch (the default rotates
+        # them): turns under way before new ones.
+        transport_options["queue_order_strategy"] = "priority"
     sweep_options = {
         "queue": settings.queue,
         # A sweep that waited longer than one interval in the queue (workers down or busy)
@@ -67,6 +86,7 @@ def celery_config(settings: WorkerSettings) -> dict[str, Any]:
         "worker_cancel_long_running_tasks_on_connection_loss": True,
         "task_soft_time_limit": settings.soft_time_limit_s,
         "task_time_limit": settings.time_limit_s,
+        "task_queues": task_queues(settings.queue),
         "task_default_queue": settings.queue,
         "task_default_exchange": settings.queue,
         "task_default_routing_key": settings.queue,
@@ -109,12 +129,29 @@ def _webhook_entries(settings: WorkerSettings) -> dict[str, Any]:
     return {"agent-runner-deliver-webhooks": {"task": DELIVER_WEBHOOKS, "schedule": interval, "options": options}}
 
 
+def task_queues(queue: str) -> tuple[Queue, Queue]:
+    """The queues a worker consumes, in the order it prefers them: `queue`, then its queue of new turns."""
+    exchange = Exchange(queue, type="direct")  # type: ignore[no-untyped-call]  # kombu is untyped
+    new = new_turns_queue(queue)
+    return (
+        Queue(queue, exchange, routing_key=queue),  # type: ignore[no-untyped-call]
+        Queue(new, exchange, routing_key=new),  # type: ignore[no-untyped-call]
+    )
+
+
+def is_first_step(args: Any) -> bool:
+    """Whether `step_turn` arguments `(turn_id, version)` ask for a turn's first step (version 0, never saved since)."""
+    return isinstance(args, list | tuple) and len(args) == 2 and type(args[1]) is int and args[1] == 0
+
+
 class _SettingsCelery(Celery):  # type: ignore[misc]  # Celery is untyped
-    """A Celery app whose broker is the one of its settings.
+    """The Celery app of agent-runner: its broker is the one of its settings, and first steps go to the queue of new turns.
 
     Celery itself prefers `CELERY_BROKER_URL` (and `CELERY_BROKER_READ_URL`/`_WRITE_URL`)
     from the environment over its configuration, so an app built from explicit settings
-    would publish to whatever broker the process's environment names.
+    would publish to whatever broker the process's environment names. The version in a
+    `step_turn` message tells a turn's first step (sent when the turn is saved READY) from
+    the steps that continue it, so producers and the dispatcher keep naming one queue.
     """
 
     def __init__(self, broker_url: str, *args: Any, **kwargs: Any) -> None:
@@ -129,6 +166,13 @@ class _SettingsCelery(Celery):  # type: ignore[misc]  # Celery is untyped
 
     def connection(self, hostname: str | None = None, **kwargs: Any) -> Any:
         return super().connection(hostname or self.settings_broker_url, **kwargs)
+
+    def send_task(self, name: str, args: Any = None, kwargs: Any = None, **options: Any) -> Any:
+        """Send the task named `name`; a first step sent to the default queue goes to its queue of new turns."""
+        queue = self.conf.task_default_queue
+        if name == STEP_TURN and options.get("queue", queue) == queue and is_first_step(args):
+            options["queue"] = new_turns_queue(queue)
+        return super().send_task(name, args, kwargs, **options)
 
 
 def create_app(settings: WorkerSettings | None = None) -> Celery:

@@ -388,7 +388,13 @@ def db_upgrade(obj: _Context) -> None:
 
 
 @main.command()
-@click.option("--concurrency", type=click.IntRange(1, 256), default=2, show_default=True, help="Stepping threads.")
+@click.option(
+    "--concurrency",
+    type=click.IntRange(1, 1024),
+    default=64,
+    show_default=True,
+    help="Stepping threads: turns in flight at once (a turn waiting on its model holds one).",
+)
 @click.option(
     "--lease-ttl",
     type=_Seconds(0.1, 3600.0),

@@ -16,6 +16,7 @@ from sqlalchemy import Engine
 
 import store
 from store.migrations import ensure_embedded_schema
+from workers.capacity import DEFAULT_POOL, PoolSize
 
 
 @dataclass
@@ -33,15 +34,17 @@ class Database:
         self.engine.dispose()
 
 
-def open_engine(database_url: str) -> Engine:
+def open_engine(database_url: str, pool: PoolSize = DEFAULT_POOL) -> Engine:
     """Return an engine on the database once its schema is the one this code needs (SQLite is migrated first).
+
+    `pool` sizes the PostgreSQL connection pool (see `workers.capacity.database_pool`).
 
     Raises:
         SchemaVersionError: The tables are missing or at another revision; the message names
             the command that fixes it, `agent-runner db upgrade`.
         StoreUnavailableError: The database could not be reached.
     """
-    engine = store.make_engine(database_url)
+    engine = store.make_engine(database_url, pool_size=pool.size, max_overflow=pool.overflow)
     try:
         ensure_embedded_schema(engine)
         store.check_schema(engine)
@@ -51,14 +54,14 @@ def open_engine(database_url: str) -> Engine:
     return engine
 
 
-def open_database(database_url: str) -> Database:
+def open_database(database_url: str, pool: PoolSize = DEFAULT_POOL) -> Database:
     """Open the database (see `open_engine`) and the turn store, chat memories and inbox on it.
 
     Raises:
         SchemaVersionError: The tables are missing or at another revision.
         StoreUnavailableError: The database could not be reached.
     """
-    engine = open_engine(database_url)
+    engine = open_engine(database_url, pool)
     try:
         return Database(
             engine=engine,

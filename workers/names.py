@@ -1,6 +1,11 @@
 """Names of the Celery tasks, shared by the app that schedules them and the code that sends them.
 
 Producers send tasks by name, so a web app needs neither the task modules nor the agents.
+
+Queues: every message goes to the configured queue (`AGENT_RUNNER_QUEUE`), except the first
+step of a turn, which goes to the queue of new turns beside it. Workers take from the
+configured queue first, so a turn that has started is not sent behind a backlog of turns
+that have not (see `workers.app`).
 """
 
 from __future__ import annotations
@@ -13,3 +18,8 @@ SWEEP_DUE_RETRIES = "agent_runner.sweep_due_retries"
 SWEEP_DEADLINES = "agent_runner.sweep_deadlines"
 RUN_SCHEDULE = "agent_runner.run_schedule"
 DELIVER_WEBHOOKS = "agent_runner.deliver_webhooks"
+
+
+def new_turns_queue(queue: str) -> str:
+    """The queue of the first steps of turns, beside `queue` (which carries every step after those)."""
+    return f"{queue}.new"

@@ -37,6 +37,8 @@ misconfigured deployment fails at start-up rather than on the first turn.
 | `AGENT_RUNNER_METRICS_ADDR` | `0.0.0.0` | address the worker's metrics port binds to |
 | `AGENT_RUNNER_LOG_FORMAT` | `text` | `json`: one JSON object per log line, with the turn of the step being run |
 | `AGENT_RUNNER_WEBHOOKS` | none | webhook URLs per kind, with `AGENT_RUNNER_WEBHOOK_*` (see `workers.webhooks`) |
+| `AGENT_RUNNER_DB_POOL_SIZE` | from the worker's concurrency | database connections a process keeps open (see `workers.capacity`) |
+| `AGENT_RUNNER_DB_MAX_OVERFLOW` | `10` | database connections a process opens on demand beyond those |
 """
 
 from __future__ import annotations
@@ -124,6 +126,9 @@ class WorkerSettings:
     deadline_reminder: float | None = 0.8
     schedules: str | None = None
     webhooks: WebhookSettings | None = None
+    db_pool_size: int | None = None
+    """None: sized from the tasks a process runs at once (`workers.capacity.database_pool`)."""
+    db_max_overflow: int | None = None
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> WorkerSettings:
@@ -171,6 +176,8 @@ class WorkerSettings:
             deadline_reminder=_reminder(env),
             schedules=_schedules_spec(env),
             webhooks=_webhooks(env),
+            db_pool_size=_optional_number(env, "AGENT_RUNNER_DB_POOL_SIZE", minimum=1),
+            db_max_overflow=_optional_number(env, "AGENT_RUNNER_DB_MAX_OVERFLOW", minimum=0),
         )
         settings._check_consistency(env)
         return settings
@@ -379,6 +386,12 @@ def _number(
     if maximum is not None and number > maximum:
         raise SettingsError(name, value, f"must be at most {maximum:g}")
     return number
+
+
+def _optional_number(env: Mapping[str, str], name: str, *, minimum: int) -> int | None:
+    if _raw(env, name) is None:
+        return None
+    return _number(env, name, 0, int, minimum=minimum)
 
 
 def _optional_port(env: Mapping[str, str], name: str) -> int | None:

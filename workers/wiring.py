@@ -27,6 +27,7 @@ from agent_runner import AgentLoader, AgentRunner, Middleware
 from agent_runner.leasing import LeaseKeeper
 from store.redis_events import BackgroundPublisher
 from workers.agents import apply_runner_setup, load_agent_loader
+from workers.capacity import database_pool
 from workers.database import open_database
 from workers.dispatch import CeleryDispatcher, InboxNotifier
 from workers.settings import WorkerSettings
@@ -74,6 +75,7 @@ def build_wiring(
     *,
     agent_loader: AgentLoader | None = None,
     middleware: Iterable[Middleware] = (),
+    tasks_in_flight: int = 1,
 ) -> Wiring:
     """Build the backends and a dispatching runner from `settings`.
 
@@ -82,6 +84,8 @@ def build_wiring(
         celery_app: The app whose broker receives the step messages.
         agent_loader: The agents (default: resolved from `settings.agent_loader`).
         middleware: Middleware of the runner, outermost first.
+        tasks_in_flight: Tasks of this process that use the wiring at once (the threads of a
+            thread pool); sizes the database pool unless the settings fix it.
 
     Raises:
         SettingsError: The agent loader or the runner set-up (`AGENT_RUNNER_SETUP`) cannot be resolved.
@@ -90,7 +94,7 @@ def build_wiring(
         StoreUnavailableError: The database could not be reached to check its schema.
     """
     loader = agent_loader if agent_loader is not None else load_agent_loader(settings.agent_loader)
-    database = open_database(settings.database_url)
+    database = open_database(settings.database_url, database_pool(settings, tasks_in_flight))
     lease = store.RedisTurnLease(settings.redis_url, prefix=settings.redis_prefix)
     guard = store.RedisConversationGuard(settings.redis_url, prefix=settings.redis_prefix)
     dispatcher = CeleryDispatcher(celery_app, settings)
@@ -141,10 +145,18 @@ def current() -> Wiring:
     with _current_lock:
         # A forked child must not reuse the parent's pools; it builds its own.
         if _current is None or _current[0] != pid:
-            from workers.app import app, settings
+            from workers.app import app, settings, tasks_per_worker_process
             from workers.middleware import SoftTimeLimitAsRetry
 
-            _current = (pid, build_wiring(settings, app, middleware=[SoftTimeLimitAsRetry()]))
+            _current = (
+                pid,
+                build_wiring(
+                    settings,
+                    app,
+                    middleware=[SoftTimeLimitAsRetry()],
+                    tasks_in_flight=tasks_per_worker_process(),
+                ),
+            )
         return _current[1]
 
 

@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
+import socket
 import urllib.request
 
 from prometheus_client.parser import text_string_to_metric_families
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
 
 
 def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

@@ -24,6 +24,7 @@ from typing import Any
 import psycopg
 import pytest
 import sqlalchemy as sa
+from kombu.connection import Connection
 from redis import Redis
 
 import store
@@ -31,7 +32,7 @@ from agent_runner import AgentResumeCommand, AgentTurn, AgentTurnStatus, Suspens
 from tests.helpers.processes import REPO_ROOT, signal_group, with_tests_importable
 from tests.integration.celery_workers import celery_agents
 from tests.integration.celery_workers.celery_agents import DETAILS_FORM, LEDGER_URL_VARIABLE
-from workers.app import create_app
+from workers.app import create_app, task_queues
 from workers.settings import WorkerSettings
 from workers.wiring import Wiring, build_wiring
 
@@ -252,8 +253,10 @@ class Cluster:
             client.close()
 
     def purge_queue(self) -> int:
+        """Drop the messages waiting in the test's queues (the queue and its queue of new turns)."""
         with self.celery_app.connection_for_write() as connection:
-            return int(connection.default_channel.queue_purge(self.settings.queue) or 0)
+            channel = connection.default_channel
+            return sum(int(channel.queue_purge(queue.name) or 0) for queue in task_queues(self.settings.queue))
 
     def close(self) -> None:
         self.wiring.close()
@@ -330,12 +333,24 @@ def delete_prefix(redis_url: str, prefix: str) -> None:
         client.close()
 
 
-def delete_amqp_queue(cluster: Cluster) -> None:
+def reachable_rabbitmq_url() -> str:
+    """The test RabbitMQ's URL (`AGENT_RUNNER_TEST_AMQP_URL`); fails the test when it cannot be reached."""
+    url = os.environ.get("AGENT_RUNNER_TEST_AMQP_URL", RABBITMQ_URL)
     try:
-        with cluster.celery_app.connection_for_write() as connection:
-            connection.default_channel.queue_delete(cluster.settings.queue)
-    except Exception as exc:  # the queue may never have been declared
-        print(f"could not delete queue {cluster.settings.queue}: {exc}")
+        with Connection(url, connect_timeout=3) as connection:  # type: ignore[no-untyped-call]  # kombu is untyped
+            connection.ensure_connection(max_retries=1)
+    except Exception as exc:
+        pytest.fail(f"RabbitMQ at {url} is unreachable ({type(exc).__name__}: {exc}); start it first")
+    return url
+
+
+def delete_amqp_queue(cluster: Cluster) -> None:
+    for queue in task_queues(cluster.settings.queue):
+        try:
+            with cluster.celery_app.connection_for_write() as connection:
+                connection.default_channel.queue_delete(queue.name)
+        except Exception as exc:  # the queue may never have been declared
+            print(f"could not delete queue {queue.name}: {exc}")
 
 
 class ConnectionKiller(threading.Thread):

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 
 import pytest
-from kombu.connection import Connection
 
 from agent_runner import AgentTurnStatus
 from store import InboxStatus
-from tests.integration.celery_workers.celery_cluster import RABBITMQ_URL, Cluster
+from tests.integration.celery_workers.celery_cluster import Cluster, reachable_rabbitmq_url
 from tests.integration.celery_workers.celery_workload import Scenario, run_workload, scenario
 
 pytestmark = pytest.mark.integration
@@ -18,13 +16,7 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture
 def amqp_url() -> str:
-    url = os.environ.get("AGENT_RUNNER_TEST_AMQP_URL", RABBITMQ_URL)
-    try:
-        with Connection(url, connect_timeout=3) as connection:  # type: ignore[no-untyped-call]  # kombu is untyped
-            connection.ensure_connection(max_retries=1)
-    except Exception as exc:
-        pytest.fail(f"RabbitMQ at {url} is unreachable ({type(exc).__name__}: {exc}); start it first")
-    return url
+    return reachable_rabbitmq_url()
 
 
 def test_mixed_turns_and_the_inbox_run_with_rabbitmq_as_the_broker(

@@ -10,7 +10,6 @@ are replaced every two tasks, runs the rest. Both serve `/metrics`, scraped over
 from __future__ import annotations
 
 import re
-import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -29,7 +28,7 @@ from agent_runner import (
     AgentTurnStatus,
     InMemoryAgentLoader,
 )
-from tests.helpers.metrics import scrape
+from tests.helpers.metrics import free_port, scrape
 from tests.integration.celery_workers.celery_cluster import Cluster, WorkerProcess
 from tests.integration.telemetry.otlp_receiver import otlp_receiver, read_spans
 from tests.integration.telemetry.telemetry_agents import CHILDREN, MODEL_NAME, USAGE, build_agents
@@ -50,12 +49,6 @@ class Tracing:
 
     def named(self, name: str) -> list[ReadableSpan]:
         return [s for s in self.exporter.get_finished_spans() if s.name == name]
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def total(samples: list[dict[tuple[str, tuple[tuple[str, str], ...]], float]], name: str, **labels: str) -> float:
@@ -120,7 +113,7 @@ def test_a_turn_tree_across_two_workers_is_one_trace_and_the_metrics_count_it(
         }
 
         # Given a first worker, and a turn created inside a request span of the web app
-        ports = (_free_port(), _free_port())
+        ports = (free_port(), free_port())
         w1 = cluster.start_worker("w1", env={"AGENT_RUNNER_METRICS_PORT": str(ports[0])})
         with client.start_as_current_span("POST /v1/turns") as create_request:
             turn = producer.start("tour", "tour-1")

@@ -29,6 +29,7 @@ from agent_runner import (
     UserMessage,
     tool,
 )
+from agent_runner.persistence import TurnRef
 
 TICKET_SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -64,6 +65,18 @@ class RecordingStore(InMemoryAgentTurnStore):
     def saves_of(self, turn_id: str) -> list[AgentTurn]:
         with self._record:
             return [t for t in self.saved if t.id == turn_id]
+
+
+class CountingPolls(InMemoryAgentTurnStore):
+    """An in-memory store that counts the polls of the workers on it (`list_runnable` calls)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.polls = 0
+
+    def list_runnable(self, now: datetime, limit: int = 100) -> list[TurnRef]:
+        self.polls += 1
+        return super().list_runnable(now, limit)
 
 
 class FakeClock:
