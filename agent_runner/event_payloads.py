@@ -13,9 +13,9 @@ that only some occurrences have are present and null on the others.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any, NamedTuple, Union
+from typing import Annotated, Any, NamedTuple, Union
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
 from typing_extensions import TypeAliasType
 
 from agent_runner.events import AgentEvent, AgentEventType
@@ -25,9 +25,28 @@ from agent_runner.messages import ToolCall
 from agent_runner.snapshot import AgentTurn, AgentTurnStatus
 from agent_runner.suspensions import AgentSuspension, SuspensionType
 
+_NestedArray = Annotated[
+    list[Any],
+    WithJsonSchema(
+        {
+            "type": "array",
+            "items": {"anyOf": [{"type": "string"}, {"type": "number"}, {"type": "boolean"}, {"type": "null"}]},
+            "description": "An array inside an array: any JSON is accepted; the schema shows the common case.",
+        }
+    ),
+]
+# Arrays of arrays are described without recursion: TypeScript cannot express a union that
+# holds an array of itself through the indexed types generated clients use.
+
+JsonElement = TypeAliasType(
+    "JsonElement",
+    "Union[str, int, float, bool, None, dict[str, JsonValue], _NestedArray]",  # noqa: UP007
+)
+"""An item of a JSON array."""
+
 JsonValue = TypeAliasType(
     "JsonValue",
-    "Union[str, int, float, bool, None, list[JsonValue], dict[str, JsonValue]]",  # noqa: UP007
+    "Union[str, int, float, bool, None, list[JsonElement], dict[str, JsonValue]]",  # noqa: UP007
 )
 """Any JSON value (typed, so that schemas name it instead of leaving it open)."""
 
