@@ -12,6 +12,7 @@ from fastapi.staticfiles import StaticFiles
 
 from agent_runner import AgentLoader
 from workers.api.auth import HANDLE_STATE, get_runtime
+from workers.api.contract import CONTRACT_PATH, console_contract
 from workers.api.cors import add_cors
 from workers.api.docs import add_offline_docs
 from workers.api.embedding import API_ROUTERS, prepare_settings
@@ -162,6 +163,12 @@ def _add_probes(app: FastAPI) -> None:
 def _add_console(app: FastAPI) -> None:
     """Serve the console from `workers/api/static/` when it is there; else point `/` at the docs."""
     index = STATIC_DIR / "index.html"
+    contract = console_contract()
+
+    @app.get(CONTRACT_PATH, include_in_schema=False)
+    def console_contract_module() -> Response:
+        return Response(contract, media_type="text/javascript")
+
     if STATIC_DIR.is_dir():
         app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
 
