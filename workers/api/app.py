@@ -17,7 +17,7 @@ from workers.api.cors import add_cors
 from workers.api.docs import add_offline_docs
 from workers.api.embedding import API_ROUTERS, prepare_settings
 from workers.api.errors import ApiError, install_error_handlers
-from workers.api.events import event_schemas
+from workers.api.events import document_event_schemas
 from workers.api.guard import RequestGuard
 from workers.api.models import ErrorResponse, HealthView, ReadyView
 from workers.api.runtime import RuntimeHandle
@@ -97,26 +97,10 @@ def create_app(
     for api_router in API_ROUTERS:
         app.include_router(api_router)
     _add_probes(app)
-    _document_events(app)
+    document_event_schemas(app)
     add_offline_docs(app)
     _add_console(app)
     return app
-
-
-def _document_events(app: FastAPI) -> None:
-    """Add the event schemas to the OpenAPI document: the SSE routes refer to them, no route body holds them."""
-    generate = app.openapi
-
-    def openapi() -> dict[str, Any]:
-        if app.openapi_schema is None:
-            spec = generate()
-            schemas = spec.setdefault("components", {}).setdefault("schemas", {})
-            for name, schema in event_schemas().items():
-                schemas.setdefault(name, schema)
-            app.openapi_schema = spec
-        return app.openapi_schema
-
-    app.openapi = openapi  # type: ignore[method-assign]
 
 
 def _add_probes(app: FastAPI) -> None:

@@ -31,7 +31,7 @@ from typing import Annotated, Any
 
 import anyio
 from anyio.to_thread import run_sync
-from fastapi import APIRouter, Depends, Header, Query
+from fastapi import APIRouter, Depends, FastAPI, Header, Query
 from fastapi.responses import StreamingResponse
 from pydantic.json_schema import models_json_schema
 
@@ -88,10 +88,27 @@ _SSE_RESPONSE: dict[int | str, dict[str, Any]] = {
 }
 
 
-def event_schemas() -> dict[str, Any]:
-    """The OpenAPI components the event routes refer to: `AgentEventView` and the schemas it uses."""
-    _, document = models_json_schema([(AgentEventView, "serialization")], ref_template="#/components/schemas/{model}")
-    return dict(document.get("$defs", {}))
+def document_event_schemas(app: FastAPI) -> None:
+    """Add `AgentEventView` and the schemas it uses to the app's OpenAPI document.
+
+    The event routes refer to them, but no route body or response model holds them, so
+    FastAPI would not list them by itself.
+    """
+    generate = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            spec = generate()
+            _, document = models_json_schema(
+                [(AgentEventView, "serialization")], ref_template="#/components/schemas/{model}"
+            )
+            schemas = spec.setdefault("components", {}).setdefault("schemas", {})
+            for name, schema in document.get("$defs", {}).items():
+                schemas.setdefault(name, schema)
+            app.openapi_schema = spec
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
 
 router = APIRouter(prefix="/v1", tags=["events"], dependencies=[Depends(get_tenant)])

@@ -217,3 +217,22 @@ def test_the_schema_blocks_reader_finds_an_unknown() -> None:
     generated = "export interface components {\n    schemas: {\n        A: {\n            x: unknown;\n        };\n    };\n    responses: never;\n}\n"
     assert LOOSE.search(_schema_blocks(generated)["A"])
     assert list(_schema_blocks(generated)) == ["A"]
+
+
+def test_a_host_app_that_includes_the_routes_lists_the_event_schemas_they_refer_to(tmp_path: Path) -> None:
+    from fastapi import FastAPI
+
+    from workers.api import include_api
+
+    host = FastAPI()
+    include_api(
+        host,
+        prefix="/agents",
+        database_url=f"sqlite:///{tmp_path / 'h.db'}",
+        worker="none",
+        agents=InMemoryAgentLoader([]),
+    )
+    document = host.openapi()
+    stream = document["paths"]["/agents/v1/turns/{turn_id}/events"]["get"]["responses"]["200"]["content"]
+    assert stream["text/event-stream"]["schema"] == {"$ref": "#/components/schemas/AgentEventView"}
+    assert {"AgentEventView", "TurnSuspendedPayload", "JsonValue"} <= set(document["components"]["schemas"])
