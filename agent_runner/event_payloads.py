@@ -13,7 +13,7 @@ that only some occurrences have are present and null on the others.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Annotated, Any, NamedTuple, Union
+from typing import Annotated, Any, Literal, NamedTuple, Union
 
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
 from typing_extensions import TypeAliasType
@@ -23,7 +23,7 @@ from agent_runner.forms import AgentFormDefinition
 from agent_runner.machine import OUTCOME_UNKNOWN
 from agent_runner.messages import ToolCall
 from agent_runner.snapshot import AgentTurn, AgentTurnStatus
-from agent_runner.suspensions import AgentSuspension, SuspensionType
+from agent_runner.suspensions import AgentSuspension, ResumeType, SuspensionType, TimeoutAction
 
 _NestedArray = Annotated[
     list[Any],
@@ -52,8 +52,8 @@ JsonValue = TypeAliasType(
 
 JsonObject = dict[str, JsonValue]
 
-APPROVAL_KIND = "approval"
-"""`kind` of a TOOL_APPROVAL suspension for a call that waits to run."""
+SuspensionKind = Literal["approval", "outcome_unknown"]
+"""`kind` of a TOOL_APPROVAL suspension: the call waits to run, or it started and its outcome is unknown."""
 
 
 class _Payload(BaseModel):
@@ -107,7 +107,7 @@ class TurnSuspendedFields(_Payload):
     """Fields of TURN_SUSPENDED."""
 
     suspension_type: SuspensionType
-    kind: str | None = Field(
+    kind: SuspensionKind | None = Field(
         description="For TOOL_APPROVAL: `approval` or `outcome_unknown` (the call started, its outcome is unknown)."
     )
     correlation_id: str | None = Field(description="The tool call a resume names; null for a plain question.")
@@ -116,13 +116,13 @@ class TurnSuspendedFields(_Payload):
     form: FormFields | None = Field(description="The form to fill in, with its frozen schema.")
     tool_call: ToolCallFields | None = Field(description="The call to approve, or whose outcome is unknown.")
     deadline: str | None = Field(description="When `on_timeout` applies (ISO 8601); null without a deadline.")
-    on_timeout: str | None = Field(description="`approve`, `reject` or `submit`; null without a deadline.")
+    on_timeout: TimeoutAction | None = Field(description="`approve`, `reject` or `submit`; null without a deadline.")
 
 
 class TurnResumedFields(_Payload):
     """Fields of TURN_RESUMED."""
 
-    command: str | None = Field(
+    command: ResumeType | None = Field(
         description="The resume command type (`AgentResumeCommand.type`); null when a scheduled retry came due."
     )
     tool_call_id: str | None = Field(description="The call the command decided on.")
@@ -200,7 +200,7 @@ class DeadlineApproachingFields(_Payload):
     correlation_id: str | None
     suspension_type: SuspensionType
     deadline: str = Field(description="ISO 8601.")
-    on_timeout: str | None
+    on_timeout: TimeoutAction | None
 
 
 # --- Whole payloads (stamp + fields), as read from `AgentEvent.data` -----------------------------
@@ -342,16 +342,16 @@ def turn_suspended(turn: AgentTurn, mask: ArgumentMask) -> EventBody:
         form=None if form is None else _form_fields(form),
         tool_call=None if call is None else ToolCallFields(id=call.id, name=call.name, arguments=dict(mask(call))),
         deadline=None if suspension.deadline is None else suspension.deadline.isoformat(),
-        on_timeout=None if suspension.on_timeout is None else suspension.on_timeout.value,
+        on_timeout=suspension.on_timeout,
     )
     return EventBody(E.TURN_SUSPENDED, fields)
 
 
-def suspension_kind(suspension: AgentSuspension) -> str | None:
+def suspension_kind(suspension: AgentSuspension) -> SuspensionKind | None:
     """`approval` or `outcome_unknown` for a TOOL_APPROVAL suspension; None for the others."""
     if suspension.type is not SuspensionType.TOOL_APPROVAL:
         return None
-    return OUTCOME_UNKNOWN if suspension.metadata.get("reason") == OUTCOME_UNKNOWN else APPROVAL_KIND
+    return "outcome_unknown" if suspension.metadata.get("reason") == OUTCOME_UNKNOWN else "approval"
 
 
 def _form_fields(form: AgentFormDefinition) -> FormFields:
@@ -360,7 +360,7 @@ def _form_fields(form: AgentFormDefinition) -> FormFields:
 
 def turn_resumed(
     *,
-    command: str | None,
+    command: ResumeType | None,
     tool_call_id: str | None = None,
     child_turn_id: str | None = None,
     reason: str | None = None,
@@ -440,6 +440,6 @@ def deadline_approaching(suspension: AgentSuspension) -> EventBody:
         correlation_id=suspension.correlation_id,
         suspension_type=suspension.type,
         deadline=suspension.deadline.isoformat(),
-        on_timeout=None if suspension.on_timeout is None else suspension.on_timeout.value,
+        on_timeout=suspension.on_timeout,
     )
     return EventBody(E.DEADLINE_APPROACHING, fields)

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field, RootModel, StringConstraints, create_model, model_validator
 
 from agent_runner import ActionStatus, AgentEventType, AgentTurnStatus, Phase, SuspensionType
-from agent_runner.event_payloads import PAYLOAD_MODELS, EventStamp, JsonObject
+from agent_runner.event_payloads import PAYLOAD_MODELS, EventStamp, JsonObject, SuspensionKind
 from agent_runner.suspensions import TimeoutAction
 
 ID_PATTERN = r"^[A-Za-z0-9._:-]{1,128}$"
@@ -199,7 +199,7 @@ class SuspensionView(_Response):
     """Why a turn waits."""
 
     type: SuspensionType
-    kind: Literal["approval", "outcome_unknown"] | None = Field(
+    kind: SuspensionKind | None = Field(
         description=(
             "For TOOL_APPROVAL: `approval` (the call waits to run; approve or reject it) or `outcome_unknown` "
             "(it started and its outcome was never recorded; approve to run it again, `tool_result` to mark it "
@@ -274,7 +274,7 @@ class AgentActionItemView(_PageItemView):
     tool_name: str
     summary: str
     arguments: JsonObject = Field(description="Sensitive values are `***`.")
-    kind: Literal["approval", "outcome_unknown"]
+    kind: SuspensionKind
 
 
 class AgentFormItemView(_PageItemView):
