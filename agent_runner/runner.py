@@ -943,13 +943,7 @@ class AgentRunner:
 
     def _suspended_event(self, turn: AgentTurn) -> PendingEvent:
         """TURN_SUSPENDED of `turn`, the call's arguments masked as the turn's agent says."""
-        agent = self.agent_for(turn)
-
-        def mask(call: ToolCall) -> dict[str, Any]:
-            tool = agent.tool(call.name)
-            return dict(call.arguments) if tool is None else tool.masked_arguments(call.arguments)
-
-        return payloads.turn_suspended(turn, mask)
+        return payloads.turn_suspended(turn, self.agent_for(turn).masked_arguments)
 
     def _projection_failed(self, turn: AgentTurn, error: str) -> None:
         self._emit(payloads.chat_memory_error(error), turn)

@@ -62,8 +62,7 @@ def masked_arguments(agent: Agent | None, call: ToolCall) -> dict[str, Any]:
     """
     if agent is None:
         return {name: MASK for name in call.arguments}
-    tool = agent.tool(call.name)
-    return dict(call.arguments) if tool is None else tool.masked_arguments(call.arguments)
+    return agent.masked_arguments(call)
 
 
 ArgumentMask = Callable[[ToolCall], dict[str, Any]]
