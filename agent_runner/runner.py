@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from pydantic import ValidationError
+
 from agent_runner import event_payloads as payloads
 from agent_runner import machine, telemetry  # telemetry hook: trace context of new turns
 from agent_runner._base import new_id, trusted, utcnow
@@ -717,7 +719,15 @@ class AgentRunner:
         body = BodyWatch()  # middleware may fail before the body runs, or recast what it raised
 
         def progress(data: Any) -> None:
-            self._emit(payloads.tool_progress(call, data), turn)
+            if not self._listeners:
+                return
+            try:
+                body = payloads.tool_progress(call, data)
+            except ValidationError:
+                # A report that is not JSON must not fail the tool that made it.
+                logger.warning("tool %s reported progress that is not JSON; it is dropped: %r", call.name, data)
+                return
+            self._emit(body, turn)
 
         def invoke(tool_call: ToolCall) -> Any:
             with tool_scope(turn.id, tool_call, submitted, progress):
@@ -1018,7 +1028,8 @@ class _DeltaSink:
             if cancelled:
                 raise _CancelledMidCall(self.turn.id)
         # The fence tells the deltas of an abandoned call (its worker died) from the re-run's.
-        self.runner._emit(payloads.model_delta(text, self.turn.lease_fence), self.turn)
+        if self.runner._listeners:
+            self.runner._emit(payloads.model_delta(text, self.turn.lease_fence), self.turn)
 
 
 def _raise_failure(result: AdvanceResult) -> AgentTurn:

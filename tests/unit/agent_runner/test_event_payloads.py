@@ -13,6 +13,7 @@ from agent_runner import (
     AgentEventType,
     AgentResumeCommand,
     AgentRunner,
+    AgentToolContext,
     AgentTurnStatus,
     AiMessage,
     InMemoryAgentLoader,
@@ -144,3 +145,24 @@ def test_a_resume_command_event_keeps_its_reason_and_metadata() -> None:
     last = scenario.events.of_type(AgentEventType.TURN_RESUMED)[-1]
     assert last.data["reason"] == "not now" and last.data["metadata"] == {"approverId": "u-1"}
     assert last.data["tool_call_id"] == "c2" and last.data["command"] == "REJECT_TOOL"
+
+
+def test_progress_that_is_not_json_is_dropped_and_the_tool_still_succeeds() -> None:
+    @tool
+    def slow() -> str:
+        """Report progress twice."""
+        context = AgentToolContext.current()
+        context.report_progress({"at": object()})
+        context.report_progress({"done": [1, [2, "x"]]})
+        return "ok"
+
+    call = ToolCall(id="p1", name="slow", arguments={})
+    agent = Agent(
+        id="a", chat_model=ScriptedChatModel([AiMessage(tool_calls=[call]), AiMessage(content="fine")]), tools=[slow]
+    )
+    runner = AgentRunner()
+    events = EventLog()
+    runner.add_event_listener(events)
+    turn = runner.run(agent, "go")
+    assert turn.status is AgentTurnStatus.COMPLETED
+    assert [e.data["progress"] for e in events.of_type(AgentEventType.TOOL_PROGRESS)] == [{"done": [1, [2, "x"]]}]
