@@ -89,7 +89,7 @@ from agent_runner.suspensions import (
     SuspensionType,
     TimeoutAction,
 )
-from agent_runner.tools import AgentToolContext, AgentUserInputTool, Tool, ToolOutcome, tool
+from agent_runner.tools import AgentToolContext, AgentUserInputTool, Tool, ToolApproval, ToolOutcome, tool
 from agent_runner.usage import Usage
 from agent_runner.worker import AgentWorker
 
@@ -100,6 +100,7 @@ __all__ = [
     "AgentToolContext",
     "AgentUserInputTool",
     "Tool",
+    "ToolApproval",
     "ToolOutcome",
     "tool",
     # Messages

@@ -49,6 +49,8 @@ class ChildTurns:
                 messages=[UserMessage(id=f"{child_id}-0", content=task)],
                 root_conversation_id=parent.root_conversation_id or parent.conversation_id,
                 tenant_id=parent.tenant_id,
+                # A sub-agent's tools act for the same caller as the parent's.
+                metadata=parent.metadata,
                 created_at=now,
                 updated_at=now,
             )

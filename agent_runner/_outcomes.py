@@ -67,7 +67,7 @@ def find_outcome(tool: Tool, turn: AgentTurn, call: ToolCall) -> ToolOutcome:
         return ToolOutcome.unknown(NO_RECONCILER_NOTE)
     key = f"{turn.id}:{call.id}"  # the call's idempotency key (AgentToolContext.get_idempotency_key)
     try:
-        with tool_scope(turn.id, call, turn.form_data.get(call.id, {}), lambda _: None):
+        with tool_scope(turn, call, turn.form_data.get(call.id, {}), lambda _: None):
             found = tool.reconciler(call, key)
         if not isinstance(found, ToolOutcome) or found.state not in ("done", "not_done", "unknown"):
             raise DefinitionError(f"reconcile of tool {tool.name!r} returned {found!r}, not a ToolOutcome")

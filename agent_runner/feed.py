@@ -6,11 +6,11 @@ from a `LiveEventChannel`. A runner also publishes its durable events to the liv
 after the save, only to wake up waiting subscribers: the feed takes durable types from the
 log alone, so no event appears twice.
 
-Ordering: the durable events of one turn come in the order their saves committed, and
-those of parallel turns of a tree in an order consistent with their commits. Ephemeral
-events come in the order the live channel received them and are interleaved with the
-durable ones by timestamp, as far as each page allows; a durable event becomes visible
-only once it is committed, so it may follow ephemeral events that happened after it.
+Ordering: the durable events of a turn tree or a conversation come in the order their
+saves committed. Ephemeral events come in the order the live channel received them and
+are interleaved with the durable ones by timestamp, as far as each page allows; a durable
+event becomes visible only once its save committed, so it may follow ephemeral events
+that happened after it.
 
 Cursors: each returned event's `cursor` is `"<log cursor>:<live cursor>"` (either part may
 be empty), opaque to clients and made of URL-safe characters. Reading after it returns
@@ -19,10 +19,9 @@ channel's retention are gone; durable ones stay until pruned.
 
 Following: the log is read only when something new may be there: first, after a durable
 wake-up on the live channel (then again a few times shortly after, until the announced
-event is readable), after a full page, and every poll interval (a committed event becomes
-readable only once the transactions that began before it have ended, and a wake-up may be
-lost). Ephemeral events that arrive while waiting are handed out straight from the wait,
-so a stream of deltas costs no log reads.
+event is readable: some are announced before their save), after a full page, and every
+poll interval (a wake-up may be lost). Ephemeral events that arrive while waiting are
+handed out straight from the wait, so a stream of deltas costs no log reads.
 """
 
 from __future__ import annotations
@@ -168,9 +167,8 @@ class EventFeed:
 
         With a live channel it waits on the channel: ephemeral events come straight from
         the wait, and the log is read after the wake-ups runners publish after each save;
-        it is still read at least every `poll_interval` seconds, since a committed event
-        becomes readable only once the transactions that started before it have ended.
-        Without a live channel it polls the log. See `FeedFollower`.
+        it is still read at least every `poll_interval` seconds, since a wake-up may be
+        lost. Without a live channel it polls the log. See `FeedFollower`.
 
         Raises:
             InvalidEventQuery: Neither or both of `root_turn_id` and `conversation_id` were given.
@@ -274,10 +272,9 @@ class FeedFollower:
     - the log (with a page of the live channel, merged as `EventFeed.read` does) first;
       again at once after a full page; after a durable event was announced on the live
       channel (a runner's wake-up after a save); and at least every `poll_interval`
-      seconds. An announced event that was not readable yet (on PostgreSQL it becomes
-      readable once the transactions that began before it have ended; a runner announces
-      some events, such as TOOL_STARTED, before their save) is looked for again after 10,
-      20, 40 ms and so on, up to the poll interval, until it comes.
+      seconds. An announced event that was not readable yet (a runner announces some
+      events, such as TOOL_STARTED, before their save) is looked for again after 10, 20,
+      40 ms and so on, up to the poll interval, until it comes.
     - the live channel in between: it waits there, and hands out the ephemeral events the
       wait returns directly, without a read of the log. At the first announcement of a
       durable event it has not handed out, it stops and merges the log with the live

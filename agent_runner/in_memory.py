@@ -74,16 +74,19 @@ def prunable(turns: Iterable[AgentTurn], cutoff: datetime) -> set[str]:
 def stored_snapshot(turn: AgentTurn, current: AgentTurn | None, expected_version: int) -> AgentTurn:
     """Return what a store keeps for a successful save of `turn` over `current`.
 
-    The version advances by one, the cancel flag never goes back to False and the lease
-    fence never goes down. Every store applies this same rule.
+    The version advances by one, the cancel flag never goes back to False (nor is its
+    reason forgotten) and the lease fence never goes down. Every store applies this same rule.
     """
     cancel = turn.cancel_requested or (current is not None and current.cancel_requested)
+    reason = turn.cancel_reason or (None if current is None else current.cancel_reason)
     fence = turn.lease_fence
     if current is not None and current.lease_fence is not None and (fence is None or fence < current.lease_fence):
         fence = current.lease_fence
     update: dict[str, object] = {"version": expected_version + 1}
     if cancel != turn.cancel_requested:
         update["cancel_requested"] = cancel
+    if reason != turn.cancel_reason:
+        update["cancel_reason"] = reason
     if fence != turn.lease_fence:
         update["lease_fence"] = fence
     return turn.model_copy(update=update)
@@ -94,18 +97,20 @@ class InMemoryAgentTurnStore:
 
     The one-active-turn-per-conversation rule is checked atomically with the save, so
     several runners sharing this store in one process cannot start two turns at once.
-    Saves are serialized, so an event's cursor is simply its position in the log.
+    As in the SQL store, each turn tree and each conversation numbers its events 1, 2,
+    3, ... in the order of their saves (which are serialized here), and an event's cursor
+    is its position in the scope it was read from.
     """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._turns: dict[str, AgentTurn] = {}
         self._active: dict[str, str] = {}
-        # The event log: events by position (1, 2, ...), and the positions of each scope in order.
-        self._events: dict[int, AgentEvent] = {}
+        # The event log: per scope, its events with their cursors in position order, and
+        # the last position handed out in it (a conversation's outlives pruning, so none is used twice).
+        self._scopes: dict[tuple[str, str], list[tuple[int, AgentEvent]]] = {}
+        self._last_positions: dict[tuple[str, str], int] = {}
         self._event_ids: set[str] = set()
-        self._last_position = 0
-        self._positions: dict[tuple[str, str], list[int]] = {}
 
     def load(self, turn_id: str) -> AgentTurn:
         """Return the stored snapshot or raise `TurnNotFound`."""
@@ -160,13 +165,15 @@ class InMemoryAgentTurnStore:
             if not event.type.is_durable or event.event_id in self._event_ids:
                 continue
             kept = stored_event(event, turn, root_conversation)
-            self._last_position += 1
-            position = self._last_position
-            self._events[position] = kept.model_copy(update={"cursor": format_position(position)})
             self._event_ids.add(kept.event_id)
-            self._positions.setdefault(("root", turn.root_turn_id), []).append(position)
+            scopes = [("root", turn.root_turn_id)]
             if kept.conversation_id is not None:
-                self._positions.setdefault(("conversation", kept.conversation_id), []).append(position)
+                scopes.append(("conversation", kept.conversation_id))
+            for scope in scopes:
+                position = self._last_positions.get(scope, 0) + 1
+                self._last_positions[scope] = position
+                copy = kept.model_copy(update={"cursor": format_position(position)})
+                self._scopes.setdefault(scope, []).append((position, copy))
 
     def read_events(
         self,
@@ -182,9 +189,9 @@ class InMemoryAgentTurnStore:
         if limit <= 0:
             return []
         with self._lock:
-            positions = self._positions.get(scope, [])
-            index = bisect_right(positions, start)
-            return [self._events[p] for p in positions[index : index + limit]]
+            stored = self._scopes.get(scope, [])
+            index = bisect_right(stored, start, key=lambda entry: entry[0])
+            return [event for _, event in stored[index : index + limit]]
 
     def prune(self, older_than: timedelta, *, batch_size: int = 500) -> int:
         """Remove the turn trees that ended more than `older_than` ago, with their events; return how many turns.
@@ -203,15 +210,16 @@ class InMemoryAgentTurnStore:
             doomed = [t.id for t in self._turns.values() if t.root_turn_id in roots]
             for turn_id in doomed:
                 del self._turns[turn_id]
-            dropped = {p for p, e in self._events.items() if e.root_turn_id in roots}
-            for position in dropped:
-                self._event_ids.discard(self._events.pop(position).event_id)
-            for scope, positions in list(self._positions.items()):
-                kept = [p for p in positions if p not in dropped]
+            for scope, stored in list(self._scopes.items()):
+                kept = [(p, e) for p, e in stored if e.root_turn_id not in roots]
+                self._event_ids.difference_update(e.event_id for _, e in stored if e.root_turn_id in roots)
                 if kept:
-                    self._positions[scope] = kept
+                    self._scopes[scope] = kept
                 else:
-                    del self._positions[scope]
+                    del self._scopes[scope]
+            # As in the SQL store: a pruned tree's counter goes, a conversation's stays.
+            for root in roots:
+                self._last_positions.pop(("root", root), None)
             return len(doomed)
 
     def find_active_turn(self, conversation_id: str) -> AgentTurn | None:
@@ -220,14 +228,17 @@ class InMemoryAgentTurnStore:
             turn_id = self._active.get(conversation_id)
             return None if turn_id is None else self._turns[turn_id]
 
-    def request_cancel(self, turn_id: str) -> AgentTurn:
-        """Set the monotonic cancel flag without a version change."""
+    def request_cancel(self, turn_id: str, reason: str | None = None) -> AgentTurn:
+        """Set the monotonic cancel flag, and the first reason given, without a version change."""
         with self._lock:
             turn = self._turns.get(turn_id)
             if turn is None:
                 raise TurnNotFound(turn_id)
-            if not turn.cancel_requested:
-                turn = turn.model_copy(update={"cancel_requested": True})
+            update: dict[str, object] = {"cancel_requested": True}
+            if turn.cancel_reason is None and reason:
+                update["cancel_reason"] = reason
+            if any(getattr(turn, name) != value for name, value in update.items()):
+                turn = turn.model_copy(update=update)
                 self._turns[turn_id] = turn
             return turn
 

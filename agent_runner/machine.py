@@ -164,7 +164,7 @@ StepPlan = Terminate | CallModel | ExecuteTool | ReconcileTool | WriteToolResult
 def plan_step(turn: AgentTurn, agent: Agent, policy: AgentExecutionPolicy) -> StepPlan:
     """Decide what the next step of a runnable turn does. Limits are checked first."""
     if turn.cancel_requested:
-        return Terminate(S.CANCELLED, policy.cancellation_reason)
+        return Terminate(S.CANCELLED, turn.cancel_reason or policy.cancellation_reason)
     if turn.steps >= policy.max_steps:
         return Terminate(S.MAX_STEPS_REACHED, f"the turn reached its limit of {policy.max_steps} steps")
     budget_reason = budget_exceeded(turn, agent)
@@ -521,13 +521,19 @@ def schedule_retry(turn: AgentTurn, error: str, delay: float, retry: RetryPolicy
 
 
 def close_out(
-    turn: AgentTurn, status: AgentTurnStatus, reason: str, policy: AgentExecutionPolicy, now: datetime
+    turn: AgentTurn,
+    status: AgentTurnStatus,
+    reason: str,
+    policy: AgentExecutionPolicy,
+    now: datetime,
+    decided_by: str | None = None,
 ) -> AgentTurn:
     """End the turn abnormally and keep the model history protocol-valid.
 
     Every pending tool call gets a ToolMessage with the reason, then one assistant
     message says the turn did not finish, so the next turn of the conversation can
-    build on this history.
+    build on this history. Pending page actions are settled as decided by `decided_by`
+    (the person who cancelled), else by `SYSTEM_DECIDER`.
     """
     messages: list[ModelMessage] = list(turn.messages)
     for call in turn.pending_tool_calls:
@@ -549,7 +555,7 @@ def close_out(
         )
     closing = policy.render(policy.interrupted_turn_message_template, reason=reason, turn_id=turn.id)
     messages.append(AiMessage(id=f"{turn.id}-{len(messages)}", content=closing))
-    ended = decision(SYSTEM_DECIDER, now, reason)
+    ended = decision(decided_by or SYSTEM_DECIDER, now, reason)
     actions = [
         a.model_copy(update={"status": ActionStatus.CANCELLED, "synced": False, "decision": ended})
         if a.status is ActionStatus.PENDING
@@ -573,11 +579,17 @@ def close_out(
 
 
 def apply_resume(
-    turn: AgentTurn, command: AgentResumeCommand, now: datetime, child: AgentTurn | None = None
+    turn: AgentTurn,
+    command: AgentResumeCommand,
+    now: datetime,
+    child: AgentTurn | None = None,
+    *,
+    edit_schema: dict[str, Any] | None = None,
 ) -> AgentTurn:
     """Validate `command` against the turn's suspension and apply it.
 
     Returns the new snapshot: RUNNING, or still WAITING_FOR_CHILD while other children run.
+    `edit_schema` is the JSON Schema of the arguments of the tool an EDIT_TOOL command edits.
 
     Raises:
         InvalidResumeCommand: The command does not fit; nothing is changed.
@@ -602,6 +614,8 @@ def apply_resume(
             return _resume_user_input(turn, suspension, command, now)
         case ResumeType.APPROVE_TOOL | ResumeType.REJECT_TOOL | ResumeType.TOOL_RESULT:
             return _resume_approval(turn, suspension, command, now)
+        case ResumeType.EDIT_TOOL:
+            return _resume_edit(turn, suspension, command, now, edit_schema)
         case ResumeType.CHILD_COMPLETED:
             return _resume_child(turn, command, child, now)
         case ResumeType.RETRY:
@@ -616,6 +630,7 @@ _EXPECTED_SUSPENSION = {
     ResumeType.CHILD_COMPLETED: SuspensionType.CHILD_AGENT,
     ResumeType.RETRY: SuspensionType.RETRY,
     ResumeType.TOOL_RESULT: SuspensionType.TOOL_APPROVAL,
+    ResumeType.EDIT_TOOL: SuspensionType.TOOL_APPROVAL,
 }
 
 
@@ -776,6 +791,44 @@ def _resume_approval(
         return resumed.model_copy(update={"steps": turn.steps})
     approved = command.type is ResumeType.APPROVE_TOOL
     return _decide_approval(turn, call, approved, command, now, unknown_outcome=unknown_outcome)
+
+
+def _resume_edit(
+    turn: AgentTurn,
+    suspension: AgentSuspension,
+    command: AgentResumeCommand,
+    now: datetime,
+    schema: dict[str, Any] | None,
+) -> AgentTurn:
+    """Replace the waiting call's arguments by the edited ones and approve it; the model is not asked again."""
+    call = _check_call_id(turn, suspension, command)
+    if suspension.metadata.get("reason") == OUTCOME_UNKNOWN:
+        raise InvalidResumeCommand(
+            f"tool call {call.id!r} of turn {turn.id!r} started and its outcome is unknown; "
+            "it can be retried, settled or failed, not edited",
+            turn_id=turn.id,
+        )
+    if schema is None:
+        raise InvalidResumeCommand(
+            f"the arguments of tool call {call.id!r} ({call.name!r}) cannot be edited: the agent has no such tool",
+            turn_id=turn.id,
+        )
+    arguments = dict(command.data or {})
+    errors = validate_form_data(schema, arguments, max_depth=MAX_JSON_DEPTH)
+    if errors:
+        raise InvalidResumeCommand(
+            f"edited arguments for call {call.id!r} do not match the schema of tool {call.name!r}: "
+            + "; ".join(errors),
+            turn_id=turn.id,
+            errors=errors,
+        )
+    # Then it is an approval of the edited call: the decision (who, when, why) goes on the
+    # call's card like any approval's, and the TURN_RESUMED event records that it was an edit.
+    edited = call.model_copy(update={"arguments": arguments})
+    with_edit = turn.model_copy(
+        update={"pending_tool_calls": [edited if c.id == call.id else c for c in turn.pending_tool_calls]}
+    )
+    return _decide_approval(with_edit, edited, True, command, now)
 
 
 def _decide_approval(

@@ -88,8 +88,13 @@ class AgentTurnStore(Protocol):
         """Return the conversation's non-terminal turn, or None."""
         ...
 
-    def request_cancel(self, turn_id: str) -> AgentTurn:
-        """Set the turn's cancel flag without changing its version; return the stored snapshot."""
+    def request_cancel(self, turn_id: str, reason: str | None = None) -> AgentTurn:
+        """Set the turn's cancel flag without changing its version; return the stored snapshot.
+
+        `reason` is kept as the snapshot's `cancel_reason` unless an earlier request gave
+        one, and no save clears it (a save need not return it: `load` does). A store whose `request_cancel` takes only the turn id
+        still works: its cancelled turns end with the policy's default reason.
+        """
         ...
 
     def list_turns(
@@ -144,12 +149,13 @@ class EventLog(Protocol):
     """The durable, ordered log of the events a turn store saved with its snapshots.
 
     Read it per turn tree (a root turn and all its descendants) or per conversation (its
-    root turns and their descendants). Each returned event carries a `cursor`; reading
+    root turns and their descendants). Each scope numbers its events in the order their
+    saves committed, and each returned event carries a `cursor` that stands for its place
+    in the scope it was read from (a cursor of one scope means nothing in another); reading
     `after` it returns exactly the events that follow it, each once, with no gaps, also
-    while other transactions (parallel child turns) commit concurrently. The events of one
-    turn come in the order their saves committed. An event may become readable a moment
-    after its save returned (on PostgreSQL, once the write transactions that began before
-    it have ended), so a read returns a prefix of the log that only ever grows.
+    while other saves (parallel child turns) commit concurrently. An event is readable as
+    soon as its save has returned, whatever else runs on the database server, so a read
+    right after a save sees its events.
     """
 
     def read_events(

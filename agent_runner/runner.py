@@ -23,6 +23,7 @@ from pydantic import ValidationError
 from agent_runner import event_payloads as payloads
 from agent_runner import machine, telemetry  # telemetry hook: trace context of new turns
 from agent_runner._base import new_id, trusted, utcnow
+from agent_runner._cancelling import request_cancel, stored_cancel_reason
 from agent_runner._cas import AGAIN, retry_on_conflict
 from agent_runner._children import ChildTurns
 from agent_runner._conversations import ConversationGate
@@ -309,8 +310,9 @@ class AgentRunner:
         Raises:
             TurnNotFound: No such turn.
             AgentNotFound: The loader does not know the turn's agent and version.
+            InputLimitError: `turn_id` is not an id (NUL characters and lone surrogates included).
         """
-        turn = self.turn_store.load(turn_id)
+        turn = self.turn_store.load(check_id(turn_id, "turn_id", self.policy.limits))
         self.agent_loader.load(turn.agent_id, turn.agent_version)
         turn = self._projection.project(turn)
         if turn.status is S.WAITING_FOR_CHILD:
@@ -408,30 +410,35 @@ class AgentRunner:
             self._execution.dispatch(turn)
         return turn
 
-    def cancel(self, turn_id: str, reason: str | None = None) -> AgentTurn:
+    def cancel(self, turn_id: str, reason: str | None = None, *, cancelled_by: str | None = None) -> AgentTurn:
         """Cancel a turn and its children.
 
-        A READY, waiting or RETRY_SCHEDULED turn ends at once (CANCELLED, history closed out).
-        A RUNNING turn gets a durable cancel flag and the thread stepping it ends it at its
-        next boundary. A turn that already ended is returned unchanged.
+        A READY, waiting or RETRY_SCHEDULED turn ends at once (CANCELLED, history closed out,
+        its pending approval and form cards settled as decided by `cancelled_by`, else by
+        `"system"`). A RUNNING turn gets a durable cancel flag and the thread stepping it
+        ends it at its next boundary. A turn that already ended is returned unchanged.
 
         Raises:
-            InputLimitError: `reason` is over the policy's `max_message_bytes`; nothing changed.
+            InputLimitError: `turn_id` is not an id, or `reason` is over the policy's
+                `max_message_bytes`; nothing changed.
             InvalidTextError: `reason` holds text no store can keep; nothing changed.
         """
+        check_id(turn_id, "turn_id", self.policy.limits)
         if reason is not None:
             check_text(reason, "reason", self.policy.limits.max_message_bytes)
-        reason = reason or self.policy.cancellation_reason
+        given = reason or None
 
         def attempt() -> AgentTurn | object:
             turn = self.turn_store.load(turn_id)
             if turn.is_terminal:
                 return turn
             if turn.status is S.RUNNING:
-                flagged = self.turn_store.request_cancel(turn_id)
+                flagged = request_cancel(self.turn_store, turn_id, given)
                 # It blocked or ended meanwhile: cancel that state instead.
                 return flagged if flagged.status is S.RUNNING else AGAIN
-            return self._finish(turn, S.CANCELLED, reason)
+            # A turn flagged while it ran and then suspended ends with the flag's reason.
+            reason = given or turn.cancel_reason or self.policy.cancellation_reason
+            return self._finish(turn, S.CANCELLED, reason, decided_by=cancelled_by)
 
         return retry_on_conflict(turn_id, attempt)  # type: ignore[return-value]
 
@@ -632,6 +639,8 @@ class AgentRunner:
                 expected = running.version
             match plan:
                 case machine.Terminate(status=status, reason=reason):
+                    if status is S.CANCELLED:
+                        reason = stored_cancel_reason(self.turn_store, running) or reason
                     return AgentStepResult(turn=self._finish(running, status, reason, expected_version=expected))
                 case machine.CallModel():
                     return self._call_model(running, agent, expected)
@@ -682,7 +691,7 @@ class AgentRunner:
                 raise DefinitionError(f"chat model returned {type(response).__name__}, expected ChatResponse")
         except _CancelledMidCall:
             # Cancelled while the answer streamed in: stop paying for it and end the turn now.
-            reason = self.policy.cancellation_reason
+            reason = stored_cancel_reason(self.turn_store, turn) or self.policy.cancellation_reason
             return AgentStepResult(turn=self._finish(turn, S.CANCELLED, reason, expected_version=expected))
         except Exception as exc:
             return self._failed_call(turn, exc, expected, self.policy.retry_for(agent))
@@ -730,7 +739,7 @@ class AgentRunner:
             self._emit(body, turn)
 
         def invoke(tool_call: ToolCall) -> Any:
-            with tool_scope(turn.id, tool_call, submitted, progress):
+            with tool_scope(turn, tool_call, submitted, progress):
                 return body.invoke(tool, tool_call.arguments)
 
         is_error = False
@@ -815,10 +824,11 @@ class AgentRunner:
         *,
         expected_version: int | None = None,
         steps: int | None = None,
+        decided_by: str | None = None,
     ) -> AgentTurn:
         """Close out and save a terminal snapshot, then cascade to children, guard and parent."""
         expected = turn.version if expected_version is None else expected_version
-        ended = machine.close_out(turn, status, reason, self.policy, self.clock())
+        ended = machine.close_out(turn, status, reason, self.policy, self.clock(), decided_by)
         if steps is not None:
             ended = ended.model_copy(update={"steps": steps})
         saved = self._save(ended, expected, _terminal_event(ended))
@@ -890,9 +900,20 @@ class AgentRunner:
         def attempt() -> AgentTurn:
             # Re-validated against the newest snapshot each time: a concurrent decision wins once.
             turn = self.turn_store.load(turn_id)
-            return self._save(machine.apply_resume(turn, command, self.clock()), turn.version, event)
+            schema = self._edited_tool_schema(turn, command)
+            return self._save(
+                machine.apply_resume(turn, command, self.clock(), edit_schema=schema), turn.version, event
+            )
 
         return retry_on_conflict(turn_id, attempt)
+
+    def _edited_tool_schema(self, turn: AgentTurn, command: AgentResumeCommand) -> dict[str, Any] | None:
+        """The argument schema of the tool an EDIT_TOOL command edits (None for other commands or no such tool)."""
+        if command.type is not ResumeType.EDIT_TOOL:
+            return None
+        call = next((c for c in turn.pending_tool_calls if c.id == command.tool_call_id), None)
+        tool = None if call is None else self.agent_for(turn).tool(call.name)
+        return None if tool is None else dict(tool.parameters)
 
     # --- Persistence and events --------------------------------------------------------------
 

@@ -124,6 +124,9 @@ class AgentTurn(FrozenModel):
     """Failed attempts of the current model or tool call (reset when one succeeds)."""
     next_retry_at: datetime | None = None
     cancel_requested: bool = False
+    cancel_reason: str | None = None
+    """The reason given with the first cancel request of a RUNNING turn (None: none given); the
+    turn ends CANCELLED with it at its next boundary."""
     final_output: str | None = None
     error: str | None = None
     created_at: datetime = Field(default_factory=utcnow)

@@ -122,6 +122,8 @@ class ResumeType(StrEnum):
     TOOL_RESULT = "TOOL_RESULT"
     DEADLINE = "DEADLINE"
     """The suspension's deadline passed: apply its `on_timeout` default."""
+    EDIT_TOOL = "EDIT_TOOL"
+    """Approve the pending call with arguments a person edited (checked against the tool's schema)."""
 
 
 class AgentResumeCommand(FrozenModel):
@@ -156,6 +158,16 @@ class AgentResumeCommand(FrozenModel):
     def reject_tool(cls, tool_call_id: str, reason: str = "rejected by the user") -> AgentResumeCommand:
         """Reject the pending call; the model is told the reason and answers."""
         return cls(type=ResumeType.REJECT_TOOL, tool_call_id=tool_call_id, reason=reason)
+
+    @classmethod
+    def edit_tool(cls, tool_call_id: str, arguments: dict[str, Any]) -> AgentResumeCommand:
+        """Approve the pending call with edited arguments.
+
+        The saved call is replaced by the edited one (the arguments must fit the tool's
+        schema) and runs; the model is not asked again. Who edited and why go in the
+        metadata (`decided_by`, `reason`), as for an approval.
+        """
+        return cls(type=ResumeType.EDIT_TOOL, tool_call_id=tool_call_id, data=dict(arguments))
 
     @classmethod
     def tool_result(cls, tool_call_id: str, content: str) -> AgentResumeCommand:

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import copy
 import inspect
 import json
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
+from types import MappingProxyType
 from typing import Any, ClassVar, overload
 
 import pydantic
@@ -17,8 +19,10 @@ from pydantic import ConfigDict, ValidationError, create_model
 
 from agent_runner.errors import AgentRunnerError, DefinitionError, ToolArgumentsError
 from agent_runner.forms import AgentFormDefinition, timeout_delta
-from agent_runner.messages import ToolCall
+from agent_runner.limits import shown_conversation_id
+from agent_runner.messages import ActionStatus, ToolCall
 from agent_runner.models import ToolSpec
+from agent_runner.snapshot import AgentTurn
 
 TOOL_NAME_PATTERN = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 USER_INPUT_TOOL_NAME = "request_user_input"
@@ -295,8 +299,21 @@ AnyTool = Tool | AgentUserInputTool
 
 
 @dataclass(frozen=True, slots=True)
+class ToolApproval:
+    """The decision that approved a tool call: who, when and why."""
+
+    decided_by: str | None
+    """Who approved (the resume's `decided_by` or `approverId` metadata, the token's user on the
+    HTTP server, `--by` on the command line; `"system"` when a deadline approved it)."""
+    decided_at: datetime
+    """When the approval was recorded (UTC)."""
+    reason: str | None
+    """Why, when the approver said so."""
+
+
+@dataclass(frozen=True, slots=True)
 class _ToolScope:
-    turn_id: str
+    turn: AgentTurn
     tool_call: ToolCall
     submitted_form_data: dict[str, Any]
     progress: Callable[[Any], None]
@@ -326,7 +343,47 @@ class AgentToolContext:
     @property
     def turn_id(self) -> str:
         """Id of the turn that made the call."""
-        return self._scope.turn_id
+        return self._scope.turn.id
+
+    @property
+    def metadata(self) -> Mapping[str, Any]:
+        """The metadata the caller started the turn with (a sub-agent's turn has its parent's), read-only.
+
+        Use it to learn whom the call acts for, for example a user id the app passed.
+        """
+        return MappingProxyType(copy.deepcopy(self._scope.turn.metadata))
+
+    @property
+    def tenant_id(self) -> str | None:
+        """The tenant that owns the turn, or None in a single-tenant deployment."""
+        return self._scope.turn.tenant_id
+
+    @property
+    def conversation_id(self) -> str | None:
+        """The conversation of the turn (of its root turn for a sub-agent), as the caller named it.
+
+        A tenant's conversations are stored under `"{tenant}/{id}"`; this is the tenant's
+        own `id`, without the prefix (see `tenant_id`). None for a turn outside a conversation.
+        """
+        turn = self._scope.turn
+        return shown_conversation_id(turn.conversation_id or turn.root_conversation_id, turn.tenant_id)
+
+    @property
+    def approval(self) -> ToolApproval | None:
+        """Who approved this call, when and why; None for a call that needed no approval."""
+        turn = self._scope.turn
+        call_id = self._scope.tool_call.id
+        if call_id not in turn.approved_call_ids:
+            return None
+        action = next((a for a in turn.page_actions if a.action_id == call_id and a.kind == "approval"), None)
+        if action is None or action.status is not ActionStatus.APPROVED or "decided_at" not in action.decision:
+            return None
+        decision = action.decision
+        return ToolApproval(
+            decided_by=decision.get("decided_by"),
+            decided_at=datetime.fromisoformat(decision["decided_at"]),
+            reason=decision.get("reason"),
+        )
 
     @property
     def tool_call(self) -> ToolCall:
@@ -335,7 +392,7 @@ class AgentToolContext:
 
     def get_idempotency_key(self) -> str:
         """A key that is the same on every retry and re-execution of this call; use it for side effects."""
-        return f"{self._scope.turn_id}:{self._scope.tool_call.id}"
+        return f"{self._scope.turn.id}:{self._scope.tool_call.id}"
 
     def get_submitted_form_data(self) -> dict[str, Any]:
         """The form data the user submitted for this call, or `{}` when none was submitted."""
@@ -347,10 +404,10 @@ class AgentToolContext:
 
 
 def tool_scope(
-    turn_id: str, tool_call: ToolCall, submitted_form_data: dict[str, Any], progress: Callable[[Any], None]
+    turn: AgentTurn, tool_call: ToolCall, submitted_form_data: dict[str, Any], progress: Callable[[Any], None]
 ) -> _ScopeBlock:
-    """Make `AgentToolContext.current()` describe this call while the block runs."""
-    return _ScopeBlock(_ToolScope(turn_id, tool_call, submitted_form_data, progress))
+    """Make `AgentToolContext.current()` describe this call of `turn` while the block runs."""
+    return _ScopeBlock(_ToolScope(turn, tool_call, submitted_form_data, progress))
 
 
 class _ScopeBlock:

@@ -107,7 +107,7 @@ def goals(sections: dict[str, Any]) -> list[Goal]:
     )
     long_turn = _get(durable or {}, "long_turn", "ours")
     if long_turn:
-        k = durable["long_turn"]["k"]  # type: ignore[index]
+        k = durable["long_turn"]["k"]
         metrics = [m for m in ("ms", "wal", "stored", "driver") if m in long_turn]
         worst = max(long_turn[m]["end_over_start"]["median"] for m in metrics)
         names = {"ms": "time", "wal": "WAL bytes", "stored": "stored bytes", "driver": "parameter bytes"}
@@ -169,6 +169,17 @@ def goals(sections: dict[str, Any]) -> list[Goal]:
             None if memory is None else memory["growth_percent"] < 10,
         )
     )
+    cli = sections.get("cli_startup")
+    for key, label, limit in (("help", "`agent-runner --help`", 0.3), ("turns_list", "`agent-runner turns list`", 1.0)):
+        figure = _get(cli or {}, key, "median")
+        found.append(
+            Goal(
+                f"{label} start-up, wall clock (median of fresh processes)",
+                f"<= {limit:g} s",
+                "not measured" if figure is None else f"{figure:.2f} s (bare python {cli['python']['median']:.2f} s)",
+                None if figure is None else figure <= limit,
+            )
+        )
     return found
 
 
@@ -581,6 +592,23 @@ def memory_section(data: dict[str, Any]) -> str:
     )
 
 
+def cli_section(data: dict[str, Any]) -> str:
+    rows = [
+        [name, f"{data[key]['median']:.3f} s ({data[key]['min']:.3f}-{data[key]['max']:.3f})"]
+        for key, name in (
+            ("python", "bare `python -c pass`"),
+            ("help", "`agent-runner --help`"),
+            ("turns_list", "`agent-runner turns list` (SQLite, 20 turns)"),
+        )
+    ]
+    heavy = sorted(set(data["help_packages"]) & {"celery", "sqlalchemy", "fastapi", "openai", "pydantic"})
+    return (
+        f"Each command run {data['runs']} times as a fresh process, interleaved; median (min-max).\n\n"
+        + table(["command", "wall clock"], rows)
+        + f"\n\n`--help` loads {', '.join(heavy) if heavy else 'none of Celery, SQLAlchemy, FastAPI, OpenAI, pydantic'}."
+    )
+
+
 def api_section(data: dict[str, Any]) -> str:
     api, bare = data["api"], data["bare"]
     rows = [
@@ -866,6 +894,8 @@ def render(everything: dict[str, Any], docs: Path) -> None:
         parts += ["## 7. HTTP API: starting a turn", api_section(sections["api_bench"])]
     if "sse_bench" in sections:
         parts += ["## 8. Server-sent events: many followers of one conversation", sse_section(sections["sse_bench"])]
+    if "cli_startup" in sections:
+        parts += ["## 9. Command line start-up", cli_section(sections["cli_startup"])]
     parts += [NOTES_TITLE, limits_section(found, sections)]
     plots = ["## Plots"]
     if "durable" in sections:

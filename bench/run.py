@@ -27,7 +27,17 @@ from typing import Any
 
 from _common import HERE, ROOT, log, machine_facts
 
-SECTIONS = ("step_overhead", "durable", "store_growth", "resume", "celery_bench", "memory", "api_bench", "sse_bench")
+SECTIONS = (
+    "step_overhead",
+    "durable",
+    "store_growth",
+    "resume",
+    "celery_bench",
+    "memory",
+    "api_bench",
+    "sse_bench",
+    "cli_startup",
+)
 SECTION_TIMEOUT_S = 900
 
 

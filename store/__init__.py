@@ -16,10 +16,12 @@ from typing import TYPE_CHECKING, Any
 
 from store._engine import make_engine
 from store.chat_memory import SqlChatMemory, SqlChatMemoryProvider
+from store.crons import CronRecord, CronRecords
 from store.idempotency import IdempotencyKeys, IdempotencyRecord, IdempotencyStatus
 from store.inbox import Inbox, InboxMessage, InboxStatus
-from store.migrations import SchemaVersionError, check_schema, migrate
+from store.migrations import Migration, SchemaVersionError, check_schema, migrate
 from store.sql_lease import SqlTurnLease
+from store.threads import ThreadRecord, ThreadRecords
 from store.turns import SqlAgentTurnStore
 
 # Redis backends are imported on first use, so the SQL backends (the embedded default)
@@ -47,6 +49,8 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     # SQL backends
+    "CronRecord",
+    "CronRecords",
     "IdempotencyKeys",
     "IdempotencyRecord",
     "IdempotencyStatus",
@@ -57,7 +61,10 @@ __all__ = [
     "SqlChatMemory",
     "SqlChatMemoryProvider",
     "SchemaVersionError",
+    "Migration",
     "SqlTurnLease",
+    "ThreadRecord",
+    "ThreadRecords",
     "check_schema",
     "make_engine",
     "migrate",

@@ -7,6 +7,7 @@ PostgreSQL and SQLite with the same connection settings.
 from __future__ import annotations
 
 import json
+import sqlite3
 import time
 from typing import Any, NoReturn, TypeAlias
 
@@ -17,7 +18,8 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import URL, Connection, Engine, Row, make_url
 from sqlalchemy.pool import StaticPool
 
-from agent_runner.errors import StoreError, StoreUnavailableError
+from agent_runner.errors import InputLimitError, InvalidTextError, StoreError, StoreUnavailableError
+from store._redaction import check_password_encoding
 
 WRITE = "agent_runner_write"
 """Execution option marking a transaction that will write.
@@ -52,6 +54,11 @@ def make_engine(url: str | URL) -> Engine:
 
     Pass the engine to several backends to share its pool; dispose of it when done.
     """
+    if isinstance(url, str):
+        try:
+            check_password_encoding(url)
+        except ValueError as exc:
+            raise StoreError(str(exc)) from None
     parsed = make_url(url)
     backend = parsed.get_backend_name()
     if backend == "sqlite":
@@ -90,8 +97,8 @@ def _sqlite_engine(url: URL) -> Engine:
         dbapi_connection.isolation_level = None
         cursor = dbapi_connection.cursor()
         try:
-            cursor.execute("PRAGMA journal_mode=WAL")
             cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+            _enable_wal(cursor)
             cursor.execute("PRAGMA foreign_keys=ON")
             cursor.execute("PRAGMA synchronous=NORMAL")
         finally:
@@ -103,6 +110,27 @@ def _sqlite_engine(url: URL) -> Engine:
         connection.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
 
     return engine
+
+
+def _enable_wal(cursor: Any) -> None:
+    """Switch the database to WAL journaling, waiting up to the busy timeout for a writer that holds it.
+
+    Unlike other statements the switch does not wait for locks: while another process
+    holds the write lock of a database still in its first (rollback) journal mode, as the
+    process creating a new file does for a moment, it fails at once with "database is
+    locked". Several processes opening a new file together would then fail at random.
+    """
+    deadline = time.monotonic() + SQLITE_BUSY_TIMEOUT_MS / 1000
+    pause = 0.005
+    while True:
+        try:
+            cursor.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() >= deadline:
+                raise
+        time.sleep(pause)
+        pause = min(pause * 2, 0.1)
 
 
 def resolve_engine(url_or_engine: UrlOrEngine) -> tuple[Engine, bool]:
@@ -334,8 +362,36 @@ class translated_errors:  # named as the function it replaced: `with translated_
         return None
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: object) -> None:
+        if exc is not None and _is_unstorable_text(exc):
+            _raise_unstorable(self.action, exc)
         if isinstance(exc, sa_exc.SQLAlchemyError):
             _raise_translated(self.engine, self.action, exc)
+
+
+_NUL_REFUSED = "cannot contain NUL"
+"""What psycopg says when a text parameter holds a NUL character, which PostgreSQL text cannot keep."""
+
+
+def _is_unstorable_text(error: BaseException) -> bool:
+    """Whether a driver refused a parameter for holding a lone surrogate (any driver) or a NUL (PostgreSQL)."""
+    if isinstance(error, sa_exc.StatementError) and error.orig is not None:
+        error = error.orig
+    return isinstance(error, UnicodeEncodeError) or _NUL_REFUSED in str(error)
+
+
+def _raise_unstorable(action: str, error: BaseException) -> NoReturn:
+    """Raise the typed error of a parameter no store can keep (an id or text given by a caller).
+
+    Callers check what they are given first (`agent_runner.limits`); this is the backstop for
+    those that did not, so that they get `InvalidTextError` (an `InputLimitError`) instead of
+    a driver's error.
+    """
+    cause = error.orig if isinstance(error, sa_exc.StatementError) and error.orig is not None else error
+    field = f"a value given for {action}"
+    if isinstance(cause, UnicodeEncodeError) and isinstance(cause.object, str):
+        raise InvalidTextError(field, cause.start, cause.object[cause.start]) from None
+    # The driver does not say where the NUL is.
+    raise InputLimitError(field, "text without NUL characters", "a NUL character") from None
 
 
 def _raise_translated(engine: Engine, action: str, error: sa_exc.SQLAlchemyError) -> NoReturn:

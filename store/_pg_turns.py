@@ -16,8 +16,9 @@ statements and reads their rows.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
+from functools import cache
 from typing import TYPE_CHECKING, Any
 
 from pydantic_core import to_json
@@ -26,30 +27,87 @@ from agent_runner.events import AgentEvent
 from agent_runner.messages import ModelMessage
 from agent_runner.snapshot import AgentTurn
 from store._engine import DriverConnection
+from store._event_log import claim_positions
 
 if TYPE_CHECKING:
     from psycopg import Cursor
 
-_ADDED_ROWS = """\
+_MESSAGES = """\
 added AS (
     INSERT INTO agent_turn_messages (turn_id, seq, message_id, role, payload)
     SELECT %(id)s::text, %(known)s::integer + m.ordinality::integer - 1, k.value ->> 0, k.value ->> 1, m.value
     FROM header,
         json_array_elements(%(message_keys)s::json) WITH ORDINALITY AS k
         JOIN json_array_elements(%(messages)s::json) WITH ORDINALITY AS m ON m.ordinality = k.ordinality
-), events AS (
-    INSERT INTO agent_turn_events (event_id, turn_id, root_turn_id, conversation_id, type, created_at, payload, xid)
+)"""
+
+_ROOT_COUNTER = """\
+root AS (
+    UPDATE agent_turns AS r SET event_position = r.event_position + %(root_events)s::bigint
+    FROM header
+    WHERE r.id = %(root_turn_id)s::text
+    RETURNING r.event_position
+)"""
+
+_CONVERSATION_COUNTERS = """\
+conversations AS (
+    INSERT INTO agent_event_conversations AS c (conversation_id, last_position)
+    SELECT v.value ->> 0, (v.value ->> 1)::bigint
+    FROM {tree}, json_array_elements(%(conversations)s::json) WITH ORDINALITY AS v
+    ORDER BY v.ordinality
+    ON CONFLICT (conversation_id) DO UPDATE SET last_position = c.last_position + excluded.last_position
+    RETURNING conversation_id, last_position
+)"""
+
+_EVENTS = """\
+events AS (
+    INSERT INTO agent_turn_events (
+        event_id, turn_id, root_turn_id, conversation_id, type, created_at, payload, root_position,
+        conversation_position
+    )
     SELECT k.value ->> 0, k.value ->> 1, k.value ->> 2, k.value ->> 3, k.value ->> 4, (k.value ->> 5)::timestamptz,
-        ('{"event_id":' || (k.value -> 0)::text || ',"type":' || (k.value -> 4)::text
+        ('{{"event_id":' || (k.value -> 0)::text || ',"type":' || (k.value -> 4)::text
             || ',"turn_id":' || (k.value -> 1)::text || ',"root_turn_id":' || (k.value -> 2)::text
             || ',"conversation_id":' || (k.value -> 3)::text || ',"timestamp":' || (k.value -> 6)::text
-            || ',"data":' || (k.value -> 7)::text || '}')::json,
-        pg_current_xact_id()::text::bigint
-    FROM header, json_array_elements(%(events)s::json) WITH ORDINALITY AS k
+            || ',"data":' || (k.value -> 7)::text || '}}')::json,
+        {tree_position} + (k.value ->> 8)::bigint, {conversation_position}
+    FROM header, json_array_elements(%(events)s::json) WITH ORDINALITY AS k{tree_join}{conversation_join}
     ORDER BY k.ordinality
     ON CONFLICT (event_id) DO NOTHING
 )"""
-"""The INSERTs of a save's new messages (from seq `known` on) and events, fed by the `header` CTE.
+
+
+def _added_rows(child: bool, conversations: bool) -> str:
+    """The CTEs after `header` that write a save's new messages and events, for one kind of save.
+
+    `child`: the events are a child turn's, whose tree counter is on its root's row;
+    `conversations`: some events go to a conversation, whose counter is bumped too.
+    """
+    tree = "root" if child else "header"
+    parts = [_MESSAGES]
+    if child:
+        parts.append(_ROOT_COUNTER)
+    if conversations:
+        parts.append(_CONVERSATION_COUNTERS.format(tree=tree))
+        position = "conversation.last_position + (k.value ->> 9)::bigint"
+        join = "\n        LEFT JOIN conversations AS conversation ON conversation.conversation_id = k.value ->> 3"
+    else:
+        position, join = "NULL::bigint", ""
+    # A child's tree position comes from `root`; when its root is not stored, there is none
+    # (LEFT JOIN: NULL, which the NOT NULL column refuses, rather than no event rows).
+    tree_join = "\n        LEFT JOIN root ON true" if child else ""
+    parts.append(
+        _EVENTS.format(
+            tree_position=f"{tree}.event_position",
+            tree_join=tree_join,
+            conversation_position=position,
+            conversation_join=join,
+        )
+    )
+    return ", ".join(parts)
+
+
+_ADDED_ROWS_DOC = """The INSERTs of a save's new messages (from seq `known` on) and events, fed by the `header` CTE.
 
 They are selected FROM the header's RETURNING: when the header was not written, nothing
 is. Each message comes as its payload (in one JSON array of them) and its key columns (in
@@ -58,10 +116,22 @@ payload). Each event comes as one array of its fields (see `event_fields`); its 
 the text of those fields put together in the order of `AgentEvent`'s fields, the JSON
 `model_dump_json` would give (a `json` value keeps the text it was given, so `->` and
 `::text` return each field exactly as the client wrote it). Events go in in their order,
-so their ids follow it, and an event id already stored is skipped.
+and an event id already stored is skipped.
+
+Before the events, the save bumps the counters of the scopes they go to (see
+`store._event_log`): its tree's, on the root's row (`event_position`), in the header's
+own UPDATE or INSERT for a root turn (`own_events`), in `root` for a child
+(`root_events`); then its conversations' (`conversations`, in id order), which read the
+tree's new position, so that they run after it and take their locks in that order. Each
+event goes at its scopes' new last positions plus its offsets. A child whose root is not
+stored gets no tree position, and the NOT NULL column refuses the whole statement. The
+row locks last until the statement commits, so the next save of the same tree or
+conversation takes the positions after these. Each kind of save has a statement of its
+own (`save_statement`), so a root turn's save outside a conversation, the common step,
+carries no counter work beyond a column of its header.
 """
 
-SAVE = f"""\
+_SAVE = """\
 WITH header AS (
     UPDATE agent_turns AS t SET
         agent_id = %(agent_id)s::text,
@@ -81,6 +151,7 @@ WITH header AS (
         tenant_id = %(tenant_id)s::text,
         wake_at = %(wake_at)s::timestamptz,
         state = %(state)s::json,
+        event_position = t.event_position + %(own_events)s::bigint,
         status_changed_at = CASE
             WHEN t.status = %(status)s::text AND t.status_changed_at <= %(updated_at)s::timestamptz
             THEN t.status_changed_at ELSE %(updated_at)s::timestamptz END
@@ -88,42 +159,63 @@ WITH header AS (
         AND t.version = %(expected_version)s::integer
         AND t.message_count = %(known)s::integer
         AND (%(fence)s::bigint IS NULL OR t.lease_fence IS NULL OR t.lease_fence <= %(fence)s::bigint)
-    RETURNING t.cancel_requested, t.lease_fence
-), {_ADDED_ROWS}
+    RETURNING t.cancel_requested, t.lease_fence, t.event_position
+), {added}
 SELECT cancel_requested, lease_fence FROM header"""
-"""The compare-and-swap save of a header with its new messages and events, as one autocommitted statement.
+"""The compare-and-swap save of a header with its new messages and events (see `save_statement`).
 
 The UPDATE matches only the expected version and message count, and a fence no lower than
 the stored one. The cancel flag only goes from False to True and the fence only up, so
 they are or'ed and coalesced with the stored values, and RETURNING reads them back; when
-it matches no row, nothing at all is written (see `_ADDED_ROWS`). `status_changed_at`
+it matches no row, nothing at all is written (see `_ADDED_ROWS_DOC`). `status_changed_at`
 moves only with the status, and never past `updated_at`. The text starts with
 `WITH header`, as `pg_stat_activity` shows it.
 """
 
-CREATE = f"""\
+_CREATE = """\
 WITH header AS (
     INSERT INTO agent_turns (
         id, agent_id, agent_version, conversation_id, parent_turn_id, root_turn_id, status, phase, version,
         message_count, cancel_requested, lease_fence, next_retry_at, created_at, updated_at, tenant_id, state,
-        status_changed_at, wake_at
+        status_changed_at, wake_at, event_position
     ) VALUES (
         %(id)s::text, %(agent_id)s::text, %(agent_version)s::text, %(conversation_id)s::text,
         %(parent_turn_id)s::text, %(root_turn_id)s::text, %(status)s::text, %(phase)s::text, %(version)s::integer,
         %(message_count)s::integer, %(cancel_requested)s::boolean, %(fence)s::bigint,
         %(next_retry_at)s::timestamptz, %(created_at)s::timestamptz, %(updated_at)s::timestamptz,
-        %(tenant_id)s::text, %(state)s::json, %(updated_at)s::timestamptz, %(wake_at)s::timestamptz
+        %(tenant_id)s::text, %(state)s::json, %(updated_at)s::timestamptz, %(wake_at)s::timestamptz,
+        %(own_events)s::bigint
     )
     ON CONFLICT DO NOTHING
-    RETURNING id
-), {_ADDED_ROWS}
+    RETURNING id, event_position
+), {added}
 SELECT id FROM header"""
-"""The INSERT of a new turn with its messages and events, as one autocommitted statement.
+"""The INSERT of a new turn with its messages and events (see `create_statement`).
 
 ON CONFLICT DO NOTHING covers the primary key and the active-conversation index alike:
 no row comes back when either refused the turn, and then nothing at all was written.
-Parameters are those of `SAVE` (`expected_version` unused, `known` 0).
+Parameters are those of `_SAVE` (`expected_version` unused, `known` 0).
 """
+
+
+@cache
+def _statement(template: str, child: bool, conversations: bool) -> str:
+    return template.replace("{added}", _added_rows(child, conversations))
+
+
+def save_statement(parameters: Mapping[str, Any]) -> str:
+    """The one autocommitted statement of a save with these parameters (`save_parameters`): `_SAVE` with its INSERTs.
+
+    Its text is one of four, by whether the events are a child turn's and whether any goes
+    to a conversation (see `_ADDED_ROWS_DOC`); each is prepared once per connection.
+    """
+    return _statement(_SAVE, parameters["root_events"] > 0, parameters["conversations"] != "[]")
+
+
+def create_statement(parameters: Mapping[str, Any]) -> str:
+    """The one autocommitted statement of a creation with these parameters: `_CREATE` with its INSERTs."""
+    return _statement(_CREATE, parameters["root_events"] > 0, parameters["conversations"] != "[]")
+
 
 _HEADER_COLUMNS = (
     "id",
@@ -137,6 +229,7 @@ _HEADER_COLUMNS = (
     "version",
     "message_count",
     "cancel_requested",
+    "cancel_reason",
     "lease_fence",
     "next_retry_at",
     "created_at",
@@ -180,7 +273,7 @@ def save_parameters(
     messages: Sequence[ModelMessage],
     events: Sequence[AgentEvent],
 ) -> dict[str, Any]:
-    """The parameters of `SAVE` for a save of `turn` over the stored version and message count.
+    """The parameters of `save_statement` for a save of `turn` over the stored version and message count.
 
     `state` is the snapshot's `state` column as JSON text; `messages` are those added
     since the stored snapshot; `events` are the event log's copies of the durable events.
@@ -209,16 +302,33 @@ def save_parameters(
         "message_keys": to_json([[m.id, m.role] for m in messages]).decode(),
         # One message at a time: the same JSON as through the union's adapter, with less CPU.
         "messages": "[" + ",".join([message.model_dump_json() for message in messages]) + "]",
-        "events": to_json([event_fields(e) for e in events]).decode(),
+        **event_parameters(turn, events),
     }
 
 
-def event_fields(event: AgentEvent) -> list[Any]:
-    """An event of a save as `_ADDED_ROWS` takes it: its key columns, then its timestamp and data as given.
+def event_parameters(turn: AgentTurn, events: Sequence[AgentEvent]) -> dict[str, Any]:
+    """The parameters of `save_statement` and `create_statement` that place the event log's copies of a save's events."""
+    if not events:
+        return {"own_events": 0, "root_events": 0, "conversations": "[]", "events": "[]"}
+    claim = claim_positions(events)
+    fields = [event_fields(event, *offsets) for event, offsets in zip(events, claim.offsets, strict=True)]
+    own = turn.id == turn.root_turn_id
+    return {
+        "own_events": len(events) if own else 0,
+        "root_events": 0 if own else len(events),
+        "conversations": to_json(claim.conversations).decode(),
+        "events": to_json(fields).decode(),
+    }
+
+
+def event_fields(event: AgentEvent, tree_offset: int, conversation_offset: int | None) -> list[Any]:
+    """An event of a save as `_ADDED_ROWS` takes it: its key columns, its timestamp and data as given, its offsets.
 
     The key columns are the event id, turn id, root turn id, conversation id, type and the
     time in UTC (the `created_at` column); the payload is made of the same fields, as JSON,
     so each is encoded once. An event log keeps events without the cursor they were read at.
+    The offsets place the event from the last positions of its tree and conversation (see
+    `store._event_log.PositionClaim`).
     """
     return [
         event.event_id,
@@ -229,6 +339,8 @@ def event_fields(event: AgentEvent) -> list[Any]:
         _aware(event.timestamp),
         event.timestamp,
         event.data,
+        tree_offset,
+        conversation_offset,
     ]
 
 

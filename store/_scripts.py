@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs, unquote, urlsplit
 
 from redis import Redis
 from redis.backoff import ExponentialBackoff
@@ -23,6 +22,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 
 from agent_runner.errors import StoreError, StoreUnavailableError
+from store._redaction import check_password_encoding, redact_url, url_secrets
 
 _LUA_DIR = Path(__file__).with_name("lua")
 
@@ -43,34 +43,6 @@ _UNAVAILABLE: tuple[type[RedisError], ...] = (
     ClusterDownError,
 )
 _REFUSED: tuple[type[RedisError], ...] = (AuthenticationError, NoPermissionError)
-
-
-def redact_url(url: str) -> str:
-    """Return `url` fit for a message: the password masked, the query string (which may hold one) dropped."""
-    try:
-        parts = urlsplit(url)
-        password = parts.password
-        username = parts.username
-    except ValueError:
-        return "<unparsable Redis URL>"
-    host = parts.netloc.rpartition("@")[2]
-    if password is not None:
-        host = f"{username or ''}:***@{host}"
-    elif username:
-        host = f"{username}@{host}"
-    return f"{parts.scheme}://{host}{parts.path}"
-
-
-def _url_secrets(url: str) -> set[str]:
-    try:
-        parts = urlsplit(url)
-        password = parts.password
-    except ValueError:
-        return set()
-    found = {password, unquote(password)} if password else set()
-    for value in parse_qs(parts.query).get("password", []):
-        found.update({value, unquote(value)})
-    return found
 
 
 def _decode(reply: Any) -> Any:
@@ -107,6 +79,7 @@ class RedisScripts:
             self._client = client
             self._owns_client = False
         elif redis_url is not None:
+            check_password_encoding(redis_url)
             self._client = Redis.from_url(
                 redis_url, socket_timeout=_SOCKET_TIMEOUT_S, socket_connect_timeout=_SOCKET_TIMEOUT_S, retry=_RETRY
             )
@@ -114,7 +87,7 @@ class RedisScripts:
         else:
             raise ValueError("a Redis lease or guard needs a redis_url or a client, got neither")
         kwargs = self._client.connection_pool.connection_kwargs
-        self._secrets = _url_secrets(redis_url or "") | ({str(kwargs["password"])} if kwargs.get("password") else set())
+        self._secrets = url_secrets(redis_url or "") | ({str(kwargs["password"])} if kwargs.get("password") else set())
         if redis_url is not None:
             self._server = redact_url(redis_url)
         elif "path" in kwargs:

@@ -299,6 +299,24 @@ class Inbox(SqlBackend):
             with self._writer.begin() as connection:
                 return connection.execute(statement).rowcount == 1
 
+    def has_waiting(self, conversation_id: str) -> bool:
+        """Whether the conversation has a message that has not started its turn yet (PENDING or PROCESSING).
+
+        A new message of such a conversation must queue behind it, even while the
+        conversation has no active turn (between a turn's end and the start of the next
+        queued message), or it would start first.
+        """
+        query = sa.select(
+            sa.select(sa.literal(1))
+            .where(
+                inbox_messages.c.conversation_id == conversation_id,
+                inbox_messages.c.status.in_([InboxStatus.PENDING.value, InboxStatus.PROCESSING.value]),
+            )
+            .exists()
+        )
+        with translated_errors(self._engine, f"reading the queue of {conversation_id!r}"), self._engine.connect() as c:
+            return bool(c.execute(query).scalar_one())
+
     def stale_claims(self, claimed_before: datetime, limit: int = 100) -> list[InboxMessage]:
         """Return PROCESSING messages claimed before `claimed_before`, oldest first.
 

@@ -20,7 +20,8 @@ from agent_runner.errors import InvalidCursor, StoreError, StoreUnavailableError
 from agent_runner.events import AgentEvent
 from agent_runner.in_memory import live_scopes
 from agent_runner.persistence import DEFAULT_EVENT_PAGE, event_scope
-from store._scripts import _RETRY, _SOCKET_TIMEOUT_S, _UNAVAILABLE, redact_url
+from store._redaction import check_password_encoding, redact_url
+from store._scripts import _RETRY, _SOCKET_TIMEOUT_S, _UNAVAILABLE
 from store.keys import DEFAULT_PREFIX, RedisKeys
 
 logger = logging.getLogger(__name__)
@@ -78,6 +79,7 @@ class RedisLiveEvents:
             self._owns_client = False
             self._server = "the given client's server"
         elif redis_url is not None:
+            check_password_encoding(redis_url)
             self._client = Redis.from_url(
                 redis_url, socket_timeout=_SOCKET_TIMEOUT_S, socket_connect_timeout=_SOCKET_TIMEOUT_S, retry=_RETRY
             )

@@ -14,10 +14,19 @@ Tables:
         (`fillfactor`) to make room for it. Sweeps that look for turns idle since a
         time use `status_changed_at` instead, which changes only with the status.
         `wake_at` is when the deadline sweep must look at a waiting turn next.
+        `event_position` is, on a root turn's row, the last position handed out in its
+        turn tree's event log (0 on child turns; see `store._event_log`).
     agent_turn_messages: the turn's messages, append-only, keyed by (turn_id, seq).
     agent_turn_events: the durable events, append-only, written with the save that caused
-        them. `xid` is the writing transaction's id on PostgreSQL (0 on SQLite), the first
-        half of the read order (see `store.turns`).
+        them. `root_position` is the event's place in its turn tree and
+        `conversation_position` its place in its conversation (NULL without one): each scope
+        counts its events 1, 2, 3, ... in the order their saves committed, and readers page
+        by these (see `store._event_log`). `xid` is only kept for events written before
+        positions existed (NULL since), to resume the cursors issued then.
+    agent_event_conversations: the last position handed out in each conversation's event
+        log. A save bumps this row, and its tree's root row (`event_position`), in the
+        statement that writes its events; their row locks put the saves of one tree or
+        conversation in commit order.
     agent_chat_conversations / agent_chat_messages: ChatMemory, with a per-conversation
         sequence counter.
     agent_inbox_conversations / agent_inbox_messages: the inbox of queued user messages.
@@ -25,6 +34,14 @@ Tables:
     agent_idempotency_keys: the first answer to each HTTP request sent with an
         `Idempotency-Key`, per tenant and key, so that a retried request is answered the
         same and acts once.
+    agent_threads: what a conversation has beyond its messages and turns when a client
+        manages it as a thread (the LangGraph API): who owns it, its metadata, when it
+        was created, and whether it was deleted.
+    agent_crons: schedules made over HTTP (LangGraph crons): the `workers.schedules`
+        definition of each, with its owner, thread and the request that made it.
+    agent_webhook_deliveries: one row per event owed to a webhook, keyed by the event id:
+        its attempts, the next one, and the outcome (DEAD rows are the dead letters; see
+        `store.webhooks`).
 """
 
 from __future__ import annotations
@@ -46,6 +63,9 @@ ACTIVE_TURN_PREDICATE = "status IN ({})".format(", ".join(f"'{s}'" for s in NON_
 Migration 0001 spells out the same list: a new non-terminal status needs a migration that
 recreates the index.
 """
+
+HAS_CONVERSATION = "conversation_id IS NOT NULL"
+"""Predicate of the partial index of events by conversation."""
 
 TURNS_FILLFACTOR = 75
 """Percent of each `agent_turns` page filled by inserts on PostgreSQL; the rest takes the new
@@ -110,6 +130,8 @@ turns = sa.Table(
     sa.Column("version", sa.Integer, nullable=False),
     sa.Column("message_count", sa.Integer, nullable=False),
     sa.Column("cancel_requested", sa.Boolean, nullable=False),
+    # Written only by a cancel request (its first reason); saves leave it alone.
+    sa.Column("cancel_reason", sa.Text, nullable=True),
     sa.Column("lease_fence", sa.BigInteger, nullable=True),
     sa.Column("next_retry_at", UtcDateTime, nullable=True),
     sa.Column("created_at", UtcDateTime, nullable=False),
@@ -122,6 +144,9 @@ turns = sa.Table(
     # When the turn entered its current status: never later than `updated_at`, and unlike it
     # unchanged by the saves of a running turn, so indexes over it survive HOT updates.
     sa.Column("status_changed_at", UtcDateTime, nullable=False),
+    # The tree's event counter lives on its root's row, which the root's own saves rewrite
+    # anyway: they bump it at no extra cost. Not indexed, so a bump stays a HOT update.
+    sa.Column("event_position", sa.BigInteger, nullable=False, server_default="0"),
     # The durable backstop of "one active turn per conversation": two creators racing past
     # every other check still cannot both commit a non-terminal turn.
     sa.Index(
@@ -161,9 +186,10 @@ turn_events = sa.Table(
     "agent_turn_events",
     metadata,
     # INTEGER on SQLite, so that the column is the rowid; AUTOINCREMENT below keeps SQLite
-    # from reusing the ids of deleted (pruned) rows, which a reader's cursor may be past.
+    # from reusing the ids of deleted (pruned) rows.
     sa.Column("id", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), primary_key=True, autoincrement=True),
-    sa.Column("xid", sa.BigInteger, nullable=False),
+    # The writing transaction of an event stored before positions existed; NULL since (see above).
+    sa.Column("xid", sa.BigInteger, nullable=True),
     sa.Column("event_id", sa.String, nullable=False),
     sa.Column("turn_id", sa.String, nullable=False),
     sa.Column("root_turn_id", sa.String, nullable=False),
@@ -171,18 +197,27 @@ turn_events = sa.Table(
     sa.Column("type", sa.String(32), nullable=False),
     sa.Column("created_at", UtcDateTime, nullable=False),
     sa.Column("payload", _json(), nullable=False),
+    sa.Column("root_position", sa.BigInteger, nullable=False),
+    sa.Column("conversation_position", sa.BigInteger, nullable=True),
     sa.UniqueConstraint("event_id", name="uq_agent_turn_events_event_id"),
-    sa.Index("ix_agent_turn_events_root_position", "root_turn_id", "xid", "id"),
-    # Only events filed under a conversation: the others would never be read through it.
+    sa.Index("ix_agent_turn_events_root_position", "root_turn_id", "root_position", unique=True),
+    # Only events filed under a conversation: the others are never read through one.
     sa.Index(
         "ix_agent_turn_events_conversation_position",
         "conversation_id",
-        "xid",
-        "id",
-        postgresql_where=sa.text("conversation_id IS NOT NULL"),
-        sqlite_where=sa.text("conversation_id IS NOT NULL"),
+        "conversation_position",
+        unique=True,
+        postgresql_where=sa.text(HAS_CONVERSATION),
+        sqlite_where=sa.text(HAS_CONVERSATION),
     ),
     sqlite_autoincrement=True,
+)
+
+event_conversations = sa.Table(
+    "agent_event_conversations",
+    metadata,
+    sa.Column("conversation_id", sa.String, primary_key=True),
+    sa.Column("last_position", sa.BigInteger, nullable=False),
 )
 
 chat_conversations = sa.Table(
@@ -259,4 +294,73 @@ idempotency_keys = sa.Table(
     sa.Column("created_at", UtcDateTime, nullable=False),
     sa.Column("updated_at", UtcDateTime, nullable=False),
     sa.Index("ix_agent_idempotency_keys_created", "created_at"),
+)
+
+threads = sa.Table(
+    "agent_threads",
+    metadata,
+    # The conversation id as stored (with the tenant's prefix), so a thread is its conversation.
+    sa.Column("conversation_id", sa.String, primary_key=True),
+    sa.Column("thread_id", sa.String, nullable=False),
+    sa.Column("tenant_id", sa.String, nullable=True),
+    sa.Column("metadata", _json(), nullable=False),
+    sa.Column("created_at", UtcDateTime, nullable=False),
+    sa.Column("updated_at", UtcDateTime, nullable=False),
+    sa.Column("deleted_at", UtcDateTime, nullable=True),
+    sa.Index("ix_agent_threads_tenant_created", "tenant_id", "created_at"),
+)
+
+crons = sa.Table(
+    "agent_crons",
+    metadata,
+    sa.Column("cron_id", sa.String, primary_key=True),
+    sa.Column("tenant_id", sa.String, nullable=True),
+    sa.Column("thread_id", sa.String, nullable=True),
+    sa.Column("assistant_id", sa.String, nullable=False),
+    # `workers.schedules.Schedule.to_dict()`: what fires, when, into which stored conversation.
+    sa.Column("schedule", _json(), nullable=False),
+    sa.Column("payload", _json(), nullable=False),
+    sa.Column("enabled", sa.Boolean, nullable=False),
+    sa.Column("end_time", UtcDateTime, nullable=True),
+    sa.Column("created_at", UtcDateTime, nullable=False),
+    sa.Column("updated_at", UtcDateTime, nullable=False),
+    sa.Index("ix_agent_crons_tenant_created", "tenant_id", "created_at"),
+)
+
+WEBHOOK_EVENT_TYPES: tuple[str, ...] = (
+    "TURN_SUSPENDED",
+    "TURN_COMPLETED",
+    "TURN_CANCELLED",
+    "TURN_FAILED",
+    "MAX_ITERATIONS_REACHED",
+    "MAX_STEPS_REACHED",
+    "BUDGET_EXCEEDED",
+)
+"""Event types a webhook may report (`store.webhooks.KIND_EVENT_TYPES`); migration 0009 spells out the same list."""
+
+# The webhook deliverer looks for new events of these types by time; only they are indexed.
+sa.Index(
+    "ix_agent_turn_events_webhook_created",
+    turn_events.c.created_at,
+    postgresql_where=turn_events.c.type.in_(WEBHOOK_EVENT_TYPES),
+    sqlite_where=turn_events.c.type.in_(WEBHOOK_EVENT_TYPES),
+)
+
+webhook_deliveries = sa.Table(
+    "agent_webhook_deliveries",
+    metadata,
+    sa.Column("event_id", sa.String, primary_key=True),
+    sa.Column("kind", sa.String(16), nullable=False),
+    sa.Column("url", sa.Text, nullable=False),
+    sa.Column("body", _json(), nullable=False),
+    sa.Column("status", sa.String(16), nullable=False),
+    sa.Column("attempts", sa.Integer, nullable=False),
+    sa.Column("next_attempt_at", UtcDateTime, nullable=False),
+    sa.Column("last_error", sa.Text, nullable=True),
+    sa.Column("last_status_code", sa.Integer, nullable=True),
+    sa.Column("event_created_at", UtcDateTime, nullable=False),
+    sa.Column("created_at", UtcDateTime, nullable=False),
+    sa.Column("updated_at", UtcDateTime, nullable=False),
+    sa.Index("ix_agent_webhook_deliveries_due", "status", "next_attempt_at"),
+    sa.Index("ix_agent_webhook_deliveries_event_created", "event_created_at"),
 )

@@ -8,17 +8,9 @@ reads the header and only the messages added since (usually none), in one statem
 PostgreSQL.
 
 The durable events of a save go to `agent_turn_events` in the same transaction (on
-PostgreSQL, usually in the same single statement). Readers page through them with a
-cursor, and the cursor must never pass an event that is not yet committed. Ids drawn from
-a sequence do not give that: a transaction can take id 7, stay open while id 8 commits,
-and commit later, so a reader that went past 8 would never see 7. On PostgreSQL each row
-therefore records its transaction id (`pg_current_xact_id()`), and a read returns only rows
-whose transaction id is below the oldest transaction still running in its snapshot
-(`pg_snapshot_xmin`): every transaction below that horizon has finished, so nothing can
-later appear before the rows returned. The cursor is `<xid>.<id>` in that order. The
-price is latency, never loss: an event waits until every write transaction that began
-before it, anywhere on the server, has ended. SQLite runs one writer at a time, so ids
-follow commit order there and the cursor is `0.<id>`.
+PostgreSQL, usually in the same single statement), each numbered in its turn tree and in
+its conversation in commit order; readers page through them by those positions, and see
+an event as soon as its save has committed (see `store._event_log`).
 """
 
 from __future__ import annotations
@@ -37,20 +29,20 @@ from sqlalchemy.engine import Connection
 from agent_runner._base import utcnow
 from agent_runner.errors import (
     AgentConversationBusyException,
-    InvalidCursor,
     LeaseLostError,
     StoreUnavailableError,
     TurnNotFound,
     VersionConflictError,
 )
 from agent_runner.events import AgentEvent
-from agent_runner.in_memory import stored_event, stored_snapshot
+from agent_runner.in_memory import stored_snapshot
 from agent_runner.messages import ModelMessage, ModelMessagesAdapter
-from agent_runner.persistence import DEFAULT_EVENT_PAGE, TurnRef, event_scope, format_position, parse_position
+from agent_runner.persistence import DEFAULT_EVENT_PAGE, TurnRef, event_scope
 from agent_runner.snapshot import DEADLINE_STATUSES, TERMINAL_STATUSES, AgentTurn, AgentTurnStatus
 from store import _pg_turns
 from store._backend import SqlBackend
 from store._engine import AnyRow, UrlOrEngine, dialect_insert, translated_errors
+from store._event_log import SqlEventLog, kept_events, needs_root_conversation, raise_if_no_tree
 from store.schema import NON_TERMINAL_STATUSES, turn_events, turn_leases, turn_messages, turns
 
 _COLUMN_FIELDS = frozenset(
@@ -65,6 +57,7 @@ _COLUMN_FIELDS = frozenset(
         "phase",
         "version",
         "cancel_requested",
+        "cancel_reason",
         "lease_fence",
         "next_retry_at",
         "created_at",
@@ -128,75 +121,6 @@ def _message_rows(turn_id: str, messages: Sequence[ModelMessage], start: int) ->
     ]
 
 
-def _needs_root_conversation(turn: AgentTurn, events: Sequence[AgentEvent]) -> bool:
-    """Whether a child turn's events leave out the conversation, which then is its root's."""
-    return (
-        turn.conversation_id is None
-        and turn.root_turn_id != turn.id
-        and any(e.conversation_id is None and e.type.is_durable for e in events)
-    )
-
-
-def _kept_events(turn: AgentTurn, events: Sequence[AgentEvent], root_conversation_id: str | None) -> list[AgentEvent]:
-    """The event log's copies of the durable events among `events`, once per event id, in order."""
-    kept: list[AgentEvent] = []
-    seen: set[str] = set()
-    for event in events:
-        if not event.type.is_durable or event.event_id in seen:
-            continue
-        seen.add(event.event_id)
-        kept.append(stored_event(event, turn, root_conversation_id))
-    return kept
-
-
-def _event_rows(
-    turn: AgentTurn, events: Sequence[AgentEvent], root_conversation_id: str | None
-) -> list[dict[str, Any]]:
-    """The rows of the durable events among `events`, once per event id, in order."""
-    return [
-        {
-            "event_id": kept.event_id,
-            "turn_id": kept.turn_id,
-            "root_turn_id": kept.root_turn_id,
-            "conversation_id": kept.conversation_id,
-            "type": kept.type.value,
-            "created_at": kept.timestamp,
-            "payload": kept.model_dump(mode="json", exclude={"cursor"}),
-        }
-        for kept in _kept_events(turn, events, root_conversation_id)
-    ]
-
-
-_EVENT_COLUMNS = ("event_id", "turn_id", "root_turn_id", "conversation_id", "type", "created_at", "payload")
-
-
-def _current_xid(dialect: str) -> sa.ColumnElement[int]:
-    """The id of the writing transaction on PostgreSQL (taken at its first write); 0 on SQLite."""
-    if dialect == "postgresql":
-        return sa.cast(sa.cast(sa.func.pg_current_xact_id(), sa.Text), sa.BigInteger)
-    return sa.literal(0, sa.BigInteger)
-
-
-_PG_HORIZON = sa.cast(sa.cast(sa.func.pg_snapshot_xmin(sa.func.pg_current_snapshot()), sa.Text), sa.BigInteger)
-"""The oldest transaction id still running when the statement's snapshot was taken."""
-
-
-def _read_events_statement(dialect: str, scope: str) -> sa.Select[Any]:
-    """The page of a scope's events after a cursor; parameters `scope`, `after_xid`, `after_id`, `limit`."""
-    column = turn_events.c.root_turn_id if scope == "root" else turn_events.c.conversation_id
-    query = sa.select(turn_events.c.id, turn_events.c.xid, turn_events.c.payload).where(column == sa.bindparam("scope"))
-    after_id = sa.bindparam("after_id", type_=sa.BigInteger)
-    if dialect == "postgresql":
-        after_xid = sa.bindparam("after_xid", type_=sa.BigInteger)
-        query = query.where(
-            sa.tuple_(turn_events.c.xid, turn_events.c.id) > sa.tuple_(after_xid, after_id),
-            turn_events.c.xid < _PG_HORIZON,
-        ).order_by(turn_events.c.xid, turn_events.c.id)
-    else:
-        query = query.where(turn_events.c.id > after_id).order_by(turn_events.c.id)
-    return query.limit(sa.bindparam("limit", type_=sa.Integer))
-
-
 def _snapshot(header: AnyRow, messages: list[ModelMessage]) -> AgentTurn:
     """Build a snapshot from its header row and its messages, already validated (see `_snapshot_of`)."""
     return _snapshot_of(header._mapping, messages)  # type: ignore[arg-type]  # a RowMapping is a Mapping
@@ -236,7 +160,9 @@ def _guarded_update(sets_cancel: bool, sets_fence: bool) -> sa.Update:
     It matches only the expected version and message count, and a fence no lower than the
     stored one; parameters are `new_<column>` and `match_id/version/count/fence`.
     """
-    skipped = set()
+    # The tree's event counter is bumped by the writing of events, and the cancel reason is
+    # written by `request_cancel` alone: no save sets either from a snapshot.
+    skipped = {"event_position", "cancel_reason"}
     if not sets_cancel:
         skipped.add("cancel_requested")
     if not sets_fence:
@@ -456,13 +382,7 @@ class SqlAgentTurnStore(SqlBackend):
         self._counts: OrderedDict[str, tuple[int, int]] = OrderedDict()
         self._counts_lock = threading.Lock()
         self._histories = _Histories()
-        dialect = self._engine.dialect.name
-        self._insert_events = (
-            dialect_insert(self._engine, turn_events)
-            .values(xid=_current_xid(dialect))
-            .on_conflict_do_nothing(index_elements=[turn_events.c.event_id])
-        )
-        self._read_events = {scope: _read_events_statement(dialect, scope) for scope in ("root", "conversation")}
+        self._event_log = SqlEventLog(self._engine)
 
     # --- Reads -------------------------------------------------------------------------------
 
@@ -699,26 +619,21 @@ class SqlAgentTurnStore(SqlBackend):
     ) -> list[AgentEvent]:
         """Return up to `limit` durable events of a turn tree or a conversation after the cursor `after`.
 
-        Events come in the order of their transaction ids, then of their ids: the events of
-        one turn in the order its saves committed. On PostgreSQL an event becomes readable
-        once every transaction that started before it has ended, so a transaction left open
-        anywhere on the server delays (never loses) the events after it.
+        Events come in the order of their positions in the scope read: the order in which
+        their saves committed. An event is readable as soon as its save has returned.
 
         Raises:
             InvalidEventQuery: Neither or both of `root_turn_id` and `conversation_id` were given.
             InvalidCursor: `after` is not a cursor of this log.
         """
         scope, value = event_scope(root_turn_id, conversation_id)
-        after_xid, after_id = (0, 0) if after is None else parse_position(after, 2)
-        if after is not None and after_xid != 0 and self._engine.dialect.name != "postgresql":
-            raise InvalidCursor(after, "a SQLite event cursor starts with 0.")
         if limit <= 0:
+            if after is not None:
+                self._event_log.check_cursor(after)
             return []
-        parameters = {"scope": value, "after_xid": after_xid, "after_id": after_id, "limit": limit}
         with translated_errors(self._engine, f"reading the events of {scope} {value!r}"):
             with self._reader.connect() as connection:
-                rows = connection.execute(self._read_events[scope], parameters).all()
-        return [AgentEvent.model_validate({**row.payload, "cursor": format_position(row.xid, row.id)}) for row in rows]
+                return self._event_log.read(connection, scope, value, after, limit)
 
     def _assemble(self, connection: Connection, headers: Sequence[AnyRow]) -> list[AgentTurn]:
         """Build snapshots from header rows, reading their messages in one query."""
@@ -761,6 +676,8 @@ class SqlAgentTurnStore(SqlBackend):
             AgentConversationBusyException: The save would give the conversation a second
                 non-terminal turn.
             LeaseLostError: `turn.lease_fence` is lower than the stored fence.
+            StoreError: `turn` is a child turn with events whose root turn is not stored
+                (a tree's event positions are counted on its root's row); nothing was written.
             StoreUnavailableError: The database failed mid-save; nothing was written.
         """
         with translated_errors(self._engine, f"saving turn {turn.id!r}"):
@@ -778,18 +695,16 @@ class SqlAgentTurnStore(SqlBackend):
     def _write_events(self, connection: Connection, turn: AgentTurn, events: Sequence[AgentEvent]) -> None:
         """Insert the event rows of a save inside its transaction."""
         root_conversation = None
-        if _needs_root_conversation(turn, events):
+        if needs_root_conversation(turn, events):
             root_conversation = connection.execute(
                 sa.select(turns.c.conversation_id).where(turns.c.id == turn.root_turn_id)
             ).scalar()
-        rows = _event_rows(turn, events, root_conversation)
-        if rows:
-            connection.execute(self._insert_events, rows)
+        self._event_log.write(connection, turn, kept_events(turn, events, root_conversation))
 
     def _create(self, turn: AgentTurn, events: Sequence[AgentEvent]) -> AgentTurn | None:
         """Insert a new turn; None when a conflicting active turn ended meanwhile (try again)."""
         stored = stored_snapshot(turn, None, -1)
-        if self._direct() and not (events and _needs_root_conversation(stored, events)):
+        if self._direct() and not (events and needs_root_conversation(stored, events)):
             return self._create_in_one_statement(stored, events)
         # ON CONFLICT DO NOTHING covers the primary key and the active-conversation index
         # alike and, unlike a failed INSERT, leaves the PostgreSQL transaction usable for
@@ -814,7 +729,7 @@ class SqlAgentTurnStore(SqlBackend):
     def _create_in_one_statement(self, stored: AgentTurn, events: Sequence[AgentEvent]) -> AgentTurn | None:
         """The PostgreSQL fast path of a creation: the header, message and event INSERTs as one statement.
 
-        One autocommitted statement on the driver (`store._pg_turns.CREATE`) instead of a
+        One autocommitted statement on the driver (`store._pg_turns.create_statement`) instead of a
         transaction of four; when the turn was refused (its id or its conversation taken),
         nothing was written, and reads on a fresh connection find out which.
         """
@@ -824,12 +739,17 @@ class SqlAgentTurnStore(SqlBackend):
             0,
             stored.model_dump_json(exclude=_STATE_EXCLUDED),
             stored.messages,
-            _kept_events(stored, events, None) if events else (),
+            kept_events(stored, events, None) if events else (),
         )
-        with self._driver.connection() as lent:
-            cursor = _pg_turns.cursor(lent)
-            if cursor.execute(_pg_turns.CREATE, parameters, prepare=True).fetchone() is not None:
-                return stored
+        try:
+            with self._driver.connection() as lent:
+                cursor = _pg_turns.cursor(lent)
+                statement = _pg_turns.create_statement(parameters)
+                if cursor.execute(statement, parameters, prepare=True).fetchone() is not None:
+                    return stored
+        except sa_exc.IntegrityError as exc:
+            raise_if_no_tree(exc, stored)
+            raise
         with self._reader.connect() as connection:
             existing = connection.execute(sa.select(turns.c.version).where(turns.c.id == stored.id)).scalar()
             if existing is not None:
@@ -844,7 +764,7 @@ class SqlAgentTurnStore(SqlBackend):
             known is not None
             and self._postgres
             and known <= len(turn.messages)
-            and not (events and _needs_root_conversation(turn, events))
+            and not (events and needs_root_conversation(turn, events))
         ):
             return self._update_in_one_statement(turn, expected_version, known, events)
         # The cancel flag only ever goes from False to True and the fence only up, so a
@@ -897,7 +817,7 @@ class SqlAgentTurnStore(SqlBackend):
         """The PostgreSQL fast path: header UPDATE, message and event INSERTs as one autocommitted statement.
 
         A statement is atomic on its own, so no BEGIN and COMMIT round trips are needed: the
-        save costs one round trip, and runs prepared on the driver (`store._pg_turns.SAVE`;
+        save costs one round trip, and runs prepared on the driver (`store._pg_turns.save_statement`;
         through SQLAlchemy when its statements are watched). The INSERTs read the UPDATE's
         RETURNING, so when the guard matches no row nothing at all is written.
         """
@@ -907,17 +827,18 @@ class SqlAgentTurnStore(SqlBackend):
             known,
             turn.model_dump_json(exclude=_STATE_EXCLUDED),
             turn.messages[known:],
-            _kept_events(turn, events, None) if events else (),
+            kept_events(turn, events, None) if events else (),
         )
         try:
             if self._direct():
                 with self._driver.connection() as lent:
                     cursor = _pg_turns.cursor(lent)
-                    stored = cursor.execute(_pg_turns.SAVE, parameters, prepare=True).fetchone()
+                    stored = cursor.execute(_pg_turns.save_statement(parameters), parameters, prepare=True).fetchone()
             else:
                 with self._reader.connect() as connection:
-                    stored = connection.exec_driver_sql(_pg_turns.SAVE, parameters).first()
-        except sa_exc.IntegrityError:
+                    stored = connection.exec_driver_sql(_pg_turns.save_statement(parameters), parameters).first()
+        except sa_exc.IntegrityError as exc:
+            raise_if_no_tree(exc, turn)
             with self._engine.connect() as connection:
                 self._raise_if_busy(connection, turn)
             return None
@@ -960,15 +881,18 @@ class SqlAgentTurnStore(SqlBackend):
         if active is not None:
             raise AgentConversationBusyException(turn.conversation_id, active.id, AgentTurnStatus(active.status))
 
-    def request_cancel(self, turn_id: str) -> AgentTurn:
+    def request_cancel(self, turn_id: str, reason: str | None = None) -> AgentTurn:
         """Set the turn's cancel flag without changing its version; return the stored snapshot.
+
+        `reason` becomes the turn's `cancel_reason` unless an earlier request gave one.
 
         Raises:
             TurnNotFound: No turn has this id.
         """
+        flag = {"cancel_requested": True, "cancel_reason": sa.func.coalesce(turns.c.cancel_reason, reason or None)}
         with translated_errors(self._engine, f"cancelling turn {turn_id!r}"), self._writer.begin() as connection:
             flagged = connection.execute(
-                sa.update(turns).where(turns.c.id == turn_id).values(cancel_requested=True).returning(turns)
+                sa.update(turns).where(turns.c.id == turn_id).values(flag).returning(turns)
             ).first()
             if flagged is None:
                 raise TurnNotFound(turn_id)

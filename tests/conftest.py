@@ -22,7 +22,7 @@ from redis.exceptions import RedisError
 from sqlalchemy.engine import make_url
 
 import store
-from store._scripts import redact_url
+from store._redaction import redact_url
 
 TEST_DATABASE_URL = os.environ.get(
     "AGENT_RUNNER_TEST_DATABASE_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
@@ -34,6 +34,14 @@ TEST_REDIS_URL = os.environ.get("AGENT_RUNNER_TEST_REDIS_URL", "redis://127.0.0.
 def _no_real_model_keys(monkeypatch: pytest.MonkeyPatch) -> None:
     # Tests never talk to a hosted model: an accidental real call fails for lack of a key.
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+
+
+@pytest.fixture(autouse=True)
+def _an_operator_is_logged_in(monkeypatch: pytest.MonkeyPatch) -> None:
+    # CLI decisions are recorded as taken by $USER and refused without one; containers and
+    # CI runners often have none, so the tests give one (the tests of the refusal remove it).
+    if not os.environ.get("USER"):
+        monkeypatch.setenv("USER", "test-operator")
 
 
 def libpq_url(url: str) -> str:

@@ -1,17 +1,8 @@
 """The Celery app of agent-runner: `celery -A workers.app worker` and `celery -A workers.app beat`.
 
-Configured from the environment at import (see `workers.settings`). The choices that make
-turn execution safe:
-
-- JSON only: a task carries a turn id and a version, never a payload, so nothing needs
-  pickle, and a broker message can never execute code on a worker.
-- `task_acks_late` with `task_reject_on_worker_lost`: a message is acknowledged after its
-  task returns, so a worker that dies mid-step leaves the message to be delivered again
-  (RabbitMQ at once; Redis after the visibility timeout). The turn lease and the sweeps
-  recover the turn earlier; the redelivery is then a harmless duplicate.
-- Prefetch 1: a worker holds no more than the message it runs, so a long model call does
-  not strand queued turns behind it.
-- No result backend: the turn store holds every outcome.
+Configured from the environment at import (see `workers.settings`), with the configuration
+of `workers.celery_config`. Code that has settings of its own builds an app with
+`workers.celery_config.create_app(settings)` instead, without importing this module.
 """
 
 from __future__ import annotations
@@ -19,96 +10,14 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from celery import Celery, signals
+from celery import signals
 
-from workers.names import SWEEP_DEADLINES, SWEEP_DUE_RETRIES, SWEEP_INBOX, SWEEP_STALE_TURNS
+from workers.celery_config import celery_config as celery_config
+from workers.celery_config import create_app as create_app
 from workers.settings import SettingsError, WorkerSettings
 from workers.telemetry import celery_signals as telemetry_signals  # telemetry hook
 
 logger = logging.getLogger("workers")
-
-
-def celery_config(settings: WorkerSettings) -> dict[str, Any]:
-    """The Celery configuration for `settings`: safety settings, the sweeps and the scheduled turns in its beat schedule.
-
-    Raises:
-        ScheduleError: `AGENT_RUNNER_SCHEDULES` names schedules that cannot be loaded.
-    """
-    from workers.schedules import beat_entries, load_schedules
-
-    transport_options: dict[str, Any] = {"visibility_timeout": settings.visibility_timeout_s}
-    if settings.broker_url.startswith(("redis://", "rediss://", "redis+socket://")):
-        # Without a socket timeout a publish can wait forever on a connection the network
-        # silently dropped; the sweeps would then stall with it.
-        transport_options["socket_timeout"] = 30
-        if settings.broker_key_prefix:
-            transport_options["global_keyprefix"] = settings.broker_key_prefix
-    sweep_options = {
-        "queue": settings.queue,
-        # A sweep that waited longer than one interval in the queue (workers down or busy)
-        # is dropped: the next one does the same work, so they never pile up.
-        "expires": settings.sweep_interval_s,
-    }
-    return {
-        "broker_url": settings.broker_url,
-        "broker_connection_retry_on_startup": True,
-        "broker_transport_options": transport_options,
-        "result_backend": None,
-        "task_ignore_result": True,
-        "task_serializer": "json",
-        "result_serializer": "json",
-        "event_serializer": "json",
-        "accept_content": ["json"],
-        "result_accept_content": ["json"],
-        "task_acks_late": True,
-        "task_reject_on_worker_lost": True,
-        "worker_prefetch_multiplier": 1,
-        # A connection loss makes the broker redeliver the unacknowledged messages anyway,
-        # so the tasks still running would only race their own redelivery.
-        "worker_cancel_long_running_tasks_on_connection_loss": True,
-        "task_soft_time_limit": settings.soft_time_limit_s,
-        "task_time_limit": settings.time_limit_s,
-        "task_default_queue": settings.queue,
-        "task_default_exchange": settings.queue,
-        "task_default_routing_key": settings.queue,
-        "timezone": "UTC",
-        "enable_utc": True,
-        "beat_schedule": {
-            "agent-runner-sweep-inbox": {
-                "task": SWEEP_INBOX,
-                "schedule": settings.sweep_interval_s,
-                "options": sweep_options,
-            },
-            "agent-runner-sweep-stale-turns": {
-                "task": SWEEP_STALE_TURNS,
-                "schedule": settings.sweep_interval_s,
-                "options": sweep_options,
-            },
-            "agent-runner-sweep-due-retries": {
-                "task": SWEEP_DUE_RETRIES,
-                "schedule": settings.sweep_interval_s,
-                "options": sweep_options,
-            },
-            "agent-runner-sweep-deadlines": {
-                "task": SWEEP_DEADLINES,
-                "schedule": settings.deadline_sweep_interval_s,
-                "options": {**sweep_options, "expires": settings.deadline_sweep_interval_s},
-            },
-            **beat_entries(load_schedules(settings.schedules), settings.queue),
-        },
-    }
-
-
-def create_app(settings: WorkerSettings | None = None) -> Celery:
-    """Build a Celery app configured from `settings` (default: the environment).
-
-    The worker imports the task modules (`include`) when it starts; a producer sends tasks
-    by name and needs neither them nor the agents.
-    """
-    settings = settings if settings is not None else WorkerSettings.from_env()
-    celery_app = Celery("agent_runner", include=["workers.tasks", "workers.beat"])
-    celery_app.conf.update(celery_config(settings))
-    return celery_app
 
 
 settings = WorkerSettings.from_env()

@@ -27,6 +27,7 @@ a tick starts its turn once, however many beats sent it.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -131,28 +132,41 @@ def _resend(wiring: Wiring, ref: TurnRef) -> int:
     return int(wiring.dispatcher.send_step(ref.turn_id, ref.version))
 
 
+def _run_sweep(name: str, sweep: Callable[[Wiring], int]) -> int:
+    """Run one sweep; a database or Redis that does not answer costs one warning line, not a traceback.
+
+    Nothing is lost by skipping: the sweep reads the store afresh every tick, so the next
+    tick does what this one could not.
+    """
+    try:
+        return sweep(current())
+    except StoreUnavailableError as exc:
+        logger.warning("%s skipped: %s; it runs again at the next tick", name, exc)
+        return 0
+
+
 @checked_arguments(SWEEP_INBOX, 0)
 def _sweep_inbox() -> int:
     """Celery entry point of `sweep_inbox`."""
-    return sweep_inbox(current())
+    return _run_sweep(SWEEP_INBOX, sweep_inbox)
 
 
 @checked_arguments(SWEEP_STALE_TURNS, 0)
 def _sweep_stale_turns() -> int:
     """Celery entry point of `sweep_stale_turns`."""
-    return sweep_stale_turns(current())
+    return _run_sweep(SWEEP_STALE_TURNS, sweep_stale_turns)
 
 
 @checked_arguments(SWEEP_DUE_RETRIES, 0)
 def _sweep_due_retries() -> int:
     """Celery entry point of `sweep_due_retries`."""
-    return sweep_due_retries(current())
+    return _run_sweep(SWEEP_DUE_RETRIES, sweep_due_retries)
 
 
 @checked_arguments(SWEEP_DEADLINES, 0)
 def _sweep_deadlines() -> int:
     """Celery entry point of `sweep_deadlines`."""
-    return sweep_deadlines(current())
+    return _run_sweep(SWEEP_DEADLINES, sweep_deadlines)
 
 
 @checked_arguments(RUN_SCHEDULE, ScheduleOutcome.INVALID.value)

@@ -5,8 +5,9 @@ Every command reads the database from `--database-url` or `AGENT_RUNNER_DATABASE
 `--json` for scripts. Every error is one `error: ...` line on standard error (form data
 that fails its schema adds one `  - ...` line per schema error), never a traceback. The
 exit status is 2 for bad input (an unknown turn, an invalid id, JSON or option value,
-invalid form data, a command that does not fit the turn, arguments that are not UTF-8)
-and 1 for failures of the infrastructure (the database cannot be reached, a store error).
+invalid form data, a command that does not fit the turn such as a cancel of an ended one,
+arguments that are not UTF-8) and 1 for failures of the infrastructure (the database cannot
+be reached, a store error).
 """
 
 from __future__ import annotations
@@ -28,34 +29,17 @@ from zoneinfo import ZoneInfo
 
 import click
 
-from agent_runner import (
-    AgentLoader,
-    AgentNotFound,
-    AgentRunner,
-    AgentRunnerError,
-    AgentTurn,
-    AgentTurnStatus,
-    DefinitionError,
-    InputLimitError,
-    TurnError,
-)
-from agent_runner.limits import DEFAULT_LIMITS, check_id, check_text
-from workers.agents import apply_runner_setup, load_agent_loader
-from workers.settings import DEFAULT_DATABASE_URL, SettingsError, WorkerSettings, mask_url_secrets
-from workers.views import (
-    ResumeAction,
-    decisions_view,
-    find_agent,
-    history_view,
-    resume_command,
-    turn_summary,
-    turn_view,
-)
+from workers.defaults import DEFAULT_DATABASE_URL
 
+# The runner, the store and their dependencies (pydantic, SQLAlchemy, Celery) are imported
+# by the commands that use them, so `agent-runner --help` and the simple commands start
+# without loading what they do not need.
 if TYPE_CHECKING:
+    from agent_runner import AgentLoader, AgentRunner, AgentRunnerError, AgentTurn
     from store import SqlAgentTurnStore
     from workers.database import Database
     from workers.scheduler import Scheduler
+    from workers.settings import WorkerSettings
 
 EXIT_BAD_INPUT = 2
 EXIT_FAILURE = 1
@@ -63,13 +47,6 @@ MAX_LIST_LIMIT = 1000
 REJECT_REASON = "rejected by the operator"
 """The reason of a `resume --reject` given without `--reason`."""
 
-_BAD_INPUT_ERRORS: tuple[type[AgentRunnerError], ...] = (
-    TurnError,  # an unknown turn, a command that does not fit the turn
-    InputLimitError,
-    AgentNotFound,
-    DefinitionError,
-    SettingsError,
-)
 _AGE = re.compile(r"([0-9]{1,9})([smhd])")
 _AGE_UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
 
@@ -83,6 +60,8 @@ def _fail(message: str, code: int = EXIT_FAILURE, details: Iterable[str] = ()) -
 
 def _one_line(text: str) -> str:
     """`text` on one line, passwords masked, and printable whatever bytes the arguments held."""
+    from store._redaction import mask_url_secrets
+
     text = " ".join(mask_url_secrets(text).split())
     try:
         # Arguments that were not UTF-8 reach Python as lone surrogates: show their bytes.
@@ -92,7 +71,12 @@ def _one_line(text: str) -> str:
 
 
 def _exit_code(error: AgentRunnerError) -> int:
-    return EXIT_BAD_INPUT if isinstance(error, _BAD_INPUT_ERRORS) else EXIT_FAILURE
+    from agent_runner import AgentNotFound, DefinitionError, InputLimitError, TurnError
+    from workers.settings import SettingsError
+
+    # TurnError: an unknown turn, or a command that does not fit the turn.
+    bad_input = (TurnError, InputLimitError, AgentNotFound, DefinitionError, SettingsError)
+    return EXIT_BAD_INPUT if isinstance(error, bad_input) else EXIT_FAILURE
 
 
 class _Commands(click.Group):
@@ -120,9 +104,11 @@ class _Commands(click.Group):
             _fail(exc.format_message(), exc.exit_code)
         except click.Abort:
             _fail("aborted")
-        except AgentRunnerError as exc:
-            _fail(str(exc), _exit_code(exc), getattr(exc, "errors", ()))
         except Exception as exc:
+            from agent_runner import AgentRunnerError
+
+            if isinstance(exc, AgentRunnerError):
+                _fail(str(exc), _exit_code(exc), getattr(exc, "errors", ()))
             # An error no layer turned into a typed one: still one line, never a traceback.
             _fail(f"{type(exc).__name__}: {exc}")
         sys.exit(result if isinstance(result, int) else 0)
@@ -139,6 +125,29 @@ class _Seconds(click.FloatRange):
         if not math.isfinite(number):
             self.fail(f"{value!r} is not a finite number of seconds", param, ctx)
         return number
+
+
+class _TurnStatus(click.ParamType[str, Any]):
+    """A turn status, in any case; the statuses are read from the runner only when one is needed."""
+
+    name = "status"
+
+    @staticmethod
+    def values() -> list[str]:
+        """Every turn status."""
+        from agent_runner import AgentTurnStatus
+
+        return [status.value for status in AgentTurnStatus]
+
+    def get_metavar(self, param: click.Parameter, ctx: click.Context) -> str:
+        """The statuses, as `--help` of the command shows them."""
+        return "[" + "|".join(self.values()) + "]"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        """Return the status in upper case; refuse one that does not exist."""
+        if isinstance(value, str) and value.upper() in self.values():
+            return value.upper()
+        self.fail(f"{value!r} is not one of {', '.join(self.values())}", param, ctx)
 
 
 def _unusable_url(url: str, error: Exception) -> NoReturn:
@@ -173,14 +182,9 @@ class _Context:
     @property
     def shown_url(self) -> str:
         """The database URL with its password masked, and where it came from."""
-        from sqlalchemy.engine import make_url
+        from store._redaction import mask_url_secrets
 
-        from store._engine import display_url
-
-        try:
-            shown = display_url(make_url(self.database_url))
-        except Exception:  # an unparsable URL is reported by whoever uses it
-            shown = self.database_url
+        shown = mask_url_secrets(self.database_url)
         return f"{shown} ({self.url_source})" if self.url_source else shown
 
     def uses_broker(self) -> bool:
@@ -189,6 +193,8 @@ class _Context:
 
     def settings(self) -> WorkerSettings:
         """The deployment's settings, with this command line's database and agents."""
+        from workers.settings import SettingsError, WorkerSettings
+
         environ = {**os.environ, "AGENT_RUNNER_DATABASE_URL": self.database_url}
         if self.agents:
             environ["AGENT_RUNNER_AGENT_LOADER"] = self.agents
@@ -202,9 +208,12 @@ class _Context:
         from sqlalchemy.engine import make_url
         from sqlalchemy.exc import ArgumentError
 
+        from store._redaction import check_password_encoding
+
         try:
+            check_password_encoding(self.database_url)
             url = make_url(self.database_url)
-        except ArgumentError as exc:
+        except (ArgumentError, ValueError) as exc:
             _unusable_url(self.database_url, exc)
         if url.get_backend_name() != "sqlite" or url.database in (None, "", ":memory:"):
             return
@@ -223,10 +232,13 @@ class _Context:
         turns call `require_database` first.
         """
         if self._database is None:
+            from agent_runner import AgentRunnerError
             from store import SchemaVersionError
+            from store._redaction import check_password_encoding
             from workers.database import open_database
 
             try:
+                check_password_encoding(self.database_url)  # a ValueError: bad input, below
                 self._database = open_database(self.database_url)
             except SchemaVersionError as exc:  # names the database and `agent-runner db upgrade`
                 _fail(str(exc))
@@ -244,6 +256,9 @@ class _Context:
 
     def loader(self) -> AgentLoader:
         """The agents named by --agents (or AGENT_RUNNER_AGENT_LOADER); none when unset."""
+        from workers.agents import load_agent_loader
+        from workers.settings import SettingsError
+
         try:
             return load_agent_loader(self.agents)
         except SettingsError as exc:
@@ -258,6 +273,10 @@ class _Context:
 
     def embedded_runner(self) -> AgentRunner:
         """A runner on the SQL store that works in this process (SQLite migrates itself)."""
+        from agent_runner import AgentRunner
+        from workers.agents import apply_runner_setup
+        from workers.settings import SettingsError
+
         settings = self.settings()
         loader = self.loader()
         database = self.database()
@@ -273,7 +292,9 @@ class _Context:
             _fail(str(exc), EXIT_BAD_INPUT)
 
     def _wired_runner(self) -> AgentRunner:
-        from workers.app import create_app
+        from agent_runner import AgentRunnerError
+        from workers.celery_config import create_app
+        from workers.settings import SettingsError
         from workers.wiring import build_wiring
 
         settings = self.settings()
@@ -317,7 +338,11 @@ pass_context = click.make_pass_decorator(_Context)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable JSON output.")
 @click.pass_context
 def main(ctx: click.Context, database_url: str, agents: str | None, as_json: bool) -> None:
-    """Operate agent-runner turns: inspect, resume, cancel, migrate, run a worker."""
+    """Operate agent-runner turns: inspect, resume, cancel, migrate, run a worker.
+
+    Exit status: 0 done; 2 bad input, or a command that does not fit the turn (a cancel of
+    a turn that has ended); 1 the database or another service failed.
+    """
     source = ctx.get_parameter_source("database_url")
     origin = (
         {
@@ -348,16 +373,18 @@ def db() -> None:
 @db.command("upgrade")
 @pass_context
 def db_upgrade(obj: _Context) -> None:
-    """Migrate the database to the newest schema (idempotent)."""
+    """Migrate the database to the newest schema (idempotent), and say what was done."""
+    from agent_runner import AgentRunnerError
     from store import migrate
 
     try:
-        migrate(obj.database_url)
+        done = migrate(obj.database_url)
     except AgentRunnerError as exc:
         _fail(str(exc))
     except Exception as exc:
         _unusable_url(obj.database_url, exc)
-    obj.emit({"upgraded": True}, lambda: click.echo("database schema is up to date"))
+    data = {"upgraded": done.changed, "from_revision": done.before, "to_revision": done.after}
+    obj.emit(data, lambda: click.echo(f"{done.describe()} ({obj.shown_url})"))
 
 
 @main.command()
@@ -395,6 +422,10 @@ def worker(obj: _Context, concurrency: int, lease_ttl: float, poll_interval: flo
     from agent_runner.worker import AgentWorker
     from store import SqlTurnLease
     from workers.inbox import INBOX_SWEEP_INTERVAL_S, InboxPump
+    from workers.telemetry import WORKER_SERVICE_NAME, instrument
+    from workers.telemetry.logs import configure_service_logging
+    from workers.telemetry.metrics import start_metrics_server
+    from workers.webhooks import build_deliverer
 
     settings = obj.settings()
     runner = obj.embedded_runner()
@@ -410,8 +441,15 @@ def worker(obj: _Context, concurrency: int, lease_ttl: float, poll_interval: flo
         poll_interval=poll_interval,
         deadline_interval=settings.deadline_sweep_interval_s,
     )
+    # Spans, metrics and the log context of every step, as `serve` and the Celery workers have them.
+    configure_service_logging()
+    instrument(runner, service_name=WORKER_SERVICE_NAME)
+    port = settings.metrics_port
+    metrics_server = None if port is None else start_metrics_server(port, settings.metrics_addr)
     names = ", ".join(schedule.name for schedule in scheduler.schedules) if scheduler is not None else ""
     firing = f", firing schedules {names}" if names else ""
+    if metrics_server is not None:
+        firing += f", metrics on http://{metrics_server.addr}:{metrics_server.port}/metrics"
     click.echo(
         f"worker {embedded.owner} stepping turns with {concurrency} thread(s){firing}; Ctrl-C or SIGTERM stops",
         err=True,
@@ -419,10 +457,13 @@ def worker(obj: _Context, concurrency: int, lease_ttl: float, poll_interval: flo
     # SIGTERM (docker stop, systemd, Kubernetes) stops as gracefully as Ctrl-C: steps in flight finish.
     stopping = threading.Event()
     previous = signal.signal(signal.SIGTERM, lambda signum, frame: stopping.set())
+    deliverer = build_deliverer(settings.webhooks, database.engine)
     embedded.start()
     pump.start()
     if scheduler is not None:
         scheduler.start()
+    if deliverer is not None:
+        deliverer.start()
     try:
         deadline = None if run_for is None else time.monotonic() + run_for
         while not stopping.is_set() and (deadline is None or time.monotonic() < deadline):
@@ -431,10 +472,14 @@ def worker(obj: _Context, concurrency: int, lease_ttl: float, poll_interval: flo
         pass
     finally:
         signal.signal(signal.SIGTERM, previous)
+        if deliverer is not None:
+            deliverer.stop()
         if scheduler is not None:
             scheduler.stop()
         pump.stop()
         embedded.stop()
+        if metrics_server is not None:
+            metrics_server.close()
 
 
 def _scheduler(
@@ -481,10 +526,16 @@ def serve(
     obj: _Context, agents_spec: str | None, host: str, port: int, worker_mode: str | None, concurrency: int | None
 ) -> None:
     """Serve the HTTP API (and the console) for web apps; see docs/http-api.md."""
+    from agent_runner import AgentRunnerError
+    from workers.agents import load_agent_loader
+    from workers.settings import SettingsError
+
     try:
-        import uvicorn
+        import uvicorn  # noqa: F401 - checked here, so that a missing extra is one clear line
 
         from workers.api import ApiSettings, WorkerMode, create_app
+        from workers.api.app import run_server
+        from workers.telemetry.logs import configure_service_logging
     except ImportError as exc:
         _fail(f"serving needs the api extra (pip install 'agent-runner[api]'): {exc}", EXIT_BAD_INPUT)
     spec = agents_spec or obj.agents
@@ -510,7 +561,8 @@ def serve(
     app = create_app(settings, agents=loader, worker=WorkerMode(worker_mode) if worker_mode else None)
     mode = app.state.settings.worker_mode.value
     click.echo(f"agent-runner API on http://{host}:{port} (docs at /docs, worker: {mode})", err=True)
-    uvicorn.run(app, host=host, port=port, log_level="info", timeout_graceful_shutdown=5)
+    configure_service_logging()
+    run_server(app, host, port)
 
 
 @main.group()
@@ -523,18 +575,22 @@ def turns() -> None:
     "--status",
     "statuses",
     multiple=True,
-    type=click.Choice([s.value for s in AgentTurnStatus], case_sensitive=False),
+    type=_TurnStatus(),
     help="Only turns in this status (repeatable).",
 )
-@click.option("--conversation", default=None, help="Only turns of this conversation.")
+@click.option("--conversation", default=None, help="Only turns of this conversation (TENANT/ID: a tenant's).")
 @click.option(
     "--limit", type=click.IntRange(1, MAX_LIST_LIMIT), default=50, show_default=True, help="Most turns to list."
 )
 @pass_context
 def turns_list(obj: _Context, statuses: tuple[str, ...], conversation: str | None, limit: int) -> None:
     """List turns, most recently updated first."""
+    from agent_runner import AgentTurnStatus
+    from agent_runner.limits import check_conversation_id
+    from workers.views import turn_summary
+
     if conversation is not None:
-        check_id(conversation, "--conversation")
+        check_conversation_id(conversation, "--conversation")
     found = obj.turn_store().list_turns(
         statuses=[AgentTurnStatus(s.upper()) for s in statuses] or None, conversation_id=conversation, limit=limit
     )
@@ -549,6 +605,9 @@ def turns_list(obj: _Context, statuses: tuple[str, ...], conversation: str | Non
 
 
 def _load(obj: _Context, turn_id: str) -> AgentTurn:
+    from agent_runner import AgentRunnerError
+    from agent_runner.limits import check_id
+
     check_id(turn_id, "TURN_ID")
     try:
         return obj.turn_store().load(turn_id)
@@ -561,6 +620,8 @@ def _load(obj: _Context, turn_id: str) -> AgentTurn:
 @pass_context
 def turns_show(obj: _Context, turn_id: str) -> None:
     """Show a turn: status, suspension and history (tool arguments are not shown)."""
+    from workers.views import decisions_view, find_agent, history_view, turn_view
+
     turn = _load(obj, turn_id)
     suspension = turn.suspension
     data = {
@@ -607,6 +668,28 @@ def _decision_line(item: dict[str, Any]) -> str:
     return line
 
 
+def _by_option(function: Callable[..., Any]) -> Callable[..., Any]:
+    return click.option(
+        "--by",
+        "by",
+        metavar="NAME",
+        default=None,
+        help="Who decides, recorded with the decision (default: $USER).",
+    )(function)
+
+
+def _decider(by: str | None) -> str:
+    """Who takes a decision: `--by`, else `$USER`; refused rather than recorded as nobody."""
+    from agent_runner.limits import DEFAULT_LIMITS, check_text
+
+    name = by if by is not None else os.environ.get("USER", "")
+    if not name.strip():
+        source = "--by is empty" if by is not None else "$USER is not set"
+        _fail(f"say who decides: {source}; pass --by NAME", EXIT_BAD_INPUT)
+    check_text(name, "--by", DEFAULT_LIMITS.max_message_bytes)
+    return name
+
+
 @main.command()
 @click.argument("turn_id")
 @click.option("--approve", "approve", metavar="CALL", default=None, help="Approve the pending tool call CALL.")
@@ -629,6 +712,7 @@ def _decision_line(item: dict[str, Any]) -> str:
 @click.option("--form", "form", nargs=2, metavar="CALL JSON", default=None, help="Submit form data for CALL.")
 @click.option("--retry", is_flag=True, help="Retry a RETRY_SCHEDULED turn now.")
 @click.option("--run", "run_now", is_flag=True, help="Continue the turn in this process (needs --agents).")
+@_by_option
 @pass_context
 def resume(
     obj: _Context,
@@ -641,15 +725,22 @@ def resume(
     form: tuple[str, str] | None,
     retry: bool,
     run_now: bool,
+    by: str | None,
 ) -> None:
     """Resume a waiting turn; by default it is saved runnable for a worker to continue.
 
-    A decision (--approve, --reject, --mark-done) is recorded as taken by $USER, with
-    --reason as why; `turns show` and the HTTP API show both.
+    A decision (--approve, --reject, --mark-done) is recorded as taken by --by (default
+    $USER; with neither the command refuses), with --reason as why; `turns show` and the
+    HTTP API show both.
     """
+    from agent_runner import AgentRunnerError
+    from agent_runner.limits import DEFAULT_LIMITS, check_text
+    from workers.views import ResumeAction, resume_command, turn_summary
+
     chosen = [x for x in (approve, reject, mark_done, text, form, retry or None) if x is not None]
     if len(chosen) != 1:
         _fail("give exactly one of --approve, --reject, --mark-done, --input, --form, --retry", EXIT_BAD_INPUT)
+    operator = _decider(by)
     if reason is not None:
         if approve is None and reject is None and mark_done is None:
             _fail("--reason goes with --approve, --reject or --mark-done", EXIT_BAD_INPUT)
@@ -678,7 +769,6 @@ def resume(
         command = resume_command(ResumeAction.FORM, tool_call_id=form[0], data=data)
     else:
         command = resume_command(ResumeAction.RETRY)
-    operator = os.environ.get("USER", "unknown")
     # `decided_by` is what the page card and `turns show` report as the decider.
     command = command.with_metadata("channel", "cli").with_metadata("operator", operator)
     command = command.with_metadata("decided_by", operator)
@@ -693,16 +783,31 @@ def resume(
 @main.command()
 @click.argument("turn_id")
 @click.option("--reason", default=None, help="Reason recorded in the close-out (default: the policy's).")
+@_by_option
 @pass_context
-def cancel(obj: _Context, turn_id: str, reason: str | None) -> None:
-    """Cancel a turn and its children (a running turn stops at its next boundary)."""
+def cancel(obj: _Context, turn_id: str, reason: str | None, by: str | None) -> None:
+    """Cancel a turn and its children (a running turn stops at its next boundary).
+
+    The pending approval and form cards of a turn that ends at once are settled as
+    decided by --by (default $USER; with neither the command refuses). A turn that has
+    already ended exits 2, as any command that does not fit the turn.
+    """
+    from agent_runner import AgentRunnerError, AgentTurnStatus
+    from agent_runner.limits import DEFAULT_LIMITS, check_id, check_text
+    from workers.views import turn_summary
+
     check_id(turn_id, "TURN_ID")
     if reason is not None:
         check_text(reason, "--reason", DEFAULT_LIMITS.max_message_bytes)
+    operator = _decider(by)
     try:
-        turn = obj.runner().cancel(turn_id, reason)
+        runner = obj.runner()
+        ended_before = runner.turn_store.get_ref(turn_id).status.is_terminal
+        turn = runner.cancel(turn_id, reason, cancelled_by=operator)
     except AgentRunnerError as exc:
         _fail_with(exc)
+    if ended_before or (turn.is_terminal and turn.status is not AgentTurnStatus.CANCELLED):
+        _fail(f"turn {turn.id!r} has already ended ({turn.status.value}); there is nothing to cancel", EXIT_BAD_INPUT)
     message = "cancel requested; it stops at its next boundary" if turn.status is AgentTurnStatus.RUNNING else ""
     obj.emit(turn_summary(turn), lambda: click.echo(f"turn {turn.id} is {turn.status.value} {message}".rstrip()))
 
@@ -725,6 +830,8 @@ def parse_age(text: str) -> timedelta:
 @pass_context
 def prune(obj: _Context, older_than: str, batch_size: int) -> None:
     """Delete turns that ended more than AGE ago, with their messages and events; active turns stay."""
+    from agent_runner import AgentRunnerError
+
     try:
         age = parse_age(older_than)
     except ValueError as exc:

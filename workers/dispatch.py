@@ -63,8 +63,11 @@ class CeleryDispatcher:
     def _send(self, name: str, args: tuple[Any, ...], options: dict[str, Any]) -> bool:
         try:
             self.celery_app.send_task(name, args=args, **options)
-        except Exception:
-            logger.exception("could not send %s%r; the sweeps will pick it up", name, args)
+        except Exception as exc:
+            # One line, not a traceback: with the broker down, every message of a sweep fails alike.
+            logger.warning(
+                "could not send %s%r (%s: %s); the sweeps will pick it up", name, args, type(exc).__name__, exc
+            )
             return False
         return True
 

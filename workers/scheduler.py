@@ -48,7 +48,9 @@ class Scheduler:
     Args:
         runner: Starts the turns of the ticks.
         inbox: Queues the ticks of `if_busy="enqueue"` schedules.
-        schedules: The schedules to run.
+        schedules: The schedules to run, or a function returning them, asked at every check
+            (schedules stored in the database, which change while the process runs: give a
+            `poll` and call `wake()` after a change).
         notify_inbox: Called with the conversation of a queued tick (the process's inbox pump).
         clock: The current time (aware; UTC); tests pass their own.
         startup_grace: How old the newest tick may be at the first check to be fired.
@@ -58,22 +60,35 @@ class Scheduler:
         self,
         runner: AgentRunner,
         inbox: Inbox,
-        schedules: Sequence[Schedule],
+        schedules: Sequence[Schedule] | Callable[[], Sequence[Schedule]],
         *,
         notify_inbox: Callable[[str], object] | None = None,
         clock: Callable[[], datetime] = utcnow,
         startup_grace: timedelta = STARTUP_GRACE,
+        poll: timedelta = MAX_SLEEP,
     ) -> None:
         self.runner = runner
         self.inbox = inbox
-        self.schedules = tuple(schedules)
+        self._source = schedules if callable(schedules) else None
+        self._static = () if callable(schedules) else tuple(schedules)
         self.notify_inbox = notify_inbox
         self.clock = clock
         self.startup_grace = startup_grace
         self._fired: dict[str, datetime] = {}
         self._failed = False
+        self.poll = poll
         self._stopping = threading.Event()
+        self._wakeup = threading.Event()
         self._thread: threading.Thread | None = None
+
+    @property
+    def schedules(self) -> tuple[Schedule, ...]:
+        """The schedules as of now."""
+        return tuple(self._source()) if self._source is not None else self._static
+
+    def wake(self) -> None:
+        """Check now rather than at the next tick (the schedules changed)."""
+        self._wakeup.set()
 
     def check(self, now: datetime | None = None) -> dict[str, ScheduleOutcome]:
         """Fire the newest tick at or before `now` (default: the clock) of each schedule not fired yet here.
@@ -121,11 +136,11 @@ class Scheduler:
         soonest = min((schedule.next_run(now) for schedule in self.schedules), default=now + MAX_SLEEP)
         if self._failed:
             soonest = min(soonest, now + RETRY_DELAY)
-        return min(soonest, now + MAX_SLEEP)
+        return min(soonest, now + self.poll)
 
     def start(self) -> None:
-        """Start the thread (it does nothing without schedules)."""
-        if not self.schedules:
+        """Start the thread (it does nothing without schedules, unless they come from a function)."""
+        if self._source is None and not self._static:
             return
         self._stopping.clear()
         self._thread = threading.Thread(target=self._loop, name="agent-runner-scheduler", daemon=True)
@@ -134,6 +149,7 @@ class Scheduler:
     def stop(self, timeout: float = 10.0) -> bool:
         """Stop the thread, waiting up to `timeout` seconds for a tick being fired; True when it stopped."""
         self._stopping.set()
+        self._wakeup.set()
         thread = self._thread
         if thread is None:
             return True
@@ -147,16 +163,18 @@ class Scheduler:
 
     def _loop(self) -> None:
         while not self._stopping.is_set():
+            now = self.clock()
             try:
                 self.check()
-            except Exception:  # a schedule whose time cannot be computed; never the end of the thread
+                now = self.clock()
+                wait = (self.next_check(now) - now).total_seconds()
+            except Exception:  # a schedule whose time cannot be computed, a source that failed; never the end
                 logger.exception("the scheduler failed; it checks again shortly")
                 self._failed = True
-            now = self.clock()
-            wait = (self.next_check(now) - now).total_seconds()
+                wait = RETRY_DELAY.total_seconds()
             # A wake-up a hair before the tick finds nothing new and sleeps again, briefly.
-            if self._stopping.wait(max(wait, 0.01)):
-                return
+            self._wakeup.wait(max(wait, 0.01))
+            self._wakeup.clear()
 
 
 def build_scheduler(

@@ -54,7 +54,7 @@ from agent_runner import (
 )
 from agent_runner._base import utcnow
 from agent_runner.agent import AGENT_ID_PATTERN
-from store import Inbox
+from store import CronRecords, Inbox
 from workers.settings import SettingsError
 
 logger = logging.getLogger("workers.schedules")
@@ -73,7 +73,7 @@ _SEARCH_LIMIT = timedelta(days=366 * 8)
 _DURATION = re.compile(r"^([0-9]+(?:\.[0-9]+)?)\s*([smhd]?)$")
 _DURATION_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
 _FIELDS = frozenset(
-    {"name", "agent_id", "input", "every", "cron", "timezone", "conversation_id", "if_busy", "metadata"}
+    {"name", "agent_id", "input", "every", "cron", "timezone", "conversation_id", "if_busy", "metadata", "tenant_id"}
 )
 
 
@@ -130,6 +130,8 @@ class Schedule:
             nothing, log a warning), `"enqueue"` (queue the input in the conversation's
             inbox) or `"skip"` (start nothing, quietly).
         metadata: JSON data kept with every turn, besides `schedule` and `scheduled_for`.
+        tenant_id: The tenant that owns the turns (schedules made through the HTTP API);
+            `conversation_id` is then the conversation as stored, with the tenant's prefix.
 
     Raises:
         ScheduleError: The definition cannot be used.
@@ -144,6 +146,7 @@ class Schedule:
     conversation_id: str | None = None
     if_busy: IfBusy | str = IfBusy.REJECT
     metadata: Mapping[str, Any] = field(default_factory=dict)
+    tenant_id: str | None = None
 
     def __post_init__(self) -> None:
         name = self.name if isinstance(self.name, str) else repr(self.name)
@@ -258,6 +261,8 @@ class Schedule:
             data["every"] = interval.total_seconds()
         else:
             data["cron"] = self.cron
+        if self.tenant_id is not None:
+            data["tenant_id"] = self.tenant_id
         return data
 
     @classmethod
@@ -462,7 +467,14 @@ def fire_schedule(
     if conversation is not None and schedule.if_busy is IfBusy.ENQUEUE:
         if inbox.get(turn_id) is not None:
             return ScheduleOutcome.DUPLICATE
-        inbox.enqueue(conversation, turn_id, schedule.input, agent_id=schedule.agent_id, metadata=metadata)
+        inbox.enqueue(
+            conversation,
+            turn_id,
+            schedule.input,
+            agent_id=schedule.agent_id,
+            tenant_id=schedule.tenant_id,
+            metadata=metadata,
+        )
         if notify_inbox is not None:
             notify_inbox(conversation)
         return ScheduleOutcome.QUEUED
@@ -473,6 +485,7 @@ def fire_schedule(
             schedule.agent_id,
             UserMessage(id=f"{turn_id}-input", content=schedule.input),
             conversation_id=conversation,
+            tenant_id=schedule.tenant_id,
             metadata=metadata,
             turn_id=turn_id,
         )
@@ -598,3 +611,20 @@ def _cron_search(fields: _CronFields, zone: ZoneInfo, origin: datetime, *, forwa
         if abs(wall - local) > _SEARCH_LIMIT:
             break
     raise ScheduleError(f"the cron expression never fires within {_SEARCH_LIMIT.days} days")
+
+
+def stored_schedules(crons: CronRecords, now: datetime | None = None) -> list[Schedule]:
+    """The schedules stored in the database (made over HTTP) that fire now: enabled and not ended.
+
+    A definition that no longer loads is logged and left out.
+    """
+    now = now or utcnow()
+    found = []
+    for record in crons.list(every_tenant=True):
+        if not record.enabled or (record.end_time is not None and record.end_time <= now):
+            continue
+        try:
+            found.append(Schedule.from_dict(record.schedule))
+        except ScheduleError as exc:
+            logger.error("stored schedule %s cannot be fired: %s", record.cron_id, exc)
+    return found

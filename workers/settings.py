@@ -36,6 +36,7 @@ misconfigured deployment fails at start-up rather than on the first turn.
 | `AGENT_RUNNER_METRICS_PORT` | none | a worker serves Prometheus `/metrics` on this port (main process, prefork-safe) |
 | `AGENT_RUNNER_METRICS_ADDR` | `0.0.0.0` | address the worker's metrics port binds to |
 | `AGENT_RUNNER_LOG_FORMAT` | `text` | `json`: one JSON object per log line, with the turn of the step being run |
+| `AGENT_RUNNER_WEBHOOKS` | none | webhook URLs per kind, with `AGENT_RUNNER_WEBHOOK_*` (see `workers.webhooks`) |
 """
 
 from __future__ import annotations
@@ -46,41 +47,25 @@ import os
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import urlsplit
 
 from pydantic import ValidationError
 
 from agent_runner import AgentExecutionPolicy, AgentRunnerError, DefinitionError, RetryPolicy
+from store._redaction import check_password_encoding, mask_url_secrets
+from workers.defaults import DEFAULT_DATABASE_URL
+
+if TYPE_CHECKING:
+    from workers.webhooks import WebhookSettings
 
 T = TypeVar("T", int, float)
 
-DEFAULT_DATABASE_URL = "sqlite:///./agent_runner.db"
-"""The embedded default: a SQLite file in the working directory, migrated on first use."""
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 DEFAULT_QUEUE = "agent-runner"
 
 _QUEUE_NAME = re.compile(r"^[A-Za-z0-9_.:-]{1,200}$")
 _IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
-
-
-_USERINFO_SECRET = re.compile(r"(?P<user>[^\s:/@?#]*):(?!//)(?P<secret>[^\s?#]*)@")
-_QUERY_SECRET = re.compile(
-    r"(?P<key>[?&;](?:password|passwd|pwd|pass|sslpassword|secret|token|access_token|api_key|apikey)=)[^&;#\s]*",
-    re.IGNORECASE,
-)
-
-
-def mask_url_secrets(text: str) -> str:
-    """Return `text` with every password in a URL-shaped part replaced by `***`, whether the URL parses or not.
-
-    Masked: the password of `user:password@` wherever it appears (also after a broken
-    scheme separator, as in `postgres:/user:secret@host`, and up to the last `@` when the
-    password holds an unescaped one), and query parameters such as `password=`. Masking
-    too much is preferred to showing a secret.
-    """
-    masked = _USERINFO_SECRET.sub(lambda m: f"{m.group('user')}:***@", text)
-    return _QUERY_SECRET.sub(lambda m: f"{m.group('key')}***", masked)
 
 
 class SettingsError(AgentRunnerError):
@@ -138,6 +123,7 @@ class WorkerSettings:
     deadline_sweep_interval_s: float = 10.0
     deadline_reminder: float | None = 0.8
     schedules: str | None = None
+    webhooks: WebhookSettings | None = None
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> WorkerSettings:
@@ -184,6 +170,7 @@ class WorkerSettings:
             ),
             deadline_reminder=_reminder(env),
             schedules=_schedules_spec(env),
+            webhooks=_webhooks(env),
         )
         settings._check_consistency(env)
         return settings
@@ -270,6 +257,10 @@ def _url(env: Mapping[str, str], name: str, default: str) -> str:
     if "://" not in value:
         raise SettingsError(name, value, "expected a URL such as scheme://host/...")
     try:
+        check_password_encoding(value)
+    except ValueError as exc:
+        raise SettingsError(name, value, str(exc)) from None
+    try:
         urlsplit(value).port  # noqa: B018 - reading the port is what validates it
     except ValueError:
         raise SettingsError(name, value, "the port is not a number from 0 to 65535") from None
@@ -304,6 +295,12 @@ def _schedules_spec(env: Mapping[str, str]) -> str | None:
         value,
         "expected a .yaml, .yml or .json file, or module:attribute of a list of workers.schedules.Schedule",
     )
+
+
+def _webhooks(env: Mapping[str, str]) -> WebhookSettings | None:
+    from workers.webhooks import WebhookSettings  # it raises this module's SettingsError
+
+    return WebhookSettings.from_env(env)
 
 
 def _reminder(env: Mapping[str, str]) -> float | None:

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from agent_runner import InputLimitError
-from agent_runner.limits import check_id, preview
+from agent_runner.limits import ConversationId, check_conversation_id, check_id, preview
 
 logger = logging.getLogger("workers.tasks")
 
@@ -28,7 +28,9 @@ def checked_arguments(task_name: str, rejected: T) -> Callable[[Callable[..., T]
     """Make a task function reject deliveries whose arguments do not fit its signature.
 
     Parameters annotated `str` are ids and must follow the id rules (`check_id`);
-    parameters annotated `int` must be integers (not booleans). The wrapped function keeps
+    parameters annotated `ConversationId` are stored conversation ids, plain or scoped to a
+    tenant (`check_conversation_id`); parameters annotated `int` must be integers (not
+    booleans). The wrapped function keeps
     its name and signature for Celery and for readers.
 
     Args:
@@ -53,6 +55,10 @@ def checked_arguments(task_name: str, rejected: T) -> Callable[[Callable[..., T]
     return wrap
 
 
+_ID_CHECKS: dict[object, Callable[[object, str], str]] = {str: check_id, ConversationId: check_conversation_id}
+"""The check of each id annotation a task parameter may carry."""
+
+
 def _problem(signature: inspect.Signature, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
     """Why these arguments do not fit `signature`, or None when they do."""
     try:
@@ -61,9 +67,10 @@ def _problem(signature: inspect.Signature, args: tuple[Any, ...], kwargs: dict[s
         return f"{exc} (got {len(args)} positional and {len(kwargs)} keyword arguments)"
     for name, value in bound.arguments.items():
         annotation = signature.parameters[name].annotation
-        if annotation is str:
+        check = _ID_CHECKS.get(annotation)
+        if check is not None:
             try:
-                check_id(value, name)
+                check(value, name)
             except InputLimitError as exc:
                 return str(exc)
         elif annotation is int and (not isinstance(value, int) or isinstance(value, bool)):

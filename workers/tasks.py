@@ -40,6 +40,7 @@ from agent_runner import (
     TurnNotFound,
 )
 from agent_runner._stepping import StopReason
+from agent_runner.limits import ConversationId
 from agent_runner.snapshot import RUNNABLE_STATUSES
 from workers import inbox
 from workers.app import app
@@ -200,7 +201,7 @@ def start_next_message(wiring: Wiring, conversation_id: str) -> InboxOutcome:
 
 
 @checked_arguments(DISPATCH_INBOX, InboxOutcome.REJECTED.value)
-def _dispatch_inbox(conversation_id: str) -> str:
+def _dispatch_inbox(conversation_id: ConversationId) -> str:
     """Start a turn from the conversation's next queued message if the conversation is idle."""
     return start_next_message(current(), conversation_id).value
 

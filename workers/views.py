@@ -23,6 +23,7 @@ from agent_runner import (
     AgentTurnStatus,
     AiMessage,
     AnyMessage,
+    InputLimitError,
     InvalidEventQuery,
     InvalidResumeCommand,
     InvalidTransitionError,
@@ -358,7 +359,7 @@ def classify_error(error: BaseException) -> ErrorKind:
         return ErrorKind.NOT_FOUND
     if isinstance(error, InvalidResumeCommand):
         return ErrorKind.INVALID if error.errors else ErrorKind.CONFLICT
-    if isinstance(error, ResumeRequestError | InvalidEventQuery):
+    if isinstance(error, ResumeRequestError | InvalidEventQuery | InputLimitError):
         return ErrorKind.INVALID
     if isinstance(error, AgentConversationBusyException | InvalidTransitionError | VersionConflictError):
         return ErrorKind.CONFLICT

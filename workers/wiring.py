@@ -161,7 +161,10 @@ def close_current() -> None:
 
 
 def build_runner(settings: WorkerSettings | None = None) -> AgentRunner:
-    """Return an `AgentRunner` wired from the environment, for web apps and scripts.
+    """Return an `AgentRunner` wired from `settings` (default: the environment), for web apps and scripts.
+
+    With `settings` given nothing comes from the environment: not the database, Redis,
+    broker or queue, and `workers.app` (which reads the environment) is not imported.
 
     Its store, chat memory and conversation guard are the ones the workers use; its
     `start`, `submit_resume` and `cancel` save the turn and enqueue a `step_turn` message
@@ -176,7 +179,7 @@ def build_runner(settings: WorkerSettings | None = None) -> AgentRunner:
         SettingsError: An environment variable holds an unusable value.
     """
     settings = settings if settings is not None else WorkerSettings.from_env()
-    from workers.app import create_app
+    from workers.celery_config import create_app
 
     # A producer only sends tasks by name: an app of its own, configured from `settings`,
     # whatever the environment of this process holds.

@@ -10,6 +10,7 @@ needed. To write a new revision, run for example:
 from __future__ import annotations
 
 import zlib
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -58,11 +59,37 @@ def current_revision(connection: Connection) -> str | None:
     return context.get_current_revision()
 
 
-def migrate(url_or_engine: UrlOrEngine) -> None:
+@dataclass(frozen=True)
+class Migration:
+    """What `migrate` did: the schema revision before and after."""
+
+    before: str | None
+    """The revision the database was at; None when it had no agent-runner tables."""
+    after: str | None
+    """The revision it is at now (the newest)."""
+
+    @property
+    def changed(self) -> bool:
+        """Whether anything was created or upgraded."""
+        return self.before != self.after
+
+    def describe(self) -> str:
+        """One line for a person: created, upgraded from one revision to another, or already current."""
+        if self.before is None:
+            return f"created the agent-runner schema at revision {self.after}"
+        if self.changed:
+            return f"upgraded the agent-runner schema from revision {self.before} to {self.after}"
+        return f"the agent-runner schema is already at revision {self.after}"
+
+
+def migrate(url_or_engine: UrlOrEngine) -> Migration:
     """Upgrade the database to the newest revision (Alembic `upgrade head`); a no-op when it is current.
 
     Safe to call from several processes at once: on PostgreSQL an advisory lock serializes
     them, on SQLite the write lock does.
+
+    Returns:
+        The revisions before and after, read under the same lock as the upgrade.
 
     Raises:
         StoreUnavailableError: The database could not be reached; nothing was changed.
@@ -74,7 +101,9 @@ def migrate(url_or_engine: UrlOrEngine) -> None:
         with translated_errors(engine, "migrating the agent-runner tables"), writer(engine).begin() as connection:
             if connection.dialect.name == "postgresql":
                 connection.execute(sa.text("SELECT pg_advisory_xact_lock(:key)"), {"key": _LOCK_KEY})
+            before = current_revision(connection)
             command.upgrade(alembic_config(connection), "head")
+            return Migration(before=before, after=current_revision(connection))
     finally:
         if owned:
             engine.dispose()

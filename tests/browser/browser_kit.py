@@ -8,7 +8,7 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
@@ -43,8 +43,8 @@ class BrowserMissing(RuntimeError):
 
 
 @contextmanager
-def chromium(width: int = 1280, height: int = 900) -> Iterator[WebDriver]:
-    """Start a headless Chromium with a fresh profile; quit it and remove the profile on exit."""
+def chromium(width: int = 1280, height: int = 900, flags: Sequence[str] = ()) -> Iterator[WebDriver]:
+    """Start a headless Chromium with a fresh profile (and `flags` besides the usual ones); quit it on exit."""
     for path in (CHROMIUM, CHROMEDRIVER):
         if not Path(path).exists():
             raise BrowserMissing(
@@ -53,7 +53,7 @@ def chromium(width: int = 1280, height: int = 900) -> Iterator[WebDriver]:
     profile = tempfile.mkdtemp(prefix="agent-runner-chromium-")
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
-    for flag in CHROMIUM_FLAGS:
+    for flag in (*CHROMIUM_FLAGS, *flags):
         options.add_argument(flag)
     options.add_argument(f"--user-data-dir={profile}")
     options.add_argument(f"--window-size={width},{height}")

@@ -20,10 +20,12 @@ from agent_runner import (
     AgentActionMessage,
     AgentConversationBusyException,
     AgentEvent,
+    AgentEventType,
     AgentFormDefinition,
     AgentFormMessage,
     AgentResumeCommand,
     AgentRunner,
+    AgentToolContext,
     AgentTurnStatus,
     AgentUserInputTool,
     AiMessage,
@@ -209,6 +211,45 @@ def test_cancelling_a_waiting_turn_closes_it_out_and_frees_the_conversation(fres
     assert [m.tool_call_id for m in closing] == ["call-w"]
     assert isinstance(cancelled.messages[-1], AiMessage)
     assert fresh_runner(agent).turn_store.find_active_turn("c-ops") is None
+
+
+def test_a_running_turn_cancelled_from_another_runner_ends_with_the_given_reason(fresh_runner: RunnerFactory) -> None:
+    agents: list[Agent] = []
+
+    @tool
+    def hang_up() -> str:
+        """Cancel the running turn from another runner, as another process would."""
+        turn_id = AgentToolContext.current().turn_id
+        flagged = fresh_runner(agents[0]).cancel(turn_id, reason="the customer hung up")
+        assert (flagged.status, flagged.cancel_requested) == (S.RUNNING, True)
+        return "hung up"
+
+    model = ScriptedChatModel(
+        [
+            AiMessage(
+                tool_calls=[
+                    ToolCall(id="call-h", name="hang_up", arguments={}),
+                    ToolCall(id="call-n", name="hang_up", arguments={}),
+                ]
+            )
+        ]
+    )
+    agent = Agent(id="ops", chat_model=model, tools=[hang_up])
+    agents.append(agent)
+    # When the first tool cancels its own RUNNING turn with a reason
+    runner = fresh_runner(agent)
+    ended = runner.run("ops", "call me", conversation_id="c-hang")
+    # Then the stepping runner ends it with that reason: error, close-out and event
+    reason = "the customer hung up"
+    assert (ended.status, ended.error) == (S.CANCELLED, reason)
+    closing = [m for m in ended.messages if isinstance(m, ToolMessage)]
+    assert [m.tool_call_id for m in closing] == ["call-h", "call-n"]
+    last = ended.messages[-1]
+    assert reason in closing[1].content and isinstance(last, AiMessage) and reason in (last.content or "")
+    assert isinstance(runner.turn_store, EventLog)
+    events = runner.turn_store.read_events(root_turn_id=ended.id)
+    [event] = [e for e in events if e.type is AgentEventType.TURN_CANCELLED]
+    assert event.data["error"] == reason
 
 
 def test_child_turns_are_stored_and_complete_the_parent(fresh_runner: RunnerFactory) -> None:

@@ -345,6 +345,31 @@ def test_the_cancel_flag_survives_a_save_that_does_not_carry_it(turn_store: Agen
     assert again.cancel_requested is True
 
 
+def test_the_first_cancel_reason_is_kept_and_no_save_forgets_it(
+    turn_store: AgentTurnStore, other_turn_store: AgentTurnStore
+) -> None:
+    # Given a RUNNING turn cancelled with a reason, then again with another one
+    created = turn_store.save(make_turn("t-1"), -1)
+    running = turn_store.save(advance(created, status=S.RUNNING), 0)
+    assert turn_store.request_cancel("t-1", reason="the customer hung up").cancel_reason == "the customer hung up"
+    again = turn_store.request_cancel("t-1", reason="a second thought")
+    # Then the first reason stays, without a new version
+    assert (again.cancel_reason, again.version) == ("the customer hung up", running.version)
+    # And a save from a writer that loaded before the request keeps it, in every process
+    saved = turn_store.save(advance(running), running.version)
+    assert saved.cancel_requested is True
+    for reader in (turn_store, other_turn_store):
+        assert reader.load("t-1").cancel_reason == "the customer hung up"
+
+
+def test_a_cancel_request_without_a_reason_stores_none(turn_store: AgentTurnStore) -> None:
+    created = turn_store.save(make_turn("t-1"), -1)
+    turn_store.save(advance(created, status=S.RUNNING), 0)
+    flagged = turn_store.request_cancel("t-1")
+    assert (flagged.cancel_requested, flagged.cancel_reason) == (True, None)
+    assert turn_store.load("t-1").cancel_reason is None
+
+
 def test_request_cancel_of_an_unknown_turn_raises_turn_not_found(turn_store: AgentTurnStore) -> None:
     with pytest.raises(TurnNotFound):
         turn_store.request_cancel("nope")

@@ -42,6 +42,7 @@ from agent_runner import (
     InputLimitError,
     InvalidTextError,
     ScriptedChatModel,
+    StoreError,
     ToolCall,
     ToolMessage,
     UserMessage,
@@ -751,6 +752,63 @@ def test_settings_mask_a_password_holding_an_at_sign() -> None:
     assert "pa@ss" not in str(caught.value) and "w/rd" not in str(caught.value)
 
 
+UNENCODED_PASSWORD = "Kq@Zx?Wv#Yj/Tm42"
+PASSWORD_PIECES = ("Kq", "Zx", "Wv", "Yj", "Tm42")
+"""The pieces of `UNENCODED_PASSWORD` between its delimiters: URL parsers take them for a host, path or query."""
+
+UNENCODED_URLS = [
+    f"postgresql+psycopg://app:{UNENCODED_PASSWORD}@db.internal:5432/agents",
+    f"redis://:{UNENCODED_PASSWORD}@cache:6379/0",
+    f"rediss://app:{UNENCODED_PASSWORD}@cache:6380/2?ssl_cert_reqs=none",
+    f"amqp://guest:{UNENCODED_PASSWORD}@rabbit:5672//",
+]
+
+
+def assert_no_password_piece(text: str) -> None:
+    shown = [piece for piece in PASSWORD_PIECES if piece in text]
+    assert shown == [], f"{shown} of the password shown in {text!r}"
+
+
+@pytest.mark.parametrize("url", UNENCODED_URLS)
+def test_masking_a_url_whose_password_holds_delimiters_shows_none_of_it(url: str) -> None:
+    from store._redaction import mask_url_secrets, redact_url, url_secrets
+
+    for shown in (redact_url(url), mask_url_secrets(url), mask_url_secrets(f"connecting to {url} failed")):
+        assert_no_password_piece(shown)
+        assert "***" in shown
+    assert UNENCODED_PASSWORD in url_secrets(url)
+
+
+@pytest.mark.parametrize(
+    ("variable", "url"),
+    [
+        ("AGENT_RUNNER_DATABASE_URL", UNENCODED_URLS[0]),
+        ("AGENT_RUNNER_REDIS_URL", UNENCODED_URLS[1]),
+        ("CELERY_BROKER_URL", UNENCODED_URLS[3]),
+    ],
+)
+def test_settings_refuse_a_password_with_unencoded_delimiters_and_show_none_of_it(variable: str, url: str) -> None:
+    with pytest.raises(SettingsError, match="percent-encode") as caught:
+        WorkerSettings.from_env({variable: url})
+    assert_no_password_piece(str(caught.value))
+
+
+def test_stores_refuse_a_password_with_unencoded_delimiters_and_show_none_of_it() -> None:
+    with pytest.raises(StoreError, match="percent-encode") as refused:
+        store.make_engine(UNENCODED_URLS[0])
+    assert_no_password_piece(str(refused.value))
+    with pytest.raises(ValueError, match="percent-encode") as refused_redis:
+        store.RedisTurnLease(UNENCODED_URLS[1])
+    assert_no_password_piece(str(refused_redis.value))
+    # A percent-encoded password is accepted
+    store.make_engine("postgresql+psycopg://app:Kq%40Zx%3FWv%23Yj%2FTm42@db.internal:5432/agents").dispose()
+
+
+def test_the_cli_refuses_a_database_url_with_unencoded_delimiters_in_one_line_without_the_password() -> None:
+    line = assert_one_error_line(cli(UNENCODED_URLS[0], "turns", "list"), 2)
+    assert_no_password_piece(line)
+
+
 # --- Forged Celery messages (the entry points, called as Celery calls them) -----------------------
 
 
@@ -775,10 +833,36 @@ FORGED: list[Any] = [
     pytest.param("inbox", (None,), {}, id="inbox-none"),
     pytest.param("inbox", ("c", "d"), {}, id="inbox-two"),
     pytest.param("inbox", ("c\ud800",), {}, id="inbox-surrogate"),
+    pytest.param("inbox", ("t/c/d",), {}, id="inbox-two-slashes"),
+    pytest.param("inbox", ("t.1/c",), {}, id="inbox-tenant-outside-the-tenant-rules"),
+    pytest.param("inbox", ("/c",), {}, id="inbox-empty-tenant"),
     pytest.param("sweep_inbox", (1,), {}, id="sweep-inbox-argument"),
     pytest.param("sweep_stale_turns", (), {"x": 1}, id="sweep-stale-keyword"),
     pytest.param("sweep_due_retries", ("now",), {}, id="sweep-retries-argument"),
 ]
+
+
+def test_a_tenants_conversation_id_passes_the_inbox_tasks_argument_check(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from workers import tasks
+    from workers.inbox import InboxOutcome
+
+    # Given a worker whose inbox dispatch is observed (no wiring is built)
+    served: list[str] = []
+
+    def serve(_wiring: object, conversation_id: str) -> InboxOutcome:
+        served.append(conversation_id)
+        return InboxOutcome.EMPTY
+
+    monkeypatch.setattr(tasks, "current", lambda: None)
+    monkeypatch.setattr(tasks, "start_next_message", serve)
+    # When dispatch requests arrive for a tenant's conversation and for a plain one
+    with caplog.at_level(logging.WARNING):
+        outcomes = [tasks._dispatch_inbox("tenant-a/c-1"), tasks._dispatch_inbox(conversation_id="c-1")]
+    # Then both reach the dispatch, nothing is rejected and nothing is logged
+    assert outcomes == ["empty", "empty"] and served == ["tenant-a/c-1", "c-1"]
+    assert caplog.records == []
 
 
 @pytest.mark.parametrize(("task", "args", "kwargs"), FORGED)

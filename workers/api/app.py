@@ -16,12 +16,12 @@ from workers.api.contract import CONTRACT_PATH, console_contract
 from workers.api.cors import add_cors
 from workers.api.docs import add_offline_docs
 from workers.api.embedding import API_ROUTERS, prepare_settings
-from workers.api.errors import ApiError, install_error_handlers
+from workers.api.errors import ApiError, Unauthorized, install_error_handlers
 from workers.api.events import document_event_schemas
 from workers.api.guard import RequestGuard
 from workers.api.models import ErrorResponse, HealthView, ReadyView
 from workers.api.runtime import RuntimeHandle
-from workers.api.settings import ApiSettings, WorkerMode
+from workers.api.settings import ApiSettings, MetricsAccess, WorkerMode
 from workers.telemetry import TelemetryError, render_metrics
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
@@ -86,6 +86,8 @@ def create_app(
             {"name": "conversations", "description": "A conversation's page timeline."},
             {"name": "agents", "description": "The agents this server runs."},
             {"name": "tokens", "description": "Short-lived tokens for browsers."},
+            {"name": "ai-sdk", "description": "The AI SDK's `useChat` (UI message stream) over turns."},
+            {"name": "ag-ui", "description": "AG-UI runs (`HttpAgent`) over turns."},
             {"name": "health", "description": "Liveness and readiness probes."},
         ],
     )
@@ -131,17 +133,45 @@ def _add_probes(app: FastAPI) -> None:
         return JSONResponse({"status": "ok", "checks": {name: "ok" for name in results}})
 
     @app.get("/metrics", tags=["health"], summary="Prometheus metrics", response_class=Response)
-    def metrics() -> Response:
+    def metrics(request: Request) -> Response:
         """The Prometheus text of this server (503 when prometheus-client is not installed).
 
         It counts the steps its embedded worker ran, the turns that ended, resumes, retries and
-        lease takeovers.
+        lease takeovers, over all tenants. With `AGENT_RUNNER_METRICS_TOKEN` set, send it as
+        `Authorization: Bearer <token>` (401 otherwise); with API keys set and no metrics
+        token, 403: no tenant's key opens numbers that span tenants.
         """
+        scheme, _, bearer = request.headers.get("authorization", "").partition(" ")
+        access = request.app.state.settings.metrics_access(bearer.strip() if scheme.lower() == "bearer" else None)
+        if access is MetricsAccess.UNAUTHORIZED:
+            raise Unauthorized("send the metrics token (AGENT_RUNNER_METRICS_TOKEN) as Authorization: Bearer <token>")
+        if access is MetricsAccess.CLOSED:
+            raise ApiError(
+                403, "the metrics span every tenant: set AGENT_RUNNER_METRICS_TOKEN to read them", type_name="Forbidden"
+            )
         try:
             body, content_type = render_metrics()
         except TelemetryError as exc:
             raise ApiError(503, str(exc), type_name="MetricsUnavailable") from exc
         return Response(content=body, media_type=content_type)
+
+
+def run_server(app: FastAPI, host: str, port: int) -> None:
+    """Serve `app` with uvicorn until SIGTERM or Ctrl-C; open event streams then end at once, quietly.
+
+    Uvicorn waits for open connections before it stops, and event streams stay open until
+    their client leaves; told first, they end and the server stops without waiting.
+    """
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            handle = getattr(app.state, HANDLE_STATE, None)
+            if isinstance(handle, RuntimeHandle) and handle.started:
+                handle.get().fanout.close_streams()
+            super().handle_exit(sig, frame)
+
+    Server(uvicorn.Config(app, host=host, port=port, log_level="info", timeout_graceful_shutdown=5)).run()
 
 
 def _add_console(app: FastAPI) -> None:

@@ -21,7 +21,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Query, Request
+from fastapi import APIRouter, Depends, Header, Query, Request
 from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field
@@ -96,12 +96,26 @@ HandleDep = Annotated[RuntimeHandle, Depends(get_handle)]
 RuntimeDep = Annotated[Runtime, Depends(get_runtime)]
 
 
+ApiKeyHeader = Annotated[
+    str | None,
+    Header(
+        alias="x-api-key",
+        include_in_schema=False,
+        description="A key or token as LangGraph clients send it; the same as `Authorization: Bearer`.",
+    ),
+]
+
+
 def get_tenant(
     request: Request,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
     access_token: AccessToken = None,
+    api_key: ApiKeyHeader = None,
 ) -> Tenant:
     """The tenant of the request's key or token; the single tenant when no keys are configured and none is sent.
+
+    The key or token comes as `Authorization: Bearer`, or in `x-api-key` as LangGraph
+    clients send it (the bearer header wins when both are sent).
 
     Raises:
         Unauthorized: Keys are configured and the request has none, or an unknown one; or
@@ -110,6 +124,8 @@ def get_tenant(
     """
     settings = get_handle(request).settings
     keys = settings.keys
+    if credentials is None and api_key:
+        credentials = HTTPAuthorizationCredentials(scheme="Bearer", credentials=api_key)
     if credentials is not None:
         presented = credentials.credentials
         # A key that happens to look like a token is still a key.

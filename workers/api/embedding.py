@@ -39,11 +39,16 @@ from workers.api import auth, events, routes
 from workers.api.auth import HANDLE_STATE
 from workers.api.errors import ApiError, api_error_of, render, validation_response
 from workers.api.guard import RequestGuard
+from workers.api.langgraph import router as langgraph_router
+from workers.api.protocols import ag_ui, ai_sdk
 from workers.api.runtime import RuntimeHandle
 from workers.api.settings import ApiSettings, WorkerMode, default_worker_mode
 
-API_ROUTERS = (routes.router, events.router, auth.router)
-"""The routers of the `/v1` API, in the order they are added (a new router of the API goes here)."""
+API_ROUTERS = (routes.router, events.router, auth.router, ai_sdk.router, ag_ui.router, langgraph_router)
+"""The routers of the API, in the order they are added (a new router of the API goes here).
+
+All are under `/v1` except the LangGraph API's (`/assistants`, `/threads`, `/runs`), which
+LangGraph clients expect at the server's root."""
 
 
 def prepare_settings(

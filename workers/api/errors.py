@@ -4,7 +4,8 @@ Every error answer is `{"error": {"type", "message", "details": [...]}}` (plus
 `active_turn_id` for a busy conversation). `type` is the name of the exception class, so
 clients can tell `TurnNotFound` from `AgentNotFound` without parsing messages. Runner
 errors are mapped by `workers.views.classify_error`: unknown turn or agent 404, a command
-that does not fit the turn or a busy conversation 409, malformed input 422, a database or
+that does not fit the turn or a busy conversation 409, malformed input 422 (also input over
+a limit of the runner or text no store can keep, `InputLimitError`), a database or
 Redis that did not answer 503. Anything unexpected is a 500 that names nothing internal.
 """
 
@@ -18,7 +19,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from agent_runner import AgentConversationBusyException, AgentRunnerError, InvalidResumeCommand
+from agent_runner import AgentConversationBusyException, AgentRunnerError, InputLimitError, InvalidResumeCommand
 from workers.views import ErrorKind, classify_error, schema_error_details
 
 logger = logging.getLogger("workers.api")
@@ -125,6 +126,17 @@ def error_body(
     return {"error": {"type": type_name, "message": message, "details": list(details or []), **extra}}
 
 
+_REQUEST_POINTERS = {"message": "/input", "form data": "/data", "resume metadata": "/metadata"}
+"""The request members that the runner's names of refused input stand for, where the two differ."""
+
+
+def input_limit_detail(error: InputLimitError) -> dict[str, str]:
+    """The `details` item of refused input: where in the request, what is allowed and what was found."""
+    field = error.field
+    pointer = _REQUEST_POINTERS.get(field) or ("/" + field if field.isidentifier() else "")
+    return {"path": pointer, "message": str(error), "limit": error.limit, "found": error.found}
+
+
 def api_error_of(error: BaseException) -> ApiError:
     """The answer to an exception raised while serving a request."""
     if isinstance(error, ApiError):
@@ -139,6 +151,8 @@ def api_error_of(error: BaseException) -> ApiError:
         extra: dict[str, Any] = {}
         if isinstance(error, InvalidResumeCommand):
             details = schema_error_details(error)
+        if isinstance(error, InputLimitError):
+            details = [input_limit_detail(error)]
         if isinstance(error, AgentConversationBusyException):
             extra = {"active_turn_id": error.active_turn_id, "active_turn_status": str(error.status)}
         headers = {"Retry-After": "1"} if status == 503 else None

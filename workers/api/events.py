@@ -9,8 +9,9 @@ Each event is written as
 A client that reconnects sends its last cursor (`Last-Event-ID`, which browsers send by
 themselves, or `?after=`) and gets exactly the events after it. A comment line goes out
 whenever the stream has been quiet for `KEEPALIVE_S`, so proxies keep the connection.
-The turn stream ends with `event: end` once the root turn has ended and its events are
-out; `?follow=false` sends what is stored and closes.
+The turn stream ends with `event: end` once the root turn has ended and its terminal event
+is out (sent on this connection, or before the client's cursor); `?follow=false` sends
+what is stored and closes, with `end` on the same terms.
 
 Following costs a stream no thread: the streams of a turn tree or a conversation take
 their events from one follower of that scope shared in the process (`workers.api.fanout`),
@@ -181,13 +182,23 @@ class _Stream:
         self._caught_up = not page.more
         return page.events
 
-    def root_end_stored(self) -> bool:
-        """Whether the root turn's terminal event is readable, wherever it lies in the stream."""
+    def root_end_passed(self) -> bool:
+        """Whether the root turn's terminal event lies at or before this stream's place in the log.
+
+        It does when the client resumed after it (it got the event on an earlier connection,
+        but not the `end`). The tree's log is read from its start up to that place.
+        """
+        until = self.position.log
+        if until is None:
+            return False
         after: str | None = None
         while True:
-            page = self.feed.read(root_turn_id=self.root_turn_id, after=after, limit=DEFAULT_EVENT_PAGE)
-            if any(e.turn_id == self.root_turn_id and e.type.is_terminal for e in page):
-                return True
+            page = self.feed.log.read_events(root_turn_id=self.root_turn_id, after=after, limit=DEFAULT_EVENT_PAGE)
+            for event in page:
+                if _ends_root(event, self.root_turn_id):
+                    return True
+                if event.cursor == until:
+                    return False
             if len(page) < DEFAULT_EVENT_PAGE:
                 return False
             after = page[-1].cursor
@@ -333,12 +344,13 @@ async def _replay(stream: _Stream, page: list[AgentEvent], write: _Writer) -> As
 
 
 async def _finish(runtime: Runtime, stream: _Stream, write: _Writer, root_turn_id: str) -> AsyncIterator[str]:
-    """If the root turn has ended and its terminal event is out: send what is left, then `end`.
+    """If the root turn has ended: send every stored event this stream has not sent, then `end`.
 
-    The terminal event is stored with the turn's last save, but on PostgreSQL it becomes
-    readable a moment later (see the event log), so the status alone does not end the
-    stream. When this stream has not sent that event, it either lies before the client's
-    cursor (stored, so `end` now) or is not readable yet (the follow brings it).
+    The status is read first and the log after it: the terminal event was saved in the
+    same statement as the status, and the log shows a save's events as soon as it
+    committed, so these reads bring it unless it lies before the client's cursor (a client
+    that got it on an earlier connection). `end` goes out only in those two cases; a
+    turn whose terminal event is in neither place gets no `end`.
     """
     ref = await _in_thread(runtime.turn_store.get_ref, root_turn_id)
     if not ref.status.is_terminal:
@@ -346,7 +358,7 @@ async def _finish(runtime: Runtime, stream: _Stream, write: _Writer, root_turn_i
     stream.leave()
     async for chunk in _replay(stream, await _in_thread(stream.read_page), write):
         yield chunk
-    if write.root_ended or await _in_thread(stream.root_end_stored):
+    if write.root_ended or await _in_thread(stream.root_end_passed):
         yield _end(root_turn_id, ref.status.value)
         write.root_ended = True
 
@@ -365,7 +377,9 @@ async def _follow(
                 return
         last_comment = time.monotonic()
         while True:
-            events = await stream.next_events(KEEPALIVE_S)
+            events = await runtime.fanout.unless_closing(stream.next_events(KEEPALIVE_S))
+            if events is None:
+                return  # the server is stopping: end the stream now, the client reconnects elsewhere
             if events:
                 # One write per batch: a burst of deltas costs the server one send per stream.
                 yield "".join(write(event) for event in events)
@@ -408,9 +422,9 @@ async def _open(
         async for chunk in _replay(stream, first, write):
             yield chunk
         if root_turn_id is not None:
-            ref = await _in_thread(runtime.turn_store.get_ref, root_turn_id)
-            if ref.status.is_terminal:
-                yield _end(root_turn_id, ref.status.value)
+            # A turn that ended during the replay: its last events are sent before `end`.
+            async for chunk in _finish(runtime, stream, write, root_turn_id):
+                yield chunk
 
     return _response(replay_and_close())
 
@@ -452,3 +466,25 @@ async def conversation_events(
     """Every event of the conversation's turns (and their child turns), as server-sent events."""
     scope = {"conversation_id": tenant.reaches(conversation_id)}
     return await _open(runtime, tenant, scope, last_event_id or after, follow, None)
+
+
+async def follow_tree(
+    runtime: Runtime, root_turn_id: str, after: FeedPosition | str | None = None, *, quiet_after: float = KEEPALIVE_S
+) -> AsyncIterator[list[AgentEvent]]:
+    """The events of a turn tree after `after`, batch by batch, read and followed like the SSE streams do.
+
+    For the client protocols (`workers.api.protocols`), which write the events in a shape
+    of their own. A batch is empty when nothing came for `quiet_after` seconds (time for a
+    keep-alive). The iteration ends once the root turn's terminal event has been yielded;
+    the caller may stop earlier (a turn waiting for a person).
+    """
+    stream = _Stream(runtime.events, runtime.fanout, {"root_turn_id": root_turn_id}, None)
+    stream.position = after if isinstance(after, FeedPosition) else FeedPosition.parse(after)
+    try:
+        while True:
+            events = await stream.next_events(quiet_after)
+            yield events
+            if any(_ends_root(e, root_turn_id) for e in events):
+                return
+    finally:
+        stream.leave()

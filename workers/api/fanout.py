@@ -27,16 +27,20 @@ finds it still there). If its reads fail, it stops, and its streams read on thei
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Coroutine, Iterable
+from typing import Any, TypeVar
 
 from agent_runner import AgentEvent, EventFeed
 from agent_runner.feed import FeedFollower, FeedPosition
 
 logger = logging.getLogger("workers.api")
+
+T = TypeVar("T")
 
 RING_EVENTS = 2048
 """Events each shared follower keeps for streams that have not taken them yet."""
@@ -85,6 +89,10 @@ class EventFanout:
         self._lock = threading.Lock()
         self._followers: dict[Scope, _SharedFollower] = {}
         self._closed = False
+        self.streams_closing = False
+        """Set once the server stops: the streams end instead of waiting for more events."""
+        self._closing = asyncio.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     def subscribe(self, scope: Scope, position: FeedPosition) -> Subscription | None:
         """Join the scope's shared follower at `position`, starting one there if the scope has none.
@@ -117,6 +125,36 @@ class EventFanout:
         """The scopes followed now."""
         with self._lock:
             return list(self._followers)
+
+    def close_streams(self) -> None:
+        """Tell the open event streams to end now (the server is stopping); callable from any thread or a signal handler.
+
+        Without it a server that stops waits for its streams, which never end by themselves,
+        until its graceful timeout, and then cancels each with a traceback.
+        """
+        self.streams_closing = True
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(self._closing.set)
+
+    async def unless_closing(self, waiting: Coroutine[Any, Any, T]) -> T | None:
+        """The result of `waiting`, or None (and `waiting` cancelled) once the streams are told to close."""
+        self._loop = asyncio.get_running_loop()  # before the flag is read: `close_streams` then wakes this wait
+        if self.streams_closing:
+            waiting.close()
+            return None
+        task = asyncio.ensure_future(waiting)
+        closing = asyncio.ensure_future(self._closing.wait())
+        try:
+            await asyncio.wait((task, closing), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            closing.cancel()
+        if task.done():
+            return task.result()
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        return None
 
     def close(self, timeout: float = 5.0) -> None:
         """Stop every follower (their streams are detached) and wait for their threads."""

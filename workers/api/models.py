@@ -13,13 +13,17 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field, RootModel, StringConstraints, create_model, model_validator
 
 from agent_runner import ActionStatus, AgentEventType, AgentTurnStatus, Phase, SuspensionType
-from agent_runner.event_payloads import PAYLOAD_MODELS, EventStamp, JsonObject, SuspensionKind
+from agent_runner.event_payloads import PAYLOAD_MODELS, EventStamp, SuspensionKind
+from agent_runner.event_payloads import JsonObject as TypedJsonObject
 from agent_runner.suspensions import TimeoutAction
 
 ID_PATTERN = r"^[A-Za-z0-9._:-]{1,128}$"
 
 Identifier = Annotated[str, StringConstraints(pattern=ID_PATTERN, min_length=1, max_length=128)]
 """An id chosen by a client or the server: 1 to 128 of `A-Z a-z 0-9 . _ : -`."""
+
+JsonObject = dict[str, Any]
+"""Any JSON object, untyped: for request fields whose values nothing here reads."""
 
 
 class _Request(BaseModel):
@@ -61,7 +65,9 @@ class StartTurnRequest(_Request):
 class _Resume(_Request):
     """Fields every resume action takes; fields an action does not use may be sent as null (they are dropped)."""
 
-    metadata: JsonObject = Field(default_factory=dict, description="Who decided and why; recorded with the decision.")
+    metadata: TypedJsonObject = Field(
+        default_factory=dict, description="Who decided and why; recorded with the decision."
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -103,7 +109,7 @@ class FormRequest(_Resume):
 
     action: Literal["form"]
     tool_call_id: ToolCallId
-    data: JsonObject = Field(description="The form data.")
+    data: TypedJsonObject = Field(description="The form data.")
 
 
 class RetryRequest(_Resume):
@@ -167,7 +173,7 @@ class ErrorInfo(_Response):
 
     type: str = Field(description="The error's class, e.g. `TurnNotFound`, `InvalidResumeCommand`, `InvalidRequest`.")
     message: str
-    details: list[JsonObject] = Field(
+    details: list[TypedJsonObject] = Field(
         default_factory=list, description='Per-field problems, e.g. `{"path": "/field", "message": "..."}`.'
     )
     active_turn_id: str | None = Field(default=None, description="The turn that keeps a conversation busy (409).")
@@ -184,7 +190,7 @@ class ToolCallView(_Response):
 
     id: str
     name: str
-    arguments: JsonObject
+    arguments: TypedJsonObject
 
 
 class FormView(_Response):
@@ -192,7 +198,7 @@ class FormView(_Response):
 
     key: str
     description: str
-    schema_: JsonObject = Field(alias="schema")
+    schema_: TypedJsonObject = Field(alias="schema")
 
 
 class SuspensionView(_Response):
@@ -273,7 +279,7 @@ class AgentActionItemView(_PageItemView):
     role: Literal["agent_action"]
     tool_name: str
     summary: str
-    arguments: JsonObject = Field(description="Sensitive values are `***`.")
+    arguments: TypedJsonObject = Field(description="Sensitive values are `***`.")
     kind: SuspensionKind
 
 
@@ -283,7 +289,7 @@ class AgentFormItemView(_PageItemView):
     role: Literal["agent_form"]
     form_key: str
     description: str
-    schema_: JsonObject = Field(alias="schema")
+    schema_: TypedJsonObject = Field(alias="schema")
 
 
 TurnMessageView = Annotated[
@@ -327,7 +333,7 @@ class TurnView(_Response):
     attempt: int
     next_retry_at: str | None
     cancel_requested: bool
-    metadata: JsonObject
+    metadata: TypedJsonObject
     created_at: str
     updated_at: str
     version: int
@@ -380,7 +386,7 @@ class FormInfo(_Response):
 
     key: str
     description: str
-    schema_: JsonObject = Field(alias="schema")
+    schema_: TypedJsonObject = Field(alias="schema")
 
 
 class AgentInfo(_Response):

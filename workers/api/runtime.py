@@ -36,6 +36,7 @@ from workers.api.settings import ApiSettings, WorkerMode
 from workers.database import open_database
 from workers.inbox import INBOX_SWEEP_INTERVAL_S, InboxPump
 from workers.telemetry import instrument
+from workers.webhooks import build_deliverer
 
 if TYPE_CHECKING:
     from workers.scheduler import Scheduler
@@ -63,6 +64,9 @@ class Runtime:
         wake_inbox: Asks for a conversation's next queued message to be started.
         events: The event feed of the SSE routes (durable log plus live channel).
         fanout: The followers of the feed the SSE streams share, one per scope.
+        threads: The records of conversations managed as threads (the LangGraph API).
+        crons: The schedules made over HTTP (the LangGraph API's crons).
+        cron_scheduler: Fires `crons` from this process; `wake()` it after a change.
     """
 
     settings: ApiSettings
@@ -76,6 +80,9 @@ class Runtime:
     events: EventFeed
     fanout: EventFanout
     checks: dict[str, Callable[[], None]] = field(default_factory=dict)
+    threads: store.ThreadRecords | None = None
+    crons: store.CronRecords | None = None
+    cron_scheduler: Scheduler | None = None
     _starts: list[Callable[[], None]] = field(default_factory=list)
     _stops: list[Callable[[], None]] = field(default_factory=list)
     _purger: threading.Thread | None = None
@@ -135,8 +142,39 @@ def build_runtime(settings: ApiSettings, agent_loader: AgentLoader | None = None
         StoreUnavailableError: The database could not be reached.
     """
     if settings.worker_mode is WorkerMode.CELERY:
-        return _celery_runtime(settings, agent_loader)
-    return _sql_runtime(settings, agent_loader)
+        runtime = _celery_runtime(settings, agent_loader)
+    else:
+        runtime = _sql_runtime(settings, agent_loader)
+    _add_client_records(runtime)
+    return runtime
+
+
+STORED_SCHEDULES_POLL = timedelta(seconds=5)
+"""How soon a server notices a schedule another process stored (the one that stored it checks at once)."""
+
+
+def _add_client_records(runtime: Runtime) -> None:
+    """Threads and crons of the LangGraph API; every server process fires the stored crons, whatever its mode.
+
+    A tick starts its turn once however many processes fire it (the turn id comes from the
+    schedule and the tick). No start-up grace: a schedule fires the ticks after it was seen,
+    never one from before it was made.
+    """
+    from workers.scheduler import Scheduler
+    from workers.schedules import stored_schedules
+
+    runtime.threads = store.ThreadRecords(runtime.engine)
+    crons = runtime.crons = store.CronRecords(runtime.engine)
+    scheduler = runtime.cron_scheduler = Scheduler(
+        runtime.runner,
+        runtime.inbox,
+        lambda: stored_schedules(crons),
+        notify_inbox=runtime.wake_inbox,
+        startup_grace=timedelta(0),
+        poll=STORED_SCHEDULES_POLL,
+    )
+    runtime._starts.append(scheduler.start)
+    runtime._stops.append(lambda: _stop_scheduler(scheduler))  # stops run in reverse: this one first
 
 
 def _database_check(engine: Engine) -> Callable[[], None]:
@@ -197,6 +235,10 @@ def _sql_runtime(settings: ApiSettings, agent_loader: AgentLoader | None) -> Run
         )
         runtime._starts.append(worker.start)
         runtime._stops.append(lambda: _stop_worker(worker))
+        deliverer = build_deliverer(worker_settings.webhooks, database.engine)
+        if deliverer is not None:
+            runtime._starts.append(deliverer.start)
+            runtime._stops.append(deliverer.stop)
     runtime._starts.append(pump.start)
     runtime._stops.append(pump.stop)
     runtime._stops.append(runtime.fanout.close)  # before the pump, worker and pool: its threads read through the store
@@ -230,7 +272,7 @@ def _stop_worker(worker: AgentWorker) -> None:
 
 def _celery_runtime(settings: ApiSettings, agent_loader: AgentLoader | None) -> Runtime:
     # The only place the HTTP server touches the Celery wiring.
-    from workers.app import create_app
+    from workers.celery_config import create_app
     from workers.wiring import build_wiring
 
     worker_settings = settings.workers

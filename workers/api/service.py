@@ -19,6 +19,7 @@ from agent_runner import (
     AgentTurn,
     AgentTurnStatus,
     AnyMessage,
+    TurnNotFound,
     UserMessage,
     VersionConflictError,
 )
@@ -61,6 +62,9 @@ def start_turn(
 ) -> AgentTurn | Queued:
     """Start a turn, or handle a busy conversation as `request.if_busy` says.
 
+    With `if_busy=enqueue` a message also queues while earlier queued messages of the
+    conversation wait to start, so the conversation's messages start in the order accepted.
+
     Args:
         runtime: The server's backends.
         tenant: Who asks; owns the turn and the conversation.
@@ -79,6 +83,11 @@ def start_turn(
         # A token limited to one conversation starts its turns there (a turn outside it would be out of its reach).
         request = request.model_copy(update={"conversation_id": tenant.shown_conversation(tenant.conversation)})
     conversation = None if request.conversation_id is None else tenant.reaches(request.conversation_id)
+    if conversation is not None and request.if_busy == "enqueue" and runtime.inbox.has_waiting(conversation):
+        # Earlier messages are still queued (their turn has not started yet, although the
+        # conversation may be free for a moment): starting this one now would overtake them.
+        started = _started_before(runtime, tenant, turn_id)
+        return started if started is not None else _enqueue(runtime, tenant, request, conversation, message_id)
     for _ in range(_INTERRUPT_ATTEMPTS):
         try:
             return runtime.runner.start(
@@ -105,6 +114,16 @@ def start_turn(
     # rather than cancel turns in a loop, this message waits its turn.
     assert conversation is not None
     return _enqueue(runtime, tenant, request, conversation, message_id)
+
+
+def _started_before(runtime: Runtime, tenant: Tenant, turn_id: str | None) -> AgentTurn | None:
+    """The turn a keyed start with `turn_id` made already (a retry whose first answer was lost), or None."""
+    if turn_id is None:
+        return None
+    try:
+        return get_turn(runtime, tenant, turn_id)
+    except TurnNotFound:
+        return None
 
 
 def _interrupt(runtime: Runtime, turn_id: str) -> bool:

@@ -9,6 +9,7 @@
 | `AGENT_RUNNER_API_IDEMPOTENCY_TTL_S` | `86400` | how long idempotency keys and their answers are kept |
 | `AGENT_RUNNER_CORS_ORIGINS` | none | comma-separated origins whose pages may call the API from a browser (`*`: any, refused with keys) |
 | `AGENT_RUNNER_TOKEN_SECRET` | none (no tokens) | at least 32 characters, the same on every server process: signs the short-lived tokens of `POST /v1/tokens` |
+| `AGENT_RUNNER_METRICS_TOKEN` | none | the bearer token `GET /metrics` requires; with API keys set and no token, `/metrics` answers 403 |
 
 Everything else (database, Redis, broker, agents, retry policy) comes from
 `workers.settings.WorkerSettings`.
@@ -19,21 +20,19 @@ from __future__ import annotations
 import hashlib
 import hmac
 import os
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
 from sqlalchemy.engine import make_url
 
+from agent_runner.limits import TENANT_PATTERN
 from workers.api.cors import CORS_VARIABLE, check_origins, parse_origins
 from workers.api.tokens import TOKEN_SECRET_VARIABLE, parse_secret
 from workers.settings import SettingsError, WorkerSettings, _number, _raw
 
-TENANT_PATTERN = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
-"""Tenant names: no `/`, so `tenant/conversation` never collides with a public conversation id."""
-
 KEYS_VARIABLE = "AGENT_RUNNER_API_KEYS"
+METRICS_TOKEN_VARIABLE = "AGENT_RUNNER_METRICS_TOKEN"
 WORKER_VARIABLE = "AGENT_RUNNER_API_WORKER"
 
 
@@ -134,6 +133,10 @@ class ApiSettings:
     def __post_init__(self) -> None:
         check_origins(self.cors_origins, keys_enabled=self.keys.enabled)
 
+    metrics_token: str | None = field(default=None, repr=False)
+    """The bearer token of `GET /metrics`. The metrics count the turns of every tenant, so no
+    tenant's key opens them: with API keys set and no token, `/metrics` is closed."""
+
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> ApiSettings:
         """Read the settings from `environ` (default: `os.environ`).
@@ -161,4 +164,23 @@ class ApiSettings:
             idempotency_ttl_s=_number(env, "AGENT_RUNNER_API_IDEMPOTENCY_TTL_S", 86_400.0, float, minimum=60.0),
             cors_origins=parse_origins(env.get(CORS_VARIABLE)),
             token_secret=parse_secret(env.get(TOKEN_SECRET_VARIABLE)),
+            metrics_token=_raw(env, METRICS_TOKEN_VARIABLE),
         )
+
+    def metrics_access(self, bearer: str | None) -> MetricsAccess:
+        """Whether a request with this bearer token (None: none sent) may read `/metrics`."""
+        if self.metrics_token is None:
+            return MetricsAccess.CLOSED if self.keys.enabled else MetricsAccess.ALLOWED
+        if bearer is not None and hmac.compare_digest(bearer.encode(), self.metrics_token.encode()):
+            return MetricsAccess.ALLOWED
+        return MetricsAccess.UNAUTHORIZED
+
+
+class MetricsAccess(StrEnum):
+    """The answer to a request for `/metrics`."""
+
+    ALLOWED = "allowed"
+    UNAUTHORIZED = "unauthorized"
+    """The token is required, and the request did not send it."""
+    CLOSED = "closed"
+    """API keys are set and no metrics token is: the numbers span tenants, so nobody may read them."""

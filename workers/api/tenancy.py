@@ -3,9 +3,10 @@
 With API keys configured, each tenant sees and changes only its own turns (turns carry
 `AgentTurn.tenant_id`), and its conversations are stored under `"{tenant}/{id}"` so that
 two tenants using the same conversation id never share a conversation, its history or
-its inbox. The prefix never leaves the server: every conversation id shown is translated
-back. Without keys there is one tenant, `None`, that sees everything, and conversation
-ids are stored as given.
+its inbox (`agent_runner.limits.scoped_conversation_id` builds these ids, and every path
+that carries them accepts them). The prefix never leaves the server: every conversation id
+shown is translated back. Without keys there is one tenant, `None`, that sees everything,
+and conversation ids are stored as given.
 
 A request made with a token (`workers.api.tokens`) also carries the token's end user, and
 may be limited to one conversation: then every other conversation, and every turn outside
@@ -17,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from agent_runner import AgentTurn, TurnNotFound
+from agent_runner.limits import scoped_conversation_id, shown_conversation_id
 from workers.api.errors import ApiError
 
 
@@ -42,15 +44,16 @@ class Tenant:
     conversation: str | None = None
 
     def stored_conversation(self, conversation_id: str) -> str:
-        """The conversation id under which this tenant's conversation is stored."""
-        return conversation_id if self.id is None else f"{self.id}/{conversation_id}"
+        """The conversation id under which this tenant's conversation is stored.
+
+        Raises:
+            InputLimitError: `conversation_id` breaks the id rules.
+        """
+        return scoped_conversation_id(self.id, conversation_id)
 
     def shown_conversation(self, stored: str | None) -> str | None:
         """The conversation id this tenant knows for a stored one."""
-        if stored is None or self.id is None:
-            return stored
-        prefix = f"{self.id}/"
-        return stored[len(prefix) :] if stored.startswith(prefix) else stored
+        return shown_conversation_id(stored, self.id)
 
     def owns(self, turn: AgentTurn, root: AgentTurn | None = None) -> bool:
         """Whether this tenant may see and change `turn`.

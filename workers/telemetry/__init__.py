@@ -37,7 +37,11 @@ from workers.telemetry.middleware import MetricsListener, TelemetryMiddleware
 if TYPE_CHECKING:
     from opentelemetry.trace import TracerProvider
 
+WORKER_SERVICE_NAME = "agent-runner-worker"
+"""The default `service.name` of processes that step turns for others (Celery and embedded workers)."""
+
 __all__ = [
+    "WORKER_SERVICE_NAME",
     "TelemetryError",
     "TelemetryMiddleware",
     "configure_logging",

@@ -29,7 +29,7 @@ from celery import Celery, signals
 
 from workers.names import STEP_TURN, SWEEP_DEADLINES, SWEEP_DUE_RETRIES, SWEEP_INBOX, SWEEP_STALE_TURNS
 from workers.settings import WorkerSettings
-from workers.telemetry import logs, metrics, tracing_available
+from workers.telemetry import WORKER_SERVICE_NAME, logs, metrics, tracing_available
 
 if TYPE_CHECKING:
     from workers.telemetry._prometheus import MetricsServer
@@ -49,7 +49,6 @@ SWEEP_TASKS = {
     SWEEP_DEADLINES: "deadlines",
 }
 TASK_PREFIX = "agent_runner."
-WORKER_SERVICE_NAME = "agent-runner-worker"
 
 
 class CeleryTelemetry:
@@ -81,16 +80,8 @@ class CeleryTelemetry:
         """Serve `/metrics` on AGENT_RUNNER_METRICS_PORT from the main process."""
         if getattr(sender, "app", None) is not self.app or self.settings.metrics_port is None:
             return
-        if not metrics.metrics_enabled():
-            logger.warning("AGENT_RUNNER_METRICS_PORT is set but metrics are off (install agent-runner[metrics])")
-            return
-        try:
-            self.server = metrics.serve_metrics(self.settings.metrics_port, self.settings.metrics_addr)
-        except OSError as exc:
-            # Metrics must never keep a worker from running turns.
-            logger.error(
-                "could not serve metrics on %s:%s: %s", self.settings.metrics_addr, self.settings.metrics_port, exc
-            )
+        self.server = metrics.start_metrics_server(self.settings.metrics_port, self.settings.metrics_addr)
+        if self.server is None:
             return
         # Logged here, not at worker_init: Celery sets up its log handlers in between.
         logger.info(

@@ -197,3 +197,24 @@ def configure_logging(
     for target in targets:
         install_on_handlers(target.handlers, chosen)
     return chosen
+
+
+SERVICE_LOGGER = "workers"
+"""The loggers whose INFO lines a long-running command shows: start-up, sweeps, scheduled ticks."""
+
+
+def configure_service_logging(loggers: Iterable[str | logging.Logger] = ()) -> str:
+    """Logging of a long-running command (`agent-runner worker`, `agent-runner serve`).
+
+    The log format of `configure_logging`, and the INFO lines of `workers.*`, which the
+    default WARNING level would hide. A level set on the `workers` logger beforehand (by
+    the application, or a logging configuration file) is kept.
+
+    Returns:
+        The format installed.
+    """
+    chosen = configure_logging(loggers=loggers)
+    ours = logging.getLogger(SERVICE_LOGGER)
+    if ours.level == logging.NOTSET:
+        ours.setLevel(logging.INFO)
+    return chosen

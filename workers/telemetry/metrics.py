@@ -184,6 +184,8 @@ def _action(kind: ResumeType, *, with_form_data: bool) -> str:
             return "tool_result"
         case ResumeType.DEADLINE:
             return "deadline"
+        case ResumeType.EDIT_TOOL:
+            return "edit"
         case _:
             assert_never(kind)
 
@@ -257,6 +259,22 @@ def serve_metrics(port: int, addr: str = "0.0.0.0") -> MetricsServer:
     from workers.telemetry import _prometheus
 
     return _prometheus.serve(port, addr, os.environ.get(MULTIPROC_DIR_VARIABLE))
+
+
+def start_metrics_server(port: int, addr: str) -> MetricsServer | None:
+    """Serve `/metrics` for a worker process, or log why not: metrics never keep a worker from running turns.
+
+    Returns:
+        The running server; None when metrics are off or the port cannot be bound (logged).
+    """
+    if not metrics_enabled():
+        logger.warning("AGENT_RUNNER_METRICS_PORT is set but metrics are off (install agent-runner[metrics])")
+        return None
+    try:
+        return serve_metrics(port, addr)
+    except OSError as exc:
+        logger.error("could not serve metrics on %s:%s: %s", addr, port, exc)
+        return None
 
 
 def prepare_multiprocess_dir(directory: str | None = None) -> tuple[str, bool]:

@@ -10,6 +10,7 @@ turn over at any point:
 - `delegate <task>`: hands the task to the `helper` sub-agent, then answers with its output;
 - `refund <order>`: calls `refund` (not idempotent; the first run kills the server when
   `TEST_CRASH_DIR` is set), then answers "refund: <result>" (or "refund failed: <reason>");
+- `fail <why>`: the model raises, which fails the turn;
 - anything else: answers "echo: <text>" at once.
 """
 
@@ -99,6 +100,8 @@ def _answer(request: ChatRequest) -> AiMessage:
     if text.startswith("refund "):
         order = text.removeprefix("refund ")
         return AiMessage(tool_calls=[ToolCall(id=call_id, name="refund", arguments={"order_id": order})])
+    if text.startswith("fail "):
+        raise ValueError(text.removeprefix("fail "))
     if text.startswith("delegate "):
         return AiMessage(
             tool_calls=[ToolCall(id=call_id, name="helper", arguments={"task": text.removeprefix("delegate ")})]

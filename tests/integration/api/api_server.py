@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -127,3 +128,37 @@ def read_stream(
                 break
     text = "".join(chunks)
     return text, parse_sse(text)
+
+
+def check_queued_messages_of_two_tenants_start_in_order(a: httpx.Client, b: httpx.Client) -> None:
+    """Two tenants queue messages in conversations of the same id; each tenant's run in order, in its own conversation.
+
+    Each conversation starts with a turn waiting for a form; three messages are queued
+    behind it (`if_busy=enqueue`, 202), then the waiting turn is cancelled.
+    """
+    conversation = f"shared-{uuid.uuid4().hex[:8]}"
+    body: dict[str, Any] = {"agent_id": "desk", "conversation_id": conversation}
+    active: dict[str, str] = {}
+    for name, client in (("a", a), ("b", b)):
+        created = client.post("/v1/turns", json={**body, "input": "ticket"})
+        assert created.status_code == 201, created.text
+        active[name] = created.json()["id"]
+        wait_for(client, active[name], blocked)
+    for name, client in (("a", a), ("b", b)):
+        for i in range(3):
+            queued = client.post("/v1/turns", json={**body, "input": f"{name}{i}", "if_busy": "enqueue"})
+            assert queued.status_code == 202 and queued.json()["status"] == "QUEUED", queued.text
+            assert queued.json()["conversation_id"] == conversation
+        assert client.post(f"/v1/turns/{active[name]}/cancel").json()["status"] == "CANCELLED"
+    for name, client in (("a", a), ("b", b)):
+
+        def answered(client: httpx.Client = client) -> list[dict[str, Any]] | None:
+            turns: list[dict[str, Any]] = client.get("/v1/turns", params={"conversation_id": conversation}).json()[
+                "items"
+            ]
+            return turns if len(turns) == 4 and all(ended(t) for t in turns) else None
+
+        turns = eventually(answered, timeout=30, what=f"the queued messages of tenant {name}")
+        outputs = [t["final_output"] for t in sorted(turns, key=lambda t: t["created_at"])][1:]
+        assert outputs == [f"echo: {name}{i}" for i in range(3)], outputs
+        assert {t["conversation_id"] for t in turns} == {conversation}

@@ -127,6 +127,31 @@ def test_bad_resume_and_cancel_requests_are_422_and_change_nothing(
         assert client.get(f"/v1/turns/{waiting['id']}").json()["status"] == "WAITING_FOR_USER"
 
 
+def test_metadata_and_form_data_over_their_limits_are_422_with_details(
+    server: ApiServer, waiting: dict[str, Any], database_url: str
+) -> None:
+    # Given bodies under the 1 MiB the server reads, but over the runner's input limits
+    call = waiting["suspension"]["correlation_id"]
+    big_metadata = {"agent_id": "desk", "input": "x", "metadata": {"note": "m" * (70 * 1024)}}
+    big_form = {"action": "form", "tool_call_id": call, "data": {"system": "f" * (300 * 1024)}}
+    big_resume_metadata = {"action": "retry", "metadata": {"note": "m" * (70 * 1024)}}
+    before = database_state(database_url)
+    with server.client() as client:
+        answers = [
+            (client.post("/v1/turns", json=big_metadata), "/metadata"),
+            (client.post(f"/v1/turns/{waiting['id']}/resume", json=big_form), "/data"),
+            (client.post(f"/v1/turns/{waiting['id']}/resume", json=big_resume_metadata), "/metadata"),
+        ]
+    # Then each is a 422 that says where, what is allowed and what was found
+    for response, pointer in answers:
+        assert_rejected(response, 422, pointer)
+        error = response.json()["error"]
+        assert error["type"] == "InputLimitError"
+        [detail] = error["details"]
+        assert detail["path"] == pointer and detail["limit"].endswith("bytes") and detail["found"], detail
+    assert database_state(database_url) == before
+
+
 BAD_URLS = [
     ("GET", "/v1/turns/" + "t" * 129),
     ("GET", "/v1/turns/bad%20id"),

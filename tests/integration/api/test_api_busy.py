@@ -105,6 +105,19 @@ def test_interrupt_of_a_turn_mid_step_queues_the_message_when_it_does_not_stop_i
     assert response.json()["status"] == "QUEUED"
     flagged = client.get(f"/v1/turns/{created['id']}").json()
     assert flagged["cancel_requested"] is True
-    # It ends at its next boundary, and then the queued message starts
-    assert wait_for(client, created["id"], blocked, timeout=15)["status"] == "CANCELLED"
+    # It ends at its next boundary, with the interrupt as its reason, and then the queued message starts
+    ended = wait_for(client, created["id"], blocked, timeout=15)
+    assert (ended["status"], ended["error"]) == ("CANCELLED", "interrupted by a newer message")
     eventually(lambda: answered(client, chat, "echo: after the pause"), what="the queued message to run")
+
+
+def test_a_cancel_of_a_turn_mid_step_ends_it_with_the_given_reason(client: httpx.Client) -> None:
+    chat = f"c-{uuid.uuid4().hex[:8]}"
+    created = post(client, "sleep 1", chat).json()
+    wait_for(client, created["id"], lambda v: v["steps"] >= 1, what="the pause call to start")
+    response = client.post(f"/v1/turns/{created['id']}/cancel", json={"reason": "the customer hung up"})
+    assert response.status_code == 202 and response.json()["cancel_requested"] is True
+    ended = wait_for(client, created["id"], blocked, timeout=15)
+    assert (ended["status"], ended["error"]) == ("CANCELLED", "the customer hung up")
+    messages = client.get(f"/v1/turns/{created['id']}", params={"messages": "true"}).json()["messages"]
+    assert "the customer hung up" in messages[-1]["content"]

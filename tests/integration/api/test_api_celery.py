@@ -17,6 +17,7 @@ from tests.integration.api.api_server import (
     AGENTS,
     assert_error,
     blocked,
+    check_queued_messages_of_two_tenants_start_in_order,
     ended,
     eventually,
     read_stream,
@@ -37,9 +38,23 @@ class Stack:
         return self.server.client()
 
 
+TENANT_KEYS = {"tenant-a": "key-a-0123456789", "tenant-b": "key-b-9876543210"}
+
+
 @pytest.fixture
 def stack(pg_url: str, tmp_path: Path) -> Iterator[Stack]:
     """PostgreSQL, Redis, one Celery worker process and the API server, all of this test alone."""
+    yield from _stack(pg_url, tmp_path)
+
+
+@pytest.fixture
+def tenant_stack(pg_url: str, tmp_path: Path) -> Iterator[Stack]:
+    """The same, with the API keys of two tenants."""
+    keys = ",".join(f"{tenant}:{key}" for tenant, key in TENANT_KEYS.items())
+    yield from _stack(pg_url, tmp_path, AGENT_RUNNER_API_KEYS=keys)
+
+
+def _stack(pg_url: str, tmp_path: Path, **overrides: str) -> Iterator[Stack]:
     namespace = f"ar-api-{uuid.uuid4().hex[:10]}"
     env = cluster_env(
         schema_url=pg_url,
@@ -47,6 +62,7 @@ def stack(pg_url: str, tmp_path: Path) -> Iterator[Stack]:
         namespace=namespace,
         AGENT_RUNNER_AGENT_LOADER=AGENTS,
         AGENT_RUNNER_INBOX_AGENT="desk",
+        **overrides,
     )
     cluster = Cluster(env=env, tmp_path=tmp_path, redis_url=TEST_REDIS_URL)
     server = ApiServer(agents=AGENTS, env=env, log=tmp_path / "server.log")
@@ -116,6 +132,17 @@ def test_busy_conversations_reject_enqueue_and_interrupt_through_celery(stack: S
         assert interrupted.status_code == 201, interrupted.text
         assert client.get(f"/v1/turns/{waiting['id']}").json()["status"] == "CANCELLED"
         assert wait_for(client, interrupted.json()["id"], blocked)["final_output"] == "echo: stop that"
+
+
+def test_queued_messages_of_tenants_sharing_a_conversation_id_start_in_order_on_celery_workers(
+    tenant_stack: Stack,
+) -> None:
+    server = tenant_stack.server
+    with server.client(TENANT_KEYS["tenant-a"]) as a, server.client(TENANT_KEYS["tenant-b"]) as b:
+        check_queued_messages_of_two_tenants_start_in_order(a, b)
+    # And no worker dropped a message of a tenant's conversation (nor warned at each turn end)
+    logs = tenant_stack.cluster.logs()
+    assert "rejected a" not in logs, logs
 
 
 def test_readiness_names_a_broker_that_does_not_answer(pg_url: str, tmp_path: Path) -> None:

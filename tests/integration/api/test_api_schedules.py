@@ -34,14 +34,17 @@ def test_the_embedded_server_starts_one_turn_per_tick(tmp_path: Path) -> None:
     schedules.write_text(json.dumps([SCHEDULE.to_dict()]))
     url = f"sqlite:///{tmp_path / 'api.db'}"
     with SqlAgentTurnStore(url) as turns:
-        with contextmanager(serve)(tmp_path, url, AGENT_RUNNER_SCHEDULES=str(schedules)):
+        with contextmanager(serve)(tmp_path, url, AGENT_RUNNER_SCHEDULES=str(schedules)) as server:
             # When it runs for a few ticks
             eventually(
                 lambda: sum(t.status is AgentTurnStatus.COMPLETED for t in _scheduled(turns)) >= TICKS,
                 timeout=INTERVAL_S * TICKS + 20,
                 what=f"{TICKS} scheduled turns to complete",
             )
+            log = server.output()
         scheduled = _scheduled(turns)
+    # And its log shows the scheduler's INFO lines, not only warnings
+    assert f"schedule {SCHEDULE.name}: tick" in log, log
 
     # Then each tick started one turn, named by its tick, which the embedded worker ran
     # (a tick the server was too busy to reach in time is skipped, as beat skips it, never doubled)

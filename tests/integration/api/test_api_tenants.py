@@ -13,7 +13,16 @@ import pytest
 
 from tests.helpers.api_server import AGENT_RUNNER, ApiServer, server_env
 from tests.helpers.processes import REPO_ROOT
-from tests.integration.api.api_server import AGENTS, assert_error, blocked, database_state, read_stream, serve, wait_for
+from tests.integration.api.api_server import (
+    AGENTS,
+    assert_error,
+    blocked,
+    check_queued_messages_of_two_tenants_start_in_order,
+    database_state,
+    read_stream,
+    serve,
+    wait_for,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -141,6 +150,10 @@ def test_equal_conversation_ids_of_two_tenants_never_meet(a: httpx.Client, b: ht
         "/v1/turns", json={"agent_id": "desk", "input": "b again", "conversation_id": chat, "if_busy": "enqueue"}
     )
     assert queued.status_code in (201, 202) and queued.json()["conversation_id"] == chat
+
+
+def test_queued_messages_of_tenants_sharing_a_conversation_id_start_in_order(a: httpx.Client, b: httpx.Client) -> None:
+    check_queued_messages_of_two_tenants_start_in_order(a, b)
 
 
 def test_without_keys_serve_refuses_a_non_loopback_address(tmp_path: Path) -> None:

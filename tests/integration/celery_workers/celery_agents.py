@@ -146,6 +146,23 @@ def slow_write(effect: str, seconds: float) -> str:
     return _record_effect(effect)
 
 
+@tool(requires_approval=True)
+def approved_whoami() -> str:
+    """Answer with whom the call acts for, as the tool context tells it."""
+    context = AgentToolContext.current()
+    approval = context.approval
+    return json.dumps(
+        {
+            "metadata": dict(context.metadata),
+            "conversation_id": context.conversation_id,
+            "tenant_id": context.tenant_id,
+            "approval": None
+            if approval is None
+            else {"by": approval.decided_by, "at": approval.decided_at.isoformat(), "reason": approval.reason},
+        }
+    )
+
+
 def _call(name: str, **arguments: Any) -> ToolCall:
     return ToolCall(id=f"call-{uuid.uuid4().hex[:12]}", name=name, arguments=arguments)
 
@@ -174,6 +191,10 @@ def _rounds(spec: dict[str, Any], results: list[ToolMessage]) -> list[list[ToolC
         return [[_call("part-worker", task=task) for task in tasks]]
     if kind == "inbox":
         return [[_call("ledger_write", effect=f"inbox:{label}")]]
+    if kind == "whoami":
+        return [[_call("approved_whoami")]]
+    if kind == "fail":
+        raise ValueError(f"{label} fails on purpose")
     raise ValueError(f"unknown scenario kind {kind!r}")
 
 
@@ -213,7 +234,14 @@ def build_agents() -> list[Agent]:
     worker = Agent(
         id="worker-agent",
         chat_model=model,
-        tools=[AgentUserInputTool(forms=[DETAILS_FORM]), ledger_write, approved_write, flaky_write, slow_write],
+        tools=[
+            AgentUserInputTool(forms=[DETAILS_FORM]),
+            ledger_write,
+            approved_write,
+            flaky_write,
+            slow_write,
+            approved_whoami,
+        ],
         sub_agents=[part],
         max_iterations=20,
     )

@@ -8,9 +8,11 @@ then SIGKILL when they do not exit in time.
 from __future__ import annotations
 
 import os
+import random
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -19,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 import sqlalchemy as sa
 from redis import Redis
@@ -333,3 +336,41 @@ def delete_amqp_queue(cluster: Cluster) -> None:
             connection.default_channel.queue_delete(cluster.settings.queue)
     except Exception as exc:  # the queue may never have been declared
         print(f"could not delete queue {cluster.settings.queue}: {exc}")
+
+
+class ConnectionKiller(threading.Thread):
+    """Terminates, every few tens of milliseconds, the backends of `application` that are in the middle of a call.
+
+    `pause` bounds the random wait between two rounds, in seconds.
+
+    A backend is in a call when it is not idle: running a statement, or between the
+    statements of an open transaction.
+    """
+
+    def __init__(
+        self, admin: psycopg.Connection[Any], application: str, seed: int, pause: tuple[float, float] = (0.02, 0.15)
+    ) -> None:
+        super().__init__(name="connection-killer", daemon=True)
+        self._admin = admin
+        self._application = application
+        self._random = random.Random(seed)
+        self._pause = pause
+        self._stopping = threading.Event()
+        self.killed = 0
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            while not self._stopping.wait(self._random.uniform(*self._pause)):
+                rows = self._admin.execute(
+                    "SELECT pid, pg_terminate_backend(pid) FROM pg_stat_activity "
+                    "WHERE application_name = %s AND state <> 'idle' AND pid <> pg_backend_pid()",
+                    [self._application],
+                ).fetchall()
+                self.killed += sum(1 for _, terminated in rows if terminated)
+        except BaseException as exc:  # reported by the test: a killer that died would prove nothing
+            self.error = exc
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self.join(timeout=10)

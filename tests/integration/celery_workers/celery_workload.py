@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import re
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from agent_runner import AgentTurnStatus
@@ -86,13 +86,16 @@ def run_workload(
     check_ledger(cluster, [effect for s in scenarios for effect in s.effects] + list(other_effects))
 
 
-def check_ledger(cluster: Cluster, expected_effects: list[str]) -> None:
-    """Every expected side effect happened, and none happened twice (one idempotency key each)."""
+def check_ledger(cluster: Cluster, expected_effects: list[str], optional_effects: Iterable[str] = ()) -> None:
+    """Every expected side effect happened, and none happened twice (one idempotency key each).
+
+    `optional_effects` may or may not have happened (those of turns cancelled midway).
+    """
     rows = cluster.ledger()
     per_effect = Counter(row["effect"] for row in rows)
     assert {effect: n for effect, n in per_effect.items() if n > 1} == {}, "an effect ran under two idempotency keys"
     missing = sorted(set(expected_effects) - set(per_effect))
-    unexpected = sorted(set(per_effect) - set(expected_effects))
+    unexpected = sorted(set(per_effect) - set(expected_effects) - set(optional_effects))
     assert not missing and not unexpected, f"missing effects {missing}, unexpected effects {unexpected}"
 
 

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -55,3 +58,41 @@ def check_runner(cluster: Cluster, runner: AgentRunner) -> None:
     assert cancelled.status is AgentTurnStatus.CANCELLED
     assert cancelled.pending_tool_calls == []
     assert [row["effect"] for row in cluster.ledger()] == ["web:approved"]
+
+
+EXPLICIT_SETTINGS_SCRIPT = """
+import json, sys
+import workers
+from workers.settings import WorkerSettings
+runner = workers.build_runner(WorkerSettings.from_env(json.loads(sys.argv[1])))
+turn = runner.start("worker-agent", json.dumps({"kind": "plain", "label": "explicit"}))
+print(turn.id)
+"""
+
+
+def test_a_runner_built_from_explicit_settings_takes_nothing_from_a_conflicting_environment(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    # Given a process whose environment names another database and a queue name that is invalid
+    elsewhere = tmp_path / "from-the-environment.db"
+    conflicting = {
+        **cluster.env,
+        "AGENT_RUNNER_DATABASE_URL": f"sqlite:///{elsewhere}",
+        "AGENT_RUNNER_QUEUE": "not a queue!",
+        "CELERY_BROKER_URL": "amqp://nobody@127.0.0.1:1//",
+    }
+    # When it builds a runner from the cluster's settings and starts a turn
+    done = subprocess.run(
+        [sys.executable, "-c", EXPLICIT_SETTINGS_SCRIPT, json.dumps(cluster.env)],
+        env=conflicting,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    # Then the turn is saved in the settings' database and enqueued on their broker and queue
+    assert done.returncode == 0, done.stderr
+    turn_id = done.stdout.strip().splitlines()[-1]
+    assert cluster.load(turn_id).status is AgentTurnStatus.READY
+    assert cluster.queue_length() == 1
+    assert not elsewhere.exists()

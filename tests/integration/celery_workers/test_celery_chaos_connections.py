@@ -12,8 +12,6 @@ runs again once it has returned.
 from __future__ import annotations
 
 import json
-import random
-import threading
 import time
 import uuid
 from collections import Counter
@@ -25,43 +23,10 @@ import pytest
 import sqlalchemy as sa
 
 from agent_runner import AgentTurn, AgentTurnStatus, AiMessage, ToolCall
-from tests.integration.celery_workers.celery_cluster import Cluster
+from tests.integration.celery_workers.celery_cluster import Cluster, ConnectionKiller
 from tests.integration.celery_workers.chaos_agents import LOADER, TOOL_APPLICATION_VARIABLE
 
 pytestmark = pytest.mark.integration
-
-
-class ConnectionKiller(threading.Thread):
-    """Terminates, every few tens of milliseconds, the backends of `application` that are in the middle of a call.
-
-    A backend is in a call when it is not idle: running a statement, or between the
-    statements of an open transaction.
-    """
-
-    def __init__(self, admin: psycopg.Connection[Any], application: str, seed: int) -> None:
-        super().__init__(name="connection-killer", daemon=True)
-        self._admin = admin
-        self._application = application
-        self._random = random.Random(seed)
-        self._stopping = threading.Event()
-        self.killed = 0
-        self.error: BaseException | None = None
-
-    def run(self) -> None:
-        try:
-            while not self._stopping.wait(self._random.uniform(0.02, 0.15)):
-                rows = self._admin.execute(
-                    "SELECT pid, pg_terminate_backend(pid) FROM pg_stat_activity "
-                    "WHERE application_name = %s AND state <> 'idle' AND pid <> pg_backend_pid()",
-                    [self._application],
-                ).fetchall()
-                self.killed += sum(1 for _, terminated in rows if terminated)
-        except BaseException as exc:  # reported by the test: a killer that died would prove nothing
-            self.error = exc
-
-    def stop(self) -> None:
-        self._stopping.set()
-        self.join(timeout=10)
 
 
 def _calls(cluster: Cluster) -> dict[str, dict[str, Any]]:

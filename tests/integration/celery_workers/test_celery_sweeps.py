@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import logging
 import time
 from collections.abc import Callable
 from typing import Any
@@ -252,3 +254,27 @@ def _quiet_runner(cluster: Cluster, *, dispatch: bool = False) -> AgentRunner:
         policy=cluster.settings.policy(),
         dispatcher=cluster.wiring.dispatcher if dispatch else None,
     )
+
+
+def test_a_sweep_that_meets_a_dead_database_logs_one_warning_line_and_runs_again_next_tick(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from workers import beat
+    from workers.wiring import build_wiring
+
+    # Given a worker whose database does not answer (nothing listens on its port)
+    dead = dataclasses.replace(cluster.settings, database_url="postgresql+psycopg://postgres@127.0.0.1:1/agents")
+    monkeypatch.setattr(beat, "current", lambda: build_wiring(dead, cluster.celery_app))
+    entries = [beat._sweep_inbox, beat._sweep_stale_turns, beat._sweep_due_retries, beat._sweep_deadlines]
+    # When beat's sweeps run on it
+    with caplog.at_level(logging.WARNING, logger="workers"):
+        outcomes = [entry() for entry in entries]
+    # Then each is skipped with one warning line and no traceback
+    assert outcomes == [0, 0, 0, 0]
+    lines = [r for r in caplog.records if r.name.startswith("workers")]
+    assert len(lines) == len(entries), [r.getMessage() for r in lines]
+    assert all(r.levelno == logging.WARNING and r.exc_info is None for r in lines)
+    assert all("runs again at the next tick" in r.getMessage() for r in lines)
+    # And once the database answers again, the same sweeps simply run
+    monkeypatch.setattr(beat, "current", lambda: cluster.wiring)
+    assert [entry() for entry in entries] == [0, 0, 0, 0]

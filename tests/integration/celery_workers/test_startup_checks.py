@@ -12,7 +12,7 @@ import sqlalchemy as sa
 from alembic import command
 
 import store
-from store.migrations import alembic_config
+from store.migrations import alembic_config, head_revision
 from tests.helpers.processes import REPO_ROOT
 from tests.integration.celery_workers.celery_cluster import CELERY, cluster_env
 from workers.api.runtime import build_runtime
@@ -46,13 +46,14 @@ def test_build_wiring_refuses_a_database_without_tables_and_names_the_command(
     with pytest.raises(store.SchemaVersionError, match=FIX) as raised:
         build_wiring(settings, create_app(settings))
     assert "has no agent-runner tables" in str(raised.value)
-    assert raised.value.current is None and raised.value.head == "0005"
+    assert raised.value.current is None and raised.value.head == head_revision()
 
 
 def test_build_wiring_refuses_a_database_an_upgrade_behind(empty_pg_url: str, redis_url: str) -> None:
     _at_revision(empty_pg_url, "0003")
     settings = WorkerSettings.from_env(_env(empty_pg_url, redis_url))
-    with pytest.raises(store.SchemaVersionError, match="is at schema revision 0003, this version needs 0005"):
+    behind = f"is at schema revision 0003, this version needs {head_revision()}"
+    with pytest.raises(store.SchemaVersionError, match=behind):
         build_wiring(settings, create_app(settings))
     # Once migrated, it starts
     store.migrate(empty_pg_url)

@@ -62,3 +62,16 @@ def test_two_workers_start_one_turn_per_tick(pg_url: str, tmp_path: Path) -> Non
     assert all(f"firing schedules {SCHEDULE.name}" in log for log in logs), logs
     assert codes == [0, 0], logs
     assert not any("Traceback" in log for log in logs), logs
+
+
+def test_the_worker_command_shows_the_info_lines_of_its_scheduler(sqlite_url: str, tmp_path: Path) -> None:
+    # Given a worker command firing a schedule, with no logging configured by anyone
+    schedules = tmp_path / "schedules.json"
+    schedules.write_text(json.dumps([SCHEDULE.to_dict()]))
+    worker = spawn_command_worker(tmp_path, "logs", sqlite_url, {"AGENT_RUNNER_SCHEDULES": str(schedules)})
+    try:
+        worker.wait_ready()
+        # When a tick fires, then its INFO line is in the output, not only warnings
+        wait_for(lambda: f"schedule {SCHEDULE.name}: tick" in worker.log() or None, 20, "the tick's log line")
+    finally:
+        assert worker.stop() == 0, worker.log()

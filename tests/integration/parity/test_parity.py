@@ -264,15 +264,15 @@ def test_two_sub_agents_run_in_parallel_and_the_last_resumes_the_parent_once(dep
 
 
 CANCEL = SavedHistory(
-    turns={"T": "parity-agent CANCELLED v4 steps=2 error='turn cancelled by caller'"},
+    turns={"T": "parity-agent CANCELLED v4 steps=2 error='the customer hung up'"},
     messages={
         "T": [
             'cancel-question user: {"kind": "cancel", "label": "cancel"}',
             "T-1 assistant calls "
             'cancel-0-0 held_write({"effect": "cancel:held", "gate": "cancel"}); cancel-0-1 write({"effect": "cancel:next"})',
             "T-2 tool cancel-0-0 held_write: wrote cancel:held on attempt 1",
-            "T-3 tool cancel-0-1 write (error): Tool call write was not completed: turn cancelled by caller",
-            "T-4 assistant: This turn ended before it was finished: turn cancelled by caller",
+            "T-3 tool cancel-0-1 write (error): Tool call write was not completed: the customer hung up",
+            "T-4 assistant: This turn ended before it was finished: the customer hung up",
         ]
     },
     page_actions={},
@@ -281,8 +281,8 @@ CANCEL = SavedHistory(
         "T-1 assistant calls "
         'cancel-0-0 held_write({"effect": "cancel:held", "gate": "cancel"}); cancel-0-1 write({"effect": "cancel:next"})',
         "T-2 tool cancel-0-0 held_write: wrote cancel:held on attempt 1",
-        "T-3 tool cancel-0-1 write (error): Tool call write was not completed: turn cancelled by caller",
-        "T-4 assistant: This turn ended before it was finished: turn cancelled by caller",
+        "T-3 tool cancel-0-1 write (error): Tool call write was not completed: the customer hung up",
+        "T-4 assistant: This turn ended before it was finished: the customer hung up",
     ],
     events={
         "T": [
@@ -306,14 +306,14 @@ def test_a_turn_cancelled_while_its_tool_runs_ends_cancelled_at_the_next_boundar
     deployment.wait_for(lambda: _executions(deployment, f"{turn.id}:cancel-0-0"), 30, "the held tool to start")
 
     # When the RUNNING turn is cancelled, and then the tool returns
-    flagged = deployment.runner.cancel(turn.id)
+    flagged = deployment.runner.cancel(turn.id, reason="the customer hung up")
     assert (flagged.status, flagged.cancel_requested) == (AgentTurnStatus.RUNNING, True)
     deployment.signals.open_gate("cancel")
     ended = _ended(deployment, turn.id)
     deployment.stop_workers()
 
-    # Then the finished call's result is kept, the other call and the turn are closed out,
-    # the turn is CANCELLED, and nothing was saved after the terminal event
+    # Then the finished call's result is kept, the other call and the turn are closed out
+    # with the caller's reason, the turn is CANCELLED, and nothing was saved after the terminal event
     assert deployment.load(turn.id) == ended
     assert deployment.history(turn.id) == CANCEL
 

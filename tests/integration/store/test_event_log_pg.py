@@ -1,9 +1,12 @@
 """The PostgreSQL event log under concurrent commits: a reader with a cursor never skips an event.
 
 Ids from a sequence are handed out at insert time, not at commit: a transaction can take a
-low id, stay open, and commit after transactions with higher ids. These tests hold some
-writers' transactions open on purpose (a trigger on the events table waits on an advisory
-lock or sleeps, after the row got its id) while other writers commit and a reader polls.
+low id, stay open, and commit after transactions with higher ids. Positions are handed out
+by a counter per turn tree and conversation whose row lock lasts until the save commits,
+so a later save of the same scope waits for an open one, while other scopes go on. These
+tests hold some writers' transactions open on purpose (a trigger on the events table waits
+on an advisory lock or sleeps, after the row got its positions) while other writers save
+and a reader polls.
 """
 
 from __future__ import annotations
@@ -22,8 +25,22 @@ from sqlalchemy import event as sa_event
 from sqlalchemy.engine import make_url
 
 import store
-from agent_runner import AgentEvent, AgentEventType, AgentTurn, AgentTurnStatus, VersionConflictError
-from store.schema import turn_events
+from agent_runner import (
+    Agent,
+    AgentEvent,
+    AgentEventType,
+    AgentRunner,
+    AgentTurn,
+    AgentTurnStatus,
+    AiMessage,
+    InMemoryAgentLoader,
+    ScriptedChatModel,
+    StoreError,
+    ToolCall,
+    VersionConflictError,
+    tool,
+)
+from tests.helpers.other_database import transaction_open_elsewhere
 
 pytestmark = pytest.mark.integration
 
@@ -95,24 +112,6 @@ def store_reader(turns: store.SqlAgentTurnStore, limit: int = 5) -> Reader:
     return lambda scope, cursor: turns.read_events(**scope, after=cursor, limit=limit)
 
 
-def sequence_id_reader(turns: store.SqlAgentTurnStore, limit: int = 5) -> Reader:
-    """The reader the event log must not be: it trusts the sequence and pages with `id > cursor`."""
-
-    def read(scope: dict[str, str], cursor: str | None) -> list[AgentEvent]:
-        column = turn_events.c.root_turn_id if "root_turn_id" in scope else turn_events.c.conversation_id
-        query = (
-            sa.select(turn_events.c.id, turn_events.c.payload)
-            .where(column == next(iter(scope.values())), turn_events.c.id > int(cursor or 0))
-            .order_by(turn_events.c.id)
-            .limit(limit)
-        )
-        with turns.engine.connect() as connection:
-            rows = connection.execute(query).all()
-        return [AgentEvent.model_validate({**row.payload, "cursor": str(row.id)}) for row in rows]
-
-    return read
-
-
 class Follower:
     """Pages through a scope with a reader, keeping its cursor, as a subscriber would."""
 
@@ -150,80 +149,129 @@ def wait_for_lock_waiter(admin: psycopg.Connection[Any], key: int, within: float
     raise AssertionError(f"no transaction started waiting on advisory lock {key}")
 
 
-def held_commit_scenario(
-    turns: store.SqlAgentTurnStore, admin: psycopg.Connection[Any], readers: list[Follower], settle_s: float = 30.0
-) -> tuple[set[str], list[list[str]]]:
-    """Child a's save takes the lowest new id and stays open while b's and c's saves commit; the readers poll throughout.
+def holder_pid(admin: psycopg.Connection[Any], key: int) -> int:
+    """The backend waiting on advisory lock `key` (inside its save, see HOLD_TRIGGER)."""
+    row = admin.execute(
+        "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND classid = 0 AND objid = %s", (key,)
+    ).fetchone()
+    assert row is not None
+    return int(row[0])
 
-    Returns the ids of every event written, and what each reader had seen just before a's
-    transaction was let go.
-    """
+
+def wait_for_blocked_by(admin: psycopg.Connection[Any], pid: int, count: int, within: float = 30.0) -> None:
+    """Wait until `count` backends wait, directly or behind another waiter, on a lock that backend `pid` holds."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        waits = admin.execute(
+            "SELECT pid, pg_blocking_pids(pid) FROM pg_stat_activity WHERE cardinality(pg_blocking_pids(pid)) > 0"
+        ).fetchall()
+        blocked = {pid}
+        grew = True
+        while grew:
+            before = len(blocked)
+            blocked |= {waiter for waiter, blockers in waits if blocked & set(blockers)}
+            grew = len(blocked) > before
+        if len(blocked) - 1 >= count:
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"{count} saves did not start waiting on backend {pid}")
+
+
+def save_in_thread(
+    url: str, turn: AgentTurn, events: list[AgentEvent], errors: list[BaseException]
+) -> threading.Thread:
+    """Start a thread that saves the next version of `turn` with `events` on a store of its own."""
+
+    def save() -> None:
+        with store.SqlAgentTurnStore(url) as own:
+            try:
+                own.save(turn, turn.version, events)
+            except BaseException as exc:  # reported by the caller
+                errors.append(exc)
+
+    thread = threading.Thread(target=save)
+    thread.start()
+    return thread
+
+
+def test_a_save_left_open_holds_back_the_later_saves_of_its_tree_and_readers_miss_nothing(
+    turns: store.SqlAgentTurnStore, admin: psycopg.Connection[Any]
+) -> None:
+    url = turns.engine.url.render_as_string(hide_password=False)
+    tree = Follower(store_reader(turns), {"root_turn_id": "r-1"})
+    conversation = Follower(store_reader(turns), {"conversation_id": "c-1"})
+    # Given a tree of three children, every event of which both readers have read
     root = turns.save(make_turn("r-1"), -1, events_for(make_turn("r-1"), 1))
     children = {name: make_turn(f"r-1.{name}", "r-1") for name in "abc"}
-    written = set(ids(events_for(root, 0)))
     for name, child in children.items():
-        created = events_for(child, 1)
-        children[name] = turns.save(child, -1, created)
-        written |= set(ids(created)) | {"r-1:0:0"}
-    for reader in readers:
-        reader.poll_until(len(written))
+        children[name] = turns.save(child, -1, events_for(child, 1))
+    written = {"r-1:0:0", "r-1.a:0:0", "r-1.b:0:0", "r-1.c:0:0"}
+    assert root.version == 0
+    for follower in (tree, conversation):
+        follower.poll_until(len(written))
     key = random.randint(1, 2**31 - 1)
     admin.execute("SELECT pg_advisory_lock(%s)", (key,))
     errors: list[BaseException] = []
     held = events_for(children["a"], 1, hold_lock=key)
-
-    def save_held() -> None:
-        with store.SqlAgentTurnStore(turns.engine.url.render_as_string(hide_password=False)) as own:
-            try:
-                own.save(children["a"], 0, held)
-            except BaseException as exc:  # reported below
-                errors.append(exc)
-
-    holder = threading.Thread(target=save_held)
+    later = events_for(children["b"], 2) + events_for(children["c"], 1)
+    threads = [save_in_thread(url, children["a"], held, errors)]
     try:
-        holder.start()
-        # Once a's transaction holds its event row (and its id), b and c commit theirs
+        # When a's save has taken its positions and stays open, and b and c save meanwhile
         wait_for_lock_waiter(admin, key)
-        later = events_for(children["b"], 2) + events_for(children["c"], 1)
-        turns.save(children["b"], 0, later[:2])
-        turns.save(children["c"], 0, later[2:])
-        for _ in range(20):
-            for reader in readers:
-                reader.poll()
+        holder = holder_pid(admin, key)
+        threads.append(save_in_thread(url, children["b"], later[:2], errors))
+        threads.append(save_in_thread(url, children["c"], later[2:], errors))
+        # Then b and c wait for a (the tree's counter row), and readers see nothing new meanwhile
+        wait_for_blocked_by(admin, holder, 2)
+        for _ in range(10):
+            tree.poll()
+            conversation.poll()
             time.sleep(0.01)
-        before_release = [list(reader.seen) for reader in readers]
+        assert set(tree.seen) == set(conversation.seen) == written
+    finally:
+        admin.execute("SELECT pg_advisory_unlock(%s)", (key,))
+        for thread in threads:
+            thread.join(timeout=30)
+    assert errors == []
+    # And once a commits, everything comes, each event once: a's first, b's two in order
+    written |= set(ids(held)) | set(ids(later))
+    for follower in (tree, conversation):
+        follower.poll_until(len(written))
+        assert sorted(follower.seen) == sorted(written)
+        assert follower.seen[4] == "r-1.a:1:0"
+        rest = follower.seen[5:]
+        assert sorted(rest) == ["r-1.b:1:0", "r-1.b:1:1", "r-1.c:1:0"]
+        assert rest.index("r-1.b:1:1") == rest.index("r-1.b:1:0") + 1
+
+
+def test_a_save_left_open_in_another_tree_delays_nothing_here(
+    turns: store.SqlAgentTurnStore, admin: psycopg.Connection[Any]
+) -> None:
+    url = turns.engine.url.render_as_string(hide_password=False)
+
+    def elsewhere(events: list[AgentEvent]) -> list[AgentEvent]:
+        return [e.model_copy(update={"conversation_id": "c-2"}) for e in events]
+
+    other = make_turn("other").model_copy(update={"conversation_id": "c-2"})
+    other = turns.save(other, -1, elsewhere(events_for(other, 1)))
+    key = random.randint(1, 2**31 - 1)
+    admin.execute("SELECT pg_advisory_lock(%s)", (key,))
+    errors: list[BaseException] = []
+    holder = save_in_thread(url, other, elsewhere(events_for(other, 1, hold_lock=key)), errors)
+    try:
+        # Given a save of another tree and conversation that stays open
+        wait_for_lock_waiter(admin, key)
+        # When this tree saves, its events are readable at once, through the tree and the conversation
+        root = turns.save(make_turn("r-1"), -1, events_for(make_turn("r-1"), 1))
+        turns.save(root, 0, events_for(root, 2))
+        expected = ["r-1:0:0", "r-1:1:0", "r-1:1:1"]
+        assert ids(turns.read_events(root_turn_id="r-1")) == expected
+        assert ids(turns.read_events(conversation_id="c-1")) == expected
     finally:
         admin.execute("SELECT pg_advisory_unlock(%s)", (key,))
         holder.join(timeout=30)
     assert errors == []
-    written |= set(ids(held)) | set(ids(later))
-    for reader in readers:
-        reader.poll_until(len(written), within=settle_s)
-    return written, before_release
-
-
-def test_a_reader_misses_no_event_committed_after_later_ones(
-    turns: store.SqlAgentTurnStore, admin: psycopg.Connection[Any]
-) -> None:
-    tree = Follower(store_reader(turns), {"root_turn_id": "r-1"})
-    conversation = Follower(store_reader(turns), {"conversation_id": "c-1"})
-    written, before_release = held_commit_scenario(turns, admin, [tree, conversation])
-    for follower, seen_while_held in zip((tree, conversation), before_release, strict=True):
-        # Nothing that committed after a's transaction began was served while it was open
-        assert set(seen_while_held) == {"r-1:0:0", "r-1.a:0:0", "r-1.b:0:0", "r-1.c:0:0"}
-        # Then every event, once: a's first, since it took its transaction id first
-        assert sorted(follower.seen) == sorted(written)
-        assert follower.seen[4:] == ["r-1.a:1:0", "r-1.b:1:0", "r-1.b:1:1", "r-1.c:1:0"]
-
-
-def test_a_reader_trusting_sequence_ids_would_skip_the_held_event(
-    turns: store.SqlAgentTurnStore, admin: psycopg.Connection[Any]
-) -> None:
-    """The scenario above is the race the store's cursor exists for: a naive reader loses an event."""
-    naive = Follower(sequence_id_reader(turns), {"root_turn_id": "r-1"})
-    written, (seen_while_held,) = held_commit_scenario(turns, admin, [naive], settle_s=0.5)
-    assert {"r-1.b:1:0", "r-1.c:1:0"} <= set(seen_while_held)
-    assert set(naive.seen) == written - {"r-1.a:1:0"}
+    assert ids(turns.read_events(root_turn_id="other")) == ["other:0:0", "other:1:0"]
 
 
 def test_parallel_children_with_slow_commits_reach_every_reader_exactly_once(holding_url: str) -> None:
@@ -281,6 +329,38 @@ def test_parallel_children_with_slow_commits_reach_every_reader_exactly_once(hol
                 assert own == sorted(own, key=lambda i: (int(i.split(":")[1]), int(i.split(":")[2])))
 
 
+@tool
+def lookup(order: str) -> str:
+    """Look an order up."""
+    return f"{order}: shipped"
+
+
+def test_a_transaction_left_open_in_another_database_delays_no_event(
+    pg_url: str, admin: psycopg.Connection[Any]
+) -> None:
+    model = ScriptedChatModel(
+        [AiMessage(tool_calls=[ToolCall(id="c1", name="lookup", arguments={"order": "A-1"})]), AiMessage("shipped")]
+    )
+    agent = Agent(id="orders", chat_model=model, tools=[lookup])
+    with (
+        store.SqlAgentTurnStore(pg_url) as turns,
+        store.SqlChatMemoryProvider(pg_url) as memories,
+        transaction_open_elsewhere(admin),
+    ):
+        # Given a write transaction left open in another database of the same server
+        runner = AgentRunner(turn_store=turns, agent_loader=InMemoryAgentLoader([agent]), chat_memory_provider=memories)
+        # When a turn runs to its end
+        turn = runner.run(agent, "where is A-1?", conversation_id="c-open")
+        assert turn.status is AgentTurnStatus.COMPLETED
+        # Then all its events are readable at once, by tree and by conversation, the terminal one last
+        by_tree = turns.read_events(root_turn_id=turn.id)
+        by_conversation = turns.read_events(conversation_id="c-open")
+    types = [e.type for e in by_tree]
+    assert types[0] is E.TURN_STARTED and types[-1] is E.TURN_COMPLETED
+    assert {E.MODEL_RESPONSE, E.TOOL_STARTED, E.TOOL_COMPLETED} <= set(types)
+    assert ids(by_conversation) == ids(by_tree)
+
+
 # --- The one-statement save and the read query ------------------------------------------------
 
 
@@ -295,12 +375,11 @@ def test_the_fast_path_writes_events_in_its_single_statement_and_nothing_on_a_co
         # A writer at a stale version, on the same fast path, writes none of its events
         with pytest.raises(VersionConflictError):
             second.save(stale, 0, [AgentEvent(event_id="stale", type=E.TURN_FAILED, turn_id="r-1")])
-        found: list[AgentEvent] = []
-        deadline = time.monotonic() + 30
-        while len(found) < 4 and time.monotonic() < deadline:
-            found = first.read_events(root_turn_id="r-1")
+        # And the events of both saves are readable at once, at the positions 1 to 4 of the tree
+        found = first.read_events(root_turn_id="r-1")
         assert ids(found) == ["r-1:0:0", "r-1:1:0", "r-1:1:1", "r-1:1:2"]
-        assert len({e.cursor.split(".")[0] for e in found[1:]}) == 1  # type: ignore[union-attr]
+        assert [e.cursor for e in found] == ["1", "2", "3", "4"]
+        assert [e.cursor for e in first.read_events(conversation_id="c-1")] == ["1", "2", "3", "4"]
 
 
 def test_reading_events_uses_the_indexes(pg_url: str) -> None:
@@ -313,12 +392,13 @@ def test_reading_events_uses_the_indexes(pg_url: str) -> None:
     with store.SqlAgentTurnStore(pg_url) as turns:
         sa_event.listen(turns.engine, "before_cursor_execute", capture)
         turns.read_events(root_turn_id="r-1")
-        turns.read_events(conversation_id="c-1", after="12.34")
+        turns.read_events(conversation_id="c-1", after="12")
+        turns.read_events(conversation_id="c-1", after="12.34")  # a cursor of the earlier read order
         sa_event.remove(turns.engine, "before_cursor_execute", capture)
         with turns.engine.connect() as connection:
             connection.exec_driver_sql("SET enable_seqscan = off")
             plans = ["\n".join(r[0] for r in connection.exec_driver_sql("EXPLAIN " + s, p)) for s, p in captured]
-    assert len(plans) == 2
+    assert len(plans) == 4
     assert all("Seq Scan" not in plan and "ix_agent_turn_events" in plan for plan in plans), plans
 
 
@@ -341,9 +421,48 @@ def test_prune_in_batches_leaves_no_rows_of_pruned_trees(pg_url: str) -> None:
                 table: connection.execute(sa.text(f"SELECT count(*) FROM {table}")).scalar()
                 for table in ("agent_turns", "agent_turn_messages", "agent_turn_events", "agent_turn_leases")
             }
+            counters = connection.execute(sa.text("SELECT conversation_id FROM agent_event_conversations")).all()
     assert counts == dict.fromkeys(counts, 0)
+    # The conversation's position counter stays, as the conversation goes on (the trees' went with their roots)
+    assert [tuple(row) for row in counters] == [("c-1",)]
 
 
-def test_an_unknown_transaction_in_a_cursor_is_simply_later(turns: store.SqlAgentTurnStore) -> None:
+def test_a_cursor_past_the_last_position_is_simply_later(turns: store.SqlAgentTurnStore) -> None:
     turns.save(make_turn("r-1"), -1, events_for(make_turn("r-1"), 1))
-    assert turns.read_events(root_turn_id="r-1", after=f"{2**62}.1") == []
+    assert turns.read_events(root_turn_id="r-1", after=str(2**62)) == []
+    # An `<xid>.<id>` cursor of the earlier read order precedes every event written since
+    assert ids(turns.read_events(root_turn_id="r-1", after=f"{2**62}.1")) == ["r-1:0:0"]
+
+
+def test_a_save_takes_its_conversation_counters_in_one_order_whatever_the_order_of_its_events() -> None:
+    from store._event_log import claim_positions
+
+    # Events of one save filed under two conversations, in mixed order
+    events = [
+        AgentEvent(event_id=f"e{n}", type=E.TOOL_COMPLETED, turn_id="r-1.a", root_turn_id="r-1", conversation_id=c)
+        for n, c in enumerate(["c-2", "c-1", None, "c-2"])
+    ]
+    claim = claim_positions(events)
+    # Conversation counters are taken sorted by id (the lock order every save shares), each bumped by its count
+    assert claim.conversations == [("c-1", 1), ("c-2", 2)]
+    # And each event lands at the new last positions plus its offsets, in its order
+    assert claim.offsets == [(-3, -1), (-2, 0), (-1, None), (0, 0)]
+
+
+@pytest.mark.parametrize("database", ["pg_url", "sqlite_url"])
+def test_a_child_whose_root_is_not_stored_cannot_save_events_and_nothing_is_written(
+    database: str, request: pytest.FixtureRequest
+) -> None:
+    url = str(request.getfixturevalue(database))
+    with store.SqlAgentTurnStore(url) as turns:
+        # Given a child turn of a root turn that was never stored
+        child = make_turn("r-9.a", "r-9")
+        # When it is created, or saved, with events
+        with pytest.raises(StoreError, match="root turn 'r-9', which is not stored"):
+            turns.save(child, -1, events_for(child, 1))
+        stored = turns.save(child, -1)
+        with pytest.raises(StoreError, match="root turn 'r-9', which is not stored"):
+            turns.save(stored, 0, events_for(stored, 2))
+        # Then neither save wrote anything: the turn is as first stored without events
+        assert turns.load("r-9.a").version == 0
+        assert turns.read_events(root_turn_id="r-9") == []

@@ -115,3 +115,18 @@ def test_a_message_remembers_the_agent_tenant_and_metadata_of_its_turn(inbox: In
     )
     plain = inbox.enqueue("c-2", "m-2", "no extras")
     assert (plain.agent_id, plain.tenant_id, plain.metadata) == (None, None, {})
+
+
+def test_a_conversation_has_waiting_messages_until_each_started_its_turn_or_failed(inbox: Inbox) -> None:
+    # Given a tenant's conversation with two queued messages, and another tenant's of the same id
+    assert not inbox.has_waiting("acme/c-1")
+    inbox.enqueue("acme/c-1", "m-1", "first")
+    inbox.enqueue("acme/c-1", "m-2", "second")
+    assert inbox.has_waiting("acme/c-1") and not inbox.has_waiting("globex/c-1")
+    # When the first is claimed and starts its turn, it no longer waits, the second still does
+    claimed = inbox.claim_next("acme/c-1")
+    assert claimed is not None and inbox.has_waiting("acme/c-1")
+    assert inbox.mark_completed("m-1", "t-1") and inbox.has_waiting("acme/c-1")
+    # Then once the second failed, nothing waits
+    assert inbox.mark_failed("m-2", "no agent")
+    assert not inbox.has_waiting("acme/c-1")

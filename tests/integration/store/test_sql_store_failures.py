@@ -16,7 +16,7 @@ import pytest
 from sqlalchemy import event
 from sqlalchemy.engine import Connection, make_url
 
-from agent_runner import AgentTurn, AiMessage, StoreUnavailableError, TurnNotFound, UserMessage
+from agent_runner import AgentTurn, AiMessage, InputLimitError, StoreUnavailableError, TurnNotFound, UserMessage
 from store import Inbox, SqlAgentTurnStore, SqlChatMemoryProvider, SqlTurnLease
 from tests.integration.store.store_kit import killed_mid_statement
 
@@ -180,3 +180,34 @@ def test_an_unreachable_server_is_unavailable_and_the_password_stays_hidden(post
     finally:
         for closable in (turns, memories, inbox, lease):
             closable.close()
+
+
+UNSTORABLE_IDS = [pytest.param("t\x00", id="nul"), pytest.param("t\ud800", id="lone-surrogate")]
+
+
+@pytest.mark.parametrize("bad_id", UNSTORABLE_IDS)
+def test_an_id_no_database_can_hold_is_a_typed_input_error_from_every_read(sql_url: str, bad_id: str) -> None:
+    with SqlAgentTurnStore(sql_url) as turns, Inbox(sql_url) as inbox:
+        reads: list[Callable[[], Any]] = [
+            lambda: turns.load(bad_id),
+            lambda: turns.get_ref(bad_id),
+            lambda: turns.request_cancel(bad_id),
+            lambda: turns.find_active_turn(bad_id),
+            lambda: turns.list_turns(conversation_id=bad_id),
+            lambda: turns.read_events(conversation_id=bad_id),
+            lambda: turns.read_events(root_turn_id=bad_id),
+            lambda: inbox.get(bad_id),
+        ]
+        # SQLite keeps NUL characters in text, so only a lookup that finds nothing happens there
+        refused = bad_id != "t\x00" or sql_url.startswith("postgresql")
+        for read in reads:
+            if not refused:
+                try:
+                    assert not read()
+                except TurnNotFound:
+                    pass
+                continue
+            # Then each raises InputLimitError (InvalidTextError for a lone surrogate), never a driver's error
+            with pytest.raises(InputLimitError) as raised:
+                read()
+            assert "refused" in str(raised.value) or "cannot be stored" in str(raised.value)

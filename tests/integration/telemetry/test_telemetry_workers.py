@@ -12,7 +12,6 @@ from __future__ import annotations
 import re
 import socket
 import time
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,6 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client import REGISTRY
-from prometheus_client.parser import text_string_to_metric_families
 
 from agent_runner import (
     AgentResumeCommand,
@@ -31,6 +29,7 @@ from agent_runner import (
     AgentTurnStatus,
     InMemoryAgentLoader,
 )
+from tests.helpers.metrics import scrape
 from tests.integration.celery_workers.celery_cluster import Cluster, WorkerProcess
 from tests.integration.telemetry.otlp_receiver import otlp_receiver, read_spans
 from tests.integration.telemetry.telemetry_agents import CHILDREN, MODEL_NAME, USAGE, build_agents
@@ -57,17 +56,6 @@ def _free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return int(probe.getsockname()[1])
-
-
-def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    """Every sample of a worker's `/metrics`, by name and sorted labels."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
-        text = response.read().decode()
-    return {
-        (s.name, tuple(sorted(s.labels.items()))): s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-    }
 
 
 def total(samples: list[dict[tuple[str, tuple[tuple[str, str], ...]], float]], name: str, **labels: str) -> float:

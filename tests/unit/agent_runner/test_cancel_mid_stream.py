@@ -53,12 +53,12 @@ def test_a_cancel_mid_stream_abandons_the_stream_and_ends_the_turn(monkeypatch: 
     stepping.start()
     assert model.started.wait(5)
     time.sleep(0.05)
-    cancelled = runner.cancel(turn.id)
+    cancelled = runner.cancel(turn.id, reason="the listener left")
     assert cancelled.status is AgentTurnStatus.RUNNING and cancelled.cancel_requested  # flagged, not ended
     stepping.join(10)
 
     ended = store.load(turn.id)
-    assert ended.status is AgentTurnStatus.CANCELLED
+    assert (ended.status, ended.error) == (AgentTurnStatus.CANCELLED, "the listener left")
     assert model.sent < model.chunks  # the rest of the answer was never paid for
     types = events.types(turn.id)
     assert types[-1] is AgentEventType.TURN_CANCELLED  # nothing of the turn follows its end

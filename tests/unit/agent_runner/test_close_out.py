@@ -193,6 +193,47 @@ def test_cancel_of_a_running_turn_sets_the_flag_and_the_stepping_thread_ends_it_
     assert versions == list(range(len(versions)))
 
 
+class ReasonlessStore(RecordingStore):
+    """A store written against the protocol before cancel requests carried a reason."""
+
+    def request_cancel(self, turn_id: str) -> AgentTurn:  # type: ignore[override]
+        return super().request_cancel(turn_id)
+
+
+def _self_cancelling_agent(runner: dict[str, AgentRunner], reason: str) -> Agent:
+    @tool
+    def stop_me() -> str:
+        """Cancel my own turn."""
+        runner["runner"].cancel(AgentToolContext.current().turn_id, reason=reason)
+        return "asked to stop"
+
+    model = ScriptedChatModel(
+        [AiMessage(tool_calls=[ToolCall(id="s1", name="stop_me", arguments={}), ToolCall(id="s2", name="stop_me")])]
+    )
+    return Agent(id="writer", chat_model=model, tools=[stop_me])
+
+
+def test_the_reason_of_a_running_turns_cancel_reaches_its_error_close_out_and_event() -> None:
+    holder: dict[str, AgentRunner] = {}
+    events = EventLog()
+    runner = holder["runner"] = AgentRunner(turn_store=RecordingStore(), policy=_policy())
+    runner.add_event_listener(events)
+    turn = runner.run(_self_cancelling_agent(holder, "the customer hung up"), "go")
+    assert (turn.status, turn.error) == (S.CANCELLED, "the customer hung up")
+    _assert_closed_out(turn, [("s2", "stop_me")], "the customer hung up")
+    [ended] = events.of_type(AgentEventType.TURN_CANCELLED)
+    assert ended.data["error"] == "the customer hung up"
+
+
+def test_a_store_whose_cancel_request_takes_no_reason_still_cancels_with_the_default_reason() -> None:
+    holder: dict[str, AgentRunner] = {}
+    # mypy sees an older store as no match for the protocol; at run time it still works
+    runner = holder["runner"] = AgentRunner(turn_store=ReasonlessStore(), policy=_policy())  # type: ignore[arg-type]
+    turn = runner.run(_self_cancelling_agent(holder, "the customer hung up"), "go")
+    assert (turn.status, turn.error) == (S.CANCELLED, "turn cancelled by caller")
+    _assert_closed_out(turn, [("s2", "stop_me")], "turn cancelled by caller")
+
+
 def test_a_tool_raising_an_unexpected_exception_fails_the_turn_and_closes_out_every_pending_call() -> None:
     rec = Recorder()
     model = ScriptedChatModel(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -40,10 +41,14 @@ from agent_runner.limits import (
     MAX_JSON_DEPTH,
     MIB,
     bounded_text,
+    check_conversation_id,
     check_id,
     check_json,
     check_reference,
+    check_tenant_id,
     check_text,
+    scoped_conversation_id,
+    split_conversation_id,
     storable_text,
 )
 from agent_runner.persistence import AgentTurnStore
@@ -87,6 +92,49 @@ def test_ids_outside_the_character_set_name_the_first_bad_character(value: str, 
     with pytest.raises(InputLimitError) as caught:
         check_id(value, "tenant_id")
     assert found in caught.value.found
+
+
+def test_a_tenants_conversation_id_is_built_checked_and_split_by_one_rule() -> None:
+    scoped = scoped_conversation_id("tenant-a", "c.1:x")
+    assert scoped == "tenant-a/c.1:x" and scoped_conversation_id(None, "c-1") == "c-1"
+    assert split_conversation_id(scoped) == ("tenant-a", "c.1:x") and split_conversation_id("c-1") == (None, "c-1")
+    assert check_conversation_id(scoped) == scoped and check_conversation_id("c-1") == "c-1"
+    # The tenant's own id may be as long as any id; the tenant part follows the tenant rules
+    assert check_conversation_id(f"{'t' * 64}/{'c' * 128}") == f"{'t' * 64}/{'c' * 128}"
+    assert check_tenant_id("tenant_B-9") == "tenant_B-9"
+
+
+@pytest.mark.parametrize(
+    ("value", "field", "found"),
+    [
+        ("a/b/c", "conversation_id", "'/' at position 1"),
+        ("/c-1", "conversation_id", "an empty string in the tenant part"),
+        ("t/", "conversation_id", "an empty string"),
+        ("t.1/c", "conversation_id", "'.' at position 1 in the tenant part"),
+        (f"{'t' * 65}/c", "conversation_id", "65 characters in the tenant part"),
+        (f"t/{'c' * 129}", "conversation_id", "129 characters"),
+        ("t/c\x00", "conversation_id", "U+0000"),
+        (["t/c"], "conversation_id", "a list"),
+    ],
+)
+def test_scoped_conversation_ids_outside_the_rules_name_the_part_that_breaks_them(
+    value: object, field: str, found: str
+) -> None:
+    with pytest.raises(InputLimitError) as caught:
+        check_conversation_id(value)
+    assert caught.value.field == field and found in caught.value.found
+
+
+def test_a_turn_may_start_only_in_a_conversation_of_its_own_tenant() -> None:
+    runner = AgentRunner(chat_memory_provider=InMemoryChatMemoryProvider())
+    agent = Agent(id="a", chat_model=ScriptedChatModel([AiMessage(content="ok")] * 2))
+    mine = runner.run(agent, "hi", conversation_id="tenant-a/c-1", tenant_id="tenant-a")
+    assert mine.status is AgentTurnStatus.COMPLETED and mine.conversation_id == "tenant-a/c-1"
+    for tenant in ("tenant-b", None):
+        with pytest.raises(InputLimitError, match="conversation_id") as caught:
+            runner.start(agent, "hi", conversation_id="tenant-a/c-2", tenant_id=tenant)
+        assert caught.value.found == "one of tenant 'tenant-a'"
+    assert runner.turn_store.find_active_turn("tenant-a/c-2") is None
 
 
 def test_references_accept_any_storable_text_of_a_model_provider() -> None:
@@ -332,3 +380,18 @@ def test_a_cancel_reason_over_the_limit_is_refused_and_the_turn_goes_on() -> Non
         runner.cancel(turn.id, "bad \x00")
     assert runner.turn_store.load(turn.id) == turn
     assert runner.cancel(turn.id, "user left").status is AgentTurnStatus.CANCELLED
+
+
+@pytest.mark.parametrize("bad_id", ["t\x00", "t\ud800", "t" * 129, ""])
+def test_runner_entry_points_taking_a_turn_id_refuse_one_that_is_not_an_id(bad_id: str) -> None:
+    runner = AgentRunner()
+    calls: list[Callable[[], object]] = [
+        lambda: runner.restore(bad_id),
+        lambda: runner.cancel(bad_id),
+        lambda: runner.cancel(bad_id, reason="why"),
+        lambda: runner.resume(bad_id, AgentResumeCommand.retry()),
+        lambda: runner.submit_resume(bad_id, AgentResumeCommand.retry()),
+    ]
+    for call in calls:
+        with pytest.raises(InputLimitError, match="turn_id"):
+            call()

@@ -53,3 +53,42 @@ def test_the_docs_of_a_mounted_app_link_their_assets_under_the_mount_path(tmp_pa
 
 def _no_agents() -> InMemoryAgentLoader:
     return InMemoryAgentLoader([])
+
+
+def _metrics_status(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, env: dict[str, str], bearer: str | None) -> int:
+    monkeypatch.setenv("AGENT_RUNNER_AGENT_LOADER", "workers.demo:build_agent")
+    for name in ("AGENT_RUNNER_API_KEYS", "AGENT_RUNNER_METRICS_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    app = create_app(database_url=f"sqlite:///{tmp_path / 'metrics.db'}", worker="none")
+    headers = {} if bearer is None else {"Authorization": f"Bearer {bearer}"}
+    with TestClient(app) as client:
+        response = client.get("/metrics", headers=headers)
+    if response.status_code != 200:
+        error = response.json()["error"]
+        assert error["message"] and "AGENT_RUNNER_METRICS_TOKEN" in error["message"]
+    return response.status_code
+
+
+KEYS = {"AGENT_RUNNER_API_KEYS": "acme:key-acme,globex:key-globex"}
+TOKEN = {"AGENT_RUNNER_METRICS_TOKEN": "scrape-token"}
+
+
+@pytest.mark.parametrize(
+    ("env", "bearer", "status"),
+    [
+        pytest.param({}, None, 200, id="one-tenant-open"),
+        pytest.param(KEYS, None, 403, id="tenants-without-token-closed"),
+        pytest.param(KEYS, "key-acme", 403, id="tenants-a-tenant-key-never-opens-it"),
+        pytest.param({**KEYS, **TOKEN}, None, 401, id="token-required"),
+        pytest.param({**KEYS, **TOKEN}, "key-acme", 401, id="token-not-a-tenant-key"),
+        pytest.param({**KEYS, **TOKEN}, "scrape-token", 200, id="token-opens-it"),
+        pytest.param(TOKEN, None, 401, id="one-tenant-with-token-required"),
+        pytest.param(TOKEN, "scrape-token", 200, id="one-tenant-with-token"),
+    ],
+)
+def test_metrics_span_tenants_so_only_the_metrics_token_opens_them_when_keys_are_set(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, env: dict[str, str], bearer: str | None, status: int
+) -> None:
+    assert _metrics_status(tmp_path, monkeypatch, env, bearer) == status

@@ -29,6 +29,7 @@ from agent_runner import (
     ToolCall,
     tool,
 )
+from agent_runner.event_payloads import PAYLOAD_MODELS
 from agent_runner.suspensions import TimeoutAction
 from tests.helpers.node import json_lines, run_node
 from tests.unit.agent_runner.turn_kit import EventLog
@@ -206,9 +207,14 @@ def test_a_typescript_client_generated_from_the_document_types_a_console_program
     done = run_node(OPENAPI_CLIENT, "check.mjs", [str(tmp_path / "openapi.json"), str(tmp_path)])
     assert done.returncode == 0 and json_lines(done.stdout) == [{"ok": True}], done.stdout + done.stderr
     blocks = _schema_blocks((tmp_path / "api.d.ts").read_text())
-    names = [n for n in blocks if n in TYPED_SCHEMAS or n.endswith(("Event", "Payload", "ItemView", "MessageView"))]
-    names += [n for n in blocks if n.endswith("Request") and n not in ("StartTurnRequest", "TokenRequest")]
-    assert set(TYPED_SCHEMAS) <= set(names) and len(names) > 40
+    names = [
+        *TYPED_SCHEMAS,
+        *(view.__name__ for view in EVENT_VIEWS),
+        *(payload.__name__ for payload in PAYLOAD_MODELS.values()),
+        *(request.__name__ for request in RESUME_REQUESTS),
+        *(n for n in blocks if n.endswith(("ItemView", "MessageView"))),
+    ]
+    assert set(names) <= set(blocks) and len(set(names)) > 40
     for name in names:
         assert not LOOSE.search(blocks[name]), f"{name}:\n{blocks[name]}"
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from agent_runner import Agent, AgentTurn, ResumeType, ScriptedChatModel, ToolCall, TurnNotFound, tool
+from agent_runner import Agent, AgentTurn, InputLimitError, ResumeType, ScriptedChatModel, ToolCall, TurnNotFound, tool
 from workers.api.errors import InvalidRequest
 from workers.api.guard import check_json, json_depth
 from workers.api.settings import ApiKeys, ApiSettings, WorkerMode
@@ -127,6 +127,10 @@ def test_tenants_store_conversations_under_their_name_and_see_only_their_turns()
     acme, single = Tenant("acme"), Tenant()
     assert acme.stored_conversation("c-1") == "acme/c-1" and acme.shown_conversation("acme/c-1") == "c-1"
     assert single.stored_conversation("c-1") == "c-1" and single.shown_conversation(None) is None
+    # Another tenant's stored id is shown as stored, never cut down to look like one's own
+    assert acme.shown_conversation("globex/c-1") == "globex/c-1"
+    with pytest.raises(InputLimitError):
+        acme.stored_conversation("c/1")
     turn = AgentTurn(id="t", agent_id="a", tenant_id="globex")
     assert single.owns(turn) and not acme.owns(turn)
     with pytest.raises(TurnNotFound):

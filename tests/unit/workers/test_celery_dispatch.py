@@ -97,6 +97,9 @@ def test_a_failed_publish_is_logged_not_raised(caplog: pytest.LogCaptureFixture)
     # The turn is saved already; the sweeps will enqueue it, so the caller must not fail.
     assert dispatcher(RecordingApp(fail=True)).send_step("t-1", 3) is False
     assert "sweeps will pick it up" in caplog.text
+    # One warning line naming the error, no traceback: a sweep with the broker down sends many
+    [record] = caplog.records
+    assert record.levelname == "WARNING" and record.exc_info is None and "broker down" in record.getMessage()
 
 
 def test_a_terminal_event_of_a_conversation_turn_asks_for_the_next_inbox_message() -> None:

@@ -23,7 +23,7 @@ from agent_runner import (
     ToolMessage,
     tool,
 )
-from store import SqlAgentTurnStore
+from store import SqlAgentTurnStore, SqlChatMemoryProvider
 
 ROOT = Path(__file__).resolve().parents[3]
 FORM = AgentFormDefinition(
@@ -76,6 +76,29 @@ def _stored(url: str, turn_id: str) -> AgentTurn:
         return store.load(turn_id)
     finally:
         store.close()
+
+
+def test_list_filters_by_a_tenants_conversation(url: str) -> None:
+    # Given turns of two tenants in conversations of the same id, stored under each tenant's name
+    store, memories = SqlAgentTurnStore(url), SqlChatMemoryProvider(url)
+    try:
+        runner = AgentRunner(turn_store=store, chat_memory_provider=memories)
+        turns = {
+            tenant: runner.start(
+                _agent(AiMessage(content="hi")), "hi", conversation_id=f"{tenant}/c-1", tenant_id=tenant
+            )
+            for tenant in ("tenant-a", "tenant-b")
+        }
+    finally:
+        store.close()
+        memories.close()
+    # When listing one tenant's conversation by its stored id
+    listed = cli(url, "--json", "turns", "list", "--conversation", "tenant-a/c-1")
+    # Then only that tenant's turn is listed; a malformed scoped id is refused
+    assert listed.returncode == 0, listed.stderr
+    assert [item["id"] for item in json.loads(listed.stdout)] == [turns["tenant-a"].id]
+    refused = cli(url, "turns", "list", "--conversation", "tenant-a/c/1")
+    assert refused.returncode != 0 and "--conversation" in refused.stderr
 
 
 APPROVAL = AiMessage(tool_calls=[ToolCall(id="c1", name="deploy", arguments={"service": "api"})])
@@ -137,6 +160,19 @@ def test_cancel_closes_out_a_waiting_turn(url: str) -> None:
     stored = _stored(url, turn.id)
     assert stored.status is AgentTurnStatus.CANCELLED
     assert "not needed" in (stored.error or "")
+
+
+def test_cancel_of_an_ended_turn_exits_2_with_one_line_and_changes_nothing(url: str) -> None:
+    turn = _waiting_turn(url, APPROVAL)
+    assert cli(url, "cancel", turn.id).returncode == 0
+    cancelled = _stored(url, turn.id)
+    # When the ended turn is cancelled again
+    again = cli(url, "cancel", turn.id, "--reason", "twice")
+    # Then the command exits 2 with one line saying so, as HTTP answers 409, and nothing changed
+    assert again.returncode == 2, again.stderr
+    [line] = again.stderr.splitlines()
+    assert line.startswith("error: ") and "already ended (CANCELLED)" in line and turn.id in line
+    assert _stored(url, turn.id) == cancelled
 
 
 @pytest.mark.parametrize(

@@ -235,3 +235,27 @@ def test_the_worker_command_refuses_schedules_it_cannot_load(bad_schedules: Path
     )
     assert result.exit_code == 2, result.output
     assert "AGENT_RUNNER_SCHEDULES" in result.output and "cron '0 25 * * *' is invalid" in result.output
+
+
+def test_schedules_from_a_function_are_read_at_every_check_and_a_tenant_owns_their_turns(
+    processes: list[Process], url: str
+) -> None:
+    # Given a scheduler over a function whose schedules change, without start-up grace
+    process = _process(processes, url)
+    current: list[Schedule] = []
+    process.scheduler = Scheduler(
+        process.runner, process.inbox, lambda: list(current), startup_grace=timedelta(0), poll=timedelta(seconds=1)
+    )
+    owned = Schedule("owned", "ops-agent", "check", every=timedelta(minutes=5), tenant_id="tenant-a")
+    # When a schedule appears, the tick before it is not fired; the next one is
+    assert process.scheduler.check(HOUR + timedelta(seconds=30)) == {}
+    current.append(owned)
+    assert process.scheduler.check(HOUR + timedelta(seconds=31)) == {}
+    assert process.scheduler.check(HOUR + timedelta(minutes=5)) == {"owned": ScheduleOutcome.STARTED}
+    (turn,) = process.turns.list_turns(limit=10)
+    assert turn.tenant_id == "tenant-a"
+    # And a schedule gone from the function fires no more
+    current.clear()
+    assert process.scheduler.check(HOUR + timedelta(minutes=10)) == {}
+    assert process.scheduler.next_check(HOUR) == HOUR + timedelta(seconds=1)
+    assert Schedule.from_dict(owned.to_dict()) == owned and "tenant_id" not in FIVE_MINUTES.to_dict()

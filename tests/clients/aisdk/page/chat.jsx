@@ -1,0 +1,88 @@
+// A small chat page on `useChat` (@ai-sdk/react) and `DefaultChatTransport`, served on the
+// server's origin. The tenant key comes from the page's `?key=`.
+import { useChat } from '@ai-sdk/react';
+import { DefaultChatTransport, lastAssistantMessageIsCompleteWithApprovalResponses } from 'ai';
+import { useMemo, useState } from 'react';
+import { createRoot } from 'react-dom/client';
+
+const params = new URLSearchParams(location.search);
+
+function Part({ part, onApproval }) {
+  if (part.type === 'text') return <p className="text">{part.text}</p>;
+  if (part.type.startsWith('tool-')) {
+    const name = part.type.slice('tool-'.length);
+    return (
+      <div className="tool" data-state={part.state}>
+        <code>
+          {name}({JSON.stringify(part.input)})
+        </code>{' '}
+        <span className="state">{part.state}</span>
+        {part.state === 'approval-requested' && (
+          <span>
+            {' '}
+            <button className="approve" onClick={() => onApproval(part.approval.id, true)}>
+              Approve
+            </button>{' '}
+            <button className="reject" onClick={() => onApproval(part.approval.id, false)}>
+              Reject
+            </button>
+          </span>
+        )}
+        {part.state === 'output-available' && <div className="output">{JSON.stringify(part.output)}</div>}
+      </div>
+    );
+  }
+  return null;
+}
+
+function App() {
+  const transport = useMemo(
+    () =>
+      new DefaultChatTransport({
+        api: '/v1/agents/assistant/ai-sdk/chat',
+        headers: { Authorization: `Bearer ${params.get('key')}` },
+      }),
+    [],
+  );
+  const { messages, sendMessage, addToolApprovalResponse, status, error } = useChat({
+    id: params.get('chat'),
+    transport,
+    sendAutomaticallyWhen: lastAssistantMessageIsCompleteWithApprovalResponses,
+  });
+  const [input, setInput] = useState('');
+  return (
+    <main>
+      <h1>Support chat</h1>
+      <ol id="messages">
+        {messages.map(message => (
+          <li key={message.id} className={message.role} data-status={message.metadata?.status ?? ''}>
+            <b>{message.role}</b>
+            {message.parts.map((part, index) => (
+              <Part
+                key={index}
+                part={part}
+                onApproval={(id, approved) => addToolApprovalResponse({ id, approved, reason: approved ? undefined : 'no' })}
+              />
+            ))}
+          </li>
+        ))}
+      </ol>
+      {error && <pre id="error">{error.message}</pre>}
+      <form
+        onSubmit={event => {
+          event.preventDefault();
+          sendMessage({ text: input });
+          setInput('');
+        }}
+      >
+        <input id="input" value={input} onChange={event => setInput(event.target.value)} placeholder="Ask something" />
+        <button id="send" type="submit" disabled={status !== 'ready'}>
+          Send
+        </button>
+        <span id="status">{status}</span>
+      </form>
+    </main>
+  );
+}
+
+createRoot(document.getElementById('root')).render(<App />);

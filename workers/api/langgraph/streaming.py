@@ -1,0 +1,350 @@
+"""The stream of a run: the events of its turn tree, from the event feed, as LangGraph stream parts.
+
+Each `AgentEvent` of the tree becomes zero or more parts, in the stream modes asked for:
+
+- `values`: the thread's messages after a model answer, a tool result, the start and the
+  end of the turn (`{"messages": [...]}`), and `{"__interrupt__": [...]}` when it waits;
+- `updates`: `{"model": {"messages": [ai]}}`, `{"tools": {"messages": [tool]}}` and
+  `{"__interrupt__": [...]}`;
+- `messages-tuple`: `[message chunk, metadata]`: each MODEL_DELTA as an `AIMessageChunk`,
+  a whole answer that streamed no deltas, each tool message;
+- `messages`: `messages/metadata` once per message, `messages/partial` with the answer so
+  far at each delta, `messages/complete` with each whole AI or tool message;
+- `custom`: the data a tool reports with `report_progress`.
+
+Child turns (sub-agents) appear only with `stream_subgraphs`, under the namespace
+`<agent id>:<turn id>` (`event: values|helper:<turn id>`). A run ends when its turn ends
+(`event: error` first when it failed) or waits for a person; then `event: end`.
+
+The SSE id of an event's last part is the feed cursor of that event, so a client that
+reconnects with `Last-Event-ID` (`join_stream(last_event_id=...)`) gets exactly the parts
+of the events after it: nothing is missed and nothing repeated. An event's parts are sent
+in one write. States are rebuilt from the turn's stored messages up to the message each
+event names, so a replay shows the same values as the live stream did.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from anyio import CancelScope
+from anyio.to_thread import run_sync
+
+from agent_runner import (
+    AgentEvent,
+    AgentEventType,
+    AgentRunnerError,
+    AgentTurn,
+    AiMessage,
+    AnyMessage,
+    SuspensionType,
+    ToolMessage,
+    TurnNotFound,
+)
+from agent_runner._base import utcnow
+from workers.api.events import KEEPALIVE_S, follow_tree
+from workers.api.langgraph.mapping import (
+    WAITING_FOR_A_PERSON,
+    build_interrupt,
+    langchain_message,
+    langchain_messages,
+    message_chunk,
+)
+from workers.api.runtime import Runtime
+from workers.views import ArgumentMask, catalog_mask, find_agent
+
+E = AgentEventType
+
+logger = logging.getLogger("workers.api")
+
+SUPPORTED_MODES = ("values", "updates", "messages-tuple", "messages", "custom")
+
+DISCONNECT_REASON = "the client left the run's stream (on_disconnect=cancel)"
+
+SETTLED_S = 1.0
+"""How long a run must have waited for a person before a stream that read no interrupt ends on it."""
+
+HISTORY_MESSAGES = 10_000
+
+_PERSON = frozenset({SuspensionType.USER_INPUT.value, SuspensionType.TOOL_APPROVAL.value})
+
+
+def sse(event: str, data: Any, event_id: str | None = None) -> str:
+    """One server-sent event."""
+    head = f"id: {event_id}\n" if event_id else ""
+    return f"{head}event: {event}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n"
+
+
+class RunTranslator:
+    """Turns the events of one run's turn tree into LangGraph stream parts (called on a worker thread).
+
+    Args:
+        runtime: The server's backends.
+        root: The run's turn.
+        thread_id: The thread as the client knows it.
+        modes: The stream modes asked for.
+        subgraphs: Whether child turns are streamed (under their namespaces).
+    """
+
+    def __init__(self, runtime: Runtime, root: AgentTurn, thread_id: str, modes: list[str], subgraphs: bool) -> None:
+        self.runtime = runtime
+        self.root_id = root.id
+        self.thread_id = thread_id
+        self.modes = set(modes)
+        self.subgraphs = subgraphs
+        self.mask: ArgumentMask = catalog_mask(runtime.agent_loader)
+        self._older: list[AnyMessage] = []
+        if root.conversation_id is not None:
+            own = {m.id for m in root.messages}
+            history = runtime.memories(root.conversation_id).get_model_messages(HISTORY_MESSAGES)
+            self._older = [m for m in history if m.id not in own]
+        self._turns: dict[str, AgentTurn] = {}
+        self._upto: dict[str, int] = {}
+        self._streamed: set[str] = set()
+        self._partial: dict[str, str] = {}
+        self._named: set[str] = set()
+        self.waiting = False
+        """The root turn waits for a person: the run is over for now."""
+        self.failed = False
+
+    def _turn(self, turn_id: str, *, fresh: bool) -> AgentTurn:
+        if fresh or turn_id not in self._turns:
+            self._turns[turn_id] = self.runtime.turn_store.load(turn_id)
+        return self._turns[turn_id]
+
+    def settled_since_before(self, seconds: float) -> bool:
+        """Whether the root turn has ended, or waited for a person, for more than `seconds`.
+
+        A stream that joins after the interrupt or the end went out reads no such event; it
+        ends on this. The margin covers an event saved but not readable yet (PostgreSQL),
+        which the stream will still read and send.
+        """
+        ref = self.runtime.turn_store.get_ref(self.root_id)
+        if not ref.status.is_terminal and ref.status not in WAITING_FOR_A_PERSON:
+            return False
+        return (utcnow() - ref.updated_at).total_seconds() > seconds
+
+    def _namespace(self, event: AgentEvent) -> str | None:
+        """'' for the root, `<agent>:<turn>` for a child turn, None when children are not streamed."""
+        if event.turn_id == self.root_id:
+            return ""
+        if not self.subgraphs:
+            return None
+        try:
+            agent_id = self._turn(event.turn_id, fresh=False).agent_id
+        except TurnNotFound:
+            return None
+        return f"{agent_id}:{event.turn_id}"
+
+    def _values(self, turn: AgentTurn, upto: int) -> dict[str, Any]:
+        older = self._older if turn.id == self.root_id else []
+        return {"messages": langchain_messages([*older, *turn.messages[: upto + 1]], self.mask)}
+
+    def _metadata(self, event: AgentEvent) -> dict[str, Any]:
+        node = "tools" if event.type is E.TOOL_COMPLETED else "model"
+        return {"run_id": event.turn_id, "thread_id": self.thread_id, "langgraph_node": node}
+
+    def parts(self, event: AgentEvent) -> list[tuple[str, Any]]:
+        """The `(event name without namespace, data)` parts of one event, with the namespace applied."""
+        namespace = self._namespace(event)
+        if namespace is None:
+            return []
+        found = self._parts(event)
+        return [(f"{name}|{namespace}" if namespace else name, data) for name, data in found]
+
+    def _parts(self, event: AgentEvent) -> list[tuple[str, Any]]:
+        parts: list[tuple[str, Any]] = []
+        data = event.data
+        modes = self.modes
+        if event.type is E.MODEL_DELTA:
+            return self._delta(event)
+        if event.type is E.TOOL_PROGRESS:
+            if "custom" in modes:
+                parts.append(("custom", data.get("progress")))
+            return parts
+        if event.type not in (E.TURN_STARTED, E.MODEL_RESPONSE, E.TOOL_COMPLETED, E.TURN_SUSPENDED) and not (
+            event.type.is_terminal
+        ):
+            return parts
+        turn = self._turn(event.turn_id, fresh=True)
+        position = self._position(turn, event)
+        if position is None:
+            return parts
+        self._upto[event.turn_id] = position
+        if event.type is E.TURN_SUSPENDED:
+            return self._suspended(turn, event)
+        if "values" in modes:
+            parts.append(("values", self._values(turn, position)))
+        message = turn.messages[position] if position < len(turn.messages) else None
+        if event.type in (E.MODEL_RESPONSE, E.TOOL_COMPLETED) and message is not None:
+            parts.extend(self._message_parts(event, message))
+        if event.type is E.MODEL_RESPONSE:
+            self._streamed.discard(event.turn_id)
+            self._partial.pop(event.turn_id, None)
+        if event.type.is_terminal and event.turn_id == self.root_id and event.type is not E.TURN_COMPLETED:
+            self.failed = True
+            parts.append(("error", {"error": event.type.value, "message": turn.error or event.type.value}))
+        return parts
+
+    def _delta(self, event: AgentEvent) -> list[tuple[str, Any]]:
+        """The parts of a token delta: a chunk (`messages-tuple`), the answer so far (`messages`)."""
+        self._streamed.add(event.turn_id)
+        delta = event.data.get("delta")
+        if not isinstance(delta, str):
+            return []
+        parts: list[tuple[str, Any]] = []
+        chunk_id = f"{event.turn_id}:{self._upto.get(event.turn_id, 0)}"
+        if "messages-tuple" in self.modes:
+            parts.append(("messages", [message_chunk(chunk_id, delta), self._metadata(event)]))
+        if "messages" in self.modes:
+            so_far = self._partial[event.turn_id] = self._partial.get(event.turn_id, "") + delta
+            parts.extend(self._announced(chunk_id, event))
+            parts.append(("messages/partial", [{**message_chunk(chunk_id, so_far), "type": "ai"}]))
+        return parts
+
+    def _message_parts(self, event: AgentEvent, message: AnyMessage) -> list[tuple[str, Any]]:
+        """The parts of a new AI or tool message in the `updates`, `messages-tuple` and `messages` modes."""
+        shown = langchain_message(message, self.mask)
+        if shown is None:
+            return []
+        parts: list[tuple[str, Any]] = []
+        if "updates" in self.modes:
+            node = "model" if event.type is E.MODEL_RESPONSE else "tools"
+            parts.append(("updates", {node: {"messages": [shown]}}))
+        streamed = event.type is E.MODEL_RESPONSE and event.turn_id in self._streamed
+        if "messages-tuple" in self.modes and not streamed:
+            parts.append(("messages", [shown, self._metadata(event)]))
+        if "messages" in self.modes:
+            parts.extend(self._announced(str(shown["id"]), event))
+            parts.append(("messages/complete", [shown]))
+        return parts
+
+    def _announced(self, message_id: str, event: AgentEvent) -> list[tuple[str, Any]]:
+        """The `messages/metadata` part of a message the `messages` mode has not named yet."""
+        if message_id in self._named:
+            return []
+        self._named.add(message_id)
+        return [("messages/metadata", {message_id: {"metadata": self._metadata(event)}})]
+
+    def _position(self, turn: AgentTurn, event: AgentEvent) -> int | None:
+        """Index of the last message of the state after `event` in `turn.messages`."""
+        messages = turn.messages
+        if event.type is E.MODEL_RESPONSE:
+            wanted = event.data.get("message_id")
+            return next((i for i, m in enumerate(messages) if isinstance(m, AiMessage) and m.id == wanted), None)
+        if event.type is E.TOOL_COMPLETED:
+            call = event.data.get("tool_call_id")
+            return next(
+                (i for i, m in enumerate(messages) if isinstance(m, ToolMessage) and m.tool_call_id == call), None
+            )
+        if event.type is E.TURN_STARTED:
+            return next((i for i in range(len(messages) - 1, -1, -1) if messages[i].role == "user"), None)
+        if event.type.is_terminal:
+            return len(messages) - 1
+        return self._upto.get(turn.id, len(messages) - 1)
+
+    def _suspended(self, turn: AgentTurn, event: AgentEvent) -> list[tuple[str, Any]]:
+        data = event.data
+        if data.get("suspension_type") not in _PERSON:
+            return []
+        suspension = turn.suspension
+        agent = find_agent(self.runtime.agent_loader, turn)
+        form = None
+        form_key = data.get("form_key")
+        if form_key is not None and agent is not None and agent.user_input_tool is not None:
+            form = next((f for f in agent.user_input_tool.forms if f.key == form_key), None)
+        if suspension is not None and suspension.correlation_id == data.get("correlation_id"):
+            form = suspension.form or form  # the schema frozen in the suspension wins
+        interrupt = build_interrupt(
+            turn,
+            agent,
+            suspension_type=SuspensionType(data["suspension_type"]),
+            correlation_id=data.get("correlation_id"),
+            message=str(data.get("message") or ""),
+            form=form,
+        )
+        if event.turn_id == self.root_id:
+            self.waiting = (
+                turn.status in WAITING_FOR_A_PERSON
+                and suspension is not None
+                and suspension.correlation_id == data.get("correlation_id")
+            )
+        parts: list[tuple[str, Any]] = []
+        if "values" in self.modes:
+            parts.append(("values", {"__interrupt__": [interrupt]}))
+        if "updates" in self.modes:
+            parts.append(("updates", {"__interrupt__": [interrupt]}))
+        return parts
+
+
+async def run_stream(
+    runtime: Runtime,
+    translator: RunTranslator,
+    after: str | None,
+    *,
+    metadata: dict[str, Any] | None,
+    cancel_on_disconnect: bool = False,
+) -> AsyncIterator[str]:
+    """The SSE text of a run's stream from the cursor `after` (see the module docstring).
+
+    `metadata` (the `metadata` part) is sent first when given: on a new stream, not on a
+    reconnect. The first read happens on the first `anext`, so a bad cursor raises there.
+    With `cancel_on_disconnect`, a client that goes away before the end cancels the run.
+    """
+    # Quiet spells are short so that a stream joining a settled run ends soon; heartbeats
+    # still go out only every KEEPALIVE_S.
+    batches = aiter(follow_tree(runtime, translator.root_id, after, quiet_after=SETTLED_S))
+    opened = ended = False
+    try:
+        first = await anext(batches)
+        opened = True
+        yield ": stream open\n\n"
+        if metadata is not None:
+            yield sse("metadata", metadata)
+        batch: list[AgentEvent] | None = first
+        last_sent = time.monotonic()
+        while batch is not None:
+            if batch:
+                yield await run_sync(_render, translator, batch)
+                last_sent = time.monotonic()
+                if translator.waiting or translator.failed:
+                    break
+            elif await run_sync(translator.settled_since_before, SETTLED_S):
+                break  # joined after the interrupt or the end went out: nothing more comes
+            elif time.monotonic() - last_sent >= KEEPALIVE_S:
+                yield ": heartbeat\n\n"
+                last_sent = time.monotonic()
+            batch = await anext(batches, None)
+        ended = True
+        yield sse("end", None)
+    finally:
+        close = getattr(batches, "aclose", None)
+        if close is not None:
+            await close()
+        if cancel_on_disconnect and opened and not ended:
+            # The response is being torn down (the client left): finish the cancel anyway.
+            with CancelScope(shield=True):
+                await run_sync(_cancel_left_run, runtime, translator.root_id)
+
+
+def _cancel_left_run(runtime: Runtime, turn_id: str) -> None:
+    try:
+        if not runtime.turn_store.get_ref(turn_id).status.is_terminal:
+            runtime.runner.cancel(turn_id, DISCONNECT_REASON)
+    except AgentRunnerError as exc:
+        logger.warning("could not cancel run %s after its client left: %s", turn_id, exc)
+
+
+def _render(translator: RunTranslator, batch: list[AgentEvent]) -> str:
+    texts: list[str] = []
+    for event in batch:
+        parts = translator.parts(event)
+        for index, (name, data) in enumerate(parts):
+            texts.append(sse(name, data, event.cursor if index == len(parts) - 1 else None))
+        if translator.waiting or translator.failed:
+            break
+    return "".join(texts)

@@ -1,0 +1,292 @@
+"""Webhooks: signed HTTP POSTs to the app when a turn waits for a person, ends or fails.
+
+Configured by the environment:
+
+| variable | default | meaning |
+|---|---|---|
+| `AGENT_RUNNER_WEBHOOKS` | none | `kind=url` pairs separated by commas; kinds `waiting`, `ended`, `failed` |
+| `AGENT_RUNNER_WEBHOOK_SECRET` | none (required with webhooks) | key of the HMAC-SHA256 signature |
+| `AGENT_RUNNER_WEBHOOK_MAX_ATTEMPTS` | `8` | attempts of one delivery before it is dead-lettered |
+| `AGENT_RUNNER_WEBHOOK_BACKOFF_S` | `2` | wait before the second attempt; doubles for each attempt after |
+| `AGENT_RUNNER_WEBHOOK_MAX_BACKOFF_S` | `600` | longest wait between two attempts |
+| `AGENT_RUNNER_WEBHOOK_TIMEOUT_S` | `5` | seconds one POST may take |
+| `AGENT_RUNNER_WEBHOOK_INTERVAL_S` | `1` | seconds between two looks for due deliveries |
+| `AGENT_RUNNER_WEBHOOK_LOOKBACK_S` | `3600` | how far back the very first look for events reaches |
+
+Deliveries come from the durable event log through `store.webhooks.WebhookDeliveryLog`,
+never from the step that saved the turn, so a webhook never delays a step and a crash
+after a save loses none. Delivery is at least once: the delivery id (the event id) is the
+same on every attempt, and receivers deduplicate on it. See docs/webhooks.md.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import http.client
+import json
+import logging
+import os
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
+
+from workers.settings import SettingsError
+
+if TYPE_CHECKING:
+    from sqlalchemy import Engine
+
+    from store.webhooks import WebhookDelivery, WebhookDeliveryLog, WebhookKind
+
+logger = logging.getLogger("workers.webhooks")
+
+KINDS = ("waiting", "ended", "failed")
+"""The webhook kinds, as written in `AGENT_RUNNER_WEBHOOKS` (`store.webhooks.WebhookKind` values)."""
+
+SIGNATURE_HEADER = "X-Agent-Runner-Signature"
+"""`sha256=<hex HMAC-SHA256 of "<timestamp>.<body>">`, keyed by `AGENT_RUNNER_WEBHOOK_SECRET`."""
+TIMESTAMP_HEADER = "X-Agent-Runner-Timestamp"
+"""Unix seconds when the attempt was signed; part of the signed text, so a replay can be refused by age."""
+DELIVERY_HEADER = "X-Agent-Runner-Delivery"
+"""The delivery id (the event id): the same on every attempt; receivers deduplicate on it."""
+KIND_HEADER = "X-Agent-Runner-Webhook"
+"""The webhook kind: `waiting`, `ended` or `failed`."""
+
+_LAG = timedelta(seconds=60)
+"""How far before the newest delivered event the look for new events starts: a save commits
+moments after its events are stamped, so one stamped earlier may become visible later."""
+
+_RETRIED_CODES = frozenset({408, 425, 429})
+"""4xx answers that mean "try again later"; any other 4xx is a refusal and dead-letters at once."""
+
+
+@dataclass(frozen=True)
+class WebhookSettings:
+    """Where each kind of webhook goes, how it is signed and how hard delivery tries."""
+
+    urls: Mapping[str, str]
+    """URL per kind (`waiting`, `ended`, `failed`); a kind without a URL is not sent."""
+    secret: str = field(repr=False)
+    max_attempts: int = 8
+    backoff_s: float = 2.0
+    max_backoff_s: float = 600.0
+    timeout_s: float = 5.0
+    interval_s: float = 1.0
+    lookback_s: float = 3600.0
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> WebhookSettings | None:
+        """Read the settings from `environ` (default: `os.environ`); None when no webhook is configured.
+
+        Raises:
+            SettingsError: A value cannot be used (it names the variable).
+        """
+        env = os.environ if environ is None else environ
+        spec = env.get("AGENT_RUNNER_WEBHOOKS", "").strip()
+        if not spec:
+            return None
+        secret = env.get("AGENT_RUNNER_WEBHOOK_SECRET", "")
+        if not secret:
+            raise SettingsError(
+                "AGENT_RUNNER_WEBHOOK_SECRET", None, "webhooks are signed: set a secret shared with the receiver"
+            )
+        return cls(
+            urls=parse_webhook_urls(spec),
+            secret=secret,
+            max_attempts=int(_positive(env, "AGENT_RUNNER_WEBHOOK_MAX_ATTEMPTS", 8, whole=True)),
+            backoff_s=_positive(env, "AGENT_RUNNER_WEBHOOK_BACKOFF_S", 2.0),
+            max_backoff_s=_positive(env, "AGENT_RUNNER_WEBHOOK_MAX_BACKOFF_S", 600.0),
+            timeout_s=_positive(env, "AGENT_RUNNER_WEBHOOK_TIMEOUT_S", 5.0),
+            interval_s=_positive(env, "AGENT_RUNNER_WEBHOOK_INTERVAL_S", 1.0),
+            lookback_s=_positive(env, "AGENT_RUNNER_WEBHOOK_LOOKBACK_S", 3600.0),
+        )
+
+    def backoff(self, attempts: int) -> timedelta:
+        """The wait after the `attempts`-th failed attempt."""
+        return timedelta(seconds=min(self.backoff_s * 2 ** (attempts - 1), self.max_backoff_s))
+
+
+def parse_webhook_urls(spec: str) -> dict[str, str]:
+    """Parse `AGENT_RUNNER_WEBHOOKS` (`waiting=https://...,ended=https://...`) into a URL per kind.
+
+    Raises:
+        SettingsError: An entry is not `kind=url`, names an unknown or repeated kind, or its URL
+            is not http(s) with a host.
+    """
+    urls: dict[str, str] = {}
+    for entry in spec.split(","):
+        kind, sep, url = (part.strip() for part in entry.partition("="))
+        if not sep or kind not in KINDS:
+            raise SettingsError("AGENT_RUNNER_WEBHOOKS", spec, f"each entry is kind=url with a kind of {KINDS}")
+        if kind in urls:
+            raise SettingsError("AGENT_RUNNER_WEBHOOKS", spec, f"kind {kind!r} is given twice")
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise SettingsError("AGENT_RUNNER_WEBHOOKS", spec, f"the {kind} URL {url!r} is not an http(s) URL")
+        urls[kind] = url
+    return urls
+
+
+def _positive(env: Mapping[str, str], name: str, default: float, *, whole: bool = False) -> float:
+    raw = env.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = int(raw) if whole else float(raw)
+    except ValueError:
+        raise SettingsError(name, raw, "expected a whole number" if whole else "expected a number") from None
+    if value <= 0:
+        raise SettingsError(name, raw, "must be greater than zero")
+    return value
+
+
+def sign(secret: str, timestamp: str, body: bytes) -> str:
+    """The signature header value of `body` sent at `timestamp`: `sha256=` and the hex HMAC of `timestamp.body`."""
+    digest = hmac.new(secret.encode(), timestamp.encode() + b"." + body, hashlib.sha256).hexdigest()
+    return f"sha256={digest}"
+
+
+@dataclass(frozen=True)
+class AttemptResult:
+    """What one POST came to."""
+
+    delivered: bool
+    retry: bool
+    """For a failure: whether a later attempt may succeed (5xx, 408, 429, timeout, no connection)."""
+    status_code: int | None = None
+    error: str | None = None
+
+
+def post(url: str, body: bytes, headers: Mapping[str, str], timeout_s: float) -> AttemptResult:
+    """POST `body` once; any 2xx answer is a delivery."""
+    request = urllib.request.Request(url, data=body, headers=dict(headers), method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+            return AttemptResult(delivered=True, retry=False, status_code=response.status)
+    except urllib.error.HTTPError as exc:
+        retry = exc.code >= 500 or exc.code in _RETRIED_CODES
+        return AttemptResult(delivered=False, retry=retry, status_code=exc.code, error=f"HTTP {exc.code}")
+    except (OSError, http.client.HTTPException) as exc:  # timeouts, refused or dropped connections, bad answers
+        reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
+        return AttemptResult(delivered=False, retry=True, error=f"{type(reason).__name__}: {reason}")
+
+
+class WebhookDeliverer:
+    """Finds the events owed to webhooks and delivers them, retrying with backoff, until delivered or dead.
+
+    `run_once()` does one round (the Celery task runs one per beat tick); `start()` runs
+    rounds every `interval_s` on a daemon thread (the server's embedded worker and
+    `agent-runner worker`).
+    """
+
+    def __init__(
+        self,
+        settings: WebhookSettings,
+        log: WebhookDeliveryLog,
+        *,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        send: Callable[[str, bytes, Mapping[str, str], float], AttemptResult] = post,
+    ) -> None:
+        self.settings = settings
+        self.log = log
+        self.clock = clock
+        self.send = send
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def _urls(self) -> dict[WebhookKind, str]:
+        from store.webhooks import WebhookKind
+
+        return {WebhookKind(kind): url for kind, url in self.settings.urls.items()}
+
+    def run_once(self, limit: int = 20) -> int:
+        """Find new events, then make every due attempt (up to `limit`); return how many were delivered."""
+        now = self.clock()
+        self.log.discover(self._urls, now, lookback=timedelta(seconds=self.settings.lookback_s), lag=_LAG)
+        # Hold a claimed row past the attempt's timeout, so no other process sends it meanwhile.
+        hold = timedelta(seconds=self.settings.timeout_s * 2 + 5)
+        delivered = 0
+        for delivery in self.log.claim_due(now, hold, limit):
+            delivered += self._attempt(delivery)
+        return delivered
+
+    def _attempt(self, delivery: WebhookDelivery) -> int:
+        from store.webhooks import DeliveryStatus
+
+        body = json.dumps(delivery.body, separators=(",", ":"), sort_keys=True).encode()
+        timestamp = str(int(time.time()))
+        headers = {
+            "Content-Type": "application/json",
+            "User-Agent": "agent-runner-webhooks",
+            SIGNATURE_HEADER: sign(self.settings.secret, timestamp, body),
+            TIMESTAMP_HEADER: timestamp,
+            DELIVERY_HEADER: delivery.event_id,
+            KIND_HEADER: delivery.kind.value,
+        }
+        result = self.send(delivery.url, body, headers, self.settings.timeout_s)
+        now = self.clock()
+        if result.delivered:
+            self.log.record(delivery, DeliveryStatus.DELIVERED, now, status_code=result.status_code)
+            return 1
+        if result.retry and delivery.attempts < self.settings.max_attempts:
+            retry_at = now + self.settings.backoff(delivery.attempts)
+            self.log.record(
+                delivery,
+                DeliveryStatus.PENDING,
+                now,
+                next_attempt_at=retry_at,
+                error=result.error,
+                status_code=result.status_code,
+            )
+            return 0
+        logger.warning(
+            "webhook %s of event %s to %s dead after %d attempt(s): %s",
+            delivery.kind.value,
+            delivery.event_id,
+            delivery.url,
+            delivery.attempts,
+            result.error,
+        )
+        self.log.record(delivery, DeliveryStatus.DEAD, now, error=result.error, status_code=result.status_code)
+        return 0
+
+    def start(self) -> None:
+        """Deliver on a daemon thread until `stop()`; a failing round is logged and the next one runs."""
+        if self._thread is not None:
+            return
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._loop, name="agent-runner-webhooks", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop the thread after its current round."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                busy = self.run_once() > 0
+            except Exception:
+                logger.exception("webhook delivery round failed; trying again")
+                busy = False
+            if not busy:
+                self._stop.wait(self.settings.interval_s)
+
+
+def build_deliverer(settings: WebhookSettings | None, engine: Engine) -> WebhookDeliverer | None:
+    """A deliverer over the store at `engine`; None when no webhook is configured."""
+    if settings is None:
+        return None
+    from store.webhooks import WebhookDeliveryLog
+
+    return WebhookDeliverer(settings, WebhookDeliveryLog(engine))
