@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from agent_runner import event_payloads as payloads
 from agent_runner import machine, telemetry
 from agent_runner._cas import retry_on_conflict
 from agent_runner.agent import Agent
 from agent_runner.errors import VersionConflictError
-from agent_runner.events import AgentEventType
 from agent_runner.messages import ToolCall, UserMessage
 from agent_runner.snapshot import AgentTurn, AgentTurnStatus, ChildLink
 from agent_runner.suspensions import AgentResumeCommand, ResumeType
@@ -59,7 +59,7 @@ class ChildTurns:
                 child = runner._save(
                     child,
                     -1,
-                    (AgentEventType.TURN_STARTED, {"agent_id": sub_agent.id, "parent_turn_id": parent.id}),
+                    payloads.turn_started(child, child.messages[0].id),
                 )
             except VersionConflictError:
                 child = store.load(child_id)  # created by an earlier run of this same step
@@ -104,7 +104,7 @@ class ChildTurns:
                 return None
             resumed = machine.apply_resume(parent, command, runner.clock(), child=child)
             event = (
-                (AgentEventType.TURN_RESUMED, {"command": ResumeType.CHILD_COMPLETED, "child_turn_id": child.id})
+                payloads.turn_resumed(command=ResumeType.CHILD_COMPLETED, child_turn_id=child.id)
                 if resumed.status is S.RUNNING
                 else None
             )

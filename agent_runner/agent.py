@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agent_runner.errors import AgentNotFound, DefinitionError
+from agent_runner.messages import ToolCall
 from agent_runner.models import ChatModel, ToolSpec
 from agent_runner.policy import Budget, RetryPolicy
 from agent_runner.tools import AgentUserInputTool, AnyTool, Tool
@@ -73,6 +74,15 @@ class Agent:
     def tool(self, name: str) -> AnyTool | None:
         """Return the tool with this name, or None."""
         return self._tools.get(name)
+
+    def masked_arguments(self, call: ToolCall) -> dict[str, Any]:
+        """The call's arguments as a page may show them: values its tool marks sensitive replaced by `"***"`.
+
+        A call of a tool the agent does not have (the model made the name up) or of a
+        sub-agent has nothing marked sensitive.
+        """
+        tool = self.tool(call.name)
+        return dict(call.arguments) if tool is None else tool.masked_arguments(call.arguments)
 
     def sub_agent(self, name: str) -> Agent | None:
         """Return the sub-agent offered under this tool name, or None."""

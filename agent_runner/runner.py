@@ -18,6 +18,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from pydantic import ValidationError
+
+from agent_runner import event_payloads as payloads
 from agent_runner import machine, telemetry  # telemetry hook: trace context of new turns
 from agent_runner._base import new_id, trusted, utcnow
 from agent_runner._cancelling import request_cancel, stored_cancel_reason
@@ -65,7 +68,7 @@ from agent_runner.persistence import (
 )
 from agent_runner.policy import AgentExecutionPolicy, RetryPolicy
 from agent_runner.snapshot import AgentTurn, AgentTurnStatus
-from agent_runner.suspensions import AgentResumeCommand, AgentSuspension, ResumeType, SuspensionType
+from agent_runner.suspensions import AgentResumeCommand, AgentSuspension, ResumeType
 from agent_runner.tools import Tool, encode_tool_result, tool_scope
 
 logger = logging.getLogger("agent_runner")
@@ -81,8 +84,8 @@ LeaseScope = Callable[[str], AbstractContextManager[HeldLease | None]]
 It yields the held lease, or None when another holder advanced the turn until it stopped
 being runnable (so there is nothing left to step)."""
 
-PendingEvent = tuple[AgentEventType, dict[str, Any]] | None
-"""An event a save causes: its type and data (None: no event)."""
+PendingEvent = payloads.EventBody | None
+"""An event a save causes: its type and fields, from `agent_runner.event_payloads` (None: no event)."""
 
 # The fields the runner sets when it builds these models from validated data (see `trusted`).
 _EVENT_GIVEN = frozenset(AgentEvent.model_fields) - {"cursor"}
@@ -482,14 +485,8 @@ class AgentRunner:
             if suspension.deadline <= now:
                 due.append(suspension)
                 return turn
-            data = {
-                "correlation_id": suspension.correlation_id,
-                "suspension_type": suspension.type.value,
-                "deadline": suspension.deadline.isoformat(),
-                "on_timeout": None if suspension.on_timeout is None else suspension.on_timeout.value,
-            }
             reminded = machine.apply_reminder(turn, now)
-            return self._save(reminded, turn.version, (AgentEventType.DEADLINE_APPROACHING, data))
+            return self._save(reminded, turn.version, payloads.deadline_approaching(suspension))
 
         turn = retry_on_conflict(turn_id, attempt)
         if not due:
@@ -597,9 +594,7 @@ class AgentRunner:
             updated_at=now,
         )
         turn = telemetry.stamp_new_turn(self, turn)  # trace context of the new turn
-        started = self._event(
-            AgentEventType.TURN_STARTED, turn, 0, 0, {"agent_id": agent.id, "agent_version": agent.version}
-        )
+        started = self._event(payloads.turn_started(turn, user.id), turn, 0, 0)
         saved = self._gate.create(turn, [started])
         self._deliver(started)
         return self._projection.project(saved)
@@ -632,7 +627,7 @@ class AgentRunner:
         expected = turn.version
         self._carried(turn.id).clear()  # nothing carries over from a step that raised
         if turn.status is S.RETRY_SCHEDULED:
-            self._carry(AgentEventType.TURN_RESUMED, turn, reason="retry due", attempt=turn.attempt)
+            self._carry(payloads.turn_resumed(command=None, reason="retry due", attempt=turn.attempt), turn)
         agent = self.agent_for(turn)
         running = machine.start_running(turn, now)
         plan = machine.plan_step(running, agent, self.policy)
@@ -640,7 +635,7 @@ class AgentRunner:
             if turn.status is S.READY and isinstance(plan, machine.CallModel):
                 # Taken off the queue: say so durably before the model call, which may take a
                 # while, so that clients can tell a queued turn from a running one.
-                running = self._save(running, expected, (AgentEventType.TURN_RUNNING, {}))
+                running = self._save(running, expected, payloads.turn_running())
                 expected = running.version
             match plan:
                 case machine.Terminate(status=status, reason=reason):
@@ -655,7 +650,7 @@ class AgentRunner:
                     return self._reconcile_tool(running, call, tool, expected, self.policy.retry_for(agent), None)
                 case machine.WriteToolResult(call=call, content=content, is_error=is_error):
                     updated, message = machine.apply_tool_result(running, call, content, is_error, now)
-                    saved = self._save(updated, expected, _tool_completed(call, is_error))
+                    saved = self._save(updated, expected, payloads.tool_completed(call, is_error))
                     return AgentStepResult(turn=saved, tool_messages=[message])
                 case machine.Suspend():
                     suspended = machine.apply_suspension(running, plan, now, reminder=self.policy.deadline_reminder)
@@ -702,14 +697,11 @@ class AgentRunner:
             return self._failed_call(turn, exc, expected, self.policy.retry_for(agent))
         updated, message = machine.apply_model_response(turn, response, self.clock())
         response = trusted(ChatResponse, _RESPONSE_GIVEN, {"message": message, "usage": response.usage})
-        event = {
-            "message_id": message.id,
-            "content": message.content,
-            "tool_calls": [c.name for c in message.tool_calls],
-            "input_tokens": response.usage.input_tokens,
-            "output_tokens": response.usage.output_tokens,
-        }
-        saved = self._save(updated, expected, (AgentEventType.MODEL_RESPONSE, event), _terminal_event(updated))
+        usage = response.usage
+        event = payloads.model_response(
+            message.id, message.content, [c.name for c in message.tool_calls], usage.input_tokens, usage.output_tokens
+        )
+        saved = self._save(updated, expected, event, _terminal_event(updated))
         if saved.is_terminal:
             self._after_terminal(saved)
         return AgentStepResult(turn=saved, response=response)
@@ -724,7 +716,7 @@ class AgentRunner:
     def _execute_tool(
         self, turn: AgentTurn, call: ToolCall, tool: Tool, expected: int, retry: RetryPolicy
     ) -> AgentStepResult:
-        self._carry(AgentEventType.TOOL_STARTED, turn, tool_call_id=call.id, tool_name=call.name)
+        self._carry(payloads.tool_started(call), turn)
         started = turn
         if not tool.idempotent:
             # Saved before the body runs: after a crash, the call is known to have started and
@@ -736,7 +728,15 @@ class AgentRunner:
         body = BodyWatch()  # middleware may fail before the body runs, or recast what it raised
 
         def progress(data: Any) -> None:
-            self._emit(AgentEventType.TOOL_PROGRESS, turn, tool_call_id=call.id, tool_name=call.name, progress=data)
+            if not self._listeners:
+                return
+            try:
+                body = payloads.tool_progress(call, data)
+            except ValidationError:
+                # A report that is not JSON must not fail the tool that made it.
+                logger.warning("tool %s reported progress that is not JSON; it is dropped: %r", call.name, data)
+                return
+            self._emit(body, turn)
 
         def invoke(tool_call: ToolCall) -> Any:
             with tool_scope(turn, tool_call, submitted, progress):
@@ -760,7 +760,7 @@ class AgentRunner:
                 return self._reconcile_tool(started, call, tool, expected, retry, exc)
             return self._failed_call(turn, exc, expected, retry, tool.retry_on)
         updated, message = machine.apply_tool_result(turn, call, content, is_error, self.clock())
-        saved = self._save(updated, expected, _tool_completed(call, is_error))
+        saved = self._save(updated, expected, payloads.tool_completed(call, is_error))
         return AgentStepResult(turn=saved, tool_messages=[message])
 
     def _reconcile_tool(
@@ -771,7 +771,7 @@ class AgentRunner:
         if outcome.state == "done":
             content = self._tool_text(encode_tool_result(outcome.result))
             updated, message = machine.apply_tool_result(turn, call, content, False, self.clock())
-            saved = self._save(updated, expected, _tool_completed(call, False, reconciled=True))
+            saved = self._save(updated, expected, payloads.tool_completed(call, False, reconciled=True))
             return AgentStepResult(turn=saved, tool_messages=[message])
         if outcome.state == "not_done" and raised is not None:
             # Nothing took effect: the error counts as for any tool (retried on the schedule, or failed).
@@ -807,12 +807,7 @@ class AgentRunner:
             delay = retry.backoff(turn.attempt + 1, retry_after)
             scheduled = machine.schedule_retry(turn, description, delay, retry, self.clock())
             if scheduled is not None:
-                event = {
-                    "attempt": scheduled.attempt,
-                    "next_retry_at": scheduled.next_retry_at.isoformat() if scheduled.next_retry_at else None,
-                    "error": description,
-                }
-                saved = self._save(scheduled, expected, (AgentEventType.RETRY_SCHEDULED, event))
+                saved = self._save(scheduled, expected, payloads.retry_scheduled(scheduled, description))
                 self._execution.dispatch(saved)
                 return AgentStepResult(turn=saved, error=exc)
             description = f"gave up after {turn.attempt + 1} attempts: {description}"
@@ -898,14 +893,9 @@ class AgentRunner:
             machine.apply_resume(turn, command, self.clock(), child=child)  # validate before writing
             recorded = self._children.record(turn_id, child)
             return recorded if recorded is not None else self.turn_store.load(turn_id)
-        resumed: dict[str, Any] = {
-            "command": command.type,
-            "tool_call_id": command.tool_call_id,
-            "metadata": command.metadata,
-        }
-        if command.reason is not None:
-            resumed["reason"] = command.reason
-        event = (AgentEventType.TURN_RESUMED, resumed)
+        event = payloads.turn_resumed(
+            command=command.type, tool_call_id=command.tool_call_id, reason=command.reason, metadata=command.metadata
+        )
 
         def attempt() -> AgentTurn:
             # Re-validated against the newest snapshot each time: a concurrent decision wins once.
@@ -943,7 +933,7 @@ class AgentRunner:
         delivered = len(built)
         for pending in events:
             if pending is not None:
-                built.append(self._event(pending[0], turn, version, len(built), pending[1]))
+                built.append(self._event(pending, turn, version, len(built)))
         saved = self.turn_store.save(turn, expected_version, built)
         if saved.conversation_id is not None:
             saved = self._projection.project(saved)
@@ -951,9 +941,7 @@ class AgentRunner:
             self._deliver(event)
         return saved
 
-    def _event(
-        self, event_type: AgentEventType, turn: AgentTurn, version: int, index: int, data: dict[str, Any]
-    ) -> AgentEvent:
+    def _event(self, body: payloads.EventBody, turn: AgentTurn, version: int, index: int) -> AgentEvent:
         """A durable event of the save that gives `turn` the version `version`."""
         # Every field comes from a validated snapshot or from here: no need to validate again.
         return trusted(
@@ -961,12 +949,12 @@ class AgentRunner:
             _EVENT_GIVEN,
             {
                 "event_id": f"{turn.id}:{version}:{index}",
-                "type": event_type,
+                "type": body.type,
                 "turn_id": turn.id,
                 "root_turn_id": turn.root_turn_id,
                 "conversation_id": turn.conversation_id or turn.root_conversation_id,
                 "timestamp": self.clock(),
-                "data": {"status": turn.status.value, "version": version, **data},
+                "data": body.data(turn.status, version),
                 "cursor": None,
             },
         )
@@ -977,31 +965,31 @@ class AgentRunner:
             carried = self._local.carried = {}
         return carried.setdefault(turn_id, [])
 
-    def _carry(self, event_type: AgentEventType, turn: AgentTurn, **data: Any) -> None:
+    def _carry(self, body: payloads.EventBody, turn: AgentTurn) -> None:
         """Deliver a durable event now and save it with the turn's next save (it precedes any save)."""
         carried = self._carried(turn.id)
-        event = self._event(event_type, turn, turn.version + 1, len(carried), data)
+        event = self._event(body, turn, turn.version + 1, len(carried))
         carried.append(event)
         self._deliver(event)
 
-    @staticmethod
-    def _suspended_event(turn: AgentTurn) -> PendingEvent:
-        return (AgentEventType.TURN_SUSPENDED, _suspension_data(turn.suspension))
+    def _suspended_event(self, turn: AgentTurn) -> PendingEvent:
+        """TURN_SUSPENDED of `turn`, the call's arguments masked as the turn's agent says."""
+        return payloads.turn_suspended(turn, self.agent_for(turn).masked_arguments)
 
     def _projection_failed(self, turn: AgentTurn, error: str) -> None:
-        self._emit(AgentEventType.CHAT_MEMORY_ERROR, turn, error=error)
+        self._emit(payloads.chat_memory_error(error), turn)
 
-    def _emit(self, event_type: AgentEventType, turn: AgentTurn, **data: Any) -> None:
+    def _emit(self, body: payloads.EventBody, turn: AgentTurn) -> None:
         """Deliver an event that is not saved (MODEL_DELTA, TOOL_PROGRESS, CHAT_MEMORY_ERROR) to the listeners."""
         if not self._listeners:
             return
         self._deliver(
             AgentEvent(
-                type=event_type,
+                type=body.type,
                 turn_id=turn.id,
                 root_turn_id=turn.root_turn_id,
                 conversation_id=turn.conversation_id or turn.root_conversation_id,
-                data={"status": turn.status.value, "version": turn.version, **data},
+                data=body.data(turn.status, turn.version),
             )
         )
 
@@ -1061,7 +1049,8 @@ class _DeltaSink:
             if cancelled:
                 raise _CancelledMidCall(self.turn.id)
         # The fence tells the deltas of an abandoned call (its worker died) from the re-run's.
-        self.runner._emit(AgentEventType.MODEL_DELTA, self.turn, delta=text, lease_fence=self.turn.lease_fence)
+        if self.runner._listeners:
+            self.runner._emit(payloads.model_delta(text, self.turn.lease_fence), self.turn)
 
 
 def _raise_failure(result: AdvanceResult) -> AgentTurn:
@@ -1072,29 +1061,4 @@ def _raise_failure(result: AdvanceResult) -> AgentTurn:
 
 
 def _terminal_event(turn: AgentTurn) -> PendingEvent:
-    if not turn.is_terminal:
-        return None
-    return (TERMINAL_EVENTS[turn.status], {"error": turn.error, "final_output": turn.final_output})
-
-
-def _tool_completed(call: ToolCall, is_error: bool, **extra: Any) -> PendingEvent:
-    return (
-        AgentEventType.TOOL_COMPLETED,
-        {"tool_call_id": call.id, "tool_name": call.name, "is_error": is_error, **extra},
-    )
-
-
-def _suspension_data(suspension: AgentSuspension | None) -> dict[str, Any]:
-    if suspension is None:
-        return {}
-    data: dict[str, Any] = {
-        "suspension_type": suspension.type.value,
-        "correlation_id": suspension.correlation_id,
-        "message": suspension.message,
-    }
-    if suspension.type is SuspensionType.USER_INPUT and suspension.form is not None:
-        data["form_key"] = suspension.form.key
-    if suspension.deadline is not None and suspension.on_timeout is not None:
-        data["deadline"] = suspension.deadline.isoformat()
-        data["on_timeout"] = suspension.on_timeout.value
-    return data
+    return payloads.turn_ended(turn, TERMINAL_EVENTS[turn.status]) if turn.is_terminal else None

@@ -20,18 +20,18 @@ from agent_runner import (
     AgentResumeCommand,
     AgentRunnerError,
     AgentTurn,
+    AgentTurnStatus,
     AiMessage,
     AnyMessage,
     InputLimitError,
     InvalidEventQuery,
     InvalidResumeCommand,
     InvalidTransitionError,
-    SuspensionType,
     ToolCall,
     TurnNotFound,
     VersionConflictError,
 )
-from agent_runner.machine import OUTCOME_UNKNOWN
+from agent_runner.event_payloads import suspension_kind
 
 MASK = "***"
 """What a masked argument value is shown as."""
@@ -63,8 +63,7 @@ def masked_arguments(agent: Agent | None, call: ToolCall) -> dict[str, Any]:
     """
     if agent is None:
         return {name: MASK for name in call.arguments}
-    tool = agent.tool(call.name)
-    return dict(call.arguments) if tool is None else tool.masked_arguments(call.arguments)
+    return agent.masked_arguments(call)
 
 
 ArgumentMask = Callable[[ToolCall], dict[str, Any]]
@@ -130,12 +129,9 @@ def suspension_view(turn: AgentTurn, agent: Agent | None) -> dict[str, Any] | No
     if suspension is None:
         return None
     call = next((c for c in turn.pending_tool_calls if c.id == suspension.correlation_id), None)
-    kind = None
-    if suspension.type is SuspensionType.TOOL_APPROVAL:
-        kind = OUTCOME_UNKNOWN if suspension.metadata.get("reason") == OUTCOME_UNKNOWN else "approval"
     return {
         "type": suspension.type.value,
-        "kind": kind,
+        "kind": suspension_kind(suspension),
         "correlation_id": suspension.correlation_id,
         "message": suspension.message,
         "form": None if suspension.form is None else suspension.form.to_dict(),
@@ -143,6 +139,15 @@ def suspension_view(turn: AgentTurn, agent: Agent | None) -> dict[str, Any] | No
         "deadline": None if suspension.deadline is None else suspension.deadline.isoformat(),
         "on_timeout": None if suspension.on_timeout is None else suspension.on_timeout.value,
     }
+
+
+def shown_error(turn: AgentTurn) -> str | None:
+    """The turn's error; while RETRY_SCHEDULED, the error of the attempt that is retried."""
+    suspension = turn.suspension
+    if turn.status is AgentTurnStatus.RETRY_SCHEDULED and suspension is not None and turn.error is None:
+        error = suspension.metadata.get("error")
+        return error if isinstance(error, str) else None
+    return turn.error
 
 
 def decisions_view(turn: AgentTurn) -> list[dict[str, Any]]:
@@ -197,7 +202,7 @@ def turn_view(
         "suspension": suspension_view(turn, agent),
         "pending_tool_calls": [tool_call_view(mask, call) for call in turn.pending_tool_calls],
         "final_output": turn.final_output,
-        "error": turn.error,
+        "error": shown_error(turn),
         "usage": turn.usage.model_dump(mode="json"),
         "model_iterations": turn.model_iterations,
         "steps": turn.steps,

@@ -1,6 +1,7 @@
 """A tiny HTTP server for the console's unit-style browser tests.
 
-It serves the console's static folder at /static and the test pages at /, plus scripted
+It serves the console's static folder at /static (and its generated contract module, as the
+server does), the test pages at /, plus scripted
 `text/event-stream` endpoints at /sse/<name> for the stream client: each stream is a fixed
 list of events that become due one after the other from the first request on (like a live
 server, a reconnect gets what it missed and then what comes next), and every request's
@@ -18,6 +19,8 @@ from dataclasses import dataclass, field
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
+
+from workers.api.contract import CONTRACT_PATH, console_contract
 
 STATIC = Path(__file__).resolve().parents[2] / "workers" / "api" / "static"
 PAGES = Path(__file__).resolve().parent / "pages"
@@ -77,6 +80,13 @@ class _Handler(SimpleHTTPRequestHandler):
     def do_GET(self) -> None:
         if self.path.startswith("/sse/"):
             self._stream(self.path.removeprefix("/sse/").split("?", 1)[0])
+        elif self.path.split("?", 1)[0] == CONTRACT_PATH:
+            body = console_contract().encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/javascript")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
         else:
             super().do_GET()
 

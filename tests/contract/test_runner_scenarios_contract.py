@@ -7,6 +7,7 @@ separate web request or worker process would.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -18,6 +19,7 @@ from agent_runner import (
     Agent,
     AgentActionMessage,
     AgentConversationBusyException,
+    AgentEvent,
     AgentEventType,
     AgentFormDefinition,
     AgentFormMessage,
@@ -36,6 +38,7 @@ from agent_runner import (
     UserMessage,
     tool,
 )
+from agent_runner.event_payloads import payload_of
 from agent_runner.persistence import AgentTurnStore, ChatMemoryProvider, EventLog
 
 S = AgentTurnStatus
@@ -47,8 +50,13 @@ RunnerFactory = Callable[[Agent], AgentRunner]
 def fresh_runner(
     database_url: str | None, turn_store: AgentTurnStore, chat_memory_provider: ChatMemoryProvider
 ) -> Iterator[RunnerFactory]:
-    """Returns a new runner on the same database each time it is called."""
+    """Returns a new runner on the same database each time it is called.
+
+    Afterwards, every event the runners delivered, and every event stored for their turn
+    trees, must have the shape of its type's payload model.
+    """
     opened: list[store.SqlAgentTurnStore | store.SqlChatMemoryProvider] = []
+    delivered: list[AgentEvent] = []
 
     def make(agent: Agent) -> AgentRunner:
         if database_url is None:
@@ -58,10 +66,26 @@ def fresh_runner(
             sql_memories = store.SqlChatMemoryProvider(database_url)
             opened.extend([sql_turns, sql_memories])
             turns, memories = sql_turns, sql_memories
-        return AgentRunner(turn_store=turns, agent_loader=InMemoryAgentLoader([agent]), chat_memory_provider=memories)
+        runner = AgentRunner(turn_store=turns, agent_loader=InMemoryAgentLoader([agent]), chat_memory_provider=memories)
+        runner.add_event_listener(delivered.append)
+        return runner
 
     try:
         yield make
+        assert isinstance(turn_store, EventLog)
+        durable = {e.event_id for e in delivered if e.type.is_durable}
+        roots = sorted({event.root_turn_id or event.turn_id for event in delivered})
+        deadline = time.monotonic() + 10
+        while True:
+            # On PostgreSQL an event becomes readable once the transactions begun before its
+            # save have ended (other clients of the server included): wait for them.
+            stored = [e for root in roots for e in turn_store.read_events(root_turn_id=root, limit=1000)]
+            if {e.event_id for e in stored} == durable or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        assert {e.event_id for e in stored} == durable
+        for event in [*delivered, *stored]:
+            payload_of(event)  # raises on an event without the shape of its type
     finally:
         for item in opened:
             item.close()

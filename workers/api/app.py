@@ -12,10 +12,12 @@ from fastapi.staticfiles import StaticFiles
 
 from agent_runner import AgentLoader
 from workers.api.auth import HANDLE_STATE, get_runtime
+from workers.api.contract import CONTRACT_PATH, console_contract
 from workers.api.cors import add_cors
 from workers.api.docs import add_offline_docs
 from workers.api.embedding import API_ROUTERS, prepare_settings
 from workers.api.errors import ApiError, Unauthorized, install_error_handlers
+from workers.api.events import document_event_schemas
 from workers.api.guard import RequestGuard
 from workers.api.models import ErrorResponse, HealthView, ReadyView
 from workers.api.runtime import RuntimeHandle
@@ -97,6 +99,7 @@ def create_app(
     for api_router in API_ROUTERS:
         app.include_router(api_router)
     _add_probes(app)
+    document_event_schemas(app)
     add_offline_docs(app)
     _add_console(app)
     return app
@@ -174,6 +177,12 @@ def run_server(app: FastAPI, host: str, port: int) -> None:
 def _add_console(app: FastAPI) -> None:
     """Serve the console from `workers/api/static/` when it is there; else point `/` at the docs."""
     index = STATIC_DIR / "index.html"
+    contract = console_contract()
+
+    @app.get(CONTRACT_PATH, include_in_schema=False)
+    def console_contract_module() -> Response:
+        return Response(contract, media_type="text/javascript")
+
     if STATIC_DIR.is_dir():
         app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
 

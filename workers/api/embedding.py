@@ -122,6 +122,7 @@ def include_api(
     for router in API_ROUTERS:
         api.include_router(router)
     host.include_router(api, prefix=prefix)
+    events.document_event_schemas(host)
     host.add_middleware(RequestGuard, path_prefix=f"{prefix}/v1/")
     _render_api_errors(host)
     return handle

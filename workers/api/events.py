@@ -32,8 +32,9 @@ from typing import Annotated, Any
 
 import anyio
 from anyio.to_thread import run_sync
-from fastapi import APIRouter, Depends, Header, Query
+from fastapi import APIRouter, Depends, FastAPI, Header, Query
 from fastapi.responses import StreamingResponse
+from pydantic.json_schema import models_json_schema
 
 from agent_runner import AgentEvent, EventFeed, ToolCall
 from agent_runner.feed import FeedFollower, FeedPosition
@@ -41,6 +42,7 @@ from agent_runner.persistence import DEFAULT_EVENT_PAGE, event_scope
 from workers.api import service
 from workers.api.auth import RuntimeDep, TenantDep, get_tenant
 from workers.api.fanout import Detached, EventFanout, Subscription
+from workers.api.models import AgentEventView
 from workers.api.routes import ConversationId, TurnId, _errors
 from workers.api.runtime import Runtime
 from workers.api.tenancy import Tenant
@@ -75,12 +77,40 @@ Follow = Annotated[
     bool, Query(description="Keep the stream open for new events (false: send what is stored and close).")
 ]
 
+
 _SSE_RESPONSE: dict[int | str, dict[str, Any]] = {
     200: {
-        "description": "`text/event-stream`: `id: <cursor>`, `event: <type>`, `data: <AgentEvent JSON>` per event.",
-        "content": {"text/event-stream": {"schema": {"type": "string"}}},
+        "description": (
+            "`text/event-stream`: per event `id: <cursor>`, `event: <type>` and `data: <JSON>`. The schema given "
+            "here is that of the JSON of one `data:` line (`AgentEventView`), not of the whole stream."
+        ),
+        "content": {"text/event-stream": {"schema": {"$ref": f"#/components/schemas/{AgentEventView.__name__}"}}},
     }
 }
+
+
+def document_event_schemas(app: FastAPI) -> None:
+    """Add `AgentEventView` and the schemas it uses to the app's OpenAPI document.
+
+    The event routes refer to them, but no route body or response model holds them, so
+    FastAPI would not list them by itself.
+    """
+    generate = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            spec = generate()
+            _, document = models_json_schema(
+                [(AgentEventView, "serialization")], ref_template="#/components/schemas/{model}"
+            )
+            schemas = spec.setdefault("components", {}).setdefault("schemas", {})
+            for name, schema in document.get("$defs", {}).items():
+                schemas.setdefault(name, schema)
+            app.openapi_schema = spec
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
 
 router = APIRouter(prefix="/v1", tags=["events"], dependencies=[Depends(get_tenant)])
 

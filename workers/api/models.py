@@ -7,9 +7,15 @@ build them from `workers.views`, which the command line shares.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from datetime import datetime
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import BaseModel, ConfigDict, Field, RootModel, StringConstraints, create_model, model_validator
+
+from agent_runner import ActionStatus, AgentEventType, AgentTurnStatus, Phase, SuspensionType
+from agent_runner.event_payloads import PAYLOAD_MODELS, EventStamp, SuspensionKind
+from agent_runner.event_payloads import JsonObject as TypedJsonObject
+from agent_runner.suspensions import TimeoutAction
 
 ID_PATTERN = r"^[A-Za-z0-9._:-]{1,128}$"
 
@@ -17,14 +23,21 @@ Identifier = Annotated[str, StringConstraints(pattern=ID_PATTERN, min_length=1, 
 """An id chosen by a client or the server: 1 to 128 of `A-Z a-z 0-9 . _ : -`."""
 
 JsonObject = dict[str, Any]
+"""Any JSON object, untyped: for request fields whose values nothing here reads."""
 
 
 class _Request(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
 
+def _open_object(schema: dict[str, Any]) -> None:
+    # Responses may gain fields; leaving `additionalProperties` out says so (JSON Schema's
+    # default) without making generated clients type every object as a map of unknowns.
+    schema.pop("additionalProperties", None)
+
+
 class _Response(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", json_schema_extra=_open_object)
 
 
 # --- Requests ---------------------------------------------------------------------------------
@@ -49,35 +62,101 @@ class StartTurnRequest(_Request):
     )
 
 
-class ResumeRequest(_Request):
-    """A person's decision for a waiting turn."""
+class _Resume(_Request):
+    """Fields every resume action takes; fields an action does not use may be sent as null (they are dropped)."""
 
-    action: Literal["approve", "reject", "input", "form", "retry", "tool_result"] = Field(
-        description=(
-            "`approve`/`reject` a tool call (`tool_call_id`), answer a plain-text question (`input` with "
-            "`content`), submit a form (`form` with `tool_call_id` and `data`), or `retry` now. For a call whose "
-            "outcome is unknown (card `kind` `outcome_unknown`): `approve` runs it again, `reject` fails it, and "
-            "`tool_result` marks it done with `content` as its result."
-        )
+    metadata: TypedJsonObject = Field(
+        default_factory=dict, description="Who decided and why; recorded with the decision."
     )
-    tool_call_id: Identifier | None = Field(
-        default=None, description="The tool call decided on (suspension.correlation_id)."
-    )
-    content: str | None = Field(
-        default=None, min_length=1, description="The answer text, for `input`; the call's result, for `tool_result`."
-    )
-    data: JsonObject | None = Field(
-        default=None, description="The form data, for `form`; checked against the frozen schema."
-    )
-    reason: str | None = Field(
-        default=None,
-        min_length=1,
-        description=(
-            "Why, for `reject` (the model reads it), `approve` or `tool_result` (recorded with the decision and "
-            "shown on the card as `reason`)."
-        ),
-    )
-    metadata: JsonObject = Field(default_factory=dict, description="Who decided and why; recorded with the decision.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _drop_unused_nulls(cls, value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: v for k, v in value.items() if v is not None or k in cls.model_fields}
+        return value
+
+
+ToolCallId = Annotated[Identifier, Field(description="The tool call decided on (suspension.correlation_id).")]
+Reason = Annotated[str, StringConstraints(min_length=1)]
+
+
+class ApproveRequest(_Resume):
+    """Approve a waiting tool call (for a call whose outcome is unknown: run it again)."""
+
+    action: Literal["approve"]
+    tool_call_id: ToolCallId
+    reason: Reason | None = Field(default=None, description="Recorded with the decision, shown on the card.")
+
+
+class RejectRequest(_Resume):
+    """Reject a waiting tool call (for a call whose outcome is unknown: fail it)."""
+
+    action: Literal["reject"]
+    tool_call_id: ToolCallId
+    reason: Reason | None = Field(default=None, description="Why; the model reads it.")
+
+
+class InputRequest(_Resume):
+    """Answer a plain-text question."""
+
+    action: Literal["input"]
+    content: Annotated[str, StringConstraints(min_length=1)] = Field(description="The answer text.")
+
+
+class FormRequest(_Resume):
+    """Submit a form; the data is checked against the frozen schema."""
+
+    action: Literal["form"]
+    tool_call_id: ToolCallId
+    data: TypedJsonObject = Field(description="The form data.")
+
+
+class RetryRequest(_Resume):
+    """Run a turn that waits for a scheduled retry now."""
+
+    action: Literal["retry"]
+
+
+class ToolResultRequest(_Resume):
+    """Mark a call whose outcome is unknown (card `kind` `outcome_unknown`) done, with its result."""
+
+    action: Literal["tool_result"]
+    tool_call_id: ToolCallId
+    content: Annotated[str, StringConstraints(min_length=1)] = Field(description="The call's result.")
+    reason: Reason | None = Field(default=None, description="Recorded with the decision, shown on the card.")
+
+
+AnyResumeRequest = Annotated[
+    ApproveRequest | RejectRequest | InputRequest | FormRequest | RetryRequest | ToolResultRequest,
+    Field(discriminator="action"),
+]
+
+
+class ResumeRequest(RootModel[AnyResumeRequest]):
+    """A person's decision for a waiting turn, one shape per `action`.
+
+    `approve`/`reject` a tool call, answer a plain-text question (`input`), submit a form
+    (`form`), or `retry` now. For a call whose outcome is unknown (card `kind`
+    `outcome_unknown`): `approve` runs it again, `reject` fails it, and `tool_result` marks it
+    done with `content` as its result.
+    """
+
+
+RESUME_REQUESTS: tuple[type[_Resume], ...] = (
+    ApproveRequest,
+    RejectRequest,
+    InputRequest,
+    FormRequest,
+    RetryRequest,
+    ToolResultRequest,
+)
+
+
+def resume_fields(request: ResumeRequest) -> dict[str, Any]:
+    """The fields of a resume request besides `action` and `metadata`, as keyword arguments of `resume_command`."""
+    action = request.root
+    return {name: getattr(action, name) for name in type(action).model_fields if name not in ("action", "metadata")}
 
 
 class CancelRequest(_Request):
@@ -94,7 +173,7 @@ class ErrorInfo(_Response):
 
     type: str = Field(description="The error's class, e.g. `TurnNotFound`, `InvalidResumeCommand`, `InvalidRequest`.")
     message: str
-    details: list[JsonObject] = Field(
+    details: list[TypedJsonObject] = Field(
         default_factory=list, description='Per-field problems, e.g. `{"path": "/field", "message": "..."}`.'
     )
     active_turn_id: str | None = Field(default=None, description="The turn that keeps a conversation busy (409).")
@@ -111,7 +190,7 @@ class ToolCallView(_Response):
 
     id: str
     name: str
-    arguments: JsonObject
+    arguments: TypedJsonObject
 
 
 class FormView(_Response):
@@ -119,14 +198,14 @@ class FormView(_Response):
 
     key: str
     description: str
-    schema_: JsonObject = Field(alias="schema")
+    schema_: TypedJsonObject = Field(alias="schema")
 
 
 class SuspensionView(_Response):
     """Why a turn waits."""
 
-    type: Literal["USER_INPUT", "TOOL_APPROVAL", "CHILD_AGENT", "RETRY"]
-    kind: Literal["approval", "outcome_unknown"] | None = Field(
+    type: SuspensionType
+    kind: SuspensionKind | None = Field(
         description=(
             "For TOOL_APPROVAL: `approval` (the call waits to run; approve or reject it) or `outcome_unknown` "
             "(it started and its outcome was never recorded; approve to run it again, `tool_result` to mark it "
@@ -141,9 +220,88 @@ class SuspensionView(_Response):
         default=None,
         description="When `on_timeout` applies if nobody decided (ISO 8601); null when the wait has no deadline.",
     )
-    on_timeout: Literal["approve", "reject", "submit"] | None = Field(
+    on_timeout: TimeoutAction | None = Field(
         default=None, description="What the deadline does: approve or reject the call, or submit the form's default."
     )
+
+
+class SystemMessageView(_Response):
+    """Instructions for the model."""
+
+    role: Literal["system"]
+    id: str
+    content: str
+
+
+class UserMessageView(_Response):
+    """A message the user typed."""
+
+    role: Literal["user"]
+    id: str
+    content: str
+
+
+class AssistantMessageView(_Response):
+    """A model response: text, tool calls (arguments masked), or both."""
+
+    role: Literal["assistant"]
+    id: str
+    content: str | None
+    tool_calls: list[ToolCallView]
+
+
+class ToolMessageView(_Response):
+    """The result of a tool call."""
+
+    role: Literal["tool"]
+    id: str
+    tool_call_id: str
+    tool_name: str
+    content: str
+    is_error: bool
+
+
+class _PageItemView(_Response):
+    id: str
+    version: int
+    turn_id: str
+    action_id: str = Field(description="The tool call the item stands for.")
+    status: ActionStatus
+    decided_by: str | None
+    decided_at: datetime | None
+    reason: str | None
+    actions: list[str] = Field(description="What the page may still offer (none once decided).")
+
+
+class AgentActionItemView(_PageItemView):
+    """An approval card for a tool call (`kind` `approval`) or a call whose outcome is unknown."""
+
+    role: Literal["agent_action"]
+    tool_name: str
+    summary: str
+    arguments: TypedJsonObject = Field(description="Sensitive values are `***`.")
+    kind: SuspensionKind
+
+
+class AgentFormItemView(_PageItemView):
+    """A form to fill in, with its frozen JSON Schema."""
+
+    role: Literal["agent_form"]
+    form_key: str
+    description: str
+    schema_: TypedJsonObject = Field(alias="schema")
+
+
+TurnMessageView = Annotated[
+    SystemMessageView | UserMessageView | AssistantMessageView | ToolMessageView, Field(discriminator="role")
+]
+"""A message of a turn, by `role`."""
+
+PageItemView = Annotated[
+    UserMessageView | AssistantMessageView | ToolMessageView | AgentActionItemView | AgentFormItemView,
+    Field(discriminator="role"),
+]
+"""An item of a conversation's page timeline, by `role`."""
 
 
 class UsageView(_Response):
@@ -152,22 +310,6 @@ class UsageView(_Response):
     input_tokens: int
     output_tokens: int
     cost: float
-
-
-TurnStatusName = Literal[
-    "READY",
-    "RUNNING",
-    "WAITING_FOR_USER",
-    "WAITING_FOR_APPROVAL",
-    "WAITING_FOR_CHILD",
-    "RETRY_SCHEDULED",
-    "COMPLETED",
-    "FAILED",
-    "CANCELLED",
-    "MAX_ITERATIONS_REACHED",
-    "MAX_STEPS_REACHED",
-    "BUDGET_EXCEEDED",
-]
 
 
 class TurnView(_Response):
@@ -179,8 +321,8 @@ class TurnView(_Response):
     conversation_id: str | None
     parent_turn_id: str | None
     root_turn_id: str
-    status: TurnStatusName
-    phase: Literal["MODEL", "TOOLS"]
+    status: AgentTurnStatus
+    phase: Phase
     suspension: SuspensionView | None
     pending_tool_calls: list[ToolCallView]
     final_output: str | None
@@ -191,11 +333,11 @@ class TurnView(_Response):
     attempt: int
     next_retry_at: str | None
     cancel_requested: bool
-    metadata: JsonObject
+    metadata: TypedJsonObject
     created_at: str
     updated_at: str
     version: int
-    messages: list[JsonObject] | None = Field(
+    messages: list[TurnMessageView] | None = Field(
         default=None, description="The turn's messages (tool-call arguments masked), with `?messages=true`."
     )
 
@@ -228,7 +370,7 @@ class MessageList(_Response):
     `system` when the turn ended while it was pending) and `reason`.
     """
 
-    items: list[JsonObject]
+    items: list[PageItemView]
 
 
 class ToolInfo(_Response):
@@ -244,7 +386,7 @@ class FormInfo(_Response):
 
     key: str
     description: str
-    schema_: JsonObject = Field(alias="schema")
+    schema_: TypedJsonObject = Field(alias="schema")
 
 
 class AgentInfo(_Response):
@@ -273,3 +415,45 @@ class ReadyView(_Response):
 
     status: Literal["ok"]
     checks: dict[str, str]
+
+
+# --- Events (the `data:` of each server-sent event) ------------------------------------------
+
+
+class _EventEnvelope(_Response):
+    event_id: str
+    turn_id: str
+    root_turn_id: str | None
+    conversation_id: str | None
+    timestamp: datetime
+    cursor: str | None = Field(description="The event's position; resume after it with `after` or `Last-Event-ID`.")
+
+
+def _event_view(payload: type[EventStamp], types: list[AgentEventType]) -> type[_EventEnvelope]:
+    """The envelope of the events whose `data` is `payload`, discriminated by their `type`."""
+    kind: Any = Literal.__getitem__(tuple(t.value for t in types))
+    name = payload.__name__.removesuffix("Payload") + "Event"
+    view: type[_EventEnvelope] = create_model(
+        name, __base__=_EventEnvelope, __doc__=payload.__doc__, type=(kind, ...), data=(payload, ...)
+    )
+    return view
+
+
+def _event_views() -> tuple[type[_EventEnvelope], ...]:
+    by_payload: dict[type[EventStamp], list[AgentEventType]] = {}
+    for event_type, payload in PAYLOAD_MODELS.items():
+        by_payload.setdefault(payload, []).append(event_type)
+    return tuple(_event_view(payload, types) for payload, types in by_payload.items())
+
+
+EVENT_VIEWS = _event_views()
+"""One model per payload shape of `agent_runner.event_payloads`, with the event types that carry it."""
+
+if TYPE_CHECKING:
+    AnyEventView = _EventEnvelope
+else:
+    AnyEventView = Annotated[Union[EVENT_VIEWS], Field(discriminator="type")]  # noqa: UP007
+
+
+class AgentEventView(RootModel[AnyEventView]):
+    """One event, as the JSON of an SSE `data:` line; `type` (also the SSE `event:`) tells the shape of `data`."""

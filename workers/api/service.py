@@ -25,7 +25,7 @@ from agent_runner import (
 )
 from agent_runner.machine import DECIDER_METADATA_KEYS
 from workers.api.errors import ApiError, InvalidRequest, TurnEndedError
-from workers.api.models import CancelRequest, ResumeRequest, StartTurnRequest
+from workers.api.models import CancelRequest, ResumeRequest, StartTurnRequest, resume_fields
 from workers.api.runtime import Runtime
 from workers.api.tenancy import Tenant
 from workers.views import ResumeAction, resume_command
@@ -186,18 +186,15 @@ def resume_turn(
             fails the frozen schema (422); nothing changed.
     """
     get_turn(runtime, tenant, turn_id)
-    metadata = {"channel": "http", **request.metadata}
+    metadata = {"channel": "http", **request.root.metadata}
     if tenant.user is not None:
         # Made with a token: the decider is the token's user, whatever the client wrote.
         metadata = {k: v for k, v in metadata.items() if k not in DECIDER_METADATA_KEYS}
         metadata["decided_by"] = tenant.user
     command = resume_command(
-        ResumeAction(request.action),
-        tool_call_id=request.tool_call_id,
-        content=request.content,
-        data=request.data,
-        reason=request.reason,
+        ResumeAction(request.root.action),
         metadata={**metadata, **(marks or {})},
+        **resume_fields(request),
     )
     return runtime.runner.submit_resume(turn_id, command)
 

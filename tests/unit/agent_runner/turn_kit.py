@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
+from pydantic import ValidationError
+
 from agent_runner import (
     Agent,
     AgentEvent,
@@ -29,6 +31,7 @@ from agent_runner import (
     UserMessage,
     tool,
 )
+from agent_runner.event_payloads import payload_of
 from agent_runner.persistence import TurnRef
 
 TICKET_SCHEMA: dict[str, Any] = {
@@ -92,14 +95,25 @@ class FakeClock:
         self.now += timedelta(seconds=seconds)
 
 
+MISSHAPEN_EVENTS: list[tuple[AgentEvent, str]] = []
+"""Events an `EventLog` received whose data does not validate against their payload model.
+
+The runner swallows what a listener raises, so the log records them here instead and the
+`_events_have_their_payload_shape` fixture fails the test that emitted them."""
+
+
 class EventLog:
-    """An event listener that keeps what it receives."""
+    """An event listener that keeps what it receives and checks each event's data against its payload model."""
 
     def __init__(self) -> None:
         self.events: list[AgentEvent] = []
         self._lock = threading.Lock()
 
     def __call__(self, event: AgentEvent) -> None:
+        try:
+            payload_of(event)
+        except ValidationError as exc:
+            MISSHAPEN_EVENTS.append((event, str(exc)))
         with self._lock:
             self.events.append(event)
 

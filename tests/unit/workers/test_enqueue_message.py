@@ -11,6 +11,8 @@ import pytest
 
 from agent_runner import (
     Agent,
+    AgentEvent,
+    AgentEventType,
     AgentRunner,
     AgentTurnStatus,
     AiMessage,
@@ -112,3 +114,15 @@ def test_stale_claims_are_completed_when_their_turn_started_and_queued_again_oth
     completed, requeued = inbox.get("m-started"), inbox.get("m-lost")
     assert completed is not None and (completed.status, completed.turn_id) == (InboxStatus.COMPLETED, started.id)
     assert requeued is not None and requeued.status is InboxStatus.PENDING
+
+
+def test_the_turn_a_queued_message_starts_names_the_message_in_its_turn_started_event(runner: AgentRunner) -> None:
+    events: list[AgentEvent] = []
+    runner.add_event_listener(events.append)
+    active = runner.start("helper", "working on it", conversation_id="c3")
+    enqueue_message(runner, "c3", "and then this", message_id="m-3", agent_id="helper")
+    runner.run_until_blocked(runner.turn_store.load(active.id))
+    start_next_message(runner, Inbox(runner.turn_store.engine), None, "c3")  # type: ignore[attr-defined]
+    started = [e for e in events if e.type is AgentEventType.TURN_STARTED]
+    assert [e.data["message_id"] for e in started][-1] == "m-3"
+    assert started[-1].turn_id != active.id and started[-1].conversation_id == "c3"

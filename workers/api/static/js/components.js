@@ -3,13 +3,14 @@
 // question box.
 
 import { api } from "./api.js";
+import { TERMINAL_STATUSES } from "../../console/contract.js";
 import { append, h, timeElement, uniqueId } from "./dom.js";
 import { SchemaForm, humanize } from "./form.js";
 
 /** The value the server puts in place of an argument a tool marks sensitive. */
 export const MASK = "***";
 
-const TERMINAL = new Set(["COMPLETED", "FAILED", "CANCELLED", "MAX_ITERATIONS_REACHED", "MAX_STEPS_REACHED", "BUDGET_EXCEEDED"]);
+const TERMINAL = new Set(TERMINAL_STATUSES);
 
 export function isTerminal(status) {
   return TERMINAL.has(status);

@@ -3,6 +3,7 @@
 // sessionStorage so that a reconnect or a page reload continues with no gap and no repeat.
 
 import { apiUrl, authHeaders, authEvents } from "./api.js";
+import { TERMINAL_EVENT_TYPES } from "../../console/contract.js";
 import { h } from "./dom.js";
 import { streamingItem } from "./components.js";
 import { EventStream } from "./sse.js";
@@ -153,7 +154,7 @@ export class LiveAnswers {
   }
 }
 
-const END_TYPES = new Set(["TURN_COMPLETED", "TURN_FAILED", "TURN_CANCELLED", "MAX_ITERATIONS_REACHED", "MAX_STEPS_REACHED", "BUDGET_EXCEEDED"]);
+const END_TYPES = new Set(TERMINAL_EVENT_TYPES);
 
 function isEnd(type) {
   return END_TYPES.has(type);

@@ -1,0 +1,445 @@
+"""The typed `data` of every event type, and the one function that builds each.
+
+An `AgentEvent.data` is a JSON object: the turn's `status` and `version` after the save
+that caused the event, then the fields of its type. Each type has one payload model here
+(`PAYLOAD_MODELS`) and one constructor function; every place that emits an event builds
+its fields through that function, so a type has one shape wherever it comes from. Fields
+that only some occurrences have are present and null on the others.
+
+`AgentEvent.data` stays a plain dict on the wire and in Python; validate it with
+`payload_of(event)` to get the typed model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Annotated, Any, Literal, NamedTuple, Union
+
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
+from typing_extensions import TypeAliasType
+
+from agent_runner.events import AgentEvent, AgentEventType
+from agent_runner.forms import AgentFormDefinition
+from agent_runner.machine import OUTCOME_UNKNOWN
+from agent_runner.messages import ToolCall
+from agent_runner.snapshot import AgentTurn, AgentTurnStatus
+from agent_runner.suspensions import AgentSuspension, ResumeType, SuspensionType, TimeoutAction
+
+_NestedArray = Annotated[
+    list[Any],
+    WithJsonSchema(
+        {
+            "type": "array",
+            "items": {"anyOf": [{"type": "string"}, {"type": "number"}, {"type": "boolean"}, {"type": "null"}]},
+            "description": "An array inside an array: any JSON is accepted; the schema shows the common case.",
+        }
+    ),
+]
+# Arrays of arrays are described without recursion: TypeScript cannot express a union that
+# holds an array of itself through the indexed types generated clients use.
+
+JsonElement = TypeAliasType(
+    "JsonElement",
+    "Union[str, int, float, bool, None, dict[str, JsonValue], _NestedArray]",  # noqa: UP007
+)
+"""An item of a JSON array."""
+
+JsonValue = TypeAliasType(
+    "JsonValue",
+    "Union[str, int, float, bool, None, list[JsonElement], dict[str, JsonValue]]",  # noqa: UP007
+)
+"""Any JSON value (typed, so that schemas name it instead of leaving it open)."""
+
+JsonObject = dict[str, JsonValue]
+
+SuspensionKind = Literal["approval", "outcome_unknown"]
+"""`kind` of a TOOL_APPROVAL suspension: the call waits to run, or it started and its outcome is unknown."""
+
+
+class _Payload(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class EventStamp(_Payload):
+    """The fields every event's `data` starts with."""
+
+    status: AgentTurnStatus = Field(description="The turn's status after the save that caused the event.")
+    version: int = Field(description="The turn's version after that save (0 when the turn was created).")
+
+
+# --- Fields of each event type ------------------------------------------------------------------
+
+
+class TurnStartedFields(_Payload):
+    """Fields of TURN_STARTED."""
+
+    agent_id: str
+    agent_version: str
+    parent_turn_id: str | None = Field(description="The parent of a child turn; null for a root turn.")
+    message_id: str = Field(
+        description="The user message the turn starts from (for a queued message: the `message_id` it was queued with)."
+    )
+
+
+class TurnRunningFields(_Payload):
+    """Fields of TURN_RUNNING (none)."""
+
+
+class FormFields(_Payload):
+    """A form to fill in."""
+
+    key: str
+    description: str
+    schema_: JsonObject = Field(alias="schema", description="The JSON Schema frozen into the suspension.")
+
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True, serialize_by_alias=True)
+
+
+class ToolCallFields(_Payload):
+    """A tool call, as it may be shown."""
+
+    id: str
+    name: str
+    arguments: JsonObject = Field(description="Arguments the tool marks sensitive are `***`.")
+
+
+class TurnSuspendedFields(_Payload):
+    """Fields of TURN_SUSPENDED."""
+
+    suspension_type: SuspensionType
+    kind: SuspensionKind | None = Field(
+        description="For TOOL_APPROVAL: `approval` or `outcome_unknown` (the call started, its outcome is unknown)."
+    )
+    correlation_id: str | None = Field(description="The tool call a resume names; null for a plain question.")
+    message: str
+    form_key: str | None = Field(description="The form's key, for a form (also in `form`).")
+    form: FormFields | None = Field(description="The form to fill in, with its frozen schema.")
+    tool_call: ToolCallFields | None = Field(description="The call to approve, or whose outcome is unknown.")
+    deadline: str | None = Field(description="When `on_timeout` applies (ISO 8601); null without a deadline.")
+    on_timeout: TimeoutAction | None = Field(description="`approve`, `reject` or `submit`; null without a deadline.")
+
+
+class TurnResumedFields(_Payload):
+    """Fields of TURN_RESUMED."""
+
+    command: ResumeType | None = Field(
+        description="The resume command type (`AgentResumeCommand.type`); null when a scheduled retry came due."
+    )
+    tool_call_id: str | None = Field(description="The call the command decided on.")
+    child_turn_id: str | None = Field(description="The child whose end resumed the parent, for CHILD_COMPLETED.")
+    reason: str | None = Field(description="The command's reason, or `retry due` for a scheduled retry.")
+    attempt: int | None = Field(description="The attempt about to run, when a scheduled retry came due.")
+    metadata: JsonObject = Field(description="The command's metadata (who decided).")
+
+
+class RetryScheduledFields(_Payload):
+    """Fields of RETRY_SCHEDULED."""
+
+    attempt: int
+    next_retry_at: str | None = Field(description="ISO 8601.")
+    error: str = Field(description="The error that is retried.")
+
+
+class ModelDeltaFields(_Payload):
+    """Fields of MODEL_DELTA."""
+
+    delta: str
+    lease_fence: int | None = Field(description="Tells the deltas of an abandoned model call from those of its re-run.")
+
+
+class ModelResponseFields(_Payload):
+    """Fields of MODEL_RESPONSE."""
+
+    message_id: str
+    content: str | None = Field(description="The whole text of the answer (clients that missed deltas resync).")
+    tool_calls: list[str] = Field(description="The names of the tools the model called.")
+    input_tokens: int
+    output_tokens: int
+
+
+class ToolStartedFields(_Payload):
+    """Fields of TOOL_STARTED."""
+
+    tool_call_id: str
+    tool_name: str
+
+
+class ToolProgressFields(_Payload):
+    """Fields of TOOL_PROGRESS."""
+
+    tool_call_id: str
+    tool_name: str
+    progress: JsonValue = Field(description="What the tool reported.")
+
+
+class ToolCompletedFields(_Payload):
+    """Fields of TOOL_COMPLETED."""
+
+    tool_call_id: str
+    tool_name: str
+    is_error: bool
+    reconciled: bool = Field(description="The result was found by reconciling a call whose outcome was unknown.")
+
+
+class TurnEndedFields(_Payload):
+    """Fields of the terminal events."""
+
+    error: str | None
+    final_output: str | None
+
+
+class ChatMemoryErrorFields(_Payload):
+    """Fields of CHAT_MEMORY_ERROR."""
+
+    error: str
+
+
+class DeadlineApproachingFields(_Payload):
+    """Fields of DEADLINE_APPROACHING."""
+
+    correlation_id: str | None
+    suspension_type: SuspensionType
+    deadline: str = Field(description="ISO 8601.")
+    on_timeout: TimeoutAction | None
+
+
+# --- Whole payloads (stamp + fields), as read from `AgentEvent.data` -----------------------------
+
+
+class TurnStartedPayload(EventStamp, TurnStartedFields):
+    """TURN_STARTED: a turn was created (READY)."""
+
+
+class TurnRunningPayload(EventStamp, TurnRunningFields):
+    """TURN_RUNNING: a runner took the READY turn and steps it."""
+
+
+class TurnSuspendedPayload(EventStamp, TurnSuspendedFields):
+    """TURN_SUSPENDED: the turn waits; everything a page needs to show the question, form or call."""
+
+
+class TurnResumedPayload(EventStamp, TurnResumedFields):
+    """TURN_RESUMED: a command was applied, a child ended, or a scheduled retry came due."""
+
+
+class RetryScheduledPayload(EventStamp, RetryScheduledFields):
+    """RETRY_SCHEDULED: a transient error; the turn runs again at `next_retry_at`."""
+
+
+class ModelDeltaPayload(EventStamp, ModelDeltaFields):
+    """MODEL_DELTA: a piece of the streaming answer (live only)."""
+
+
+class ModelResponsePayload(EventStamp, ModelResponseFields):
+    """MODEL_RESPONSE: the model answered."""
+
+
+class ToolStartedPayload(EventStamp, ToolStartedFields):
+    """TOOL_STARTED: a tool call starts running."""
+
+
+class ToolProgressPayload(EventStamp, ToolProgressFields):
+    """TOOL_PROGRESS: a running tool reported progress (live only)."""
+
+
+class ToolCompletedPayload(EventStamp, ToolCompletedFields):
+    """TOOL_COMPLETED: a tool call's result was written."""
+
+
+class TurnEndedPayload(EventStamp, TurnEndedFields):
+    """A terminal event (TURN_COMPLETED, TURN_FAILED, ...): the turn ended."""
+
+
+class ChatMemoryErrorPayload(EventStamp, ChatMemoryErrorFields):
+    """CHAT_MEMORY_ERROR: projecting the saved turn into ChatMemory failed (live only)."""
+
+
+class DeadlineApproachingPayload(EventStamp, DeadlineApproachingFields):
+    """DEADLINE_APPROACHING: a waiting approval or form is most of the way to its deadline."""
+
+
+E = AgentEventType
+
+PAYLOAD_MODELS: Mapping[AgentEventType, type[EventStamp]] = {
+    E.TURN_STARTED: TurnStartedPayload,
+    E.TURN_RUNNING: TurnRunningPayload,
+    E.TURN_SUSPENDED: TurnSuspendedPayload,
+    E.TURN_RESUMED: TurnResumedPayload,
+    E.RETRY_SCHEDULED: RetryScheduledPayload,
+    E.MODEL_DELTA: ModelDeltaPayload,
+    E.MODEL_RESPONSE: ModelResponsePayload,
+    E.TOOL_STARTED: ToolStartedPayload,
+    E.TOOL_PROGRESS: ToolProgressPayload,
+    E.TOOL_COMPLETED: ToolCompletedPayload,
+    E.TURN_COMPLETED: TurnEndedPayload,
+    E.TURN_FAILED: TurnEndedPayload,
+    E.TURN_CANCELLED: TurnEndedPayload,
+    E.MAX_ITERATIONS_REACHED: TurnEndedPayload,
+    E.MAX_STEPS_REACHED: TurnEndedPayload,
+    E.BUDGET_EXCEEDED: TurnEndedPayload,
+    E.CHAT_MEMORY_ERROR: ChatMemoryErrorPayload,
+    E.DEADLINE_APPROACHING: DeadlineApproachingPayload,
+}
+"""The model of `AgentEvent.data` for each event type."""
+
+
+def payload_of(event: AgentEvent) -> EventStamp:
+    """The event's `data` validated against the model of its type.
+
+    Raises:
+        pydantic.ValidationError: The data does not have the shape of its type.
+    """
+    return PAYLOAD_MODELS[event.type].model_validate(event.data)
+
+
+# --- Constructors: the one place each event type's fields are built ----------------------------
+
+
+class EventBody(NamedTuple):
+    """An event's type and its fields, before the runner stamps the turn's status and version."""
+
+    type: AgentEventType
+    fields: _Payload
+
+    def data(self, status: AgentTurnStatus, version: int) -> dict[str, Any]:
+        """The event's `data`: the stamp, then the fields as JSON."""
+        return {"status": status.value, "version": version, **self.fields.model_dump(mode="json", by_alias=True)}
+
+
+def turn_started(turn: AgentTurn, message_id: str) -> EventBody:
+    """TURN_STARTED of a new turn that starts from the user message `message_id`."""
+    fields = TurnStartedFields(
+        agent_id=turn.agent_id,
+        agent_version=turn.agent_version,
+        parent_turn_id=turn.parent_turn_id,
+        message_id=message_id,
+    )
+    return EventBody(E.TURN_STARTED, fields)
+
+
+def turn_running() -> EventBody:
+    """TURN_RUNNING: the turn left the queue."""
+    return EventBody(E.TURN_RUNNING, TurnRunningFields())
+
+
+ArgumentMask = Callable[[ToolCall], Mapping[str, Any]]
+"""Returns a call's arguments as they may be shown (sensitive values replaced)."""
+
+
+def turn_suspended(turn: AgentTurn, mask: ArgumentMask) -> EventBody:
+    """TURN_SUSPENDED of a suspended turn: its question, form or call (arguments through `mask`), and deadline."""
+    suspension = turn.suspension
+    if suspension is None:
+        raise ValueError(f"turn {turn.id!r} is not suspended")
+    call = next((c for c in turn.pending_tool_calls if c.id == suspension.correlation_id), None)
+    form = suspension.form
+    fields = TurnSuspendedFields(
+        suspension_type=suspension.type,
+        kind=suspension_kind(suspension),
+        correlation_id=suspension.correlation_id,
+        message=suspension.message,
+        form_key=None if form is None else form.key,
+        form=None if form is None else _form_fields(form),
+        tool_call=None if call is None else ToolCallFields(id=call.id, name=call.name, arguments=dict(mask(call))),
+        deadline=None if suspension.deadline is None else suspension.deadline.isoformat(),
+        on_timeout=suspension.on_timeout,
+    )
+    return EventBody(E.TURN_SUSPENDED, fields)
+
+
+def suspension_kind(suspension: AgentSuspension) -> SuspensionKind | None:
+    """`approval` or `outcome_unknown` for a TOOL_APPROVAL suspension; None for the others."""
+    if suspension.type is not SuspensionType.TOOL_APPROVAL:
+        return None
+    return "outcome_unknown" if suspension.metadata.get("reason") == OUTCOME_UNKNOWN else "approval"
+
+
+def _form_fields(form: AgentFormDefinition) -> FormFields:
+    return FormFields(key=form.key, description=form.description, schema_=form.schema)
+
+
+def turn_resumed(
+    *,
+    command: ResumeType | None,
+    tool_call_id: str | None = None,
+    child_turn_id: str | None = None,
+    reason: str | None = None,
+    attempt: int | None = None,
+    metadata: Mapping[str, Any] | None = None,
+) -> EventBody:
+    """TURN_RESUMED: `command` applied (None: a scheduled retry came due, at `attempt`)."""
+    fields = TurnResumedFields(
+        command=command,
+        tool_call_id=tool_call_id,
+        child_turn_id=child_turn_id,
+        reason=reason,
+        attempt=attempt,
+        metadata=dict(metadata or {}),
+    )
+    return EventBody(E.TURN_RESUMED, fields)
+
+
+def retry_scheduled(turn: AgentTurn, error: str) -> EventBody:
+    """RETRY_SCHEDULED of a turn saved RETRY_SCHEDULED because of `error`."""
+    next_at = None if turn.next_retry_at is None else turn.next_retry_at.isoformat()
+    return EventBody(E.RETRY_SCHEDULED, RetryScheduledFields(attempt=turn.attempt, next_retry_at=next_at, error=error))
+
+
+def model_delta(delta: str, lease_fence: int | None) -> EventBody:
+    """MODEL_DELTA: a piece of streamed text."""
+    return EventBody(E.MODEL_DELTA, ModelDeltaFields(delta=delta, lease_fence=lease_fence))
+
+
+def model_response(
+    message_id: str, content: str | None, tool_names: list[str], input_tokens: int, output_tokens: int
+) -> EventBody:
+    """MODEL_RESPONSE: the answer's message id, whole text, called tools and token counts."""
+    fields = ModelResponseFields(
+        message_id=message_id,
+        content=content,
+        tool_calls=tool_names,
+        input_tokens=input_tokens,
+        output_tokens=output_tokens,
+    )
+    return EventBody(E.MODEL_RESPONSE, fields)
+
+
+def tool_started(call: ToolCall) -> EventBody:
+    """TOOL_STARTED of `call`."""
+    return EventBody(E.TOOL_STARTED, ToolStartedFields(tool_call_id=call.id, tool_name=call.name))
+
+
+def tool_progress(call: ToolCall, progress: Any) -> EventBody:
+    """TOOL_PROGRESS of `call` (`progress` must be JSON)."""
+    return EventBody(E.TOOL_PROGRESS, ToolProgressFields(tool_call_id=call.id, tool_name=call.name, progress=progress))
+
+
+def tool_completed(call: ToolCall, is_error: bool, *, reconciled: bool = False) -> EventBody:
+    """TOOL_COMPLETED of `call`."""
+    fields = ToolCompletedFields(tool_call_id=call.id, tool_name=call.name, is_error=is_error, reconciled=reconciled)
+    return EventBody(E.TOOL_COMPLETED, fields)
+
+
+def turn_ended(turn: AgentTurn, event_type: AgentEventType) -> EventBody:
+    """The terminal event `event_type` of an ended turn."""
+    if not event_type.is_terminal:
+        raise ValueError(f"{event_type} is not a terminal event type")
+    return EventBody(event_type, TurnEndedFields(error=turn.error, final_output=turn.final_output))
+
+
+def chat_memory_error(error: str) -> EventBody:
+    """CHAT_MEMORY_ERROR: projection into ChatMemory failed with `error`."""
+    return EventBody(E.CHAT_MEMORY_ERROR, ChatMemoryErrorFields(error=error))
+
+
+def deadline_approaching(suspension: AgentSuspension) -> EventBody:
+    """DEADLINE_APPROACHING of a suspension that has a deadline."""
+    if suspension.deadline is None:
+        raise ValueError("a suspension without a deadline has no reminder")
+    fields = DeadlineApproachingFields(
+        correlation_id=suspension.correlation_id,
+        suspension_type=suspension.type,
+        deadline=suspension.deadline.isoformat(),
+        on_timeout=suspension.on_timeout,
+    )
+    return EventBody(E.DEADLINE_APPROACHING, fields)
