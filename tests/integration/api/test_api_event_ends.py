@@ -18,6 +18,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
 import store
@@ -26,6 +27,7 @@ from agent_runner import AgentEvent, AgentEventType, AgentTurn, AgentTurnStatus,
 from tests.helpers.other_database import transaction_open_elsewhere
 from tests.integration.api.api_server import ended, parse_sse, read_stream, serve, wait_for
 from workers.api import create_app
+from workers.api.auth import runtime_handle
 from workers.api.runtime import Runtime
 
 pytestmark = pytest.mark.integration
@@ -47,8 +49,9 @@ def app_client(database_url: str) -> Iterator[TestClient]:
 
 
 def runtime_of(client: TestClient) -> Runtime:
-    runtime: Runtime = client.app.state.runtime  # type: ignore[attr-defined]
-    return runtime
+    app = client.app
+    assert isinstance(app, FastAPI)
+    return runtime_handle(app).get()
 
 
 def started_turn(turns: store.SqlAgentTurnStore, turn_id: str) -> AgentTurn:
