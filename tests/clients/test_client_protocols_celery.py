@@ -6,7 +6,6 @@ import time
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -14,52 +13,28 @@ import pytest
 
 from tests.clients.ag_ui_events import valid
 from tests.clients.conftest import AGENTS, API_KEYS, KEY_A
-from tests.conftest import TEST_REDIS_URL
-from tests.helpers.api_server import ApiServer
 from tests.helpers.node import json_lines, run_node
-from tests.integration.celery_workers.celery_cluster import Cluster, cluster_env, delete_prefix
+from tests.integration.api.api_server import CeleryStack, api_on_celery
 
 pytestmark = pytest.mark.integration
 
 
-@dataclass
-class Stack:
-    cluster: Cluster
-    server: ApiServer
-
-
 @pytest.fixture
-def stack(pg_url: str, tmp_path: Path) -> Iterator[Stack]:
+def stack(pg_url: str, tmp_path: Path) -> Iterator[CeleryStack]:
     """PostgreSQL, Redis, one Celery worker process (threads) and the API server, all of this test alone."""
-    namespace = f"ar-clients-{uuid.uuid4().hex[:10]}"
-    env = cluster_env(
-        schema_url=pg_url,
-        redis_url=TEST_REDIS_URL,
-        namespace=namespace,
-        AGENT_RUNNER_AGENT_LOADER=AGENTS,
-        AGENT_RUNNER_INBOX_AGENT="assistant",
-        AGENT_RUNNER_API_KEYS=API_KEYS,
-    )
-    cluster = Cluster(env=env, tmp_path=tmp_path, redis_url=TEST_REDIS_URL)
-    server = ApiServer(agents=AGENTS, env=env, log=tmp_path / "server.log")
-    try:
-        cluster.start_worker("w1", pool="threads")
-        server.start()
-        yield Stack(cluster, server)
-    finally:
-        server.stop()
-        cluster.stop_all()
-        cluster.close()
-        delete_prefix(TEST_REDIS_URL, namespace)
+    with api_on_celery(
+        pg_url, tmp_path, AGENTS, pool="threads", AGENT_RUNNER_INBOX_AGENT="assistant", AGENT_RUNNER_API_KEYS=API_KEYS
+    ) as stack:
+        yield stack
 
 
-def run(clients: Path, stack: Stack, script: str, flow: str, **env: str) -> list[dict[str, Any]]:
+def run(clients: Path, stack: CeleryStack, script: str, flow: str, **env: str) -> list[dict[str, Any]]:
     done = run_node(clients, script, [flow, stack.server.url, KEY_A], env=env, timeout=180)
     assert done.returncode == 0, done.stderr[-3000:] + stack.server.output() + stack.cluster.logs()
     return json_lines(done.stdout)
 
 
-def test_approvals_through_both_clients_on_celery_workers(clients: Path, stack: Stack) -> None:
+def test_approvals_through_both_clients_on_celery_workers(clients: Path, stack: CeleryStack) -> None:
     # AI SDK: approved and rejected
     _, approved, _, rejected = run(clients, stack, "aisdk_flows.mjs", "approval")
     assert approved["text"] == "deployed billing" and approved["metadata"]["status"] == "COMPLETED"
@@ -71,7 +46,9 @@ def test_approvals_through_both_clients_on_celery_workers(clients: Path, stack: 
     valid(answered_no)
 
 
-def test_a_worker_killed_mid_answer_leaves_the_client_with_the_whole_answer_once(clients: Path, stack: Stack) -> None:
+def test_a_worker_killed_mid_answer_leaves_the_client_with_the_whole_answer_once(
+    clients: Path, stack: CeleryStack
+) -> None:
     # Given a long answer streaming to an AI SDK chat from worker w1
     chat_id = f"killed-{uuid.uuid4().hex[:8]}"
     words = 30
@@ -98,7 +75,7 @@ def test_a_worker_killed_mid_answer_leaves_the_client_with_the_whole_answer_once
     assert fence_of_w1 is not None and fence_at_end is not None and fence_at_end > fence_of_w1
 
 
-def _running_turn(stack: Stack, chat_id: str, timeout: float = 30.0) -> str:
+def _running_turn(stack: CeleryStack, chat_id: str, timeout: float = 30.0) -> str:
     deadline = time.monotonic() + timeout
     with stack.server.client(KEY_A) as http:
         while time.monotonic() < deadline:

@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
+from tests.conftest import TEST_REDIS_URL
 from tests.helpers.api_server import ApiServer, running_server
 from tests.integration.api import api_agents
+from tests.integration.celery_workers.celery_cluster import Cluster, clusters
 
 AGENTS = f"{api_agents.__name__}:build_loader"
 
@@ -162,3 +166,36 @@ def check_queued_messages_of_two_tenants_start_in_order(a: httpx.Client, b: http
         outputs = [t["final_output"] for t in sorted(turns, key=lambda t: t["created_at"])][1:]
         assert outputs == [f"echo: {name}{i}" for i in range(3)], outputs
         assert {t["conversation_id"] for t in turns} == {conversation}
+
+
+@dataclass
+class CeleryStack:
+    """`agent-runner serve` in front of a Celery worker process, on a schema and Redis namespace of one test."""
+
+    cluster: Cluster
+    server: ApiServer
+
+    def client(self) -> httpx.Client:
+        return self.server.client()
+
+
+@contextmanager
+def api_on_celery(
+    pg_url: str,
+    tmp_path: Path,
+    agents: str = AGENTS,
+    *,
+    pool: str = "prefork",
+    server_args: Sequence[str] = (),
+    **env: str,
+) -> Iterator[CeleryStack]:
+    """Serve `agents` with one Celery worker (`pool`) behind the server; `env` overrides the deployment's settings."""
+    with clusters(pg_url, TEST_REDIS_URL, tmp_path) as make:
+        cluster = make(AGENT_RUNNER_AGENT_LOADER=agents, **env)
+        cluster.start_worker("w1", pool=pool)
+        server = ApiServer(agents=agents, env=cluster.env, log=tmp_path / "server.log", args=list(server_args))
+        try:
+            server.start()
+            yield CeleryStack(cluster, server)
+        finally:
+            server.stop()

@@ -4,17 +4,17 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from tests.conftest import TEST_REDIS_URL
 from tests.helpers.api_server import ApiServer
 from tests.integration.api.api_server import (
     AGENTS,
+    CeleryStack,
+    api_on_celery,
     assert_error,
     blocked,
     check_queued_messages_of_two_tenants_start_in_order,
@@ -24,60 +24,30 @@ from tests.integration.api.api_server import (
     status_is,
     wait_for,
 )
-from tests.integration.celery_workers.celery_cluster import Cluster, cluster_env, delete_prefix
+from tests.integration.celery_workers.celery_cluster import cluster_env, delete_prefix
 
 pytestmark = pytest.mark.integration
-
-
-@dataclass
-class Stack:
-    cluster: Cluster
-    server: ApiServer
-
-    def client(self) -> httpx.Client:
-        return self.server.client()
 
 
 TENANT_KEYS = {"tenant-a": "key-a-0123456789", "tenant-b": "key-b-9876543210"}
 
 
 @pytest.fixture
-def stack(pg_url: str, tmp_path: Path) -> Iterator[Stack]:
+def stack(pg_url: str, tmp_path: Path) -> Iterator[CeleryStack]:
     """PostgreSQL, Redis, one Celery worker process and the API server, all of this test alone."""
-    yield from _stack(pg_url, tmp_path)
+    with api_on_celery(pg_url, tmp_path, AGENT_RUNNER_INBOX_AGENT="desk") as stack:
+        yield stack
 
 
 @pytest.fixture
-def tenant_stack(pg_url: str, tmp_path: Path) -> Iterator[Stack]:
+def tenant_stack(pg_url: str, tmp_path: Path) -> Iterator[CeleryStack]:
     """The same, with the API keys of two tenants."""
     keys = ",".join(f"{tenant}:{key}" for tenant, key in TENANT_KEYS.items())
-    yield from _stack(pg_url, tmp_path, AGENT_RUNNER_API_KEYS=keys)
+    with api_on_celery(pg_url, tmp_path, AGENT_RUNNER_INBOX_AGENT="desk", AGENT_RUNNER_API_KEYS=keys) as stack:
+        yield stack
 
 
-def _stack(pg_url: str, tmp_path: Path, **overrides: str) -> Iterator[Stack]:
-    namespace = f"ar-api-{uuid.uuid4().hex[:10]}"
-    env = cluster_env(
-        schema_url=pg_url,
-        redis_url=TEST_REDIS_URL,
-        namespace=namespace,
-        AGENT_RUNNER_AGENT_LOADER=AGENTS,
-        AGENT_RUNNER_INBOX_AGENT="desk",
-        **overrides,
-    )
-    cluster = Cluster(env=env, tmp_path=tmp_path, redis_url=TEST_REDIS_URL)
-    server = ApiServer(agents=AGENTS, env=env, log=tmp_path / "server.log")
-    try:
-        cluster.start_worker("w1")
-        server.start()
-        yield Stack(cluster, server)
-    finally:
-        server.stop()
-        cluster.stop_all()
-        cluster.close()
-        delete_prefix(TEST_REDIS_URL, namespace)
-
-
-def test_start_form_approve_and_answer_through_celery_workers(stack: Stack) -> None:
+def test_start_form_approve_and_answer_through_celery_workers(stack: CeleryStack) -> None:
     with stack.client() as client:
         ready = client.get("/readyz").json()
         assert ready == {"status": "ok", "checks": {"database": "ok", "redis": "ok", "broker": "ok"}}
@@ -107,7 +77,7 @@ def test_start_form_approve_and_answer_through_celery_workers(stack: Stack) -> N
         assert wait_for(client, parent["id"], ended)["final_output"] == "helper said: echo: sum it up"
 
 
-def test_busy_conversations_reject_enqueue_and_interrupt_through_celery(stack: Stack) -> None:
+def test_busy_conversations_reject_enqueue_and_interrupt_through_celery(stack: CeleryStack) -> None:
     with stack.client() as client:
         active = client.post("/v1/turns", json={"agent_id": "desk", "input": "ticket", "conversation_id": "c-2"}).json()
         wait_for(client, active["id"], blocked)
@@ -135,7 +105,7 @@ def test_busy_conversations_reject_enqueue_and_interrupt_through_celery(stack: S
 
 
 def test_queued_messages_of_tenants_sharing_a_conversation_id_start_in_order_on_celery_workers(
-    tenant_stack: Stack,
+    tenant_stack: CeleryStack,
 ) -> None:
     server = tenant_stack.server
     with server.client(TENANT_KEYS["tenant-a"]) as a, server.client(TENANT_KEYS["tenant-b"]) as b:
@@ -166,7 +136,7 @@ def test_readiness_names_a_broker_that_does_not_answer(pg_url: str, tmp_path: Pa
         delete_prefix(TEST_REDIS_URL, namespace)
 
 
-def test_events_stream_from_the_postgresql_log_and_end_with_the_turn(stack: Stack) -> None:
+def test_events_stream_from_the_postgresql_log_and_end_with_the_turn(stack: CeleryStack) -> None:
     with stack.client() as client:
         body = {"agent_id": "desk", "input": "ticket", "conversation_id": "c-3"}
         turn_id = client.post("/v1/turns", json=body).json()["id"]

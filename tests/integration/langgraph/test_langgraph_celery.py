@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Generator, Iterator
 from pathlib import Path
 from typing import Any
@@ -11,9 +10,8 @@ import pytest
 from langgraph_sdk import get_sync_client
 from langgraph_sdk.schema import StreamPart
 
-from tests.conftest import TEST_REDIS_URL
 from tests.helpers.api_server import ApiServer
-from tests.integration.celery_workers.celery_cluster import Cluster, cluster_env, delete_prefix
+from tests.integration.api.api_server import api_on_celery
 from tests.integration.langgraph.langgraph_agents import AGENTS, story
 
 pytestmark = pytest.mark.integration
@@ -22,21 +20,8 @@ pytestmark = pytest.mark.integration
 @pytest.fixture
 def server(pg_url: str, tmp_path: Path) -> Iterator[ApiServer]:
     """PostgreSQL, Redis, one Celery worker process and the API server, all of this test alone."""
-    namespace = f"ar-lg-{uuid.uuid4().hex[:10]}"
-    env = cluster_env(
-        schema_url=pg_url, redis_url=TEST_REDIS_URL, namespace=namespace, AGENT_RUNNER_AGENT_LOADER=AGENTS
-    )
-    cluster = Cluster(env=env, tmp_path=tmp_path, redis_url=TEST_REDIS_URL)
-    server = ApiServer(agents=AGENTS, env=env, log=tmp_path / "server.log", args=["--worker", "celery"])
-    try:
-        cluster.start_worker("w1")
-        server.start()
-        yield server
-    finally:
-        server.stop()
-        cluster.stop_all()
-        cluster.close()
-        delete_prefix(TEST_REDIS_URL, namespace)
+    with api_on_celery(pg_url, tmp_path, AGENTS, server_args=["--worker", "celery"]) as stack:
+        yield stack.server
 
 
 def test_the_core_flow_runs_on_celery_workers(server: ApiServer) -> None:
