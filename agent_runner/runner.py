@@ -593,7 +593,7 @@ class AgentRunner:
         started = self._event(
             AgentEventType.TURN_STARTED, turn, 0, 0, {"agent_id": agent.id, "agent_version": agent.version}
         )
-        saved = self._gate.create(turn, [started])
+        saved = self._gate.create(turn, [started], self._save_turn)
         self._deliver(started)
         return self._projection.project(saved)
 
@@ -923,12 +923,16 @@ class AgentRunner:
         for pending in events:
             if pending is not None:
                 built.append(self._event(pending[0], turn, version, len(built), pending[1]))
-        saved = self.turn_store.save(turn, expected_version, built)
+        saved = self._save_turn(turn, expected_version, built)
         if saved.conversation_id is not None:
             saved = self._projection.project(saved)
         for event in built[delivered:]:
             self._deliver(event)
         return saved
+
+    def _save_turn(self, turn: AgentTurn, expected_version: int, events: Sequence[AgentEvent]) -> AgentTurn:
+        """The store's save, carrying the ChatMemory projection when the store can (see `Projection.save`)."""
+        return self._projection.save(self.turn_store, turn, expected_version, events)
 
     def _event(
         self, event_type: AgentEventType, turn: AgentTurn, version: int, index: int, data: dict[str, Any]
