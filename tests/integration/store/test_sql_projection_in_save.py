@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 
 import pytest
 import sqlalchemy as sa
+from psycopg._queries import MAX_CACHED_STATEMENT_LENGTH
 
 import store
 from agent_runner import (
@@ -23,6 +25,7 @@ from agent_runner import (
     tool,
 )
 from agent_runner.snapshot import AgentTurn
+from store import _pg_turns
 from tests.integration.store.store_kit import recording
 
 pytestmark = pytest.mark.integration
@@ -124,3 +127,9 @@ def test_only_a_chat_memory_of_the_same_postgresql_database_is_projected_in_the_
     assert not turns.projects_into(InMemoryChatMemoryProvider())
     with store.SqlAgentTurnStore(sqlite_url) as embedded, store.SqlChatMemoryProvider(sqlite_url) as chat:
         assert not embedded.projects_into(chat)
+
+
+def test_every_kind_of_save_statement_is_short_enough_for_the_drivers_cache() -> None:
+    for template in (_pg_turns._SAVE, _pg_turns._CREATE):
+        for kind in itertools.product((False, True), repeat=3):
+            assert len(_pg_turns._statement(template, *kind)) <= MAX_CACHED_STATEMENT_LENGTH
