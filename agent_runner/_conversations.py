@@ -13,6 +13,9 @@ from agent_runner.snapshot import AgentTurn
 
 logger = logging.getLogger("agent_runner")
 
+Save = Callable[[AgentTurn, int, Sequence[AgentEvent]], AgentTurn]
+"""A turn store's `save`, or a save that also projects the turn into ChatMemory."""
+
 
 class ConversationGate:
     """Creates conversation turns so that at most one is active per conversation.
@@ -26,20 +29,21 @@ class ConversationGate:
         self.turn_store = turn_store
         self.guard = guard
 
-    def create(self, turn: AgentTurn, events: Sequence[AgentEvent] = ()) -> AgentTurn:
-        """Save a new turn (version -1) with the events its creation causes.
+    def create(self, turn: AgentTurn, events: Sequence[AgentEvent] = (), save: Save | None = None) -> AgentTurn:
+        """Save a new turn (version -1) with the events its creation causes, by `save` (default: the store's).
 
         Raises:
             AgentConversationBusyException: The conversation already has an active turn.
             VersionConflictError: A turn with this id exists.
         """
+        save = save if save is not None else self.turn_store.save
         conversation = turn.conversation_id
         guard = self.guard
         if conversation is None or guard is None:
-            return self.turn_store.save(turn, -1, events)
+            return save(turn, -1, events)
         self._claim(guard, conversation, turn.id)
         try:
-            return self.turn_store.save(turn, -1, events)
+            return save(turn, -1, events)
         except AgentConversationBusyException as busy:
             # The guard had lost track (for example Redis lost its data): repair it from the store.
             self._call(guard.replace, conversation, turn.id, busy.active_turn_id)

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from agent_runner._cas import AGAIN, retry_on_conflict
 from agent_runner.errors import DefinitionError, VersionConflictError
+from agent_runner.events import AgentEvent
 from agent_runner.messages import ActionStatus, AgentActionMessage, AgentFormMessage, AnyMessage, SystemMessage
-from agent_runner.persistence import ChatMemory, ChatMemoryProvider
+from agent_runner.persistence import AgentTurnStore, ChatMemory, ChatMemoryProvider, ProjectingTurnStore
 from agent_runner.snapshot import AgentTurn, PageAction
 
 logger = logging.getLogger("agent_runner")
@@ -26,6 +27,35 @@ class Projection:
     def __init__(self, provider: ChatMemoryProvider | None, on_error: Callable[[AgentTurn, str], None]) -> None:
         self.provider = provider
         self.on_error = on_error
+        self._store_projects: tuple[AgentTurnStore, ProjectingTurnStore | None] | None = None
+
+    def save(
+        self, store: AgentTurnStore, turn: AgentTurn, expected_version: int, events: Sequence[AgentEvent]
+    ) -> AgentTurn:
+        """Save a turn; a conversation turn's messages go into ChatMemory in the same write when the store can.
+
+        The store can when it is a `ProjectingTurnStore` that writes into this provider's
+        ChatMemory; the returned snapshot's `projected_count` says how far it got, and
+        `project` does the rest (page messages, or all of it with any other store).
+        """
+        projecting = self._projecting(store) if turn.conversation_id is not None else None
+        if projecting is not None:
+            return projecting.save_projected(turn, expected_version, events)
+        return store.save(turn, expected_version, events)
+
+    def _projecting(self, store: AgentTurnStore) -> ProjectingTurnStore | None:
+        """The store, when it writes into this provider's ChatMemory in its saves; checked once per store."""
+        known = self._store_projects
+        if known is None or known[0] is not store:
+            projecting = (
+                store
+                if self.provider is not None
+                and isinstance(store, ProjectingTurnStore)
+                and store.projects_into(self.provider)
+                else None
+            )
+            known = self._store_projects = (store, projecting)
+        return known[1]
 
     def memory(self, conversation_id: str) -> ChatMemory:
         """The ChatMemory of a conversation.

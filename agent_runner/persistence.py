@@ -140,6 +140,29 @@ class DeadlineSource(Protocol):
         ...
 
 
+@runtime_checkable
+class ProjectingTurnStore(Protocol):
+    """A turn store that can write a conversation turn's ChatMemory projection in the save itself.
+
+    Optional: the runner projects a saved turn into ChatMemory itself when its store lacks
+    this, or when `projects_into` says no for its chat memory provider. The SQL store
+    implements it on PostgreSQL for a `SqlChatMemoryProvider` of the same database.
+    """
+
+    def projects_into(self, provider: ChatMemoryProvider) -> bool:
+        """Whether `save_projected` writes into the ChatMemory that `provider` hands out."""
+        ...
+
+    def save_projected(self, turn: AgentTurn, expected_version: int, events: Sequence[AgentEvent] = ()) -> AgentTurn:
+        """`AgentTurnStore.save`, appending the turn's unprojected messages to its conversation's ChatMemory.
+
+        Idempotent as `ChatMemory.append` is: a message id already there is skipped. The
+        returned snapshot's `projected_count` tells how far the projection got; the caller
+        projects what remains (page messages, or everything when the store could not).
+        """
+        ...
+
+
 DEFAULT_EVENT_PAGE = 500
 """Events one read returns at most unless told otherwise."""
 

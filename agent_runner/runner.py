@@ -595,7 +595,7 @@ class AgentRunner:
         )
         turn = telemetry.stamp_new_turn(self, turn)  # trace context of the new turn
         started = self._event(payloads.turn_started(turn, user.id), turn, 0, 0)
-        saved = self._gate.create(turn, [started])
+        saved = self._gate.create(turn, [started], self._save_turn)
         self._deliver(started)
         return self._projection.project(saved)
 
@@ -934,12 +934,16 @@ class AgentRunner:
         for pending in events:
             if pending is not None:
                 built.append(self._event(pending, turn, version, len(built)))
-        saved = self.turn_store.save(turn, expected_version, built)
+        saved = self._save_turn(turn, expected_version, built)
         if saved.conversation_id is not None:
             saved = self._projection.project(saved)
         for event in built[delivered:]:
             self._deliver(event)
         return saved
+
+    def _save_turn(self, turn: AgentTurn, expected_version: int, events: Sequence[AgentEvent]) -> AgentTurn:
+        """The store's save, carrying the ChatMemory projection when the store can (see `Projection.save`)."""
+        return self._projection.save(self.turn_store, turn, expected_version, events)
 
     def _event(self, body: payloads.EventBody, turn: AgentTurn, version: int, index: int) -> AgentEvent:
         """A durable event of the save that gives `turn` the version `version`."""

@@ -247,9 +247,9 @@ def _projection_cost(data: dict[str, Any]) -> str:
     if not plain or not fresh:
         return ""
     return (
-        f" In a conversation a step costs {plain['median'] / fresh['median']:.1f}x as much: after each save the "
-        "new messages are appended to the chat memory, one more autocommitted statement (the sequence counter upsert "
-        "and the message insert together), so a second round trip and commit per step."
+        f" In a conversation a step costs {plain['median'] / fresh['median']:.1f}x as much: the same statement also "
+        "appends the new messages to the chat memory (the sequence counter upsert and the message insert) and "
+        "bumps the conversation's event position, so the server writes and logs more before the commit."
     )
 
 
@@ -340,8 +340,8 @@ def durable_section(data: dict[str, Any]) -> str:
         "`SqlAgentTurnStore` (and `SqlChatMemoryProvider` for conversations) on one engine, `runner.run` in one "
         "thread, the event log on: the READY snapshot, then one compare-and-swap save per step (header UPDATE, "
         "new-message INSERT and event INSERT as one autocommitted statement, prepared on the driver), plus the save "
-        "that takes the READY turn (TURN_RUNNING). In a conversation each save is followed by the projection of "
-        "the new messages into the chat memory (one more statement).",
+        "that takes the READY turn (TURN_RUNNING). In a conversation the same statement also projects the new "
+        "messages into the chat memory.",
         table(["workload", "turns per rep", "steps/s", "turns/s", "ms/step", "CPU ms/step (this process)"], rows),
         "The difference between ms/step and CPU ms/step is time spent waiting for PostgreSQL (one round trip "
         "and one commit per step; the server runs on the same 2 cores)." + _projection_cost(data),

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic_core import to_json
 
 from agent_runner.events import AgentEvent
-from agent_runner.messages import ModelMessage
+from agent_runner.messages import ModelMessage, SystemMessage
 from agent_runner.snapshot import AgentTurn
 from store._engine import DriverConnection
 from store._event_log import claim_positions
@@ -77,14 +77,45 @@ events AS (
 )"""
 
 
-def _added_rows(child: bool, conversations: bool) -> str:
+_CHAT = """\
+chat_block AS (
+    INSERT INTO agent_chat_conversations AS c (conversation_id, last_seq)
+    SELECT %(conversation_id)s::text, %(chat_count)s::integer FROM header
+    ON CONFLICT (conversation_id) DO UPDATE SET last_seq = c.last_seq + excluded.last_seq
+    RETURNING last_seq
+), chat AS (
+    INSERT INTO agent_chat_messages (
+        conversation_id, seq, message_id, role, model_visible, version, payload, created_at
+    )
+    SELECT %(conversation_id)s::text, chat_block.last_seq - %(chat_count)s::integer + m.ordinality::integer,
+        k.value ->> 0, k.value ->> 1, true, 0, m.value, %(updated_at)s::timestamptz
+    FROM chat_block,
+        json_array_elements(%(chat_keys)s::json) WITH ORDINALITY AS k
+        JOIN json_array_elements(%(chat_messages)s::json) WITH ORDINALITY AS m ON m.ordinality = k.ordinality
+    ORDER BY k.ordinality
+    ON CONFLICT (conversation_id, message_id) DO NOTHING
+)"""
+"""The projection of a conversation turn's new messages into its ChatMemory, fed by the `header` CTE.
+
+The same rows as `store.chat_memory.SqlChatMemory.append` writes for them: the block of
+sequence numbers is reserved on the conversation's counter row, and a message whose id
+the conversation already holds is skipped (its number is never used), so a save re-run
+after a crash writes nothing twice. Only model messages are projected here (page messages
+change by compare-and-swap through the ChatMemory), hence `model_visible` true and
+`version` 0. Selected FROM the header's RETURNING: nothing is projected when the
+compare-and-swap refused the save.
+"""
+
+
+def _added_rows(child: bool, conversations: bool, chat: bool = False) -> str:
     """The CTEs after `header` that write a save's new messages and events, for one kind of save.
 
     `child`: the events are a child turn's, whose tree counter is on its root's row;
-    `conversations`: some events go to a conversation, whose counter is bumped too.
+    `conversations`: some events go to a conversation, whose counter is bumped too;
+    `chat`: the save also projects messages into its conversation's ChatMemory (`_CHAT`).
     """
     tree = "root" if child else "header"
-    parts = [_MESSAGES]
+    parts = [_MESSAGES, _CHAT] if chat else [_MESSAGES]
     if child:
         parts.append(_ROOT_COUNTER)
     if conversations:
@@ -199,22 +230,50 @@ Parameters are those of `_SAVE` (`expected_version` unused, `known` 0).
 
 
 @cache
-def _statement(template: str, child: bool, conversations: bool) -> str:
-    return template.replace("{added}", _added_rows(child, conversations))
+def _statement(template: str, child: bool, conversations: bool, chat: bool) -> str:
+    # On one line, each run of white space one space: psycopg caches the conversion of a
+    # statement's placeholders only for texts of up to 4,096 characters, and parsing the
+    # largest kinds again at every save cost a quarter of a millisecond of CPU. The text
+    # holds no comments and no string literal with white space in it.
+    return " ".join(template.replace("{added}", _added_rows(child, conversations, chat)).split())
 
 
 def save_statement(parameters: Mapping[str, Any]) -> str:
     """The one autocommitted statement of a save with these parameters (`save_parameters`): `_SAVE` with its INSERTs.
 
-    Its text is one of four, by whether the events are a child turn's and whether any goes
-    to a conversation (see `_ADDED_ROWS_DOC`); each is prepared once per connection.
+    Its text is one of eight, by whether the events are a child turn's, whether any goes
+    to a conversation (see `_ADDED_ROWS_DOC`) and whether it projects messages into
+    ChatMemory (`chat_parameters`); each is prepared once per connection.
     """
-    return _statement(_SAVE, parameters["root_events"] > 0, parameters["conversations"] != "[]")
+    return _statement(
+        _SAVE, parameters["root_events"] > 0, parameters["conversations"] != "[]", "chat_count" in parameters
+    )
 
 
 def create_statement(parameters: Mapping[str, Any]) -> str:
     """The one autocommitted statement of a creation with these parameters: `_CREATE` with its INSERTs."""
-    return _statement(_CREATE, parameters["root_events"] > 0, parameters["conversations"] != "[]")
+    return _statement(
+        _CREATE, parameters["root_events"] > 0, parameters["conversations"] != "[]", "chat_count" in parameters
+    )
+
+
+def chat_parameters(turn: AgentTurn, parameters: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The parameters that make a save of `turn` (`parameters`) project its unprojected messages (`_CHAT`).
+
+    None when there is nothing to project. System messages are never projected. The
+    messages' JSON is the save's own when they are exactly the save's new messages (the
+    common step), so each is encoded once.
+    """
+    start = turn.projected_count
+    projected = [m for m in turn.messages[start:] if not isinstance(m, SystemMessage)]
+    if not projected:
+        return None
+    if start == parameters["known"] and len(projected) == len(turn.messages) - start:
+        keys, payloads = parameters["message_keys"], parameters["messages"]
+    else:
+        keys = to_json([[m.id, m.role] for m in projected]).decode()
+        payloads = "[" + ",".join([message.model_dump_json() for message in projected]) + "]"
+    return {"chat_count": len(projected), "chat_keys": keys, "chat_messages": payloads}
 
 
 _HEADER_COLUMNS = (

@@ -15,6 +15,7 @@ an event as soon as its save has committed (see `store._event_log`).
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
@@ -43,6 +44,8 @@ from store import _pg_turns
 from store._backend import SqlBackend
 from store._engine import AnyRow, UrlOrEngine, dialect_insert, translated_errors
 from store._event_log import SqlEventLog, kept_events, needs_root_conversation, raise_if_no_tree
+from store._histories import MessageHistories
+from store.chat_memory import SqlChatMemoryProvider
 from store.schema import NON_TERMINAL_STATUSES, turn_events, turn_leases, turn_messages, turns
 
 _COLUMN_FIELDS = frozenset(
@@ -65,18 +68,13 @@ _COLUMN_FIELDS = frozenset(
         "tenant_id",
     }
 )
+logger = logging.getLogger("store.turns")
+
 _STATE_EXCLUDED = set(_COLUMN_FIELDS | {"messages"})
 """Snapshot fields kept outside the `state` JSON: the header columns, and the message table."""
 
 _SAVE_ATTEMPTS = 5
 _REMEMBERED_TURNS = 10_000
-_CACHED_HISTORIES = 512
-"""Most turns whose messages a store keeps in memory for its next load of them."""
-_CACHED_MESSAGES = 50_000
-"""Most messages kept in memory over all those turns; a longer history alone is not kept.
-
-A message of a few hundred characters takes about 1 KB as a Python object, so this bounds
-the cache near 50 MB for such messages (more for large tool results)."""
 
 _RUNNABLE = (AgentTurnStatus.READY.value, AgentTurnStatus.RUNNING.value)
 
@@ -291,65 +289,6 @@ Rows another pruner has locked are skipped (PostgreSQL), so two pruners share th
 """
 
 
-class _Histories:
-    """A bounded LRU of the message lists of recently saved or loaded turns, by turn id.
-
-    Each entry is a message sequence and the count of its leading messages that were
-    stored at seq 0..count-1 under that turn. Turn messages never change once written
-    and a save only adds rows, so those messages stay the turn's first `count` messages
-    in every later snapshot, whichever process saved it: a load needs only the header and
-    the rows from `count` on. The header's `message_count` still decides how long the
-    snapshot is, and the load probes the message at `count - 1`, so a history that was
-    cut and rewritten by another process (a save with fewer messages) is detected and
-    read in full instead.
-
-    Memory is bounded twice: at most `max_turns` entries and `max_messages` messages in
-    all, least recently used dropped first. Terminal turns take no more steps, so their
-    entries are dropped rather than kept for a load that rarely comes.
-    """
-
-    def __init__(self, max_turns: int = _CACHED_HISTORIES, max_messages: int = _CACHED_MESSAGES) -> None:
-        self.max_turns = max_turns
-        self.max_messages = max_messages
-        self._entries: OrderedDict[str, tuple[list[ModelMessage], int]] = OrderedDict()
-        self._messages = 0
-        self._lock = threading.Lock()
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
-    @property
-    def message_count(self) -> int:
-        """Messages held over all entries."""
-        return self._messages
-
-    def get(self, turn_id: str) -> tuple[list[ModelMessage], int] | None:
-        """Return the remembered (messages, count) of the turn, marking it recently used."""
-        with self._lock:
-            entry = self._entries.get(turn_id)
-            if entry is not None:
-                self._entries.move_to_end(turn_id)
-            return entry
-
-    def put(self, turn: AgentTurn) -> None:
-        """Remember the turn's messages (no copy: snapshots and their message lists are immutable)."""
-        count = len(turn.messages)
-        with self._lock:
-            self._drop(turn.id)
-            if turn.status.is_terminal or count > self.max_messages:
-                return
-            self._entries[turn.id] = (turn.messages, count)
-            self._messages += count
-            while len(self._entries) > self.max_turns or self._messages > self.max_messages:
-                _, (_, evicted) = self._entries.popitem(last=False)
-                self._messages -= evicted
-
-    def _drop(self, turn_id: str) -> None:
-        entry = self._entries.pop(turn_id, None)
-        if entry is not None:
-            self._messages -= entry[1]
-
-
 class SqlAgentTurnStore(SqlBackend):
     """An `AgentTurnStore` and `EventLog` in PostgreSQL (psycopg 3) or SQLite, with the same behaviour as the in-memory store.
 
@@ -381,8 +320,10 @@ class SqlAgentTurnStore(SqlBackend):
         # first; the UPDATE still checks the count, so a wrong entry costs a retry, never data.
         self._counts: OrderedDict[str, tuple[int, int]] = OrderedDict()
         self._counts_lock = threading.Lock()
-        self._histories = _Histories()
+        self._histories = MessageHistories()
         self._event_log = SqlEventLog(self._engine)
+        self.projection_fallbacks = 0
+        """Saves asked to project into ChatMemory that could not, and left it to the caller."""
 
     # --- Reads -------------------------------------------------------------------------------
 
@@ -680,12 +621,37 @@ class SqlAgentTurnStore(SqlBackend):
                 (a tree's event positions are counted on its root's row); nothing was written.
             StoreUnavailableError: The database failed mid-save; nothing was written.
         """
+        return self._save(turn, expected_version, events, project=False)
+
+    def projects_into(self, provider: object) -> bool:
+        """Whether `save_projected` writes the ChatMemory projection in the save: a `SqlChatMemoryProvider` here.
+
+        True when `provider` is a `SqlChatMemoryProvider` of this store's PostgreSQL database.
+        """
+        return (
+            self._postgres
+            and isinstance(provider, SqlChatMemoryProvider)
+            and (provider.engine is self._engine or provider.engine.url == self._engine.url)
+        )
+
+    def save_projected(self, turn: AgentTurn, expected_version: int, events: Sequence[AgentEvent] = ()) -> AgentTurn:
+        """`save`, which also appends the turn's unprojected messages to its conversation's ChatMemory.
+
+        When the save is the one-statement save, the messages go in with it and the stored
+        snapshot's `projected_count` covers them; otherwise the snapshot is saved alone
+        (counted in `projection_fallbacks` and logged) and the caller projects it.
+        """
+        return self._save(turn, expected_version, events, project=turn.conversation_id is not None)
+
+    def _save(
+        self, turn: AgentTurn, expected_version: int, events: Sequence[AgentEvent], *, project: bool
+    ) -> AgentTurn:
         with translated_errors(self._engine, f"saving turn {turn.id!r}"):
             for _ in range(_SAVE_ATTEMPTS):
                 stored = (
-                    self._create(turn, events)
+                    self._create(turn, events, project)
                     if expected_version == -1
-                    else self._update(turn, expected_version, events)
+                    else self._update(turn, expected_version, events, project)
                 )
                 if stored is not None:
                     self._remember(stored)
@@ -701,11 +667,13 @@ class SqlAgentTurnStore(SqlBackend):
             ).scalar()
         self._event_log.write(connection, turn, kept_events(turn, events, root_conversation))
 
-    def _create(self, turn: AgentTurn, events: Sequence[AgentEvent]) -> AgentTurn | None:
+    def _create(self, turn: AgentTurn, events: Sequence[AgentEvent], project: bool = False) -> AgentTurn | None:
         """Insert a new turn; None when a conflicting active turn ended meanwhile (try again)."""
         stored = stored_snapshot(turn, None, -1)
         if self._direct() and not (events and needs_root_conversation(stored, events)):
-            return self._create_in_one_statement(stored, events)
+            return self._create_in_one_statement(stored, events, project)
+        if project:
+            self._projection_fallback(turn)
         # ON CONFLICT DO NOTHING covers the primary key and the active-conversation index
         # alike and, unlike a failed INSERT, leaves the PostgreSQL transaction usable for
         # finding out which of the two it was.
@@ -726,13 +694,23 @@ class SqlAgentTurnStore(SqlBackend):
             self._raise_if_busy(connection, turn)
         return None
 
-    def _create_in_one_statement(self, stored: AgentTurn, events: Sequence[AgentEvent]) -> AgentTurn | None:
+    def _projection_fallback(self, turn: AgentTurn) -> None:
+        self.projection_fallbacks += 1
+        logger.info("turn %s saved without its ChatMemory projection, which follows separately", turn.id)
+
+    def _create_in_one_statement(
+        self, stored: AgentTurn, events: Sequence[AgentEvent], project: bool
+    ) -> AgentTurn | None:
         """The PostgreSQL fast path of a creation: the header, message and event INSERTs as one statement.
 
         One autocommitted statement on the driver (`store._pg_turns.create_statement`) instead of a
         transaction of four; when the turn was refused (its id or its conversation taken),
-        nothing was written, and reads on a fresh connection find out which.
+        nothing was written, and reads on a fresh connection find out which. With `project`,
+        as `_update_in_one_statement`.
         """
+        unprojected = stored
+        if project and stored.projected_count != len(stored.messages):
+            stored = stored.model_copy(update={"projected_count": len(stored.messages)})
         parameters = _pg_turns.save_parameters(
             stored,
             -1,
@@ -741,6 +719,9 @@ class SqlAgentTurnStore(SqlBackend):
             stored.messages,
             kept_events(stored, events, None) if events else (),
         )
+        chat = _pg_turns.chat_parameters(unprojected, parameters) if project else None
+        if chat is not None:
+            parameters.update(chat)
         try:
             with self._driver.connection() as lent:
                 cursor = _pg_turns.cursor(lent)
@@ -757,7 +738,9 @@ class SqlAgentTurnStore(SqlBackend):
             self._raise_if_busy(connection, stored)
         return None
 
-    def _update(self, turn: AgentTurn, expected_version: int, events: Sequence[AgentEvent]) -> AgentTurn | None:
+    def _update(
+        self, turn: AgentTurn, expected_version: int, events: Sequence[AgentEvent], project: bool = False
+    ) -> AgentTurn | None:
         """Compare-and-swap an existing turn; None when a remembered count was stale (try again)."""
         known = self._remembered_count(turn.id, expected_version)
         if (
@@ -766,7 +749,9 @@ class SqlAgentTurnStore(SqlBackend):
             and known <= len(turn.messages)
             and not (events and needs_root_conversation(turn, events))
         ):
-            return self._update_in_one_statement(turn, expected_version, known, events)
+            return self._update_in_one_statement(turn, expected_version, known, events, project)
+        if project:
+            self._projection_fallback(turn)
         # The cancel flag only ever goes from False to True and the fence only up, so a
         # snapshot without them leaves the stored values alone; RETURNING reads them back.
         sets_cancel = turn.cancel_requested
@@ -812,15 +797,20 @@ class SqlAgentTurnStore(SqlBackend):
         return stored_snapshot(turn, stored, expected_version)
 
     def _update_in_one_statement(
-        self, turn: AgentTurn, expected_version: int, known: int, events: Sequence[AgentEvent]
+        self, turn: AgentTurn, expected_version: int, known: int, events: Sequence[AgentEvent], project: bool
     ) -> AgentTurn | None:
         """The PostgreSQL fast path: header UPDATE, message and event INSERTs as one autocommitted statement.
 
         A statement is atomic on its own, so no BEGIN and COMMIT round trips are needed: the
         save costs one round trip, and runs prepared on the driver (`store._pg_turns.save_statement`;
         through SQLAlchemy when its statements are watched). The INSERTs read the UPDATE's
-        RETURNING, so when the guard matches no row nothing at all is written.
+        RETURNING, so when the guard matches no row nothing at all is written. With `project`,
+        the same statement appends the unprojected messages to the conversation's ChatMemory,
+        and the stored snapshot says so (`projected_count`).
         """
+        unprojected = turn
+        if project and turn.projected_count != len(turn.messages):
+            turn = turn.model_copy(update={"projected_count": len(turn.messages)})
         parameters = _pg_turns.save_parameters(
             turn,
             expected_version,
@@ -829,6 +819,9 @@ class SqlAgentTurnStore(SqlBackend):
             turn.messages[known:],
             kept_events(turn, events, None) if events else (),
         )
+        chat = _pg_turns.chat_parameters(unprojected, parameters) if project else None
+        if chat is not None:
+            parameters.update(chat)
         try:
             if self._direct():
                 with self._driver.connection() as lent:

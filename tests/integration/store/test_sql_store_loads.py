@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from agent_runner import AgentTurn, AgentTurnStatus, AiMessage
 from store import SqlAgentTurnStore
-from store.turns import _Histories
+from store._histories import MessageHistories as _Histories
 from tests.integration.store.store_kit import recording, step, turn_with_history
 
 

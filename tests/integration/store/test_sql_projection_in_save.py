@@ -1,0 +1,135 @@
+"""A conversation turn's ChatMemory projection written by the save's own statement on PostgreSQL."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+
+import pytest
+import sqlalchemy as sa
+from psycopg._queries import MAX_CACHED_STATEMENT_LENGTH
+
+import store
+from agent_runner import (
+    Agent,
+    AgentRunner,
+    AgentTurnStatus,
+    AiMessage,
+    InMemoryAgentLoader,
+    InMemoryChatMemoryProvider,
+    ScriptedChatModel,
+    SystemMessage,
+    ToolCall,
+    UserMessage,
+    VersionConflictError,
+    tool,
+)
+from agent_runner.snapshot import AgentTurn
+from store import _pg_turns
+from tests.integration.store.store_kit import recording
+
+pytestmark = pytest.mark.integration
+
+
+@tool
+def lookup(order: str) -> str:
+    """Look an order up."""
+    return f"order {order}: shipped"
+
+
+def _agent() -> Agent:
+    calls = [
+        AiMessage(tool_calls=[ToolCall(id=f"call-{i}", name="lookup", arguments={"order": str(i)})]) for i in range(3)
+    ]
+    return Agent(id="orders", chat_model=ScriptedChatModel([*calls, AiMessage(content="all shipped")]), tools=[lookup])
+
+
+@pytest.fixture
+def engine(pg_url: str) -> Iterator[sa.Engine]:
+    engine = sa.create_engine(pg_url)
+    try:
+        yield engine
+    finally:
+        engine.dispose()
+
+
+def test_each_step_of_a_conversation_turn_is_one_statement_that_projects_it(engine: sa.Engine) -> None:
+    turns = store.SqlAgentTurnStore(engine)
+    provider = store.SqlChatMemoryProvider(engine)
+    runner = AgentRunner(turn_store=turns, chat_memory_provider=provider)
+    turn = runner.start(_agent(), "where are my orders?", conversation_id="c-1")
+    with recording(engine) as recorded:
+        done = runner.run_until_blocked(turn)
+    assert done.status is AgentTurnStatus.COMPLETED
+    saves = done.version - turn.version
+    # One autocommitted statement per save: snapshot, events and ChatMemory together
+    assert (recorded.statements, recorded.commits) == (["WITH"] * saves, 0)
+    assert turns.projection_fallbacks == 0
+    projected = [m.id for m in done.messages if not isinstance(m, SystemMessage)]
+    assert [m.id for m in provider("c-1").get_messages(100)] == projected
+    assert turns.load(done.id).projected_count == len(done.messages)
+    # The next turn of the conversation reads the whole history
+    follow_up = runner.run(
+        Agent(id="echo", chat_model=ScriptedChatModel([AiMessage(content="ok")])), "thanks", conversation_id="c-1"
+    )
+    assert [m.id for m in follow_up.messages[: len(projected)]] == projected
+
+
+def test_a_save_that_projects_messages_already_in_chat_memory_writes_none_twice(engine: sa.Engine) -> None:
+    turns = store.SqlAgentTurnStore(engine)
+    memory = store.SqlChatMemoryProvider(engine)("c-1")
+    first = UserMessage(id="m-1", content="hello")
+    created = turns.save(
+        AgentTurn(id="t-1", agent_id="a", root_turn_id="t-1", conversation_id="c-1", messages=[first]), -1
+    )
+    # A projection that wrote part of what the next save carries, then crashed before its marks were saved
+    answer, question = AiMessage(id="m-2", content="hi"), UserMessage(id="m-3", content="how are you?")
+    memory.append([first, answer])
+    saved = turns.save_projected(created.model_copy(update={"messages": [first, answer, question]}), created.version)
+    assert saved.projected_count == 3 and turns.projection_fallbacks == 0
+    assert [m.id for m in memory.get_messages(10)] == ["m-1", "m-2", "m-3"]
+    # Saving the same snapshot again is refused by the compare-and-swap, and projects nothing
+    with pytest.raises(VersionConflictError):
+        turns.save_projected(created.model_copy(update={"messages": [first, answer, question]}), created.version)
+    assert [m.id for m in memory.get_messages(10)] == ["m-1", "m-2", "m-3"]
+    assert turns.load("t-1").projected_count == 3
+
+
+def test_a_save_that_cannot_carry_the_projection_is_counted_and_the_runner_projects_it(engine: sa.Engine) -> None:
+    provider = store.SqlChatMemoryProvider(engine)
+    agent = _agent()
+    turn = AgentRunner(turn_store=store.SqlAgentTurnStore(engine), chat_memory_provider=provider).start(
+        agent, "where are my orders?", conversation_id="c-1"
+    )
+    # A store that has not seen the turn saves it in a transaction, without the projection
+    other = store.SqlAgentTurnStore(engine)
+    runner = AgentRunner(turn_store=other, chat_memory_provider=provider, agent_loader=InMemoryAgentLoader([agent]))
+    stepped = runner.step(turn).turn
+    assert other.projection_fallbacks == 1
+    visible = [m.id for m in stepped.messages if not isinstance(m, SystemMessage)]
+    assert [m.id for m in provider("c-1").get_messages(100)] == visible
+    # Once the store knows the turn, its saves carry the projection again
+    done = runner.run_until_blocked(stepped)
+    assert done.status is AgentTurnStatus.COMPLETED and other.projection_fallbacks == 1
+    visible = [m.id for m in done.messages if not isinstance(m, SystemMessage)]
+    assert [m.id for m in provider("c-1").get_messages(100)] == visible
+
+
+def test_only_a_chat_memory_of_the_same_postgresql_database_is_projected_in_the_save(
+    engine: sa.Engine, pg_url: str, sqlite_url: str
+) -> None:
+    turns = store.SqlAgentTurnStore(engine)
+    assert turns.projects_into(store.SqlChatMemoryProvider(engine))
+    with store.SqlChatMemoryProvider(pg_url) as same_database:
+        assert turns.projects_into(same_database)
+    with store.SqlChatMemoryProvider(sqlite_url) as other_database:
+        assert not turns.projects_into(other_database)
+    assert not turns.projects_into(InMemoryChatMemoryProvider())
+    with store.SqlAgentTurnStore(sqlite_url) as embedded, store.SqlChatMemoryProvider(sqlite_url) as chat:
+        assert not embedded.projects_into(chat)
+
+
+def test_every_kind_of_save_statement_is_short_enough_for_the_drivers_cache() -> None:
+    for template in (_pg_turns._SAVE, _pg_turns._CREATE):
+        for kind in itertools.product((False, True), repeat=3):
+            assert len(_pg_turns._statement(template, *kind)) <= MAX_CACHED_STATEMENT_LENGTH
