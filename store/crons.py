@@ -16,7 +16,7 @@ import sqlalchemy as sa
 
 from agent_runner._base import utcnow
 from store._backend import SqlBackend
-from store._engine import AnyRow, UrlOrEngine, translated_errors
+from store._engine import AnyRow, translated_errors
 from store.schema import crons
 
 
@@ -73,9 +73,6 @@ class CronRecords(SqlBackend):
     Raises:
         StoreUnavailableError: From any method, when the database could not complete the operation.
     """
-
-    def __init__(self, url_or_engine: UrlOrEngine) -> None:
-        super().__init__(url_or_engine)
 
     def create(
         self,

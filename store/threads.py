@@ -17,7 +17,7 @@ import sqlalchemy as sa
 
 from agent_runner._base import utcnow
 from store._backend import SqlBackend
-from store._engine import AnyRow, UrlOrEngine, dialect_insert, translated_errors
+from store._engine import AnyRow, dialect_insert, translated_errors
 from store.schema import threads
 
 
@@ -65,9 +65,6 @@ class ThreadRecords(SqlBackend):
     Raises:
         StoreUnavailableError: From any method, when the database could not complete the operation.
     """
-
-    def __init__(self, url_or_engine: UrlOrEngine) -> None:
-        super().__init__(url_or_engine)
 
     def create(
         self, conversation_id: str, thread_id: str, tenant_id: str | None, metadata: dict[str, Any]

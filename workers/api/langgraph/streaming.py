@@ -120,8 +120,8 @@ class RunTranslator:
         """Whether the root turn has ended, or waited for a person, for more than `seconds`.
 
         A stream that joins after the interrupt or the end went out reads no such event; it
-        ends on this. The margin covers an event saved but not readable yet (PostgreSQL),
-        which the stream will still read and send.
+        ends on this. The margin leaves time for the save's events, committed with the status
+        read here, to reach the stream through its own reads first.
         """
         ref = self.runtime.turn_store.get_ref(self.root_id)
         if not ref.status.is_terminal and ref.status not in WAITING_FOR_A_PERSON:

@@ -328,7 +328,7 @@ def _before_resume(runtime: Runtime, turn_id: str, mark: str) -> FeedPosition | 
             previous = event.cursor
         position = page.end
         if not page.more:
-            # Applied, and not readable yet (a moment behind the commit): stream from the start.
+            # The decision's TURN_RESUMED is committed with it, so this is a fallback only: stream from the start.
             return None
 
 
