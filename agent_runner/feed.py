@@ -8,9 +8,11 @@ log alone, so no event appears twice.
 
 Ordering: the durable events of a turn tree or a conversation come in the order their
 saves committed. Ephemeral events come in the order the live channel received them and
-are interleaved with the durable ones by timestamp, as far as each page allows; a durable
-event becomes visible only once its save committed, so it may follow ephemeral events
-that happened after it.
+are interleaved with the durable ones by timestamp, as far as each page allows. A page
+reads the live channel before the log, so a durable event announced after its save comes
+before the ephemeral events published after it; one announced before its save
+(TOOL_STARTED) becomes visible only once that save commits, so it may follow ephemeral
+events that happened after it.
 
 Cursors: each returned event's `cursor` is `"<log cursor>:<live cursor>"` (either part may
 be empty), opaque to clients and made of URL-safe characters. Reading after it returns
@@ -195,11 +197,15 @@ class EventFeed:
         full page may have more to come, so the merge stops where that page ends: its next
         events could be older than what the other source holds.
         """
+        # The live channel first: a runner announces a save after its commit, so every save
+        # announced in this live page is in the log read after it. Read the other way round,
+        # a save committed between the two reads would be missing from the log page while the
+        # deltas streamed after it were in the live one, and they would come first.
+        live, live_full = self._live_page(root_turn_id, conversation_id, start.live, limit)
         durable = self.log.read_events(
             root_turn_id=root_turn_id, conversation_id=conversation_id, after=start.log, limit=limit
         )
         durable_full = len(durable) >= limit
-        live, live_full = self._live_page(root_turn_id, conversation_id, start.live, limit)
         more = durable_full or live_full
         log_at, live_at = start.log, start.live
         out: list[AgentEvent] = []

@@ -336,6 +336,30 @@ def test_a_delta_after_a_wake_up_comes_after_the_durable_event(tree: Tree, store
     assert ids(followed) == [before.event_id, saved.event_id, after.event_id]
 
 
+def test_a_save_committed_between_the_reads_of_a_page_still_comes_before_the_deltas_after_it(
+    tree: Tree, store: InMemoryAgentTurnStore
+) -> None:
+    """A runner saves a tool result and streams the next model call while a page is being read."""
+    tree.save("r-1", E.TURN_RESUMED)
+    live = tree.live
+    acted: list[AgentEvent] = []
+
+    class Racing:
+        def read(self, **query: Any) -> list[AgentEvent]:
+            if not acted:
+                acted.extend(tree.save("r-1", E.TOOL_COMPLETED))
+                acted.append(tree.delta("r-1", "Hel"))
+            return live.read(**query)
+
+        def wait(self, **query: Any) -> list[AgentEvent]:
+            return live.wait(**query)
+
+    page = EventFeed(store, Racing()).read_page(root_turn_id="r-1")  # type: ignore[arg-type]
+    completed, delta = acted
+    assert [e.type for e in page.events] == [E.TURN_STARTED, E.TURN_RESUMED, E.TOOL_COMPLETED, E.MODEL_DELTA]
+    assert ids(page.events[2:]) == [completed.event_id, delta.event_id]
+
+
 @pytest.mark.parametrize("seed", range(6))
 def test_following_gives_what_reading_gives_and_reads_the_log_once_per_save(
     tree: Tree, store: InMemoryAgentTurnStore, live: InMemoryLiveEvents, counting: CountingLog, seed: int
