@@ -1,29 +1,13 @@
-"""Shared pydantic base classes and small helpers (ids, clocks) used across the core."""
+"""Shared pydantic base classes of the core (ids and the clock live in `agent_runner.ids`)."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
-from datetime import UTC, datetime
 from typing import Any, ClassVar, Self, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
 _set = object.__setattr__
-
-
-def new_id() -> str:
-    """Return a new random identifier (32 hex characters).
-
-    128 random bits (a UUID4 has 122), without building a `uuid.UUID`: ids are opaque
-    text, never parsed as UUIDs, and one is made for every message a model returns.
-    """
-    return os.urandom(16).hex()
-
-
-def utcnow() -> datetime:
-    """Return the current time, timezone-aware in UTC."""
-    return datetime.now(UTC)
 
 
 ModelT = TypeVar("ModelT", bound=BaseModel)

@@ -15,7 +15,8 @@ from typing import Any
 
 from pydantic import Field
 
-from agent_runner._base import FrozenModel, new_id, utcnow
+from agent_runner._base import FrozenModel
+from agent_runner.ids import new_id, utcnow
 
 
 class AgentEventType(StrEnum):

@@ -14,7 +14,6 @@ from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime, timedelta
 
-from agent_runner._base import utcnow
 from agent_runner.errors import (
     AgentConversationBusyException,
     LeaseLostError,
@@ -23,6 +22,7 @@ from agent_runner.errors import (
     VersionConflictError,
 )
 from agent_runner.events import AgentEvent
+from agent_runner.ids import utcnow
 from agent_runner.messages import AnyMessage, ModelMessage, ToolMessage
 from agent_runner.persistence import (
     DEFAULT_EVENT_PAGE,

@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
 from pydantic import Field, TypeAdapter
 
-from agent_runner._base import PositionalModel, new_id
+from agent_runner._base import PositionalModel
+from agent_runner.ids import new_id
 
 
 class ToolCall(PositionalModel):

@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
-from agent_runner._base import utcnow
 from agent_runner.errors import InvalidCursor, InvalidEventQuery
 from agent_runner.events import AgentEvent
+from agent_runner.ids import utcnow
 from agent_runner.messages import AnyMessage, ModelMessage
 from agent_runner.snapshot import RUNNABLE_STATUSES, AgentTurn, AgentTurnStatus
 

@@ -22,7 +22,7 @@ from pydantic import ValidationError
 
 from agent_runner import event_payloads as payloads
 from agent_runner import machine, telemetry  # telemetry hook: trace context of new turns
-from agent_runner._base import new_id, trusted, utcnow
+from agent_runner._base import trusted
 from agent_runner._cancelling import request_cancel, stored_cancel_reason
 from agent_runner._cas import AGAIN, retry_on_conflict
 from agent_runner._children import ChildTurns
@@ -45,6 +45,7 @@ from agent_runner.errors import (
     VersionConflictError,
 )
 from agent_runner.events import AgentEvent, AgentEventListener, AgentEventType
+from agent_runner.ids import new_id, utcnow
 from agent_runner.in_memory import InMemoryAgentTurnStore
 from agent_runner.leasing import HeldLease
 from agent_runner.limits import (

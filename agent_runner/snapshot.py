@@ -8,7 +8,8 @@ from typing import Any
 
 from pydantic import Field, model_validator
 
-from agent_runner._base import FrozenModel, utcnow
+from agent_runner._base import FrozenModel
+from agent_runner.ids import utcnow
 from agent_runner.messages import ActionStatus, ModelMessage, ToolCall
 from agent_runner.suspensions import AgentSuspension, Phase
 from agent_runner.usage import Usage

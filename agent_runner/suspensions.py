@@ -8,8 +8,9 @@ from typing import Any, ClassVar
 
 from pydantic import Field, model_validator
 
-from agent_runner._base import FrozenModel, PositionalModel, utcnow
+from agent_runner._base import FrozenModel, PositionalModel
 from agent_runner.forms import AgentFormDefinition
+from agent_runner.ids import utcnow
 
 
 class Phase(StrEnum):

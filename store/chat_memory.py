@@ -11,8 +11,8 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import Engine
 
-from agent_runner._base import utcnow
 from agent_runner.errors import StoreError, VersionConflictError
+from agent_runner.ids import utcnow
 from agent_runner.in_memory import model_window
 from agent_runner.messages import AnyMessage, AnyMessageAdapter, AnyMessagesAdapter, ModelMessage
 from store._backend import SqlBackend

@@ -14,7 +14,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from agent_runner._base import utcnow
+from agent_runner.ids import utcnow
 from store._backend import SqlBackend
 from store._engine import AnyRow, translated_errors
 from store.schema import crons

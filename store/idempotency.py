@@ -23,7 +23,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from agent_runner import AgentEventType, AgentTurn
-from agent_runner._base import utcnow
+from agent_runner.ids import utcnow
 from store._backend import SqlBackend
 from store._engine import AnyRow, UrlOrEngine, dialect_insert, translated_errors
 from store.schema import idempotency_keys, turn_events

@@ -16,7 +16,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from agent_runner._base import utcnow
+from agent_runner.ids import utcnow
 from store._backend import SqlBackend
 from store._engine import AnyRow, UrlOrEngine, dialect_insert, translated_errors
 from store.schema import NON_TERMINAL_STATUSES, inbox_conversations, inbox_messages, turns

@@ -27,7 +27,6 @@ import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import Connection
 
-from agent_runner._base import utcnow
 from agent_runner.errors import (
     AgentConversationBusyException,
     LeaseLostError,
@@ -36,6 +35,7 @@ from agent_runner.errors import (
     VersionConflictError,
 )
 from agent_runner.events import AgentEvent
+from agent_runner.ids import utcnow
 from agent_runner.in_memory import stored_snapshot
 from agent_runner.messages import ModelMessage, ModelMessagesAdapter
 from agent_runner.persistence import DEFAULT_EVENT_PAGE, TurnRef, event_scope

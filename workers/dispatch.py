@@ -8,7 +8,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from agent_runner import AgentEvent, AgentTurn, AgentTurnStatus
-from agent_runner._base import utcnow
+from agent_runner.ids import utcnow
 from workers.names import DISPATCH_INBOX, STEP_TURN
 from workers.settings import WorkerSettings
 

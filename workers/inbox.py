@@ -32,7 +32,7 @@ from agent_runner import (
     DefinitionError,
     UserMessage,
 )
-from agent_runner._base import new_id
+from agent_runner.ids import new_id
 from agent_runner.limits import check_reference, check_turn_input
 from store import Inbox, InboxMessage
 

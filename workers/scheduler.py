@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 
 from agent_runner import AgentRunner, AgentRunnerError
-from agent_runner._base import utcnow
+from agent_runner.ids import utcnow
 from store import Inbox
 from workers.schedules import MIN_EXPIRY, Schedule, ScheduleOutcome, fire_schedule, load_schedules
 

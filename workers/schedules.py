@@ -52,8 +52,8 @@ from agent_runner import (
     UserMessage,
     VersionConflictError,
 )
-from agent_runner._base import utcnow
 from agent_runner.agent import AGENT_ID_PATTERN
+from agent_runner.ids import utcnow
 from store import CronRecords, Inbox
 from workers.settings import SettingsError
 

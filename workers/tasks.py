@@ -36,10 +36,10 @@ from agent_runner import (
     AgentRunnerError,
     AgentTurn,
     AgentTurnStatus,
+    StopReason,
     StoreUnavailableError,
     TurnNotFound,
 )
-from agent_runner._stepping import StopReason
 from agent_runner.limits import ConversationId
 from agent_runner.snapshot import RUNNABLE_STATUSES
 from workers import inbox

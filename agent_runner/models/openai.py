@@ -29,8 +29,8 @@ from typing import TYPE_CHECKING, Any, Final
 import openai
 from openai.resources.chat import Completions
 
-from agent_runner._base import new_id
 from agent_runner.errors import AgentRunnerError, DefinitionError, InputLimitError, RecoverableError
+from agent_runner.ids import new_id
 from agent_runner.limits import (
     DEFAULT_LIMITS,
     InputLimits,

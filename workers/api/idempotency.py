@@ -31,7 +31,7 @@ from typing import Any
 from fastapi.responses import JSONResponse
 
 from agent_runner import AgentTurn, AgentTurnStatus, StoreError
-from agent_runner._base import new_id
+from agent_runner.ids import new_id
 from store import IdempotencyStatus
 from workers.api.errors import IdempotencyKeyReused, api_error_of, error_body
 from workers.api.runtime import Runtime

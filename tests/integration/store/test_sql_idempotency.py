@@ -8,7 +8,7 @@ from datetime import timedelta
 import pytest
 
 from agent_runner import AgentEvent, AgentEventType
-from agent_runner._base import utcnow
+from agent_runner.ids import utcnow
 from store import IdempotencyKeys, IdempotencyStatus, SqlAgentTurnStore
 from store.idempotency import RESUME_MARK
 from tests.integration.store.store_kit import step, turn_with_history

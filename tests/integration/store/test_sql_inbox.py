@@ -8,7 +8,7 @@ from datetime import timedelta
 import pytest
 
 from agent_runner import AgentTurn, AgentTurnStatus
-from agent_runner._base import utcnow
+from agent_runner.ids import utcnow
 from store import Inbox, InboxMessage, InboxStatus, SqlAgentTurnStore
 
 

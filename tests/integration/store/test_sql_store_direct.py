@@ -32,7 +32,7 @@ from agent_runner import (
     UserMessage,
     VersionConflictError,
 )
-from agent_runner._base import utcnow
+from agent_runner.ids import utcnow
 from store.schema import turns as turns_table
 from tests.conftest import libpq_url
 from tests.integration.store.store_kit import killed_mid_statement, step, turn_with_history

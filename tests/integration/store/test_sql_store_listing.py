@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 from agent_runner import AgentTurn, AgentTurnStatus, UserMessage
-from agent_runner._base import utcnow
+from agent_runner.ids import utcnow
 from store import SqlAgentTurnStore
 
 

@@ -22,7 +22,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 
 import store
-from agent_runner._base import new_id, utcnow
+from agent_runner.ids import new_id, utcnow
 from workers.api.auth import RuntimeDep, TenantDep, get_tenant
 from workers.api.errors import ApiError, InvalidRequest
 from workers.api.langgraph.mapping import NotSupported, input_text

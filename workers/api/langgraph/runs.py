@@ -27,8 +27,8 @@ from starlette.concurrency import run_in_threadpool
 
 import store
 from agent_runner import AgentTurn, TurnNotFound
-from agent_runner._base import new_id
 from agent_runner.feed import FeedPosition
+from agent_runner.ids import new_id
 from agent_runner.persistence import DEFAULT_EVENT_PAGE
 from workers.api import service
 from workers.api.auth import RuntimeDep, TenantDep, get_tenant

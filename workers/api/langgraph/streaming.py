@@ -45,7 +45,7 @@ from agent_runner import (
     ToolMessage,
     TurnNotFound,
 )
-from agent_runner._base import utcnow
+from agent_runner.ids import utcnow
 from workers.api.events import KEEPALIVE_S, follow_tree
 from workers.api.langgraph.mapping import (
     WAITING_FOR_A_PERSON,

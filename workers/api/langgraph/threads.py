@@ -22,7 +22,7 @@ from starlette.concurrency import run_in_threadpool
 
 import store
 from agent_runner import AgentTurn, AnyMessage
-from agent_runner._base import new_id
+from agent_runner.ids import new_id
 from workers.api.auth import RuntimeDep, TenantDep, get_tenant
 from workers.api.errors import ApiError
 from workers.api.langgraph.mapping import (

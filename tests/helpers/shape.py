@@ -1,0 +1,160 @@
+"""Measures of the code's shape: module sizes, import cycles, private imports across packages.
+
+`tests/test_architecture.py` holds the budgets; `python -m tests.helpers.shape` prints where
+the code stands against them.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = ("agent_runner", "store", "workers")
+MAX_MODULE_LINES = 700
+EXEMPT_FROM_SIZE = ("store/migrations/",)
+
+
+def modules(packages: tuple[str, ...] = PACKAGES) -> dict[str, Path]:
+    """Every module of the packages by dotted name (a package by its own name)."""
+    found: dict[str, Path] = {}
+    for package in packages:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            parts = list(path.relative_to(ROOT).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            found[".".join(parts)] = path
+    return found
+
+
+def oversized(limit: int = MAX_MODULE_LINES) -> dict[str, int]:
+    """Modules longer than `limit` lines (migrations aside) -> their length."""
+    out: dict[str, int] = {}
+    for path in modules().values():
+        relative = path.relative_to(ROOT).as_posix()
+        if relative.startswith(EXEMPT_FROM_SIZE):
+            continue
+        lines = len(path.read_text().splitlines())
+        if lines > limit:
+            out[relative] = lines
+    return out
+
+
+def _resolve(module: str, path: Path, node: ast.ImportFrom) -> str:
+    if node.level == 0:
+        return node.module or ""
+    base = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
+    base = base[: len(base) - (node.level - 1)]
+    return ".".join([*base, node.module] if node.module else base)
+
+
+def _module_level_imports(tree: ast.Module) -> Iterator[ast.Import | ast.ImportFrom]:
+    """Imports run when the module loads, and those under `if TYPE_CHECKING:` (they tie modules all the same)."""
+    stack: list[ast.stmt] = list(tree.body)
+    while stack:
+        node = stack.pop()
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            yield node
+        elif isinstance(node, ast.If | ast.Try):
+            stack.extend(node.body)
+            stack.extend(node.orelse)
+            if isinstance(node, ast.Try):
+                for handler in node.handlers:
+                    stack.extend(handler.body)
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the modules of the three packages it imports at module level."""
+    known = modules()
+    graph: dict[str, set[str]] = {name: set() for name in known}
+    for name, path in known.items():
+        tree = ast.parse(path.read_text(), filename=str(path))
+        for node in _module_level_imports(tree):
+            targets: list[str] = []
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            else:
+                base = _resolve(name, path, node)
+                targets = [f"{base}.{alias.name}" for alias in node.names] + [base]
+            for target in targets:
+                # `from pkg import mod` names a module; `from mod import name` the module itself.
+                while target and target not in known:
+                    target = target.rpartition(".")[0]
+                if target and target != name and not name.startswith(target + "."):
+                    graph[name].add(target)
+    return graph
+
+
+def cycles() -> list[list[str]]:
+    """The strongly connected groups of more than one module (each an import cycle), sorted."""
+    graph = import_graph()
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    on_stack: set[str] = set()
+    stack: list[str] = []
+    groups: list[list[str]] = []
+    counter = 0
+
+    def visit(node: str) -> None:
+        nonlocal counter
+        index[node] = low[node] = counter
+        counter += 1
+        stack.append(node)
+        on_stack.add(node)
+        for target in graph[node]:
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in on_stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            group: list[str] = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                group.append(member)
+                if member == node:
+                    break
+            if len(group) > 1:
+                groups.append(sorted(group))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return sorted(groups)
+
+
+def private_core_imports() -> list[tuple[str, str]]:
+    """(module, imported) for each import of a private `agent_runner._*` module from `store` or `workers`."""
+    out: list[tuple[str, str]] = []
+    for name, path in modules(("store", "workers")).items():
+        tree = ast.parse(path.read_text(), filename=str(path))
+        for node in ast.walk(tree):
+            names: list[str] = []
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
+            for imported in names:
+                parts = imported.split(".")
+                if parts[0] == "agent_runner" and any(p.startswith("_") and p != "__init__" for p in parts[1:2]):
+                    out.append((name, imported))
+                    break
+    return sorted(set(out))
+
+
+def main() -> None:
+    print("modules over", MAX_MODULE_LINES, "lines:")
+    for path, lines in sorted(oversized().items(), key=lambda item: -item[1]):
+        print(f"  {lines:5d} {path}")
+    print("import cycles:")
+    for group in cycles():
+        print("  " + " <-> ".join(group))
+    print("private agent_runner imports from store/workers:")
+    for module, imported in private_core_imports():
+        print(f"  {module}: {imported}")
+
+
+if __name__ == "__main__":
+    main()
