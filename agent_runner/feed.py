@@ -208,6 +208,11 @@ class EventFeed:
         durable_full = len(durable) >= limit
         more = durable_full or live_full
         log_at, live_at = start.log, start.live
+        # The live part of a durable event's cursor is the last ephemeral event served before
+        # it, not the wake-ups gone through since: whether a save's wake-up was published yet
+        # when a page was read must not change the event's cursor from one read to the next.
+        # (A read after such a cursor goes through those wake-ups again, and skips them.)
+        shown_live = start.live
         out: list[AgentEvent] = []
         emitted: set[str] = set()
         i = j = 0
@@ -228,9 +233,11 @@ class EventFeed:
                 live_at = event.cursor
                 # Durable types on the live channel only announce a save; the log has them.
                 emit = not event.type.is_durable and event.event_id not in emitted
+                if emit:
+                    shown_live = live_at
             if emit:
                 emitted.add(event.event_id)
-                out.append(event.model_copy(update={"cursor": str(FeedPosition(log_at, live_at))}))
+                out.append(event.model_copy(update={"cursor": str(FeedPosition(log_at, shown_live))}))
         return FeedPage(out, FeedPosition(log_at, live_at), more or len(out) >= limit)
 
     def _live_page(

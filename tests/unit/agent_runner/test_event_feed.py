@@ -336,6 +336,23 @@ def test_a_delta_after_a_wake_up_comes_after_the_durable_event(tree: Tree, store
     assert ids(followed) == [before.event_id, saved.event_id, after.event_id]
 
 
+def test_an_events_cursor_is_the_same_whether_its_wake_up_was_published_yet_or_not(
+    tree: Tree, store: InMemoryAgentTurnStore, live: InMemoryLiveEvents
+) -> None:
+    tree.delta("r-1", "Hel")
+    feed = EventFeed(store, live)
+    publish = live.publish
+    live.publish = lambda event: None  # type: ignore[method-assign]  # committed, not announced yet
+    (response,) = tree.save("r-1", E.MODEL_RESPONSE)
+    before = feed.read(root_turn_id="r-1")
+    publish(response)
+    after = feed.read(root_turn_id="r-1")
+    assert [e.type for e in after] == [E.TURN_STARTED, E.MODEL_DELTA, E.MODEL_RESPONSE]
+    assert [(e.event_id, e.cursor) for e in after] == [(e.event_id, e.cursor) for e in before]
+    # Reading on from that cursor repeats nothing, whichever read it came from
+    assert feed.read(root_turn_id="r-1", after=before[-1].cursor) == []
+
+
 def test_a_save_committed_between_the_reads_of_a_page_still_comes_before_the_deltas_after_it(
     tree: Tree, store: InMemoryAgentTurnStore
 ) -> None:
