@@ -101,8 +101,8 @@ def test_without_reconcile_the_turn_asks_a_person(where: str) -> None:
     waiting = _crash_then_recover(runner, agent)
 
     assert waiting.status is S.WAITING_FOR_APPROVAL
-    assert waiting.suspension is not None and waiting.suspension.type is SuspensionType.TOOL_APPROVAL
-    assert waiting.suspension.metadata["reason"] == "outcome_unknown"
+    assert waiting.suspension is not None and waiting.suspension.type is SuspensionType.TOOL_OUTCOME_UNKNOWN
+    assert waiting.suspension.is_outcome_unknown and waiting.suspension.metadata["reason"] == "outcome_unknown"
     assert mailer.sent == ["ops@example.com"]  # not re-run
     card = next(
         m
