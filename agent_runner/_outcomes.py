@@ -19,10 +19,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from agent_runner.errors import DefinitionError, RecoverableError
-from agent_runner.machine import OUTCOME_UNKNOWN, Suspend, page_message_id
+from agent_runner.machine import Suspend, page_message_id
 from agent_runner.messages import ToolCall
 from agent_runner.snapshot import AgentTurn, PageAction
-from agent_runner.suspensions import AgentSuspension, Phase, SuspensionType
+from agent_runner.suspensions import AgentSuspension
 from agent_runner.tools import Tool, ToolOutcome, tool_scope
 
 NO_RECONCILER_NOTE = "the tool has no reconcile function"
@@ -97,16 +97,10 @@ def outcome_unknown_suspension(
             f"The call {summary} started and then raised {type(raised).__name__}: {raised}, so its outcome is unknown"
         )
     message = what + (f": {note}" if note else "") + ". Retry it, mark it done with its result, or fail it."
-    metadata: dict[str, Any] = {"reason": OUTCOME_UNKNOWN, "tool_name": tool.name, "arguments": masked, "note": note}
+    metadata: dict[str, Any] = {"tool_name": tool.name, "arguments": masked, "note": note}
     if raised is not None:
         metadata["error"] = f"{type(raised).__name__}: {raised}"
-    suspension = AgentSuspension(
-        type=SuspensionType.TOOL_APPROVAL,
-        correlation_id=call.id,
-        message=message,
-        resume_phase=Phase.TOOLS,
-        metadata=metadata,
-    )
+    suspension = AgentSuspension.outcome_unknown(call.id, message, metadata)
     message_id = f"{page_message_id(turn.id, call.id)}-outcome"
     payload: dict[str, Any] = {
         "role": "agent_action",
@@ -116,8 +110,8 @@ def outcome_unknown_suspension(
         "tool_name": tool.name,
         "summary": message,
         "arguments": masked,
-        "kind": OUTCOME_UNKNOWN,
+        "kind": "outcome_unknown",
     }
     return Suspend(
-        suspension, PageAction(message_id=message_id, action_id=call.id, kind=OUTCOME_UNKNOWN, payload=payload)
+        suspension, PageAction(message_id=message_id, action_id=call.id, kind="outcome_unknown", payload=payload)
     )

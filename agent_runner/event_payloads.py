@@ -20,7 +20,6 @@ from typing_extensions import TypeAliasType
 
 from agent_runner.events import AgentEvent, AgentEventType
 from agent_runner.forms import AgentFormDefinition
-from agent_runner.machine import OUTCOME_UNKNOWN
 from agent_runner.messages import ToolCall
 from agent_runner.snapshot import AgentTurn, AgentTurnStatus
 from agent_runner.suspensions import AgentSuspension, ResumeType, SuspensionType, TimeoutAction
@@ -53,7 +52,8 @@ JsonValue = TypeAliasType(
 JsonObject = dict[str, JsonValue]
 
 SuspensionKind = Literal["approval", "outcome_unknown"]
-"""`kind` of a TOOL_APPROVAL suspension: the call waits to run, or it started and its outcome is unknown."""
+"""`kind` of a suspension about a tool call: TOOL_APPROVAL's `approval` (the call waits to run) or
+TOOL_OUTCOME_UNKNOWN's `outcome_unknown` (it started and its outcome is unknown)."""
 
 
 class _Payload(BaseModel):
@@ -108,7 +108,11 @@ class TurnSuspendedFields(_Payload):
 
     suspension_type: SuspensionType
     kind: SuspensionKind | None = Field(
-        description="For TOOL_APPROVAL: `approval` or `outcome_unknown` (the call started, its outcome is unknown)."
+        description=(
+            "`approval` for TOOL_APPROVAL; `outcome_unknown` for TOOL_OUTCOME_UNKNOWN (the call started, its "
+            "outcome is unknown; events written before that type existed have TOOL_APPROVAL with this kind); "
+            "null for the others."
+        )
     )
     correlation_id: str | None = Field(description="The tool call a resume names; null for a plain question.")
     message: str
@@ -348,10 +352,10 @@ def turn_suspended(turn: AgentTurn, mask: ArgumentMask) -> EventBody:
 
 
 def suspension_kind(suspension: AgentSuspension) -> SuspensionKind | None:
-    """`approval` or `outcome_unknown` for a TOOL_APPROVAL suspension; None for the others."""
-    if suspension.type is not SuspensionType.TOOL_APPROVAL:
-        return None
-    return "outcome_unknown" if suspension.metadata.get("reason") == OUTCOME_UNKNOWN else "approval"
+    """`approval` for a TOOL_APPROVAL suspension, `outcome_unknown` for a TOOL_OUTCOME_UNKNOWN one; None for the others."""
+    if suspension.is_outcome_unknown:
+        return "outcome_unknown"
+    return "approval" if suspension.type is SuspensionType.TOOL_APPROVAL else None
 
 
 def _form_fields(form: AgentFormDefinition) -> FormFields:

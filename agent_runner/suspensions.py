@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime
 from enum import StrEnum
 from typing import Any, ClassVar
@@ -27,6 +28,19 @@ class SuspensionType(StrEnum):
     TOOL_APPROVAL = "TOOL_APPROVAL"
     CHILD_AGENT = "CHILD_AGENT"
     RETRY = "RETRY"
+    TOOL_OUTCOME_UNKNOWN = "TOOL_OUTCOME_UNKNOWN"
+    """A non-idempotent tool call started and its outcome was never recorded: a person retries it,
+    marks it done with its result, or fails it. The turn is WAITING_FOR_APPROVAL."""
+
+    @property
+    def is_tool_decision(self) -> bool:
+        """Whether a person decides about a tool call: TOOL_APPROVAL or TOOL_OUTCOME_UNKNOWN."""
+        return self in (SuspensionType.TOOL_APPROVAL, SuspensionType.TOOL_OUTCOME_UNKNOWN)
+
+    @property
+    def waits_for_a_person(self) -> bool:
+        """Whether a person resumes the turn (a child turn or a retry waits for nobody)."""
+        return self is SuspensionType.USER_INPUT or self.is_tool_decision
 
 
 class TimeoutAction(StrEnum):
@@ -40,6 +54,14 @@ class TimeoutAction(StrEnum):
     REJECT = "reject"
     SUBMIT = "submit"
 
+
+OUTCOME_UNKNOWN_REASON = "outcome_unknown"
+"""`metadata["reason"]` of a TOOL_OUTCOME_UNKNOWN suspension.
+
+Snapshots and events written before that type existed marked a TOOL_APPROVAL suspension
+this way; it is still written for their readers, and such a suspension is read back as
+TOOL_OUTCOME_UNKNOWN.
+"""
 
 DEADLINE_REASON = "deadline passed"
 """The reason recorded on a decision taken because a deadline passed."""
@@ -79,6 +101,19 @@ class AgentSuspension(PositionalModel):
     reminded_at: datetime | None = None
     """When DEADLINE_APPROACHING was emitted; it is emitted once."""
 
+    @model_validator(mode="before")
+    @classmethod
+    def _older_outcome_unknown(cls, data: Any) -> Any:
+        """Read a TOOL_APPROVAL suspension marked with `OUTCOME_UNKNOWN_REASON` (an older snapshot) as the new type."""
+        if (
+            isinstance(data, dict)
+            and data.get("type") == SuspensionType.TOOL_APPROVAL
+            and isinstance(data.get("metadata"), Mapping)
+            and data["metadata"].get("reason") == OUTCOME_UNKNOWN_REASON
+        ):
+            return {**data, "type": SuspensionType.TOOL_OUTCOME_UNKNOWN}
+        return data
+
     @model_validator(mode="after")
     def _deadline_has_a_default(self) -> AgentSuspension:
         if (self.deadline is None) != (self.on_timeout is None):
@@ -98,6 +133,11 @@ class AgentSuspension(PositionalModel):
         return self
 
     @property
+    def is_outcome_unknown(self) -> bool:
+        """Whether a person is asked to settle a call whose outcome is unknown (see `outcome_unknown`)."""
+        return self.type is SuspensionType.TOOL_OUTCOME_UNKNOWN
+
+    @property
     def wake_at(self) -> datetime | None:
         """When a sweep must next look at this suspension: its reminder, then its deadline (None: never)."""
         if self.deadline is None:
@@ -110,6 +150,22 @@ class AgentSuspension(PositionalModel):
     def user_input(cls, message: str) -> AgentSuspension:
         """A plain-text question; the answer arrives as `AgentResumeCommand.user_input(text)`."""
         return cls(type=SuspensionType.USER_INPUT, message=message, resume_phase=Phase.MODEL)
+
+    @classmethod
+    def outcome_unknown(cls, correlation_id: str, message: str, metadata: Mapping[str, Any]) -> AgentSuspension:
+        """A non-idempotent call that started and whose outcome is unknown, for a person to settle.
+
+        `approve_tool` runs it again, `tool_result` marks it done with a result, `reject_tool`
+        fails it. `metadata` (tool name, masked arguments, what is known) gets
+        `reason: OUTCOME_UNKNOWN_REASON` too.
+        """
+        return cls(
+            type=SuspensionType.TOOL_OUTCOME_UNKNOWN,
+            correlation_id=correlation_id,
+            message=message,
+            resume_phase=Phase.TOOLS,
+            metadata={"reason": OUTCOME_UNKNOWN_REASON, **metadata},
+        )
 
 
 class ResumeType(StrEnum):

@@ -58,7 +58,7 @@ KIND_EVENT_TYPES: Mapping[WebhookKind, tuple[AgentEventType, ...]] = {
 }
 """The durable event types behind each webhook kind."""
 
-PERSON_SUSPENSIONS = (SuspensionType.USER_INPUT.value, SuspensionType.TOOL_APPROVAL.value)
+PERSON_SUSPENSIONS = tuple(t.value for t in SuspensionType if t.waits_for_a_person)
 """Suspension types that wait for a person (a child turn or a retry wait for nobody)."""
 
 

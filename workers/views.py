@@ -120,9 +120,9 @@ def message_view(mask: ArgumentMask, message: AnyMessage) -> dict[str, Any]:
 def suspension_view(turn: AgentTurn, agent: Agent | None) -> dict[str, Any] | None:
     """What the turn waits for: type, correlation id, message, form, the tool call concerned, and its deadline.
 
-    `kind` is that of the action card of a TOOL_APPROVAL suspension: `approval` (the call
-    waits to run) or `outcome_unknown` (it started and its outcome is unknown);
-    None for the other suspensions. `deadline` (ISO 8601, or None) is when `on_timeout`
+    `kind` is that of the action card of a suspension about a tool call: `approval` for
+    TOOL_APPROVAL (the call waits to run), `outcome_unknown` for TOOL_OUTCOME_UNKNOWN (it
+    started and its outcome is unknown); None for the other suspensions. `deadline` (ISO 8601, or None) is when `on_timeout`
     (`"approve"`, `"reject"` or `"submit"`) is applied if nobody decided.
     """
     suspension = turn.suspension

@@ -207,9 +207,9 @@ class SuspensionView(_Response):
     type: SuspensionType
     kind: SuspensionKind | None = Field(
         description=(
-            "For TOOL_APPROVAL: `approval` (the call waits to run; approve or reject it) or `outcome_unknown` "
-            "(it started and its outcome was never recorded; approve to run it again, `tool_result` to mark it "
-            "done, reject to fail it). Null for other suspensions."
+            "`approval` for TOOL_APPROVAL (the call waits to run; approve or reject it); `outcome_unknown` for "
+            "TOOL_OUTCOME_UNKNOWN (it started and its outcome was never recorded; approve to run it again, "
+            "`tool_result` to mark it done, reject to fail it). Null for other suspensions."
         )
     )
     correlation_id: str | None = Field(description="The tool call a resume must name (null for a plain question).")

@@ -95,7 +95,7 @@ def _outcome_unknown(turn: AgentTurn) -> bool:
     return (
         turn.status is AgentTurnStatus.WAITING_FOR_APPROVAL
         and turn.suspension is not None
-        and turn.suspension.metadata.get("reason") == "outcome_unknown"
+        and turn.suspension.is_outcome_unknown
     )
 
 

@@ -96,13 +96,13 @@ def _crash_then_recover(runner: AgentRunner, agent: Agent) -> AgentTurn:
 def test_without_reconcile_the_turn_asks_a_person(where: str) -> None:
     mailer = Mailer(die_during=where == "during the body")
     middleware: list[Middleware] = [] if mailer.die_during else [DieAfterBody()]
-    runner, agent, _ = _scenario(mailer.tool(), middleware)
+    runner, agent, store = _scenario(mailer.tool(), middleware)
 
     waiting = _crash_then_recover(runner, agent)
 
     assert waiting.status is S.WAITING_FOR_APPROVAL
-    assert waiting.suspension is not None and waiting.suspension.type is SuspensionType.TOOL_APPROVAL
-    assert waiting.suspension.metadata["reason"] == "outcome_unknown"
+    assert waiting.suspension is not None and waiting.suspension.type is SuspensionType.TOOL_OUTCOME_UNKNOWN
+    assert waiting.suspension.is_outcome_unknown and waiting.suspension.metadata["reason"] == "outcome_unknown"
     assert mailer.sent == ["ops@example.com"]  # not re-run
     card = next(
         m
@@ -110,6 +110,10 @@ def test_without_reconcile_the_turn_asks_a_person(where: str) -> None:
         if isinstance(m, AgentActionMessage)
     )
     assert card.kind == "outcome_unknown" and card.get_actions() == ["RETRY", "MARK_DONE", "FAIL"]
+    suspended = [e for e in store.read_events(root_turn_id=waiting.id) if e.type is AgentEventType.TURN_SUSPENDED]
+    assert [(e.data["suspension_type"], e.data["kind"]) for e in suspended] == [
+        ("TOOL_OUTCOME_UNKNOWN", "outcome_unknown")
+    ]
 
 
 @pytest.mark.parametrize(

@@ -133,7 +133,7 @@ def test_a_transient_error_after_the_charge_asks_a_person_instead_of_charging_ag
     # Then there was exactly one charge and a person is asked, with the error shown
     assert payments.charges == [30]
     assert turn.status is S.WAITING_FOR_APPROVAL
-    assert turn.suspension is not None and turn.suspension.metadata["reason"] == "outcome_unknown"
+    assert turn.suspension is not None and turn.suspension.is_outcome_unknown
     assert turn.suspension.metadata["error"] == f"{type(error).__name__}: {error}"
     assert f"started and then raised {type(error).__name__}" in turn.suspension.message
     assert turn.started_call_ids == ["pay-1"]

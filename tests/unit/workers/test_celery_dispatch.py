@@ -141,4 +141,4 @@ def test_a_soft_time_limit_in_a_non_idempotent_tool_leaves_its_outcome_to_a_pers
     # Then the retry the middleware asks for does not run the charge again: a person decides
     assert charges == [5]
     assert turn.status is AgentTurnStatus.WAITING_FOR_APPROVAL
-    assert turn.suspension is not None and turn.suspension.metadata["reason"] == "outcome_unknown"
+    assert turn.suspension is not None and turn.suspension.is_outcome_unknown

@@ -232,7 +232,7 @@ def _outcome_unknown(url: str) -> AgentTurn:
             runner.run_until_blocked(started)
         waiting = runner.run_until_blocked(turn_store.load(started.id))
     assert waiting.status is AgentTurnStatus.WAITING_FOR_APPROVAL
-    assert waiting.suspension is not None and waiting.suspension.metadata["reason"] == "outcome_unknown"
+    assert waiting.suspension is not None and waiting.suspension.is_outcome_unknown
     return waiting
 
 

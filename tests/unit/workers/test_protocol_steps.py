@@ -207,3 +207,28 @@ def test_a_plain_question_waits_for_the_next_user_message() -> None:
     steps = recorded.steps(queued.id)
     assert steps[0] == QuestionAsked("which order?")
     assert isinstance(steps[1], TurnFinished) and steps[1].waiting and steps[1].status == "WAITING_FOR_USER"
+
+
+def test_a_call_whose_outcome_is_unknown_is_shown_as_an_approval_as_in_older_events() -> None:
+    # Given the events of a call waiting for a person, its TURN_SUSPENDED written as an unknown
+    # outcome (TOOL_OUTCOME_UNKNOWN), and as events written before that type existed said it
+    recorded = Recorded()
+    waiting = recorded.runner.run(recorded.agent, "deploy billing")
+    call_id = waiting.suspension.correlation_id if waiting.suspension else None
+    assert call_id is not None
+
+    def written_as(suspension_type: str) -> list[AgentEvent]:
+        return [
+            e.model_copy(update={"data": {**e.data, "suspension_type": suspension_type, "kind": "outcome_unknown"}})
+            if e.type is AgentEventType.TURN_SUSPENDED
+            else e
+            for e in recorded.events
+        ]
+
+    # Then both ask the chat client for a decision on the call, as an approval does
+    for suspension_type in ("TOOL_OUTCOME_UNKNOWN", "TOOL_APPROVAL"):
+        steps = recorded.steps(waiting.id, written_as(suspension_type))
+        assert kinds(steps)[-2:] == ["ApprovalRequested", "TurnFinished"]
+        requested = steps[-2]
+        assert isinstance(requested, ApprovalRequested)
+        assert (requested.call_id, requested.name, requested.arguments) == (call_id, "deploy", {"service": "billing"})

@@ -145,7 +145,7 @@ def build_interrupt(
 ) -> dict[str, Any]:
     """The interrupt of a suspension of `turn` (the tool call concerned is looked up in its messages)."""
     interrupt_id = correlation_id or turn.id
-    if suspension_type is SuspensionType.TOOL_APPROVAL:
+    if suspension_type.is_tool_decision:
         calls = (c for m in turn.messages if isinstance(m, AiMessage) for c in m.tool_calls)
         call = next((c for c in calls if c.id == correlation_id), None)
         name = call.name if call is not None else ""
@@ -302,7 +302,7 @@ def _command_for(turn: AgentTurn, agent: Agent | None, resume: Any) -> AgentResu
     suspension = turn.suspension
     assert suspension is not None
     call_id = suspension.correlation_id
-    if suspension.type is SuspensionType.TOOL_APPROVAL:
+    if suspension.type.is_tool_decision:
         assert call_id is not None
         decision = _single_decision(resume)
         kind = decision.get("type")

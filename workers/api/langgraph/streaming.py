@@ -70,7 +70,7 @@ SETTLED_S = 1.0
 
 HISTORY_MESSAGES = 10_000
 
-_PERSON = frozenset({SuspensionType.USER_INPUT.value, SuspensionType.TOOL_APPROVAL.value})
+_PERSON = frozenset(t.value for t in SuspensionType if t.waits_for_a_person)
 
 
 def sse(event: str, data: Any, event_id: str | None = None) -> str:

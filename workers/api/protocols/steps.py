@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from agent_runner import AgentEvent, AgentEventType, AgentTurn, AiMessage, ToolMessage, TurnNotFound
-from agent_runner.suspensions import ResumeType
+from agent_runner.suspensions import ResumeType, SuspensionType
 
 # --- Steps --------------------------------------------------------------------------------------
 
@@ -256,6 +256,9 @@ def _find(turn: AgentTurn, kind: type[_M], match: Callable[[_M], bool]) -> _M | 
 
 _M = TypeVar("_M", AiMessage, ToolMessage)
 
+_TOOL_DECISIONS = frozenset(t.value for t in SuspensionType if t.is_tool_decision)
+"""`suspension_type` of TURN_SUSPENDED events that ask a person about a tool call."""
+
 
 # --- Translation --------------------------------------------------------------------------------
 
@@ -432,7 +435,8 @@ class TurnTranslator:
         kind = data.get("suspension_type")
         call_id = data.get("correlation_id")
         message = str(data.get("message") or "")
-        if kind == "TOOL_APPROVAL" and isinstance(call_id, str):
+        # An unknown outcome reaches chat clients as an approval: approving retries the call, rejecting fails it.
+        if kind in _TOOL_DECISIONS and isinstance(call_id, str):
             found = self.content.call(self.root_turn_id, call_id)
             name, arguments = found if found is not None else ("", {})
             return [*self._finish_step(), ApprovalRequested(call_id, name, arguments, message), self._waiting(data)]
