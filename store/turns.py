@@ -36,14 +36,14 @@ from agent_runner.errors import (
 )
 from agent_runner.events import AgentEvent
 from agent_runner.ids import utcnow
-from agent_runner.in_memory import stored_snapshot
 from agent_runner.messages import ModelMessage, ModelMessagesAdapter
 from agent_runner.persistence import DEFAULT_EVENT_PAGE, TurnRef, event_scope
 from agent_runner.snapshot import DEADLINE_STATUSES, TERMINAL_STATUSES, AgentTurn, AgentTurnStatus
+from agent_runner.store_rules import kept_events, stored_snapshot
 from store import _pg_turns
 from store._backend import SqlBackend
 from store._engine import AnyRow, UrlOrEngine, dialect_insert, translated_errors
-from store._event_log import SqlEventLog, kept_events, needs_root_conversation, raise_if_no_tree
+from store._event_log import SqlEventLog, needs_root_conversation, raise_if_no_tree
 from store._histories import MessageHistories
 from store.chat_memory import SqlChatMemoryProvider
 from store.schema import NON_TERMINAL_STATUSES, turn_events, turn_leases, turn_messages, turns
