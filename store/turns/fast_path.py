@@ -66,7 +66,7 @@ class OneStatementSaves(TurnSaves):
     ) -> AgentTurn | None:
         """The PostgreSQL fast path of a creation: the header, message and event INSERTs as one statement.
 
-        One autocommitted statement on the driver (`store.postgres.create_statement`) instead of a
+        One autocommitted statement on the driver (`store.turns.postgres.create_statement`) instead of a
         transaction of four; when the turn was refused (its id or its conversation taken),
         nothing was written, and reads on a fresh connection find out which. With `project`,
         as `_update_in_one_statement`.
@@ -107,7 +107,7 @@ class OneStatementSaves(TurnSaves):
         """The PostgreSQL fast path: header UPDATE, message and event INSERTs as one autocommitted statement.
 
         A statement is atomic on its own, so no BEGIN and COMMIT round trips are needed: the
-        save costs one round trip, and runs prepared on the driver (`store.postgres.save_statement`;
+        save costs one round trip, and runs prepared on the driver (`store.turns.postgres.save_statement`;
         through SQLAlchemy when its statements are watched). The INSERTs read the UPDATE's
         RETURNING, so when the guard matches no row nothing at all is written. With `project`,
         the same statement appends the unprojected messages to the conversation's ChatMemory,
