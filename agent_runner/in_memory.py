@@ -1,7 +1,8 @@
 """In-process backends: turn store with its event log, live events, chat memory and its provider, and the turn lease.
 
 They are thread-safe and implement the same contracts as the durable backends in `store`,
-so a program can move from one to the other without changing behaviour.
+applying the same rules (`agent_runner.store_rules`), so a program can move from one to
+the other without changing behaviour.
 """
 
 from __future__ import annotations
@@ -11,19 +12,18 @@ import threading
 import time
 from bisect import bisect_right
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 
 from agent_runner.errors import (
     AgentConversationBusyException,
-    LeaseLostError,
     StoreError,
     TurnNotFound,
     VersionConflictError,
 )
 from agent_runner.events import AgentEvent
 from agent_runner.ids import utcnow
-from agent_runner.messages import AnyMessage, ModelMessage, ToolMessage
+from agent_runner.messages import AnyMessage, ModelMessage
 from agent_runner.persistence import (
     DEFAULT_EVENT_PAGE,
     Lease,
@@ -33,63 +33,13 @@ from agent_runner.persistence import (
     parse_position,
 )
 from agent_runner.snapshot import AgentTurn, AgentTurnStatus
+from agent_runner.store_rules import check_fence, kept_events, live_scopes, model_window, prunable, stored_snapshot
 
 logger = logging.getLogger(__name__)
 
 
 def _ref(turn: AgentTurn) -> TurnRef:
     return TurnRef(turn.id, turn.version, turn.status, turn.updated_at, turn.next_retry_at, turn.cancel_requested)
-
-
-def stored_event(event: AgentEvent, turn: AgentTurn, root_conversation_id: str | None) -> AgentEvent:
-    """Return the event as an event log keeps it, saved with `turn`.
-
-    The event is filed under the turn's tree. Its conversation is its own, else the
-    turn's; a child turn has no conversation of its own, so its events are filed under its
-    root's (`root_conversation_id`). Every store applies this same rule.
-    """
-    update: dict[str, object] = {}
-    if event.cursor is not None:
-        update["cursor"] = None
-    if event.root_turn_id != turn.root_turn_id:
-        update["root_turn_id"] = turn.root_turn_id
-    if event.conversation_id is None and (turn.conversation_id or root_conversation_id) is not None:
-        update["conversation_id"] = turn.conversation_id or root_conversation_id
-    # Events come from the runner already filed this way: most need no copy.
-    return event.model_copy(update=update) if update else event
-
-
-def prunable(turns: Iterable[AgentTurn], cutoff: datetime) -> set[str]:
-    """Return the ids of the stored root turns whose whole tree ended and was last saved before `cutoff`."""
-    trees: dict[str, bool] = {}
-    roots: set[str] = set()
-    for turn in turns:
-        old_and_ended = turn.status.is_terminal and turn.updated_at < cutoff
-        trees[turn.root_turn_id] = trees.get(turn.root_turn_id, True) and old_and_ended
-        if turn.id == turn.root_turn_id:
-            roots.add(turn.id)
-    return {root for root, prune in trees.items() if prune and root in roots}
-
-
-def stored_snapshot(turn: AgentTurn, current: AgentTurn | None, expected_version: int) -> AgentTurn:
-    """Return what a store keeps for a successful save of `turn` over `current`.
-
-    The version advances by one, the cancel flag never goes back to False (nor is its
-    reason forgotten) and the lease fence never goes down. Every store applies this same rule.
-    """
-    cancel = turn.cancel_requested or (current is not None and current.cancel_requested)
-    reason = turn.cancel_reason or (None if current is None else current.cancel_reason)
-    fence = turn.lease_fence
-    if current is not None and current.lease_fence is not None and (fence is None or fence < current.lease_fence):
-        fence = current.lease_fence
-    update: dict[str, object] = {"version": expected_version + 1}
-    if cancel != turn.cancel_requested:
-        update["cancel_requested"] = cancel
-    if reason != turn.cancel_reason:
-        update["cancel_reason"] = reason
-    if fence != turn.lease_fence:
-        update["lease_fence"] = fence
-    return turn.model_copy(update=update)
 
 
 class InMemoryAgentTurnStore:
@@ -135,13 +85,8 @@ class InMemoryAgentTurnStore:
                 raise VersionConflictError(turn.id, expected_version, actual)
             if expected_version != -1 and actual != expected_version:
                 raise VersionConflictError(turn.id, expected_version, actual)
-            if (
-                current is not None
-                and current.lease_fence is not None
-                and turn.lease_fence is not None
-                and turn.lease_fence < current.lease_fence
-            ):
-                raise LeaseLostError(turn.id, turn.lease_fence)
+            if current is not None:
+                check_fence(turn, current.lease_fence)
             conversation = turn.conversation_id
             if conversation is not None and not turn.status.is_terminal:
                 active_id = self._active.get(conversation)
@@ -161,10 +106,9 @@ class InMemoryAgentTurnStore:
     def _append_events(self, turn: AgentTurn, events: Sequence[AgentEvent]) -> None:
         root = self._turns.get(turn.root_turn_id)
         root_conversation = None if root is None else root.conversation_id
-        for event in events:
-            if not event.type.is_durable or event.event_id in self._event_ids:
+        for kept in kept_events(turn, events, root_conversation):
+            if kept.event_id in self._event_ids:
                 continue
-            kept = stored_event(event, turn, root_conversation)
             self._event_ids.add(kept.event_id)
             scopes = [("root", turn.root_turn_id)]
             if kept.conversation_id is not None:
@@ -304,23 +248,6 @@ class InMemoryAgentTurnStore:
         return [_ref(t) for _, t in due[:limit]]
 
 
-def model_window(messages: Sequence[AnyMessage], count: int) -> list[ModelMessage]:
-    """Return the newest `count` model-visible messages, oldest first, without a leading orphan ToolMessage."""
-    window: list[ModelMessage] = []
-    if count <= 0:
-        return window
-    for message in reversed(messages):
-        if message.model_visible:
-            window.append(message)  # type: ignore[arg-type]  # model_visible implies a model message
-            if len(window) == count:
-                break
-    window.reverse()
-    start = 0
-    while start < len(window) and isinstance(window[start], ToolMessage):
-        start += 1
-    return window[start:]
-
-
 class InMemoryChatMemory:
     """A thread-safe `ChatMemory` of one conversation, in this process's memory."""
 
@@ -425,14 +352,6 @@ class InMemoryTurnLease:
                 return False
             del self._held[lease.turn_id]
             return True
-
-
-def live_scopes(event: AgentEvent) -> list[tuple[str, str]]:
-    """Return the scopes a live event is published to: its turn tree, and its conversation if any."""
-    scopes = [("root", event.root_turn_id or event.turn_id)]
-    if event.conversation_id is not None:
-        scopes.append(("conversation", event.conversation_id))
-    return scopes
 
 
 class InMemoryLiveEvents:

@@ -1,6 +1,7 @@
 """Protocols of the pluggable backends: turn store, event log, live events, agent loader, chat memory, lease, dispatcher.
 
-The in-memory implementations live in `agent_runner.in_memory`; durable ones in the
+The rules every implementation follows are in `agent_runner.store_rules`; the in-memory
+implementations live in `agent_runner.in_memory`, durable ones in the
 `store` package. Every implementation must pass the contract tests in `tests/contract/`.
 """
 

@@ -194,7 +194,7 @@ class DriverConnections:
 
     Taking a connection from SQLAlchemy's pool and handing it back (checkout, the reset
     with its rollback, the switch to autocommit and back) costs about as much CPU as running
-    a prepared statement on it. The per-step statements of `store._pg_turns` therefore run on
+    a prepared statement on it. The per-step statements of `store.turns.postgres` therefore run on
     connections kept here between uses: at most `keep` idle ones (the rest go straight back),
     in autocommit, each for at most `hold_s` seconds after it was taken from the pool (then it
     goes back, so the pool's recycling applies to it). `close` hands them all back.

@@ -35,7 +35,6 @@ from sqlalchemy.engine import Connection, Engine
 
 from agent_runner.errors import InvalidCursor, StoreError
 from agent_runner.events import AgentEvent
-from agent_runner.in_memory import stored_event
 from agent_runner.persistence import format_position, parse_position
 from agent_runner.snapshot import AgentTurn
 from store._engine import dialect_insert
@@ -52,18 +51,6 @@ def needs_root_conversation(turn: AgentTurn, events: Sequence[AgentEvent]) -> bo
         and turn.root_turn_id != turn.id
         and any(e.conversation_id is None and e.type.is_durable for e in events)
     )
-
-
-def kept_events(turn: AgentTurn, events: Sequence[AgentEvent], root_conversation_id: str | None) -> list[AgentEvent]:
-    """The event log's copies of the durable events among `events`, once per event id, in order."""
-    kept: list[AgentEvent] = []
-    seen: set[str] = set()
-    for event in events:
-        if not event.type.is_durable or event.event_id in seen:
-            continue
-        seen.add(event.event_id)
-        kept.append(stored_event(event, turn, root_conversation_id))
-    return kept
 
 
 @dataclass(frozen=True)

@@ -13,8 +13,8 @@ from sqlalchemy.engine import Engine
 
 from agent_runner.errors import StoreError, VersionConflictError
 from agent_runner.ids import utcnow
-from agent_runner.in_memory import model_window
 from agent_runner.messages import AnyMessage, AnyMessageAdapter, AnyMessagesAdapter, ModelMessage
+from agent_runner.store_rules import model_window
 from store._backend import SqlBackend
 from store._engine import UrlOrEngine, dialect_insert, display_url, translated_errors, writer
 from store.schema import chat_conversations, chat_messages

@@ -28,6 +28,8 @@ TEST_DATABASE_URL = os.environ.get(
     "AGENT_RUNNER_TEST_DATABASE_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 )
 TEST_REDIS_URL = os.environ.get("AGENT_RUNNER_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
+NON_UTC_ZONE = "America/Sao_Paulo"
+"""A session time zone other than UTC (and than the server's default), for the zone variants of the PostgreSQL tests."""
 
 
 @pytest.fixture(autouse=True)
@@ -88,13 +90,26 @@ def admin(postgres_url: str) -> Iterator[psycopg.Connection[tuple[object, ...]]]
 
 
 @pytest.fixture
-def empty_pg_url(postgres_url: str) -> Iterator[str]:
-    """A URL whose connections work in a fresh, empty schema of this test alone."""
+def pg_session_zone() -> str | None:
+    """The time zone of the test's PostgreSQL sessions (None: the server's default).
+
+    `AGENT_RUNNER_TEST_PG_TIMEZONE` sets it for a whole run; a test or a fixture variant
+    overrides it (see `NON_UTC_ZONE`) to prove the stores' timestamps do not depend on it.
+    """
+    return os.environ.get("AGENT_RUNNER_TEST_PG_TIMEZONE") or None
+
+
+@pytest.fixture
+def empty_pg_url(postgres_url: str, pg_session_zone: str | None) -> Iterator[str]:
+    """A URL whose connections work in a fresh, empty schema of this test alone (and in `pg_session_zone`)."""
     schema = f"agent_runner_test_{uuid.uuid4().hex[:16]}"
     with psycopg.connect(libpq_url(postgres_url), autocommit=True) as connection:
         connection.execute(f'CREATE SCHEMA "{schema}"')
     try:
-        url = make_url(postgres_url).update_query_dict({"options": f"-csearch_path={schema}"})
+        options = f"-csearch_path={schema}"
+        if pg_session_zone is not None:
+            options += f" -ctimezone={pg_session_zone}"
+        url = make_url(postgres_url).update_query_dict({"options": options})
         yield url.render_as_string(hide_password=False)
     finally:
         with psycopg.connect(libpq_url(postgres_url), autocommit=True) as connection:

@@ -16,12 +16,19 @@ import pytest
 import store
 from agent_runner import InMemoryAgentTurnStore, InMemoryChatMemoryProvider
 from agent_runner.persistence import AgentTurnStore, ChatMemoryProvider
+from tests.conftest import NON_UTC_ZONE
 
 BACKENDS = [
     pytest.param("memory", id="memory"),
     pytest.param("sqlite", id="sqlite"),
     pytest.param("postgres", id="postgres", marks=pytest.mark.integration),
 ]
+
+ZONED_BACKENDS = [
+    *BACKENDS,
+    pytest.param("postgres-non-utc", id="postgres-non-utc", marks=pytest.mark.integration),
+]
+"""`BACKENDS` and PostgreSQL in sessions whose time zone is not UTC, for the suites that store timestamps."""
 
 
 @pytest.fixture(params=BACKENDS)
@@ -30,11 +37,16 @@ def backend(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture
+def pg_session_zone(pg_session_zone: str | None, backend: str) -> str | None:
+    return NON_UTC_ZONE if backend == "postgres-non-utc" else pg_session_zone
+
+
+@pytest.fixture
 def database_url(backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> str | None:
     """The SQL backend's URL; None for the in-memory backend."""
     if backend == "sqlite":
         return f"sqlite:///{tmp_path / 'agent_runner.db'}"
-    if backend == "postgres":
+    if backend.startswith("postgres"):
         return str(request.getfixturevalue("pg_url"))
     return None
 

@@ -30,6 +30,14 @@ from agent_runner import (
     VersionConflictError,
 )
 from agent_runner.persistence import AgentTurnStore
+from tests.contract.conftest import ZONED_BACKENDS
+
+
+@pytest.fixture(params=ZONED_BACKENDS)
+def backend(request: pytest.FixtureRequest) -> str:
+    """Every backend, and PostgreSQL in sessions whose time zone is not UTC: stored times must not depend on it."""
+    return str(request.param)
+
 
 S = AgentTurnStatus
 T0 = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)

@@ -25,7 +25,7 @@ from agent_runner import (
     tool,
 )
 from agent_runner.snapshot import AgentTurn
-from store import _pg_turns
+from store.turns import postgres
 from tests.integration.store.store_kit import recording
 
 pytestmark = pytest.mark.integration
@@ -130,6 +130,6 @@ def test_only_a_chat_memory_of_the_same_postgresql_database_is_projected_in_the_
 
 
 def test_every_kind_of_save_statement_is_short_enough_for_the_drivers_cache() -> None:
-    for template in (_pg_turns._SAVE, _pg_turns._CREATE):
+    for template in (postgres._SAVE, postgres._CREATE):
         for kind in itertools.product((False, True), repeat=3):
-            assert len(_pg_turns._statement(template, *kind)) <= MAX_CACHED_STATEMENT_LENGTH
+            assert len(postgres._statement(template, *kind)) <= MAX_CACHED_STATEMENT_LENGTH

@@ -4,9 +4,15 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+import pytest
+
 from agent_runner import AgentTurn, AgentTurnStatus, UserMessage
 from agent_runner.ids import utcnow
 from store import SqlAgentTurnStore
+from tests.integration.store.conftest import ZONED_SQL_DATABASES
+
+# Timestamps written and read back must not depend on the session time zone.
+pytestmark = pytest.mark.parametrize("sql_url", ZONED_SQL_DATABASES, indirect=True)
 
 
 def test_pages_are_newest_first_filtered_and_without_messages(sql_url: str) -> None:

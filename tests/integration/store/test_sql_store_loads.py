@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import pytest
+
 from agent_runner import AgentTurn, AgentTurnStatus, AiMessage
 from store import SqlAgentTurnStore
-from store._histories import MessageHistories as _Histories
+from store.turns.cache import TurnCache
+from tests.integration.store.conftest import ZONED_SQL_DATABASES
 from tests.integration.store.store_kit import recording, step, turn_with_history
+
+# Timestamps written and read back must not depend on the session time zone.
+pytestmark = pytest.mark.parametrize("sql_url", ZONED_SQL_DATABASES, indirect=True)
 
 
 def test_a_load_after_this_store_saved_reads_the_header_only(sql_url: str) -> None:
@@ -56,40 +62,18 @@ def test_a_loaded_snapshot_does_not_share_its_message_list_with_the_store(sql_ur
         assert [m.id for m in turns.load("t-1").messages] == ["t-1-0", "t-1-1", "t-1-2"]
 
 
-def test_histories_are_bounded_by_turns_and_by_messages() -> None:
-    histories = _Histories(max_turns=3, max_messages=25)
-    turns = [turn_with_history(f"t-{n}", 5) for n in range(5)]
-    for turn in turns:
-        histories.put(turn)
-    # Three turns at most, least recently used dropped first
-    assert len(histories) == 3 and histories.message_count == 15
-    assert histories.get("t-0") is None and histories.get("t-1") is None
-    assert histories.get("t-2") is not None  # now the most recently used
-    # A longer history pushes older entries out until the message budget holds
-    histories.put(turn_with_history("long", 20))
-    assert histories.message_count <= 25
-    assert histories.get("long") is not None and histories.get("t-3") is None
-    # A history over the whole budget is not kept, nor is a terminal turn's
-    histories.put(turn_with_history("huge", 26))
-    assert histories.get("huge") is None
-    ended = turn_with_history("long", 20).model_copy(update={"status": AgentTurnStatus.COMPLETED})
-    histories.put(ended)
-    assert histories.get("long") is None
-    assert histories.message_count == sum(entry[1] for entry in histories._entries.values())
-
-
 def test_a_store_keeps_a_bounded_number_of_histories_and_still_loads_every_turn(sql_url: str) -> None:
     with SqlAgentTurnStore(sql_url) as turns:
-        turns._histories = _Histories(max_turns=4, max_messages=1_000)
+        turns._cache = TurnCache(max_histories=4, max_messages=1_000)
         saved: dict[str, AgentTurn] = {}
         for n in range(12):
             turn = turns.save(turn_with_history(f"t-{n}", 3), -1)
             saved[turn.id] = turns.save(step(turn), turn.version)
-        assert len(turns._histories) == 4
+        assert turns._cache.history_count == 4
         # Turns whose history was dropped are read in full again, and come back the same
         for turn_id, turn in saved.items():
             assert turns.load(turn_id) == turn
-        assert len(turns._histories) == 4
+        assert turns._cache.history_count == 4
 
 
 def test_get_ref_is_one_query_without_messages(sql_url: str) -> None:

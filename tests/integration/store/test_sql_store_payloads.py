@@ -14,6 +14,7 @@ from agent_runner import (
     UserMessage,
 )
 from store import Inbox, SqlAgentTurnStore, SqlChatMemoryProvider
+from tests.integration.store.conftest import ZONED_SQL_DATABASES
 
 # Every control character but NUL (which PostgreSQL text cannot hold), lone-looking
 # combining marks, right-to-left and zero-width characters, the BOM, non-characters,
@@ -26,6 +27,9 @@ AWKWARD = (
     + "👩🏽‍🚀🏳️‍🌈🇯🇵 \U0001f600 \U0010fffd 𝔘𝔫𝔦𝔠𝔬𝔡𝔢 日本語 Ελληνικά עברית العربية"
     + " \\ \\\\ \" ' `; -- /* */ $$ %s %(x)s {} [] \\u0000 \\n"
 )
+
+# Timestamps written and read back must not depend on the session time zone.
+pytestmark = pytest.mark.parametrize("sql_url", ZONED_SQL_DATABASES, indirect=True)
 MEGABYTE = ("0123456789abcdef" * 65_536)[:1_000_000] + "✓"
 EMOJI_MEGABYTE = "🦀" * 262_144  # 1 MiB of UTF-8
 

@@ -4,9 +4,15 @@ from __future__ import annotations
 
 import threading
 
+import pytest
+
 from agent_runner import VersionConflictError
 from store import SqlAgentTurnStore
+from tests.integration.store.conftest import ZONED_SQL_DATABASES
 from tests.integration.store.store_kit import recording, step, turn_with_history
+
+# Timestamps written and read back must not depend on the session time zone.
+pytestmark = pytest.mark.parametrize("sql_url", ZONED_SQL_DATABASES, indirect=True)
 
 
 def test_a_step_is_one_transaction(sql_url: str) -> None:
@@ -56,7 +62,7 @@ def test_a_wrong_remembered_count_costs_a_retry_not_data(sql_url: str) -> None:
     with SqlAgentTurnStore(sql_url) as turns:
         created = turns.save(turn_with_history("t-1", 3), -1)
         # Simulate a remembered count that disagrees with the database for the same version
-        turns._counts["t-1"] = (0, 1)
+        turns._cache._counts["t-1"] = (0, 1)
         saved = turns.save(step(created), 0)
         assert turns.load("t-1") == saved
         assert [m.id for m in turns.load("t-1").messages] == ["t-1-0", "t-1-1", "t-1-2", "t-1-r3"]

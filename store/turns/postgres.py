@@ -28,6 +28,7 @@ from agent_runner.messages import ModelMessage, SystemMessage
 from agent_runner.snapshot import AgentTurn
 from store._engine import DriverConnection
 from store._event_log import claim_positions
+from store.turns.columns import READ, TIMES, WRITTEN, Column, SaveRule
 
 if TYPE_CHECKING:
     from psycopg import Cursor
@@ -162,26 +163,21 @@ own (`save_statement`), so a root turn's save outside a conversation, the common
 carries no counter work beyond a column of its header.
 """
 
-_SAVE = """\
+
+def _set(column: Column) -> str:
+    """A column's assignment in the save's UPDATE, by its save rule."""
+    new = f"%({column.name})s::{column.pg_type}"
+    if column.save is SaveRule.OR:
+        return f"{column.name} = t.{column.name} OR {new}"
+    if column.save is SaveRule.NEVER_DOWN:
+        return f"{column.name} = coalesce({new}, t.{column.name})"
+    return f"{column.name} = {new}"
+
+
+_SAVE = f"""\
 WITH header AS (
     UPDATE agent_turns AS t SET
-        agent_id = %(agent_id)s::text,
-        agent_version = %(agent_version)s::text,
-        conversation_id = %(conversation_id)s::text,
-        parent_turn_id = %(parent_turn_id)s::text,
-        root_turn_id = %(root_turn_id)s::text,
-        status = %(status)s::text,
-        phase = %(phase)s::text,
-        version = %(version)s::integer,
-        message_count = %(message_count)s::integer,
-        cancel_requested = t.cancel_requested OR %(cancel_requested)s::boolean,
-        lease_fence = coalesce(%(fence)s::bigint, t.lease_fence),
-        next_retry_at = %(next_retry_at)s::timestamptz,
-        created_at = %(created_at)s::timestamptz,
-        updated_at = %(updated_at)s::timestamptz,
-        tenant_id = %(tenant_id)s::text,
-        wake_at = %(wake_at)s::timestamptz,
-        state = %(state)s::json,
+        {", ".join(_set(column) for column in WRITTEN if column.name != "id")},
         event_position = t.event_position + %(own_events)s::bigint,
         status_changed_at = CASE
             WHEN t.status = %(status)s::text AND t.status_changed_at <= %(updated_at)s::timestamptz
@@ -189,37 +185,31 @@ WITH header AS (
     WHERE t.id = %(id)s::text
         AND t.version = %(expected_version)s::integer
         AND t.message_count = %(known)s::integer
-        AND (%(fence)s::bigint IS NULL OR t.lease_fence IS NULL OR t.lease_fence <= %(fence)s::bigint)
-    RETURNING t.cancel_requested, t.lease_fence, t.event_position
-), {added}
-SELECT cancel_requested, lease_fence FROM header"""
+        AND (%(lease_fence)s::bigint IS NULL OR t.lease_fence IS NULL OR t.lease_fence <= %(lease_fence)s::bigint)
+    RETURNING t.cancel_requested, t.cancel_reason, t.lease_fence, t.event_position
+), {{added}}
+SELECT cancel_requested, cancel_reason, lease_fence FROM header"""
 """The compare-and-swap save of a header with its new messages and events (see `save_statement`).
 
-The UPDATE matches only the expected version and message count, and a fence no lower than
-the stored one. The cancel flag only goes from False to True and the fence only up, so
-they are or'ed and coalesced with the stored values, and RETURNING reads them back; when
+Generated from the column table (`store.turns.columns`). The UPDATE matches only the
+expected version and message count, and a fence no lower than the stored one. The cancel
+flag only goes from False to True and the fence only up, so they are or'ed and coalesced
+with the stored values, and RETURNING reads them back with the cancel reason; when
 it matches no row, nothing at all is written (see `_ADDED_ROWS_DOC`). `status_changed_at`
 moves only with the status, and never past `updated_at`. The text starts with
 `WITH header`, as `pg_stat_activity` shows it.
 """
 
-_CREATE = """\
+_CREATE = f"""\
 WITH header AS (
-    INSERT INTO agent_turns (
-        id, agent_id, agent_version, conversation_id, parent_turn_id, root_turn_id, status, phase, version,
-        message_count, cancel_requested, lease_fence, next_retry_at, created_at, updated_at, tenant_id, state,
-        status_changed_at, wake_at, event_position
-    ) VALUES (
-        %(id)s::text, %(agent_id)s::text, %(agent_version)s::text, %(conversation_id)s::text,
-        %(parent_turn_id)s::text, %(root_turn_id)s::text, %(status)s::text, %(phase)s::text, %(version)s::integer,
-        %(message_count)s::integer, %(cancel_requested)s::boolean, %(fence)s::bigint,
-        %(next_retry_at)s::timestamptz, %(created_at)s::timestamptz, %(updated_at)s::timestamptz,
-        %(tenant_id)s::text, %(state)s::json, %(updated_at)s::timestamptz, %(wake_at)s::timestamptz,
-        %(own_events)s::bigint
+    INSERT INTO agent_turns ({", ".join(column.name for column in WRITTEN)}, status_changed_at, event_position)
+    VALUES (
+        {", ".join(f"%({column.name})s::{column.pg_type}" for column in WRITTEN)},
+        %(updated_at)s::timestamptz, %(own_events)s::bigint
     )
     ON CONFLICT DO NOTHING
     RETURNING id, event_position
-), {added}
+), {{added}}
 SELECT id FROM header"""
 """The INSERT of a new turn with its messages and events (see `create_statement`).
 
@@ -276,30 +266,8 @@ def chat_parameters(turn: AgentTurn, parameters: Mapping[str, Any]) -> dict[str,
     return {"chat_count": len(projected), "chat_keys": keys, "chat_messages": payloads}
 
 
-_HEADER_COLUMNS = (
-    "id",
-    "agent_id",
-    "agent_version",
-    "conversation_id",
-    "parent_turn_id",
-    "root_turn_id",
-    "status",
-    "phase",
-    "version",
-    "message_count",
-    "cancel_requested",
-    "cancel_reason",
-    "lease_fence",
-    "next_retry_at",
-    "created_at",
-    "updated_at",
-    "state",
-    "tenant_id",
-)
-_TIMES = ("next_retry_at", "created_at", "updated_at")
-
 LOAD = f"""\
-SELECT {", ".join(f"t.{name}" for name in _HEADER_COLUMNS)}, probe.message_id,
+SELECT {", ".join(f"t.{name}" for name in READ)}, probe.message_id,
     (SELECT json_agg(m.payload ORDER BY m.seq) FROM agent_turn_messages AS m
         WHERE m.turn_id = t.id AND m.seq >= %(known)s::integer AND m.seq < t.message_count)::text
 FROM agent_turns AS t
@@ -337,25 +305,11 @@ def save_parameters(
     `state` is the snapshot's `state` column as JSON text; `messages` are those added
     since the stored snapshot; `events` are the event log's copies of the durable events.
     """
+    parameters = {column.name: _parameter(column, turn) for column in WRITTEN if column.name != "state"}
+    parameters["version"] = expected_version + 1
+    parameters["state"] = state
     return {
-        "id": turn.id,
-        "agent_id": turn.agent_id,
-        "agent_version": turn.agent_version,
-        "conversation_id": turn.conversation_id,
-        "parent_turn_id": turn.parent_turn_id,
-        "root_turn_id": turn.root_turn_id,
-        "status": turn.status.value,
-        "phase": turn.phase.value,
-        "version": expected_version + 1,
-        "message_count": len(turn.messages),
-        "cancel_requested": turn.cancel_requested,
-        "fence": turn.lease_fence,
-        "next_retry_at": None if turn.next_retry_at is None else _aware(turn.next_retry_at),
-        "created_at": _aware(turn.created_at),
-        "updated_at": _aware(turn.updated_at),
-        "tenant_id": turn.tenant_id,
-        "wake_at": None if turn.wake_at is None else _aware(turn.wake_at),
-        "state": state,
+        **parameters,
         "expected_version": expected_version,
         "known": known,
         "message_keys": to_json([[m.id, m.role] for m in messages]).decode(),
@@ -403,6 +357,12 @@ def event_fields(event: AgentEvent, tree_offset: int, conversation_offset: int |
     ]
 
 
+def _parameter(column: Column, turn: AgentTurn) -> Any:
+    """A column's parameter for a snapshot: its value, timestamps aware."""
+    value = column.value(turn)
+    return _aware(value) if column.name in TIMES and value is not None else value
+
+
 def _aware(value: datetime) -> datetime:
     """A timestamp to store: naive ones are UTC, as `store.schema.UtcDateTime` takes them."""
     return value.replace(tzinfo=UTC) if value.tzinfo is None else value
@@ -410,15 +370,15 @@ def _aware(value: datetime) -> datetime:
 
 def header_values(row: Sequence[Any]) -> dict[str, Any]:
     """The header columns of a `LOAD` row by name, timestamps in UTC as the SQLAlchemy path gives them."""
-    values = dict(zip(_HEADER_COLUMNS, row, strict=False))
-    for name in _TIMES:
+    values = dict(zip(READ, row, strict=False))
+    for name in TIMES & values.keys():
         value: datetime | None = values[name]
         if value is not None:
             values[name] = value.astimezone(UTC)
     return values
 
 
-PROBE_INDEX = len(_HEADER_COLUMNS)
+PROBE_INDEX = len(READ)
 """Position of the probed message id in a `LOAD` row; the messages' JSON follows it."""
 
 

@@ -1,0 +1,157 @@
+"""The PostgreSQL fast path of `SqlAgentTurnStore`: a save as one autocommitted statement.
+
+A statement is atomic on its own, so no BEGIN and COMMIT round trips are needed: a save of
+a turn this store last saw at the expected version (it knows the stored message count)
+costs one round trip, and runs prepared on the driver (`store.turns.postgres`). The other
+saves (a turn this store has not seen, a snapshot that cuts its history, a child's events
+whose conversation is its root's) take the transaction of `TurnSaves`, as does every save
+on SQLite: the paths are chosen when the store is built, by dialect.
+
+When the one statement is refused although the stored version and fence allow the save
+(its guard found another message count than the remembered one), the save falls back to
+the transaction; each such fallback is counted in `fast_path_fallbacks` and logged at
+WARNING, so a broken fast path cannot hide behind the other.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import sqlalchemy as sa
+from sqlalchemy import exc as sa_exc
+
+from agent_runner.errors import VersionConflictError
+from agent_runner.events import AgentEvent
+from agent_runner.snapshot import AgentTurn
+from agent_runner.store_rules import kept_events, saved_snapshot, stored_snapshot
+from store._engine import UrlOrEngine
+from store._event_log import needs_root_conversation, raise_if_no_tree
+from store.schema import turns
+from store.turns import postgres
+from store.turns.columns import STATE_EXCLUDED
+from store.turns.saves import TurnSaves, logger
+
+
+class OneStatementSaves(TurnSaves):
+    """`TurnSaves` with the one-statement save on PostgreSQL."""
+
+    def __init__(self, url_or_engine: UrlOrEngine) -> None:
+        super().__init__(url_or_engine)
+        self._one_statement = self._postgres
+        """Whether saves over a remembered message count take the one statement: on PostgreSQL."""
+        self.fast_path_fallbacks = 0
+        """One-statement saves refused for a wrong remembered count and saved in a transaction instead."""
+
+    def _create(self, turn: AgentTurn, events: Sequence[AgentEvent], project: bool) -> AgentTurn | None:
+        # Watched statements (`_direct`) go through SQLAlchemy's transaction, where listeners see each.
+        if self._one_statement and self._direct() and not (events and needs_root_conversation(turn, events)):
+            return self._create_in_one_statement(stored_snapshot(turn, None, -1), events, project)
+        return super()._create(turn, events, project)
+
+    def _update(
+        self, turn: AgentTurn, expected_version: int, events: Sequence[AgentEvent], project: bool
+    ) -> AgentTurn | None:
+        known = self._cache.count(turn.id, expected_version)
+        if (
+            self._one_statement
+            and known is not None
+            and known <= len(turn.messages)
+            and not (events and needs_root_conversation(turn, events))
+        ):
+            return self._update_in_one_statement(turn, expected_version, known, events, project)
+        return super()._update(turn, expected_version, events, project)
+
+    def _create_in_one_statement(
+        self, stored: AgentTurn, events: Sequence[AgentEvent], project: bool
+    ) -> AgentTurn | None:
+        """The PostgreSQL fast path of a creation: the header, message and event INSERTs as one statement.
+
+        One autocommitted statement on the driver (`store.turns.postgres.create_statement`) instead of a
+        transaction of four; when the turn was refused (its id or its conversation taken),
+        nothing was written, and reads on a fresh connection find out which. With `project`,
+        as `_update_in_one_statement`.
+        """
+        unprojected = stored
+        if project and stored.projected_count != len(stored.messages):
+            stored = stored.model_copy(update={"projected_count": len(stored.messages)})
+        parameters = postgres.save_parameters(
+            stored,
+            -1,
+            0,
+            stored.model_dump_json(exclude=STATE_EXCLUDED),
+            stored.messages,
+            kept_events(stored, events, None) if events else (),
+        )
+        chat = postgres.chat_parameters(unprojected, parameters) if project else None
+        if chat is not None:
+            parameters.update(chat)
+        try:
+            with self._driver.connection() as lent:
+                cursor = postgres.cursor(lent)
+                statement = postgres.create_statement(parameters)
+                if cursor.execute(statement, parameters, prepare=True).fetchone() is not None:
+                    return stored
+        except sa_exc.IntegrityError as exc:
+            raise_if_no_tree(exc, stored)
+            raise
+        with self._reader.connect() as connection:
+            existing = connection.execute(sa.select(turns.c.version).where(turns.c.id == stored.id)).scalar()
+            if existing is not None:
+                raise VersionConflictError(stored.id, -1, existing)
+            self._raise_if_busy(connection, stored)
+        return None
+
+    def _update_in_one_statement(
+        self, turn: AgentTurn, expected_version: int, known: int, events: Sequence[AgentEvent], project: bool
+    ) -> AgentTurn | None:
+        """The PostgreSQL fast path: header UPDATE, message and event INSERTs as one autocommitted statement.
+
+        A statement is atomic on its own, so no BEGIN and COMMIT round trips are needed: the
+        save costs one round trip, and runs prepared on the driver (`store.turns.postgres.save_statement`;
+        through SQLAlchemy when its statements are watched). The INSERTs read the UPDATE's
+        RETURNING, so when the guard matches no row nothing at all is written. With `project`,
+        the same statement appends the unprojected messages to the conversation's ChatMemory,
+        and the stored snapshot says so (`projected_count`).
+        """
+        unprojected = turn
+        if project and turn.projected_count != len(turn.messages):
+            turn = turn.model_copy(update={"projected_count": len(turn.messages)})
+        parameters = postgres.save_parameters(
+            turn,
+            expected_version,
+            known,
+            turn.model_dump_json(exclude=STATE_EXCLUDED),
+            turn.messages[known:],
+            kept_events(turn, events, None) if events else (),
+        )
+        chat = postgres.chat_parameters(unprojected, parameters) if project else None
+        if chat is not None:
+            parameters.update(chat)
+        try:
+            if self._direct():
+                with self._driver.connection() as lent:
+                    cursor = postgres.cursor(lent)
+                    stored = cursor.execute(postgres.save_statement(parameters), parameters, prepare=True).fetchone()
+            else:
+                with self._reader.connect() as connection:
+                    stored = connection.exec_driver_sql(postgres.save_statement(parameters), parameters).first()
+        except sa_exc.IntegrityError as exc:
+            raise_if_no_tree(exc, turn)
+            with self._engine.connect() as connection:
+                self._raise_if_busy(connection, turn)
+            return None
+        if stored is None:
+            with self._reader.connect() as connection:
+                self._raise_conflict(connection, turn, expected_version)
+            # The stored version and fence allow this save, so the remembered count was wrong.
+            self._cache.forget_count(turn.id)
+            self.fast_path_fallbacks += 1
+            logger.warning(
+                "the one-statement save of turn %s at version %d matched no row though its version and fence "
+                "are current; saving it in a transaction instead",
+                turn.id,
+                expected_version,
+            )
+            return super()._update(unprojected, expected_version, events, project)
+        cancel, reason, fence = stored
+        return saved_snapshot(turn, expected_version, cancel_requested=cancel, cancel_reason=reason, lease_fence=fence)
