@@ -12,7 +12,7 @@ import pytest
 
 from agent_runner import AgentEvent, AgentEventType, AgentTurn, AgentTurnStatus
 from store import SqlAgentTurnStore
-from workers.cli import parse_age
+from workers.cli.db import parse_age
 
 ROOT = Path(__file__).resolve().parents[3]
 
