@@ -40,7 +40,8 @@ S = AgentTurnStatus
 HUMAN_TYPES = frozenset({"human", "user"})
 AI_TYPES = frozenset({"ai", "assistant"})
 
-FAILED = frozenset({S.FAILED, S.MAX_ITERATIONS_REACHED, S.MAX_STEPS_REACHED, S.BUDGET_EXCEEDED})
+FAILED = frozenset(s for s in S if s.is_terminal and s not in (S.COMPLETED, S.CANCELLED))
+"""Ended without its answer, and not by a cancel: a run in `error` (a status added to the ended ones is one too)."""
 
 APPROVAL_DECISIONS = ("approve", "edit", "reject")
 """The decisions an approval interrupt allows."""
