@@ -59,12 +59,13 @@ def test_a_stepping_deployment_runs_the_worker_the_deliverer_and_the_scheduler(
     assert deployment.worker.deadline_interval == settings.deadline_sweep_interval_s
     assert deployment.deliverer is not None
     assert deployment.scheduler is not None and [s.name for s in deployment.scheduler.schedules] == ["tick"]
+    worker = deployment.worker
     deployment.start()
     try:
-        assert deployment.worker.is_running
+        started = worker.is_running
     finally:
         deployment.stop()
-    assert not deployment.worker.is_running
+    assert started and not worker.is_running
     database.turn_store.list_turns(limit=1)  # stopping leaves the database to its owner
 
 
