@@ -12,6 +12,7 @@ from enum import StrEnum
 
 from agent_runner import AgentEventType, AgentTurnStatus
 from agent_runner.events import EPHEMERAL_EVENT_TYPES, TERMINAL_EVENT_TYPES
+from workers.views import WAITING_FOR_A_PERSON
 
 CONTRACT_PATH = "/console/contract.js"
 
@@ -27,6 +28,7 @@ def console_contract() -> str:
     exports = {
         "TURN_STATUSES": _values(statuses),
         "TERMINAL_STATUSES": _values([s for s in statuses if s.is_terminal]),
+        "WAITING_FOR_A_PERSON": _values([s for s in statuses if s in WAITING_FOR_A_PERSON]),
         "EVENT_TYPES": _values(events),
         "TERMINAL_EVENT_TYPES": _values([e for e in events if e in TERMINAL_EVENT_TYPES]),
         "EPHEMERAL_EVENT_TYPES": _values([e for e in events if e in EPHEMERAL_EVENT_TYPES]),

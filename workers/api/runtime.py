@@ -1,10 +1,11 @@
 """The backends behind the HTTP server, one set per worker mode, and the threads it runs.
 
-- `embedded`: an `AgentRunner` on the SQL store with an `AgentWorker` stepping turns on
-  threads of the server process (SQL leases; SQLite migrates itself) and sweeping the
-  deadlines of approvals and forms (beat does it for Celery deployments), an inbox pump
-  that starts queued messages when their conversation frees, and a `Scheduler` firing the
-  scheduled turns of `AGENT_RUNNER_SCHEDULES` (beat does it for Celery deployments).
+- `embedded`: the embedded deployment of `workers.embedded`, as `agent-runner worker` runs
+  it: an `AgentWorker` stepping turns on threads of the server process (SQL leases; SQLite
+  migrates itself) and sweeping the deadlines of approvals and forms, an inbox pump that
+  starts queued messages when their conversation frees, the webhook deliverer, and a
+  `Scheduler` firing the scheduled turns of `AGENT_RUNNER_SCHEDULES` (beat does the
+  sweeping and firing for Celery deployments).
 - `celery`: the Celery wiring of `workers.wiring` (dispatching runner, Redis guard,
   broker); the Celery workers step turns and `dispatch_inbox` starts queued messages.
 - `none`: the SQL store and the inbox pump only; turns are stepped elsewhere, and the
@@ -29,14 +30,11 @@ from starlette.concurrency import run_in_threadpool
 
 import store
 from agent_runner import AgentLoader, AgentRunner, AgentRunnerError, EventFeed, InMemoryLiveEvents
-from agent_runner.worker import AgentWorker
-from workers.agents import apply_runner_setup, load_agent_loader
+from workers.agents import load_agent_loader
 from workers.api.fanout import EventFanout
 from workers.api.settings import ApiSettings, WorkerMode
 from workers.database import open_database
-from workers.inbox import INBOX_SWEEP_INTERVAL_S, InboxPump
-from workers.telemetry import instrument
-from workers.webhooks import build_deliverer
+from workers.embedded import Stepping, build_embedded
 
 if TYPE_CHECKING:
     from workers.scheduler import Scheduler
@@ -189,21 +187,14 @@ def _sql_runtime(settings: ApiSettings, agent_loader: AgentLoader | None) -> Run
     worker_settings = settings.workers
     loader = agent_loader if agent_loader is not None else load_agent_loader(worker_settings.agent_loader)
     database = open_database(worker_settings.database_url)
+    stepping = Stepping(settings.worker_concurrency) if settings.worker_mode is WorkerMode.EMBEDDED else None
     try:
         idempotency = store.IdempotencyKeys(database.engine)
+        embedded = build_embedded(worker_settings, database, loader, stepping)
     except BaseException:
         database.close()
         raise
-    runner = AgentRunner(
-        turn_store=database.turn_store,
-        agent_loader=loader,
-        chat_memory_provider=database.memories,
-        policy=worker_settings.policy(),
-    )
-    instrument(runner)  # spans, metrics and log context of the steps this process runs
-    apply_runner_setup(runner, worker_settings.runner_setup)
-    pump = InboxPump(runner, database.inbox, worker_settings.inbox_agent, INBOX_SWEEP_INTERVAL_S)
-    runner.add_event_listener(pump.on_event)
+    runner = embedded.runner
     # The steps run in this process, so its events reach SSE subscribers in-process; in
     # `none` mode they are the events of what this process does (starts, cancels).
     live = InMemoryLiveEvents()
@@ -217,57 +208,23 @@ def _sql_runtime(settings: ApiSettings, agent_loader: AgentLoader | None) -> Run
         inbox=database.inbox,
         idempotency=idempotency,
         engine=database.engine,
-        wake_inbox=pump.notify,
+        wake_inbox=embedded.pump.notify,
         events=feed,
         fanout=EventFanout(feed, max_scopes=STREAM_FOLLOWERS),
         checks={"database": _database_check(database.engine)},
     )
-    # Stopped in reverse: the pump, then the worker (its steps in flight finish), then the pool.
+    # Stopped in reverse: the fanout (its threads read through the store), the embedded
+    # deployment (its steps in flight finish), then the pool.
     runtime._stops.append(database.close)
-    if settings.worker_mode is WorkerMode.EMBEDDED:
-        worker = AgentWorker(
-            runner,
-            lease=store.SqlTurnLease(database.engine),
-            concurrency=settings.worker_concurrency,
-            lease_ttl=worker_settings.lease_ttl_s,
-            # No beat here: the worker applies approval and form deadlines itself.
-            deadline_interval=worker_settings.deadline_sweep_interval_s,
-        )
-        runtime._starts.append(worker.start)
-        runtime._stops.append(lambda: _stop_worker(worker))
-        deliverer = build_deliverer(worker_settings.webhooks, database.engine)
-        if deliverer is not None:
-            runtime._starts.append(deliverer.start)
-            runtime._stops.append(deliverer.stop)
-    runtime._starts.append(pump.start)
-    runtime._stops.append(pump.stop)
-    runtime._stops.append(runtime.fanout.close)  # before the pump, worker and pool: its threads read through the store
-    if settings.worker_mode is WorkerMode.EMBEDDED and worker_settings.schedules is not None:
-        try:
-            scheduler = _scheduler(runner, database.inbox, worker_settings.schedules, pump.notify)
-        except BaseException:
-            database.close()
-            raise
-        runtime._starts.append(scheduler.start)
-        runtime._stops.append(lambda: _stop_scheduler(scheduler))  # first: no tick starts a turn as the rest stops
+    runtime._starts.append(embedded.start)
+    runtime._stops.append(embedded.stop)
+    runtime._stops.append(runtime.fanout.close)
     return runtime
-
-
-def _scheduler(runner: AgentRunner, inbox: store.Inbox, spec: str, notify_inbox: Callable[[str], object]) -> Scheduler:
-    # Imported here: the schedules read cron fields with Celery's parser.
-    from workers.scheduler import build_scheduler
-
-    return build_scheduler(runner, inbox, spec, notify_inbox=notify_inbox)
 
 
 def _stop_scheduler(scheduler: Scheduler) -> None:
     if not scheduler.stop(timeout=10.0):
         logger.warning("the scheduler was still firing a tick after 10 s; the server stops without it")
-
-
-def _stop_worker(worker: AgentWorker) -> None:
-    if not worker.stop(timeout=30.0):
-        logger.warning("the embedded worker still had steps in flight after 30 s; their leases expire")
 
 
 def _celery_runtime(settings: ApiSettings, agent_loader: AgentLoader | None) -> Runtime:

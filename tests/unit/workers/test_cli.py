@@ -1,14 +1,14 @@
-"""The `agent-runner` command line, driven as a subprocess on a SQLite store."""
+"""The `agent-runner` command line, run in this process on a SQLite store."""
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
+from click.testing import CliRunner
 
 from agent_runner import (
     Agent,
@@ -24,8 +24,8 @@ from agent_runner import (
     tool,
 )
 from store import SqlAgentTurnStore, SqlChatMemoryProvider
+from workers.cli import main
 
-ROOT = Path(__file__).resolve().parents[3]
 FORM = AgentFormDefinition(
     key="details",
     description="ticket details",
@@ -47,14 +47,19 @@ def _agent(first: AiMessage) -> Agent:
     )
 
 
-def cli(url: str, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "workers.cli", "--database-url", url, *args],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=60,
+@dataclass
+class CliResult:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def cli(url: str, *args: str) -> CliResult:
+    """Run the command line as the `agent-runner` script runs it (no broker: the embedded runner)."""
+    result = CliRunner().invoke(
+        main, ["--database-url", url, *args], env={"CELERY_BROKER_URL": ""}, catch_exceptions=False
     )
+    return CliResult(result.exit_code, result.stdout, result.stderr)
 
 
 @pytest.fixture

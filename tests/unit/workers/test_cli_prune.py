@@ -1,30 +1,22 @@
-"""`agent-runner prune --older-than AGE`, driven as a subprocess on a SQLite store."""
+"""`agent-runner prune --older-than AGE`, run in this process on a SQLite store."""
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner, Result
 
 from agent_runner import AgentEvent, AgentEventType, AgentTurn, AgentTurnStatus
 from store import SqlAgentTurnStore
-from workers.cli import parse_age
+from workers.cli import main
+from workers.cli.db import parse_age
 
-ROOT = Path(__file__).resolve().parents[3]
 
-
-def cli(url: str, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "workers.cli", "--database-url", url, *args],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=60,
-    )
+def cli(url: str, *args: str) -> Result:
+    return CliRunner().invoke(main, ["--database-url", url, *args], catch_exceptions=False)
 
 
 @pytest.fixture
@@ -68,12 +60,12 @@ def test_ages_take_a_unit(text: str, expected: timedelta) -> None:
 def test_prune_removes_turns_that_ended_before_the_age_and_keeps_the_rest(url: str) -> None:
     seed(url)
     result = cli(url, "prune", "--older-than", "30d")
-    assert result.returncode == 0, result.stderr
+    assert result.exit_code == 0, result.stderr
     assert "pruned 1 turn(s)" in result.stdout
     assert remaining(url) == {"ended-10d", "waiting-40d"}
     # As JSON, and a second run finds the 10-day-old turn once the age allows it
     result = cli(url, "--json", "prune", "--older-than", "7d", "--batch-size", "1")
-    assert result.returncode == 0, result.stderr
+    assert result.exit_code == 0, result.stderr
     assert json.loads(result.stdout) == {"pruned_turns": 1, "older_than": "7d"}
     assert remaining(url) == {"waiting-40d"}
 
@@ -82,12 +74,12 @@ def test_prune_removes_turns_that_ended_before_the_age_and_keeps_the_rest(url: s
 def test_a_bad_age_exits_2_with_an_error_line(url: str, age: str) -> None:
     seed(url)
     result = cli(url, "prune", "--older-than", age)
-    assert result.returncode == 2
+    assert result.exit_code == 2
     assert result.stderr.startswith("error: ") and "--older-than" in result.stderr
     assert remaining(url) == {"ended-40d", "ended-10d", "waiting-40d"}
 
 
 def test_a_bad_batch_size_exits_2(url: str) -> None:
     result = cli(url, "prune", "--older-than", "1d", "--batch-size", "0")
-    assert result.returncode == 2
+    assert result.exit_code == 2
     assert result.stderr.startswith("error: --batch-size")

@@ -33,17 +33,15 @@ from agent_runner import (
     UserMessage,
 )
 from workers.api.errors import ApiError, InvalidRequest
-from workers.views import MASK, ArgumentMask, agent_mask
+from workers.views import MASK, WAITING_FOR_A_PERSON, ArgumentMask, agent_mask
 
 S = AgentTurnStatus
 
 HUMAN_TYPES = frozenset({"human", "user"})
 AI_TYPES = frozenset({"ai", "assistant"})
 
-WAITING_FOR_A_PERSON = frozenset({S.WAITING_FOR_USER, S.WAITING_FOR_APPROVAL})
-"""Statuses in which a turn is an interrupted run: it waits for `command.resume`."""
-
-FAILED = frozenset({S.FAILED, S.MAX_ITERATIONS_REACHED, S.MAX_STEPS_REACHED, S.BUDGET_EXCEEDED})
+FAILED = frozenset(s for s in S if s.is_terminal and s not in (S.COMPLETED, S.CANCELLED))
+"""Ended without its answer, and not by a cancel: a run in `error` (a status added to the ended ones is one too)."""
 
 APPROVAL_DECISIONS = ("approve", "edit", "reject")
 """The decisions an approval interrupt allows."""

@@ -34,7 +34,6 @@ from workers.api import service
 from workers.api.auth import RuntimeDep, TenantDep, get_tenant
 from workers.api.errors import ApiError, InvalidRequest
 from workers.api.langgraph.mapping import (
-    WAITING_FOR_A_PERSON,
     NotSupported,
     input_text,
     interrupt_of,
@@ -56,7 +55,7 @@ from workers.api.langgraph.threads import (
 from workers.api.models import ID_PATTERN, CancelRequest, StartTurnRequest
 from workers.api.runtime import Runtime
 from workers.api.tenancy import Tenant
-from workers.views import find_agent
+from workers.views import WAITING_FOR_A_PERSON, find_agent
 
 RunId = Annotated[str, Path(pattern=ID_PATTERN, max_length=128, description="A run id (a turn id).")]
 

@@ -48,14 +48,13 @@ from agent_runner import (
 from agent_runner.ids import utcnow
 from workers.api.events import KEEPALIVE_S, follow_tree
 from workers.api.langgraph.mapping import (
-    WAITING_FOR_A_PERSON,
     build_interrupt,
     langchain_message,
     langchain_messages,
     message_chunk,
 )
 from workers.api.runtime import Runtime
-from workers.views import ArgumentMask, catalog_mask, find_agent
+from workers.views import WAITING_FOR_A_PERSON, ArgumentMask, catalog_mask, find_agent
 
 E = AgentEventType
 

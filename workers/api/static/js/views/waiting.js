@@ -4,9 +4,9 @@ import { api } from "../api.js";
 import { h, timeElement } from "../dom.js";
 import { humanize } from "../form.js";
 import { KeyedList, statusBadge } from "../components.js";
+import { WAITING_FOR_A_PERSON } from "../../../console/contract.js";
 
 const POLL_MS = 2500;
-const WAITING = ["WAITING_FOR_APPROVAL", "WAITING_FOR_USER"];
 
 function title(turn) {
   const suspension = turn.suspension || {};
@@ -78,7 +78,7 @@ export function mountWaiting(main) {
 
   async function refresh() {
     try {
-      const page = await api.listTurns({ status: WAITING, limit: 100 });
+      const page = await api.listTurns({ status: WAITING_FOR_A_PERSON, limit: 100 });
       const turns = page.items || [];
       turns.sort((a, b) => String(b.updated_at || b.created_at).localeCompare(String(a.updated_at || a.created_at)));
       if (stopped) return;
