@@ -38,6 +38,7 @@ from agent_runner import (
     UserMessage,
     tool,
 )
+from tests.helpers.scenarios import deploy
 
 TEST_REDIS_URL = os.environ.get("AGENT_RUNNER_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
 SQL_INJECTION = "x'; DROP TABLE agent_turns; --"
@@ -49,12 +50,6 @@ FORM = AgentFormDefinition(
     description="ticket details",
     schema={"type": "object", "properties": {"system": {"type": "string"}}, "additionalProperties": {"$ref": "#"}},
 )
-
-
-@tool(requires_approval=True)
-def deploy(service: str) -> str:
-    """Deploy a service."""
-    return f"deployed {service}"
 
 
 @tool

@@ -37,9 +37,9 @@ from agent_runner import (
     ChatResponse,
     InMemoryAgentLoader,
     ToolCall,
-    UserMessage,
     tool,
 )
+from tests.helpers.scenarios import opening
 from tests.integration.celery_workers.celery_agents import (
     DETAILS_FORM,
     approved_write,
@@ -124,12 +124,9 @@ class StreamingScenarioModel:
 
     def generate(self, request: ChatRequest) -> ChatResponse:
         """Stream the next answer of the scenario through `request.on_delta`, then return it whole."""
-        messages = request.messages
-        start = max(i for i, m in enumerate(messages) if isinstance(m, UserMessage))
-        opening = messages[start]
-        assert isinstance(opening, UserMessage)
-        spec = json.loads(opening.content)
-        answer = sum(1 for m in messages[start + 1 :] if isinstance(m, AiMessage))
+        turn = opening(request)
+        spec = json.loads(turn.text)
+        answer = turn.responses
         rounds = _rounds(spec)
         chunks = answer_chunks(spec["label"], answer)
         for chunk in chunks:

@@ -35,9 +35,9 @@ from agent_runner import (
     RecoverableError,
     ToolCall,
     ToolMessage,
-    UserMessage,
     tool,
 )
+from tests.helpers.scenarios import opening
 
 LEDGER_URL_VARIABLE = "AGENT_RUNNER_TEST_LEDGER_URL"
 
@@ -203,14 +203,10 @@ class ScenarioModel:
 
     def generate(self, request: ChatRequest) -> ChatResponse:
         """Answer with the next round of tool calls of the scenario, or the final answer."""
-        messages = request.messages
-        start = max(i for i, m in enumerate(messages) if isinstance(m, UserMessage))
-        opening = messages[start]
-        assert isinstance(opening, UserMessage)
-        spec = _spec(opening.content)
-        since = messages[start + 1 :]
-        responses = sum(1 for m in since if isinstance(m, AiMessage))
-        rounds = _rounds(spec, [m for m in since if isinstance(m, ToolMessage)])
+        turn = opening(request)
+        spec = _spec(turn.text)
+        responses = turn.responses
+        rounds = _rounds(spec, turn.results)
         if responses < len(rounds):
             return ChatResponse(message=AiMessage(tool_calls=rounds[responses]))
         return ChatResponse(message=AiMessage(content=f"done:{spec['label']}"))

@@ -51,13 +51,12 @@ from agent_runner import (
     RetryPolicy,
     Tool,
     ToolCall,
-    ToolMessage,
     ToolOutcome,
-    UserMessage,
     tool,
 )
 from tests.conftest import libpq_url
 from tests.helpers.crash import pause_this_process_once
+from tests.helpers.scenarios import opening
 from tests.integration.celery_workers.celery_agents import LEDGER_URL_VARIABLE, ledger_engine
 
 LOADER = f"{__name__}:build_loader"
@@ -248,15 +247,11 @@ class ScenarioModel:
 
     def generate(self, request: ChatRequest) -> ChatResponse:
         """The next tool call of the scenario, or the final answer, which quotes the last tool result."""
-        messages = request.messages
-        start = max(i for i, m in enumerate(messages) if isinstance(m, UserMessage))
-        opening = messages[start]
-        assert isinstance(opening, UserMessage)
-        spec = json.loads(opening.content)
+        turn = opening(request)
+        spec = json.loads(turn.text)
         label: str = spec["label"]
-        since = messages[start + 1 :]
-        responses = sum(1 for m in since if isinstance(m, AiMessage))
-        results = [m for m in since if isinstance(m, ToolMessage)]
+        responses = turn.responses
+        results = turn.results
         if "changes" in spec:
             if responses < int(spec["changes"]):
                 return ChatResponse(

@@ -7,7 +7,8 @@ from typing import Any
 import pytest
 
 from agent_runner import Agent, AgentTurnStatus, AiMessage, ScriptedChatModel, ToolCall, ToolMessage
-from tests.helpers.hostile import Deployment, deploy, nested
+from tests.helpers.hostile import Deployment, nested
+from tests.helpers.scenarios import deploy
 
 
 def test_a_10mb_argument_for_an_approval_tool_is_answered_with_an_error_not_suspended(
