@@ -7,7 +7,9 @@ where it was. The worker processes the integration tests start import this modul
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass
+from typing import Any
 
 from agent_runner import AiMessage, AnyMessage, ChatRequest, ScriptedChatModel, ToolCall, ToolMessage, UserMessage, tool
 
@@ -16,6 +18,11 @@ from agent_runner import AiMessage, AnyMessage, ChatRequest, ScriptedChatModel, 
 def deploy(service: str) -> str:
     """Deploy a service."""
     return f"deployed {service}"
+
+
+def fresh_call(name: str, **arguments: Any) -> ToolCall:
+    """A call of `name` with a random id, as a real model makes: asked for again after a crash, it gets a new key."""
+    return ToolCall(id=f"call-{uuid.uuid4().hex[:12]}", name=name, arguments=arguments)
 
 
 @dataclass(frozen=True)

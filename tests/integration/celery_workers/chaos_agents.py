@@ -32,7 +32,6 @@ from __future__ import annotations
 import json
 import os
 import threading
-import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -56,7 +55,7 @@ from agent_runner import (
 )
 from tests.conftest import libpq_url
 from tests.helpers.crash import pause_this_process_once
-from tests.helpers.scenarios import opening
+from tests.helpers.scenarios import fresh_call, opening
 from tests.integration.celery_workers.celery_agents import LEDGER_URL_VARIABLE, ledger_engine
 
 LOADER = f"{__name__}:build_loader"
@@ -238,10 +237,6 @@ def setup_runner(runner: AgentRunner) -> None:
 # --- The scripted model and the agents ----------------------------------------------------------
 
 
-def _call(name: str, **arguments: Any) -> ToolCall:
-    return ToolCall(id=f"call-{uuid.uuid4().hex[:12]}", name=name, arguments=arguments)
-
-
 class ScenarioModel:
     """A chat model that plays the scenario of the turn's last user message."""
 
@@ -255,12 +250,12 @@ class ScenarioModel:
         if "changes" in spec:
             if responses < int(spec["changes"]):
                 return ChatResponse(
-                    message=AiMessage(tool_calls=[_call("apply_change", change=f"{label}:c{responses}")])
+                    message=AiMessage(tool_calls=[fresh_call("apply_change", change=f"{label}:c{responses}")])
                 )
         elif responses == 0:
             fail = bool(spec.get("fail_after_commit", False))
             return ChatResponse(
-                message=AiMessage(tool_calls=[_call("create_ticket", title=label, fail_after_commit=fail)])
+                message=AiMessage(tool_calls=[fresh_call("create_ticket", title=label, fail_after_commit=fail)])
             )
         last = results[-1].content if results else ""
         return ChatResponse(message=AiMessage(content=f"done:{label}:{last}"))
