@@ -22,8 +22,6 @@ from agent_runner import (
 from agent_runner.limits import KIB, MIB
 from tests.helpers.hostile import NON_UTF8, SQL_INJECTION, Deployment, assert_refused, nested
 
-# --- Resume commands -------------------------------------------------------------------------------
-
 
 def _form(data: Any) -> AgentResumeCommand:
     return AgentResumeCommand.user_input("call-form", data)

@@ -26,8 +26,6 @@ from agent_runner import (
 from agent_runner.limits import KIB, MIB
 from tests.helpers.hostile import NON_UTF8, SQL_INJECTION, Deployment, assert_refused, hostile_agent, nested
 
-# --- AgentRunner.run and start -------------------------------------------------------------------
-
 START_CASES: list[Any] = [
     # the message
     pytest.param({"message": "a\x00b"}, InvalidTextError, "message", id="message-nul"),
