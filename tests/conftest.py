@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +23,7 @@ from sqlalchemy.engine import make_url
 
 import store
 from store._redaction import redact_url
+from tests.helpers.celery_fleet import keep_logs
 
 TEST_DATABASE_URL = os.environ.get(
     "AGENT_RUNNER_TEST_DATABASE_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
@@ -30,6 +31,28 @@ TEST_DATABASE_URL = os.environ.get(
 TEST_REDIS_URL = os.environ.get("AGENT_RUNNER_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
 NON_UTC_ZONE = "America/Sao_Paulo"
 """A session time zone other than UTC (and than the server's default), for the zone variants of the PostgreSQL tests."""
+
+
+_FAILED = pytest.StashKey[bool]()
+_TMP_PATH = pytest.StashKey[Path]()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """Keep the process logs of a failed test (they are in its `tmp_path`) once its processes were stopped."""
+    report: pytest.TestReport = yield
+    funcargs = getattr(item, "funcargs", None) or {}
+    if isinstance(funcargs.get("tmp_path"), Path):
+        item.stash[_TMP_PATH] = funcargs["tmp_path"]
+    if report.failed:
+        item.stash[_FAILED] = True
+    if report.when == "teardown" and item.stash.get(_FAILED, False) and _TMP_PATH in item.stash:
+        kept = keep_logs(item.stash[_TMP_PATH], item.nodeid)
+        if kept is not None:
+            report.sections.append(("process logs", f"kept in {kept}"))
+    return report
 
 
 @pytest.fixture(autouse=True)

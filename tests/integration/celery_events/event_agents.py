@@ -23,7 +23,6 @@ from __future__ import annotations
 import json
 import os
 import time
-import uuid
 from typing import Any
 
 import sqlalchemy as sa
@@ -37,9 +36,9 @@ from agent_runner import (
     ChatResponse,
     InMemoryAgentLoader,
     ToolCall,
-    UserMessage,
     tool,
 )
+from tests.helpers.scenarios import fresh_call, opening
 from tests.integration.celery_workers.celery_agents import (
     DETAILS_FORM,
     approved_write,
@@ -81,14 +80,9 @@ def marked_slow_write(effect: str, seconds: float) -> str:
     return str(ledger_write.invoke({"effect": effect}))
 
 
-def _call(name: str, **arguments: Any) -> ToolCall:
-    # Random ids, as a real model's: a call asked for again after a crash would get a new key.
-    return ToolCall(id=f"call-{uuid.uuid4().hex[:12]}", name=name, arguments=arguments)
-
-
 def _children(label: str) -> list[ToolCall]:
     tasks = [json.dumps({"kind": "steps", "label": f"{label}.c{i}", "steps": 1}) for i in range(2)]
-    return [_call(PART_AGENT_ID, task=task) for task in tasks]
+    return [fresh_call(PART_AGENT_ID, task=task) for task in tasks]
 
 
 def _rounds(spec: dict[str, Any]) -> list[list[ToolCall]]:
@@ -98,17 +92,17 @@ def _rounds(spec: dict[str, Any]) -> list[list[ToolCall]]:
     if kind == "plain":
         return []
     if kind == "steps":
-        return [[_call("ledger_write", effect=f"{label}:w{i}")] for i in range(int(spec.get("steps", 1)))]
+        return [[fresh_call("ledger_write", effect=f"{label}:w{i}")] for i in range(int(spec.get("steps", 1)))]
     if kind == "tour":
         return [
-            [_call("request_user_input", formKey=DETAILS_FORM.key)],
-            [_call("approved_write", effect=f"{label}:approved")],
-            [_call("flaky_write", effect=f"{label}:flaky", failures=1, retry_after=0.2)],
+            [fresh_call("request_user_input", formKey=DETAILS_FORM.key)],
+            [fresh_call("approved_write", effect=f"{label}:approved")],
+            [fresh_call("flaky_write", effect=f"{label}:flaky", failures=1, retry_after=0.2)],
             _children(label),
         ]
     if kind == "slow":
         return [
-            [_call("marked_slow_write", effect=f"{label}:slow", seconds=spec.get("seconds", 30.0))],
+            [fresh_call("marked_slow_write", effect=f"{label}:slow", seconds=spec.get("seconds", 30.0))],
             _children(label),
         ]
     raise ValueError(f"unknown scenario kind {kind!r}")
@@ -124,12 +118,9 @@ class StreamingScenarioModel:
 
     def generate(self, request: ChatRequest) -> ChatResponse:
         """Stream the next answer of the scenario through `request.on_delta`, then return it whole."""
-        messages = request.messages
-        start = max(i for i, m in enumerate(messages) if isinstance(m, UserMessage))
-        opening = messages[start]
-        assert isinstance(opening, UserMessage)
-        spec = json.loads(opening.content)
-        answer = sum(1 for m in messages[start + 1 :] if isinstance(m, AiMessage))
+        turn = opening(request)
+        spec = json.loads(turn.text)
+        answer = turn.responses
         rounds = _rounds(spec)
         chunks = answer_chunks(spec["label"], answer)
         for chunk in chunks:

@@ -33,7 +33,7 @@ from tests.conftest import TEST_REDIS_URL, libpq_url
 from tests.helpers.processes import REPO_ROOT, with_tests_importable
 from tests.integration.celery_events import event_agents, event_follower
 from tests.integration.celery_workers import celery_agents
-from tests.integration.celery_workers.celery_cluster import Cluster, WorkerProcess, cluster_env, delete_prefix
+from tests.integration.celery_workers.celery_cluster import Cluster, cluster_env, delete_prefix
 
 FOLLOWER_STOP_TIMEOUT_S = 10.0
 
@@ -70,7 +70,7 @@ def event_cluster(postgres_url: str, tmp_path: Path) -> Iterator[Cluster]:
         try:
             if cluster is not None:
                 try:
-                    stop_together(cluster.processes)
+                    cluster.stop_all()
                 finally:
                     cluster.close()
         finally:
@@ -88,35 +88,6 @@ def _check_redis(url: str) -> None:
         pytest.fail(f"Redis at {url} is unreachable: {exc}")
     finally:
         client.close()
-
-
-def start_workers(cluster: Cluster, count: int) -> list[WorkerProcess]:
-    """Start `count` worker processes side by side and wait until each is ready."""
-    workers = [cluster.start_worker(f"w{i + 1}", wait=False) for i in range(count)]
-    for worker in workers:
-        cluster.wait_ready(worker)
-    return workers
-
-
-def stop_together(processes: list[WorkerProcess]) -> None:
-    """Ask every process to shut down at once (SIGTERM to its group), then stop each as `WorkerProcess.stop` does."""
-    for process in processes:
-        if process.alive():
-            try:
-                os.killpg(process.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-    for process in processes:
-        process.stop()
-
-
-def worker_running(cluster: Cluster, pid: int) -> WorkerProcess:
-    """The worker whose process group holds the (pool) process `pid`: each worker leads its own group."""
-    group = os.getpgid(pid)
-    for worker in cluster.processes:
-        if worker.pid == group:
-            return worker
-    raise AssertionError(f"process {pid} (group {group}) belongs to no worker of this test")
 
 
 # --- Followers --------------------------------------------------------------------------------

@@ -32,9 +32,7 @@ from tests.integration.celery_events.event_cluster import (
     Follower,
     event_cluster,
     start_follower,
-    start_workers,
     stop_followers,
-    worker_running,
 )
 from tests.integration.celery_workers.celery_cluster import Cluster
 
@@ -99,7 +97,7 @@ def tour(postgres_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterato
         conversation_id = f"conv-{uuid.uuid4().hex[:8]}"
         follower = start_follower(cluster, "tour", conversation_id, roots=2)
         try:
-            start_workers(cluster, 2)
+            cluster.start_workers(2)
             first = cluster.runner.start(AGENT_ID, _spec("tour", "tour"), conversation_id=conversation_id)
             cluster.wait_for(
                 lambda: cluster.load(first.id).is_terminal,
@@ -228,7 +226,7 @@ def test_a_worker_killed_mid_step_duplicates_and_loses_no_event_and_a_follower_r
     followers = [steady, dropped]
     try:
         cluster.start_beat()
-        start_workers(cluster, 2)
+        cluster.start_workers(2)
         turn = cluster.runner.start(AGENT_ID, _spec("slow", "slow", seconds=30.0), conversation_id=conversation_id)
         cluster.wait_for(lambda: bool(_tool_starts(cluster)), TURN_TIMEOUT_S, "the slow tool to start")
         cluster.wait_for(
@@ -237,7 +235,7 @@ def test_a_worker_killed_mid_step_duplicates_and_loses_no_event_and_a_follower_r
 
         # When the worker inside the tool is killed with SIGKILL, and so is one follower
         [(key, _, pid)] = _tool_starts(cluster)
-        victim = worker_running(cluster, pid)
+        victim = cluster.worker_holding(pid)
         victim.kill()
         dropped.kill()
         before = dropped.events()
@@ -255,7 +253,7 @@ def test_a_worker_killed_mid_step_duplicates_and_loses_no_event_and_a_follower_r
     # Then the other worker re-ran the interrupted step, under the same idempotency key
     starts = _tool_starts(cluster)
     assert [k for k, _, _ in starts] == [key, key] and starts[1][2] != pid
-    assert worker_running(cluster, starts[1][2]) is not victim
+    assert cluster.worker_holding(starts[1][2]) is not victim
     effects = [(row["effect"], row["executions"]) for row in cluster.ledger()]
     assert effects == [("slow.c0:w0", 1), ("slow.c1:w0", 1), ("slow:slow", 1)]
 
@@ -332,7 +330,7 @@ def test_conversations_through_repeated_worker_kills_reach_steady_and_reconnecti
                 continue
             killed.add(key)
             try:
-                victim = worker_running(cluster, pid)
+                victim = cluster.worker_holding(pid)
             except ProcessLookupError:
                 continue  # killed already, with the worker of another slow call
             victim.kill()
@@ -351,7 +349,7 @@ def test_conversations_through_repeated_worker_kills_reach_steady_and_reconnecti
 
     try:
         cluster.start_beat()
-        start_workers(cluster, 2)
+        cluster.start_workers(2)
         # When they all run, with people answering as the steady followers show the questions
         cluster.wait_for(all_ended, 240, "every conversation's turns to end", tick=tick)
         whole = {c: steady[c].finish(FOLLOWER_TIMEOUT_S) for c in conversations}

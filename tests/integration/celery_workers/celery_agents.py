@@ -18,7 +18,6 @@ import json
 import os
 import threading
 import time
-import uuid
 from typing import Any
 
 import sqlalchemy as sa
@@ -35,9 +34,9 @@ from agent_runner import (
     RecoverableError,
     ToolCall,
     ToolMessage,
-    UserMessage,
     tool,
 )
+from tests.helpers.scenarios import fresh_call, opening
 
 LEDGER_URL_VARIABLE = "AGENT_RUNNER_TEST_LEDGER_URL"
 
@@ -163,10 +162,6 @@ def approved_whoami() -> str:
     )
 
 
-def _call(name: str, **arguments: Any) -> ToolCall:
-    return ToolCall(id=f"call-{uuid.uuid4().hex[:12]}", name=name, arguments=arguments)
-
-
 def _rounds(spec: dict[str, Any], results: list[ToolMessage]) -> list[list[ToolCall]]:
     """The tool calls the model makes, one list per model response, for the scenario `spec`."""
     label = spec["label"]
@@ -174,25 +169,30 @@ def _rounds(spec: dict[str, Any], results: list[ToolMessage]) -> list[list[ToolC
     if kind == "plain":
         return []
     if kind == "steps":
-        return [[_call("ledger_write", effect=f"{label}:w{i}")] for i in range(int(spec.get("steps", 3)))]
+        return [[fresh_call("ledger_write", effect=f"{label}:w{i}")] for i in range(int(spec.get("steps", 3)))]
     if kind == "approval":
-        return [[_call("approved_write", effect=f"{label}:approved")]]
+        return [[fresh_call("approved_write", effect=f"{label}:approved")]]
     if kind == "form":
         value = json.loads(results[0].content)["value"] if results else ""
-        return [[_call("request_user_input", formKey="details")], [_call("ledger_write", effect=f"{label}:{value}")]]
+        return [
+            [fresh_call("request_user_input", formKey="details")],
+            [fresh_call("ledger_write", effect=f"{label}:{value}")],
+        ]
     if kind == "retry":
         failures = int(spec.get("failures", 2))
-        return [[_call("flaky_write", effect=f"{label}:flaky", failures=failures, retry_after=spec.get("after", 0))]]
+        return [
+            [fresh_call("flaky_write", effect=f"{label}:flaky", failures=failures, retry_after=spec.get("after", 0))]
+        ]
     if kind == "slow":
-        return [[_call("slow_write", effect=f"{label}:s{i}", seconds=spec.get("seconds", 0.3))] for i in range(3)]
+        return [[fresh_call("slow_write", effect=f"{label}:s{i}", seconds=spec.get("seconds", 0.3))] for i in range(3)]
     if kind == "fanout":
         children = int(spec.get("children", 3))
         tasks = [json.dumps({"kind": "steps", "label": f"{label}.c{i}", "steps": 1}) for i in range(children)]
-        return [[_call("part-worker", task=task) for task in tasks]]
+        return [[fresh_call("part-worker", task=task) for task in tasks]]
     if kind == "inbox":
-        return [[_call("ledger_write", effect=f"inbox:{label}")]]
+        return [[fresh_call("ledger_write", effect=f"inbox:{label}")]]
     if kind == "whoami":
-        return [[_call("approved_whoami")]]
+        return [[fresh_call("approved_whoami")]]
     if kind == "fail":
         raise ValueError(f"{label} fails on purpose")
     raise ValueError(f"unknown scenario kind {kind!r}")
@@ -203,14 +203,10 @@ class ScenarioModel:
 
     def generate(self, request: ChatRequest) -> ChatResponse:
         """Answer with the next round of tool calls of the scenario, or the final answer."""
-        messages = request.messages
-        start = max(i for i, m in enumerate(messages) if isinstance(m, UserMessage))
-        opening = messages[start]
-        assert isinstance(opening, UserMessage)
-        spec = _spec(opening.content)
-        since = messages[start + 1 :]
-        responses = sum(1 for m in since if isinstance(m, AiMessage))
-        rounds = _rounds(spec, [m for m in since if isinstance(m, ToolMessage)])
+        turn = opening(request)
+        spec = _spec(turn.text)
+        responses = turn.responses
+        rounds = _rounds(spec, turn.results)
         if responses < len(rounds):
             return ChatResponse(message=AiMessage(tool_calls=rounds[responses]))
         return ChatResponse(message=AiMessage(content=f"done:{spec['label']}"))

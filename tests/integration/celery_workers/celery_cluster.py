@@ -1,21 +1,18 @@
-"""Worker processes and a per-test deployment for the Celery worker tests (used by `conftest.py` and the tests).
+"""A per-test deployment for the Celery worker tests (used by `conftest.py` and the tests).
 
-Worker processes run `celery -A workers.app worker` (the prefork pool unless a test asks
-for another), in their own process group, and are stopped by process group id: SIGTERM,
-then SIGKILL when they do not exit in time.
+Its worker processes are those of `tests.helpers.celery_fleet` (the prefork pool unless a
+test asks for another); the deployment adds the settings, a producer-side wiring, and
+helpers to read the test agents' ledger and the test's queue.
 """
 
 from __future__ import annotations
 
 import os
 import random
-import signal
-import subprocess
-import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,72 +26,26 @@ from redis import Redis
 
 import store
 from agent_runner import AgentResumeCommand, AgentTurn, AgentTurnStatus, SuspensionType
-from tests.helpers.processes import REPO_ROOT, signal_group, with_tests_importable
+from tests.helpers.celery_fleet import CeleryFleet
+from tests.helpers.processes import with_tests_importable
 from tests.integration.celery_workers import celery_agents
 from tests.integration.celery_workers.celery_agents import DETAILS_FORM, LEDGER_URL_VARIABLE
 from workers.app import create_app, task_queues
 from workers.settings import WorkerSettings
 from workers.wiring import Wiring, build_wiring
 
-CELERY = str(Path(sys.executable).with_name("celery"))
 DEFAULT_DATABASE_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/15"
 RABBITMQ_URL = os.environ.get("AGENT_RUNNER_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672//")
-WORKER_START_TIMEOUT_S = 45.0
-WORKER_STOP_TIMEOUT_S = 15.0
 
 
-@dataclass
-class WorkerProcess:
-    """A `celery worker` (or `celery beat`) process started by a test."""
+@dataclass(kw_only=True)
+class Cluster(CeleryFleet):
+    """A per-test deployment: the fleet of its worker processes, settings and a producer-side wiring."""
 
-    name: str
-    process: subprocess.Popen[bytes]
-    log: Path
-
-    @property
-    def pid(self) -> int:
-        return self.process.pid
-
-    def output(self) -> str:
-        return self.log.read_text(errors="replace") if self.log.exists() else ""
-
-    def alive(self) -> bool:
-        return self.process.poll() is None
-
-    def kill(self) -> None:
-        """SIGKILL the whole process group: the main process and its pool children die at once."""
-        signal_group(self.pid, signal.SIGKILL)
-        self.process.wait(WORKER_STOP_TIMEOUT_S)
-
-    def stop(self) -> None:
-        """SIGTERM (warm shutdown), then SIGKILL after a bound; always reaps the process group.
-
-        Only the main process gets the SIGTERM: it then waits for its pool children to finish
-        the tasks they run. A prefork child that got a SIGTERM of its own would die mid-task.
-        """
-        if self.alive():
-            os.kill(self.pid, signal.SIGTERM)
-            try:
-                self.process.wait(WORKER_STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                pass
-        # Pool children may outlive a main process that died first.
-        signal_group(self.pid, signal.SIGKILL)
-        if self.alive():
-            self.process.wait(WORKER_STOP_TIMEOUT_S)
-
-
-@dataclass
-class Cluster:
-    """A per-test deployment: settings, a producer-side wiring, and the processes it started."""
-
-    env: dict[str, str]
-    tmp_path: Path
     redis_url: str
     settings: WorkerSettings = field(init=False)
     wiring: Wiring = field(init=False)
-    processes: list[WorkerProcess] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.settings = WorkerSettings.from_env(self.env)
@@ -108,86 +59,6 @@ class Cluster:
     @property
     def turn_store(self) -> store.SqlAgentTurnStore:
         return self.wiring.turn_store
-
-    # --- processes ---------------------------------------------------------------------------
-
-    def start_worker(
-        self,
-        name: str,
-        concurrency: int = 2,
-        wait: bool = True,
-        extra_args: Sequence[str] = (),
-        env: Mapping[str, str] | None = None,
-        pool: str = "prefork",
-    ) -> WorkerProcess:
-        """Start a worker; `extra_args` go to `celery worker`, `env` overrides this worker's environment.
-
-        With `pool="threads"` (or `"solo"`) every task runs in the worker's own process, so
-        the worker's pid is the pid of the process that runs the tools.
-        """
-        args = [
-            CELERY,
-            "-A",
-            "workers.app",
-            "worker",
-            f"--pool={pool}",
-            f"--concurrency={concurrency}",
-            f"--hostname={name}-{uuid.uuid4().hex[:6]}@%h",
-            "--without-gossip",
-            "--without-mingle",
-            "--without-heartbeat",
-            "--loglevel=INFO",
-            *extra_args,
-        ]
-        worker = self._spawn(name, args, env)
-        if wait:
-            self.wait_ready(worker)
-        return worker
-
-    def start_beat(self, name: str = "beat") -> WorkerProcess:
-        """Start `celery beat`; each name keeps its own schedule file, as beats on two hosts would."""
-        args = [
-            CELERY,
-            "-A",
-            "workers.app",
-            "beat",
-            "--loglevel=INFO",
-            f"--schedule={self.tmp_path / f'{name}-schedule'}",
-        ]
-        return self._spawn(name, args)
-
-    def _spawn(self, name: str, args: list[str], env: Mapping[str, str] | None = None) -> WorkerProcess:
-        log = self.tmp_path / f"{name}-{len(self.processes)}.log"
-        with log.open("wb") as sink:
-            process = subprocess.Popen(
-                args,
-                cwd=REPO_ROOT,
-                env={**self.env, **(env or {})},
-                stdout=sink,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        worker = WorkerProcess(name, process, log)
-        self.processes.append(worker)
-        return worker
-
-    def wait_ready(self, worker: WorkerProcess) -> None:
-        deadline = time.monotonic() + WORKER_START_TIMEOUT_S
-        while " ready." not in worker.output():
-            if not worker.alive():
-                pytest.fail(f"worker {worker.name} exited with {worker.process.returncode}:\n{worker.output()[-4000:]}")
-            if time.monotonic() > deadline:
-                pytest.fail(
-                    f"worker {worker.name} not ready after {WORKER_START_TIMEOUT_S}s:\n{worker.output()[-4000:]}"
-                )
-            time.sleep(0.1)
-
-    def stop_all(self) -> None:
-        for worker in self.processes:
-            worker.stop()
-
-    def logs(self) -> str:
-        return "\n".join(f"===== {w.name} (pid {w.pid})\n{w.output()[-6000:]}" for w in self.processes)
 
     # --- turns, people, ledger ---------------------------------------------------------------
 

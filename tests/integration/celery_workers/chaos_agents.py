@@ -32,7 +32,6 @@ from __future__ import annotations
 import json
 import os
 import threading
-import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -51,13 +50,12 @@ from agent_runner import (
     RetryPolicy,
     Tool,
     ToolCall,
-    ToolMessage,
     ToolOutcome,
-    UserMessage,
     tool,
 )
 from tests.conftest import libpq_url
 from tests.helpers.crash import pause_this_process_once
+from tests.helpers.scenarios import fresh_call, opening
 from tests.integration.celery_workers.celery_agents import LEDGER_URL_VARIABLE, ledger_engine
 
 LOADER = f"{__name__}:build_loader"
@@ -239,33 +237,25 @@ def setup_runner(runner: AgentRunner) -> None:
 # --- The scripted model and the agents ----------------------------------------------------------
 
 
-def _call(name: str, **arguments: Any) -> ToolCall:
-    return ToolCall(id=f"call-{uuid.uuid4().hex[:12]}", name=name, arguments=arguments)
-
-
 class ScenarioModel:
     """A chat model that plays the scenario of the turn's last user message."""
 
     def generate(self, request: ChatRequest) -> ChatResponse:
         """The next tool call of the scenario, or the final answer, which quotes the last tool result."""
-        messages = request.messages
-        start = max(i for i, m in enumerate(messages) if isinstance(m, UserMessage))
-        opening = messages[start]
-        assert isinstance(opening, UserMessage)
-        spec = json.loads(opening.content)
+        turn = opening(request)
+        spec = json.loads(turn.text)
         label: str = spec["label"]
-        since = messages[start + 1 :]
-        responses = sum(1 for m in since if isinstance(m, AiMessage))
-        results = [m for m in since if isinstance(m, ToolMessage)]
+        responses = turn.responses
+        results = turn.results
         if "changes" in spec:
             if responses < int(spec["changes"]):
                 return ChatResponse(
-                    message=AiMessage(tool_calls=[_call("apply_change", change=f"{label}:c{responses}")])
+                    message=AiMessage(tool_calls=[fresh_call("apply_change", change=f"{label}:c{responses}")])
                 )
         elif responses == 0:
             fail = bool(spec.get("fail_after_commit", False))
             return ChatResponse(
-                message=AiMessage(tool_calls=[_call("create_ticket", title=label, fail_after_commit=fail)])
+                message=AiMessage(tool_calls=[fresh_call("create_ticket", title=label, fail_after_commit=fail)])
             )
         last = results[-1].content if results else ""
         return ChatResponse(message=AiMessage(content=f"done:{label}:{last}"))

@@ -37,8 +37,9 @@ import sqlalchemy as sa
 from agent_runner import AgentTurnStatus
 from store.schema import inbox_messages, turns
 from tests.helpers.api_server import ApiServer
+from tests.helpers.celery_fleet import WorkerProcess
 from tests.integration.celery_workers import ops_agents
-from tests.integration.celery_workers.celery_cluster import RABBITMQ_URL, Cluster, ConnectionKiller, WorkerProcess
+from tests.integration.celery_workers.celery_cluster import RABBITMQ_URL, Cluster, ConnectionKiller
 from tests.integration.celery_workers.celery_workload import COMPLETED, Scenario, check_ledger, scenario
 
 pytestmark = pytest.mark.integration

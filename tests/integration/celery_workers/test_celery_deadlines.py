@@ -10,9 +10,10 @@ from collections.abc import Callable
 import pytest
 
 from agent_runner import ActionStatus, AgentActionMessage, AgentEventType, AgentTurnStatus
+from tests.helpers.celery_fleet import WorkerProcess
 from tests.helpers.processes import REPO_ROOT
 from tests.integration.celery_workers import ops_agents
-from tests.integration.celery_workers.celery_cluster import Cluster, WorkerProcess
+from tests.integration.celery_workers.celery_cluster import Cluster
 
 pytestmark = pytest.mark.integration
 

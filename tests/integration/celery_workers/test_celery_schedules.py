@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from agent_runner import AgentTurn, AgentTurnStatus, VersionConflictError
-from tests.integration.celery_workers.celery_cluster import Cluster, WorkerProcess
+from tests.helpers.celery_fleet import WorkerProcess
+from tests.integration.celery_workers.celery_cluster import Cluster
 from workers.beat import run_schedule
 from workers.schedules import Schedule, ScheduleOutcome
 

@@ -13,8 +13,9 @@ from alembic import command
 
 import store
 from store.migrations import alembic_config, head_revision
+from tests.helpers.celery_fleet import CeleryFleet
 from tests.helpers.processes import REPO_ROOT
-from tests.integration.celery_workers.celery_cluster import CELERY, cluster_env
+from tests.integration.celery_workers.celery_cluster import cluster_env
 from workers.api.runtime import build_runtime
 from workers.api.settings import ApiSettings, WorkerMode
 from workers.app import create_app
@@ -84,23 +85,13 @@ def test_the_server_refuses_to_start_on_an_unmigrated_database(
 def test_a_celery_worker_exits_at_start_up_on_an_unmigrated_database(
     empty_pg_url: str, redis_url: str, tmp_path: Path
 ) -> None:
-    log = tmp_path / "worker.log"
-    with log.open("wb") as sink:
-        worker = subprocess.Popen(
-            [CELERY, "-A", "workers.app", "worker", "--pool=solo", "--without-gossip", "--without-mingle"],
-            cwd=REPO_ROOT,
-            env=_env(empty_pg_url, redis_url),
-            stdout=sink,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+    fleet = CeleryFleet(_env(empty_pg_url, redis_url), tmp_path)
+    worker = fleet.start_worker("worker", pool="solo", wait=False)
     try:
-        returncode = worker.wait(60)
+        returncode = worker.process.wait(60)
     finally:
-        if worker.poll() is None:
-            worker.kill()
-            worker.wait(10)
-    output = log.read_text(errors="replace")
+        fleet.stop_all()
+    output = worker.output()
     assert returncode != 0, output[-3000:]
     assert "agent-runner worker not started" in output and FIX in output
     assert " ready." not in output

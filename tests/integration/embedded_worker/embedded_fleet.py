@@ -28,17 +28,14 @@ from agent_runner import (
     AgentTurnStatus,
     AgentTurnStore,
     AiMessage,
-    ChatRequest,
     InMemoryAgentLoader,
     Middleware,
-    ScriptedChatModel,
-    ToolCall,
     ToolMessage,
-    UserMessage,
     tool,
 )
 from tests.helpers.jsonl import append_jsonl, read_jsonl
 from tests.helpers.processes import with_tests_importable
+from tests.helpers.scenarios import looping_model
 
 MAIN_MODULE = f"{__package__}.embedded_worker_main"
 """The module a worker process runs (with `python -m`)."""
@@ -84,23 +81,6 @@ def slow_once(n: int) -> str:
     if not earlier:
         time.sleep(SLOW_ONCE_S)  # the test kills this process meanwhile
     return f"done by {os.getpid()}"
-
-
-def looping_model(tool_name: str, calls: int) -> ScriptedChatModel:
-    """A model that calls `tool_name` `calls` times, one call per response, then answers.
-
-    Only tool results after the newest user message count: in a conversation, the history
-    holds the results of earlier turns too.
-    """
-
-    def respond(request: ChatRequest) -> AiMessage:
-        newest = max((i for i, m in enumerate(request.messages) if isinstance(m, UserMessage)), default=-1)
-        done = sum(1 for m in request.messages[newest + 1 :] if isinstance(m, ToolMessage))
-        if done < calls:
-            return AiMessage(tool_calls=[ToolCall(id=f"call-{done}", name=tool_name, arguments={"n": done})])
-        return AiMessage(content=f"finished after {done} tool calls")
-
-    return ScriptedChatModel(respond)
 
 
 def loader() -> InMemoryAgentLoader:

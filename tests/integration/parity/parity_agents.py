@@ -40,11 +40,11 @@ from agent_runner import (
     RetryPolicy,
     ToolCall,
     ToolError,
-    UserMessage,
     VersionConflictError,
     tool,
 )
 from tests.helpers.jsonl import append_jsonl, read_jsonl
+from tests.helpers.scenarios import opening
 
 SIGNALS_VARIABLE = "AGENT_RUNNER_TEST_SIGNALS"
 """The environment variable naming the signals folder of the test."""
@@ -227,12 +227,9 @@ class ScenarioModel:
 
     def generate(self, request: ChatRequest) -> ChatResponse:
         """The next round of tool calls of the scenario, or the final answer once they are all answered."""
-        messages = request.messages
-        start = max(i for i, m in enumerate(messages) if isinstance(m, UserMessage))
-        opening = messages[start]
-        assert isinstance(opening, UserMessage)
-        spec = json.loads(opening.content)
-        responses = sum(1 for m in messages[start + 1 :] if isinstance(m, AiMessage))
+        turn = opening(request)
+        spec = json.loads(turn.text)
+        responses = turn.responses
         rounds = _rounds(spec)
         if responses < len(rounds):
             calls = [

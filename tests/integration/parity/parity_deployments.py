@@ -175,8 +175,7 @@ class CeleryDeployment(Deployment):
     def start_workers(self, *names: str) -> list[Worker]:
         started = [self.cluster.start_worker(name, concurrency=CONCURRENCY, wait=False) for name in names]
         self.workers += started
-        for worker in started:
-            self.cluster.wait_ready(worker)
+        self.cluster.wait_ready(*started)
         return list(started)
 
     def hand_over_stale_turn(self) -> None:

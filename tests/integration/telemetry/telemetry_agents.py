@@ -10,8 +10,6 @@ tests (`celery_agents`), with their ledger of side effects.
 from __future__ import annotations
 
 import json
-import uuid
-from typing import Any
 
 from agent_runner import (
     Agent,
@@ -20,20 +18,16 @@ from agent_runner import (
     ChatRequest,
     ChatResponse,
     InMemoryAgentLoader,
-    ToolCall,
     ToolMessage,
     Usage,
     UserMessage,
 )
+from tests.helpers.scenarios import fresh_call
 from tests.integration.celery_workers.celery_agents import DETAILS_FORM, approved_write, flaky_write, ledger_write
 
 MODEL_NAME = "tour-model-1"
 USAGE = Usage(input_tokens=20, output_tokens=4)
 CHILDREN = 2
-
-
-def _call(name: str, **arguments: Any) -> ToolCall:
-    return ToolCall(id=f"call-{uuid.uuid4().hex[:12]}", name=name, arguments=arguments)
 
 
 class TourModel:
@@ -50,15 +44,15 @@ class TourModel:
         responses = sum(1 for m in since if isinstance(m, AiMessage))
         results = [m for m in since if isinstance(m, ToolMessage)]
         if task.startswith("part:"):
-            rounds = [[_call("ledger_write", effect=task)]]
+            rounds = [[fresh_call("ledger_write", effect=task)]]
         else:
             label = task
             value = json.loads(results[0].content)["value"] if results else ""
             rounds = [
-                [_call("request_user_input", formKey=DETAILS_FORM.key)],
-                [_call("approved_write", effect=f"{label}:approved:{value}")],
-                [_call("flaky_write", effect=f"{label}:flaky", failures=1)],
-                [_call("part-worker", task=f"part:{label}:{i}") for i in range(CHILDREN)],
+                [fresh_call("request_user_input", formKey=DETAILS_FORM.key)],
+                [fresh_call("approved_write", effect=f"{label}:approved:{value}")],
+                [fresh_call("flaky_write", effect=f"{label}:flaky", failures=1)],
+                [fresh_call("part-worker", task=f"part:{label}:{i}") for i in range(CHILDREN)],
             ]
         if responses < len(rounds):
             return ChatResponse(message=AiMessage(tool_calls=rounds[responses]), usage=USAGE)

@@ -28,8 +28,9 @@ from agent_runner import (
     AgentTurnStatus,
     InMemoryAgentLoader,
 )
+from tests.helpers.celery_fleet import WorkerProcess
 from tests.helpers.metrics import free_port, scrape
-from tests.integration.celery_workers.celery_cluster import Cluster, WorkerProcess
+from tests.integration.celery_workers.celery_cluster import Cluster
 from tests.integration.telemetry.otlp_receiver import otlp_receiver, read_spans
 from tests.integration.telemetry.telemetry_agents import CHILDREN, MODEL_NAME, USAGE, build_agents
 from workers.telemetry import instrument

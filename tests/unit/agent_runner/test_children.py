@@ -22,8 +22,8 @@ from agent_runner import (
     ToolMessage,
     Usage,
     UserMessage,
-    tool,
 )
+from tests.helpers.scenarios import deploy
 from tests.unit.agent_runner.turn_kit import EventLog, RecordingStore, protocol_violations, tool_messages
 
 S = AgentTurnStatus
@@ -39,12 +39,6 @@ def _echo_agent(agent_id: str, tokens: int = 0) -> Agent:
         )
 
     return Agent(id=agent_id, chat_model=ScriptedChatModel(answer))
-
-
-@tool(requires_approval=True)
-def deploy(service: str) -> str:
-    """Deploy a service."""
-    return f"deployed {service}"
 
 
 def _approving_agent(agent_id: str = "deployer") -> Agent:

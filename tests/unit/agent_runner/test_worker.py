@@ -6,7 +6,7 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -38,9 +38,16 @@ from agent_runner import (
     UserMessage,
     tool,
 )
-from agent_runner.persistence import AgentTurnStore, TurnRef
+from agent_runner.persistence import AgentTurnStore
 from agent_runner.worker import _DISPATCHED_TURNS, AgentWorker
-from tests.unit.agent_runner.turn_kit import FakeClock, RecordingStore, protocol_violations, tool_messages
+from tests.helpers.scenarios import looping_model
+from tests.unit.agent_runner.turn_kit import (
+    CountingPolls,
+    FakeClock,
+    RecordingStore,
+    protocol_violations,
+    tool_messages,
+)
 
 S = AgentTurnStatus
 WAIT_S = 10.0
@@ -52,18 +59,6 @@ def wait_for(condition: Callable[[], bool], timeout: float = WAIT_S, what: str =
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         time.sleep(0.01)
-
-
-def looping_model(tool_name: str, calls: int = 2) -> ScriptedChatModel:
-    """A model that calls `tool_name` `calls` times, one call per response, then answers."""
-
-    def respond(request: ChatRequest) -> AiMessage:
-        done = sum(1 for m in request.messages if isinstance(m, ToolMessage))
-        if done < calls:
-            return AiMessage(tool_calls=[ToolCall(id=f"call-{done}", name=tool_name, arguments={"n": done})])
-        return AiMessage(content=f"done after {done} calls")
-
-    return ScriptedChatModel(respond)
 
 
 def steps_to_finish(calls: int) -> int:
@@ -696,18 +691,6 @@ def test_max_steps_per_claim_lets_other_turns_go_first() -> None:
     while steps := worker.run_once():
         total += steps
     assert total == 2 * steps_to_finish(2)
-
-
-class CountingPolls(InMemoryAgentTurnStore):
-    """An in-memory store that counts the worker's polls."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.polls = 0
-
-    def list_runnable(self, now: datetime, limit: int = 100) -> list[TurnRef]:
-        self.polls += 1
-        return super().list_runnable(now, limit)
 
 
 def test_a_dispatched_turn_runs_at_once_without_a_poll(workers: list[AgentWorker]) -> None:
