@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from agent_runner import AgentLoader, AgentRunner, AgentRunnerError, AgentTurn
     from store import SqlAgentTurnStore
     from workers.database import Database
-    from workers.scheduler import Scheduler
+    from workers.embedded_timers import Scheduler
     from workers.settings import WorkerSettings
 
 EXIT_BAD_INPUT = 2
@@ -293,7 +293,7 @@ class _Context:
 
     def _wired_runner(self) -> AgentRunner:
         from agent_runner import AgentRunnerError
-        from workers.celery_config import create_app
+        from workers.celery_app.config import create_app
         from workers.settings import SettingsError
         from workers.wiring import build_wiring
 
@@ -494,7 +494,7 @@ def _scheduler(
     """The scheduler of `AGENT_RUNNER_SCHEDULES` (None when unset); schedules that cannot be loaded end the command."""
     if spec is None:
         return None
-    from workers.scheduler import build_scheduler
+    from workers.embedded_timers import build_scheduler
     from workers.schedules import ScheduleError
 
     try:

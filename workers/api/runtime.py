@@ -39,7 +39,7 @@ from workers.telemetry import instrument
 from workers.webhooks import build_deliverer
 
 if TYPE_CHECKING:
-    from workers.scheduler import Scheduler
+    from workers.embedded_timers import Scheduler
 
 logger = logging.getLogger("workers.api")
 
@@ -160,7 +160,7 @@ def _add_client_records(runtime: Runtime) -> None:
     schedule and the tick). No start-up grace: a schedule fires the ticks after it was seen,
     never one from before it was made.
     """
-    from workers.scheduler import Scheduler
+    from workers.embedded_timers import Scheduler
     from workers.schedules import stored_schedules
 
     runtime.threads = store.ThreadRecords(runtime.engine)
@@ -255,7 +255,7 @@ def _sql_runtime(settings: ApiSettings, agent_loader: AgentLoader | None) -> Run
 
 def _scheduler(runner: AgentRunner, inbox: store.Inbox, spec: str, notify_inbox: Callable[[str], object]) -> Scheduler:
     # Imported here: the schedules read cron fields with Celery's parser.
-    from workers.scheduler import build_scheduler
+    from workers.embedded_timers import build_scheduler
 
     return build_scheduler(runner, inbox, spec, notify_inbox=notify_inbox)
 
@@ -272,7 +272,7 @@ def _stop_worker(worker: AgentWorker) -> None:
 
 def _celery_runtime(settings: ApiSettings, agent_loader: AgentLoader | None) -> Runtime:
     # The only place the HTTP server touches the Celery wiring.
-    from workers.celery_config import create_app
+    from workers.celery_app.config import create_app
     from workers.wiring import build_wiring
 
     worker_settings = settings.workers

@@ -32,7 +32,7 @@ from agent_runner import AgentResumeCommand, AgentTurn, AgentTurnStatus, Suspens
 from tests.helpers.processes import REPO_ROOT, signal_group, with_tests_importable
 from tests.integration.celery_workers import celery_agents
 from tests.integration.celery_workers.celery_agents import DETAILS_FORM, LEDGER_URL_VARIABLE
-from workers.app import create_app, task_queues
+from workers.celery_app.config import create_app, task_queues
 from workers.settings import WorkerSettings
 from workers.wiring import Wiring, build_wiring
 
