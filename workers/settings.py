@@ -1,8 +1,8 @@
 """Settings of the Celery workers, read from the environment.
 
 Every value has a default that works on a laptop with nothing running but Redis (and
-SQLite as the store). The Celery app reads them at import, `workers.build_runner()` at call
-time. A value that cannot be used raises `SettingsError`, which names the variable, so a
+SQLite as the store). The `celery -A workers.app` entry point reads them at import,
+`workers.build_runner()` at call time. A value that cannot be used raises `SettingsError`, which names the variable, so a
 misconfigured deployment fails at start-up rather than on the first turn.
 
 | variable | default | meaning |

@@ -141,7 +141,8 @@ def _resend(wiring: Wiring, ref: TurnRef) -> int:
 
 
 DELIVERIES_PER_RUN = 20
-"""Webhook attempts one run makes at most, so a slow receiver holds a worker slot for a few timeouts at most; the next run takes the rest."""
+"""Webhook attempts one run makes at most, so that a slow receiver holds a worker slot for a few
+timeouts at most; the next run takes the rest."""
 
 _deliverers: dict[int, WebhookDeliverer] = {}
 _deliverers_lock = threading.Lock()

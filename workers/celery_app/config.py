@@ -1,6 +1,6 @@
 """The Celery configuration of agent-runner, built from explicit settings; nothing here reads the environment at import.
 
-`workers.app` builds the app of the `celery` command from the environment with these
+`workers.celery_app.worker` builds the app of the `celery` command (`workers.app`) with these
 functions; producers with settings of their own (`workers.build_runner(settings)`, the HTTP
 server) build theirs here, so the environment of their process never leaks in. Beat's
 schedule is made from the sweep table (`workers.sweeps.SWEEPS`) and the scheduled turns.

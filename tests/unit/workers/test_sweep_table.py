@@ -14,7 +14,7 @@ from workers.celery_app.config import celery_config
 from workers.celery_app.names import DISPATCH_INBOX, RUN_SCHEDULE, STEP_TURN
 from workers.embedded_timers import SweepTimers
 from workers.settings import WorkerSettings
-from workers.sweeps import SWEEP_LABELS, SWEEPS
+from workers.sweeps import SWEEP_LABELS, SWEEPS, Sweep
 from workers.telemetry.celery_signals import SWEEP_TASKS
 from workers.webhooks import WebhookDeliverer
 
@@ -39,6 +39,12 @@ def test_the_table_names_each_sweep_and_task_once() -> None:
         "agent_runner.sweep_deadlines",
         "agent_runner.deliver_webhooks",
     }
+
+
+@pytest.mark.parametrize("sweep", SWEEPS, ids=lambda sweep: sweep.name)
+def test_the_setting_of_each_sweep_sets_its_interval(sweep: Sweep) -> None:
+    settings = WorkerSettings.from_env({**WITH_WEBHOOKS, sweep.setting: "7"})
+    assert sweep.interval(settings) == 7.0
 
 
 def test_beat_schedules_every_sweep_of_the_table_that_runs_under_the_settings() -> None:
