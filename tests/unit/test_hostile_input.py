@@ -871,13 +871,14 @@ def test_forged_task_arguments_are_rejected_with_one_warning(
 ) -> None:
     from workers.celery_app import beat, tasks
 
-    entry: Callable[..., Any] = {
+    entries: dict[str, Callable[..., Any]] = {
         "step": tasks._step_turn,
         "inbox": tasks._dispatch_inbox,
         "sweep_inbox": beat.SWEEP_ENTRIES["inbox"],
         "sweep_stale_turns": beat.SWEEP_ENTRIES["stale_turns"],
         "sweep_due_retries": beat.SWEEP_ENTRIES["due_retries"],
-    }[task]
+    }
+    entry = entries[task]
     with caplog.at_level(logging.DEBUG):
         outcome = entry(*args, **kwargs)
     # Rejected before any wiring (database, Redis, broker) was built or touched
