@@ -134,7 +134,7 @@ class Bench:
         raw_settings = WorkerSettings.from_env(self.raw_env)
         from celery import Celery
 
-        from workers.app import celery_config
+        from workers.celery_app.config import celery_config
 
         self.raw_app = Celery("bench_raw_chain_producer")
         self.raw_app.conf.update(celery_config(raw_settings))

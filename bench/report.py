@@ -457,7 +457,7 @@ def celery_section(data: dict[str, Any]) -> str:
             "Real `celery worker` processes (prefork pool), PostgreSQL store, Redis broker, lease and guard. "
             f"`AGENT_RUNNER_STEPS_PER_TASK` is {data['steps_per_task']} (the default) unless the pool column says "
             "otherwise. The raw chain runs in its own worker with the same Celery settings "
-            "(`workers.app.celery_config`: JSON, `task_acks_late`, reject on worker lost, prefetch 1) on the same "
+            "(`workers.celery_app.config.celery_config`: JSON, `task_acks_late`, reject on worker lost, prefetch 1) on the same "
             "broker: as many chains as turns, 2K+1 hops each, one hop per step the runner takes. Repetitions "
             "alternate between the two. Ratio: runner steps/s over raw hops/s. Worker CPU: user+system CPU of the "
             "worker's processes per step (per hop for the raw chain); machine busy: all CPUs, during the runner's "

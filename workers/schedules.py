@@ -6,7 +6,7 @@ turns it starts; `every=` (a fixed interval) or `cron=` (five cron fields, read 
 `AGENT_RUNNER_SCHEDULES` at them. In a Celery deployment the app puts one beat entry per
 schedule into its beat schedule, and `celery -A workers.app beat` sends a `run_schedule`
 message at each tick; without Celery, `agent-runner worker` and `agent-runner serve`
-(embedded mode) fire the ticks from a thread (`workers.scheduler`). Both end in
+(embedded mode) fire the ticks from a thread (`workers.embedded_timers`). Both end in
 `fire_schedule`.
 
 Each tick starts exactly one turn, even when two beat processes run by mistake. Beat
@@ -378,7 +378,7 @@ def beat_entries(schedules: Sequence[Schedule], queue: str) -> dict[str, dict[st
     Each entry fires at the schedule's ticks; the message carries the schedule (so the
     workers need not share the file) and the tick's time, computed when beat sends it.
     """
-    from workers.names import RUN_SCHEDULE
+    from workers.celery_app.names import RUN_SCHEDULE
 
     entries: dict[str, dict[str, Any]] = {}
     for schedule in schedules:

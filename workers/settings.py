@@ -1,8 +1,8 @@
 """Settings of the Celery workers, read from the environment.
 
 Every value has a default that works on a laptop with nothing running but Redis (and
-SQLite as the store). The Celery app reads them at import, `workers.build_runner()` at call
-time. A value that cannot be used raises `SettingsError`, which names the variable, so a
+SQLite as the store). The `celery -A workers.app` entry point reads them at import,
+`workers.build_runner()` at call time. A value that cannot be used raises `SettingsError`, which names the variable, so a
 misconfigured deployment fails at start-up rather than on the first turn.
 
 | variable | default | meaning |
@@ -49,7 +49,8 @@ import os
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeVar
+from datetime import timedelta
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 from pydantic import ValidationError
@@ -57,9 +58,6 @@ from pydantic import ValidationError
 from agent_runner import AgentExecutionPolicy, AgentRunnerError, DefinitionError, RetryPolicy
 from store._redaction import check_password_encoding, mask_url_secrets
 from workers.defaults import DEFAULT_DATABASE_URL
-
-if TYPE_CHECKING:
-    from workers.webhooks import WebhookSettings
 
 T = TypeVar("T", int, float)
 
@@ -86,6 +84,90 @@ class SettingsError(AgentRunnerError):
         self.value = None if value is None else mask_url_secrets(value)
         shown = f"{variable} is not set" if self.value is None else f"{variable}={self.value!r} is invalid"
         super().__init__(f"{shown}: {mask_url_secrets(reason)}")
+
+
+KINDS = ("waiting", "ended", "failed")
+"""The webhook kinds, as written in `AGENT_RUNNER_WEBHOOKS` (`store.webhooks.WebhookKind` values)."""
+
+
+@dataclass(frozen=True)
+class WebhookSettings:
+    """Where each kind of webhook goes, how it is signed and how hard delivery tries."""
+
+    urls: Mapping[str, str]
+    """URL per kind (`waiting`, `ended`, `failed`); a kind without a URL is not sent."""
+    secret: str = field(repr=False)
+    max_attempts: int = 8
+    backoff_s: float = 2.0
+    max_backoff_s: float = 600.0
+    timeout_s: float = 5.0
+    interval_s: float = 1.0
+    lookback_s: float = 3600.0
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> WebhookSettings | None:
+        """Read the settings from `environ` (default: `os.environ`); None when no webhook is configured.
+
+        Raises:
+            SettingsError: A value cannot be used (it names the variable).
+        """
+        env = os.environ if environ is None else environ
+        spec = env.get("AGENT_RUNNER_WEBHOOKS", "").strip()
+        if not spec:
+            return None
+        secret = env.get("AGENT_RUNNER_WEBHOOK_SECRET", "")
+        if not secret:
+            raise SettingsError(
+                "AGENT_RUNNER_WEBHOOK_SECRET", None, "webhooks are signed: set a secret shared with the receiver"
+            )
+        return cls(
+            urls=parse_webhook_urls(spec),
+            secret=secret,
+            max_attempts=int(_positive(env, "AGENT_RUNNER_WEBHOOK_MAX_ATTEMPTS", 8, whole=True)),
+            backoff_s=_positive(env, "AGENT_RUNNER_WEBHOOK_BACKOFF_S", 2.0),
+            max_backoff_s=_positive(env, "AGENT_RUNNER_WEBHOOK_MAX_BACKOFF_S", 600.0),
+            timeout_s=_positive(env, "AGENT_RUNNER_WEBHOOK_TIMEOUT_S", 5.0),
+            interval_s=_positive(env, "AGENT_RUNNER_WEBHOOK_INTERVAL_S", 1.0),
+            lookback_s=_positive(env, "AGENT_RUNNER_WEBHOOK_LOOKBACK_S", 3600.0),
+        )
+
+    def backoff(self, attempts: int) -> timedelta:
+        """The wait after the `attempts`-th failed attempt."""
+        return timedelta(seconds=min(self.backoff_s * 2 ** (attempts - 1), self.max_backoff_s))
+
+
+def parse_webhook_urls(spec: str) -> dict[str, str]:
+    """Parse `AGENT_RUNNER_WEBHOOKS` (`waiting=https://...,ended=https://...`) into a URL per kind.
+
+    Raises:
+        SettingsError: An entry is not `kind=url`, names an unknown or repeated kind, or its URL
+            is not http(s) with a host.
+    """
+    urls: dict[str, str] = {}
+    for entry in spec.split(","):
+        kind, sep, url = (part.strip() for part in entry.partition("="))
+        if not sep or kind not in KINDS:
+            raise SettingsError("AGENT_RUNNER_WEBHOOKS", spec, f"each entry is kind=url with a kind of {KINDS}")
+        if kind in urls:
+            raise SettingsError("AGENT_RUNNER_WEBHOOKS", spec, f"kind {kind!r} is given twice")
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise SettingsError("AGENT_RUNNER_WEBHOOKS", spec, f"the {kind} URL {url!r} is not an http(s) URL")
+        urls[kind] = url
+    return urls
+
+
+def _positive(env: Mapping[str, str], name: str, default: float, *, whole: bool = False) -> float:
+    raw = env.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = int(raw) if whole else float(raw)
+    except ValueError:
+        raise SettingsError(name, raw, "expected a whole number" if whole else "expected a number") from None
+    if value <= 0:
+        raise SettingsError(name, raw, "must be greater than zero")
+    return value
 
 
 @dataclass(frozen=True)
@@ -305,8 +387,6 @@ def _schedules_spec(env: Mapping[str, str]) -> str | None:
 
 
 def _webhooks(env: Mapping[str, str]) -> WebhookSettings | None:
-    from workers.webhooks import WebhookSettings  # it raises this module's SettingsError
-
     return WebhookSettings.from_env(env)
 
 

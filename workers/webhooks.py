@@ -1,6 +1,6 @@
 """Webhooks: signed HTTP POSTs to the app when a turn waits for a person, ends or fails.
 
-Configured by the environment:
+Configured by the environment (read into `workers.settings.WebhookSettings`):
 
 | variable | default | meaning |
 |---|---|---|
@@ -26,18 +26,15 @@ import hmac
 import http.client
 import json
 import logging
-import os
-import threading
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
-from urllib.parse import urlsplit
 
-from workers.settings import SettingsError
+from workers.settings import WebhookSettings
 
 if TYPE_CHECKING:
     from sqlalchemy import Engine
@@ -45,9 +42,6 @@ if TYPE_CHECKING:
     from store.webhooks import WebhookDelivery, WebhookDeliveryLog, WebhookKind
 
 logger = logging.getLogger("workers.webhooks")
-
-KINDS = ("waiting", "ended", "failed")
-"""The webhook kinds, as written in `AGENT_RUNNER_WEBHOOKS` (`store.webhooks.WebhookKind` values)."""
 
 SIGNATURE_HEADER = "X-Agent-Runner-Signature"
 """`sha256=<hex HMAC-SHA256 of "<timestamp>.<body>">`, keyed by `AGENT_RUNNER_WEBHOOK_SECRET`."""
@@ -64,86 +58,6 @@ moments after its events are stamped, so one stamped earlier may become visible 
 
 _RETRIED_CODES = frozenset({408, 425, 429})
 """4xx answers that mean "try again later"; any other 4xx is a refusal and dead-letters at once."""
-
-
-@dataclass(frozen=True)
-class WebhookSettings:
-    """Where each kind of webhook goes, how it is signed and how hard delivery tries."""
-
-    urls: Mapping[str, str]
-    """URL per kind (`waiting`, `ended`, `failed`); a kind without a URL is not sent."""
-    secret: str = field(repr=False)
-    max_attempts: int = 8
-    backoff_s: float = 2.0
-    max_backoff_s: float = 600.0
-    timeout_s: float = 5.0
-    interval_s: float = 1.0
-    lookback_s: float = 3600.0
-
-    @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None) -> WebhookSettings | None:
-        """Read the settings from `environ` (default: `os.environ`); None when no webhook is configured.
-
-        Raises:
-            SettingsError: A value cannot be used (it names the variable).
-        """
-        env = os.environ if environ is None else environ
-        spec = env.get("AGENT_RUNNER_WEBHOOKS", "").strip()
-        if not spec:
-            return None
-        secret = env.get("AGENT_RUNNER_WEBHOOK_SECRET", "")
-        if not secret:
-            raise SettingsError(
-                "AGENT_RUNNER_WEBHOOK_SECRET", None, "webhooks are signed: set a secret shared with the receiver"
-            )
-        return cls(
-            urls=parse_webhook_urls(spec),
-            secret=secret,
-            max_attempts=int(_positive(env, "AGENT_RUNNER_WEBHOOK_MAX_ATTEMPTS", 8, whole=True)),
-            backoff_s=_positive(env, "AGENT_RUNNER_WEBHOOK_BACKOFF_S", 2.0),
-            max_backoff_s=_positive(env, "AGENT_RUNNER_WEBHOOK_MAX_BACKOFF_S", 600.0),
-            timeout_s=_positive(env, "AGENT_RUNNER_WEBHOOK_TIMEOUT_S", 5.0),
-            interval_s=_positive(env, "AGENT_RUNNER_WEBHOOK_INTERVAL_S", 1.0),
-            lookback_s=_positive(env, "AGENT_RUNNER_WEBHOOK_LOOKBACK_S", 3600.0),
-        )
-
-    def backoff(self, attempts: int) -> timedelta:
-        """The wait after the `attempts`-th failed attempt."""
-        return timedelta(seconds=min(self.backoff_s * 2 ** (attempts - 1), self.max_backoff_s))
-
-
-def parse_webhook_urls(spec: str) -> dict[str, str]:
-    """Parse `AGENT_RUNNER_WEBHOOKS` (`waiting=https://...,ended=https://...`) into a URL per kind.
-
-    Raises:
-        SettingsError: An entry is not `kind=url`, names an unknown or repeated kind, or its URL
-            is not http(s) with a host.
-    """
-    urls: dict[str, str] = {}
-    for entry in spec.split(","):
-        kind, sep, url = (part.strip() for part in entry.partition("="))
-        if not sep or kind not in KINDS:
-            raise SettingsError("AGENT_RUNNER_WEBHOOKS", spec, f"each entry is kind=url with a kind of {KINDS}")
-        if kind in urls:
-            raise SettingsError("AGENT_RUNNER_WEBHOOKS", spec, f"kind {kind!r} is given twice")
-        parts = urlsplit(url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise SettingsError("AGENT_RUNNER_WEBHOOKS", spec, f"the {kind} URL {url!r} is not an http(s) URL")
-        urls[kind] = url
-    return urls
-
-
-def _positive(env: Mapping[str, str], name: str, default: float, *, whole: bool = False) -> float:
-    raw = env.get(name, "").strip()
-    if not raw:
-        return default
-    try:
-        value = int(raw) if whole else float(raw)
-    except ValueError:
-        raise SettingsError(name, raw, "expected a whole number" if whole else "expected a number") from None
-    if value <= 0:
-        raise SettingsError(name, raw, "must be greater than zero")
-    return value
 
 
 def sign(secret: str, timestamp: str, body: bytes) -> str:
@@ -180,9 +94,8 @@ def post(url: str, body: bytes, headers: Mapping[str, str], timeout_s: float) ->
 class WebhookDeliverer:
     """Finds the events owed to webhooks and delivers them, retrying with backoff, until delivered or dead.
 
-    `run_once()` does one round (the Celery task runs one per beat tick); `start()` runs
-    rounds every `interval_s` on a daemon thread (the server's embedded worker and
-    `agent-runner worker`).
+    `run_once()` does one round: the Celery task runs one per beat tick, the embedded
+    processes one every `interval_s` (the `webhooks` row of `workers.sweeps.SWEEPS`).
     """
 
     def __init__(
@@ -197,8 +110,6 @@ class WebhookDeliverer:
         self.log = log
         self.clock = clock
         self.send = send
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
 
     @property
     def _urls(self) -> dict[WebhookKind, str]:
@@ -256,31 +167,6 @@ class WebhookDeliverer:
         )
         self.log.record(delivery, DeliveryStatus.DEAD, now, error=result.error, status_code=result.status_code)
         return 0
-
-    def start(self) -> None:
-        """Deliver on a daemon thread until `stop()`; a failing round is logged and the next one runs."""
-        if self._thread is not None:
-            return
-        self._stop.clear()
-        self._thread = threading.Thread(target=self._loop, name="agent-runner-webhooks", daemon=True)
-        self._thread.start()
-
-    def stop(self, timeout: float = 10.0) -> None:
-        """Stop the thread after its current round."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
-            self._thread = None
-
-    def _loop(self) -> None:
-        while not self._stop.is_set():
-            try:
-                busy = self.run_once() > 0
-            except Exception:
-                logger.exception("webhook delivery round failed; trying again")
-                busy = False
-            if not busy:
-                self._stop.wait(self.settings.interval_s)
 
 
 def build_deliverer(settings: WebhookSettings | None, engine: Engine) -> WebhookDeliverer | None:

@@ -7,15 +7,14 @@ and a database connection pool or Redis socket inherited across a fork would be 
 two processes.
 
 Nothing here reads the environment at import: `build_wiring` and `build_runner` take
-explicit settings (or read them when called), and only the worker process's `current()`
-uses the settings the `celery -A workers.app` entry point read.
+explicit settings (or read them when called); a worker process's wiring is built by
+`workers.celery_app.process.current()` from the settings of the app it serves.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,8 +27,8 @@ from agent_runner.leasing import LeaseKeeper
 from store.redis_events import BackgroundPublisher
 from workers.agents import apply_runner_setup, load_agent_loader
 from workers.capacity import database_pool
+from workers.celery_app.dispatch import CeleryDispatcher, InboxNotifier
 from workers.database import open_database
-from workers.dispatch import CeleryDispatcher, InboxNotifier
 from workers.settings import WorkerSettings
 from workers.telemetry import instrument
 
@@ -134,44 +133,6 @@ def build_wiring(
     )
 
 
-_current: tuple[int, Wiring] | None = None
-_current_lock = threading.Lock()
-
-
-def current() -> Wiring:
-    """The wiring of this worker process, built on first use from `workers.app`'s settings."""
-    global _current
-    pid = os.getpid()
-    with _current_lock:
-        # A forked child must not reuse the parent's pools; it builds its own.
-        if _current is None or _current[0] != pid:
-            from workers.app import app, settings, tasks_per_worker_process
-            from workers.middleware import SoftTimeLimitAsRetry
-
-            _current = (
-                pid,
-                build_wiring(
-                    settings,
-                    app,
-                    middleware=[SoftTimeLimitAsRetry()],
-                    tasks_in_flight=tasks_per_worker_process(),
-                ),
-            )
-        return _current[1]
-
-
-def close_current() -> None:
-    """Close the wiring of this process, if it was built (worker process shutdown)."""
-    global _current
-    with _current_lock:
-        built, _current = _current, None
-    if built is not None and built[0] == os.getpid():
-        try:
-            built[1].close()
-        except Exception:
-            logger.exception("closing the worker's connections failed")
-
-
 def build_runner(settings: WorkerSettings | None = None) -> AgentRunner:
     """Return an `AgentRunner` wired from `settings` (default: the environment), for web apps and scripts.
 
@@ -191,7 +152,7 @@ def build_runner(settings: WorkerSettings | None = None) -> AgentRunner:
         SettingsError: An environment variable holds an unusable value.
     """
     settings = settings if settings is not None else WorkerSettings.from_env()
-    from workers.celery_config import create_app
+    from workers.celery_app.config import create_app
 
     # A producer only sends tasks by name: an app of its own, configured from `settings`,
     # whatever the environment of this process holds.

@@ -37,7 +37,7 @@ from workers.database import open_database
 from workers.embedded import Stepping, build_embedded
 
 if TYPE_CHECKING:
-    from workers.scheduler import Scheduler
+    from workers.embedded_timers import Scheduler
 
 logger = logging.getLogger("workers.api")
 
@@ -158,7 +158,7 @@ def _add_client_records(runtime: Runtime) -> None:
     schedule and the tick). No start-up grace: a schedule fires the ticks after it was seen,
     never one from before it was made.
     """
-    from workers.scheduler import Scheduler
+    from workers.embedded_timers import Scheduler
     from workers.schedules import stored_schedules
 
     runtime.threads = store.ThreadRecords(runtime.engine)
@@ -229,7 +229,7 @@ def _stop_scheduler(scheduler: Scheduler) -> None:
 
 def _celery_runtime(settings: ApiSettings, agent_loader: AgentLoader | None) -> Runtime:
     # The only place the HTTP server touches the Celery wiring.
-    from workers.celery_config import create_app
+    from workers.celery_app.config import create_app
     from workers.wiring import build_wiring
 
     worker_settings = settings.workers

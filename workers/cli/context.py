@@ -149,7 +149,7 @@ class CliContext:
 
     def _wired_runner(self) -> AgentRunner:
         from agent_runner import AgentRunnerError
-        from workers.celery_config import create_app
+        from workers.celery_app.config import create_app
         from workers.settings import SettingsError
         from workers.wiring import build_wiring
 

@@ -27,8 +27,9 @@ from typing import TYPE_CHECKING, Any
 
 from celery import Celery, signals
 
-from workers.names import STEP_TURN, SWEEP_DEADLINES, SWEEP_DUE_RETRIES, SWEEP_INBOX, SWEEP_STALE_TURNS
+from workers.celery_app.names import STEP_TURN
 from workers.settings import WorkerSettings
+from workers.sweeps import SWEEPS
 from workers.telemetry import WORKER_SERVICE_NAME, logs, metrics, tracing_available
 
 if TYPE_CHECKING:
@@ -42,12 +43,8 @@ TRACE_HEADER = "agent_runner_trace"
 """Message header: the trace context (a text carrier) of the span that published the message."""
 
 STEP_TASK = STEP_TURN
-SWEEP_TASKS = {
-    SWEEP_INBOX: "inbox",
-    SWEEP_STALE_TURNS: "stale_turns",
-    SWEEP_DUE_RETRIES: "due_retries",
-    SWEEP_DEADLINES: "deadlines",
-}
+SWEEP_TASKS = {sweep.task: sweep.name for sweep in SWEEPS if sweep.counted}
+"""Task name -> `sweep` label, for the sweeps whose runs the metrics count."""
 TASK_PREFIX = "agent_runner."
 
 

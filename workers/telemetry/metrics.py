@@ -12,7 +12,7 @@ fixed set of values (agent ids come from the deployment's agents, never from req
 | `agent_runner_retries_scheduled_total` | counter | - |
 | `agent_runner_lease_takeovers_total` | counter | - |
 | `agent_runner_queue_delay_seconds` | histogram | - |
-| `agent_runner_sweeps_total` | counter | `sweep` (inbox, stale_turns, due_retries, deadlines) |
+| `agent_runner_sweeps_total` | counter | `sweep` (the counted sweeps of `workers.sweeps.SWEEPS`: inbox, stale_turns, due_retries, deadlines) |
 | `agent_runner_sweep_enqueued_total` | counter | `sweep` (for deadlines: the turns reminded or resumed by their default) |
 
 `prometheus-client` is imported on first use only, so that a Celery worker can point
@@ -49,7 +49,6 @@ RESUME_ACTIONS = frozenset(
     {"input", "form", "approve", "reject", "retry", "child_completed", "tool_result", "deadline", "retry_due"}
 )
 RESUME_OUTCOMES = frozenset({"accepted", "rejected"})
-SWEEPS = frozenset({"inbox", "stale_turns", "due_retries", "deadlines"})
 _ENDED_STATUSES = frozenset(status.value for status in TERMINAL_STATUSES)
 
 
@@ -218,7 +217,10 @@ def record_sweep(sweep: str, enqueued: int) -> None:
     """Count one run of a beat sweep and the items it re-enqueued."""
     metrics = _get()
     if metrics is not None:
-        _check("sweep", sweep, SWEEPS)
+        # The labels are the sweep table's; imported here, as the table imports what the sweeps run.
+        from workers.sweeps import SWEEP_LABELS
+
+        _check("sweep", sweep, SWEEP_LABELS)
         metrics.sweeps.labels(sweep).inc()
         metrics.sweep_enqueued.labels(sweep).inc(max(0, enqueued))
 

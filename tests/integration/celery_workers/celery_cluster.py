@@ -30,7 +30,7 @@ from tests.helpers.celery_fleet import CeleryFleet
 from tests.helpers.processes import with_tests_importable
 from tests.integration.celery_workers import celery_agents
 from tests.integration.celery_workers.celery_agents import DETAILS_FORM, LEDGER_URL_VARIABLE
-from workers.app import create_app, task_queues
+from workers.celery_app.config import create_app, task_queues
 from workers.settings import WorkerSettings
 from workers.wiring import Wiring, build_wiring
 

@@ -11,7 +11,7 @@ import sqlalchemy as sa
 from agent_runner import AgentResumeCommand, AgentTurnStatus
 from tests.helpers.metrics import free_port, scrape
 from tests.integration.celery_workers.celery_cluster import Cluster, reachable_rabbitmq_url
-from workers.app import is_first_step
+from workers.celery_app.config import is_first_step
 
 pytestmark = pytest.mark.integration
 

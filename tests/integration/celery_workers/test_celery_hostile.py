@@ -18,7 +18,7 @@ from redis import Redis
 
 from agent_runner import AgentResumeCommand, AgentTurnStatus
 from tests.integration.celery_workers.celery_cluster import Cluster
-from workers.names import DISPATCH_INBOX, STEP_TURN, SWEEP_DUE_RETRIES, SWEEP_INBOX, SWEEP_STALE_TURNS
+from workers.celery_app.names import DISPATCH_INBOX, STEP_TURN, SWEEP_DUE_RETRIES, SWEEP_INBOX, SWEEP_STALE_TURNS
 
 pytestmark = pytest.mark.integration
 

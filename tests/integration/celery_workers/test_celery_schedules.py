@@ -14,7 +14,7 @@ import pytest
 from agent_runner import AgentTurn, AgentTurnStatus, VersionConflictError
 from tests.helpers.celery_fleet import WorkerProcess
 from tests.integration.celery_workers.celery_cluster import Cluster
-from workers.beat import run_schedule
+from workers.celery_app.beat import run_schedule
 from workers.schedules import Schedule, ScheduleOutcome
 
 pytestmark = pytest.mark.integration

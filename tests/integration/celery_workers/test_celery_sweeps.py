@@ -15,7 +15,7 @@ from agent_runner import AgentRunner, AgentTurn, AgentTurnStatus, AgentTurnStore
 from store import InboxStatus, RedisTurnLease
 from tests.integration.celery_workers.celery_agents import LEDGER_URL_VARIABLE
 from tests.integration.celery_workers.celery_cluster import Cluster
-from workers.beat import sweep_due_retries, sweep_inbox, sweep_stale_turns
+from workers.sweeps import sweep_due_retries, sweep_inbox, sweep_stale_turns
 
 pytestmark = pytest.mark.integration
 
@@ -259,13 +259,13 @@ def _quiet_runner(cluster: Cluster, *, dispatch: bool = False) -> AgentRunner:
 def test_a_sweep_that_meets_a_dead_database_logs_one_warning_line_and_runs_again_next_tick(
     cluster: Cluster, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from workers import beat
+    from workers.celery_app import beat
     from workers.wiring import build_wiring
 
     # Given a worker whose database does not answer (nothing listens on its port)
     dead = dataclasses.replace(cluster.settings, database_url="postgresql+psycopg://postgres@127.0.0.1:1/agents")
     monkeypatch.setattr(beat, "current", lambda: build_wiring(dead, cluster.celery_app))
-    entries = [beat._sweep_inbox, beat._sweep_stale_turns, beat._sweep_due_retries, beat._sweep_deadlines]
+    entries = [beat.SWEEP_ENTRIES[name] for name in ("inbox", "stale_turns", "due_retries", "deadlines")]
     # When beat's sweeps run on it
     with caplog.at_level(logging.WARNING, logger="workers"):
         outcomes = [entry() for entry in entries]

@@ -29,7 +29,7 @@ from tests.integration.celery_workers.celery_cluster import Cluster, clusters
 from tests.integration.embedded_worker.embedded_fleet import WorkerProcess, spawn_worker
 from tests.integration.parity.parity_agents import LOADER, SETUP, SIGNALS_VARIABLE, Signals, build_loader
 from tests.integration.parity.parity_history import SavedHistory, read_history
-from workers.beat import sweep_stale_turns
+from workers.sweeps import sweep_stale_turns
 
 LEASE_TTL_S = 2.0
 """The lease TTL of every worker of both paths."""

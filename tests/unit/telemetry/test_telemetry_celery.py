@@ -10,8 +10,6 @@ from typing import Any
 import pytest
 from prometheus_client import REGISTRY
 
-import workers.beat
-import workers.tasks  # registers the tasks on the app
 from agent_runner import (
     Agent,
     AgentRunner,
@@ -27,15 +25,13 @@ from agent_runner import (
 )
 from agent_runner.telemetry import current_step
 from tests.unit.telemetry.telemetry_kit import Tracing
-from workers.app import app, settings
-from workers.dispatch import CeleryDispatcher
+from workers.app import app, settings  # the app of `celery -A workers.app`, its tasks registered
+from workers.celery_app.dispatch import CeleryDispatcher
+from workers.celery_app.tasks import advance
 from workers.settings import WorkerSettings
-from workers.tasks import advance
 from workers.telemetry import logs
 from workers.telemetry.celery_signals import ENQUEUED_AT_HEADER, SWEEP_TASKS, TRACE_HEADER, CeleryTelemetry
 from workers.wiring import Wiring
-
-assert workers.beat and workers.tasks
 
 
 @pytest.fixture

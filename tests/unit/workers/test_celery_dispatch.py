@@ -22,8 +22,8 @@ from agent_runner import (
     Tool,
     ToolCall,
 )
-from workers.dispatch import CeleryDispatcher, InboxNotifier
-from workers.middleware import SoftTimeLimitAsRetry
+from workers.celery_app.dispatch import CeleryDispatcher, InboxNotifier
+from workers.celery_app.middleware import SoftTimeLimitAsRetry
 from workers.settings import WorkerSettings
 
 NOW = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)

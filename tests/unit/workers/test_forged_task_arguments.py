@@ -43,7 +43,7 @@ FORGED: list[Any] = [
 def test_a_tenants_conversation_id_passes_the_inbox_tasks_argument_check(
     caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from workers import tasks
+    from workers.celery_app import tasks
     from workers.inbox import InboxOutcome
 
     # Given a worker whose inbox dispatch is observed (no wiring is built)
@@ -67,15 +67,16 @@ def test_a_tenants_conversation_id_passes_the_inbox_tasks_argument_check(
 def test_forged_task_arguments_are_rejected_with_one_warning(
     caplog: pytest.LogCaptureFixture, task: str, args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> None:
-    from workers import beat, tasks
+    from workers.celery_app import beat, tasks
 
-    entry: Callable[..., Any] = {
+    entries: dict[str, Callable[..., Any]] = {
         "step": tasks._step_turn,
         "inbox": tasks._dispatch_inbox,
-        "sweep_inbox": beat._sweep_inbox,
-        "sweep_stale_turns": beat._sweep_stale_turns,
-        "sweep_due_retries": beat._sweep_due_retries,
-    }[task]
+        "sweep_inbox": beat.SWEEP_ENTRIES["inbox"],
+        "sweep_stale_turns": beat.SWEEP_ENTRIES["stale_turns"],
+        "sweep_due_retries": beat.SWEEP_ENTRIES["due_retries"],
+    }
+    entry = entries[task]
     with caplog.at_level(logging.DEBUG):
         outcome = entry(*args, **kwargs)
     # Rejected before any wiring (database, Redis, broker) was built or touched

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from agent_runner import Agent, AgentExecutionPolicy, DefinitionError, RetryPolicy
-from workers.app import celery_config
+from workers.celery_app.config import celery_config
 from workers.settings import SettingsError, WorkerSettings
 
 

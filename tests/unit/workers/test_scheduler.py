@@ -15,7 +15,7 @@ from agent_runner import Agent, AgentRunner, AiMessage, InMemoryAgentLoader, Scr
 from store import Inbox, SqlAgentTurnStore, SqlChatMemoryProvider
 from workers.api import ApiSettings, create_app
 from workers.cli import main
-from workers.scheduler import MAX_SLEEP, RETRY_DELAY, STARTUP_GRACE, Scheduler, build_scheduler
+from workers.embedded_timers import MAX_SLEEP, RETRY_DELAY, STARTUP_GRACE, Scheduler, build_scheduler
 from workers.schedules import Schedule, ScheduleError, ScheduleOutcome
 from workers.settings import WorkerSettings
 

@@ -12,7 +12,7 @@ import pytest
 
 from agent_runner import Agent, AgentRunner, AiMessage, InMemoryAgentLoader, ScriptedChatModel
 from store import Inbox, SqlAgentTurnStore, SqlChatMemoryProvider
-from workers.app import celery_config
+from workers.celery_app.config import celery_config
 from workers.schedules import (
     IfBusy,
     Schedule,

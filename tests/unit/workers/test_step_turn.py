@@ -24,10 +24,10 @@ from agent_runner import (
     tool,
 )
 from agent_runner.persistence import TurnRef
-from workers.dispatch import CeleryDispatcher
-from workers.names import STEP_TURN
+from workers.celery_app.dispatch import CeleryDispatcher
+from workers.celery_app.names import STEP_TURN
+from workers.celery_app.tasks import StepOutcome, advance
 from workers.settings import WorkerSettings
-from workers.tasks import StepOutcome, advance
 from workers.wiring import Wiring
 
 

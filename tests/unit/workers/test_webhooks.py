@@ -12,8 +12,8 @@ from agent_runner import Agent, AgentRunner, AiMessage, ScriptedChatModel, ToolC
 from store import SqlAgentTurnStore
 from store.webhooks import DeliveryStatus, WebhookDeliveryLog, WebhookKind
 from tests.helpers.webhook_receiver import WebhookReceiver, webhook_env, webhook_receiver
-from workers.settings import SettingsError, WorkerSettings
-from workers.webhooks import WebhookDeliverer, WebhookSettings, parse_webhook_urls, sign
+from workers.settings import SettingsError, WebhookSettings, WorkerSettings, parse_webhook_urls
+from workers.webhooks import WebhookDeliverer, sign
 
 SECRET = "unit-secret"
 

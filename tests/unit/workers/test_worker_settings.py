@@ -6,7 +6,7 @@ import pytest
 
 from agent_runner import Agent, AgentRunnerError, InMemoryAgentLoader
 from workers.agents import load_agent_loader
-from workers.app import celery_config
+from workers.celery_app.config import celery_config
 from workers.settings import SettingsError, WorkerSettings
 
 

@@ -5,7 +5,7 @@ Producers send tasks by name, so a web app needs neither the task modules nor th
 Queues: every message goes to the configured queue (`AGENT_RUNNER_QUEUE`), except the first
 step of a turn, which goes to the queue of new turns beside it. Workers take from the
 configured queue first, so a turn that has started is not sent behind a backlog of turns
-that have not (see `workers.app`).
+that have not (see `workers.celery_app.config`).
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ from typing import Any
 
 from agent_runner import AgentEvent, AgentTurn, AgentTurnStatus
 from agent_runner.ids import utcnow
-from workers.names import DISPATCH_INBOX, STEP_TURN
+from workers.celery_app.names import DISPATCH_INBOX, STEP_TURN
 from workers.settings import WorkerSettings
 
 logger = logging.getLogger("workers")

@@ -1,8 +1,9 @@
 """The Celery configuration of agent-runner, built from explicit settings; nothing here reads the environment at import.
 
-`workers.app` builds the app of the `celery` command from the environment with these
+`workers.celery_app.worker` builds the app of the `celery` command (`workers.app`) with these
 functions; producers with settings of their own (`workers.build_runner(settings)`, the HTTP
-server) build theirs here, so the environment of their process never leaks in.
+server) build theirs here, so the environment of their process never leaks in. Beat's
+schedule is made from the sweep table (`workers.sweeps.SWEEPS`) and the scheduled turns.
 
 The choices that make turn execution safe:
 
@@ -31,16 +32,10 @@ from typing import Any
 from celery import Celery
 from kombu.entity import Exchange, Queue
 
-from workers.names import (
-    DELIVER_WEBHOOKS,
-    STEP_TURN,
-    SWEEP_DEADLINES,
-    SWEEP_DUE_RETRIES,
-    SWEEP_INBOX,
-    SWEEP_STALE_TURNS,
-    new_turns_queue,
-)
+from workers.celery_app.names import STEP_TURN, new_turns_queue
+from workers.schedules import beat_entries, load_schedules
 from workers.settings import WorkerSettings
+from workers.sweeps import SWEEPS
 
 
 def celery_config(settings: WorkerSettings) -> dict[str, Any]:
@@ -49,8 +44,6 @@ def celery_config(settings: WorkerSettings) -> dict[str, Any]:
     Raises:
         ScheduleError: `AGENT_RUNNER_SCHEDULES` names schedules that cannot be loaded.
     """
-    from workers.schedules import beat_entries, load_schedules
-
     transport_options: dict[str, Any] = {"visibility_timeout": settings.visibility_timeout_s}
     if settings.broker_url.startswith(("redis://", "rediss://", "redis+socket://")):
         # Without a socket timeout a publish can wait forever on a connection the network
@@ -61,12 +54,6 @@ def celery_config(settings: WorkerSettings) -> dict[str, Any]:
         # Ask the queues in the order of `task_queues` on every fetch (the default rotates
         # them): turns under way before new ones.
         transport_options["queue_order_strategy"] = "priority"
-    sweep_options = {
-        "queue": settings.queue,
-        # A sweep that waited longer than one interval in the queue (workers down or busy)
-        # is dropped: the next one does the same work, so they never pile up.
-        "expires": settings.sweep_interval_s,
-    }
     return {
         "broker_url": settings.broker_url,
         "broker_connection_retry_on_startup": True,
@@ -92,41 +79,26 @@ def celery_config(settings: WorkerSettings) -> dict[str, Any]:
         "task_default_routing_key": settings.queue,
         "timezone": "UTC",
         "enable_utc": True,
-        "beat_schedule": {
-            "agent-runner-sweep-inbox": {
-                "task": SWEEP_INBOX,
-                "schedule": settings.sweep_interval_s,
-                "options": sweep_options,
-            },
-            "agent-runner-sweep-stale-turns": {
-                "task": SWEEP_STALE_TURNS,
-                "schedule": settings.sweep_interval_s,
-                "options": sweep_options,
-            },
-            "agent-runner-sweep-due-retries": {
-                "task": SWEEP_DUE_RETRIES,
-                "schedule": settings.sweep_interval_s,
-                "options": sweep_options,
-            },
-            "agent-runner-sweep-deadlines": {
-                "task": SWEEP_DEADLINES,
-                "schedule": settings.deadline_sweep_interval_s,
-                "options": {**sweep_options, "expires": settings.deadline_sweep_interval_s},
-            },
-            **beat_entries(load_schedules(settings.schedules), settings.queue),
-            **_webhook_entries(settings),
-        },
+        "beat_schedule": beat_schedule(settings),
     }
 
 
-def _webhook_entries(settings: WorkerSettings) -> dict[str, Any]:
-    """The beat entry of the webhook deliveries, when webhooks are configured."""
-    if settings.webhooks is None:
-        return {}
-    interval = settings.webhooks.interval_s
-    # Like a sweep, a tick that waited longer than one interval is dropped: the next does its work.
-    options = {"queue": settings.queue, "expires": interval}
-    return {"agent-runner-deliver-webhooks": {"task": DELIVER_WEBHOOKS, "schedule": interval, "options": options}}
+def beat_schedule(settings: WorkerSettings) -> dict[str, Any]:
+    """Beat's schedule under `settings`: every sweep of `workers.sweeps.SWEEPS` that runs, then the scheduled turns.
+
+    Raises:
+        ScheduleError: `AGENT_RUNNER_SCHEDULES` names schedules that cannot be loaded.
+    """
+    entries: dict[str, Any] = {}
+    for sweep in SWEEPS:
+        interval = sweep.interval(settings)
+        if interval is None:
+            continue
+        # A sweep that waited longer than one interval in the queue (workers down or busy)
+        # is dropped: the next one does the same work, so they never pile up.
+        options = {"queue": settings.queue, "expires": interval}
+        entries[sweep.beat_entry] = {"task": sweep.task, "schedule": interval, "options": options}
+    return {**entries, **beat_entries(load_schedules(settings.schedules), settings.queue)}
 
 
 def task_queues(queue: str) -> tuple[Queue, Queue]:
@@ -176,15 +148,13 @@ class _SettingsCelery(Celery):  # type: ignore[misc]  # Celery is untyped
 
 
 def create_app(settings: WorkerSettings | None = None) -> Celery:
-    """Build a Celery app configured from `settings` (default: the environment).
+    """Build a Celery app that sends tasks, configured from `settings` (default: the environment, read now).
 
-    With settings given, nothing comes from the environment, the broker included. The
-    worker imports the task modules (`include`) when it starts; a producer sends tasks by
-    name and needs neither them nor the agents.
+    With settings given, nothing comes from the environment, the broker included. A
+    producer sends tasks by name and needs neither the task functions nor the agents; the
+    app a worker runs registers them too (`workers.celery_app.worker.create_worker_app`).
     """
     settings = settings if settings is not None else WorkerSettings.from_env()
-    celery_app = _SettingsCelery(
-        settings.broker_url, "agent_runner", include=["workers.tasks", "workers.beat", "workers.webhook_task"]
-    )
+    celery_app = _SettingsCelery(settings.broker_url, "agent_runner")
     celery_app.conf.update(celery_config(settings))
     return celery_app

@@ -32,6 +32,8 @@ import uuid
 from datetime import timedelta
 from enum import StrEnum
 
+from celery import Celery
+
 from agent_runner import (
     AgentRunnerError,
     AgentTurn,
@@ -43,12 +45,12 @@ from agent_runner import (
 from agent_runner.limits import ConversationId
 from agent_runner.snapshot import RUNNABLE_STATUSES
 from workers import inbox
-from workers.app import app
+from workers.celery_app.names import DISPATCH_INBOX, STEP_TURN
+from workers.celery_app.process import current
+from workers.celery_app.task_arguments import checked_arguments
 from workers.inbox import InboxOutcome
-from workers.names import DISPATCH_INBOX, STEP_TURN
-from workers.task_arguments import checked_arguments
 from workers.telemetry import record_lease_takeover
-from workers.wiring import Wiring, current
+from workers.wiring import Wiring
 
 logger = logging.getLogger("workers.tasks")
 
@@ -165,21 +167,11 @@ def _follow_up(wiring: Wiring, last: AgentTurn, error: Exception | None) -> None
 
 @checked_arguments(STEP_TURN, StepOutcome.REJECTED.value)
 def _step_turn(turn_id: str, version: int) -> str:
-    """Advance the turn by up to `AGENT_RUNNER_STEPS_PER_TASK` steps if this delivery is current."""
+    """`step_turn(turn_id, version)`: advance the turn by up to `AGENT_RUNNER_STEPS_PER_TASK` steps if this delivery is current.
+
+    A no-op for stale and duplicate deliveries.
+    """
     return advance(current(), turn_id, version).value
-
-
-step_turn = app.task(
-    name=STEP_TURN,
-    ignore_result=True,
-    # Only failures to reach Redis or the database before anything was done reach Celery;
-    # the same delivery can simply run again.
-    autoretry_for=(StoreUnavailableError,),
-    retry_backoff=True,
-    retry_backoff_max=60,
-    max_retries=10,
-)(_step_turn)
-"""`step_turn(turn_id, version)`: advance one turn; a no-op for stale and duplicate deliveries."""
 
 
 # --- dispatch_inbox ---------------------------------------------------------------------------
@@ -202,16 +194,14 @@ def start_next_message(wiring: Wiring, conversation_id: str) -> InboxOutcome:
 
 @checked_arguments(DISPATCH_INBOX, InboxOutcome.REJECTED.value)
 def _dispatch_inbox(conversation_id: ConversationId) -> str:
-    """Start a turn from the conversation's next queued message if the conversation is idle."""
+    """`dispatch_inbox(conversation_id)`: start a turn from the conversation's next queued message if it is idle."""
     return start_next_message(current(), conversation_id).value
 
 
-dispatch_inbox = app.task(
-    name=DISPATCH_INBOX,
-    ignore_result=True,
-    autoretry_for=(StoreUnavailableError,),
-    retry_backoff=True,
-    retry_backoff_max=60,
-    max_retries=10,
-)(_dispatch_inbox)
-"""`dispatch_inbox(conversation_id)`: start the next queued message of an idle conversation."""
+def register_turn_tasks(app: Celery) -> None:
+    """Register `step_turn` and `dispatch_inbox` on `app`."""
+    # Only failures to reach Redis or the database before anything was done reach Celery;
+    # the same delivery can simply run again. Not shared: other apps of the process get none.
+    retried = {"autoretry_for": (StoreUnavailableError,), "retry_backoff": True, "retry_backoff_max": 60}
+    app.task(name=STEP_TURN, shared=False, ignore_result=True, max_retries=10, **retried)(_step_turn)
+    app.task(name=DISPATCH_INBOX, shared=False, ignore_result=True, max_retries=10, **retried)(_dispatch_inbox)
