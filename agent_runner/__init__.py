@@ -6,7 +6,6 @@ snapshot at every stable boundary, suspends without holding a thread when it nee
 person, a child turn or a delayed retry, and is resumed from any process.
 """
 
-from agent_runner._stepping import AdvanceResult, StopReason
 from agent_runner.agent import Agent, InMemoryAgentLoader
 from agent_runner.errors import (
     AgentConversationBusyException,
@@ -79,7 +78,8 @@ from agent_runner.persistence import (
     TurnRef,
 )
 from agent_runner.policy import AgentExecutionPolicy, Budget, RetryPolicy
-from agent_runner.runner import AgentRunner, AgentStepResult
+from agent_runner.results import AdvanceResult, AgentStepResult, StopReason
+from agent_runner.runner import AgentRunner
 from agent_runner.snapshot import AgentTurn, AgentTurnStatus, ChildLink, PageAction
 from agent_runner.suspensions import (
     AgentResumeCommand,
