@@ -17,35 +17,26 @@ from datetime import datetime
 from functools import partial
 from typing import Any
 
-from agent_runner import machine
 from agent_runner._runtime import children, creation, endings, executing, resuming, saving, stepping
 from agent_runner._runtime.context import LeaseScope, RunnerContext
 from agent_runner._runtime.conversations import ConversationGate
 from agent_runner._runtime.execution import Dispatching, execution_mode
 from agent_runner._runtime.projection import Projection
 from agent_runner.agent import Agent, InMemoryAgentLoader
-from agent_runner.errors import DefinitionError, InvalidTransitionError, TurnError
+from agent_runner.errors import DefinitionError
 from agent_runner.events import AgentEventListener
 from agent_runner.ids import utcnow
 from agent_runner.in_memory import InMemoryAgentTurnStore
 from agent_runner.limits import check_id
 from agent_runner.messages import ModelMessage, UserMessage
 from agent_runner.middleware import Middleware
-from agent_runner.persistence import (
-    AgentLoader,
-    AgentTurnStore,
-    ChatMemoryProvider,
-    ConversationGuard,
-    TurnDispatcher,
-)
+from agent_runner.persistence import AgentLoader, AgentTurnStore, ChatMemoryProvider, ConversationGuard, TurnDispatcher
 from agent_runner.policy import AgentExecutionPolicy
 from agent_runner.results import AdvanceResult, AgentStepResult
 from agent_runner.snapshot import AgentTurn, AgentTurnStatus
 from agent_runner.suspensions import AgentResumeCommand, AgentSuspension
 
 __all__ = ["AgentRunner", "AgentStepResult", "LeaseScope"]
-
-S = AgentTurnStatus
 
 
 class AgentRunner:
@@ -84,7 +75,6 @@ class AgentRunner:
         clock: Callable[[], datetime] = utcnow,
         lease_scope: LeaseScope | None = None,
     ) -> None:
-
         middleware = list(middleware)
         for item in middleware:
             if not isinstance(item, Middleware):
@@ -172,8 +162,6 @@ class AgentRunner:
     def conversation_guard(self) -> ConversationGuard | None:
         """The shared marker of active conversation turns, if any."""
         return self._ctx.gate.guard
-
-    # --- Public API --------------------------------------------------------------------------
 
     def add_event_listener(self, listener: AgentEventListener) -> None:
         """Call `listener` with every event of this runner, synchronously; its exceptions are logged and ignored."""
@@ -266,7 +254,7 @@ class AgentRunner:
         turn = self.turn_store.load(check_id(turn_id, "turn_id", self.policy.limits))
         self.agent_loader.load(turn.agent_id, turn.agent_version)
         turn = self._ctx.projection.project(turn)
-        if turn.status is S.WAITING_FOR_CHILD:
+        if turn.status is AgentTurnStatus.WAITING_FOR_CHILD:
             turn = children.reconcile(self._ctx, turn)
         return turn
 
@@ -358,17 +346,7 @@ class AgentRunner:
         Raises:
             InvalidTransitionError: The turn is not READY or RUNNING.
         """
-        if turn.status not in (S.READY, S.RUNNING):
-            raise InvalidTransitionError(turn.status, machine.SUSPENSION_STATUS[suspension.type], {S.READY, S.RUNNING})
-        if turn.pending_tool_calls:
-            # A user message cannot sit between a tool call and its result: the model API
-            # would reject the history. Suspend before the model step or after the tools ran.
-            raise TurnError(
-                f"turn {turn.id!r} has {len(turn.pending_tool_calls)} unanswered tool call(s); "
-                "it can be suspended only when no tool call is pending"
-            )
-        suspended = machine.apply_suspension(turn, machine.Suspend(suspension, None), self.clock(), count_step=False)
-        return saving.save(self._ctx, suspended, turn.version, saving.suspended_event(self._ctx, suspended))
+        return resuming.suspend(self._ctx, turn, suspension)
 
     def apply_deadline(self, turn_id: str) -> AgentTurn:
         """Act on a waiting turn whose deadline reminder or deadline has come (the deadline sweep calls this).

@@ -1,4 +1,4 @@
-"""Resume commands and suspension deadlines: the decisions that move a waiting turn on."""
+"""Suspending a turn on request, and the decisions that move a waiting turn on: resume commands, deadlines."""
 
 from __future__ import annotations
 
@@ -10,17 +10,46 @@ from agent_runner import machine
 from agent_runner._cas import retry_on_conflict
 from agent_runner._runtime import children
 from agent_runner._runtime.context import RunnerContext
-from agent_runner._runtime.saving import save
-from agent_runner.errors import AgentRunnerError, DefinitionError, InvalidResumeCommand, TurnNotFound
+from agent_runner._runtime.saving import save, suspended_event
+from agent_runner.errors import (
+    AgentRunnerError,
+    DefinitionError,
+    InvalidResumeCommand,
+    InvalidTransitionError,
+    TurnError,
+    TurnNotFound,
+)
 from agent_runner.limits import check_resume_input
 from agent_runner.persistence import DeadlineSource
-from agent_runner.snapshot import AgentTurn
+from agent_runner.snapshot import AgentTurn, AgentTurnStatus
 from agent_runner.suspensions import AgentResumeCommand, AgentSuspension, ResumeType
 
 logger = logging.getLogger("agent_runner")
 
+S = AgentTurnStatus
+
 DEADLINE_BATCH = 500
 """Most turns one deadline sweep handles (`AgentRunner.apply_due_deadlines`)."""
+
+
+def suspend(ctx: RunnerContext, turn: AgentTurn, suspension: AgentSuspension) -> AgentTurn:
+    """Suspend a READY or RUNNING turn with a custom suspension (see `AgentRunner.suspend`).
+
+    Raises:
+        InvalidTransitionError: The turn is not READY or RUNNING.
+        TurnError: A tool call of the turn is unanswered.
+    """
+    if turn.status not in (S.READY, S.RUNNING):
+        raise InvalidTransitionError(turn.status, machine.SUSPENSION_STATUS[suspension.type], {S.READY, S.RUNNING})
+    if turn.pending_tool_calls:
+        # A user message cannot sit between a tool call and its result: the model API
+        # would reject the history. Suspend before the model step or after the tools ran.
+        raise TurnError(
+            f"turn {turn.id!r} has {len(turn.pending_tool_calls)} unanswered tool call(s); "
+            "it can be suspended only when no tool call is pending"
+        )
+    suspended = machine.apply_suspension(turn, machine.Suspend(suspension, None), ctx.clock(), count_step=False)
+    return save(ctx, suspended, turn.version, suspended_event(ctx, suspended))
 
 
 def apply_resume(ctx: RunnerContext, turn_id: str, command: AgentResumeCommand) -> AgentTurn:
