@@ -9,7 +9,6 @@ person, a child turn or a delayed retry, and is resumed from any process.
 from agent_runner.agent import Agent, InMemoryAgentLoader
 from agent_runner.errors import (
     AgentConversationBusyException,
-    AgentFormRequiredException,
     AgentNotFound,
     AgentRunnerError,
     DefinitionError,
@@ -39,7 +38,7 @@ from agent_runner.events import (
     AgentEventType,
 )
 from agent_runner.feed import EventFeed
-from agent_runner.forms import AgentFormDefinition
+from agent_runner.forms import AgentFormDefinition, AgentFormRequiredException
 from agent_runner.in_memory import (
     InMemoryAgentTurnStore,
     InMemoryChatMemory,

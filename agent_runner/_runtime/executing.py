@@ -24,12 +24,12 @@ from agent_runner._runtime.saving import carried_events, carry, emit, save, susp
 from agent_runner._runtime.streaming import CancelledMidCall, DeltaSink
 from agent_runner.agent import Agent
 from agent_runner.errors import (
-    AgentFormRequiredException,
     DefinitionError,
     FormProtocolError,
     ToolError,
     VersionConflictError,
 )
+from agent_runner.forms import AgentFormRequiredException
 from agent_runner.limits import bounded_text, storable_text
 from agent_runner.messages import AiMessage, ModelMessage, SystemMessage, ToolCall
 from agent_runner.middleware import chain

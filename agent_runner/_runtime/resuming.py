@@ -19,7 +19,7 @@ from agent_runner.errors import (
     TurnError,
     TurnNotFound,
 )
-from agent_runner.limits import check_resume_input
+from agent_runner.limits import InputLimits, check_id, check_json, check_metadata, check_reference, check_text
 from agent_runner.persistence import DeadlineSource
 from agent_runner.snapshot import AgentTurn, AgentTurnStatus
 from agent_runner.suspensions import AgentResumeCommand, AgentSuspension, ResumeType
@@ -58,7 +58,7 @@ def apply_resume(ctx: RunnerContext, turn_id: str, command: AgentResumeCommand) 
     Raises:
         InvalidResumeCommand: The command does not fit the turn's suspension; nothing changed.
     """
-    check_resume_input(ctx.policy.limits, turn_id, command)
+    _check_resume_input(ctx.policy.limits, turn_id, command)
     if command.type is ResumeType.CHILD_COMPLETED:
         turn = ctx.turn_store.load(turn_id)
         try:
@@ -83,6 +83,27 @@ def apply_resume(ctx: RunnerContext, turn_id: str, command: AgentResumeCommand) 
         return save(ctx, machine.apply_resume(turn, command, ctx.clock(), edit_schema=schema), turn.version, event)
 
     return retry_on_conflict(turn_id, attempt)
+
+
+def _check_resume_input(limits: InputLimits, turn_id: object, command: AgentResumeCommand) -> None:
+    """Check a resume command and the turn id it names, before the turn is loaded.
+
+    Raises:
+        InputLimitError: A value over its limit, or a turn id outside the id rules.
+        InvalidTextError: Text that cannot be stored.
+    """
+    check_id(turn_id, "turn_id", limits)
+    if command.tool_call_id is not None:
+        check_reference(command.tool_call_id, "tool_call_id", limits)
+    if command.child_turn_id is not None:
+        check_id(command.child_turn_id, "child_turn_id", limits)
+    if command.content is not None:
+        check_text(command.content, "content", limits.max_message_bytes)
+    if command.reason is not None:
+        check_text(command.reason, "reason", limits.max_message_bytes)
+    if command.data is not None:
+        check_json(command.data, "form data", max_bytes=limits.max_form_data_bytes, max_depth=limits.max_json_depth)
+    check_metadata(limits, command.metadata, "resume metadata")
 
 
 def _edited_tool_schema(ctx: RunnerContext, turn: AgentTurn, command: AgentResumeCommand) -> dict[str, Any] | None:
