@@ -125,6 +125,10 @@ class AgentRunner:
         """Wrappers of model calls, tool calls and steps, the first outermost (a list: add to it in place)."""
         return self._ctx.middleware
 
+    @middleware.setter
+    def middleware(self, middleware: list[Middleware]) -> None:
+        self._ctx.middleware = middleware
+
     @property
     def clock(self) -> Callable[[], datetime]:
         """Returns the current UTC time."""
