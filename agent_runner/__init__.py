@@ -6,11 +6,9 @@ snapshot at every stable boundary, suspends without holding a thread when it nee
 person, a child turn or a delayed retry, and is resumed from any process.
 """
 
-from agent_runner._stepping import AdvanceResult, StopReason
 from agent_runner.agent import Agent, InMemoryAgentLoader
 from agent_runner.errors import (
     AgentConversationBusyException,
-    AgentFormRequiredException,
     AgentNotFound,
     AgentRunnerError,
     DefinitionError,
@@ -40,7 +38,7 @@ from agent_runner.events import (
     AgentEventType,
 )
 from agent_runner.feed import EventFeed
-from agent_runner.forms import AgentFormDefinition
+from agent_runner.forms import AgentFormDefinition, AgentFormRequiredException
 from agent_runner.in_memory import (
     InMemoryAgentTurnStore,
     InMemoryChatMemory,
@@ -79,7 +77,8 @@ from agent_runner.persistence import (
     TurnRef,
 )
 from agent_runner.policy import AgentExecutionPolicy, Budget, RetryPolicy
-from agent_runner.runner import AgentRunner, AgentStepResult
+from agent_runner.results import AdvanceResult, AgentStepResult, StopReason
+from agent_runner.runner import AgentRunner
 from agent_runner.snapshot import AgentTurn, AgentTurnStatus, ChildLink, PageAction
 from agent_runner.suspensions import (
     AgentResumeCommand,

@@ -8,10 +8,7 @@ workers read to decide whether a delivery is worth retrying.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, ClassVar
-
-if TYPE_CHECKING:
-    from agent_runner.forms import AgentFormDefinition
+from typing import Any, ClassVar
 
 
 class AgentRunnerError(Exception):
@@ -129,19 +126,6 @@ class FormProtocolError(TurnError):
             f"tool call {tool_call_id!r} of turn {turn_id!r} requested form {form_key!r} again after its data "
             "was submitted; a tool may request a form at most once per call"
         )
-
-
-class AgentFormRequiredException(AgentRunnerError):
-    """Raised by a tool, before any side effect, to ask the user for a form.
-
-    The runner suspends the turn for user input; when the data is submitted the tool runs
-    again from its start and reads it with `AgentToolContext.current().get_submitted_form_data()`.
-    """
-
-    def __init__(self, form: AgentFormDefinition, message: str | None = None) -> None:
-        self.form = form
-        self.message = message or form.description or f"please fill in the form {form.key!r}"
-        super().__init__(f"the tool needs the form {form.key!r} to be filled in")
 
 
 class ToolError(AgentRunnerError):

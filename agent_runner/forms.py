@@ -1,4 +1,4 @@
-"""Form definitions and validation of submitted form data against a frozen JSON Schema."""
+"""Forms: their definitions, validation of submitted data against a frozen JSON Schema, the request a tool raises."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 import jsonschema
 from jsonschema.exceptions import SchemaError
 
-from agent_runner.errors import DefinitionError, InputLimitError
+from agent_runner.errors import AgentRunnerError, DefinitionError, InputLimitError
 from agent_runner.limits import DEFAULT_LIMITS, check_json
 
 FORM_KEY_PATTERN = r"^[A-Za-z0-9_.:-]{1,128}$"
@@ -140,3 +140,16 @@ def _describe(error: jsonschema.ValidationError) -> FormDataError:
         if isinstance(missing, str):
             parts.append(missing)
     return FormDataError(text, _pointer(parts), error.message)
+
+
+class AgentFormRequiredException(AgentRunnerError):
+    """Raised by a tool, before any side effect, to ask the user for a form.
+
+    The runner suspends the turn for user input; when the data is submitted the tool runs
+    again from its start and reads it with `AgentToolContext.current().get_submitted_form_data()`.
+    """
+
+    def __init__(self, form: AgentFormDefinition, message: str | None = None) -> None:
+        self.form = form
+        self.message = message or form.description or f"please fill in the form {form.key!r}"
+        super().__init__(f"the tool needs the form {form.key!r} to be filled in")

@@ -26,7 +26,6 @@ from agent_runner.errors import InputLimitError, InvalidTextError
 
 if TYPE_CHECKING:
     from agent_runner.messages import ToolCall
-    from agent_runner.suspensions import AgentResumeCommand
 
 KIB = 1024
 MIB = 1024 * KIB
@@ -384,27 +383,6 @@ def check_turn_input(
         check_metadata(limits, metadata, "metadata")
     for index, earlier in enumerate(history or ()):
         check_message(limits, earlier, f"history[{index}]")
-
-
-def check_resume_input(limits: InputLimits, turn_id: object, command: AgentResumeCommand) -> None:
-    """Check a resume command and the turn id it names, before the turn is loaded.
-
-    Raises:
-        InputLimitError: A value over its limit, or a turn id outside the id rules.
-        InvalidTextError: Text that cannot be stored.
-    """
-    check_id(turn_id, "turn_id", limits)
-    if command.tool_call_id is not None:
-        check_reference(command.tool_call_id, "tool_call_id", limits)
-    if command.child_turn_id is not None:
-        check_id(command.child_turn_id, "child_turn_id", limits)
-    if command.content is not None:
-        check_text(command.content, "content", limits.max_message_bytes)
-    if command.reason is not None:
-        check_text(command.reason, "reason", limits.max_message_bytes)
-    if command.data is not None:
-        check_json(command.data, "form data", max_bytes=limits.max_form_data_bytes, max_depth=limits.max_json_depth)
-    check_metadata(limits, command.metadata, "resume metadata")
 
 
 def check_metadata(limits: InputLimits, metadata: object, field: str = "metadata") -> None:

@@ -15,7 +15,7 @@ from agent_runner.messages import ToolCall
 from agent_runner.models import ChatRequest, ChatResponse
 
 if TYPE_CHECKING:
-    from agent_runner.runner import AgentStepResult
+    from agent_runner.results import AgentStepResult
     from agent_runner.snapshot import AgentTurn
 
 T = TypeVar("T")

@@ -5,16 +5,13 @@ from __future__ import annotations
 import random
 import string
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 from pydantic import Field, field_validator, model_validator
 
 from agent_runner._base import PositionalModel
 from agent_runner.errors import DefinitionError, RecoverableError
 from agent_runner.limits import InputLimits
-
-if TYPE_CHECKING:
-    from agent_runner.agent import Agent
 
 TEMPLATE_FIELDS = frozenset({"reason", "turn_id", "tool_call_id", "tool_name"})
 
@@ -98,6 +95,18 @@ def _check_template(value: str, allowed: frozenset[str], what: str) -> str:
     return value
 
 
+class RetryConfigured(Protocol):
+    """What `AgentExecutionPolicy.retry_for` reads of an agent (an `Agent` is one)."""
+
+    @property
+    def id(self) -> str:
+        """The agent's id, which `retry_overrides` is keyed by."""
+
+    @property
+    def retry(self) -> RetryPolicy | None:
+        """The agent's own retry schedule (None: the policy's `retry`)."""
+
+
 class AgentExecutionPolicy(PositionalModel):
     """Limits and texts that apply to every turn a runner executes.
 
@@ -157,7 +166,7 @@ class AgentExecutionPolicy(PositionalModel):
             _override(RetryPolicy(), fields, agent_id)  # every field valid on its own
         return value
 
-    def retry_for(self, agent: Agent) -> RetryPolicy:
+    def retry_for(self, agent: RetryConfigured) -> RetryPolicy:
         """The retry schedule of `agent`'s calls: its overrides over `agent.retry`, else over `retry`."""
         base = agent.retry or self.retry
         fields = self.retry_overrides.get(agent.id)

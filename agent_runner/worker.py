@@ -36,12 +36,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from agent_runner._stepping import StopReason
 from agent_runner.errors import AgentRunnerError, TurnNotFound
 from agent_runner.ids import new_id
 from agent_runner.in_memory import InMemoryTurnLease
 from agent_runner.leasing import HeldLease, LeaseKeeper
 from agent_runner.persistence import AgentTurnStore, DeadlineSource, TurnLease
+from agent_runner.results import StopReason
 from agent_runner.runner import AgentRunner
 from agent_runner.snapshot import AgentTurn, AgentTurnStatus
 

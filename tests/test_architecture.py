@@ -60,3 +60,18 @@ def test_every_public_name_imports_from_the_package_root() -> None:
         AgentActionMessage AgentFormMessage ActionStatus ToolSpec AgentTurnStore AgentLoader ChatMemory
         ChatMemoryProvider""".split()
     assert [n for n in design_names if not hasattr(agent_runner, n)] == []
+
+
+def test_the_core_has_no_import_cycle() -> None:
+    from tests.helpers.shape import cycles
+
+    assert [group for group in cycles() if group[0].startswith("agent_runner")] == []
+
+
+def test_the_runners_collaborators_do_not_import_the_runner() -> None:
+    # They work on a RunnerContext; the runner module only wires them together.
+    from tests.helpers.shape import import_graph
+
+    graph = import_graph()
+    importers = sorted(m for m, targets in graph.items() if "agent_runner.runner" in targets)
+    assert [m for m in importers if m.startswith(("agent_runner._runtime", "agent_runner.middleware"))] == []

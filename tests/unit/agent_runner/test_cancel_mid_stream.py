@@ -17,7 +17,7 @@ from agent_runner import (
     ChatResponse,
     InMemoryAgentTurnStore,
 )
-from agent_runner import runner as runner_module
+from agent_runner._runtime.streaming import DeltaSink
 from tests.unit.agent_runner.turn_kit import EventLog
 
 
@@ -41,7 +41,7 @@ class StreamingModel:
 
 
 def test_a_cancel_mid_stream_abandons_the_stream_and_ends_the_turn(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(runner_module._DeltaSink, "CANCEL_CHECK_S", 0.01)
+    monkeypatch.setattr(DeltaSink, "CANCEL_CHECK_S", 0.01)
     store = InMemoryAgentTurnStore()
     runner = AgentRunner(turn_store=store)
     events = EventLog()
@@ -68,7 +68,7 @@ def test_a_cancel_mid_stream_abandons_the_stream_and_ends_the_turn(monkeypatch: 
 
 
 def test_without_a_cancel_the_stream_runs_to_the_end(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(runner_module._DeltaSink, "CANCEL_CHECK_S", 0.0)
+    monkeypatch.setattr(DeltaSink, "CANCEL_CHECK_S", 0.0)
     runner = AgentRunner()
     model = StreamingModel(chunks=20, pause=0)
     turn = runner.run(Agent(id="talker", chat_model=model), "hi")

@@ -1,7 +1,7 @@
 """The stepping core: advance one turn under a lease until it blocks or a budget runs out.
 
-Every path that moves a turn forward comes through `advance`: `AgentRunner.run_until_blocked`
-(and so `run` and `resume`), the embedded `AgentWorker`, and the Celery `step_turn` task.
+Every path that moves a turn forward comes through `advance`: `run_until_blocked` (and so
+`AgentRunner.run` and `resume`), the embedded `AgentWorker`, and the Celery `step_turn` task.
 The rules live here once:
 
 - the first step may be a retry that has come due; after it only READY and RUNNING turns
@@ -24,55 +24,16 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from enum import StrEnum
-from typing import TYPE_CHECKING
 
+from agent_runner._runtime.context import RunnerContext
+from agent_runner._runtime.endings import cancel_quietly, child_ended, step_failed
+from agent_runner._runtime.executing import step
+from agent_runner._runtime.reentry import driving
 from agent_runner.errors import LeaseLostError, VersionConflictError
+from agent_runner.results import AdvanceResult, StopReason
 from agent_runner.snapshot import RUNNABLE_STATUSES, AgentTurn, AgentTurnStatus
 
-if TYPE_CHECKING:
-    from agent_runner.runner import AgentRunner
-
 logger = logging.getLogger("agent_runner")
-
-
-class StopReason(StrEnum):
-    """Why `AgentRunner.advance` stopped stepping a turn."""
-
-    BLOCKED = "blocked"
-    """The turn waits for a person, child turns or its retry time."""
-    ENDED = "ended"
-    """The turn reached a terminal status."""
-    BUDGET = "budget"
-    """The step or time budget ran out; the turn is still runnable."""
-    STOPPED = "stopped"
-    """`may_continue` said no: the lease is no longer safely held, or the worker is stopping."""
-    LEASE_LOST = "lease-lost"
-    """A save was refused by the fence: another holder has taken the turn over."""
-    CONFLICT = "conflict"
-    """Someone else saved the turn first (a resume, a cancel); the result holds their snapshot."""
-    FAILED = "failed"
-    """A step raised; the turn stays as last saved (with the failure counted) and `error`
-    holds the exception. When that failure was one too many, the turn has ended FAILED and
-    the reason is ENDED instead, with `error` still set."""
-
-
-@dataclass(frozen=True)
-class AdvanceResult:
-    """What one `AgentRunner.advance` call did.
-
-    Attributes:
-        turn: The newest snapshot known after the last step.
-        steps: Steps that saved a new snapshot.
-        stopped: Why stepping stopped.
-        error: The exception behind FAILED and LEASE_LOST, else None.
-    """
-
-    turn: AgentTurn
-    steps: int
-    stopped: StopReason
-    error: Exception | None = None
 
 
 def _always() -> bool:
@@ -87,7 +48,7 @@ def _fenced(turn: AgentTurn, fence: int | None) -> AgentTurn:
 
 
 def advance(
-    runner: AgentRunner,
+    ctx: RunnerContext,
     turn: AgentTurn,
     *,
     fence: int | None = None,
@@ -96,14 +57,14 @@ def advance(
     may_continue: Callable[[], bool] = _always,
 ) -> AdvanceResult:
     """Step `turn` until it blocks or ends, or a budget or the lease runs out (see the module docstring)."""
-    clock = runner.clock
+    clock = ctx.clock
     steps = 0
     first = True
     error: Exception | None = None
-    with runner._driving(turn.id):
+    with driving(ctx, turn.id):
         while True:
             if turn.cancel_requested and not turn.is_terminal and not turn.is_runnable(clock()):
-                turn = runner._cancel_quietly(turn.id) or turn
+                turn = cancel_quietly(ctx, turn.id) or turn
                 stopped = StopReason.ENDED if turn.is_terminal else StopReason.BLOCKED
                 break
             if not (turn.status in RUNNABLE_STATUSES or (first and turn.is_runnable(clock()))):
@@ -119,7 +80,7 @@ def advance(
                 break
             first = False
             try:
-                result = runner.step(_fenced(turn, fence))
+                result = step(ctx, _fenced(turn, fence))
             except LeaseLostError as exc:
                 logger.warning("turn %s moved on under a newer lease; leaving it", turn.id)
                 stopped, error = StopReason.LEASE_LOST, exc
@@ -128,7 +89,7 @@ def advance(
                 # Every save is atomic: the turn stays as last saved, and the caller decides
                 # when it is tried again, unless it failed this way too often in a row.
                 stopped, error = StopReason.FAILED, exc
-                turn = runner._step_failed(_fenced(turn, fence), exc)
+                turn = step_failed(ctx, _fenced(turn, fence), exc)
                 if turn.is_terminal:
                     stopped = StopReason.ENDED
                 break
@@ -138,7 +99,30 @@ def advance(
                 break
             steps += 1
             if turn.status is AgentTurnStatus.WAITING_FOR_CHILD:
-                turn = runner._execution.children_waiting(turn)
+                turn = ctx.execution.children_waiting(turn)
     if turn.is_terminal and turn.parent_turn_id is not None:
-        runner._children.child_ended(turn)
+        child_ended(ctx, turn)
     return AdvanceResult(turn=turn, steps=steps, stopped=stopped, error=error)
+
+
+def run_until_blocked(ctx: RunnerContext, turn: AgentTurn) -> AgentTurn:
+    """Step the turn in this thread until it waits or ends (see `AgentRunner.run_until_blocked`)."""
+    scope = ctx.lease_scope
+    if scope is None or not turn.is_runnable(ctx.clock()):
+        return _raise_failure(advance(ctx, turn))
+    # Workers poll the store for READY and RUNNING turns: stepping here without the
+    # lease could call the model or a tool twice, once here and once on a worker.
+    with scope(turn.id) as held:
+        if held is None:
+            return ctx.turn_store.load(turn.id)
+        # The snapshot passed in may predate a holder that worked on the turn while this
+        # thread waited for the lease; continue from the stored one, under our fence.
+        current = ctx.turn_store.load(turn.id)
+        return _raise_failure(advance(ctx, current, fence=held.fence))
+
+
+def _raise_failure(result: AdvanceResult) -> AgentTurn:
+    """The turn of an in-thread run; a step's exception reaches the caller, as from any call."""
+    if result.error is not None and result.stopped in (StopReason.FAILED, StopReason.LEASE_LOST):
+        raise result.error
+    return result.turn
