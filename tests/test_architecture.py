@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import ast
+import json
 import subprocess
 import sys
 from pathlib import Path
 
+from tests.helpers import shape
+
 ROOT = Path(__file__).resolve().parents[1]
 FORBIDDEN_IN_CORE = {"store", "workers", "celery", "kombu", "redis", "sqlalchemy", "psycopg", "alembic"}
 FORBIDDEN_IN_STORE = {"workers", "celery", "kombu"}
+RUNNER_FACADE_LINES = 400
 
 
 def _imports(package: str) -> list[tuple[Path, str]]:
@@ -62,16 +66,56 @@ def test_every_public_name_imports_from_the_package_root() -> None:
     assert [n for n in design_names if not hasattr(agent_runner, n)] == []
 
 
-def test_the_core_has_no_import_cycle() -> None:
-    from tests.helpers.shape import cycles
+def test_the_exported_names_are_the_pinned_ones() -> None:
+    # A public name added or removed is a decision: make it here too (tests/public_names.json).
+    import agent_runner
+    import store
+    import workers
 
-    assert [group for group in cycles() if group[0].startswith("agent_runner")] == []
+    pinned = json.loads((ROOT / "tests" / "public_names.json").read_text())
+    exported = {"agent_runner": agent_runner.__all__, "store": store.__all__, "workers": workers.__all__}
+    assert {package: sorted(names) for package, names in exported.items()} == pinned
+    assert all(len(set(names)) == len(names) for names in exported.values())
+
+
+def test_no_module_is_over_the_size_budget() -> None:
+    # A module past the budget has taken a second job: give that job a module of its own.
+    assert shape.oversized() == {}
+
+
+def test_the_runner_module_is_only_the_facade() -> None:
+    lines = len((ROOT / "agent_runner" / "runner.py").read_text().splitlines())
+    assert lines <= RUNNER_FACADE_LINES
+
+
+def test_no_import_cycle_between_modules() -> None:
+    # Module-level imports, TYPE_CHECKING ones included: a cycle ties modules however it is hidden.
+    assert shape.cycles() == []
+
+
+def test_store_and_workers_import_no_private_core_module() -> None:
+    assert shape.private_core_imports() == []
 
 
 def test_the_runners_collaborators_do_not_import_the_runner() -> None:
     # They work on a RunnerContext; the runner module only wires them together.
-    from tests.helpers.shape import import_graph
-
-    graph = import_graph()
+    graph = shape.import_graph()
     importers = sorted(m for m, targets in graph.items() if "agent_runner.runner" in targets)
     assert [m for m in importers if m.startswith(("agent_runner._runtime", "agent_runner.middleware"))] == []
+
+
+def test_the_shape_checks_see_what_they_look_for(tmp_path: Path) -> None:
+    # Given a package with a cycle hidden under TYPE_CHECKING, a long module, and a private core import
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "a.py").write_text("from pkg.b import B\n")
+    (package / "b.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg import a\nB = 1\n" + "x = 1\n" * 700
+    )
+    (package / "c.py").write_text("from agent_runner._base import FrozenModel\nfrom . import a\n")
+    # Then each check finds it
+    assert shape.cycles(("pkg",), tmp_path) == [["pkg.a", "pkg.b"]]
+    assert shape.oversized(packages=("pkg",), root=tmp_path) == {"pkg/b.py": 704}
+    assert shape.private_core_imports(("pkg",), tmp_path) == [("pkg.c", "agent_runner._base")]
+    assert shape.import_graph(("pkg",), tmp_path)["pkg.c"] == {"pkg.a"}

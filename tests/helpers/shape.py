@@ -16,23 +16,23 @@ MAX_MODULE_LINES = 700
 EXEMPT_FROM_SIZE = ("store/migrations/",)
 
 
-def modules(packages: tuple[str, ...] = PACKAGES) -> dict[str, Path]:
-    """Every module of the packages by dotted name (a package by its own name)."""
+def modules(packages: tuple[str, ...] = PACKAGES, root: Path = ROOT) -> dict[str, Path]:
+    """Every module of the packages under `root` by dotted name (a package by its own name)."""
     found: dict[str, Path] = {}
     for package in packages:
-        for path in sorted((ROOT / package).rglob("*.py")):
-            parts = list(path.relative_to(ROOT).with_suffix("").parts)
+        for path in sorted((root / package).rglob("*.py")):
+            parts = list(path.relative_to(root).with_suffix("").parts)
             if parts[-1] == "__init__":
                 parts.pop()
             found[".".join(parts)] = path
     return found
 
 
-def oversized(limit: int = MAX_MODULE_LINES) -> dict[str, int]:
+def oversized(limit: int = MAX_MODULE_LINES, packages: tuple[str, ...] = PACKAGES, root: Path = ROOT) -> dict[str, int]:
     """Modules longer than `limit` lines (migrations aside) -> their length."""
     out: dict[str, int] = {}
-    for path in modules().values():
-        relative = path.relative_to(ROOT).as_posix()
+    for path in modules(packages, root).values():
+        relative = path.relative_to(root).as_posix()
         if relative.startswith(EXEMPT_FROM_SIZE):
             continue
         lines = len(path.read_text().splitlines())
@@ -64,9 +64,9 @@ def _module_level_imports(tree: ast.Module) -> Iterator[ast.Import | ast.ImportF
                     stack.extend(handler.body)
 
 
-def import_graph() -> dict[str, set[str]]:
-    """Module -> the modules of the three packages it imports at module level."""
-    known = modules()
+def import_graph(packages: tuple[str, ...] = PACKAGES, root: Path = ROOT) -> dict[str, set[str]]:
+    """Module -> the modules of the packages it imports at module level."""
+    known = modules(packages, root)
     graph: dict[str, set[str]] = {name: set() for name in known}
     for name, path in known.items():
         tree = ast.parse(path.read_text(), filename=str(path))
@@ -86,9 +86,9 @@ def import_graph() -> dict[str, set[str]]:
     return graph
 
 
-def cycles() -> list[list[str]]:
+def cycles(packages: tuple[str, ...] = PACKAGES, root: Path = ROOT) -> list[list[str]]:
     """The strongly connected groups of more than one module (each an import cycle), sorted."""
-    graph = import_graph()
+    graph = import_graph(packages, root)
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     on_stack: set[str] = set()
@@ -125,10 +125,10 @@ def cycles() -> list[list[str]]:
     return sorted(groups)
 
 
-def private_core_imports() -> list[tuple[str, str]]:
-    """(module, imported) for each import of a private `agent_runner._*` module from `store` or `workers`."""
+def private_core_imports(packages: tuple[str, ...] = ("store", "workers"), root: Path = ROOT) -> list[tuple[str, str]]:
+    """(module, imported) for each import of a private `agent_runner._*` module from the packages (`store`, `workers`)."""
     out: list[tuple[str, str]] = []
-    for name, path in modules(("store", "workers")).items():
+    for name, path in modules(packages, root).items():
         tree = ast.parse(path.read_text(), filename=str(path))
         for node in ast.walk(tree):
             names: list[str] = []
