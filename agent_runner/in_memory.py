@@ -42,6 +42,13 @@ def _ref(turn: AgentTurn) -> TurnRef:
     return TurnRef(turn.id, turn.version, turn.status, turn.updated_at, turn.next_retry_at, turn.cancel_requested)
 
 
+def _read_start(
+    root_turn_id: str | None, conversation_id: str | None, after: str | None
+) -> tuple[tuple[str, str], int]:
+    """The scope a read of events names and the position it starts after (0: from the first)."""
+    return event_scope(root_turn_id, conversation_id), 0 if after is None else parse_position(after, 1)[0]
+
+
 class InMemoryAgentTurnStore:
     """A thread-safe `AgentTurnStore` and `EventLog` in this process's memory.
 
@@ -128,8 +135,7 @@ class InMemoryAgentTurnStore:
         limit: int = DEFAULT_EVENT_PAGE,
     ) -> list[AgentEvent]:
         """Return up to `limit` durable events of a turn tree or a conversation after `after`; see `EventLog`."""
-        scope = event_scope(root_turn_id, conversation_id)
-        start = 0 if after is None else parse_position(after, 1)[0]
+        scope, start = _read_start(root_turn_id, conversation_id, after)
         if limit <= 0:
             return []
         with self._lock:
@@ -419,8 +425,7 @@ class InMemoryLiveEvents:
         limit: int = DEFAULT_EVENT_PAGE,
     ) -> list[AgentEvent]:
         """Return up to `limit` kept events of the scope published after `after`; see `LiveEventChannel`."""
-        scope = event_scope(root_turn_id, conversation_id)
-        start = 0 if after is None else parse_position(after, 1)[0]
+        scope, start = _read_start(root_turn_id, conversation_id, after)
         with self._changed:
             return self._after(scope, start, limit)
 
@@ -433,8 +438,7 @@ class InMemoryLiveEvents:
         timeout: float,
     ) -> list[AgentEvent]:
         """Return the kept events after `after`, waiting up to `timeout` seconds for one; see `LiveEventChannel`."""
-        scope = event_scope(root_turn_id, conversation_id)
-        start = 0 if after is None else parse_position(after, 1)[0]
+        scope, start = _read_start(root_turn_id, conversation_id, after)
         deadline = time.monotonic() + max(timeout, 0.0)
         with self._changed:
             while True:

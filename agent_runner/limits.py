@@ -116,11 +116,7 @@ def check_id(value: object, field: str, limits: InputLimits = DEFAULT_LIMITS) ->
             surrogates included).
     """
     allowed = f"1 to {limits.max_id_length} characters of [{ID_CHARACTERS}]"
-    text = _string(value, field, allowed)
-    if not text:
-        raise InputLimitError(field, allowed, "an empty string")
-    if len(text) > limits.max_id_length:
-        raise InputLimitError(field, allowed, f"{len(text)} characters")
+    text = _sized_string(value, field, allowed, limits.max_id_length)
     if not _ID.fullmatch(text):
         bad = _NOT_ID.search(text)
         assert bad is not None  # the full match failed, so some character is outside the set
@@ -212,11 +208,7 @@ def check_reference(value: object, field: str, limits: InputLimits = DEFAULT_LIM
         InvalidTextError: A NUL character or a lone surrogate.
     """
     allowed = f"1 to {limits.max_id_length} characters"
-    text = _string(value, field, allowed)
-    if not text:
-        raise InputLimitError(field, allowed, "an empty string")
-    if len(text) > limits.max_id_length:
-        raise InputLimitError(field, allowed, f"{len(text)} characters")
+    text = _sized_string(value, field, allowed, limits.max_id_length)
     check_storable(text, field)
     return text
 
@@ -477,6 +469,16 @@ def _string(value: object, field: str, allowed: str) -> str:
     if not isinstance(value, str):
         raise InputLimitError(field, allowed, _kind(value))
     return value
+
+
+def _sized_string(value: object, field: str, allowed: str, max_length: int) -> str:
+    """`value` as a string of 1 to `max_length` characters."""
+    text = _string(value, field, allowed)
+    if not text:
+        raise InputLimitError(field, allowed, "an empty string")
+    if len(text) > max_length:
+        raise InputLimitError(field, allowed, f"{len(text)} characters")
+    return text
 
 
 def _kind(value: object) -> str:

@@ -14,9 +14,8 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from agent_runner.errors import InvalidCursor, InvalidEventQuery
 from agent_runner.events import AgentEvent
-from agent_runner.ids import utcnow
 from agent_runner.messages import AnyMessage, ModelMessage
-from agent_runner.snapshot import RUNNABLE_STATUSES, AgentTurn, AgentTurnStatus
+from agent_runner.snapshot import AgentTurn, AgentTurnStatus, is_runnable
 
 if TYPE_CHECKING:
     from agent_runner.agent import Agent
@@ -35,11 +34,7 @@ class TurnRef:
 
     def is_runnable(self, now: datetime | None = None) -> bool:
         """Whether a worker may step the turn now (the same rule as `AgentTurn.is_runnable`)."""
-        if self.status in RUNNABLE_STATUSES:
-            return True
-        if self.status is AgentTurnStatus.RETRY_SCHEDULED:
-            return self.next_retry_at is None or self.next_retry_at <= (now or utcnow())
-        return False
+        return is_runnable(self.status, self.next_retry_at, now)
 
 
 @runtime_checkable

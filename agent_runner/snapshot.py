@@ -68,6 +68,15 @@ RUNNABLE_STATUSES = frozenset({AgentTurnStatus.READY, AgentTurnStatus.RUNNING})
 """Statuses a worker may step right away (RETRY_SCHEDULED becomes runnable at `next_retry_at`)."""
 
 
+def is_runnable(status: AgentTurnStatus, next_retry_at: datetime | None, now: datetime | None = None) -> bool:
+    """Whether a worker may step a turn in `status` now (a scheduled retry once `next_retry_at` has come)."""
+    if status in RUNNABLE_STATUSES:
+        return True
+    if status is AgentTurnStatus.RETRY_SCHEDULED:
+        return next_retry_at is None or next_retry_at <= (now or utcnow())
+    return False
+
+
 class ChildLink(FrozenModel):
     """A child turn created for one delegation call of this turn."""
 
@@ -185,8 +194,4 @@ class AgentTurn(FrozenModel):
 
     def is_runnable(self, now: datetime | None = None) -> bool:
         """Whether a worker may step the turn now."""
-        if self.status in RUNNABLE_STATUSES:
-            return True
-        if self.status is AgentTurnStatus.RETRY_SCHEDULED:
-            return self.next_retry_at is None or self.next_retry_at <= (now or utcnow())
-        return False
+        return is_runnable(self.status, self.next_retry_at, now)

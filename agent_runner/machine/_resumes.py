@@ -17,7 +17,7 @@ from agent_runner.machine._plans import FORM_SOURCE_TOOL
 from agent_runner.machine._results import apply_tool_result
 from agent_runner.machine._transitions import TRANSITIONS, S, transition
 from agent_runner.messages import ActionStatus, ToolCall, UserMessage
-from agent_runner.snapshot import AgentTurn
+from agent_runner.snapshot import AgentTurn, PageAction
 from agent_runner.suspensions import (
     AgentResumeCommand,
     AgentSuspension,
@@ -150,20 +150,9 @@ def _submit_form(r: _Resume, call: ToolCall, data: dict[str, Any]) -> AgentTurn:
     actions = decide_action(turn, call.id, ActionStatus.SUBMITTED, r.command, now)
     if suspension.metadata.get("form_source") == FORM_SOURCE_TOOL:
         # The tool runs again from its start and reads the data from its context.
-        return transition(
-            turn,
-            S.RUNNING,
-            now,
-            suspension=None,
-            phase=Phase.TOOLS,
-            form_data={**turn.form_data, call.id: dict(data)},
-            page_actions=actions,
-        )
-    resumed = transition(turn, S.RUNNING, now, suspension=None, page_actions=actions)
+        return _run_call(turn, now, actions, form_data={**turn.form_data, call.id: dict(data)})
     content = json.dumps(data, ensure_ascii=False, sort_keys=False)
-    resumed, _ = apply_tool_result(resumed, call, content, False, now)
-    # Writing the answer is part of the resume, not a step of the turn.
-    return resumed.model_copy(update={"steps": turn.steps})
+    return _answer_call(turn, call, content, False, now, actions)
 
 
 def _approve(r: _Resume) -> AgentTurn:
@@ -182,8 +171,27 @@ def _tool_result(r: _Resume) -> AgentTurn:
     call = _check_call_id(turn, r.suspension, command)
     started = [c for c in turn.started_call_ids if c != call.id]
     actions = decide_action(turn, call.id, ActionStatus.SUBMITTED, command, now, noted_reason(command))
-    resumed = transition(turn, S.RUNNING, now, suspension=None, page_actions=actions, started_call_ids=started)
-    resumed, _ = apply_tool_result(resumed, call, command.content or "", False, now)
+    return _answer_call(turn, call, command.content or "", False, now, actions, started_call_ids=started)
+
+
+def _run_call(turn: AgentTurn, now: datetime, actions: list[PageAction], **changes: Any) -> AgentTurn:
+    """Resume `turn` in the tools phase, where the waiting call runs (again, from its start)."""
+    return transition(turn, S.RUNNING, now, suspension=None, phase=Phase.TOOLS, page_actions=actions, **changes)
+
+
+def _answer_call(
+    turn: AgentTurn,
+    call: ToolCall,
+    content: str,
+    is_error: bool,
+    now: datetime,
+    actions: list[PageAction],
+    **changes: Any,
+) -> AgentTurn:
+    """Resume `turn` with `content` as the result of the waiting `call`."""
+    resumed = transition(turn, S.RUNNING, now, suspension=None, page_actions=actions, **changes)
+    resumed, _ = apply_tool_result(resumed, call, content, is_error, now)
+    # Writing the answer is part of the resume, not a step of the turn.
     return resumed.model_copy(update={"steps": turn.steps})
 
 
@@ -220,27 +228,19 @@ def _decide_approval(turn: AgentTurn, call: ToolCall, approved: bool, r: _Resume
     started = [c for c in turn.started_call_ids if c != call.id]
     if approved:
         # For an unknown outcome, approving means "run it again": a person took the risk.
-        return transition(
-            turn,
-            S.RUNNING,
-            now,
-            suspension=None,
-            phase=Phase.TOOLS,
-            approved_call_ids=[*turn.approved_call_ids, call.id],
-            started_call_ids=started,
-            page_actions=decide_action(turn, call.id, ActionStatus.APPROVED, command, now, noted_reason(command)),
+        actions = decide_action(turn, call.id, ActionStatus.APPROVED, command, now, noted_reason(command))
+        return _run_call(
+            turn, now, actions, approved_call_ids=[*turn.approved_call_ids, call.id], started_call_ids=started
         )
     reason = command.reason or "rejected by the user"
     actions = decide_action(turn, call.id, ActionStatus.REJECTED, command, now, reason)
-    resumed = transition(turn, S.RUNNING, now, suspension=None, page_actions=actions, started_call_ids=started)
     if command.type is ResumeType.DEADLINE:
         content = "Nobody approved this tool call before its deadline, so it was not run."
     elif r.suspension.is_outcome_unknown:
         content = f"This tool call failed (its outcome was unknown and a person marked it failed): {reason}"
     else:
         content = f"The user rejected this tool call: {reason}"
-    resumed, _ = apply_tool_result(resumed, call, content, True, now)
-    return resumed.model_copy(update={"steps": turn.steps})
+    return _answer_call(turn, call, content, True, now, actions, started_call_ids=started)
 
 
 def _deadline(r: _Resume) -> AgentTurn:
@@ -261,13 +261,11 @@ def _deadline(r: _Resume) -> AgentTurn:
             return _submit_form(r, call, dict(suspension.form.default_data))
         case TimeoutAction.REJECT if suspension.form is not None:
             actions = decide_action(turn, call.id, ActionStatus.REJECTED, r.command, now)
-            resumed = transition(turn, S.RUNNING, now, suspension=None, page_actions=actions)
             content = (
                 f"Nobody filled in the form {suspension.form.key!r} before its deadline. "
                 "Go on without it, or tell the user what is missing."
             )
-            resumed, _ = apply_tool_result(resumed, call, content, True, now)
-            return resumed.model_copy(update={"steps": turn.steps})
+            return _answer_call(turn, call, content, True, now, actions)
     raise InvalidResumeCommand(  # pragma: no cover - AgentSuspension validates the combination
         f"turn {turn.id!r}: on_timeout {suspension.on_timeout} does not apply to {suspension.type}", turn_id=turn.id
     )

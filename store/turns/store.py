@@ -238,10 +238,7 @@ class SqlAgentTurnStore(OneStatementSaves):
 
     def list_runnable(self, now: datetime, limit: int = 100) -> list[TurnRef]:
         """Return READY and RUNNING turns and RETRY_SCHEDULED turns due at `now`, oldest first."""
-        if limit <= 0:
-            return []
-        with translated_errors(self._engine, "listing runnable turns"), self._reader.connect() as connection:
-            return [ref(row) for row in connection.execute(LIST_RUNNABLE, {"now": now, "limit": limit})]
+        return self._due_refs(LIST_RUNNABLE, now, limit, "listing runnable turns")
 
     def list_stale_running(self, updated_before: datetime, limit: int = 100) -> list[TurnRef]:
         """Return RUNNING turns whose last save is older than `updated_before`, oldest first."""
@@ -269,17 +266,18 @@ class SqlAgentTurnStore(OneStatementSaves):
 
     def list_due_retries(self, now: datetime, limit: int = 100) -> list[TurnRef]:
         """Return RETRY_SCHEDULED turns due at `now`, earliest due first."""
-        if limit <= 0:
-            return []
-        with translated_errors(self._engine, "listing due retries"), self._reader.connect() as connection:
-            return [ref(row) for row in connection.execute(LIST_DUE_RETRIES, {"now": now, "limit": limit})]
+        return self._due_refs(LIST_DUE_RETRIES, now, limit, "listing due retries")
 
     def list_due_timers(self, now: datetime, limit: int = 100) -> list[TurnRef]:
         """Return waiting turns whose deadline reminder or deadline is due at `now`, earliest first (the deadline sweep)."""
+        return self._due_refs(LIST_DUE_TIMERS, now, limit, "listing due deadlines")
+
+    def _due_refs(self, query: sa.Select[Any], now: datetime, limit: int, doing: str) -> list[TurnRef]:
+        """Run one of the due-at-`now` listings of turn refs (parameters `now` and `limit`)."""
         if limit <= 0:
             return []
-        with translated_errors(self._engine, "listing due deadlines"), self._reader.connect() as connection:
-            return [ref(row) for row in connection.execute(LIST_DUE_TIMERS, {"now": now, "limit": limit})]
+        with translated_errors(self._engine, doing), self._reader.connect() as connection:
+            return [ref(row) for row in connection.execute(query, {"now": now, "limit": limit})]
 
     def read_events(
         self,
