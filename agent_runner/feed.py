@@ -9,8 +9,9 @@ log alone, so no event appears twice.
 Ordering: the durable events of a turn tree or a conversation come in the order their
 saves committed. Ephemeral events come in the order the live channel received them and
 are interleaved with the durable ones by timestamp, as far as each page allows. A page
-reads the live channel before the log, so a durable event announced after its save comes
-before the ephemeral events published after it; one announced before its save
+reads the live channel before and after the log (see `_page`), so the deltas of a model
+call come before the save of its answer, and a durable event announced after its save
+comes before the ephemeral events published after it. One announced before its save
 (TOOL_STARTED) becomes visible only once that save commits, so it may follow ephemeral
 events that happened after it.
 
@@ -197,15 +198,27 @@ class EventFeed:
         full page may have more to come, so the merge stops where that page ends: its next
         events could be older than what the other source holds.
         """
-        # The live channel first: a runner announces a save after its commit, so every save
-        # announced in this live page is in the log read after it. Read the other way round,
-        # a save committed between the two reads would be missing from the log page while the
-        # deltas streamed after it were in the live one, and they would come first.
+        # The live channel is read before the log and again after it. A runner announces a
+        # save after its commit, and publishes the deltas of a model call before the save of
+        # its answer, so:
+        # - every save announced in the first live read is in the log read after it, and the
+        #   ephemeral events published after that announcement may follow it;
+        # - every ephemeral event published before a save the log read shows is in one of the
+        #   two live reads, and comes before that save;
+        # - a save announced in the second live read but missing from the log committed after
+        #   the log was read: the merge stops at its announcement, so the ephemeral events
+        #   published after it wait for the next page, which has the save.
         live, live_full = self._live_page(root_turn_id, conversation_id, start.live, limit)
         durable = self.log.read_events(
             root_turn_id=root_turn_id, conversation_id=conversation_id, after=start.log, limit=limit
         )
         durable_full = len(durable) >= limit
+        settled = len(live)
+        if not live_full:
+            after_first = live[-1].cursor if live else start.live
+            later, live_full = self._live_page(root_turn_id, conversation_id, after_first, limit)
+            live += later
+        in_log = {event.event_id for event in durable}
         more = durable_full or live_full
         log_at, live_at = start.log, start.live
         # The live part of a durable event's cursor is the last ephemeral event served before
@@ -229,6 +242,9 @@ class EventFeed:
                 emit = True
             else:
                 event = live[j]
+                if j >= settled and event.type.is_durable and event.event_id not in in_log:
+                    more = True  # announced after the log was read: the next page has its save
+                    break
                 j += 1
                 live_at = event.cursor
                 # Durable types on the live channel only announce a save; the log has them.

@@ -353,6 +353,49 @@ def test_an_events_cursor_is_the_same_whether_its_wake_up_was_published_yet_or_n
     assert feed.read(root_turn_id="r-1", after=before[-1].cursor) == []
 
 
+def test_deltas_streamed_while_a_page_is_read_come_before_the_answer_saved_after_them(
+    tree: Tree, store: InMemoryAgentTurnStore, live: InMemoryLiveEvents
+) -> None:
+    """The model call streams its last delta and its answer is saved between the page's live and log reads."""
+    first = tree.delta("r-1", "Hel")
+    acted: list[AgentEvent] = []
+
+    class Racing:
+        def read_events(self, **query: Any) -> list[AgentEvent]:
+            if not acted:
+                acted.append(tree.delta("r-1", "lo"))
+                acted.extend(tree.save("r-1", E.MODEL_RESPONSE))
+            return store.read_events(**query)
+
+    feed = EventFeed(Racing(), live)  # type: ignore[arg-type]
+    page = feed.read_page(root_turn_id="r-1")
+    last, answer = acted
+    assert ids(page.events) == ["r-1:0:0", first.event_id, last.event_id, answer.event_id]
+    assert feed.read_page(root_turn_id="r-1", after=page.end).events == []
+
+
+def test_a_save_announced_after_the_log_was_read_holds_back_the_deltas_streamed_after_it(
+    tree: Tree, store: InMemoryAgentTurnStore, live: InMemoryLiveEvents
+) -> None:
+    """A tool result is saved and the next model call streams just after the page read the log."""
+    acted: list[AgentEvent] = []
+
+    class Racing:
+        def read_events(self, **query: Any) -> list[AgentEvent]:
+            found = store.read_events(**query)
+            if not acted:
+                acted.extend(tree.save("r-1", E.TOOL_COMPLETED))
+                acted.append(tree.delta("r-1", "Hel"))
+            return found
+
+    feed = EventFeed(Racing(), live)  # type: ignore[arg-type]
+    page = feed.read_page(root_turn_id="r-1")
+    completed, delta = acted
+    assert ids(page.events) == ["r-1:0:0"] and page.more
+    rest = feed.read_page(root_turn_id="r-1", after=page.end)
+    assert ids(rest.events) == [completed.event_id, delta.event_id]
+
+
 def test_a_save_committed_between_the_reads_of_a_page_still_comes_before_the_deltas_after_it(
     tree: Tree, store: InMemoryAgentTurnStore
 ) -> None:
