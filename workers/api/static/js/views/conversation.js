@@ -3,7 +3,7 @@
 // a composer that starts the next turn.
 
 import { api, seg } from "../api.js";
-import { h, replaceChildren, timeElement, uniqueId } from "../dom.js";
+import { clearFieldError, h, replaceChildren, showFieldError, timeElement, uniqueId } from "../dom.js";
 import { KeyedList, cancelControl, isTerminal, questionCard, renderKey, statusBadge, timelineItem } from "../components.js";
 import { LiveAnswers, streamStatusElement } from "../live.js";
 import { Refresher } from "../refresher.js";
@@ -152,12 +152,10 @@ export function mountConversation(main, conversationId) {
 
   composer.addEventListener("submit", async (event) => {
     event.preventDefault();
-    composerError.hidden = true;
-    input.removeAttribute("aria-invalid");
-    input.removeAttribute("aria-describedby");
+    clearFieldError(input, composerError);
     const text = input.value.trim();
     if (!text) {
-      showComposerError("Please write a message.");
+      showFieldError(input, composerError, "Please write a message.");
       input.focus();
       return;
     }
@@ -170,18 +168,11 @@ export function mountConversation(main, conversationId) {
       refresher.request();
     } catch (error) {
       composerStatus.textContent = "";
-      showComposerError(startErrorText(error));
+      showFieldError(input, composerError, startErrorText(error));
     } finally {
       send.disabled = false;
     }
   });
-
-  function showComposerError(text) {
-    composerError.textContent = text;
-    composerError.hidden = false;
-    input.setAttribute("aria-invalid", "true");
-    input.setAttribute("aria-describedby", composerError.id);
-  }
 
   // The timeline first, so that replayed answers already shown are not drawn twice.
   refresher.start(() => answers.start());

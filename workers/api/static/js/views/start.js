@@ -2,7 +2,7 @@
 // conversation is busy.
 
 import { api } from "../api.js";
-import { h, randomId, replaceChildren } from "../dom.js";
+import { clearFieldError, h, randomId, replaceChildren, showFieldError } from "../dom.js";
 import { agentPicker, busyPicker, startErrorText } from "./agents.js";
 
 export function mountStart(main) {
@@ -38,15 +38,10 @@ export function mountStart(main) {
   form.addEventListener("submit", async (event) => {
     event.preventDefault();
     summary.hidden = true;
-    error.hidden = true;
-    message.removeAttribute("aria-invalid");
-    message.removeAttribute("aria-describedby");
+    clearFieldError(message, error);
     const input = message.value.trim();
     if (!input) {
-      error.textContent = "Please write a message.";
-      error.hidden = false;
-      message.setAttribute("aria-invalid", "true");
-      message.setAttribute("aria-describedby", error.id);
+      showFieldError(message, error, "Please write a message.");
       message.focus();
       return;
     }
