@@ -4,7 +4,7 @@
 
 import { api } from "./api.js";
 import { TERMINAL_STATUSES } from "../../console/contract.js";
-import { append, clearFieldError, h, showFieldError, timeElement, uniqueId } from "./dom.js";
+import { append, clearFieldError, h, requiredText, showFieldError, timeElement, uniqueId } from "./dom.js";
 import { SchemaForm, humanize } from "./form.js";
 
 /** The value the server puts in place of an argument a tool marks sensitive. */
@@ -419,13 +419,8 @@ export function questionCard(turn, { onChanged }) {
   });
   form.addEventListener("submit", async (event) => {
     event.preventDefault();
-    clearFieldError(input, error);
-    const content = input.value.trim();
-    if (!content) {
-      showFieldError(input, error, "Please write an answer.");
-      input.focus();
-      return;
-    }
+    const content = requiredText(input, error, "Please write an answer.");
+    if (!content) return;
     button.disabled = input.disabled = true;
     status.textContent = "Sending…";
     try {

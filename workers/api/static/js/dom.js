@@ -85,3 +85,14 @@ export function clearFieldError(control, error) {
   control.removeAttribute("aria-invalid");
   control.removeAttribute("aria-describedby");
 }
+
+/** The trimmed text of a lone required control; when it is empty, `message` shows as its error and it gets focus. */
+export function requiredText(control, error, message) {
+  clearFieldError(control, error);
+  const text = control.value.trim();
+  if (!text) {
+    showFieldError(control, error, message);
+    control.focus();
+  }
+  return text;
+}

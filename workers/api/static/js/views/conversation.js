@@ -3,7 +3,7 @@
 // a composer that starts the next turn.
 
 import { api, seg } from "../api.js";
-import { clearFieldError, h, replaceChildren, showFieldError, timeElement, uniqueId } from "../dom.js";
+import { h, replaceChildren, requiredText, showFieldError, timeElement, uniqueId } from "../dom.js";
 import { KeyedList, cancelControl, isTerminal, questionCard, renderKey, statusBadge, timelineItem } from "../components.js";
 import { LiveAnswers, streamStatusElement } from "../live.js";
 import { Refresher } from "../refresher.js";
@@ -152,13 +152,8 @@ export function mountConversation(main, conversationId) {
 
   composer.addEventListener("submit", async (event) => {
     event.preventDefault();
-    clearFieldError(input, composerError);
-    const text = input.value.trim();
-    if (!text) {
-      showFieldError(input, composerError, "Please write a message.");
-      input.focus();
-      return;
-    }
+    const text = requiredText(input, composerError, "Please write a message.");
+    if (!text) return;
     send.disabled = true;
     composerStatus.textContent = "Starting…";
     try {
