@@ -43,6 +43,17 @@ class _StepState:
 _step_state: ContextVar[_StepState | None] = ContextVar("agent_runner_telemetry_step", default=None)
 
 
+def _note_call(kind: str) -> tuple[TurnTracer, AgentTurn] | None:
+    """Record that the current step made a `kind` call; its tracer and turn when the step is traced."""
+    state = _step_state.get()
+    if state is None:
+        return None
+    state.kind = kind
+    if state.tracer is None:
+        return None
+    return state.tracer, state.turn
+
+
 def step_kind(before: AgentTurn, result: AgentStepResult, called: str | None) -> str:
     """What a step did, for the `kind` label: the call it made, else what changed in the turn."""
     if called is not None:
@@ -119,14 +130,11 @@ class TelemetryMiddleware(Middleware):
 
     def wrap_model(self, request: ChatRequest, call_next: Callable[[ChatRequest], ChatResponse]) -> ChatResponse:
         """Run the model call inside a `chat {model}` span with the GenAI attributes."""
-        state = _step_state.get()
-        if state is None:
+        traced = _note_call("model")
+        if traced is None:
             return call_next(request)
-        state.kind = "model"
-        tracer = state.tracer
-        if tracer is None:
-            return call_next(request)
-        span = tracer.start_model(self._model_name(state.turn))
+        tracer, turn = traced
+        span = tracer.start_model(self._model_name(turn))
         token = tracer.activate(span)
         try:
             response = call_next(request)
@@ -141,13 +149,10 @@ class TelemetryMiddleware(Middleware):
 
     def wrap_tool(self, tool_call: ToolCall, call_next: Callable[[ToolCall], Any]) -> Any:
         """Run the tool call inside an `execute_tool {name}` span with the GenAI attributes."""
-        state = _step_state.get()
-        if state is None:
+        traced = _note_call("tool")
+        if traced is None:
             return call_next(tool_call)
-        state.kind = "tool"
-        tracer = state.tracer
-        if tracer is None:
-            return call_next(tool_call)
+        tracer, _ = traced
         span = tracer.start_tool(tool_call.name, tool_call.id)
         token = tracer.activate(span)
         try:

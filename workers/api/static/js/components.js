@@ -4,7 +4,7 @@
 
 import { api } from "./api.js";
 import { TERMINAL_STATUSES } from "../../console/contract.js";
-import { append, h, timeElement, uniqueId } from "./dom.js";
+import { append, clearFieldError, h, requiredText, showFieldError, timeElement, uniqueId } from "./dom.js";
 import { SchemaForm, humanize } from "./form.js";
 
 /** The value the server puts in place of an argument a tool marks sensitive. */
@@ -415,25 +415,12 @@ export function questionCard(turn, { onChanged }) {
     h("div", { class: "form-actions" }, button, status),
   );
   input.addEventListener("input", () => {
-    if (error.hidden) return;
-    error.hidden = true;
-    input.removeAttribute("aria-invalid");
-    input.removeAttribute("aria-describedby");
+    if (!error.hidden) clearFieldError(input, error);
   });
   form.addEventListener("submit", async (event) => {
     event.preventDefault();
-    error.hidden = true;
-    input.removeAttribute("aria-invalid");
-    input.removeAttribute("aria-describedby");
-    const content = input.value.trim();
-    if (!content) {
-      error.textContent = "Please write an answer.";
-      error.hidden = false;
-      input.setAttribute("aria-invalid", "true");
-      input.setAttribute("aria-describedby", error.id);
-      input.focus();
-      return;
-    }
+    const content = requiredText(input, error, "Please write an answer.");
+    if (!content) return;
     button.disabled = input.disabled = true;
     status.textContent = "Sending…";
     try {
@@ -442,10 +429,7 @@ export function questionCard(turn, { onChanged }) {
       onChanged();
     } catch (err) {
       status.textContent = "";
-      error.textContent = errorText(err);
-      error.hidden = false;
-      input.setAttribute("aria-invalid", "true");
-      input.setAttribute("aria-describedby", error.id);
+      showFieldError(input, error, errorText(err));
       button.disabled = input.disabled = false;
     }
   });

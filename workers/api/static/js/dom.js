@@ -70,3 +70,29 @@ export function formatTime(iso) {
 export function timeElement(iso) {
   return h("time", { datetime: iso, title: iso }, formatTime(iso));
 }
+
+/** Show `text` in a lone control's error element and mark the control invalid, pointing at it. */
+export function showFieldError(control, error, text) {
+  error.textContent = text;
+  error.hidden = false;
+  control.setAttribute("aria-invalid", "true");
+  control.setAttribute("aria-describedby", error.id);
+}
+
+/** Hide a lone control's error element and drop the marks `showFieldError` set. */
+export function clearFieldError(control, error) {
+  error.hidden = true;
+  control.removeAttribute("aria-invalid");
+  control.removeAttribute("aria-describedby");
+}
+
+/** The trimmed text of a lone required control; when it is empty, `message` shows as its error and it gets focus. */
+export function requiredText(control, error, message) {
+  clearFieldError(control, error);
+  const text = control.value.trim();
+  if (!text) {
+    showFieldError(control, error, message);
+    control.focus();
+  }
+  return text;
+}

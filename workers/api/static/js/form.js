@@ -116,6 +116,18 @@ class Field {
     ];
   }
 
+  /** The box of a nested object or an array (`kind`): legend, help, the group's errors, then `content`. */
+  fieldsetElement(kind, ...content) {
+    return h(
+      "fieldset",
+      { class: `field ${kind}`, id: this.id, tabindex: "-1" },
+      h("legend", {}, this.labelContent()),
+      this.helpElement(),
+      this.errorEl,
+      ...content,
+    );
+  }
+
   /** The element that receives focus and carries aria-invalid / aria-describedby. */
   control() {
     return null;
@@ -332,14 +344,7 @@ class ObjectField extends Field {
     if (this.isRoot) {
       this.element = h("div", { class: "form-fields" }, this.helpElement(), this.errorEl, body);
     } else {
-      this.element = h(
-        "fieldset",
-        { class: "field field-object", id: this.id, tabindex: "-1" },
-        h("legend", {}, this.labelContent()),
-        this.helpElement(),
-        this.errorEl,
-        body,
-      );
+      this.element = this.fieldsetElement("field-object", body);
     }
     this.describe();
   }
@@ -393,15 +398,7 @@ class ArrayField extends Field {
       `Add ${this.itemNoun()}`,
     );
     this.errorEl.classList.add("group-error");
-    this.element = h(
-      "fieldset",
-      { class: "field field-array", id: this.id, tabindex: "-1" },
-      h("legend", {}, this.labelContent()),
-      this.helpElement(),
-      this.errorEl,
-      this.list,
-      h("div", { class: "array-actions" }, this.addButton),
-    );
+    this.element = this.fieldsetElement("field-array", this.list, h("div", { class: "array-actions" }, this.addButton));
     const initial = Array.isArray(options.value) ? options.value : [];
     for (const value of initial) this.addItem(value, false);
     for (let i = this.items.length; i < (schema.minItems || 0); i += 1) this.addItem(undefined, false);

@@ -3,7 +3,7 @@
 // a composer that starts the next turn.
 
 import { api, seg } from "../api.js";
-import { h, replaceChildren, timeElement, uniqueId } from "../dom.js";
+import { h, replaceChildren, requiredText, showFieldError, timeElement, uniqueId } from "../dom.js";
 import { KeyedList, cancelControl, isTerminal, questionCard, renderKey, statusBadge, timelineItem } from "../components.js";
 import { LiveAnswers, streamStatusElement } from "../live.js";
 import { Refresher } from "../refresher.js";
@@ -152,15 +152,8 @@ export function mountConversation(main, conversationId) {
 
   composer.addEventListener("submit", async (event) => {
     event.preventDefault();
-    composerError.hidden = true;
-    input.removeAttribute("aria-invalid");
-    input.removeAttribute("aria-describedby");
-    const text = input.value.trim();
-    if (!text) {
-      showComposerError("Please write a message.");
-      input.focus();
-      return;
-    }
+    const text = requiredText(input, composerError, "Please write a message.");
+    if (!text) return;
     send.disabled = true;
     composerStatus.textContent = "Starting…";
     try {
@@ -170,18 +163,11 @@ export function mountConversation(main, conversationId) {
       refresher.request();
     } catch (error) {
       composerStatus.textContent = "";
-      showComposerError(startErrorText(error));
+      showFieldError(input, composerError, startErrorText(error));
     } finally {
       send.disabled = false;
     }
   });
-
-  function showComposerError(text) {
-    composerError.textContent = text;
-    composerError.hidden = false;
-    input.setAttribute("aria-invalid", "true");
-    input.setAttribute("aria-describedby", composerError.id);
-  }
 
   // The timeline first, so that replayed answers already shown are not drawn twice.
   refresher.start(() => answers.start());

@@ -2,7 +2,7 @@
 // conversation is busy.
 
 import { api } from "../api.js";
-import { h, randomId, replaceChildren } from "../dom.js";
+import { h, randomId, replaceChildren, requiredText } from "../dom.js";
 import { agentPicker, busyPicker, startErrorText } from "./agents.js";
 
 export function mountStart(main) {
@@ -38,18 +38,8 @@ export function mountStart(main) {
   form.addEventListener("submit", async (event) => {
     event.preventDefault();
     summary.hidden = true;
-    error.hidden = true;
-    message.removeAttribute("aria-invalid");
-    message.removeAttribute("aria-describedby");
-    const input = message.value.trim();
-    if (!input) {
-      error.textContent = "Please write a message.";
-      error.hidden = false;
-      message.setAttribute("aria-invalid", "true");
-      message.setAttribute("aria-describedby", error.id);
-      message.focus();
-      return;
-    }
+    const input = requiredText(message, error, "Please write a message.");
+    if (!input) return;
     const body = { agent_id: picker.select.value, input, if_busy: busy.select.value };
     const conversationId = conv.value.trim();
     if (conversationId) body.conversation_id = conversationId;
