@@ -367,7 +367,7 @@ def test_deltas_streamed_while_a_page_is_read_come_before_the_answer_saved_after
                 acted.extend(tree.save("r-1", E.MODEL_RESPONSE))
             return store.read_events(**query)
 
-    feed = EventFeed(Racing(), live)  # type: ignore[arg-type]
+    feed = EventFeed(Racing(), live)
     page = feed.read_page(root_turn_id="r-1")
     last, answer = acted
     assert ids(page.events) == ["r-1:0:0", first.event_id, last.event_id, answer.event_id]
@@ -388,7 +388,7 @@ def test_a_save_announced_after_the_log_was_read_holds_back_the_deltas_streamed_
                 acted.append(tree.delta("r-1", "Hel"))
             return found
 
-    feed = EventFeed(Racing(), live)  # type: ignore[arg-type]
+    feed = EventFeed(Racing(), live)
     page = feed.read_page(root_turn_id="r-1")
     completed, delta = acted
     assert ids(page.events) == ["r-1:0:0"] and page.more
