@@ -154,7 +154,10 @@ def create_app(settings: WorkerSettings | None = None) -> Celery:
     producer sends tasks by name and needs neither the task functions nor the agents; the
     app a worker runs registers them too (`workers.celery_app.worker.create_worker_app`).
     """
+    from workers.telemetry.celery_signals import connect_publishing
+
     settings = settings if settings is not None else WorkerSettings.from_env()
     celery_app = _SettingsCelery(settings.broker_url, "agent_runner")
     celery_app.conf.update(celery_config(settings))
+    connect_publishing()  # the enqueue time and the sender's trace on each message, in any sending process
     return celery_app

@@ -1,6 +1,7 @@
 """Telemetry of the Celery processes, through Celery signals: `install(app, settings)` connects it all.
 
-- Publish (`before_task_publish`, in any process that sends a task): the message gets the
+- Publish (`before_task_publish`, in any process that sends a task: `create_app` connects
+  it): the message gets the
   enqueue time and the trace context of the span that sent it (the step that dispatched
   the next one, the request that resumed a turn).
 - Task start and end (`task_prerun`, `task_postrun`): a `step_turn` observes its queue
@@ -120,21 +121,6 @@ class CeleryTelemetry:
             flush_tracing()
         metrics.mark_process_dead(pid or os.getpid())
 
-    # --- messages -------------------------------------------------------------------------
-
-    def on_before_task_publish(self, sender: Any = None, headers: dict[str, Any] | None = None, **_: Any) -> None:
-        """Stamp the enqueue time and the sender's trace context on an agent-runner message."""
-        if headers is None or not isinstance(sender, str) or not sender.startswith(TASK_PREFIX):
-            return
-        headers[ENQUEUED_AT_HEADER] = time.time()
-        if tracing_available():
-            from workers.telemetry.tracing import inject_headers
-
-            carrier: dict[str, str] = {}
-            inject_headers(carrier)
-            if carrier:
-                headers[TRACE_HEADER] = carrier
-
     def on_task_prerun(self, task: Any = None, args: Any = None, **_: Any) -> None:
         """Observe a step task's queue delay and set up its trace links and log context."""
         if task is None or task.name != STEP_TASK:
@@ -180,11 +166,37 @@ class CeleryTelemetry:
         signals.worker_shutdown.connect(self.on_worker_shutdown, weak=False)
         signals.worker_process_init.connect(self.on_worker_process_init, weak=False)
         signals.worker_process_shutdown.connect(self.on_worker_process_shutdown, weak=False)
-        signals.before_task_publish.connect(self.on_before_task_publish, weak=False)
+        connect_publishing()
         signals.task_prerun.connect(self.on_task_prerun, weak=False)
         signals.task_postrun.connect(self.on_task_postrun, weak=False)
         signals.after_setup_logger.connect(self.on_setup_logger, weak=False)
         signals.after_setup_task_logger.connect(self.on_setup_logger, weak=False)
+
+
+def stamp_message(sender: Any = None, headers: dict[str, Any] | None = None, **_: Any) -> None:
+    """`before_task_publish`: the enqueue time and the sender's trace context on an agent-runner message."""
+    if headers is None or not isinstance(sender, str) or not sender.startswith(TASK_PREFIX):
+        return
+    headers[ENQUEUED_AT_HEADER] = time.time()
+    if tracing_available():
+        from workers.telemetry.tracing import inject_headers
+
+        carrier: dict[str, str] = {}
+        inject_headers(carrier)
+        if carrier:
+            headers[TRACE_HEADER] = carrier
+
+
+def connect_publishing() -> None:
+    """Stamp every agent-runner message this process sends (once per process, whichever app sends it).
+
+    Every app that sends tasks connects it (`workers.celery_app.config.create_app`), so a
+    web process that resumes a turn puts its request's trace context on the step it enqueues.
+    """
+    signals.before_task_publish.connect(stamp_message, weak=False, dispatch_uid=_PUBLISH_UID)
+
+
+_PUBLISH_UID = "agent_runner.stamp_message"
 
 
 def _timestamp(value: Any) -> float | None:

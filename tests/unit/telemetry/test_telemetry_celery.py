@@ -29,7 +29,7 @@ from workers.app import app, settings  # the app of `celery -A workers.app`, its
 from workers.celery_app.dispatch import CeleryDispatcher
 from workers.celery_app.tasks import advance
 from workers.settings import WorkerSettings
-from workers.telemetry import logs
+from workers.telemetry import celery_signals, logs
 from workers.telemetry.celery_signals import ENQUEUED_AT_HEADER, SWEEP_TASKS, TRACE_HEADER, CeleryTelemetry
 from workers.wiring import Wiring
 
@@ -51,20 +51,37 @@ def _sample(name: str, **labels: str) -> float:
     return REGISTRY.get_sample_value(name, labels) or 0.0
 
 
-def test_publishing_an_agent_runner_task_stamps_the_enqueue_time_and_the_trace(telemetry: CeleryTelemetry) -> None:
+def test_publishing_an_agent_runner_task_stamps_the_enqueue_time_and_the_trace() -> None:
     tracer = Tracing().provider.get_tracer("test")
     headers: dict[str, Any] = {"task": "agent_runner.step_turn"}
     other: dict[str, Any] = {"task": "billing.charge"}
     before = time.time()
 
     with tracer.start_as_current_span("POST /v1/turns/t-1/resume") as request:
-        telemetry.on_before_task_publish(sender="agent_runner.step_turn", headers=headers)
-        telemetry.on_before_task_publish(sender="billing.charge", headers=other)
+        celery_signals.stamp_message(sender="agent_runner.step_turn", headers=headers)
+        celery_signals.stamp_message(sender="billing.charge", headers=other)
 
     assert before <= headers[ENQUEUED_AT_HEADER] <= time.time()
     traceparent = headers[TRACE_HEADER]["traceparent"]
     assert traceparent.split("-")[2] == format(request.get_span_context().span_id, "016x")
     assert other == {"task": "billing.charge"}  # other apps' tasks are left alone
+
+
+def test_any_app_that_sends_tasks_stamps_its_messages() -> None:
+    # A web process only builds a sending app; the worker's telemetry is not installed there.
+    from celery import signals
+
+    from workers.celery_app.config import create_app
+
+    signals.before_task_publish.disconnect(dispatch_uid="agent_runner.stamp_message")
+    unstamped: dict[str, Any] = {}
+    signals.before_task_publish.send(sender="agent_runner.step_turn", headers=unstamped)
+    assert unstamped == {}
+
+    create_app(WorkerSettings.from_env({"AGENT_RUNNER_BROKER_URL": "memory://"}))
+    stamped: dict[str, Any] = {}
+    signals.before_task_publish.send(sender="agent_runner.step_turn", headers=stamped)
+    assert ENQUEUED_AT_HEADER in stamped
 
 
 def test_a_step_task_observes_its_queue_delay_from_the_later_of_enqueue_and_eta(
