@@ -1,7 +1,7 @@
 """The infrastructure alone: a Celery chain of no-op tasks, each re-enqueueing the next.
 
 It runs on the same broker with the same settings as the runner's own app: the Celery
-configuration is `workers.app.celery_config` applied to a separate app (JSON only,
+configuration is `workers.celery_app.config.celery_config` applied to a separate app (JSON only,
 `task_acks_late`, reject on worker lost, prefetch 1, no result backend), from the same
 environment variables, on its own queue. A hop does nothing but send the next hop; the
 last hop of a chain pushes the chain id onto a Redis list the benchmark watches.
@@ -16,7 +16,7 @@ from typing import Any
 
 from celery import Celery
 
-from workers.app import celery_config
+from workers.celery_app.config import celery_config
 from workers.settings import WorkerSettings
 
 settings = WorkerSettings.from_env()
