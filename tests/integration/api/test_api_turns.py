@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Iterator
 from datetime import datetime
@@ -106,7 +107,8 @@ def test_the_page_timeline_shows_cards_in_their_current_status(client: httpx.Cli
         json={"action": "form", "tool_call_id": call, "data": {"system": "db", "scope": "ONE_USER"}},
     )
     waiting = wait_for(client, turn["id"], status_is("WAITING_FOR_APPROVAL"))
-    items = client.get(f"/v1/conversations/{chat}/messages").json()["items"]
+    # The timeline is written just after the save that changed the status: its card follows
+    items = timeline_until(client, chat, lambda items: any(item["role"] == "agent_action" for item in items))
     roles = [item["role"] for item in items]
     assert roles[0] == "user" and roles.count("agent_form") == 1 and roles.count("agent_action") == 1
     form = next(item for item in items if item["role"] == "agent_form")
@@ -122,7 +124,7 @@ def test_the_page_timeline_shows_cards_in_their_current_status(client: httpx.Cli
     assert rejected.status_code == 202
     done = wait_for(client, waiting["id"], blocked)
     assert done["status"] == "COMPLETED" and "change freeze" in done["final_output"]
-    after = client.get(f"/v1/conversations/{chat}/messages").json()["items"]
+    after = timeline_until(client, chat, lambda items: items[-1]["role"] == "assistant" and len(items) > len(roles))
     card = next(item for item in after if item["role"] == "agent_action")
     assert card["status"] == "REJECTED" and card["actions"] == []
     # Paging back: `before` gives the older messages, oldest first
@@ -132,6 +134,18 @@ def test_the_page_timeline_shows_cards_in_their_current_status(client: httpx.Cli
     unknown = client.get(f"/v1/conversations/{chat}/messages", params={"before": "no-such-message"})
     assert_error(unknown, 422)
     assert client.get(f"/v1/conversations/{conversation()}/messages").json() == {"items": []}
+
+
+def timeline_until(client: httpx.Client, chat: str, until: Any, timeout: float = 10.0) -> list[dict[str, Any]]:
+    """Poll the conversation's timeline until `until(items)`; return the items."""
+    deadline = time.monotonic() + timeout
+    while True:
+        items: list[dict[str, Any]] = client.get(f"/v1/conversations/{chat}/messages").json()["items"]
+        if until(items):
+            return items
+        if time.monotonic() > deadline:
+            pytest.fail(f"the timeline of {chat} never got there: {[item['role'] for item in items]}")
+        time.sleep(0.05)
 
 
 def page_message(client: httpx.Client, chat: str, role: str) -> dict[str, Any]:
