@@ -230,30 +230,42 @@ class ConnectionKiller(threading.Thread):
     `pause` bounds the random wait between two rounds, in seconds.
 
     A backend is in a call when it is not idle: running a statement, or between the
-    statements of an open transaction.
+    statements of an open transaction. With `idle_first`, the first round terminates every
+    backend of `application`, idle ones too (connections waiting in the workers' pools, dead
+    at their next use), so a fault lands even when the calls are too quick to be caught.
     """
 
     def __init__(
-        self, admin: psycopg.Connection[Any], application: str, seed: int, pause: tuple[float, float] = (0.02, 0.15)
+        self,
+        admin: psycopg.Connection[Any],
+        application: str,
+        seed: int,
+        pause: tuple[float, float] = (0.02, 0.15),
+        *,
+        idle_first: bool = False,
     ) -> None:
         super().__init__(name="connection-killer", daemon=True)
         self._admin = admin
         self._application = application
         self._random = random.Random(seed)
         self._pause = pause
+        self._idle_first = idle_first
         self._stopping = threading.Event()
         self.killed = 0
         self.error: BaseException | None = None
 
     def run(self) -> None:
         try:
+            busy_only = not self._idle_first
             while not self._stopping.wait(self._random.uniform(*self._pause)):
                 rows = self._admin.execute(
                     "SELECT pid, pg_terminate_backend(pid) FROM pg_stat_activity "
-                    "WHERE application_name = %s AND state <> 'idle' AND pid <> pg_backend_pid()",
-                    [self._application],
+                    "WHERE application_name = %s AND (state <> 'idle' OR NOT %s) AND pid <> pg_backend_pid()",
+                    [self._application, busy_only],
                 ).fetchall()
-                self.killed += sum(1 for _, terminated in rows if terminated)
+                terminated = sum(1 for _, done in rows if done)
+                self.killed += terminated
+                busy_only = busy_only or terminated > 0
         except BaseException as exc:  # reported by the test: a killer that died would prove nothing
             self.error = exc
 

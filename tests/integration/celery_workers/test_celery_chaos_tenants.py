@@ -276,7 +276,9 @@ def run_tenants_under_chaos(
     for worker in workers:
         cluster.wait_ready(worker)
     server.start()
-    connection_killer = ConnectionKiller(admin, application, seed=size.per_conversation, pause=(0.05, 0.5))
+    connection_killer = ConnectionKiller(
+        admin, application, seed=size.per_conversation, pause=(0.05, 0.5), idle_first=True
+    )
     worker_killer = WorkerKiller(cluster, workers, seed=size.conversations, max_kills=size.max_kills, every=2.5)
     accepted = Accepted()
     try:
