@@ -154,6 +154,8 @@ def create_app(settings: WorkerSettings | None = None) -> Celery:
     producer sends tasks by name and needs neither the task functions nor the agents; the
     app a worker runs registers them too (`workers.celery_app.worker.create_worker_app`).
     """
+    # Imported here: the telemetry package loads the metrics and tracing modules, which a
+    # module that only configures Celery should not pull in at import.
     from workers.telemetry.celery_signals import connect_publishing
 
     settings = settings if settings is not None else WorkerSettings.from_env()
