@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import weakref
+from datetime import datetime, timedelta
 from types import TracebackType
-from typing import Self
+from typing import Any, Self
 
+import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from store._engine import DriverConnections, UrlOrEngine, display_url, resolve_engine, writer
+from agent_runner.ids import utcnow
+from store._engine import DriverConnections, UrlOrEngine, display_url, resolve_engine, translated_errors, writer
 from store.migrations import ensure_embedded_schema
 
 
@@ -60,6 +63,22 @@ class SqlBackend:
             and not dispatch.after_cursor_execute
         )
 
+    def _delete_in_batches(self, key: sa.Column[Any], where: sa.ColumnElement[bool], batch_size: int, what: str) -> int:
+        """Delete the rows of `key`'s table that match `where`, `batch_size` rows per transaction; return how many.
+
+        Short transactions keep a large backlog from holding locks for long; a failure
+        leaves the batches already committed deleted.
+        """
+        table = key.table
+        chosen = sa.select(key).where(where).limit(batch_size).scalar_subquery()
+        removed = 0
+        while True:
+            with translated_errors(self._engine, what), self._writer.begin() as connection:
+                count = int(connection.execute(sa.delete(table).where(key.in_(chosen))).rowcount)
+            removed += count
+            if count < batch_size:
+                return removed
+
     def close(self) -> None:
         """Hand back the connections kept for the driver, and dispose of the engine if this backend made it."""
         self._driver_finalizer()
@@ -76,3 +95,16 @@ class SqlBackend:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({display_url(self._engine.url)!r})"
+
+
+def retention_cutoff(older_than: timedelta, batch_size: int) -> datetime:
+    """The time before which rows go, for a prune of what is older than `older_than`.
+
+    Raises:
+        ValueError: `older_than` is negative or `batch_size` is below 1.
+    """
+    if older_than < timedelta(0):
+        raise ValueError(f"older_than must not be negative, got {older_than!r}")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be at least 1, got {batch_size!r}")
+    return utcnow() - older_than

@@ -9,7 +9,7 @@ are not written to ChatMemory: the turn started from them projects them when it 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from datetime import datetime
+from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
@@ -17,7 +17,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from agent_runner.ids import utcnow
-from store._backend import SqlBackend
+from store._backend import SqlBackend, retention_cutoff
 from store._engine import AnyRow, UrlOrEngine, dialect_insert, translated_errors
 from store.schema import NON_TERMINAL_STATUSES, inbox_conversations, inbox_messages, turns
 
@@ -366,3 +366,26 @@ class Inbox(SqlBackend):
         )
         with translated_errors(self._engine, "listing ready conversations"), self._engine.connect() as connection:
             return list(connection.execute(query).scalars())
+
+    def prune(self, older_than: timedelta, *, batch_size: int = 500) -> int:
+        """Delete the settled messages last changed more than `older_than` ago; return how many.
+
+        A COMPLETED message goes once its turn is gone (pruned with its tree, see
+        `SqlAgentTurnStore.prune`), a FAILED one once it is that old; PENDING and
+        PROCESSING messages always stay. A message id that was pruned is new again to
+        `enqueue`. The conversation's sequence counter stays, so later messages still
+        queue after the earlier ones.
+
+        Raises:
+            ValueError: `older_than` is negative or `batch_size` is below 1.
+            StoreUnavailableError: The database failed; the batches already committed stay deleted.
+        """
+        cutoff = retention_cutoff(older_than, batch_size)
+        message = inbox_messages.c
+        turn_gone = ~sa.select(sa.literal(1)).where(turns.c.id == message.turn_id).exists()
+        settled = sa.or_(
+            message.status == InboxStatus.FAILED.value,
+            sa.and_(message.status == InboxStatus.COMPLETED.value, turn_gone),
+        )
+        where = sa.and_(message.updated_at < cutoff, settled)
+        return self._delete_in_batches(message.message_id, where, batch_size, "pruning inbox messages")

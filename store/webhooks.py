@@ -30,7 +30,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from agent_runner.events import AgentEventType
 from agent_runner.limits import shown_conversation_id
 from agent_runner.suspensions import SuspensionType
-from store._backend import SqlBackend
+from store._backend import SqlBackend, retention_cutoff
 from store._engine import UrlOrEngine, translated_errors
 from store.schema import turn_events, turns, webhook_deliveries
 
@@ -183,6 +183,28 @@ class WebhookDeliveryLog(SqlBackend):
         with translated_errors(self._engine, f"recording webhook delivery {delivery.event_id!r}"):
             with self._writer.begin() as connection:
                 return bool(connection.execute(update).rowcount == 1)
+
+    def prune(self, older_than: timedelta, *, batch_size: int = 500) -> int:
+        """Delete the settled deliveries whose event is gone from the event log; return how many.
+
+        A DELIVERED or DEAD delivery last attempted more than `older_than` ago goes once its
+        event has been pruned with its turn (`SqlAgentTurnStore.prune`): only then can
+        `discover` never find the event again and owe it a second delivery. PENDING
+        deliveries stay until they settle.
+
+        Raises:
+            ValueError: `older_than` is negative or `batch_size` is below 1.
+            StoreUnavailableError: The database failed; the batches already committed stay deleted.
+        """
+        cutoff = retention_cutoff(older_than, batch_size)
+        delivery = webhook_deliveries.c
+        event_gone = ~sa.select(sa.literal(1)).where(turn_events.c.event_id == delivery.event_id).exists()
+        where = sa.and_(
+            delivery.status != DeliveryStatus.PENDING.value,
+            delivery.updated_at < cutoff,
+            event_gone,
+        )
+        return self._delete_in_batches(delivery.event_id, where, batch_size, "pruning webhook deliveries")
 
     def list_deliveries(self, status: DeliveryStatus | None = None, limit: int = 100) -> list[WebhookDelivery]:
         """The newest deliveries first, optionally only those in `status` (DEAD: the dead letters)."""

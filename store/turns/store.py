@@ -24,10 +24,10 @@ from sqlalchemy.engine import Connection
 
 from agent_runner.errors import TurnNotFound
 from agent_runner.events import AgentEvent
-from agent_runner.ids import utcnow
 from agent_runner.messages import ModelMessage, ModelMessagesAdapter
 from agent_runner.persistence import DEFAULT_EVENT_PAGE, TurnRef, event_scope
 from agent_runner.snapshot import AgentTurn, AgentTurnStatus
+from store._backend import retention_cutoff
 from store._engine import AnyRow, translated_errors
 from store.schema import NON_TERMINAL_STATUSES, turn_events, turn_leases, turn_messages, turns
 from store.turns import postgres
@@ -352,17 +352,14 @@ class SqlAgentTurnStore(OneStatementSaves):
         rows when every turn in it is terminal and none was saved since the limit; a tree
         with an active turn stays whole. Each batch of up to `batch_size` trees is one short
         transaction, so pruning a large backlog never holds locks for long. Conversations'
-        ChatMemory and inbox rows are not touched.
+        ChatMemory is not touched; `Inbox.prune` and `WebhookDeliveryLog.prune` clear the
+        inbox messages and webhook deliveries of pruned turns.
 
         Raises:
             ValueError: `older_than` is negative or `batch_size` is below 1.
             StoreUnavailableError: The database failed; the batches already committed stay deleted.
         """
-        if older_than < timedelta(0):
-            raise ValueError(f"older_than must not be negative, got {older_than!r}")
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be at least 1, got {batch_size!r}")
-        parameters = {"cutoff": utcnow() - older_than, "limit": batch_size}
+        parameters = {"cutoff": retention_cutoff(older_than, batch_size), "limit": batch_size}
         removed = 0
         while True:
             with translated_errors(self._engine, "pruning ended turns"), self._writer.begin() as connection:

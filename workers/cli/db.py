@@ -50,11 +50,16 @@ def parse_age(text: str) -> timedelta:
 
 @click.command()
 @click.option("--older-than", "older_than", required=True, metavar="AGE", help="Age such as 30d, 12h, 15m or 90s.")
-@click.option("--batch-size", default=500, show_default=True, help="Turn trees deleted per transaction.")
+@click.option("--batch-size", default=500, show_default=True, help="Turn trees (or rows) deleted per transaction.")
 @pass_context
 def prune(obj: CliContext, older_than: str, batch_size: int) -> None:
-    """Delete turns that ended more than AGE ago, with their messages and events; active turns stay."""
+    """Delete turns that ended more than AGE ago, with their messages and events; active turns stay.
+
+    The inbox messages those turns were started from and the settled webhook deliveries of
+    their events go too, as do inbox messages that failed more than AGE ago.
+    """
     from agent_runner import AgentRunnerError
+    from store.webhooks import WebhookDeliveryLog
 
     try:
         age = parse_age(older_than)
@@ -62,12 +67,25 @@ def prune(obj: CliContext, older_than: str, batch_size: int) -> None:
         fail(str(exc), EXIT_BAD_INPUT)
     if batch_size < 1:
         fail(f"--batch-size must be at least 1, got {batch_size}", EXIT_BAD_INPUT)
-    turn_store = obj.turn_store()
+    obj.require_database()
+    database = obj.database()
     try:
-        removed = turn_store.prune(age, batch_size=batch_size)
+        # Turns first: inbox messages and deliveries go once what they point at is gone.
+        removed = database.turn_store.prune(age, batch_size=batch_size)
+        messages = database.inbox.prune(age, batch_size=batch_size)
+        deliveries = WebhookDeliveryLog(database.engine).prune(age, batch_size=batch_size)
     except AgentRunnerError as exc:
         fail(str(exc))
+    data = {
+        "pruned_turns": removed,
+        "pruned_inbox_messages": messages,
+        "pruned_webhook_deliveries": deliveries,
+        "older_than": older_than,
+    }
     obj.emit(
-        {"pruned_turns": removed, "older_than": older_than},
-        lambda: click.echo(f"pruned {removed} turn(s) that ended more than {older_than} ago"),
+        data,
+        lambda: click.echo(
+            f"pruned {removed} turn(s) that ended more than {older_than} ago, "
+            f"{messages} inbox message(s) and {deliveries} webhook deliveries"
+        ),
     )

@@ -7,10 +7,12 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+import sqlalchemy as sa
 from click.testing import CliRunner, Result
 
 from agent_runner import AgentEvent, AgentEventType, AgentTurn, AgentTurnStatus
-from store import SqlAgentTurnStore
+from store import Inbox, SqlAgentTurnStore
+from store.schema import inbox_messages
 from workers.cli import main
 from workers.cli.db import parse_age
 
@@ -37,6 +39,12 @@ def seed(url: str) -> None:
             turn = AgentTurn(id=turn_id, agent_id="a", status=status, created_at=when, updated_at=when)
             event = AgentEvent(event_id=f"{turn_id}:0:0", type=AgentEventType.TURN_STARTED, turn_id=turn_id)
             turns.save(turn, -1, [event])
+    with Inbox(url) as inbox:
+        inbox.enqueue("c-1", "m-1", "hello")
+        assert inbox.claim_next("c-1") is not None
+        inbox.mark_completed("m-1", "ended-40d")
+        with inbox.engine.begin() as connection:  # marked when its turn started, 40 days ago
+            connection.execute(sa.update(inbox_messages).values(updated_at=now - timedelta(days=40)))
 
 
 def remaining(url: str) -> set[str]:
@@ -62,11 +70,17 @@ def test_prune_removes_turns_that_ended_before_the_age_and_keeps_the_rest(url: s
     result = cli(url, "prune", "--older-than", "30d")
     assert result.exit_code == 0, result.stderr
     assert "pruned 1 turn(s)" in result.stdout
+    assert "1 inbox message(s)" in result.stdout
     assert remaining(url) == {"ended-10d", "waiting-40d"}
     # As JSON, and a second run finds the 10-day-old turn once the age allows it
     result = cli(url, "--json", "prune", "--older-than", "7d", "--batch-size", "1")
     assert result.exit_code == 0, result.stderr
-    assert json.loads(result.stdout) == {"pruned_turns": 1, "older_than": "7d"}
+    assert json.loads(result.stdout) == {
+        "pruned_turns": 1,
+        "pruned_inbox_messages": 0,
+        "pruned_webhook_deliveries": 0,
+        "older_than": "7d",
+    }
     assert remaining(url) == {"waiting-40d"}
 
 
