@@ -38,6 +38,13 @@ from agent_runner.store_rules import check_fence, kept_events, live_scopes, mode
 logger = logging.getLogger(__name__)
 
 
+def _is_due(turn: AgentTurn, now: datetime) -> bool:
+    """A due retry, or a READY turn whose delayed start has come (READY without a start time is not scheduled)."""
+    if turn.status is AgentTurnStatus.READY:
+        return turn.next_retry_at is not None and turn.next_retry_at <= now
+    return turn.status is AgentTurnStatus.RETRY_SCHEDULED and turn.is_runnable(now)
+
+
 def _ref(turn: AgentTurn) -> TurnRef:
     return TurnRef(turn.id, turn.version, turn.status, turn.updated_at, turn.next_retry_at, turn.cancel_requested)
 
@@ -236,13 +243,9 @@ class InMemoryAgentTurnStore:
         return [_ref(t) for t in turns[:limit]]
 
     def list_due_retries(self, now: datetime, limit: int = 100) -> list[TurnRef]:
-        """Return RETRY_SCHEDULED turns due at `now`, earliest due first."""
+        """Return RETRY_SCHEDULED turns due at `now` and READY turns whose delayed start has come, earliest due first."""
         with self._lock:
-            turns = [
-                t
-                for t in self._turns.values()
-                if t.status is AgentTurnStatus.RETRY_SCHEDULED and (t.next_retry_at is None or t.next_retry_at <= now)
-            ]
+            turns = [t for t in self._turns.values() if _is_due(t, now)]
         turns.sort(key=lambda t: t.next_retry_at or t.updated_at)
         return [_ref(t) for t in turns[:limit]]
 

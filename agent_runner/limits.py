@@ -17,6 +17,7 @@ import json
 import math
 import re
 from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, ClassVar, NewType
 
 from pydantic import Field
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
 
 KIB = 1024
 MIB = 1024 * KIB
+DAY_S = 24 * 3600
 
 ID_CHARACTERS = "A-Za-z0-9._:-"
 """The characters an id may use (conversation, tenant and turn ids)."""
@@ -65,6 +67,7 @@ class InputLimits(PositionalModel):
         "max_tool_arguments_bytes",
         "max_message_bytes",
         "max_metadata_bytes",
+        "max_start_delay_s",
     )
 
     max_json_depth: int = Field(default=64, ge=1, le=MAX_JSON_DEPTH)
@@ -79,6 +82,8 @@ class InputLimits(PositionalModel):
     """Largest message text: a user message, a plain-text answer, a rejection reason."""
     max_metadata_bytes: int = Field(default=64 * KIB, ge=1)
     """Largest metadata of a turn or a resume command."""
+    max_start_delay_s: int = Field(default=30 * DAY_S, ge=0)
+    """Longest wait before a turn started with a delay may run (`AgentRunner.start(not_before=...)`), in seconds."""
 
     if TYPE_CHECKING:
 
@@ -90,6 +95,7 @@ class InputLimits(PositionalModel):
             max_tool_arguments_bytes: int = 256 * KIB,
             max_message_bytes: int = 1 * MIB,
             max_metadata_bytes: int = 64 * KIB,
+            max_start_delay_s: int = 30 * DAY_S,
         ) -> None: ...
 
 
@@ -196,6 +202,44 @@ def shown_conversation_id(stored: str | None, tenant_id: str | None) -> str | No
         return stored
     owner, own = split_conversation_id(stored)
     return own if owner == tenant_id else stored
+
+
+def check_start_delay(value: object, field: str, limits: InputLimits = DEFAULT_LIMITS) -> float:
+    """Check a wait before a turn may start, in seconds: a finite number from 0 to `max_start_delay_s`.
+
+    Raises:
+        InputLimitError: Not a number (a bool included), NaN, infinite, negative or too large.
+    """
+    allowed = f"a number of seconds from 0 to {limits.max_start_delay_s}"
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InputLimitError(field, allowed, _kind(value))
+    if not math.isfinite(value) or not 0 <= value <= limits.max_start_delay_s:
+        raise InputLimitError(field, allowed, repr(value))
+    return float(value)
+
+
+def check_not_before(
+    value: object, now: datetime, field: str = "not_before", limits: InputLimits = DEFAULT_LIMITS
+) -> datetime | None:
+    """Check when a turn may start: a `datetime` with a time zone at most `max_start_delay_s` after `now`.
+
+    Returns:
+        The time in UTC, or None when it is not after `now` (a time in the past means now).
+
+    Raises:
+        InputLimitError: Not a `datetime`, a naive one, or further ahead than `max_start_delay_s`.
+    """
+    allowed = f"a datetime with a time zone, at most {limits.max_start_delay_s} seconds ahead"
+    if not isinstance(value, datetime):
+        raise InputLimitError(field, allowed, _kind(value))
+    if value.utcoffset() is None:
+        raise InputLimitError(field, allowed, f"the naive datetime {value.isoformat()}")
+    if value <= now:
+        return None
+    ahead = (value - now).total_seconds()
+    if ahead > limits.max_start_delay_s:
+        raise InputLimitError(field, allowed, f"{value.isoformat()}, {ahead:.0f} seconds ahead")
+    return value.astimezone(UTC)
 
 
 def check_reference(value: object, field: str, limits: InputLimits = DEFAULT_LIMITS) -> str:

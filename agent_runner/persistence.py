@@ -105,7 +105,7 @@ class AgentTurnStore(Protocol):
         ...
 
     def list_runnable(self, now: datetime, limit: int = 100) -> list[TurnRef]:
-        """Return READY and RUNNING turns and RETRY_SCHEDULED turns due at `now`, oldest first."""
+        """Return RUNNING turns, and READY and RETRY_SCHEDULED turns whose `next_retry_at` (if any) has come, oldest first."""
         ...
 
     def list_stale_running(self, updated_before: datetime, limit: int = 100) -> list[TurnRef]:
@@ -119,7 +119,7 @@ class AgentTurnStore(Protocol):
         ...
 
     def list_due_retries(self, now: datetime, limit: int = 100) -> list[TurnRef]:
-        """Return RETRY_SCHEDULED turns due at `now`, earliest due first."""
+        """Return RETRY_SCHEDULED turns due at `now` and READY turns whose delayed start has come, earliest due first."""
         ...
 
 

@@ -49,17 +49,17 @@ class AgentRunner:
         chat_memory_provider: Maps a conversation id to its `ChatMemory`; needed for conversation turns.
         policy: Limits, retry schedule and close-out templates.
         middleware: Wrappers of model calls, tool calls and steps; the first is the outermost.
-        dispatcher: When set, turns that become runnable outside the calling thread's flow
-            (started, resumed with `submit_resume`, child turns, a parent whose last child
-            ended) are handed to it instead of being run in this thread. Without one, the
-            runner works inline: child turns run recursively in the thread that runs the parent.
+        dispatcher: When set, turns that become runnable outside the calling thread's flow (started,
+            resumed with `submit_resume`, child turns, a parent whose last child ended) are handed to it
+            instead of being run in this thread. Without one, the runner works inline: child turns run
+            recursively in the thread that runs the parent.
         conversation_guard: A shared fast marker of active conversation turns (for example
             Redis); the turn store remains the truth.
         clock: Returns the current UTC time (tests may pass a fake clock).
-        lease_scope: When set, `run`, `resume` and `run_until_blocked` step a turn only while
-            holding its lease from this scope, and stamp the lease's fence on every save. An
-            `AgentWorker` sets it on the runner it serves, so a turn run in the caller's
-            thread is never stepped at the same time by the worker's polling threads.
+        lease_scope: When set, `run`, `resume` and `run_until_blocked` step a turn only while holding its
+            lease from this scope, and stamp the lease's fence on every save. An `AgentWorker` sets it on
+            the runner it serves, so a turn run in the caller's thread is never stepped at the same time
+            by the worker's polling threads.
     """
 
     def __init__(
@@ -216,6 +216,7 @@ class AgentRunner:
         tenant_id: str | None = None,
         metadata: dict[str, Any] | None = None,
         turn_id: str | None = None,
+        not_before: datetime | None = None,
     ) -> AgentTurn:
         """Create and save a READY turn without running it (a worker picks it up).
 
@@ -229,10 +230,13 @@ class AgentRunner:
             turn_id: The new turn's id (default: a random one). A start with an id that is
                 already stored raises `VersionConflictError`, which makes a start that may
                 be repeated (a scheduled tick) happen once.
+            not_before: No worker steps the turn before this time (a time zone is required; a past
+                time means now). Until then it is queued, and it holds its conversation.
 
         Raises:
             AgentConversationBusyException: The conversation already has an active turn.
             VersionConflictError: A turn with `turn_id` is stored already.
+            InputLimitError: `not_before` is naive or further ahead than the policy's `max_start_delay_s`.
         """
         turn = creation.create(
             self._ctx,
@@ -243,6 +247,7 @@ class AgentRunner:
             tenant_id=tenant_id,
             metadata=metadata,
             turn_id=turn_id,
+            not_before=not_before,
         )
         self._ctx.execution.dispatch(turn)
         return turn
@@ -265,8 +270,8 @@ class AgentRunner:
     def step(self, turn: AgentTurn) -> AgentStepResult:
         """Advance the turn by one step: one model call, one tool call, or one suspension.
 
-        A turn that is not runnable (waiting, terminal, or a retry that is not due) is
-        returned unchanged.
+        A turn that is not runnable (waiting, terminal, a retry that is not due, a delayed start that
+        has not come) is returned unchanged.
         """
         return executing.step(self._ctx, turn)
 
@@ -281,9 +286,8 @@ class AgentRunner:
     ) -> AdvanceResult:
         """Step `turn` until it blocks or ends, or a budget or the caller's lease runs out.
 
-        The one stepping loop behind `run_until_blocked`, `AgentWorker` and the Celery task;
-        it does not take a lease itself. A step that raises stops the loop and is reported
-        in the result rather than raised.
+        The one stepping loop behind `run_until_blocked`, `AgentWorker` and the Celery task; it does not
+        take a lease itself. A step that raises stops the loop and is reported in the result, not raised.
 
         Args:
             turn: The snapshot to continue from (load it after taking the lease).
@@ -292,8 +296,6 @@ class AgentRunner:
             deadline: `time.monotonic()` after which no further step starts (the first always may).
             may_continue: Asked before each step; False stops (a lost lease, a stopping worker).
         """
-        if may_continue is None:
-            return stepping.advance(self._ctx, turn, fence=fence, max_steps=max_steps, deadline=deadline)
         return stepping.advance(
             self._ctx, turn, fence=fence, max_steps=max_steps, deadline=deadline, may_continue=may_continue
         )
@@ -301,8 +303,8 @@ class AgentRunner:
     def run_until_blocked(self, turn: AgentTurn) -> AgentTurn:
         """Step the turn until it waits or ends, and return the last snapshot.
 
-        A RETRY_SCHEDULED turn that is due is retried once; a retry scheduled during the
-        run ends the run (the thread is not held while waiting).
+        A RETRY_SCHEDULED turn that is due is retried once; a retry scheduled during the run ends the run
+        (the thread is not held while waiting), and so does a READY turn whose delayed start has not come.
 
         With a `lease_scope`, the turn is stepped under its lease, taken from the newest
         stored snapshot; when another holder ran the turn until it blocked meanwhile, that
@@ -332,10 +334,10 @@ class AgentRunner:
     def cancel(self, turn_id: str, reason: str | None = None, *, cancelled_by: str | None = None) -> AgentTurn:
         """Cancel a turn and its children.
 
-        A READY, waiting or RETRY_SCHEDULED turn ends at once (CANCELLED, history closed out,
-        its pending approval and form cards settled as decided by `cancelled_by`, else by
-        `"system"`). A RUNNING turn gets a durable cancel flag and the thread stepping it
-        ends it at its next boundary. A turn that already ended is returned unchanged.
+        A READY (a delayed start too), waiting or RETRY_SCHEDULED turn ends at once (CANCELLED, history
+        closed out, its pending approval and form cards settled as decided by `cancelled_by`, else by
+        `"system"`). A RUNNING turn gets a durable cancel flag and the thread stepping it ends it at its
+        next boundary. A turn that already ended is returned unchanged.
 
         Raises:
             InputLimitError: `turn_id` is not an id, or `reason` is over the policy's
@@ -355,13 +357,12 @@ class AgentRunner:
     def apply_deadline(self, turn_id: str) -> AgentTurn:
         """Act on a waiting turn whose deadline reminder or deadline has come (the deadline sweep calls this).
 
-        Once the deadline has passed, the suspension's `on_timeout` default goes through the
-        normal resume path (`AgentResumeCommand.deadline_passed`, decided by `"system"` with
-        the reason "deadline passed", then `submit_resume`), so its events and page actions
-        are those of any decision and a worker continues the turn. A decision that came
-        first wins; the default is then not applied. Before the deadline, once the reminder
-        time has passed, DEADLINE_APPROACHING is saved with the turn and emitted, once.
-        Otherwise nothing changes.
+        Once the deadline has passed, the suspension's `on_timeout` default goes through the normal resume
+        path (`AgentResumeCommand.deadline_passed`, decided by `"system"` with the reason "deadline passed",
+        then `submit_resume`), so its events and page actions are those of any decision and a worker
+        continues the turn. A decision that came first wins; the default is then not applied. Before the
+        deadline, once the reminder time has passed, DEADLINE_APPROACHING is saved with the turn and
+        emitted, once. Otherwise nothing changes.
 
         Returns:
             The newest snapshot.
@@ -371,12 +372,12 @@ class AgentRunner:
     def apply_due_deadlines(self, limit: int = resuming.DEADLINE_BATCH) -> int:
         """Send due deadline reminders and apply passed deadlines' defaults; return how many turns were handled.
 
-        The deadline sweep of every deployment: Celery beat calls it, and so does the
-        embedded `AgentWorker` (in the HTTP server, `agent-runner worker` and your own
-        processes). Each due turn goes through `apply_deadline`, a compare-and-swap decision,
-        so two sweeps at once remind once and apply a default once, and a person who decided
-        first wins. A turn resumed by its default is handed on like any resume: to the
-        dispatcher (the Celery workers, an `AgentWorker`), or left RUNNING for a worker.
+        The deadline sweep of every deployment: Celery beat calls it, and so does the embedded
+        `AgentWorker` (in the HTTP server, `agent-runner worker` and your own processes). Each due turn
+        goes through `apply_deadline`, a compare-and-swap decision, so two sweeps at once remind once and
+        apply a default once, and a person who decided first wins. A turn resumed by its default is
+        handed on like any resume: to the dispatcher (the Celery workers, an `AgentWorker`), or left
+        RUNNING for a worker.
 
         Args:
             limit: Most turns handled; the rest wait for the next sweep, earliest first.

@@ -65,16 +65,18 @@ WAITING_STATUSES = frozenset(
 DEADLINE_STATUSES = frozenset({AgentTurnStatus.WAITING_FOR_USER, AgentTurnStatus.WAITING_FOR_APPROVAL})
 """Statuses whose suspension may carry a deadline (an approval or a form)."""
 RUNNABLE_STATUSES = frozenset({AgentTurnStatus.READY, AgentTurnStatus.RUNNING})
-"""Statuses a worker may step right away (RETRY_SCHEDULED becomes runnable at `next_retry_at`)."""
+"""Statuses a worker steps (RETRY_SCHEDULED becomes runnable at `next_retry_at`; a READY turn
+started with a delay waits for it too, see `SCHEDULED_STATUSES`)."""
+SCHEDULED_STATUSES = frozenset({AgentTurnStatus.READY, AgentTurnStatus.RETRY_SCHEDULED})
+"""Statuses in which a set `next_retry_at` means "not runnable before": the time of a scheduled
+retry, or the start time of a READY turn started with a delay (`AgentRunner.start(not_before=...)`)."""
 
 
 def is_runnable(status: AgentTurnStatus, next_retry_at: datetime | None, now: datetime | None = None) -> bool:
-    """Whether a worker may step a turn in `status` now (a scheduled retry once `next_retry_at` has come)."""
-    if status in RUNNABLE_STATUSES:
-        return True
-    if status is AgentTurnStatus.RETRY_SCHEDULED:
-        return next_retry_at is None or next_retry_at <= (now or utcnow())
-    return False
+    """Whether a worker may step a turn in `status` now (a retry or a delayed start once `next_retry_at` has come)."""
+    if status in SCHEDULED_STATUSES and next_retry_at is not None:
+        return next_retry_at <= (now or utcnow())
+    return status in RUNNABLE_STATUSES or status is AgentTurnStatus.RETRY_SCHEDULED
 
 
 class ChildLink(FrozenModel):
@@ -133,6 +135,8 @@ class AgentTurn(FrozenModel):
     attempt: int = 0
     """Failed attempts of the current model or tool call (reset when one succeeds)."""
     next_retry_at: datetime | None = None
+    """Not runnable before this time: when a RETRY_SCHEDULED turn retries, or when a READY turn
+    started with a delay starts (see `starts_at`); None otherwise. The first step clears it."""
     cancel_requested: bool = False
     cancel_reason: str | None = None
     """The reason given with the first cancel request of a RUNNING turn (None: none given); the
@@ -187,6 +191,11 @@ class AgentTurn(FrozenModel):
         if self.suspension is None or self.status not in DEADLINE_STATUSES:
             return None
         return self.suspension.wake_at
+
+    @property
+    def starts_at(self) -> datetime | None:
+        """When a READY turn started with a delay may start (it is queued until then), else None."""
+        return self.next_retry_at if self.status is AgentTurnStatus.READY else None
 
     def child(self, tool_call_id: str) -> ChildLink | None:
         """The child link created for a delegation call, if any."""

@@ -186,8 +186,9 @@ class AgentWorker:
 
         The thread goes to the turn directly instead of polling the store for it, a turn under
         way before any turn that has not started. A turn that is not runnable yet (a retry
-        that is not due) is left to the poll, which finds it when it is due; so are turns
-        beyond the last `_DISPATCHED_TURNS` dispatched of their kind.
+        that is not due, a delayed start that has not come) is left to the poll, which finds
+        it when it is due; so are turns beyond the last `_DISPATCHED_TURNS` dispatched of
+        their kind.
         """
         if turn.is_runnable(self.runner.clock()):
             self._enqueue(turn.id, ahead=not _is_new(turn.status, turn.steps, turn.parent_turn_id))

@@ -9,9 +9,9 @@ they read the store, the one source of truth, and re-send messages:
   settled first (COMPLETED if its turn exists, else back to PENDING).
 - `stale_turns`: RUNNING and READY turns that nobody touched for a lease TTL and whose
   lease is free (their worker died, or their message was lost) get a `step_turn`.
-- `due_retries`: due RETRY_SCHEDULED turns whose ETA message was never sent (a wait
-  beyond `AGENT_RUNNER_MAX_ETA_S`) or is overdue by a sweep interval (lost, purged) get a
-  `step_turn`; parents stuck in WAITING_FOR_CHILD whose children ended are reconciled.
+- `due_retries`: due RETRY_SCHEDULED turns, and READY turns whose delayed start has come,
+  whose ETA message was never sent (a wait beyond `AGENT_RUNNER_MAX_ETA_S`) or is overdue
+  by a sweep interval (lost, purged) get a `step_turn`; parents stuck in WAITING_FOR_CHILD whose children ended are reconciled.
 - `deadlines`: approvals and forms whose deadline passed get their `on_timeout` default
   through the normal resume path (decided by `"system"`, reason "deadline passed"); those
   past their reminder time get one DEADLINE_APPROACHING event.
@@ -84,11 +84,12 @@ def sweep_stale_turns(wiring: Wiring) -> int:
     now = wiring.runner.clock()
     cutoff = now - timedelta(seconds=wiring.settings.lease_ttl_s)
     candidates = wiring.turn_store.list_idle([AgentTurnStatus.RUNNING, AgentTurnStatus.READY], cutoff, SWEEP_BATCH)
-    return sum(_resend(wiring, ref) for ref in candidates)
+    # A READY turn waiting for its delayed start is not stale; the due-retry sweep takes it once due.
+    return sum(_resend(wiring, ref) for ref in candidates if ref.is_runnable(now))
 
 
 def sweep_due_retries(wiring: Wiring) -> int:
-    """Re-enqueue due retries the broker will not deliver, and reconcile stuck parents; return the turns sent."""
+    """Re-enqueue due retries and delayed starts the broker will not deliver, and reconcile stuck parents; return the turns sent."""
     settings = wiring.settings
     now = wiring.runner.clock()
     max_eta = timedelta(seconds=settings.max_eta_s)

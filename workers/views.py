@@ -210,7 +210,9 @@ def turn_view(
         "model_iterations": turn.model_iterations,
         "steps": turn.steps,
         "attempt": turn.attempt,
-        "next_retry_at": None if turn.next_retry_at is None else turn.next_retry_at.isoformat(),
+        # A READY turn keeps its delayed start in the same column; it is shown as `starts_at`.
+        "next_retry_at": None if turn.next_retry_at is None or turn.starts_at else turn.next_retry_at.isoformat(),
+        "starts_at": None if turn.starts_at is None else turn.starts_at.isoformat(),
         "cancel_requested": turn.cancel_requested,
         "metadata": turn.metadata,
         "created_at": turn.created_at.isoformat(),

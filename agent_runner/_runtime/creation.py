@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from datetime import datetime
 from typing import Any
 
 from agent_runner import event_payloads as payloads
@@ -13,7 +14,7 @@ from agent_runner._runtime.saving import deliver, event, save_turn
 from agent_runner.agent import Agent
 from agent_runner.errors import AgentRunnerError, DefinitionError
 from agent_runner.ids import new_id
-from agent_runner.limits import check_id, check_turn_input
+from agent_runner.limits import check_id, check_not_before, check_turn_input
 from agent_runner.messages import ModelMessage, UserMessage
 from agent_runner.snapshot import AgentTurn
 
@@ -30,8 +31,12 @@ def create(
     tenant_id: str | None = None,
     metadata: dict[str, Any] | None = None,
     turn_id: str | None = None,
+    not_before: datetime | None = None,
 ) -> AgentTurn:
     """Save a new READY turn with its TURN_STARTED event (see `AgentRunner.start` for the arguments).
+
+    A turn with a `not_before` ahead is saved READY with it as `next_retry_at`: no worker steps
+    it before then, and it is the conversation's active turn while it waits.
 
     Raises:
         AgentConversationBusyException: The conversation already has an active turn.
@@ -40,6 +45,7 @@ def create(
     check_turn_input(ctx.policy.limits, message, history, conversation_id, tenant_id, metadata)
     if turn_id is not None:
         check_id(turn_id, "turn_id", ctx.policy.limits)
+    starts_at = None if not_before is None else check_not_before(not_before, ctx.clock(), limits=ctx.policy.limits)
     agent = _resolve_agent(ctx, agent_ref)
     user = UserMessage(content=message) if isinstance(message, str) else message
     if not isinstance(user, UserMessage):
@@ -67,6 +73,7 @@ def create(
         metadata=dict(metadata or {}),
         created_at=now,
         updated_at=now,
+        next_retry_at=starts_at,
     )
     turn = telemetry.stamp_new_turn(ctx.telemetry_key, turn)  # trace context of the new turn
     started = event(ctx, payloads.turn_started(turn, user.id), turn, 0, 0)

@@ -6,7 +6,8 @@ The rules live here once:
 
 - the first step may be a retry that has come due; after it only READY and RUNNING turns
   go on, so a retry scheduled during the run waits for its time instead of running at once
-  (and a turn that keeps failing is not retried in a tight loop under one lease);
+  (and a turn that keeps failing is not retried in a tight loop under one lease); a READY
+  turn started with a delay takes no step before its `starts_at`;
 - a step starts only while the caller's lease is safe (`may_continue`), within the step and
   time budgets;
 - every save carries the lease's fencing number, so a holder whose lease was taken over has
@@ -54,9 +55,10 @@ def advance(
     fence: int | None = None,
     max_steps: int | None = None,
     deadline: float | None = None,
-    may_continue: Callable[[], bool] = _always,
+    may_continue: Callable[[], bool] | None = None,
 ) -> AdvanceResult:
     """Step `turn` until it blocks or ends, or a budget or the lease runs out (see the module docstring)."""
+    may_continue = may_continue or _always
     clock = ctx.clock
     steps = 0
     first = True
@@ -67,7 +69,7 @@ def advance(
                 turn = cancel_quietly(ctx, turn.id) or turn
                 stopped = StopReason.ENDED if turn.is_terminal else StopReason.BLOCKED
                 break
-            if not (turn.status in RUNNABLE_STATUSES or (first and turn.is_runnable(clock()))):
+            if not (turn.is_runnable(clock()) and (first or turn.status in RUNNABLE_STATUSES)):
                 stopped = StopReason.ENDED if turn.is_terminal else StopReason.BLOCKED
                 break
             if (max_steps is not None and steps >= max_steps) or (

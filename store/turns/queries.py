@@ -16,7 +16,8 @@ from agent_runner.snapshot import DEADLINE_STATUSES, TERMINAL_STATUSES, AgentTur
 from store.schema import NON_TERMINAL_STATUSES, turn_messages, turns
 from store.turns.columns import WRITTEN, SaveRule
 
-_RUNNABLE = (AgentTurnStatus.READY.value, AgentTurnStatus.RUNNING.value)
+_READY = AgentTurnStatus.READY.value
+_RETRY = AgentTurnStatus.RETRY_SCHEDULED.value
 
 
 def _status_changed_at() -> sa.ColumnElement[datetime]:
@@ -94,16 +95,23 @@ REF_COLUMNS = (
 GET_REF = sa.select(*REF_COLUMNS).where(turns.c.id == sa.bindparam("turn_id"))
 """The header fields of a `TurnRef`; parameter `turn_id`."""
 
-_DUE_RETRY = sa.and_(
-    turns.c.status == AgentTurnStatus.RETRY_SCHEDULED.value,
-    sa.or_(
-        turns.c.next_retry_at.is_(None), turns.c.next_retry_at <= sa.bindparam("now", type_=turns.c.next_retry_at.type)
-    ),
+# For READY and RETRY_SCHEDULED turns `next_retry_at` means "not runnable before" (a delayed
+# start, a scheduled retry); the rule is `agent_runner.snapshot.is_runnable`.
+_COME = turns.c.next_retry_at <= sa.bindparam("now", type_=turns.c.next_retry_at.type)
+_DUE_RETRY = sa.or_(
+    sa.and_(turns.c.status == _RETRY, sa.or_(turns.c.next_retry_at.is_(None), _COME)),
+    sa.and_(turns.c.status == _READY, _COME),
 )
+"""Due retries and READY turns whose delayed start has come (a READY turn without a time is not scheduled)."""
 
 LIST_RUNNABLE = (
     sa.select(*REF_COLUMNS)
-    .where(sa.or_(turns.c.status.in_(_RUNNABLE), _DUE_RETRY))
+    .where(
+        sa.or_(
+            turns.c.status == AgentTurnStatus.RUNNING.value,
+            sa.and_(turns.c.status.in_((_READY, _RETRY)), sa.or_(turns.c.next_retry_at.is_(None), _COME)),
+        )
+    )
     .order_by(turns.c.updated_at, turns.c.id)
     .limit(sa.bindparam("limit", type_=sa.Integer))
 )
@@ -115,7 +123,7 @@ LIST_DUE_RETRIES = (
     .order_by(turns.c.next_retry_at, turns.c.id)
     .limit(sa.bindparam("limit", type_=sa.Integer))
 )
-"""The due-retry sweep; parameters `now` and `limit`."""
+"""The due-retry sweep (delayed starts included); parameters `now` and `limit`."""
 
 LIST_DUE_TIMERS = (
     sa.select(*REF_COLUMNS)

@@ -237,7 +237,7 @@ class SqlAgentTurnStore(OneStatementSaves):
             return [snapshot(header, []) for header in connection.execute(query)]
 
     def list_runnable(self, now: datetime, limit: int = 100) -> list[TurnRef]:
-        """Return READY and RUNNING turns and RETRY_SCHEDULED turns due at `now`, oldest first."""
+        """Return RUNNING turns, and READY and RETRY_SCHEDULED turns whose `next_retry_at` (if any) has come, oldest first."""
         return self._due_refs(LIST_RUNNABLE, now, limit, "listing runnable turns")
 
     def list_stale_running(self, updated_before: datetime, limit: int = 100) -> list[TurnRef]:
@@ -265,7 +265,7 @@ class SqlAgentTurnStore(OneStatementSaves):
             return [ref(row) for row in connection.execute(query)]
 
     def list_due_retries(self, now: datetime, limit: int = 100) -> list[TurnRef]:
-        """Return RETRY_SCHEDULED turns due at `now`, earliest due first."""
+        """Return RETRY_SCHEDULED turns due at `now` and READY turns whose delayed start has come, earliest due first."""
         return self._due_refs(LIST_DUE_RETRIES, now, limit, "listing due retries")
 
     def list_due_timers(self, now: datetime, limit: int = 100) -> list[TurnRef]:

@@ -472,6 +472,29 @@ def test_list_runnable_returns_ready_running_and_due_retries_oldest_first(turn_s
     assert [r.turn_id for r in turn_store.list_runnable(now, limit=2)] == ["retry-unset", "retry-now"]
 
 
+def test_a_ready_turn_with_a_start_time_is_runnable_and_due_only_once_it_has_come(turn_store: AgentTurnStore) -> None:
+    # Given READY turns whose delayed start is ahead, has come, or was never set
+    now = T0 + timedelta(hours=1)
+    cases = {
+        "start-later": now + timedelta(seconds=1),
+        "start-now": now,
+        "start-past": now - timedelta(minutes=5),
+        "no-start": None,
+    }
+    for minute, (turn_id, starts_at) in enumerate(cases.items()):
+        turn_store.save(make_turn(turn_id, next_retry_at=starts_at, updated_at=T0 + timedelta(minutes=minute)), -1)
+    # Then the workers' poll skips the one whose time is ahead
+    assert [r.turn_id for r in turn_store.list_runnable(now)] == ["start-now", "start-past", "no-start"]
+    assert turn_store.get_ref("start-later").next_retry_at == now + timedelta(seconds=1)
+    assert not turn_store.get_ref("start-later").is_runnable(now)
+    # And the due sweep lists the delayed starts that came (earliest first), not plain READY turns
+    assert [r.turn_id for r in turn_store.list_due_retries(now)] == ["start-past", "start-now"]
+    # And a second later the last one is runnable and due too
+    later = now + timedelta(seconds=1)
+    assert "start-later" in [r.turn_id for r in turn_store.list_runnable(later)]
+    assert [r.turn_id for r in turn_store.list_due_retries(later)] == ["start-past", "start-now", "start-later"]
+
+
 def test_list_stale_running_returns_old_running_turns_oldest_first(turn_store: AgentTurnStore) -> None:
     for minute in range(4):
         turn_store.save(make_turn(f"run-{minute}", status=S.RUNNING, updated_at=T0 + timedelta(minutes=minute)), -1)

@@ -60,6 +60,14 @@ class StartTurnRequest(_Request):
             "(202, started when the conversation frees); `interrupt` cancels the active turn and starts this one."
         ),
     )
+    start_after_seconds: float | None = Field(
+        default=None,
+        description=(
+            "Start the turn this many seconds from now (at most the runner's `max_start_delay_s`, 30 days by "
+            "default): it is saved READY, shown with `starts_at`, and holds its conversation while it waits. "
+            "A message that would have to queue behind the conversation's active turn cannot be delayed (422)."
+        ),
+    )
 
 
 class _Resume(_Request):
@@ -331,7 +339,10 @@ class TurnView(_Response):
     model_iterations: int
     steps: int
     attempt: int
-    next_retry_at: str | None
+    next_retry_at: str | None = Field(description="When a RETRY_SCHEDULED turn retries (ISO 8601); null otherwise.")
+    starts_at: str | None = Field(
+        description="When a READY turn started with a delay may start (ISO 8601); it is queued until then. Null otherwise."
+    )
     cancel_requested: bool
     metadata: TypedJsonObject
     created_at: str

@@ -11,7 +11,7 @@ import binascii
 import json
 import time
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from agent_runner import (
@@ -23,6 +23,7 @@ from agent_runner import (
     UserMessage,
     VersionConflictError,
 )
+from agent_runner.limits import check_start_delay
 from agent_runner.machine import DECIDER_METADATA_KEYS
 from workers.api.errors import ApiError, InvalidRequest, TurnEndedError
 from workers.api.models import CancelRequest, ResumeRequest, StartTurnRequest, resume_fields
@@ -78,6 +79,7 @@ def start_turn(
         AgentConversationBusyException: The conversation is busy and `if_busy` is `reject`.
         ConversationNotFound: The request's token is limited to another conversation.
     """
+    not_before = start_time(runtime, request.start_after_seconds, "start_after_seconds")
     runtime.agent_loader.load(request.agent_id)
     if request.conversation_id is None and tenant.conversation is not None:
         # A token limited to one conversation starts its turns there (a turn outside it would be out of its reach).
@@ -97,6 +99,7 @@ def start_turn(
                 tenant_id=tenant.id,
                 metadata=request.metadata,
                 turn_id=turn_id,
+                not_before=not_before,
             )
         except VersionConflictError:
             if turn_id is None:
@@ -143,7 +146,25 @@ def _interrupt(runtime: Runtime, turn_id: str) -> bool:
     return False
 
 
+def start_time(runtime: Runtime, delay_s: float | None, field: str) -> datetime | None:
+    """When a turn asked to start `delay_s` seconds from now may start; None for no delay.
+
+    Raises:
+        InputLimitError: `delay_s` is not a finite number from 0 to the runner's `max_start_delay_s`.
+    """
+    if delay_s is None:
+        return None
+    delay = check_start_delay(delay_s, field, runtime.runner.policy.limits)
+    return runtime.runner.clock() + timedelta(seconds=delay) if delay else None
+
+
 def _enqueue(runtime: Runtime, tenant: Tenant, request: StartTurnRequest, conversation: str, message_id: str) -> Queued:
+    if request.start_after_seconds:
+        # The inbox starts a queued message as soon as the conversation frees; it keeps no start time.
+        raise InvalidRequest(
+            "a delayed start cannot be queued behind the conversation's active turn; retry once it has ended",
+            path="/start_after_seconds",
+        )
     runtime.inbox.enqueue(
         conversation,
         message_id,

@@ -19,10 +19,10 @@ class CeleryDispatcher:
     """A `TurnDispatcher` that sends `step_turn` messages to the Celery queue.
 
     Duplicates are harmless (`step_turn` is idempotent), so the dispatcher never tries to
-    avoid them. A retry wait longer than `max_eta_s` is not sent at all: with the Redis
-    broker a message whose ETA lies beyond the visibility timeout is redelivered again and
-    again while it waits, so long waits are left to the due-retry sweep, which reads
-    `next_retry_at` from the store. A failed publish is logged, not raised: the turn is
+    avoid them. A retry or a delayed start waiting longer than `max_eta_s` is not sent at
+    all: with the Redis broker a message whose ETA lies beyond the visibility timeout is
+    redelivered again and again while it waits, so long waits are left to the due-retry
+    sweep, which reads `next_retry_at` from the store. A failed publish is logged, not raised: the turn is
     already saved, and the sweeps re-enqueue it.
 
     Args:
@@ -38,8 +38,8 @@ class CeleryDispatcher:
         self.clock = clock
 
     def dispatch(self, turn: AgentTurn) -> None:
-        """Enqueue a step of `turn` if it is runnable now or is a retry due within the ETA limit."""
-        if turn.status is AgentTurnStatus.RETRY_SCHEDULED:
+        """Enqueue a step of `turn` if it is runnable now, or is a retry or a delayed start due within the ETA limit."""
+        if turn.status is AgentTurnStatus.RETRY_SCHEDULED or turn.starts_at is not None:
             self.send_step(turn.id, turn.version, eta=turn.next_retry_at)
         elif turn.is_runnable(self.clock()):
             self.send_step(turn.id, turn.version)
@@ -50,7 +50,7 @@ class CeleryDispatcher:
         if eta is not None:
             now = self.clock()
             if eta - now > self.max_eta:
-                logger.debug("turn %s retries at %s, beyond the ETA limit: left to the sweep", turn_id, eta)
+                logger.debug("turn %s is due at %s, beyond the ETA limit: left to the sweep", turn_id, eta)
                 return False
             if eta > now:
                 options["eta"] = eta

@@ -43,7 +43,7 @@ from agent_runner import (
     TurnNotFound,
 )
 from agent_runner.limits import ConversationId
-from agent_runner.snapshot import RUNNABLE_STATUSES
+from agent_runner.snapshot import RUNNABLE_STATUSES, SCHEDULED_STATUSES
 from workers import inbox
 from workers.celery_app.names import DISPATCH_INBOX, STEP_TURN
 from workers.celery_app.process import current
@@ -98,9 +98,9 @@ def advance(wiring: Wiring, turn_id: str, version: int) -> StepOutcome:
         if turn.version != version:
             return StepOutcome.STALE
         if not turn.is_runnable(wiring.runner.clock()):
-            if turn.status is AgentTurnStatus.RETRY_SCHEDULED:
-                # Delivered early (clock skew between machines, or a duplicate): put the
-                # ETA back so the retry is not left to the slower sweep.
+            if turn.status in SCHEDULED_STATUSES:
+                # A retry or a delayed start delivered early (clock skew between machines,
+                # a duplicate): put the ETA back so it is not left to the slower sweep.
                 wiring.dispatcher.dispatch(turn)
                 return StepOutcome.NOT_DUE
             return StepOutcome.NOT_RUNNABLE

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -121,3 +122,31 @@ def test_a_cancel_of_a_turn_mid_step_ends_it_with_the_given_reason(client: httpx
     assert (ended["status"], ended["error"]) == ("CANCELLED", "the customer hung up")
     messages = client.get(f"/v1/turns/{created['id']}", params={"messages": "true"}).json()["messages"]
     assert "the customer hung up" in messages[-1]["content"]
+
+
+def test_a_delayed_start_waits_holding_its_conversation_and_then_runs(client: httpx.Client) -> None:
+    chat = f"c-{uuid.uuid4().hex[:8]}"
+    # Given a turn started 1.5 s from now
+    created = post(client, "hello", chat, start_after_seconds=1.5)
+    assert created.status_code == 201, created.text
+    turn = created.json()
+    # Then it is READY with its start time, and the conversation is busy with it
+    assert turn["status"] == "READY" and turn["starts_at"] is not None and turn["next_retry_at"] is None
+    starts_at = datetime.fromisoformat(turn["starts_at"])
+    error = assert_error(post(client, "now", chat), 409, "AgentConversationBusyException")
+    assert error["active_turn_id"] == turn["id"]
+    # And a delayed message cannot wait in the conversation's queue
+    queued = assert_error(post(client, "also later", chat, if_busy="enqueue", start_after_seconds=5), 422)
+    assert queued["details"][0]["path"] == "/start_after_seconds"
+    # When its time has come, it runs and answers, having started no earlier
+    done = wait_for(client, turn["id"], status_is("COMPLETED"))
+    assert done["final_output"] == "echo: hello" and done["starts_at"] is None
+    assert datetime.fromisoformat(done["updated_at"]) >= starts_at
+
+
+@pytest.mark.parametrize("delay", [-1, 1e12, "soon", True])
+def test_a_bad_start_delay_is_refused_and_nothing_starts(client: httpx.Client, delay: object) -> None:
+    chat = f"c-{uuid.uuid4().hex[:8]}"
+    answer = post(client, "hello", chat, start_after_seconds=delay)
+    assert_error(answer, 422)
+    assert client.get("/v1/turns", params={"conversation_id": chat}).json()["items"] == []

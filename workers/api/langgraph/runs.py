@@ -5,7 +5,8 @@ A run with `input` starts a turn with the input's last user message; one with
 `run_id`). `multitask_strategy` is the busy-conversation policy of `POST /v1/turns`:
 `reject` (409), `enqueue` (the run is `pending` until the conversation frees; its id is
 the queued message's until the turn starts) and `interrupt` (the active turn is cancelled
-with close-out). `rollback` is refused with a 422 `RollbackNotSupported`: a conversation's
+with close-out). A run with `after_seconds` is a turn saved READY that no worker starts
+before then: it is `pending` meanwhile, and it is the thread's active run. `rollback` is refused with a 422 `RollbackNotSupported`: a conversation's
 messages are never deleted, so a cancelled run cannot be taken out of the thread's state.
 
 Every creation answers with `Content-Location: /threads/{thread_id}/runs/{run_id}`; a
@@ -145,8 +146,8 @@ def _check_supported(body: RunCreate) -> None:
         raise NotSupported("on_completion=delete")
     if body.command is not None and (body.command.update is not None or body.command.goto is not None):
         raise NotSupported("command.update and command.goto (only command.resume)")
-    if body.after_seconds:
-        raise NotSupported("after_seconds (a delayed run start)")
+    if body.after_seconds and body.command is not None:
+        raise NotSupported("after_seconds with command.resume (a resumed run continues at once)")
 
 
 def tree_end(runtime: Runtime, root_turn_id: str) -> str:
@@ -164,6 +165,7 @@ def start_run(
 ) -> StartedRun:
     """Create the run: find (or create) the thread, then start a turn or resume the waiting one."""
     _check_supported(body)
+    service.start_time(runtime, body.after_seconds, "after_seconds")  # refused before a thread is created
     if body.multitask_strategy == "rollback":
         raise RollbackNotSupported("/multitask_strategy")
     runtime.agent_loader.load(body.assistant_id)
@@ -190,6 +192,7 @@ def start_run(
         conversation_id=thread.thread_id,
         metadata=body.metadata,
         if_busy=body.multitask_strategy,  # rollback was refused above
+        start_after_seconds=body.after_seconds,
     )
     outcome = service.start_turn(runtime, tenant, request, new_id())
     if isinstance(outcome, service.Queued):
