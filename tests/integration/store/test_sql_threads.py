@@ -9,7 +9,7 @@ import pytest
 
 from agent_runner import AgentTurn, AgentTurnStatus, UserMessage
 from agent_runner.ids import utcnow
-from store import SqlAgentTurnStore, ThreadQuery, ThreadRecords
+from store import SqlAgentTurnStore, ThreadQuery, ThreadRecord, ThreadRecords
 from tests.integration.store.store_kit import recording
 
 S = AgentTurnStatus
@@ -39,8 +39,8 @@ def _turn(sql_url: str, turn_id: str, conversation_id: str, status: AgentTurnSta
         )
 
 
-def _ids(found: list[object]) -> list[str]:
-    return [record.thread_id for record in found]  # type: ignore[attr-defined]
+def _ids(found: list[ThreadRecord]) -> list[str]:
+    return [record.thread_id for record in found]
 
 
 def test_status_comes_from_the_active_turn_else_the_newest_one(records: ThreadRecords, sql_url: str) -> None:
@@ -107,7 +107,7 @@ def test_pages_neither_repeat_nor_miss_a_thread_and_cost_one_statement(records: 
     _turn(sql_url, "late", "t1/05", S.COMPLETED, 0)  # updated last: first by update time
     for sort_by in ("created_at", "updated_at", "thread_id", "status"):
         for descending in (True, False):
-            query = ThreadQuery("t1", metadata={"kind": "page"}, sort_by=sort_by, descending=descending)  # type: ignore[arg-type]
+            query = ThreadQuery("t1", metadata={"kind": "page"}, sort_by=sort_by, descending=descending)
             with recording(records.engine) as recorded:
                 pages = [records.search(query, limit=5, offset=offset) for offset in range(0, 25, 5)]
             assert recorded.statements == ["SELECT"] * 5, sort_by  # one statement per page, no per-thread reads
