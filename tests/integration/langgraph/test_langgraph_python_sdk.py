@@ -376,7 +376,7 @@ def test_subgraph_streams_carry_the_child_namespace(client: Client) -> None:
 def test_unsupported_options_and_bad_input_are_typed_errors(client: Client, server: ApiServer) -> None:
     thread_id = client.threads.create()["thread_id"]
     with pytest.raises(httpx.HTTPStatusError) as raised:
-        list(client.runs.stream(thread_id, "desk", input=user("x"), stream_mode="debug"))
+        list(client.runs.stream(thread_id, "desk", input=user("x"), stream_mode="tasks"))
     assert raised.value.response.status_code == 501
     refused(lambda: client.runs.wait(thread_id, "desk", input={"messages": []}), 422)
     refused(
