@@ -13,11 +13,12 @@ events); a tool by its name.
 
 `debug` follows LangGraph's debug stream: `{"type", "timestamp", "step", "payload"}` with
 `checkpoint` parts (the state after the turn started, after each model answer and tool
-result, when it waits and when it ends: `values`, `next`, `tasks`, `config` with the
+result, when it waits and when it ends other than completed: `values`, `next`, `tasks`, `config` with the
 thread, and as `checkpoint_id` the id of the newest message, as the thread's state shows
 it), `task` parts when a model call or a tool call starts, and `task_result` parts when one
 ends (`result` is `[["messages", [message]]]`; `error` is the turn's error when the turn
-failed during it). Steps count the turn's tasks: the input checkpoint is step -1, then
+failed during it). A model call is known once it streams or answers: a turn that fails in
+its first call shows the error in its last checkpoint's task only. Steps count the turn's tasks: the input checkpoint is step -1, then
 each model call and each tool call is the next step. There are no checkpoints inside
 a task, and no checkpoint can be resumed from: a turn is the unit of history.
 """
@@ -101,8 +102,9 @@ class DebugSteps:
         *,
         next_nodes: list[str],
         interrupts: list[dict[str, Any]] | None = None,
+        error: str | None = None,
     ) -> dict[str, Any]:
-        """A `checkpoint` part: the state `values` after `event`, with what runs next."""
+        """A `checkpoint` part: the state `values` after `event`, with what runs next (and its error, if it failed)."""
         step = self._steps.get(event.turn_id, -1)
         messages = values.get("messages") or []
         config = {
@@ -112,10 +114,8 @@ class DebugSteps:
                 "checkpoint_id": messages[-1]["id"] if messages else None,
             }
         }
-        tasks = [
-            {"id": f"{event.turn_id}:{node}", "name": node, "interrupts": interrupts or [], "state": None}
-            for node in next_nodes
-        ]
+        task: dict[str, Any] = {"error": error} if error is not None else {"interrupts": interrupts or []}
+        tasks = [{"id": f"{event.turn_id}:{node}", "name": node, **task, "state": None} for node in next_nodes]
         payload = {
             "config": config,
             "parent_config": None,

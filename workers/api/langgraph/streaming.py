@@ -364,10 +364,12 @@ class RunTranslator:
         error = None if completed else turn.error or event.type.value
         if "events" in self.modes and completed:
             parts.append(self._event(event, "on_chain_end", turn.agent_id, event.turn_id, {"output": values}))
-        if "debug" in self.modes:
-            if error is not None:
-                parts.extend(("debug", part) for part in self.debug.failed(event, error))
-            parts.append(("debug", self.debug.checkpoint(event, namespace, values, next_nodes=[])))
+        if "debug" in self.modes and error is not None:
+            # A completed turn's last checkpoint went out with its answer.
+            parts.extend(("debug", part) for part in self.debug.failed(event, error))
+            node = MODEL_NODE if turn.phase.value == "MODEL" else TOOLS_NODE
+            checkpoint = self.debug.checkpoint(event, namespace, values, next_nodes=[node], error=error)
+            parts.append(("debug", checkpoint))
         if event.turn_id == self.root_id and error is not None:
             self.failed = True
             parts.append(("error", {"error": event.type.value, "message": error}))
@@ -383,8 +385,9 @@ class RunTranslator:
             return next((i for i, m in enumerate(messages) if isinstance(m, AiMessage) and m.id == wanted), None)
         if event.type is E.TOOL_COMPLETED:
             call = event.data.get("tool_call_id")
+            newest_first = range(len(messages) - 1, -1, -1)
             return next(
-                (i for i, m in enumerate(messages) if isinstance(m, ToolMessage) and m.tool_call_id == call), None
+                (i for i in newest_first if isinstance(m := messages[i], ToolMessage) and m.tool_call_id == call), None
             )
         if event.type is E.TURN_STARTED:
             return next((i for i in range(len(messages) - 1, -1, -1) if messages[i].role == "user"), None)
