@@ -6,11 +6,18 @@ Each `AgentEvent` of the tree becomes zero or more parts, in the stream modes as
   end of the turn (`{"messages": [...]}`), and `{"__interrupt__": [...]}` when it waits;
 - `updates`: `{"model": {"messages": [ai]}}`, `{"tools": {"messages": [tool]}}` and
   `{"__interrupt__": [...]}`;
-- `messages-tuple`: `[message chunk, metadata]`: each MODEL_DELTA as an `AIMessageChunk`,
-  a whole answer that streamed no deltas, each tool message;
+- `messages-tuple`: `[message chunk, metadata]`: each piece of streamed text as an
+  `AIMessageChunk` (and at the answer the part its deltas did not bring), a whole answer
+  that streamed no deltas, each tool message;
 - `messages`: `messages/metadata` once per message, `messages/partial` with the answer so
   far at each delta, `messages/complete` with each whole AI or tool message;
-- `custom`: the data a tool reports with `report_progress`.
+- `custom`: the data a tool reports with `report_progress`;
+- `events` and `debug`: see `workers.api.langgraph.run_events`.
+
+The text of model calls, their tool calls and the tool results come from the steps of
+`workers.api.protocols.steps`, the translation the other chat protocols use too: a model
+call re-run after its worker died streams its text once, and a client that missed deltas
+still gets the whole text.
 
 Child turns (sub-agents) appear only with `stream_subgraphs`, under the namespace
 `<agent id>:<turn id>` (`event: values|helper:<turn id>`). A run ends when its turn ends
