@@ -199,10 +199,9 @@ class RunTranslator:
 
     def _parts(self, event: AgentEvent, namespace: str) -> list[tuple[str, Any]]:
         parts: list[tuple[str, Any]] = []
-        found = self._steps_of(event)
         modes = self.modes
         if event.type is E.MODEL_DELTA:
-            return self._text(event, found, streaming=True)
+            return self._text(event, self._steps_of(event), streaming=True)
         if event.type is E.TOOL_PROGRESS:
             progress = event.data.get("progress")
             if "custom" in modes:
@@ -214,11 +213,13 @@ class RunTranslator:
         if event.type not in (E.TURN_STARTED, E.MODEL_RESPONSE, E.TOOL_COMPLETED, E.TURN_SUSPENDED) and not (
             event.type.is_terminal
         ):
+            self._steps_of(event)  # keeps the turn's translator in step (a resume, say)
             return parts
         try:
             turn = self._turn(event.turn_id, fresh=True)
         except TurnNotFound:
             return parts
+        found = self._steps_of(event)  # after the fresh read, so the steps find what the event names
         position = self._position(turn, event)
         if position is None:
             return parts
