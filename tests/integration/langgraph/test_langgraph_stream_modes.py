@@ -143,3 +143,11 @@ def test_child_turns_stream_events_under_their_namespace_with_their_parents(clie
     assert len(starts) == 1 and starts[0]["run_id"] == child_turn and starts[0]["parent_ids"][0] == run_id
     inner = [p.data for p in child if p.data["event"] == "on_chat_model_end"]
     assert inner and all(e["parent_ids"][0] == run_id and e["parent_ids"][-1] == child_turn for e in inner)
+
+
+def test_a_run_waiting_for_a_person_ends_on_a_debug_checkpoint_carrying_the_interrupt(client: Client) -> None:
+    parts = _stream(client, "desk", "ticket for the db", ["debug", "updates"])
+    (interrupt,) = next(p.data["__interrupt__"] for p in parts if p.event == "updates" and "__interrupt__" in p.data)
+    last = [p.data for p in parts if p.event == "debug"][-1]
+    assert last["type"] == "checkpoint" and last["payload"]["next"] == ["tools"]
+    assert last["payload"]["tasks"][0]["interrupts"] == [interrupt] and parts[-1].event == "end"
