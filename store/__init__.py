@@ -21,7 +21,7 @@ from store.idempotency import IdempotencyKeys, IdempotencyRecord, IdempotencySta
 from store.inbox import Inbox, InboxMessage, InboxStatus
 from store.migrations import Migration, SchemaVersionError, check_schema, migrate
 from store.sql_lease import SqlTurnLease
-from store.threads import ThreadRecord, ThreadRecords
+from store.threads import ThreadQuery, ThreadRecord, ThreadRecords
 from store.turns import SqlAgentTurnStore
 
 # Redis backends are imported on first use, so the SQL backends (the embedded default)
@@ -63,6 +63,7 @@ __all__ = [
     "SchemaVersionError",
     "Migration",
     "SqlTurnLease",
+    "ThreadQuery",
     "ThreadRecord",
     "ThreadRecords",
     "check_schema",

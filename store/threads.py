@@ -9,16 +9,33 @@ a tombstone, so its id is never handed out again while the turns and messages st
 
 from __future__ import annotations
 
+import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 import sqlalchemy as sa
+from sqlalchemy.dialects.postgresql import JSONB
 
 from agent_runner.ids import utcnow
+from agent_runner.snapshot import AgentTurnStatus
 from store._backend import SqlBackend
 from store._engine import AnyRow, dialect_insert, translated_errors
-from store.schema import threads
+from store.schema import NON_TERMINAL_STATUSES, threads, turns
+
+ThreadStatus = Literal["idle", "busy", "interrupted", "error"]
+"""A thread's status, from its conversation's turns (see `ThreadQuery`)."""
+
+ThreadSort = Literal["created_at", "updated_at", "thread_id", "status"]
+
+WAITING_FOR_A_PERSON = frozenset({AgentTurnStatus.WAITING_FOR_USER, AgentTurnStatus.WAITING_FOR_APPROVAL})
+"""Statuses of an active turn that make its thread `interrupted`."""
+
+FAILED_STATUSES = frozenset(
+    s for s in AgentTurnStatus if s.is_terminal and s not in (AgentTurnStatus.COMPLETED, AgentTurnStatus.CANCELLED)
+)
+"""Statuses of a newest turn that make its thread `error`: ended without its answer, and not by a cancel."""
 
 
 @dataclass(frozen=True)
@@ -54,6 +71,96 @@ def _record(row: AnyRow) -> ThreadRecord:
         updated_at=row.updated_at,
         deleted_at=row.deleted_at,
     )
+
+
+@dataclass(frozen=True)
+class ThreadQuery:
+    """Which of a tenant's live threads a search finds, and in what order.
+
+    A thread's status follows from its conversation's turns: `busy` while a turn is active,
+    `interrupted` while the active turn waits for a person, `error` when the newest turn
+    ended failed, else `idle`. Metadata matches as JSON containment on PostgreSQL
+    (`metadata @> filter`); on SQLite each key's value must equal the filter's (the same for
+    scalar values, stricter for nested objects and lists).
+
+    Attributes:
+        tenant_id: The owning tenant (None on a single-tenant server).
+        conversation_id: Only this conversation's thread (a token limited to one conversation).
+        thread_ids: Only threads with one of these ids.
+        metadata: Only threads whose metadata holds these keys and values.
+        status: Only threads in this status.
+        sort_by: The order: by creation or update time, id or status (ties broken by the stored id).
+        descending: Largest first.
+    """
+
+    tenant_id: str | None
+    conversation_id: str | None = None
+    thread_ids: Sequence[str] | None = None
+    metadata: dict[str, Any] | None = None
+    status: ThreadStatus | None = None
+    sort_by: ThreadSort = "created_at"
+    descending: bool = True
+
+
+def _newest_turn() -> Any:
+    """The newest turn of each thread's conversation (a correlated subquery), as `status` and `updated_at`."""
+    return (
+        sa.select(turns.c.status, turns.c.updated_at)
+        .where(turns.c.conversation_id == threads.c.conversation_id)
+        .order_by(turns.c.created_at.desc(), turns.c.id.desc())
+        .limit(1)
+        .correlate(threads)
+    )
+
+
+def status_column() -> sa.ColumnElement[str]:
+    """The thread's status (`ThreadStatus`) as an SQL expression over `agent_threads`."""
+    active = (
+        sa.select(turns.c.status)
+        .where(turns.c.conversation_id == threads.c.conversation_id, turns.c.status.in_(NON_TERMINAL_STATUSES))
+        .limit(1)
+        .correlate(threads)
+        .scalar_subquery()
+    )
+    newest = _newest_turn().with_only_columns(turns.c.status).scalar_subquery()
+    return sa.case(
+        (active.in_([s.value for s in WAITING_FOR_A_PERSON]), sa.literal("interrupted")),
+        (active.is_not(None), sa.literal("busy")),
+        (newest.in_([s.value for s in FAILED_STATUSES]), sa.literal("error")),
+        else_=sa.literal("idle"),
+    )
+
+
+def _updated_column() -> sa.ColumnElement[Any]:
+    """When the thread last changed: its record or its newest turn, whichever is later."""
+    newest = _newest_turn().with_only_columns(turns.c.updated_at).scalar_subquery()
+    return sa.case((newest > threads.c.updated_at, newest), else_=threads.c.updated_at)
+
+
+def _metadata_matches(dialect: str, wanted: dict[str, Any]) -> sa.ColumnElement[bool]:
+    if dialect == "postgresql":
+        filter_ = sa.cast(sa.bindparam(None, json.dumps(wanted), type_=sa.Text), JSONB)
+        return sa.cast(threads.c.metadata, JSONB).op("@>")(filter_)
+    return sa.and_(sa.true(), *(_sqlite_key_equals(key, value) for key, value in wanted.items()))
+
+
+def _sqlite_key_equals(key: str, value: Any) -> sa.ColumnElement[bool]:
+    entries = sa.func.json_each(threads.c.metadata).table_valued("key", "value", "type")
+    match: list[sa.ColumnElement[bool]] = [entries.c.key == key]
+    if value is None:
+        match.append(entries.c.type == "null")
+    elif isinstance(value, bool):
+        match.append(entries.c.type == ("true" if value else "false"))
+    elif isinstance(value, int | float):
+        match += [entries.c.type.in_(["integer", "real"]), entries.c.value == value]
+    elif isinstance(value, str):
+        match += [entries.c.type == "text", entries.c.value == value]
+    else:
+        match += [
+            entries.c.type == ("object" if isinstance(value, dict) else "array"),
+            entries.c.value == sa.func.json(json.dumps(value)),
+        ]
+    return sa.exists(sa.select(1).select_from(entries).where(*match))
 
 
 class ThreadRecords(SqlBackend):
@@ -101,16 +208,45 @@ class ThreadRecords(SqlBackend):
             row = connection.execute(sa.select(threads).where(threads.c.conversation_id == conversation_id)).first()
         return None if row is None else _record(row)
 
-    def list(self, tenant_id: str | None) -> list[ThreadRecord]:
-        """The tenant's threads that were not deleted, newest first."""
-        owner = threads.c.tenant_id.is_(None) if tenant_id is None else threads.c.tenant_id == tenant_id
+    def _matching(self, query: ThreadQuery) -> sa.Select[Any]:
+        owner = threads.c.tenant_id.is_(None) if query.tenant_id is None else threads.c.tenant_id == query.tenant_id
+        where: list[sa.ColumnElement[bool]] = [owner, threads.c.deleted_at.is_(None)]
+        if query.conversation_id is not None:
+            where.append(threads.c.conversation_id == query.conversation_id)
+        if query.thread_ids is not None:
+            where.append(threads.c.thread_id.in_(list(query.thread_ids)))
+        if query.metadata:
+            where.append(_metadata_matches(self._engine.dialect.name, query.metadata))
+        if query.status is not None:
+            where.append(status_column() == query.status)
+        return sa.select(threads).where(*where)
+
+    def search(self, query: ThreadQuery, *, limit: int, offset: int = 0) -> list[ThreadRecord]:
+        """One page of the threads `query` finds, in its order (one statement; ties broken by the stored id).
+
+        The order is total, so pages taken while nothing changes neither repeat nor miss a thread.
+        """
+        key: sa.ColumnElement[Any] = {
+            "created_at": threads.c.created_at,
+            "updated_at": _updated_column(),
+            "thread_id": threads.c.thread_id,
+            "status": status_column(),
+        }[query.sort_by]
+        direction = sa.desc if query.descending else sa.asc
         statement = (
-            sa.select(threads)
-            .where(owner, threads.c.deleted_at.is_(None))
-            .order_by(threads.c.created_at.desc(), threads.c.conversation_id)
+            self._matching(query)
+            .order_by(direction(key), direction(threads.c.conversation_id))
+            .limit(limit)
+            .offset(offset)
         )
-        with translated_errors(self._engine, "listing threads"), self._engine.connect() as connection:
+        with translated_errors(self._engine, "searching threads"), self._engine.connect() as connection:
             return [_record(row) for row in connection.execute(statement)]
+
+    def count(self, query: ThreadQuery) -> int:
+        """How many threads `query` finds."""
+        statement = sa.select(sa.func.count()).select_from(self._matching(query).subquery())
+        with translated_errors(self._engine, "counting threads"), self._engine.connect() as connection:
+            return int(connection.execute(statement).scalar_one())
 
     def update_metadata(self, conversation_id: str, metadata: dict[str, Any]) -> ThreadRecord | None:
         """Merge `metadata` into the thread's metadata; None when the thread does not exist (or was deleted)."""

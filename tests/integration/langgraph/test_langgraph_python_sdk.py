@@ -99,6 +99,33 @@ def test_threads_are_created_found_searched_patched_and_deleted(client: Client) 
     assert [t["thread_id"] for t in client.threads.search(metadata={"tag": tag})] == [other["thread_id"]]
 
 
+def test_thread_search_pages_sorts_and_filters_by_status_ids_and_metadata(client: Client) -> None:
+    tag = uuid.uuid4().hex
+    names = [f"{tag}-{number}" for number in range(7)]
+    for name in names:
+        client.threads.create(thread_id=name, metadata={"tag": tag, "odd": int(name[-1]) % 2 == 1})
+    client.runs.wait(names[3], "writer", input=user("fail"), raise_error=False)
+    # Pages in the order asked for, each thread once
+    pages = [
+        client.threads.search(metadata={"tag": tag}, limit=3, offset=offset, sort_by="thread_id", sort_order="asc")
+        for offset in (0, 3, 6)
+    ]
+    assert [[t["thread_id"] for t in page] for page in pages] == [names[0:3], names[3:6], names[6:]]
+    newest = client.threads.search(metadata={"tag": tag}, limit=2, sort_by="created_at", sort_order="desc")
+    assert [t["thread_id"] for t in newest] == [names[6], names[5]]
+    assert client.threads.search(metadata={"tag": tag}, limit=1, sort_by="updated_at")[0]["thread_id"] == names[3]
+    # Filters: status (from the newest run), ids, metadata values of any JSON type
+    failed = client.threads.search(metadata={"tag": tag}, status="error")
+    assert [t["thread_id"] for t in failed] == [names[3]] and failed[0]["status"] == "error"
+    assert client.threads.count(metadata={"tag": tag}, status="idle") == 6
+    assert client.threads.count(metadata={"tag": tag, "odd": True}) == 3
+    found = client.threads.search(ids=[names[1], names[2], "not-a-thread"], sort_by="thread_id", sort_order="asc")
+    assert [t["thread_id"] for t in found] == [names[1], names[2]]
+    error = refused(lambda: client.threads.search(values={"messages": []}), 501)
+    assert error["type"] == "NotSupported" and "values" in error["message"]
+    refused(lambda: client.threads.search(sort_by="nothing"), 422)
+
+
 def test_a_streamed_run_prints_tokens_and_sends_values_updates_and_messages(server: ApiServer) -> None:
     async def scenario() -> list[StreamPart]:
         async with get_client(url=server.url, api_key=None) as async_client:
@@ -349,7 +376,7 @@ def test_subgraph_streams_carry_the_child_namespace(client: Client) -> None:
 def test_unsupported_options_and_bad_input_are_typed_errors(client: Client, server: ApiServer) -> None:
     thread_id = client.threads.create()["thread_id"]
     with pytest.raises(httpx.HTTPStatusError) as raised:
-        list(client.runs.stream(thread_id, "desk", input=user("x"), stream_mode="debug"))
+        list(client.runs.stream(thread_id, "desk", input=user("x"), stream_mode="tasks"))
     assert raised.value.response.status_code == 501
     refused(lambda: client.runs.wait(thread_id, "desk", input={"messages": []}), 422)
     refused(

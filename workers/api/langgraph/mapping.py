@@ -32,6 +32,7 @@ from agent_runner import (
     ToolMessage,
     UserMessage,
 )
+from store.threads import FAILED_STATUSES
 from workers.api.errors import ApiError, InvalidRequest
 from workers.views import MASK, WAITING_FOR_A_PERSON, ArgumentMask, agent_mask
 
@@ -40,8 +41,8 @@ S = AgentTurnStatus
 HUMAN_TYPES = frozenset({"human", "user"})
 AI_TYPES = frozenset({"ai", "assistant"})
 
-FAILED = frozenset(s for s in S if s.is_terminal and s not in (S.COMPLETED, S.CANCELLED))
-"""Ended without its answer, and not by a cancel: a run in `error` (a status added to the ended ones is one too)."""
+FAILED = FAILED_STATUSES
+"""Ended without its answer, and not by a cancel: a run in `error` (the thread search uses the same statuses)."""
 
 APPROVAL_DECISIONS = ("approve", "edit", "reject")
 """The decisions an approval interrupt allows."""

@@ -50,8 +50,8 @@ class ThreadSearch(_Body):
     status: Literal["idle", "busy", "interrupted", "error"] | None = None
     limit: int = Field(default=10, ge=1, le=1000)
     offset: int = Field(default=0, ge=0)
-    sort_by: str | None = None
-    sort_order: str | None = None
+    sort_by: Literal["created_at", "updated_at", "thread_id", "status"] | None = None
+    sort_order: Literal["asc", "desc"] | None = None
     select: list[str] | None = None
     extract: Any = None
 

@@ -238,38 +238,45 @@ async def create(body: ThreadCreate, runtime: RuntimeDep, tenant: TenantDep, rec
     return JSONResponse(await run_in_threadpool(act))
 
 
-def _search(runtime: Runtime, tenant: Tenant, records: store.ThreadRecords, body: ThreadSearch) -> list[dict[str, Any]]:
-    """Every thread view of the tenant matching the search's filters, newest first."""
+def _query(tenant: Tenant, body: ThreadSearch) -> store.ThreadQuery:
+    """The store query of a search's filters and order.
+
+    Raises:
+        NotSupported: A filter on values, or `extract`.
+    """
     if body.values:
         raise NotSupported("searching threads by values")
     if body.extract is not None:
         raise NotSupported("extract in a thread search")
-    if body.sort_by not in (None, "created_at") or body.sort_order not in (None, "desc"):
-        raise NotSupported("sorting threads other than by created_at, newest first")
-    found = []
-    for record in records.list(tenant.id):
-        if tenant.conversation is not None and record.conversation_id != tenant.conversation:
-            continue  # a token limited to one conversation sees that thread only
-        if body.ids is not None and record.thread_id not in body.ids:
-            continue
-        if body.metadata and any(record.metadata.get(k) != v for k, v in body.metadata.items()):
-            continue
-        found.append(record)
-    views = (thread_view(runtime, record) for record in found)
-    return [view for view in views if body.status is None or view["status"] == body.status]
+    return store.ThreadQuery(
+        tenant_id=tenant.id,
+        conversation_id=tenant.conversation,  # a token limited to one conversation sees that thread only
+        thread_ids=body.ids,
+        metadata=body.metadata,
+        status=body.status,
+        sort_by=body.sort_by or "created_at",
+        descending=body.sort_order != "asc",
+    )
 
 
 @router.post("/threads/search", summary="Search threads")
 async def search(body: ThreadSearch, runtime: RuntimeDep, tenant: TenantDep, records: RecordsDep) -> JSONResponse:
-    """The tenant's threads, newest first, filtered by metadata (each key equal), ids and status."""
-    matching = await run_in_threadpool(_search, runtime, tenant, records, body)
-    return JSONResponse(matching[body.offset : body.offset + body.limit])
+    """A page of the tenant's threads (newest first unless sorted otherwise), filtered by metadata, ids and status.
+
+    The filters, the order and the page are one query; only the threads of the page are read further.
+    """
+
+    def act() -> list[dict[str, Any]]:
+        page = records.search(_query(tenant, body), limit=body.limit, offset=body.offset)
+        return [thread_view(runtime, record) for record in page]
+
+    return JSONResponse(await run_in_threadpool(act))
 
 
 @router.post("/threads/count", summary="Count threads")
-async def count(body: ThreadSearch, runtime: RuntimeDep, tenant: TenantDep, records: RecordsDep) -> JSONResponse:
+async def count(body: ThreadSearch, tenant: TenantDep, records: RecordsDep) -> JSONResponse:
     """How many of the tenant's threads match the filters of a search."""
-    return JSONResponse(len(await run_in_threadpool(_search, runtime, tenant, records, body)))
+    return JSONResponse(await run_in_threadpool(records.count, _query(tenant, body)))
 
 
 @router.get("/threads/{thread_id}", summary="Get a thread")
