@@ -144,7 +144,7 @@ def _interrupt(runtime: Runtime, turn_id: str) -> bool:
 
 
 def _enqueue(runtime: Runtime, tenant: Tenant, request: StartTurnRequest, conversation: str, message_id: str) -> Queued:
-    runtime.inbox.enqueue(
+    message = runtime.inbox.enqueue(
         conversation,
         message_id,
         request.input,
@@ -152,6 +152,9 @@ def _enqueue(runtime: Runtime, tenant: Tenant, request: StartTurnRequest, conver
         tenant_id=tenant.id,
         metadata=request.metadata,
     )
+    if message.queued_event is not None and runtime.events.live is not None:
+        # Stored with the message; announced like a save's events, to wake the conversation's followers.
+        runtime.events.live.publish(message.queued_event)
     # The active turn may have ended between the busy answer and the enqueue; its end's
     # request for the next message then found nothing queued. Ask once more.
     runtime.wake_inbox(conversation)
