@@ -69,7 +69,7 @@ class InboxMessage:
     agent_id: str | None = None
     tenant_id: str | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
-    queued_event: AgentEvent | None = None
+    queued_event: AgentEvent | None = field(default=None, compare=False)
 
     @property
     def starts_as(self) -> str:
