@@ -20,6 +20,7 @@ from typing_extensions import TypeAliasType
 
 from agent_runner.events import AgentEvent, AgentEventType
 from agent_runner.forms import AgentFormDefinition
+from agent_runner.ids import queued_turn_id
 from agent_runner.messages import ToolCall
 from agent_runner.snapshot import AgentTurn, AgentTurnStatus
 from agent_runner.suspensions import AgentSuspension, ResumeType, SuspensionType, TimeoutAction
@@ -78,6 +79,13 @@ class TurnStartedFields(_Payload):
     parent_turn_id: str | None = Field(description="The parent of a child turn; null for a root turn.")
     message_id: str = Field(
         description="The user message the turn starts from (for a queued message: the `message_id` it was queued with)."
+    )
+    queued_message_id: str | None = Field(
+        default=None,
+        description=(
+            "The queued message the turn was started from (its MESSAGE_QUEUED event names this turn); "
+            "null for a turn started directly."
+        ),
     )
 
 
@@ -207,6 +215,30 @@ class DeadlineApproachingFields(_Payload):
     on_timeout: TimeoutAction | None
 
 
+# --- Message events: a queued message has no turn yet, so no stamp -------------------------------
+
+
+class MessageQueuedPayload(_Payload):
+    """MESSAGE_QUEUED: a user message waits behind a busy conversation; its turn starts when the conversation is free.
+
+    The event's `turn_id` is the id that turn will have; its TURN_STARTED carries
+    `queued_message_id` equal to `message_id`.
+    """
+
+    message_id: str
+    sequence: int = Field(description="The message's place in its conversation's queue (1, 2, ...; gaps are possible).")
+    ahead: int = Field(description="Messages of the conversation queued before it that had not started yet.")
+    content: str
+    agent_id: str | None = Field(description="The agent that answers it; null: the deployment's inbox agent.")
+
+
+class MessageFailedPayload(_Payload):
+    """MESSAGE_FAILED: a queued message was given up on; no turn starts from it."""
+
+    message_id: str
+    error: str
+
+
 # --- Whole payloads (stamp + fields), as read from `AgentEvent.data` -----------------------------
 
 
@@ -264,7 +296,7 @@ class DeadlineApproachingPayload(EventStamp, DeadlineApproachingFields):
 
 E = AgentEventType
 
-PAYLOAD_MODELS: Mapping[AgentEventType, type[EventStamp]] = {
+PAYLOAD_MODELS: Mapping[AgentEventType, type[BaseModel]] = {
     E.TURN_STARTED: TurnStartedPayload,
     E.TURN_RUNNING: TurnRunningPayload,
     E.TURN_SUSPENDED: TurnSuspendedPayload,
@@ -283,11 +315,13 @@ PAYLOAD_MODELS: Mapping[AgentEventType, type[EventStamp]] = {
     E.BUDGET_EXCEEDED: TurnEndedPayload,
     E.CHAT_MEMORY_ERROR: ChatMemoryErrorPayload,
     E.DEADLINE_APPROACHING: DeadlineApproachingPayload,
+    E.MESSAGE_QUEUED: MessageQueuedPayload,
+    E.MESSAGE_FAILED: MessageFailedPayload,
 }
-"""The model of `AgentEvent.data` for each event type."""
+"""The model of `AgentEvent.data` for each event type (an `EventStamp` for every type but the message events)."""
 
 
-def payload_of(event: AgentEvent) -> EventStamp:
+def payload_of(event: AgentEvent) -> BaseModel:
     """The event's `data` validated against the model of its type.
 
     Raises:
@@ -311,12 +345,18 @@ class EventBody(NamedTuple):
 
 
 def turn_started(turn: AgentTurn, message_id: str) -> EventBody:
-    """TURN_STARTED of a new turn that starts from the user message `message_id`."""
+    """TURN_STARTED of a new turn that starts from the user message `message_id`.
+
+    A turn whose id is the one `queued_turn_id` derives for the message was started from
+    that queued message, and says so.
+    """
+    queued = turn.conversation_id is not None and turn.id == queued_turn_id(turn.conversation_id, message_id)
     fields = TurnStartedFields(
         agent_id=turn.agent_id,
         agent_version=turn.agent_version,
         parent_turn_id=turn.parent_turn_id,
         message_id=message_id,
+        queued_message_id=message_id if queued else None,
     )
     return EventBody(E.TURN_STARTED, fields)
 
@@ -434,6 +474,19 @@ def turn_ended(turn: AgentTurn, event_type: AgentEventType) -> EventBody:
 def chat_memory_error(error: str) -> EventBody:
     """CHAT_MEMORY_ERROR: projection into ChatMemory failed with `error`."""
     return EventBody(E.CHAT_MEMORY_ERROR, ChatMemoryErrorFields(error=error))
+
+
+def message_queued(message_id: str, sequence: int, ahead: int, content: str, agent_id: str | None) -> dict[str, Any]:
+    """The `data` of MESSAGE_QUEUED."""
+    fields = MessageQueuedPayload(
+        message_id=message_id, sequence=sequence, ahead=ahead, content=content, agent_id=agent_id
+    )
+    return fields.model_dump(mode="json")
+
+
+def message_failed(message_id: str, error: str) -> dict[str, Any]:
+    """The `data` of MESSAGE_FAILED."""
+    return MessageFailedPayload(message_id=message_id, error=error).model_dump(mode="json")
 
 
 def deadline_approaching(suspension: AgentSuspension) -> EventBody:

@@ -45,6 +45,13 @@ class AgentEventType(StrEnum):
     """A waiting approval or form is most of the way to its deadline (emitted once, for reminders).
 
     `data` holds `correlation_id`, `suspension_type`, `deadline` and `on_timeout`."""
+    MESSAGE_QUEUED = "MESSAGE_QUEUED"
+    """A user message was queued behind a busy conversation (a message event: its turn does not exist yet).
+
+    `turn_id` (and `root_turn_id`) is the id the turn started from it will have, whose
+    TURN_STARTED names the message in `queued_message_id`."""
+    MESSAGE_FAILED = "MESSAGE_FAILED"
+    """A queued message was given up on: its turn will never start (a message event, filed like MESSAGE_QUEUED)."""
 
     @property
     def is_terminal(self) -> bool:
@@ -80,6 +87,12 @@ EPHEMERAL_EVENT_TYPES = frozenset(
 
 CHAT_MEMORY_ERROR reports a projection that failed after the snapshot was saved, so there is
 no save to write it with; it is an operator's signal, live only, like the deltas."""
+
+MESSAGE_EVENT_TYPES = frozenset({AgentEventType.MESSAGE_QUEUED, AgentEventType.MESSAGE_FAILED})
+"""Event types of a queued message rather than of a turn: written by the inbox, not by a runner's save.
+
+They are filed under the id of the turn the message starts as, and are read in their
+conversation's feed only (not in the turn tree's). Their `data` has no turn `status` or `version`."""
 
 DURABLE_EVENT_TYPES = frozenset(AgentEventType) - EPHEMERAL_EVENT_TYPES
 """Event types written to the turn store atomically with the save that caused them."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 from datetime import UTC, datetime
 
@@ -18,3 +19,15 @@ def new_id() -> str:
 def utcnow() -> datetime:
     """Return the current time, timezone-aware in UTC."""
     return datetime.now(UTC)
+
+
+def queued_turn_id(conversation_id: str, message_id: str) -> str:
+    """Return the id of the turn started from the queued message `message_id` of a conversation (32 hex characters).
+
+    Derived from both ids, so the message's events can name the turn before it exists and
+    a message can start at most one turn (a second start of the same id is refused).
+    Conversation ids are tenant-scoped where the server has tenants, so two tenants'
+    messages never share a turn id.
+    """
+    digest = hashlib.sha256(f"queued-message\x00{conversation_id}\x00{message_id}".encode())
+    return digest.hexdigest()[:32]

@@ -17,6 +17,13 @@ Every save takes its locks in one order: its own turn's row, then its tree's roo
 child's save), then its conversations' counters by id. Two saves can wait on each other,
 never in a cycle.
 
+A queued message's events (MESSAGE_QUEUED, MESSAGE_FAILED) come before its turn exists:
+they are filed under the id the turn will have, at tree positions the tree's own events
+never take (MESSAGE_QUEUED_POSITION, MESSAGE_FAILED_POSITION: the counter hands out 1, 2,
+...), so a tree read never shows them, and at the next position of their conversation.
+They take only the conversation's counter lock; the inbox writes them in the transaction
+that queues or fails the message.
+
 Cursors are the position in the scope read (`"17"`). Cursors of the earlier read order,
 `<xid>.<id>` (transaction id, then row id; `0.<id>` on SQLite), still work: the events
 written then kept their transaction id, and positions were given to them in that order
@@ -42,6 +49,11 @@ from store.schema import event_conversations, turn_events, turns
 
 ROOT = "root"
 CONVERSATION = "conversation"
+
+MESSAGE_QUEUED_POSITION = 0
+"""The tree position of a MESSAGE_QUEUED event (below every position of the tree's own events)."""
+MESSAGE_FAILED_POSITION = -1
+"""The tree position of a MESSAGE_FAILED event."""
 
 
 def needs_root_conversation(turn: AgentTurn, events: Sequence[AgentEvent]) -> bool:
@@ -147,6 +159,30 @@ class SqlEventLog:
                 }
             )
         connection.execute(self._insert, rows)
+
+    def write_message_event(self, connection: Connection, event: AgentEvent, root_position: int) -> bool:
+        """Insert a queued message's event at the next position of its conversation; False when its id is stored.
+
+        The event's tree is its `turn_id` (the turn the message starts as), where it sits at
+        `root_position`, one of the positions the tree's counter never hands out.
+        """
+        if event.conversation_id is None:
+            raise ValueError(f"the message event {event.event_id!r} names no conversation")
+        position = connection.execute(
+            self._bump_conversation, {"conversation": event.conversation_id, "count": 1}
+        ).scalar_one()
+        row = {
+            "event_id": event.event_id,
+            "turn_id": event.turn_id,
+            "root_turn_id": event.turn_id,
+            "conversation_id": event.conversation_id,
+            "type": event.type.value,
+            "created_at": event.timestamp,
+            "payload": event.model_dump(mode="json", exclude={"cursor"}),
+            "root_position": root_position,
+            "conversation_position": position,
+        }
+        return connection.execute(self._insert, row).rowcount == 1
 
     def read(self, connection: Connection, kind: str, scope_id: str, after: str | None, limit: int) -> list[AgentEvent]:
         """Up to `limit` events of a scope after the cursor `after`, each with its cursor.

@@ -4,10 +4,16 @@ A message arrives while its conversation still has an active turn; it waits here
 PENDING. When the conversation is free, a sweep claims the next message (PROCESSING),
 starts a turn with it and marks it COMPLETED, or puts it back for a retry. Queued messages
 are not written to ChatMemory: the turn started from them projects them when it begins.
+
+Queueing a message writes its MESSAGE_QUEUED event to the event log in the same
+transaction, and giving up on it (`mark_failed`) writes MESSAGE_FAILED, so a follower of the
+conversation sees every queued message, and never one that was not stored. Both name the
+turn the message starts as (`agent_runner.ids.queued_turn_id`); see `store._event_log`.
 """
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from enum import StrEnum
@@ -16,10 +22,13 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from agent_runner.ids import utcnow
+from agent_runner.event_payloads import message_failed, message_queued
+from agent_runner.events import MESSAGE_EVENT_TYPES, AgentEvent, AgentEventType
+from agent_runner.ids import queued_turn_id, utcnow
 from store._backend import SqlBackend, retention_cutoff
 from store._engine import AnyRow, UrlOrEngine, dialect_insert, translated_errors
-from store.schema import NON_TERMINAL_STATUSES, inbox_conversations, inbox_messages, turns
+from store._event_log import MESSAGE_FAILED_POSITION, MESSAGE_QUEUED_POSITION, SqlEventLog
+from store.schema import NON_TERMINAL_STATUSES, inbox_conversations, inbox_messages, turn_events, turns
 
 
 class InboxStatus(StrEnum):
@@ -46,6 +55,8 @@ class InboxMessage:
         agent_id: The agent that answers it (None: the deployment's inbox agent).
         tenant_id: The tenant the turn started from it belongs to.
         metadata: The metadata of that turn.
+        queued_event: The MESSAGE_QUEUED event `Inbox.enqueue` wrote with the message; None
+            on a record read back (or returned by an enqueue that found the message stored).
     """
 
     message_id: str
@@ -58,6 +69,12 @@ class InboxMessage:
     agent_id: str | None = None
     tenant_id: str | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
+    queued_event: AgentEvent | None = field(default=None, compare=False)
+
+    @property
+    def starts_as(self) -> str:
+        """The id of the turn started from the message (named by its events before that turn exists)."""
+        return queued_turn_id(self.conversation_id, self.message_id)
 
 
 _COLUMNS = (
@@ -89,6 +106,20 @@ def _record(row: AnyRow) -> InboxMessage:
     )
 
 
+def _message_event(message: InboxMessage, kind: AgentEventType, data: dict[str, Any]) -> AgentEvent:
+    """An event of a queued message, filed under the turn it starts as; its id follows from the two."""
+    turn_id = message.starts_as
+    event_id = hashlib.sha256(f"{kind.value}\x00{turn_id}".encode()).hexdigest()[:32]
+    return AgentEvent(
+        event_id=event_id,
+        type=kind,
+        turn_id=turn_id,
+        root_turn_id=turn_id,
+        conversation_id=message.conversation_id,
+        data=data,
+    )
+
+
 class Inbox(SqlBackend):
     """Per-conversation queues of user messages in PostgreSQL or SQLite.
 
@@ -103,6 +134,7 @@ class Inbox(SqlBackend):
 
     def __init__(self, url_or_engine: UrlOrEngine) -> None:
         super().__init__(url_or_engine)
+        self._events = SqlEventLog(self._engine)
 
     def enqueue(
         self,
@@ -118,6 +150,10 @@ class Inbox(SqlBackend):
 
         Idempotent on `message_id`: enqueueing an id again returns the record already
         stored (whatever its conversation, content or status) and changes nothing.
+
+        The message's MESSAGE_QUEUED event is written in the same transaction, at the next
+        position of the conversation's event log (returned as `queued_event`; announcing
+        it on a live channel is the caller's part).
 
         Args:
             conversation_id: The conversation whose queue the message joins.
@@ -163,11 +199,26 @@ class Inbox(SqlBackend):
                 )
                 row = connection.execute(insert).first()
                 if row is not None:
-                    return _record(row)
+                    return self._write_queued(connection, _record(row))
                 # A concurrent enqueue of the same id committed first.
                 raced = self._get(connection, message_id)
                 assert raced is not None
                 return raced
+
+    def _write_queued(self, connection: Connection, message: InboxMessage) -> InboxMessage:
+        # The counter row lock held since the sequence was taken keeps `ahead` exact, and
+        # it is taken before the event log's conversation counter, as by every enqueuer.
+        ahead = connection.execute(
+            sa.select(sa.func.count()).where(
+                inbox_messages.c.conversation_id == message.conversation_id,
+                inbox_messages.c.status.in_([InboxStatus.PENDING.value, InboxStatus.PROCESSING.value]),
+                inbox_messages.c.sequence < message.sequence,
+            )
+        ).scalar_one()
+        data = message_queued(message.message_id, message.sequence, ahead, message.content, message.agent_id)
+        event = _message_event(message, AgentEventType.MESSAGE_QUEUED, data)
+        self._events.write_message_event(connection, event, MESSAGE_QUEUED_POSITION)
+        return replace(message, queued_event=event)
 
     def get(self, message_id: str) -> InboxMessage | None:
         """Return the stored record of a message, or None."""
@@ -272,7 +323,8 @@ class Inbox(SqlBackend):
     def mark_failed(self, message_id: str, error: str) -> bool:
         """Give up on a PENDING or PROCESSING message; False when it had already ended.
 
-        The conversation's later messages can then be claimed.
+        The conversation's later messages can then be claimed. Its MESSAGE_FAILED event is
+        written in the same transaction.
         """
         return self._move(message_id, (InboxStatus.PENDING, InboxStatus.PROCESSING), InboxStatus.FAILED, error=error)
 
@@ -294,10 +346,18 @@ class Inbox(SqlBackend):
             sa.update(inbox_messages)
             .where(inbox_messages.c.message_id == message_id, inbox_messages.c.status.in_([s.value for s in sources]))
             .values(values)
+            .returning(*_COLUMNS)
         )
         with translated_errors(self._engine, f"marking message {message_id!r} {target.value}"):
             with self._writer.begin() as connection:
-                return connection.execute(statement).rowcount == 1
+                row = connection.execute(statement).first()
+                if row is not None and target is InboxStatus.FAILED:
+                    message = _record(row)
+                    event = _message_event(
+                        message, AgentEventType.MESSAGE_FAILED, message_failed(message_id, error or "")
+                    )
+                    self._events.write_message_event(connection, event, MESSAGE_FAILED_POSITION)
+                return row is not None
 
     def has_waiting(self, conversation_id: str) -> bool:
         """Whether the conversation has a message that has not started its turn yet (PENDING or PROCESSING).
@@ -371,7 +431,8 @@ class Inbox(SqlBackend):
         """Delete the settled messages last changed more than `older_than` ago; return how many.
 
         A COMPLETED message goes once its turn is gone (pruned with its tree, see
-        `SqlAgentTurnStore.prune`), a FAILED one once it is that old; PENDING and
+        `SqlAgentTurnStore.prune`), a FAILED one once it is that old, with its message events
+        (MESSAGE_QUEUED, MESSAGE_FAILED); PENDING and
         PROCESSING messages always stay. A message id that was pruned is new again to
         `enqueue`. The conversation's sequence counter stays, so later messages still
         queue after the earlier ones.
@@ -383,9 +444,35 @@ class Inbox(SqlBackend):
         cutoff = retention_cutoff(older_than, batch_size)
         message = inbox_messages.c
         turn_gone = ~sa.select(sa.literal(1)).where(turns.c.id == message.turn_id).exists()
-        settled = sa.or_(
-            message.status == InboxStatus.FAILED.value,
-            sa.and_(message.status == InboxStatus.COMPLETED.value, turn_gone),
+        completed = sa.and_(message.updated_at < cutoff, message.status == InboxStatus.COMPLETED.value, turn_gone)
+        removed = self._delete_in_batches(message.message_id, completed, batch_size, "pruning inbox messages")
+        return removed + self._prune_failed(cutoff, batch_size)
+
+    def _prune_failed(self, cutoff: datetime, batch_size: int) -> int:
+        """Delete FAILED messages changed before `cutoff` with their message events, in batches; return how many.
+
+        Their events are filed under a turn that never existed, so no turn prune reaches them.
+        """
+        message = inbox_messages.c
+        query = (
+            sa.select(message.message_id, message.conversation_id)
+            .where(message.status == InboxStatus.FAILED.value, message.updated_at < cutoff)
+            .limit(batch_size)
         )
-        where = sa.and_(message.updated_at < cutoff, settled)
-        return self._delete_in_batches(message.message_id, where, batch_size, "pruning inbox messages")
+        message_events = [t.value for t in MESSAGE_EVENT_TYPES]
+        removed = 0
+        while True:
+            with translated_errors(self._engine, "pruning failed inbox messages"), self._writer.begin() as connection:
+                rows = connection.execute(query).all()
+                if rows:
+                    trees = [queued_turn_id(row.conversation_id, row.message_id) for row in rows]
+                    connection.execute(
+                        sa.delete(turn_events).where(
+                            turn_events.c.root_turn_id.in_(trees), turn_events.c.type.in_(message_events)
+                        )
+                    )
+                    ids = [row.message_id for row in rows]
+                    connection.execute(sa.delete(inbox_messages).where(message.message_id.in_(ids)))
+            removed += len(rows)
+            if len(rows) < batch_size:
+                return removed

@@ -30,9 +30,11 @@ from agent_runner import (
     AgentRunner,
     AgentRunnerError,
     DefinitionError,
+    TurnNotFound,
     UserMessage,
+    VersionConflictError,
 )
-from agent_runner.ids import new_id
+from agent_runner.ids import new_id, queued_turn_id
 from agent_runner.limits import check_reference, check_turn_input
 from store import Inbox, InboxMessage
 
@@ -136,10 +138,12 @@ def start_next_message(
     """Start a turn from the conversation's next PENDING inbox message, if the conversation is free.
 
     The turn takes the agent, tenant and metadata the message was queued with (`agent_id`
-    answers messages queued without an agent), and its user message takes the message's
-    id. Before starting, the conversation is searched for a turn already started from that
-    id (a run that crashed between starting the turn and marking the message), so a message
-    never starts two turns.
+    answers messages queued without an agent), its user message takes the message's id,
+    and its id is the one derived from the message (`InboxMessage.starts_as`), which the
+    message's MESSAGE_QUEUED event named. A message never starts two turns: a second start
+    of that id is refused by the store (a run that crashed between starting the turn and
+    marking the message), and a turn started by an earlier version under a random id is
+    found by the message id first.
 
     Args:
         runner: Starts the turn (its dispatcher, if any, hands it to the workers).
@@ -188,7 +192,11 @@ def _start_claimed(
             conversation_id=message.conversation_id,
             tenant_id=message.tenant_id,
             metadata=message.metadata,
+            turn_id=message.starts_as,
         )
+    except VersionConflictError:
+        inbox.mark_completed(message.message_id, message.starts_as)
+        return InboxOutcome.ALREADY_STARTED
     except AgentConversationBusyException:
         inbox.release_for_retry(message.message_id)
         # The active turn may have ended while this message was claimed, and its end's
@@ -239,10 +247,17 @@ def settle_stale_claims(runner: AgentRunner, inbox: Inbox, claimed_before: datet
 def turn_started_from(runner: AgentRunner, conversation_id: str, message_id: str) -> str | None:
     """Return the id of the turn started from inbox message `message_id`, or None.
 
-    A turn's first save projects its user message into ChatMemory, so one indexed read
-    answers the common case (no turn). Only when the message is there are the
-    conversation's turns searched for the first one that carries it.
+    The turn has the id derived from the message, so one read of it answers. A turn
+    started by an earlier version has a random id: its first save projected its user
+    message into ChatMemory, so one indexed read tells whether there is one, and only then
+    are the conversation's turns searched for the first one that carries the message.
     """
+    derived = queued_turn_id(conversation_id, message_id)
+    try:
+        runner.turn_store.get_ref(derived)
+        return derived
+    except TurnNotFound:
+        pass
     if runner.chat_memory_provider is None or runner.chat_memory_provider(conversation_id).get(message_id) is None:
         return None
     turns = runner.turn_store.list_turns(conversation_id=conversation_id, limit=_TURNS_SEARCHED)

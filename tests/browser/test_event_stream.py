@@ -87,7 +87,7 @@ def test_a_reload_mid_answer_continues_from_the_saved_cursor(browser: WebDriver,
     assert [r["authorization"] for r in stream.requests] == ["Bearer key-xyz", "Bearer key-xyz"]
     resumed_after = stream.requests[1]["last_event_id"]
     assert resumed_after is not None and resumed_after.startswith("c")
-    final = {"cursor": f"c{len(stream.events):04d}", "partials": {}}
+    final = {"cursor": f"c{len(stream.events):04d}", "partials": {}, "queued": {}}
 
     def saved() -> Any:
         return json.loads(browser.execute_script("return sessionStorage.getItem('agent-runner.stream.test.reload')"))
@@ -114,3 +114,50 @@ def test_the_whole_text_of_model_response_replaces_deltas_that_were_missed(
     assert streamed_text(browser) == ANSWER
     assert browser.execute_script("return document.querySelectorAll('#live li.msg-streaming').length") == 0
     assert browser.execute_script("return document.querySelector('#live li').dataset.messageId") == "m-1"
+
+
+def queued_labels(driver: WebDriver) -> dict[str, str]:
+    labels: dict[str, str] = driver.execute_script(
+        "return Object.fromEntries([...document.querySelectorAll('#live li.msg-queued')]"
+        ".map((li) => [li.querySelector('.bubble').textContent, li.querySelector('.who').textContent]))"
+    )
+    return labels
+
+
+def test_queued_messages_show_their_place_in_line_until_their_turn_starts_or_they_fail(
+    browser: WebDriver, static_server: StaticServer
+) -> None:
+    # Three messages queued behind a busy conversation; the first starts, the second fails
+    events: list[dict[str, Any]] = [
+        {"type": "MESSAGE_QUEUED", "turn_id": f"q{n}", "data": {"message_id": f"m{n}", "sequence": n, "ahead": n - 1}}
+        for n in (1, 2, 3)
+    ]
+    for number, event in enumerate(events, start=1):
+        event["data"]["content"] = f"question {number}"
+    events += [
+        {"type": "TURN_STARTED", "turn_id": "q1", "data": {"message_id": "m1", "queued_message_id": "m1"}},
+        {"type": "MESSAGE_FAILED", "turn_id": "q2", "data": {"message_id": "m2", "error": "no such agent"}},
+    ]
+    for number, event in enumerate(events, start=1):
+        event["id"] = f"c{number:04d}"
+    static_server.streams.add("queued", ScriptedStream(events=events, interval=0.6))
+    open_page(browser, static_server)
+    browser.execute_script("return window.sseHarness.live('queued')")
+
+    wait_for(lambda: len(queued_labels(browser)) == 3, message="the three queued messages")
+    assert queued_labels(browser) == {
+        "question 1": "You · queued, next in line",
+        "question 2": "You · queued, 2 in line",
+        "question 3": "You · queued, 3 in line",
+    }
+    wait_for(
+        lambda: browser.execute_script("return window.sseHarness.events.includes('MESSAGE_FAILED')"),
+        message="the failure of the second message",
+    )
+    expected = {"question 2": "You · not sent: no such agent", "question 3": "You · queued, next in line"}
+    assert queued_labels(browser) == expected
+    # A reload keeps what the stream told (it resumes after the last event, which it does not send again)
+    browser.refresh()
+    wait_for(lambda: browser.execute_script("return window.harnessReady === true"), message="the reloaded page")
+    browser.execute_script("return window.sseHarness.live('queued')")
+    assert queued_labels(browser) == expected

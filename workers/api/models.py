@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field, RootModel, StringConstraints, create_model, model_validator
 
 from agent_runner import ActionStatus, AgentEventType, AgentTurnStatus, Phase, SuspensionType
-from agent_runner.event_payloads import PAYLOAD_MODELS, EventStamp, SuspensionKind
+from agent_runner.event_payloads import PAYLOAD_MODELS, SuspensionKind
 from agent_runner.event_payloads import JsonObject as TypedJsonObject
 from agent_runner.suspensions import TimeoutAction
 
@@ -440,7 +440,7 @@ class _EventEnvelope(_Response):
     cursor: str | None = Field(description="The event's position; resume after it with `after` or `Last-Event-ID`.")
 
 
-def _event_view(payload: type[EventStamp], types: list[AgentEventType]) -> type[_EventEnvelope]:
+def _event_view(payload: type[BaseModel], types: list[AgentEventType]) -> type[_EventEnvelope]:
     """The envelope of the events whose `data` is `payload`, discriminated by their `type`."""
     kind: Any = Literal.__getitem__(tuple(t.value for t in types))
     name = payload.__name__.removesuffix("Payload") + "Event"
@@ -451,7 +451,7 @@ def _event_view(payload: type[EventStamp], types: list[AgentEventType]) -> type[
 
 
 def _event_views() -> tuple[type[_EventEnvelope], ...]:
-    by_payload: dict[type[EventStamp], list[AgentEventType]] = {}
+    by_payload: dict[type[BaseModel], list[AgentEventType]] = {}
     for event_type, payload in PAYLOAD_MODELS.items():
         by_payload.setdefault(payload, []).append(event_type)
     return tuple(_event_view(payload, types) for payload, types in by_payload.items())

@@ -165,7 +165,7 @@ def _enqueue(runtime: Runtime, tenant: Tenant, request: StartTurnRequest, conver
             "a delayed start cannot be queued behind the conversation's active turn; retry once it has ended",
             path="/start_after_seconds",
         )
-    runtime.inbox.enqueue(
+    message = runtime.inbox.enqueue(
         conversation,
         message_id,
         request.input,
@@ -173,6 +173,9 @@ def _enqueue(runtime: Runtime, tenant: Tenant, request: StartTurnRequest, conver
         tenant_id=tenant.id,
         metadata=request.metadata,
     )
+    if message.queued_event is not None and runtime.events.live is not None:
+        # Stored with the message; announced like a save's events, to wake the conversation's followers.
+        runtime.events.live.publish(message.queued_event)
     # The active turn may have ended between the busy answer and the enqueue; its end's
     # request for the next message then found nothing queued. Ask once more.
     runtime.wake_inbox(conversation)

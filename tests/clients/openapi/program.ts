@@ -66,7 +66,12 @@ export function onEvent(event: AgentEvent): string {
     case "MODEL_RESPONSE":
       return `${event.data.message_id}: ${event.data.content ?? ""} (${event.data.tool_calls.join(", ")})`;
     case "TURN_STARTED":
-      return `${event.data.agent_id} from ${event.data.message_id}, parent ${event.data.parent_turn_id ?? "-"}`;
+      return `${event.data.agent_id} from ${event.data.message_id}, parent ${event.data.parent_turn_id ?? "-"}, queued ${event.data.queued_message_id ?? "-"}`;
+    case "MESSAGE_QUEUED":
+      // A queued message has no turn yet: its data has no turn status or version.
+      return `${event.data.message_id} queued (${event.data.ahead + 1} in line), starts as ${event.turn_id}`;
+    case "MESSAGE_FAILED":
+      return `${event.data.message_id} will not start: ${event.data.error}`;
     case "TURN_SUSPENDED": {
       const data = event.data;
       const suspensionType: Schemas["SuspensionType"] = data.suspension_type;

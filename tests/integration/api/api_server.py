@@ -166,6 +166,22 @@ def check_queued_messages_of_two_tenants_start_in_order(a: httpx.Client, b: http
         outputs = [t["final_output"] for t in sorted(turns, key=lambda t: t["created_at"])][1:]
         assert outputs == [f"echo: {name}{i}" for i in range(3)], outputs
         assert {t["conversation_id"] for t in turns} == {conversation}
+        # The tenant's conversation stream has its own three MESSAGE_QUEUED, in line, each
+        # before the TURN_STARTED of the turn it names, which links back to the message
+        _, events = read_stream(
+            client, f"/v1/conversations/{conversation}/events", params={"follow": "false"}, until_end=False
+        )
+        queued_events = [e["data"] for e in events if e["event"] == "MESSAGE_QUEUED"]
+        assert [(q["data"]["content"], q["data"]["ahead"]) for q in queued_events] == [
+            (f"{name}{i}", i) for i in range(3)
+        ]
+        position = {e["data"]["event_id"]: index for index, e in enumerate(events)}
+        for queued in queued_events:
+            [started] = [
+                e["data"] for e in events if e["event"] == "TURN_STARTED" and e["data"]["turn_id"] == queued["turn_id"]
+            ]
+            assert started["data"]["queued_message_id"] == queued["data"]["message_id"]
+            assert position[queued["event_id"]] < position[started["event_id"]]
 
 
 @dataclass

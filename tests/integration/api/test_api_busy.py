@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+import time
 import uuid
 from collections.abc import Iterator
 from datetime import datetime
@@ -12,7 +14,16 @@ import httpx
 import pytest
 
 from tests.helpers.api_server import ApiServer
-from tests.integration.api.api_server import assert_error, blocked, eventually, serve, status_is, wait_for
+from tests.integration.api.api_server import (
+    assert_error,
+    blocked,
+    eventually,
+    parse_sse,
+    read_stream,
+    serve,
+    status_is,
+    wait_for,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -150,3 +161,64 @@ def test_a_bad_start_delay_is_refused_and_nothing_starts(client: httpx.Client, d
     answer = post(client, "hello", chat, start_after_seconds=delay)
     assert_error(answer, 422)
     assert client.get("/v1/turns", params={"conversation_id": chat}).json()["items"] == []
+
+
+def test_a_follower_of_the_conversation_sees_the_message_queued_then_its_turn_start(client: httpx.Client) -> None:
+    # Given a client following a conversation whose turn waits for a person
+    chat = f"c-{uuid.uuid4().hex[:8]}"
+    active = waiting_turn(client, chat)
+    chunks: list[str] = []
+    seen: dict[str, float] = {}
+    opened = threading.Event()
+
+    def listen() -> None:
+        with httpx.Client(base_url=str(client.base_url), timeout=30) as listener:
+            with listener.stream("GET", f"/v1/conversations/{chat}/events") as response:
+                for chunk in response.iter_text():
+                    chunks.append(chunk)
+                    opened.set()
+                    text = "".join(chunks)
+                    if "event: MESSAGE_QUEUED\n" in text:
+                        seen.setdefault("queued", time.monotonic())
+                    if "event: TURN_COMPLETED\n" in text:
+                        break
+
+    thread = threading.Thread(target=listen)
+    thread.start()
+    assert opened.wait(20)
+
+    # When a message is queued behind that turn
+    queued = post(client, "later please", chat, if_busy="enqueue")
+    assert queued.status_code == 202, queued.text
+    message_id = queued.json()["message_id"]
+
+    # Then the follower sees it while the first turn still waits
+    eventually(lambda: "queued" in seen, what="MESSAGE_QUEUED on the open stream")
+    assert client.get(f"/v1/turns/{active['id']}").json()["status"] == "WAITING_FOR_USER"
+    # And once that turn ends, the queued message's turn starts under the id the event named
+    client.post(f"/v1/turns/{active['id']}/cancel")
+    thread.join(30)
+    assert not thread.is_alive()
+    events = parse_sse("".join(chunks))
+    types = [e["event"] for e in events]
+    assert types.count("MESSAGE_QUEUED") == 1 and types.count("TURN_STARTED") == 2
+    announced = events[types.index("MESSAGE_QUEUED")]
+    assert announced["data"]["data"]["message_id"] == message_id
+    assert announced["data"]["data"]["content"] == "later please" and announced["data"]["data"]["ahead"] == 0
+    assert announced["data"]["conversation_id"] == chat
+    started = [e for e in events if e["event"] == "TURN_STARTED"][-1]
+    assert types.index("MESSAGE_QUEUED") < types.index("TURN_CANCELLED") < events.index(started)
+    assert started["data"]["turn_id"] == announced["data"]["turn_id"]
+    assert started["data"]["data"]["queued_message_id"] == message_id
+    assert client.get(f"/v1/turns/{started['data']['turn_id']}").json()["final_output"] == "echo: later please"
+    # A reconnect with any cursor gets exactly what followed it: the message's event once, or not again
+    for index in (types.index("MESSAGE_QUEUED") - 1, types.index("MESSAGE_QUEUED")):
+        _, rest = read_stream(
+            client,
+            f"/v1/conversations/{chat}/events",
+            params={"follow": "false"},
+            headers={"Last-Event-ID": events[index]["id"]},
+            until_end=False,
+        )
+        expected = [e["data"]["event_id"] for e in events[index + 1 :]]
+        assert [e["data"]["event_id"] for e in rest] == expected

@@ -80,6 +80,27 @@ def test_inbox_messages_go_with_their_turns_and_failed_ones_with_age(turns: SqlA
         assert again.status is InboxStatus.PENDING and again.sequence == 7
 
 
+def test_a_failed_message_goes_with_its_message_events(turns: SqlAgentTurnStore) -> None:
+    with Inbox(turns.engine) as inbox:
+        inbox.enqueue("c-9", "m-failed", "hello")
+        inbox.enqueue("c-9", "m-waiting", "still queued")
+        assert inbox.mark_failed("m-failed", "no such agent")
+        with inbox.engine.begin() as connection:
+            stale = sa.update(inbox_messages).where(inbox_messages.c.message_id == "m-failed")
+            connection.execute(stale.values(updated_at=utcnow() - 2 * MONTH))
+        before = turns.read_events(conversation_id="c-9")
+        assert [e.type for e in before] == [
+            AgentEventType.MESSAGE_QUEUED,
+            AgentEventType.MESSAGE_QUEUED,
+            AgentEventType.MESSAGE_FAILED,
+        ]
+        assert inbox.prune(MONTH, batch_size=1) == 1
+        assert inbox.get("m-failed") is None
+        # The waiting message and its event stay
+        left = turns.read_events(conversation_id="c-9")
+        assert [(e.type, e.data["message_id"]) for e in left] == [(AgentEventType.MESSAGE_QUEUED, "m-waiting")]
+
+
 def test_settled_deliveries_go_once_their_event_is_pruned(turns: SqlAgentTurnStore) -> None:
     old_event = ended_turn(turns, "old", 2 * MONTH, AgentTurnStatus.COMPLETED)
     old_failed = ended_turn(turns, "old-failed", 2 * MONTH, AgentTurnStatus.FAILED)

@@ -18,6 +18,7 @@ from agent_runner import (
     AiMessage,
     InMemoryAgentLoader,
     InMemoryAgentTurnStore,
+    InMemoryChatMemoryProvider,
     RecoverableError,
     ScriptedChatModel,
     ToolCall,
@@ -26,18 +27,25 @@ from agent_runner import (
 )
 from agent_runner.event_payloads import (
     PAYLOAD_MODELS,
+    MessageQueuedPayload,
     TurnResumedPayload,
     TurnStartedPayload,
     TurnSuspendedPayload,
     payload_of,
 )
+from agent_runner.events import MESSAGE_EVENT_TYPES
+from agent_runner.ids import queued_turn_id
 from tests.unit.agent_runner.turn_kit import MISSHAPEN_EVENTS, TICKET_FORM, EventLog, FakeClock, ticket_scenario
 
 
-def test_every_event_type_has_a_payload_model_that_starts_with_status_and_version() -> None:
+def test_every_turn_event_type_has_a_payload_model_that_starts_with_status_and_version() -> None:
     assert set(PAYLOAD_MODELS) == set(AgentEventType)
-    for model in PAYLOAD_MODELS.values():
-        assert {"status", "version"} <= set(model.model_fields)
+    for event_type, model in PAYLOAD_MODELS.items():
+        if event_type in MESSAGE_EVENT_TYPES:
+            # A queued message's events come before its turn exists: no turn status to stamp.
+            assert not {"status", "version"} & set(model.model_fields)
+        else:
+            assert {"status", "version"} <= set(model.model_fields)
 
 
 def test_an_event_whose_data_misses_a_field_of_its_type_is_refused_and_flagged_by_the_event_log() -> None:
@@ -132,6 +140,31 @@ def test_turn_started_names_the_user_message_and_the_parent_of_a_child() -> None
     assert isinstance(root, TurnStartedPayload) and isinstance(sub, TurnStartedPayload)
     assert (root.message_id, root.parent_turn_id, root.agent_id) == ("m-1", None, "p")
     assert (sub.parent_turn_id, sub.agent_id) == (turn.id, "helper")
+
+
+def test_turn_started_links_a_turn_started_as_a_queued_message_and_no_other() -> None:
+    agent = Agent(id="a", chat_model=ScriptedChatModel([AiMessage(content="hi"), AiMessage(content="hi")]))
+    runner = AgentRunner(agent_loader=InMemoryAgentLoader([agent]), chat_memory_provider=InMemoryChatMemoryProvider())
+    events = EventLog()
+    runner.add_event_listener(events)
+    queued = queued_turn_id("c-1", "m-1")
+    runner.start("a", UserMessage(id="m-1", content="hello"), conversation_id="c-1", turn_id=queued)
+    # The same message id, under an id derived for another message: a direct start.
+    other = queued_turn_id("c-2", "m-2")
+    runner.start("a", UserMessage(id="m-1", content="hello"), conversation_id="c-2", turn_id=other)
+    first, second = [payload_of(e) for e in events.of_type(AgentEventType.TURN_STARTED)]
+    assert isinstance(first, TurnStartedPayload) and isinstance(second, TurnStartedPayload)
+    assert (first.message_id, first.queued_message_id) == ("m-1", "m-1")
+    assert (second.message_id, second.queued_message_id) == ("m-1", None)
+
+
+def test_the_queued_turn_id_depends_on_the_conversation_and_the_message() -> None:
+    ids = {queued_turn_id(c, m) for c in ("t1:c", "t2:c") for m in ("m", "m2")}
+    assert len(ids) == 4 and all(len(i) == 32 for i in ids)
+    assert queued_turn_id("t1:c", "m") == queued_turn_id("t1:c", "m")
+    message = MessageQueuedPayload(message_id="m", sequence=3, ahead=1, content="x", agent_id=None)
+    event = AgentEvent(type=AgentEventType.MESSAGE_QUEUED, turn_id="t", data=message.model_dump(mode="json"))
+    assert payload_of(event) == message
 
 
 def test_a_resume_command_event_keeps_its_reason_and_metadata() -> None:

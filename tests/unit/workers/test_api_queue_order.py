@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from agent_runner import Agent, AgentTurn, AiMessage, InMemoryAgentLoader, ScriptedChatModel
+from agent_runner import Agent, AgentEventType, AgentTurn, AiMessage, InMemoryAgentLoader, ScriptedChatModel
 from store import InboxStatus
 from workers.api.models import StartTurnRequest
 from workers.api.runtime import Runtime, build_runtime
@@ -82,3 +82,24 @@ def test_a_keyed_start_repeated_while_messages_wait_answers_with_the_turn_it_sta
     # Then it answers with the turn it started, and queues nothing
     assert isinstance(again, AgentTurn) and again.id == "t-keyed"
     assert runtime.inbox.get("m-1") is None
+
+
+def test_a_queued_message_is_announced_on_the_live_channel_of_its_conversation_only(runtime: Runtime) -> None:
+    # Given a tenant's conversation with a message waiting in its inbox
+    tenant = Tenant("tenant-a")
+    stored = tenant.stored_conversation("c-1")
+    runtime.inbox.enqueue(stored, "m-1", "first", agent_id="desk", tenant_id=tenant.id)
+    live = runtime.events.live
+    assert live is not None
+
+    # When a message is queued through the API, then again with the same id
+    assert start_turn(runtime, tenant, _request("second"), "m-2") == Queued("m-2", "c-1")
+    assert start_turn(runtime, tenant, _request("second"), "m-2") == Queued("m-2", "c-1")
+
+    # Then its stored MESSAGE_QUEUED was announced once, to the tenant's conversation (a wake-up for followers)
+    [stored_event] = [
+        e for e in runtime.turn_store.read_events(conversation_id=stored) if e.data["message_id"] == "m-2"
+    ]
+    announced = live.read(conversation_id=stored)
+    assert [(e.event_id, e.type) for e in announced] == [(stored_event.event_id, AgentEventType.MESSAGE_QUEUED)]
+    assert live.read(conversation_id="tenant-b/c-1") == []

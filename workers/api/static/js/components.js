@@ -167,6 +167,22 @@ export function streamingItem(turnId) {
   };
 }
 
+/** A message queued behind a busy conversation, until its turn starts (`setLine`) or it fails (`fail`). */
+export function queuedItem(turnId, content) {
+  const label = who("You · queued");
+  const item = h("li", { class: "msg msg-user msg-queued", dataset: { queuedTurnId: turnId } }, label, h("div", { class: "bubble" }, content));
+  return {
+    item,
+    setLine(position) {
+      label.textContent = position <= 1 ? "You · queued, next in line" : `You · queued, ${position} in line`;
+    },
+    fail(error) {
+      item.classList.add("msg-queued-failed");
+      label.textContent = `You · not sent: ${error}`;
+    },
+  };
+}
+
 function errorText(error) {
   if (error.status === 409) return `${error.message} The page has been refreshed.`;
   return error.message || String(error);

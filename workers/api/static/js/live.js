@@ -1,11 +1,13 @@
 // Live answers: follows an event stream of the API, appends MODEL_DELTA text, replaces it
 // with the whole text of MODEL_RESPONSE, and keeps the cursor and the partial text in
 // sessionStorage so that a reconnect or a page reload continues with no gap and no repeat.
+// Messages queued behind a busy conversation (MESSAGE_QUEUED) show with their place in
+// line until the TURN_STARTED of the turn they became (or their MESSAGE_FAILED).
 
 import { apiUrl, authHeaders, authEvents } from "./api.js";
 import { TERMINAL_EVENT_TYPES } from "../../console/contract.js";
 import { h } from "./dom.js";
-import { streamingItem } from "./components.js";
+import { queuedItem, streamingItem } from "./components.js";
 import { EventStream } from "./sse.js";
 
 const STATE_PREFIX = "agent-runner.stream.";
@@ -41,20 +43,24 @@ export class LiveAnswers {
     this.state = this.load();
     this.partials = new Map(); // turn id -> streaming item
     this.finals = new Map(); // message id -> finished item
+    this.queuedItems = new Map(); // turn id the message starts as -> queued item
     this.stream = null;
     for (const [turnId, text] of Object.entries(this.state.partials)) this.partial(turnId).setText(text);
+    for (const turnId of Object.keys(this.state.queued)) this.showQueued(turnId);
+    this.renumberQueued();
   }
 
   load() {
     try {
       const saved = JSON.parse(sessionStorage.getItem(this.storageKey) || "null");
       if (saved && typeof saved === "object" && saved.partials && typeof saved.partials === "object") {
-        return { cursor: typeof saved.cursor === "string" ? saved.cursor : "", partials: saved.partials };
+        const queued = saved.queued && typeof saved.queued === "object" ? saved.queued : {};
+        return { cursor: typeof saved.cursor === "string" ? saved.cursor : "", partials: saved.partials, queued };
       }
     } catch {
       // A damaged entry is dropped: the stream replays from the start instead.
     }
-    return { cursor: "", partials: {} };
+    return { cursor: "", partials: {}, queued: {} };
   }
 
   save() {
@@ -90,6 +96,33 @@ export class LiveAnswers {
     return entry;
   }
 
+  showQueued(turnId) {
+    const queued = this.state.queued[turnId];
+    let entry = this.queuedItems.get(turnId);
+    if (!entry) {
+      entry = queuedItem(turnId, String(queued.content ?? ""));
+      this.queuedItems.set(turnId, entry);
+      this.list.append(entry.item);
+    }
+    if (queued.error !== undefined) entry.fail(String(queued.error));
+  }
+
+  dropQueued(turnId) {
+    const entry = this.queuedItems.get(turnId);
+    if (entry) entry.item.remove();
+    this.queuedItems.delete(turnId);
+    delete this.state.queued[turnId];
+  }
+
+  /** Each waiting message's place in line: 1 + the waiting messages queued before it. */
+  renumberQueued() {
+    const waiting = Object.entries(this.state.queued).filter(([, q]) => q.error === undefined);
+    for (const [turnId, queued] of waiting) {
+      const before = waiting.filter(([, other]) => other.sequence < queued.sequence).length;
+      this.queuedItems.get(turnId)?.setLine(before + 1);
+    }
+  }
+
   handle(event) {
     let payload = {};
     try {
@@ -118,6 +151,18 @@ export class LiveAnswers {
       } else if (entry) {
         entry.item.remove();
       }
+    } else if (event.type === "MESSAGE_QUEUED" && turnId) {
+      this.state.queued[turnId] = { content: data.content, sequence: Number(data.sequence) || 0 };
+      this.showQueued(turnId);
+      this.renumberQueued();
+    } else if (event.type === "MESSAGE_FAILED" && this.state.queued[turnId]) {
+      this.state.queued[turnId].error = String(data.error ?? "");
+      this.showQueued(turnId);
+      this.renumberQueued();
+    } else if (event.type === "TURN_STARTED" && data.queued_message_id && this.state.queued[turnId]) {
+      // The queued message became this turn: the timeline shows it from now on.
+      this.dropQueued(turnId);
+      this.renumberQueued();
     } else if (payload.type && isEnd(payload.type) && turnId) {
       // The turn ended without a final answer (cancelled, failed): drop its partial text.
       delete this.state.partials[turnId];
