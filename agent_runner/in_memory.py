@@ -235,10 +235,16 @@ class InMemoryAgentTurnStore:
     def list_idle(
         self, statuses: Sequence[AgentTurnStatus], updated_before: datetime, limit: int = 100
     ) -> list[TurnRef]:
-        """Return turns in one of `statuses` not saved since `updated_before`, oldest first."""
+        """Return turns in one of `statuses` idle since `updated_before`, oldest first; see `AgentTurnStore`."""
         wanted = set(statuses)
         with self._lock:
-            turns = [t for t in self._turns.values() if t.status in wanted and t.updated_at < updated_before]
+            turns = [
+                t
+                for t in self._turns.values()
+                if t.status in wanted
+                and t.updated_at < updated_before
+                and (t.starts_at or t.updated_at) < updated_before
+            ]
         turns.sort(key=lambda t: t.updated_at)
         return [_ref(t) for t in turns[:limit]]
 

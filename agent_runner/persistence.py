@@ -115,7 +115,12 @@ class AgentTurnStore(Protocol):
     def list_idle(
         self, statuses: Sequence[AgentTurnStatus], updated_before: datetime, limit: int = 100
     ) -> list[TurnRef]:
-        """Return turns in one of `statuses` not saved since `updated_before`, oldest first (for sweeps)."""
+        """Return turns in one of `statuses` not saved since `updated_before`, oldest first (for sweeps).
+
+        A READY turn started with a delay is idle from its start time on, not from its save:
+        one whose start came after `updated_before` is not listed (turns waiting for a later
+        start never crowd idle ones out of a sweep's batch).
+        """
         ...
 
     def list_due_retries(self, now: datetime, limit: int = 100) -> list[TurnRef]:

@@ -247,7 +247,7 @@ class SqlAgentTurnStore(OneStatementSaves):
     def list_idle(
         self, statuses: Sequence[AgentTurnStatus], updated_before: datetime, limit: int = 100
     ) -> list[TurnRef]:
-        """Return turns in one of `statuses` not saved since `updated_before`, oldest first (for sweeps)."""
+        """Return turns in one of `statuses` idle since `updated_before`, oldest first (for sweeps); see `AgentTurnStore`."""
         if limit <= 0 or not statuses:
             return []
         query = (
@@ -257,6 +257,12 @@ class SqlAgentTurnStore(OneStatementSaves):
                 turns.c.updated_at < updated_before,
                 # Implied by the line above (a status never changed after the last save), and indexed.
                 turns.c.status_changed_at < updated_before,
+                # A READY turn waiting for its delayed start is idle only from that start on.
+                sa.or_(
+                    turns.c.status != AgentTurnStatus.READY.value,
+                    turns.c.next_retry_at.is_(None),
+                    turns.c.next_retry_at < updated_before,
+                ),
             )
             .order_by(turns.c.updated_at, turns.c.id)
             .limit(limit)

@@ -495,6 +495,25 @@ def test_a_ready_turn_with_a_start_time_is_runnable_and_due_only_once_it_has_com
     assert [r.turn_id for r in turn_store.list_due_retries(later)] == ["start-past", "start-now", "start-later"]
 
 
+def test_a_ready_turn_waiting_for_its_start_is_idle_only_from_that_start(turn_store: AgentTurnStore) -> None:
+    # Given, saved long ago, READY turns starting in a day, a minute ago and long ago, and a plain one
+    saved = T0
+    cutoff = T0 + timedelta(hours=2)
+    cases = {
+        "starts-tomorrow": cutoff + timedelta(days=1),
+        "started-a-minute-ago": cutoff + timedelta(minutes=-1),
+        "started-after-cutoff": cutoff + timedelta(minutes=1),
+        "plain": None,
+    }
+    for minute, (turn_id, starts_at) in enumerate(cases.items()):
+        turn_store.save(make_turn(turn_id, next_retry_at=starts_at, updated_at=saved + timedelta(minutes=minute)), -1)
+    # Then the stale sweep's listing has the plain turn and the one whose start came before the cutoff
+    idle = turn_store.list_idle([S.READY], cutoff)
+    assert [r.turn_id for r in idle] == ["started-a-minute-ago", "plain"]
+    # And however many turns wait for a later start, they never take the batch's places
+    assert [r.turn_id for r in turn_store.list_idle([S.READY], cutoff, limit=1)] == ["started-a-minute-ago"]
+
+
 def test_list_stale_running_returns_old_running_turns_oldest_first(turn_store: AgentTurnStore) -> None:
     for minute in range(4):
         turn_store.save(make_turn(f"run-{minute}", status=S.RUNNING, updated_at=T0 + timedelta(minutes=minute)), -1)
