@@ -62,8 +62,10 @@ WAITING_STATUSES = frozenset(
         AgentTurnStatus.RETRY_SCHEDULED,
     }
 )
-DEADLINE_STATUSES = frozenset({AgentTurnStatus.WAITING_FOR_USER, AgentTurnStatus.WAITING_FOR_APPROVAL})
-"""Statuses whose suspension may carry a deadline (an approval or a form)."""
+WAITING_FOR_A_PERSON = frozenset({AgentTurnStatus.WAITING_FOR_USER, AgentTurnStatus.WAITING_FOR_APPROVAL})
+"""Statuses in which a turn waits for a person: an answer, a form or an approval."""
+DEADLINE_STATUSES = WAITING_FOR_A_PERSON
+"""Statuses whose suspension may carry a deadline: exactly the waits for a person."""
 RUNNABLE_STATUSES = frozenset({AgentTurnStatus.READY, AgentTurnStatus.RUNNING})
 """Statuses a worker steps (RETRY_SCHEDULED becomes runnable at `next_retry_at`; a READY turn
 started with a delay waits for it too, see `SCHEDULED_STATUSES`)."""

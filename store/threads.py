@@ -19,7 +19,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import JSONB
 
 from agent_runner.ids import utcnow
-from agent_runner.snapshot import AgentTurnStatus
+from agent_runner.snapshot import WAITING_FOR_A_PERSON, AgentTurnStatus
 from store._backend import SqlBackend
 from store._engine import AnyRow, dialect_insert, translated_errors
 from store.schema import NON_TERMINAL_STATUSES, threads, turns
@@ -28,9 +28,6 @@ ThreadStatus = Literal["idle", "busy", "interrupted", "error"]
 """A thread's status, from its conversation's turns (see `ThreadQuery`)."""
 
 ThreadSort = Literal["created_at", "updated_at", "thread_id", "status"]
-
-WAITING_FOR_A_PERSON = frozenset({AgentTurnStatus.WAITING_FOR_USER, AgentTurnStatus.WAITING_FOR_APPROVAL})
-"""Statuses of an active turn that make its thread `interrupted`."""
 
 FAILED_STATUSES = frozenset(
     s for s in AgentTurnStatus if s.is_terminal and s not in (AgentTurnStatus.COMPLETED, AgentTurnStatus.CANCELLED)

@@ -36,9 +36,6 @@ from agent_runner.event_payloads import suspension_kind
 MASK = "***"
 """What a masked argument value is shown as."""
 
-WAITING_FOR_A_PERSON = frozenset({AgentTurnStatus.WAITING_FOR_USER, AgentTurnStatus.WAITING_FOR_APPROVAL})
-"""Statuses in which a turn waits for a person: an approval, a form or an answer (the console's waiting list)."""
-
 ConversationDisplay = Callable[[str | None], str | None]
 """Turns a stored conversation id into the one shown (the HTTP server hides its tenant prefix)."""
 

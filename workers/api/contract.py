@@ -12,7 +12,7 @@ from enum import StrEnum
 
 from agent_runner import AgentEventType, AgentTurnStatus
 from agent_runner.events import EPHEMERAL_EVENT_TYPES, TERMINAL_EVENT_TYPES
-from workers.views import WAITING_FOR_A_PERSON
+from agent_runner.snapshot import WAITING_FOR_A_PERSON
 
 CONTRACT_PATH = "/console/contract.js"
 

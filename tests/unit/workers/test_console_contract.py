@@ -10,9 +10,9 @@ from fastapi.testclient import TestClient
 
 from agent_runner import ActionStatus, AgentEventType, AgentTurnStatus, InMemoryAgentLoader
 from agent_runner.events import EPHEMERAL_EVENT_TYPES, TERMINAL_EVENT_TYPES
+from agent_runner.snapshot import WAITING_FOR_A_PERSON
 from workers.api import create_app
 from workers.api.contract import CONTRACT_PATH
-from workers.views import WAITING_FOR_A_PERSON
 
 CONSOLE_JS = Path(__file__).parents[3] / "workers" / "api" / "static" / "js"
 EXPORT = re.compile(r"^export const (\w+) = Object\.freeze\((\[.*\])\);$")

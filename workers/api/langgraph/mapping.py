@@ -32,9 +32,10 @@ from agent_runner import (
     ToolMessage,
     UserMessage,
 )
+from agent_runner.snapshot import WAITING_FOR_A_PERSON
 from store.threads import FAILED_STATUSES
 from workers.api.errors import ApiError, InvalidRequest
-from workers.views import MASK, WAITING_FOR_A_PERSON, ArgumentMask, agent_mask
+from workers.views import MASK, ArgumentMask, agent_mask
 
 S = AgentTurnStatus
 

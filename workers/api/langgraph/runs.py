@@ -31,6 +31,7 @@ from agent_runner import AgentTurn, TurnNotFound
 from agent_runner.feed import FeedPosition
 from agent_runner.ids import new_id
 from agent_runner.persistence import DEFAULT_EVENT_PAGE
+from agent_runner.snapshot import WAITING_FOR_A_PERSON
 from workers.api import service
 from workers.api.auth import RuntimeDep, TenantDep, get_tenant
 from workers.api.errors import ApiError, InvalidRequest
@@ -56,7 +57,7 @@ from workers.api.langgraph.threads import (
 from workers.api.models import ID_PATTERN, CancelRequest, StartTurnRequest
 from workers.api.runtime import Runtime
 from workers.api.tenancy import Tenant
-from workers.views import WAITING_FOR_A_PERSON, find_agent
+from workers.views import find_agent
 
 RunId = Annotated[str, Path(pattern=ID_PATTERN, max_length=128, description="A run id (a turn id).")]
 

@@ -53,6 +53,7 @@ from agent_runner import (
     TurnNotFound,
 )
 from agent_runner.ids import utcnow
+from agent_runner.snapshot import WAITING_FOR_A_PERSON
 from workers.api.events import KEEPALIVE_S, follow_tree
 from workers.api.langgraph.mapping import (
     build_interrupt,
@@ -64,7 +65,7 @@ from workers.api.langgraph.run_events import MODEL_NODE, TOOLS_NODE, DebugSteps,
 from workers.api.protocols import steps
 from workers.api.protocols.steps import TurnContent, TurnTranslator
 from workers.api.runtime import Runtime
-from workers.views import WAITING_FOR_A_PERSON, ArgumentMask, catalog_mask, find_agent
+from workers.views import ArgumentMask, catalog_mask, find_agent
 
 E = AgentEventType
 
