@@ -26,7 +26,7 @@ from pydantic_core import to_json
 from agent_runner.events import AgentEvent
 from agent_runner.messages import ModelMessage, SystemMessage
 from agent_runner.snapshot import AgentTurn
-from store._engine import DriverConnection
+from store._engine import DriverConnection, driver_cursor
 from store._event_log import claim_positions
 from store.turns.columns import READ, TIMES, WRITTEN, Column, SaveRule
 
@@ -281,15 +281,37 @@ one JSON array (NULL when there are none); one statement sees one snapshot, so t
 are exactly those of the header read.
 """
 
+
+@cache
+def list_statement(columns: tuple[str, ...], statuses: bool) -> str:
+    """`SqlAgentTurnStore.list_turns` as one statement: the matching headers, newest saved first, with their messages.
+
+    Rows are laid out as `LOAD`'s (no probe): the header columns, NULL, then the turn's
+    messages as one JSON array (NULL when none). Messages past the header's count belong to
+    a save that committed after the header was read, and the header decides the snapshot.
+    Parameters: `limit`, `statuses` (a list of status texts) when `statuses`, and one per
+    column of `columns` (the header columns that must equal it). One text per kind of
+    filter, each prepared once per connection.
+    """
+    conditions = [f"t.{name} = %({name})s::text" for name in columns]
+    if statuses:
+        conditions.append("t.status = ANY(%(statuses)s::text[])")
+    where = f" WHERE {' AND '.join(conditions)}" if conditions else ""
+    return (
+        f"SELECT {', '.join(f't.{name}' for name in READ)}, NULL::text,"
+        " (SELECT json_agg(m.payload ORDER BY m.seq) FROM agent_turn_messages AS m"
+        " WHERE m.turn_id = t.id AND m.seq < t.message_count)::text"
+        f" FROM agent_turns AS t{where} ORDER BY t.updated_at DESC, t.id LIMIT %(limit)s::integer"
+    )
+
+
 REF = "SELECT id, version, status, updated_at, next_retry_at, cancel_requested FROM agent_turns WHERE id = %(id)s::text"
 """The header fields of a `TurnRef`."""
 
 
 def cursor(lent: DriverConnection) -> Cursor[Any]:
     """The cursor of a lent connection, made once and reused (its adapters stay cached)."""
-    if lent.cursor is None:
-        lent.cursor = lent.driver.cursor()
-    return lent.cursor  # type: ignore[no-any-return]
+    return driver_cursor(lent)  # type: ignore[no-any-return]
 
 
 def save_parameters(
