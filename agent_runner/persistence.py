@@ -157,9 +157,12 @@ class ProjectingTurnStore(Protocol):
     def save_projected(self, turn: AgentTurn, expected_version: int, events: Sequence[AgentEvent] = ()) -> AgentTurn:
         """`AgentTurnStore.save`, appending the turn's unprojected messages to its conversation's ChatMemory.
 
-        Idempotent as `ChatMemory.append` is: a message id already there is skipped. The
-        returned snapshot's `projected_count` tells how far the projection got; the caller
-        projects what remains (page messages, or everything when the store could not).
+        Idempotent as `ChatMemory.append` is: a message id already there is skipped. It may
+        also bring the page messages of unsynced page actions to their state, by
+        compare-and-swap on their version as `ChatMemory.update` (a message changed since
+        it was read is left alone). The returned snapshot's `projected_count` and the
+        `synced` marks of its page actions tell how far the projection got (the marks are
+        stored by the next save); the caller projects what remains.
         """
         ...
 

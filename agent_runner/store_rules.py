@@ -32,23 +32,36 @@ Storing events (`EventLog`):
 Live events (`LiveEventChannel`): `live_scopes` says which scopes an event is published to.
 
 Chat memory (`ChatMemory.get_model_messages`): `model_window` is the model's view.
+`page_message` and `page_message_update` say what a turn's page action (approval card or
+form) writes into its conversation's ChatMemory: the message when it is missing, else
+the stored one with the action's state, replaced by compare-and-swap on its version.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from datetime import datetime
+from typing import Any
 
 from agent_runner.errors import LeaseLostError
 from agent_runner.events import AgentEvent
-from agent_runner.messages import AnyMessage, ModelMessage, ToolMessage
-from agent_runner.snapshot import AgentTurn
+from agent_runner.messages import (
+    ActionStatus,
+    AgentActionMessage,
+    AgentFormMessage,
+    AnyMessage,
+    ModelMessage,
+    ToolMessage,
+)
+from agent_runner.snapshot import AgentTurn, PageAction
 
 __all__ = [
     "check_fence",
     "kept_events",
     "live_scopes",
     "model_window",
+    "page_message",
+    "page_message_update",
     "prunable",
     "saved_snapshot",
     "stored_event",
@@ -177,3 +190,25 @@ def model_window(messages: Sequence[AnyMessage], count: int) -> list[ModelMessag
     while start < len(window) and isinstance(window[start], ToolMessage):
         start += 1
     return window[start:]
+
+
+def page_message(payload: dict[str, Any], status: ActionStatus, decision: dict[str, Any] | None = None) -> AnyMessage:
+    """The page message (approval card or form) a page action stands for, in the given state."""
+    data = {**payload, "status": status, **(decision or {})}
+    if payload.get("role") == "agent_form":
+        return AgentFormMessage.model_validate(data)
+    return AgentActionMessage.model_validate(data)
+
+
+def page_message_update(stored: AnyMessage, action: PageAction) -> AgentActionMessage | AgentFormMessage | None:
+    """The stored page message with the action's status and decision, or None when there is nothing to change.
+
+    Every other field stays as stored (a concurrent edit is kept), so the result replaces
+    `stored` by compare-and-swap on `stored.version` only. None when `stored` already shows
+    the action's state, or is not a page message.
+    """
+    if not isinstance(stored, AgentActionMessage | AgentFormMessage):
+        return None
+    data = {**stored.model_dump(mode="json", by_alias=True), "status": action.status, **action.decision}
+    updated = type(stored).model_validate(data)
+    return None if updated == stored else updated

@@ -189,6 +189,13 @@ class DriverConnection:
         self.cursor: Any = None
 
 
+def driver_cursor(lent: DriverConnection) -> Any:
+    """The cursor of a lent connection, made once and reused (its adapters and prepared statements stay cached)."""
+    if lent.cursor is None:
+        lent.cursor = lent.driver.cursor()
+    return lent.cursor
+
+
 class DriverConnections:
     """A few connections of an engine's pool, kept out of it for the statements run on the driver directly.
 

@@ -16,7 +16,7 @@ from agent_runner.ids import utcnow
 from agent_runner.messages import AnyMessage, AnyMessageAdapter, AnyMessagesAdapter, ModelMessage
 from agent_runner.store_rules import model_window
 from store._backend import SqlBackend
-from store._engine import UrlOrEngine, dialect_insert, display_url, translated_errors, writer
+from store._engine import UrlOrEngine, dialect_insert, display_url, driver_cursor, translated_errors, writer
 from store.schema import chat_conversations, chat_messages
 
 _SINGLE_STATEMENT_MESSAGES = 32
@@ -68,6 +68,23 @@ def _append_statement(added: int) -> postgresql.Insert:
     )
 
 
+_NEWEST = """\
+SELECT json_agg(newest.payload ORDER BY newest.seq)::text FROM (
+    SELECT payload, seq FROM agent_chat_messages
+    WHERE conversation_id = %(conversation_id)s::text{visible}
+    ORDER BY seq DESC LIMIT %(count)s::integer
+) AS newest"""
+"""The newest messages of a conversation, oldest first, as one JSON array (NULL when there are none).
+
+Run prepared on the driver (see `SqlBackend._direct`): the history read that starts every
+turn of a conversation. `json` keeps each payload's text as written, so the array is the
+stored payloads put together.
+"""
+
+_NEWEST_ANY = " ".join(_NEWEST.format(visible="").split())
+_NEWEST_MODEL = " ".join(_NEWEST.format(visible=" AND model_visible").split())
+
+
 def _message_row(message: AnyMessage) -> dict[str, Any]:
     return {
         "message_id": message.id,
@@ -96,6 +113,7 @@ class SqlChatMemory:
     def __init__(self, engine: Engine, conversation_id: str, *, backend: SqlBackend | None = None) -> None:
         self.conversation_id = conversation_id
         self._engine = engine
+        self._backend = backend if backend is not None and backend.engine is engine else None
         if backend is not None and backend.engine is engine:
             # The provider's engine views, made once rather than for every memory it hands out.
             self._writer = backend._writer
@@ -126,6 +144,15 @@ class SqlChatMemory:
         return model_window(self._newest(count, model_only=True), count)
 
     def _newest(self, count: int, *, model_only: bool) -> list[AnyMessage]:
+        backend = self._backend
+        if backend is not None and backend._direct():
+            parameters = {"conversation_id": self.conversation_id, "count": count}
+            with translated_errors(self._engine, f"reading conversation {self.conversation_id!r}"):
+                with backend._driver.connection() as lent:
+                    cursor = driver_cursor(lent)
+                    found = cursor.execute(_NEWEST_MODEL if model_only else _NEWEST_ANY, parameters, prepare=True)
+                    payloads = found.fetchone()[0]
+            return [] if payloads is None else AnyMessagesAdapter.validate_json(payloads)
         query = sa.select(chat_messages.c.payload).where(chat_messages.c.conversation_id == self.conversation_id)
         if model_only:
             query = query.where(chat_messages.c.model_visible.is_(True))

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from typing import Any
 
 from agent_runner._cas import AGAIN, retry_on_conflict
 from agent_runner.errors import DefinitionError, VersionConflictError
 from agent_runner.events import AgentEvent
-from agent_runner.messages import ActionStatus, AgentActionMessage, AgentFormMessage, AnyMessage, SystemMessage
+from agent_runner.messages import SystemMessage
 from agent_runner.persistence import AgentTurnStore, ChatMemory, ChatMemoryProvider, ProjectingTurnStore
 from agent_runner.snapshot import AgentTurn, PageAction
+from agent_runner.store_rules import page_message, page_message_update
 
 logger = logging.getLogger("agent_runner")
 
@@ -108,24 +108,13 @@ def _sync_page_action(memory: ChatMemory, action: PageAction) -> None:
             stored = memory.get(action.message_id)
             if stored is None or getattr(stored, "status", None) == action.status:
                 return None
-        if not isinstance(stored, AgentActionMessage | AgentFormMessage):
-            return None
-        data = {**stored.model_dump(mode="json", by_alias=True), "status": action.status, **action.decision}
-        updated = type(stored).model_validate(data)
-        if updated == stored:
+        updated = page_message_update(stored, action)
+        if updated is None:
             return None
         try:
-            memory.update(updated, stored.version)
+            memory.update(updated, updated.version)  # the version read: every other field is as stored
         except VersionConflictError:
             return AGAIN
         return None
 
     retry_on_conflict(action.message_id, attempt)
-
-
-def page_message(payload: dict[str, Any], status: ActionStatus, decision: dict[str, Any] | None = None) -> AnyMessage:
-    """The page message (approval card or form) a page action stands for, in the given state."""
-    data = {**payload, "status": status, **(decision or {})}
-    if payload.get("role") == "agent_form":
-        return AgentFormMessage.model_validate(data)
-    return AgentActionMessage.model_validate(data)

@@ -124,9 +124,12 @@ class OneStatementSaves(TurnSaves):
             turn.messages[known:],
             kept_events(turn, events, None) if events else (),
         )
-        chat = postgres.chat_parameters(unprojected, parameters) if project else None
+        pages = self._page_writes(unprojected) if project and unprojected.page_actions else None
+        chat = postgres.chat_parameters(unprojected, parameters, pages.inserts if pages else None) if project else None
         if chat is not None:
             parameters.update(chat)
+        if pages is not None:
+            parameters.update(postgres.page_parameters(pages, chat))
         try:
             if self._direct():
                 with self._driver.connection() as lent:
@@ -153,5 +156,25 @@ class OneStatementSaves(TurnSaves):
                 expected_version,
             )
             return super()._update(unprojected, expected_version, events, project)
-        cancel, reason, fence = stored
-        return saved_snapshot(turn, expected_version, cancel_requested=cancel, cancel_reason=reason, lease_fence=fence)
+        saved = saved_snapshot(
+            turn, expected_version, cancel_requested=stored[0], cancel_reason=stored[1], lease_fence=stored[2]
+        )
+        return saved if pages is None else postgres.with_pages_synced(saved, pages, stored[3], stored[4])
+
+    def _page_writes(self, turn: AgentTurn) -> postgres.PageWrites | None:
+        """What the save of `turn` writes into its page messages: read them, and apply the actions' states.
+
+        None when every page action is synced. One read of the unsynced actions' messages;
+        the writes then go into the save's statement (`store.turns.postgres.page_parameters`).
+        """
+        unsynced = [action for action in turn.page_actions if not action.synced]
+        if not unsynced:
+            return None
+        parameters = {"conversation_id": turn.conversation_id, "ids": [action.message_id for action in unsynced]}
+        if self._direct():
+            with self._driver.connection() as lent:
+                rows = postgres.cursor(lent).execute(postgres.PAGE_MESSAGES, parameters, prepare=True).fetchall()
+        else:
+            with self._reader.connect() as connection:
+                rows = list(connection.exec_driver_sql(postgres.PAGE_MESSAGES, parameters))
+        return postgres.page_writes(unsynced, {row[0]: row[1] for row in rows})

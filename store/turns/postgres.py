@@ -16,7 +16,9 @@ statements and reads their rows.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import cache
 from typing import TYPE_CHECKING, Any
@@ -24,9 +26,10 @@ from typing import TYPE_CHECKING, Any
 from pydantic_core import to_json
 
 from agent_runner.events import AgentEvent
-from agent_runner.messages import ModelMessage, SystemMessage
-from agent_runner.snapshot import AgentTurn
-from store._engine import DriverConnection
+from agent_runner.messages import AnyMessage, AnyMessageAdapter, ModelMessage, SystemMessage
+from agent_runner.snapshot import AgentTurn, PageAction
+from agent_runner.store_rules import page_message, page_message_update
+from store._engine import DriverConnection, driver_cursor
 from store._event_log import claim_positions
 from store.turns.columns import READ, TIMES, WRITTEN, Column, SaveRule
 
@@ -89,34 +92,66 @@ chat_block AS (
         conversation_id, seq, message_id, role, model_visible, version, payload, created_at
     )
     SELECT %(conversation_id)s::text, chat_block.last_seq - %(chat_count)s::integer + m.ordinality::integer,
-        k.value ->> 0, k.value ->> 1, true, 0, m.value, %(updated_at)s::timestamptz
+        k.value ->> 0, k.value ->> 1, {visible_version}, m.value, %(updated_at)s::timestamptz
     FROM chat_block,
         json_array_elements(%(chat_keys)s::json) WITH ORDINALITY AS k
         JOIN json_array_elements(%(chat_messages)s::json) WITH ORDINALITY AS m ON m.ordinality = k.ordinality
     ORDER BY k.ordinality
-    ON CONFLICT (conversation_id, message_id) DO NOTHING
+    ON CONFLICT (conversation_id, message_id) DO NOTHING{returning}
 )"""
 """The projection of a conversation turn's new messages into its ChatMemory, fed by the `header` CTE.
 
 The same rows as `store.chat_memory.SqlChatMemory.append` writes for them: the block of
 sequence numbers is reserved on the conversation's counter row, and a message whose id
 the conversation already holds is skipped (its number is never used), so a save re-run
-after a crash writes nothing twice. Only model messages are projected here (page messages
-change by compare-and-swap through the ChatMemory), hence `model_visible` true and
-`version` 0. Selected FROM the header's RETURNING: nothing is projected when the
-compare-and-swap refused the save.
+after a crash writes nothing twice. Each message's keys are its id and role: the common
+save projects model messages only, hence `model_visible` true and `version` 0. A save that
+also writes page messages (approval cards and forms, `_PAGES`) gives every message its
+`model_visible` and version among its keys, and reads back the ids it inserted. Selected
+FROM the header's RETURNING: nothing is projected when the compare-and-swap refused the save.
 """
 
+_CHAT_MODEL = _CHAT.format(visible_version="true, 0", returning="")
+_CHAT_PAGES = _CHAT.format(
+    visible_version="(k.value ->> 2)::boolean, (k.value ->> 3)::integer", returning=" RETURNING message_id"
+)
 
-def _added_rows(child: bool, conversations: bool, chat: bool = False) -> str:
+_PAGES = """\
+pages AS (
+    UPDATE agent_chat_messages AS p SET version = p.version + 1, payload = u.value -> 3
+    FROM header, json_array_elements(%(page_updates)s::json) AS u
+    WHERE p.conversation_id = %(conversation_id)s::text AND p.message_id = u.value ->> 0
+        AND p.role = u.value ->> 1 AND p.version = (u.value ->> 2)::integer AND NOT p.model_visible
+    RETURNING p.message_id
+)"""
+"""The compare-and-swap of page messages that show a page action's new state, in the save that changes it.
+
+Each update is the message's id, role, the version it was read at and its new payload
+(with the next version), as `SqlChatMemory.update` writes it: a message changed since it
+was read (another version) is left alone, and the caller reconciles it afresh. Selected
+FROM the header's RETURNING, as `_CHAT`. Only the saves that change a page action's state
+carry it (a card shown, a decision), so a statement with it may be longer than psycopg's
+cache of converted texts (`_statement`): the rare page step pays the conversion.
+"""
+
+_PAGE_RESULTS = """, (SELECT json_agg(message_id) FROM pages)::text, (SELECT json_agg(message_id) FROM chat)::text"""
+"""What a save with `_PAGES` returns besides the header's flags: the ids of the page messages it updated, and of the messages it inserted."""
+
+
+def _added_rows(child: bool, conversations: bool, chat: bool = False, pages: bool = False) -> str:
     """The CTEs after `header` that write a save's new messages and events, for one kind of save.
 
     `child`: the events are a child turn's, whose tree counter is on its root's row;
     `conversations`: some events go to a conversation, whose counter is bumped too;
-    `chat`: the save also projects messages into its conversation's ChatMemory (`_CHAT`).
+    `chat`: the save also projects messages into its conversation's ChatMemory (`_CHAT`);
+    `pages`: and updates page messages (`_PAGES`).
     """
     tree = "root" if child else "header"
-    parts = [_MESSAGES, _CHAT] if chat else [_MESSAGES]
+    parts = [_MESSAGES]
+    if pages:
+        parts += [_CHAT_PAGES, _PAGES]
+    elif chat:
+        parts.append(_CHAT_MODEL)
     if child:
         parts.append(_ROOT_COUNTER)
     if conversations:
@@ -188,7 +223,7 @@ WITH header AS (
         AND (%(lease_fence)s::bigint IS NULL OR t.lease_fence IS NULL OR t.lease_fence <= %(lease_fence)s::bigint)
     RETURNING t.cancel_requested, t.cancel_reason, t.lease_fence, t.event_position
 ), {{added}}
-SELECT cancel_requested, cancel_reason, lease_fence FROM header"""
+SELECT cancel_requested, cancel_reason, lease_fence{{pages}} FROM header"""
 """The compare-and-swap save of a header with its new messages and events (see `save_statement`).
 
 Generated from the column table (`store.turns.columns`). The UPDATE matches only the
@@ -220,12 +255,13 @@ Parameters are those of `_SAVE` (`expected_version` unused, `known` 0).
 
 
 @cache
-def _statement(template: str, child: bool, conversations: bool, chat: bool) -> str:
+def _statement(template: str, child: bool, conversations: bool, chat: bool, pages: bool = False) -> str:
     # On one line, each run of white space one space: psycopg caches the conversion of a
     # statement's placeholders only for texts of up to 4,096 characters, and parsing the
     # largest kinds again at every save cost a quarter of a millisecond of CPU. The text
     # holds no comments and no string literal with white space in it.
-    return " ".join(template.replace("{added}", _added_rows(child, conversations, chat)).split())
+    added = template.replace("{added}", _added_rows(child, conversations, chat, pages))
+    return " ".join(added.replace("{pages}", _PAGE_RESULTS if pages else "").split())
 
 
 def save_statement(parameters: Mapping[str, Any]) -> str:
@@ -236,7 +272,11 @@ def save_statement(parameters: Mapping[str, Any]) -> str:
     ChatMemory (`chat_parameters`); each is prepared once per connection.
     """
     return _statement(
-        _SAVE, parameters["root_events"] > 0, parameters["conversations"] != "[]", "chat_count" in parameters
+        _SAVE,
+        parameters["root_events"] > 0,
+        parameters["conversations"] != "[]",
+        "chat_count" in parameters,
+        "page_updates" in parameters,
     )
 
 
@@ -247,23 +287,101 @@ def create_statement(parameters: Mapping[str, Any]) -> str:
     )
 
 
-def chat_parameters(turn: AgentTurn, parameters: Mapping[str, Any]) -> dict[str, Any] | None:
+def chat_parameters(
+    turn: AgentTurn, parameters: Mapping[str, Any], pages: Sequence[AnyMessage] | None = None
+) -> dict[str, Any] | None:
     """The parameters that make a save of `turn` (`parameters`) project its unprojected messages (`_CHAT`).
 
-    None when there is nothing to project. System messages are never projected. The
-    messages' JSON is the save's own when they are exactly the save's new messages (the
-    common step), so each is encoded once.
+    `pages`, for a save that writes page messages (`_PAGES`, whose statement takes each
+    message's keys in full), are page messages to append after them. None when there is nothing to project.
+    System messages are never projected. The messages' JSON is the save's own when they
+    are exactly the save's new messages (the common step), so each is encoded once.
     """
     start = turn.projected_count
     projected = [m for m in turn.messages[start:] if not isinstance(m, SystemMessage)]
-    if not projected:
+    if not projected and not pages:
         return None
-    if start == parameters["known"] and len(projected) == len(turn.messages) - start:
+    if pages is None and start == parameters["known"] and len(projected) == len(turn.messages) - start:
         keys, payloads = parameters["message_keys"], parameters["messages"]
-    else:
+    elif pages is None:
         keys = to_json([[m.id, m.role] for m in projected]).decode()
         payloads = "[" + ",".join([message.model_dump_json() for message in projected]) + "]"
-    return {"chat_count": len(projected), "chat_keys": keys, "chat_messages": payloads}
+    else:  # the keys `_CHAT_PAGES` reads
+        keyed = [[m.id, m.role, m.model_visible, getattr(m, "version", 0)] for m in [*projected, *pages]]
+        keys = to_json(keyed).decode()
+        payloads = "[" + ",".join([message.model_dump_json() for message in [*projected, *pages]]) + "]"
+    return {"chat_count": len(projected) + len(pages or ()), "chat_keys": keys, "chat_messages": payloads}
+
+
+PAGE_MESSAGES = (
+    "SELECT message_id, payload::text FROM agent_chat_messages"
+    " WHERE conversation_id = %(conversation_id)s::text AND message_id = ANY(%(ids)s::text[])"
+)
+"""The stored page messages of a save's unsynced page actions (`ids`), as JSON text."""
+
+
+@dataclass(frozen=True)
+class PageWrites:
+    """What a save writes into the page messages of its unsynced page actions.
+
+    Attributes:
+        inserts: Page messages missing from ChatMemory, in the actions' states.
+        updates: (message, version read) of the stored page messages to change.
+        shown: Ids of the messages that already show their action's state.
+    """
+
+    inserts: list[AnyMessage]
+    updates: list[tuple[AnyMessage, int]]
+    shown: set[str]
+
+
+def page_writes(unsynced: Sequence[PageAction], stored: Mapping[str, str]) -> PageWrites:
+    """The writes that bring the page messages (`stored`: id to JSON) to the state of the `unsynced` actions."""
+    writes = PageWrites([], [], set())
+    for action in unsynced:
+        found = stored.get(action.message_id)
+        if found is None:
+            writes.inserts.append(page_message(action.payload, action.status, action.decision))
+            continue
+        message = AnyMessageAdapter.validate_json(found)
+        updated = page_message_update(message, action)
+        if updated is None:
+            writes.shown.add(action.message_id)
+        else:
+            writes.updates.append((updated, updated.version))
+    return writes
+
+
+def page_parameters(writes: PageWrites, chat: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The parameters of `_PAGES`; the inserts go with the chat messages (`chat_parameters`)."""
+    updates = [
+        [message.id, message.role, version, message.model_copy(update={"version": version + 1}).model_dump(mode="json")]
+        for message, version in writes.updates
+    ]
+    parameters: dict[str, Any] = {"page_updates": to_json(updates).decode()}
+    if chat is None:  # no message to insert: `_CHAT` still runs, with nothing
+        parameters.update({"chat_count": 0, "chat_keys": "[]", "chat_messages": "[]"})
+    return parameters
+
+
+def with_pages_synced(saved: AgentTurn, writes: PageWrites, updated: str | None, inserted: str | None) -> AgentTurn:
+    """`saved` with the page actions whose messages now show their state marked synced.
+
+    Those the save updated (`updated`) or inserted (`inserted`, JSON arrays of ids) and
+    those already shown. The others (changed since they were read, or inserted meanwhile)
+    stay unsynced, for the runner to reconcile afresh.
+    """
+    synced = set(writes.shown)
+    for ids in (updated, inserted):
+        if ids is not None:
+            synced.update(json.loads(ids))
+    if not synced:
+        return saved
+    actions = [
+        action.model_copy(update={"synced": True}) if action.message_id in synced else action
+        for action in saved.page_actions
+    ]
+    return saved.model_copy(update={"page_actions": actions})
 
 
 LOAD = f"""\
@@ -281,15 +399,37 @@ one JSON array (NULL when there are none); one statement sees one snapshot, so t
 are exactly those of the header read.
 """
 
+
+@cache
+def list_statement(columns: tuple[str, ...], statuses: bool) -> str:
+    """`SqlAgentTurnStore.list_turns` as one statement: the matching headers, newest saved first, with their messages.
+
+    Rows are laid out as `LOAD`'s (no probe): the header columns, NULL, then the turn's
+    messages as one JSON array (NULL when none). Messages past the header's count belong to
+    a save that committed after the header was read, and the header decides the snapshot.
+    Parameters: `limit`, `statuses` (a list of status texts) when `statuses`, and one per
+    column of `columns` (the header columns that must equal it). One text per kind of
+    filter, each prepared once per connection.
+    """
+    conditions = [f"t.{name} = %({name})s::text" for name in columns]
+    if statuses:
+        conditions.append("t.status = ANY(%(statuses)s::text[])")
+    where = f" WHERE {' AND '.join(conditions)}" if conditions else ""
+    return (
+        f"SELECT {', '.join(f't.{name}' for name in READ)}, NULL::text,"
+        " (SELECT json_agg(m.payload ORDER BY m.seq) FROM agent_turn_messages AS m"
+        " WHERE m.turn_id = t.id AND m.seq < t.message_count)::text"
+        f" FROM agent_turns AS t{where} ORDER BY t.updated_at DESC, t.id LIMIT %(limit)s::integer"
+    )
+
+
 REF = "SELECT id, version, status, updated_at, next_retry_at, cancel_requested FROM agent_turns WHERE id = %(id)s::text"
 """The header fields of a `TurnRef`."""
 
 
 def cursor(lent: DriverConnection) -> Cursor[Any]:
     """The cursor of a lent connection, made once and reused (its adapters stay cached)."""
-    if lent.cursor is None:
-        lent.cursor = lent.driver.cursor()
-    return lent.cursor  # type: ignore[no-any-return]
+    return driver_cursor(lent)  # type: ignore[no-any-return]
 
 
 def save_parameters(

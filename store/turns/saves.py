@@ -82,8 +82,11 @@ class TurnSaves(SqlBackend):
         """`save`, which also appends the turn's unprojected messages to its conversation's ChatMemory.
 
         When the save is the one-statement save, the messages go in with it and the stored
-        snapshot's `projected_count` covers them; otherwise the snapshot is saved alone
-        (counted in `projection_fallbacks` and logged) and the caller projects it.
+        snapshot's `projected_count` covers them; so do the page messages of its unsynced
+        page actions (read first, then inserted or changed by compare-and-swap in the same
+        statement), and the returned snapshot marks those that now show their state
+        synced. Otherwise the snapshot is saved alone (counted in `projection_fallbacks`
+        and logged) and the caller projects it.
         """
         return self._save(turn, expected_version, events, project=turn.conversation_id is not None)
 

@@ -192,6 +192,11 @@ class SqlAgentTurnStore(OneStatementSaves):
         """Return turns matching every given filter, most recently updated first (`tenant_id`: that tenant's only)."""
         if limit <= 0:
             return []
+        if self._direct():
+            given = {"tenant_id": tenant_id, "conversation_id": conversation_id, "parent_turn_id": parent_turn_id}
+            return self._list_directly(
+                statuses, {name: value for name, value in given.items() if value is not None}, limit
+            )
         query = turns_matching(
             statuses, tenant_id=tenant_id, conversation_id=conversation_id, parent_turn_id=parent_turn_id
         )
@@ -199,6 +204,29 @@ class SqlAgentTurnStore(OneStatementSaves):
         with translated_errors(self._engine, "listing turns"), self._reader.connect() as connection:
             headers = list(connection.execute(query))
             return self._assemble(connection, headers) if headers else []
+
+    def _list_directly(
+        self, statuses: Sequence[AgentTurnStatus] | None, columns: dict[str, str], limit: int
+    ) -> list[AgentTurn]:
+        """`list_turns` on PostgreSQL: the headers and their messages in one prepared statement.
+
+        The common caller is the start of a conversation's turn, which looks at the
+        conversation's last turn: one round trip instead of a query for the headers and one
+        for their messages.
+        """
+        parameters: dict[str, Any] = {**columns, "limit": limit}
+        if statuses is not None:
+            parameters["statuses"] = [AgentTurnStatus(s).value for s in statuses]
+        statement = postgres.list_statement(tuple(columns), statuses is not None)
+        with translated_errors(self._engine, "listing turns"), self._driver.connection() as lent:
+            rows = postgres.cursor(lent).execute(statement, parameters, prepare=True).fetchall()
+        listed = []
+        for row in rows:
+            added = row[postgres.PROBE_INDEX + 1]
+            messages = [] if added is None else ModelMessagesAdapter.validate_json(added)
+            listed.append(snapshot_of(postgres.header_values(row), messages))
+            self._cache.remember(listed[-1])
+        return listed
 
     def list_page(
         self,

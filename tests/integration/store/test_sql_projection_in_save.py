@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -11,7 +12,9 @@ from psycopg._queries import MAX_CACHED_STATEMENT_LENGTH
 
 import store
 from agent_runner import (
+    ActionStatus,
     Agent,
+    AgentActionMessage,
     AgentRunner,
     AgentTurnStatus,
     AiMessage,
@@ -24,7 +27,8 @@ from agent_runner import (
     VersionConflictError,
     tool,
 )
-from agent_runner.snapshot import AgentTurn
+from agent_runner._runtime.projection import Projection
+from agent_runner.snapshot import AgentTurn, PageAction
 from store.turns import postgres
 from tests.integration.store.store_kit import recording
 
@@ -133,3 +137,88 @@ def test_every_kind_of_save_statement_is_short_enough_for_the_drivers_cache() ->
     for template in (postgres._SAVE, postgres._CREATE):
         for kind in itertools.product((False, True), repeat=3):
             assert len(postgres._statement(template, *kind)) <= MAX_CACHED_STATEMENT_LENGTH
+
+
+def _card_turn(turns: store.SqlAgentTurnStore) -> AgentTurn:
+    """A conversation turn saved with the approval card it shows, PENDING, in ChatMemory (by the save)."""
+    card = AgentActionMessage(id="card-1", turn_id="t-1", action_id="call-1", tool_name="refund", summary="refund(1)")
+    action = PageAction(
+        message_id="card-1", action_id="call-1", kind="approval", payload=card.model_dump(mode="json", by_alias=True)
+    )
+    turn = AgentTurn(
+        id="t-1",
+        agent_id="a",
+        root_turn_id="t-1",
+        conversation_id="c-1",
+        messages=[UserMessage(id="u-1", content="refund order 1")],
+        page_actions=[action],
+    )
+    created = turns.save_projected(turn, -1)
+    shown = turns.save_projected(created, created.version)
+    assert shown.page_actions[0].synced
+    return shown
+
+
+def _decided(turn: AgentTurn, status: ActionStatus) -> AgentTurn:
+    action = turn.page_actions[0].model_copy(
+        update={"status": status, "synced": False, "decision": {"decided_by": "ana", "reason": "ok"}}
+    )
+    return turn.model_copy(update={"page_actions": [action]})
+
+
+def test_a_page_action_s_new_state_is_in_chat_memory_when_its_save_returns(engine: sa.Engine) -> None:
+    turns = store.SqlAgentTurnStore(engine)
+    memory = store.SqlChatMemoryProvider(engine)("c-1")
+    turn = _card_turn(turns)
+    card = memory.get("card-1")
+    assert isinstance(card, AgentActionMessage) and (card.status, card.version) == (ActionStatus.PENDING, 0)
+    # When the approval's decision is saved
+    with recording(engine) as recorded:
+        saved = turns.save_projected(_decided(turn, ActionStatus.APPROVED), turn.version)
+    # Then the card shows it as the save returns: one read of the card, and the save's own statement
+    assert (recorded.statements, recorded.commits) == (["SELECT", "WITH"], 0)
+    card = memory.get("card-1")
+    assert isinstance(card, AgentActionMessage)
+    assert (card.status, card.decided_by, card.reason, card.version) == (ActionStatus.APPROVED, "ana", "ok", 1)
+    # And the snapshot says so, so the runner writes nothing more; the next save stores the mark
+    assert saved.page_actions[0].synced and not turns.load("t-1").page_actions[0].synced
+    again = turns.save_projected(saved, saved.version)
+    assert turns.load("t-1").page_actions[0].synced and again.page_actions[0].synced
+    assert [m.id for m in memory.get_messages(10)] == ["u-1", "card-1"]
+
+
+def test_a_page_message_edited_after_the_save_read_it_is_not_overwritten_but_reconciled(
+    engine: sa.Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    turns = store.SqlAgentTurnStore(engine)
+    provider = store.SqlChatMemoryProvider(engine)
+    memory = provider("c-1")
+    turn = _card_turn(turns)
+    read_page_messages = postgres.page_writes
+
+    def edited_meanwhile(unsynced: Any, stored: Any) -> Any:
+        # Another writer changes the card between the save's read and its statement
+        card = memory.get("card-1")
+        assert isinstance(card, AgentActionMessage)
+        memory.update(card.model_copy(update={"summary": "refund(1) of 20 EUR"}), card.version)
+        return read_page_messages(unsynced, stored)
+
+    monkeypatch.setattr(postgres, "page_writes", edited_meanwhile)
+    saved = turns.save_projected(_decided(turn, ActionStatus.REJECTED), turn.version)
+    monkeypatch.undo()
+    # The save went through, its compare-and-swap on the card did not: the edit stays, the action unsynced
+    assert saved.version == turn.version + 1 and not saved.page_actions[0].synced
+    card = memory.get("card-1")
+    assert isinstance(card, AgentActionMessage)
+    assert (card.summary, card.status, card.version) == ("refund(1) of 20 EUR", ActionStatus.PENDING, 1)
+    # And the runner's reconciliation applies the decision over the edited card
+    reconciled = Projection(provider, lambda turn, error: pytest.fail(error)).project(saved)
+    card = memory.get("card-1")
+    assert isinstance(card, AgentActionMessage)
+    assert (card.summary, card.status, card.decided_by, card.version) == (
+        "refund(1) of 20 EUR",
+        ActionStatus.REJECTED,
+        "ana",
+        2,
+    )
+    assert reconciled.page_actions[0].synced

@@ -22,6 +22,7 @@ from sqlalchemy.engine import make_url
 
 import store
 from agent_runner import (
+    AgentActionMessage,
     AgentEvent,
     AgentEventType,
     AgentTurn,
@@ -35,7 +36,7 @@ from agent_runner import (
 from agent_runner.ids import utcnow
 from store.schema import turns as turns_table
 from tests.conftest import libpq_url
-from tests.integration.store.store_kit import killed_mid_statement, step, turn_with_history
+from tests.integration.store.store_kit import killed_mid_statement, recording, step, turn_with_history
 
 pytestmark = pytest.mark.integration
 
@@ -296,3 +297,97 @@ def test_the_sql_lease_runs_its_statements_prepared_on_the_driver(pg_url: str) -
         engine.dispose()
     assert any(text.startswith("INSERT INTO agent_turn_leases") for text in prepared)
     assert sum(text.startswith("UPDATE agent_turn_leases") for text in prepared) == 2
+
+
+@pytest.fixture
+def driver_statements(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The texts of the statements every psycopg cursor runs from now on, whoever runs them."""
+    texts: list[str] = []
+    execute = psycopg.Cursor.execute
+
+    def counted(cursor: Any, query: Any, params: Any = None, **options: Any) -> Any:
+        texts.append(query if isinstance(query, str) else str(query))
+        return execute(cursor, query, params, **options)
+
+    monkeypatch.setattr(psycopg.Cursor, "execute", counted)
+    return texts
+
+
+def test_a_listing_of_turns_is_one_statement_with_the_turns_sqlalchemy_reads(
+    pg_url: str, driver_statements: list[str]
+) -> None:
+    engine = store.make_engine(pg_url)
+    try:
+        turns = store.SqlAgentTurnStore(engine)
+        # Given two conversations of two tenants, each with an ended turn and a newer one, one of them stepped
+        for number in range(4):
+            status = AgentTurnStatus.COMPLETED if number < 2 else AgentTurnStatus.READY
+            turn = turn_with_history(f"t-{number}", number + 1).model_copy(
+                update={"conversation_id": f"c-{number % 2}", "tenant_id": f"tenant-{number % 2}", "status": status}
+            )
+            saved = turns.save(turn, -1)
+        turns.save(step(saved).model_copy(update={"updated_at": utcnow()}), saved.version)
+        listings: list[dict[str, Any]] = [
+            {"conversation_id": "c-1", "limit": 1},
+            {"conversation_id": "c-0"},
+            {"tenant_id": "tenant-1", "statuses": [AgentTurnStatus.RUNNING, AgentTurnStatus.COMPLETED]},
+            {"statuses": [AgentTurnStatus.READY, AgentTurnStatus.COMPLETED]},
+            {"limit": 3},
+        ]
+        # When they are listed on the driver path
+        driver_statements.clear()
+        direct = [turns.list_turns(**listing) for listing in listings]
+        # Then each listing is one statement, prepared on the driver's connection (the pool's only one)
+        assert len(driver_statements) == len(listings)
+        turns.close()
+        with engine.connect() as connection:
+            prepared = connection.exec_driver_sql("SELECT statement FROM pg_prepared_statements").scalars().all()
+        assert any(text.startswith("SELECT t.id") and "json_agg(m.payload" in text for text in prepared)
+        # And it returns what the SQLAlchemy path reads (taken while a listener watches the engine)
+        with recording(engine):
+            through_sqlalchemy = [store.SqlAgentTurnStore(engine).list_turns(**listing) for listing in listings]
+        assert direct == through_sqlalchemy
+        assert [[t.id for t in listed] for listed in direct] == [
+            ["t-3"],
+            ["t-2", "t-0"],
+            ["t-3", "t-1"],
+            ["t-2", "t-1", "t-0"],
+            ["t-3", "t-2", "t-1"],
+        ]
+        assert [len(t.messages) for t in direct[2]] == [5, 2]
+    finally:
+        engine.dispose()
+
+
+def test_a_history_read_of_chat_memory_is_one_prepared_statement(pg_url: str, driver_statements: list[str]) -> None:
+    engine = store.make_engine(pg_url)
+    try:
+        provider = store.SqlChatMemoryProvider(engine)
+        memory = provider("c-1")
+        card = AgentActionMessage(id="card", turn_id="t", action_id="a", tool_name="refund", summary="refund(1)")
+        memory.append([UserMessage(id="m-0", content="hello"), card, AiMessage(id="m-1", content="hi")])
+        driver_statements.clear()
+        # When the history is read on the driver path, with and without page messages, and of an empty conversation
+        reads: list[list[Any]] = [
+            list(memory.get_model_messages(10)),
+            memory.get_messages(2),
+            provider("c-2").get_messages(5),
+        ]
+        # Then each read is one statement, and it reads what the SQLAlchemy path reads
+        assert len(driver_statements) == 3
+        assert [[m.id for m in read] for read in reads] == [["m-0", "m-1"], ["card", "m-1"], []]
+        # Prepared on the driver's connection (the pool's only one)
+        provider.close()
+        with engine.connect() as connection:
+            prepared = connection.exec_driver_sql("SELECT statement FROM pg_prepared_statements").scalars().all()
+        assert any("json_agg(newest.payload" in text for text in prepared)
+        # The SQLAlchemy path (taken while a listener watches the engine) reads the same
+        with recording(engine):
+            again = store.SqlChatMemoryProvider(engine)
+            assert [
+                list(again("c-1").get_model_messages(10)),
+                again("c-1").get_messages(2),
+                again("c-2").get_messages(5),
+            ] == reads
+    finally:
+        engine.dispose()
