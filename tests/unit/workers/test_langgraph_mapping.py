@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -13,11 +14,14 @@ from agent_runner import (
     AgentRunner,
     AgentSuspension,
     AgentTurn,
+    AgentTurnStatus,
     AgentUserInputTool,
     AiMessage,
     AnyMessage,
+    InMemoryAgentLoader,
     ResumeType,
     ScriptedChatModel,
+    SystemMessage,
     ToolCall,
     UserMessage,
     tool,
@@ -31,6 +35,11 @@ from workers.api.langgraph.mapping import (
     run_status,
     thread_status,
 )
+from workers.api.langgraph.streaming import RunTranslator
+from workers.api.langgraph.threads import with_unprojected
+from workers.api.runtime import build_runtime
+from workers.api.settings import ApiSettings, WorkerMode
+from workers.settings import WorkerSettings
 from workers.views import agent_mask
 
 FORM = AgentFormDefinition(
@@ -155,3 +164,57 @@ def test_messages_are_langchain_dicts_with_masked_arguments() -> None:
         {"id": "d1", "name": "deploy", "args": {"service": "api", "secret": "***"}, "type": "tool_call"}
     ]
     assert AgentResumeCommand.edit_tool("d1", {"a": 1}).data == {"a": 1}
+
+
+def test_thread_values_show_the_newest_turns_messages_chat_memory_has_not_caught_up_with() -> None:
+    earlier = UserMessage(id="u-0", content="before")
+    asked = UserMessage(id="u-1", content="hi")
+    answer = AiMessage(id="a-1", content="hello")
+    turn = AgentTurn(
+        id="t",
+        agent_id="a",
+        status=AgentTurnStatus.COMPLETED,
+        conversation_id="c",
+        messages=[SystemMessage(id="s", content="be brief"), asked, answer],
+        projected_count=1,
+    )
+    # ChatMemory holds the user message (projected with the first save) but not yet the answer
+    shown = with_unprojected([earlier, asked], turn)
+    assert [m.id for m in shown] == ["u-0", "u-1", "a-1"]
+    # Once projected, nothing is added twice; a turn fully projected adds nothing
+    assert [m.id for m in with_unprojected([earlier, asked, answer], turn)] == ["u-0", "u-1", "a-1"]
+    done = turn.model_copy(update={"projected_count": 3})
+    assert [m.id for m in with_unprojected([earlier], done)] == ["u-0"]
+    assert [m.id for m in with_unprojected([earlier], None)] == ["u-0"]
+
+
+def test_a_stream_begun_from_an_older_snapshot_of_its_turn_shows_the_conversation_before_the_turn(
+    tmp_path: Path,
+) -> None:
+    # Given a conversation with an ended turn, and a second turn that ran on while its stream
+    # was being set up from the snapshot taken when it started
+    settings = ApiSettings(
+        workers=WorkerSettings(database_url=f"sqlite:///{tmp_path / 'lg.db'}"), worker_mode=WorkerMode.NONE
+    )
+    agent = Agent(
+        id="desk", chat_model=ScriptedChatModel([AiMessage(content="first answer"), AiMessage(content="second")])
+    )
+    runtime = build_runtime(settings, InMemoryAgentLoader([agent]))
+    try:
+        runner = runtime.runner
+        runner.run_until_blocked(runner.start("desk", "one", conversation_id="c"))
+        started = runner.start("desk", "two", conversation_id="c")
+        assert runner.run_until_blocked(started).status is AgentTurnStatus.COMPLETED
+        # When its stream translates the turn's start from the older snapshot
+        translator = RunTranslator(runtime, started, "thread-1", ["values"], False)
+        first = runtime.turn_store.read_events(root_turn_id=started.id)[0]
+        ((mode, values),) = translator.parts(first)
+        # Then the state at the start is the earlier turn and this turn's message, in order
+        assert mode == "values"
+        assert [(m["type"], m["content"]) for m in values["messages"]] == [
+            ("human", "one"),
+            ("ai", "first answer"),
+            ("human", "two"),
+        ]
+    finally:
+        runtime.stop()

@@ -114,9 +114,13 @@ class RunTranslator:
         self.content = TurnContent(runtime.turn_store.load, self.mask)
         self._older: list[AnyMessage] = []
         if root.conversation_id is not None:
+            # What the conversation held before this turn: the history up to the turn's first
+            # message. Messages the turn added after `root` was read (a worker may be steps
+            # ahead of it) are projected after that one, so they are cut off with it.
             own = {m.id for m in root.messages}
             history = runtime.memories(root.conversation_id).get_model_messages(HISTORY_MESSAGES)
-            self._older = [m for m in history if m.id not in own]
+            first = next((index for index, m in enumerate(history) if m.id in own), len(history))
+            self._older = list(history[:first])
         self._steps: dict[str, TurnTranslator] = {}
         self._upto: dict[str, int] = {}
         self._streaming: set[str] = set()

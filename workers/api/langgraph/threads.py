@@ -21,7 +21,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 
 import store
-from agent_runner import AgentTurn, AnyMessage
+from agent_runner import AgentTurn, AnyMessage, SystemMessage
 from agent_runner.ids import new_id
 from workers.api.auth import RuntimeDep, TenantDep, get_tenant
 from workers.api.errors import ApiError
@@ -112,6 +112,23 @@ def _turns(runtime: Runtime, record: store.ThreadRecord, limit: int) -> list[Age
     )
 
 
+def with_unprojected(messages: Sequence[AnyMessage], newest: AgentTurn | None) -> list[AnyMessage]:
+    """The conversation's messages from ChatMemory, with those of its newest turn it does not show yet.
+
+    A store that cannot write ChatMemory in its saves (SQLite; a PostgreSQL save on its
+    fallback path) projects a turn's messages just after the save, so a read right after a
+    turn ended may find ChatMemory one save behind the turn. The turn is the truth; its
+    messages past `projected_count` that ChatMemory lacks (by id) come last, once.
+    """
+    if newest is None or newest.projected_count >= len(newest.messages):
+        return list(messages)
+    shown = {message.id for message in messages}
+    missing = [
+        m for m in newest.messages[newest.projected_count :] if not isinstance(m, SystemMessage) and m.id not in shown
+    ]
+    return [*messages, *missing]
+
+
 def thread_view(runtime: Runtime, record: store.ThreadRecord, *, with_values: bool = True) -> dict[str, Any]:
     """The `Thread` object: id, times, metadata, status, values and pending interrupts."""
     active = runtime.turn_store.find_active_turn(record.conversation_id)
@@ -130,11 +147,8 @@ def thread_view(runtime: Runtime, record: store.ThreadRecord, *, with_values: bo
         if interrupt is not None:
             view["interrupts"] = {interrupt["id"]: [interrupt]}
     if with_values:
-        view["values"] = {
-            "messages": _messages(
-                runtime, record, runtime.memories(record.conversation_id).get_model_messages(HISTORY_MESSAGES)
-            )
-        }
+        stored = runtime.memories(record.conversation_id).get_model_messages(HISTORY_MESSAGES)
+        view["values"] = {"messages": _messages(runtime, record, with_unprojected(stored, last))}
     return view
 
 
@@ -148,7 +162,9 @@ def _checkpoint(record: store.ThreadRecord, checkpoint_id: str | None) -> dict[s
 
 def thread_state(runtime: Runtime, record: store.ThreadRecord) -> dict[str, Any]:
     """The thread's current state: messages, what runs next, the pending task and its interrupt."""
-    messages = runtime.memories(record.conversation_id).get_model_messages(HISTORY_MESSAGES)
+    newest = _turns(runtime, record, 1)
+    stored = runtime.memories(record.conversation_id).get_model_messages(HISTORY_MESSAGES)
+    messages = with_unprojected(stored, newest[0] if newest else None)
     active = runtime.turn_store.find_active_turn(record.conversation_id)
     interrupts: list[dict[str, Any]] = []
     tasks: list[dict[str, Any]] = []
@@ -171,7 +187,6 @@ def thread_state(runtime: Runtime, record: store.ThreadRecord) -> dict[str, Any]
                 "result": None,
             }
         ]
-    newest = _turns(runtime, record, 1)
     last_message = messages[-1].id if messages else None
     return {
         "values": {"messages": _messages(runtime, record, messages)},
