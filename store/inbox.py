@@ -432,10 +432,9 @@ class Inbox(SqlBackend):
 
         A COMPLETED message goes once its turn is gone (pruned with its tree, see
         `SqlAgentTurnStore.prune`), a FAILED one once it is that old, with its message events
-        (MESSAGE_QUEUED, MESSAGE_FAILED); PENDING and
-        PROCESSING messages always stay. A message id that was pruned is new again to
-        `enqueue`. The conversation's sequence counter stays, so later messages still
-        queue after the earlier ones.
+        (MESSAGE_QUEUED, MESSAGE_FAILED); PENDING and PROCESSING messages always stay. A
+        message id that was pruned is new again to `enqueue`. The conversation's sequence
+        counter stays, so later messages still queue after the earlier ones.
 
         Raises:
             ValueError: `older_than` is negative or `batch_size` is below 1.

@@ -42,9 +42,6 @@ S = AgentTurnStatus
 HUMAN_TYPES = frozenset({"human", "user"})
 AI_TYPES = frozenset({"ai", "assistant"})
 
-FAILED = FAILED_STATUSES
-"""Ended without its answer, and not by a cancel: a run in `error` (the thread search uses the same statuses)."""
-
 APPROVAL_DECISIONS = ("approve", "edit", "reject")
 """The decisions an approval interrupt allows."""
 
@@ -182,7 +179,7 @@ def run_status(turn: AgentTurn) -> str:
         return "interrupted"
     if turn.status is S.COMPLETED:
         return "success"
-    if turn.status in FAILED:
+    if turn.status in FAILED_STATUSES:
         return "error"
     return "running"
 
@@ -191,7 +188,7 @@ def thread_status(active: AgentTurn | None, last: AgentTurn | None) -> str:
     """A thread's status from its active turn (if any) and its newest turn: busy, interrupted, error or idle."""
     if active is not None:
         return "interrupted" if active.status in WAITING_FOR_A_PERSON else "busy"
-    if last is not None and last.status in FAILED:
+    if last is not None and last.status in FAILED_STATUSES:
         return "error"
     return "idle"
 

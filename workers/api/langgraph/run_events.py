@@ -29,10 +29,15 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from agent_runner import AgentEvent
+from agent_runner import AgentEvent, AgentTurn, Phase
 
 MODEL_NODE = "model"
 TOOLS_NODE = "tools"
+
+
+def next_node(turn: AgentTurn) -> str:
+    """The graph node a turn continues in: the model, or the tools of its recorded calls."""
+    return MODEL_NODE if turn.phase is Phase.MODEL else TOOLS_NODE
 
 
 def run_event(

@@ -61,7 +61,7 @@ from workers.api.langgraph.mapping import (
     langchain_messages,
     message_chunk,
 )
-from workers.api.langgraph.run_events import MODEL_NODE, TOOLS_NODE, DebugSteps, run_event
+from workers.api.langgraph.run_events import MODEL_NODE, TOOLS_NODE, DebugSteps, next_node, run_event
 from workers.api.protocols import steps
 from workers.api.protocols.steps import TurnContent, TurnTranslator
 from workers.api.runtime import Runtime
@@ -380,7 +380,7 @@ class RunTranslator:
         if "debug" in self.modes and error is not None:
             # A completed turn's last checkpoint went out with its answer.
             parts.extend(("debug", part) for part in self.debug.failed(event, error))
-            node = MODEL_NODE if turn.phase.value == "MODEL" else TOOLS_NODE
+            node = next_node(turn)
             checkpoint = self.debug.checkpoint(event, namespace, values, next_nodes=[node], error=error)
             parts.append(("debug", checkpoint))
         if event.turn_id == self.root_id and error is not None:
@@ -440,7 +440,7 @@ class RunTranslator:
         if "updates" in self.modes:
             parts.append(("updates", {"__interrupt__": [interrupt]}))
         if "debug" in self.modes:
-            node = MODEL_NODE if turn.phase.value == "MODEL" else TOOLS_NODE
+            node = next_node(turn)
             values = self._values(turn, self._upto[turn.id])
             checkpoint = self.debug.checkpoint(event, namespace, values, next_nodes=[node], interrupts=[interrupt])
             parts.append(("debug", checkpoint))

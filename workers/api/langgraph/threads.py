@@ -32,6 +32,7 @@ from workers.api.langgraph.mapping import (
     thread_status,
 )
 from workers.api.langgraph.models import ThreadCreate, ThreadHistoryQuery, ThreadPatch, ThreadSearch
+from workers.api.langgraph.run_events import next_node
 from workers.api.models import ID_PATTERN
 from workers.api.runtime import Runtime
 from workers.api.tenancy import Tenant
@@ -170,7 +171,7 @@ def thread_state(runtime: Runtime, record: store.ThreadRecord) -> dict[str, Any]
     tasks: list[dict[str, Any]] = []
     next_nodes: list[str] = []
     if active is not None:
-        node = "model" if active.phase.value == "MODEL" else "tools"
+        node = next_node(active)
         next_nodes = [node]
         interrupt = interrupt_of(active, find_agent(runtime.agent_loader, active))
         if interrupt is not None:
