@@ -174,6 +174,12 @@ class SqlAgentTurnStore(OneStatementSaves):
         if not turn_ids:
             return set()
         with translated_errors(self._engine, f"reading the cancel flags of {len(turn_ids)} turns"):
+            if self._direct():
+                with self._driver.connection() as lent:
+                    cursor = postgres.cursor(lent)
+                    found = cursor.execute(postgres.CANCELLED_AMONG, {"ids": list(turn_ids)}, prepare=True).fetchall()
+                return {row[0] for row in found}
+            # An expanding IN, compiled per call: fine for the few turns SQLite serves.
             with self._reader.connect() as connection:
                 rows = connection.execute(CANCELLED_AMONG, {"turn_ids": list(turn_ids)}).all()
         return {row[0] for row in rows}
