@@ -12,7 +12,7 @@ import threading
 import time
 from bisect import bisect_right
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from datetime import datetime, timedelta
 
 from agent_runner.errors import (
@@ -89,6 +89,11 @@ class InMemoryAgentTurnStore:
         if turn is None:
             raise TurnNotFound(turn_id)
         return _ref(turn)
+
+    def cancel_requested_among(self, turn_ids: Collection[str]) -> set[str]:
+        """Return the ids among `turn_ids` of stored turns whose cancel is requested; see `CancelFlagSource`."""
+        with self._lock:
+            return {i for i in turn_ids if (turn := self._turns.get(i)) is not None and turn.cancel_requested}
 
     def save(self, turn: AgentTurn, expected_version: int, events: Sequence[AgentEvent] = ()) -> AgentTurn:
         """Compare-and-swap the snapshot and append its durable events; see `AgentTurnStore.save`."""

@@ -7,7 +7,7 @@ implementations live in `agent_runner.in_memory`, durable ones in the
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
@@ -138,6 +138,20 @@ class DeadlineSource(Protocol):
 
     def list_due_timers(self, now: datetime, limit: int = 100) -> list[TurnRef]:
         """Return waiting turns whose reminder or deadline is due at `now`, earliest first."""
+        ...
+
+
+@runtime_checkable
+class CancelFlagSource(Protocol):
+    """A turn store that reads the cancel flags of many turns in one call.
+
+    Optional: while model answers stream, a runner watches the cancel flags of every turn
+    it is streaming for; with this it reads them all in one query per interval, without
+    it one `get_ref` per turn. The in-memory and the SQL turn stores implement it.
+    """
+
+    def cancel_requested_among(self, turn_ids: Collection[str]) -> set[str]:
+        """Return the ids among `turn_ids` whose stored turn has `cancel_requested` set (unknown ids are left out)."""
         ...
 
 

@@ -100,7 +100,7 @@ class AgentRunner:
 
     @turn_store.setter
     def turn_store(self, store: AgentTurnStore) -> None:
-        self._ctx.turn_store = self._ctx.gate.turn_store = store
+        self._ctx.turn_store = self._ctx.gate.turn_store = self._ctx.cancel_watch.store = store
 
     @property
     def agent_loader(self) -> AgentLoader:

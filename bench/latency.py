@@ -61,19 +61,43 @@ KEY_VARIABLE = "AGENT_RUNNER_BENCH_LATENCY_KEY"
 
 
 class LatencyModel:
-    """Waits `latency` seconds per call (the turn's input, JSON), streaming ten deltas; two tool rounds, then an answer."""
+    """Waits `latency` seconds per call (the turn's input, JSON), streaming ten deltas; two tool rounds, then an answer.
+
+    Calls in flight are counted in the process and reported to Redis by a thread of its own
+    every few milliseconds (`HSET <key>:inflight <pid> <count>`), so the count costs the
+    worker next to nothing per call: the CPU measured is the runner's, not the benchmark's.
+    """
+
+    REPORT_EVERY_S = 0.01
 
     def __init__(self) -> None:
         self._redis: Any = None
         self._lock = threading.Lock()
+        self._inflight = 0
+        self._reporter_pid = 0
 
     def _client(self) -> Any:
         with self._lock:
-            if self._redis is None:
+            if self._redis is None or self._reporter_pid != os.getpid():
                 from redis import Redis
 
                 self._redis = Redis.from_url(os.environ["AGENT_RUNNER_REDIS_URL"])
+                self._reporter_pid = os.getpid()  # a forked pool process reports on its own
+                threading.Thread(target=self._report, args=(self._redis,), daemon=True).start()
             return self._redis
+
+    def _report(self, client: Any) -> None:
+        key, pid, last = f"{os.environ[KEY_VARIABLE]}:inflight", os.getpid(), -1
+        while True:
+            count = self._inflight
+            if count != last:
+                client.hset(key, str(pid), count)
+                last = count
+            time.sleep(self.REPORT_EVERY_S)
+
+    def _count(self, change: int) -> None:
+        with self._lock:
+            self._inflight += change
 
     def generate(self, request: ChatRequest) -> ChatResponse:
         opening = next(m for m in reversed(request.messages) if isinstance(m, UserMessage))
@@ -81,7 +105,7 @@ class LatencyModel:
         results = sum(1 for m in request.messages if isinstance(m, ToolMessage))
         key = os.environ[KEY_VARIABLE]
         client = self._client()
-        client.incr(f"{key}:inflight")
+        self._count(1)
         try:
             for index in range(DELTAS):
                 time.sleep(float(spec["latency"]) / DELTAS)
@@ -90,7 +114,7 @@ class LatencyModel:
                 if request.on_delta is not None:
                     request.on_delta("tok ")
         finally:
-            client.decr(f"{key}:inflight")
+            self._count(-1)
         if results < TOOL_CALLS:
             call = ToolCall(id=f"c{results}", name="lookup", arguments={"order_id": f"{spec['label']}-{results}"})
             return ChatResponse(message=AiMessage(tool_calls=[call]))
@@ -129,7 +153,8 @@ class Watch:
     def _run(self) -> None:
         while not self._stop.is_set():
             self.peak_rss = max(self.peak_rss, self.rss())
-            self.peak_inflight = max(self.peak_inflight, int(self.redis.get(f"{self.key}:inflight") or 0))
+            counts = self.redis.hvals(f"{self.key}:inflight")
+            self.peak_inflight = max(self.peak_inflight, sum(int(count) for count in counts))
             self._stop.wait(0.1)
 
     def close(self) -> None:

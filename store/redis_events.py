@@ -98,12 +98,15 @@ class RedisLiveEvents:
             return
         try:
             pipeline = self._client.pipeline(transaction=False)
+            streams: dict[str, None] = {}
             for event in events:
                 payload = event.model_dump_json(exclude={"cursor"})
                 for scope in live_scopes(event):
                     key = self._key(scope)
                     pipeline.xadd(key, {_FIELD: payload}, maxlen=self.maxlen, approximate=True)
-                    pipeline.pexpire(key, self._retention_ms)
+                    streams[key] = None
+            for key in streams:  # a stream's retention restarts once a batch, not once an event
+                pipeline.pexpire(key, self._retention_ms)
             pipeline.execute()
         except Exception as exc:
             first, reason = events[0], f"{type(exc).__name__}: {exc}"

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Protocol
 
+from agent_runner._runtime.cancel_watch import CancelWatch
 from agent_runner._runtime.conversations import ConversationGate
 from agent_runner._runtime.projection import Projection
 from agent_runner.agent import Agent
@@ -62,6 +63,10 @@ class RunnerContext:
     # Set right after construction: both call back into collaborators that take this context.
     projection: Projection = field(init=False)
     execution: Execution = field(init=False)
+    cancel_watch: CancelWatch = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.cancel_watch = CancelWatch(self.turn_store)
 
     def agent_for(self, turn: AgentTurn) -> Agent:
         """The agent definition of a turn, from the loader."""

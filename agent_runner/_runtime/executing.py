@@ -121,14 +121,11 @@ def _call_model(ctx: RunnerContext, turn: AgentTurn, agent: Agent, expected: int
     if agent.chat_model is None:
         raise DefinitionError(f"agent {agent.id!r} has no chat_model")
     chat_model = agent.chat_model
+    sink = DeltaSink(ctx, turn)
     request = trusted(
         ChatRequest,
         _REQUEST_GIVEN,
-        {
-            "messages": _request_messages(turn, agent),
-            "tools": agent.tool_specs(),
-            "on_delta": DeltaSink(ctx, turn),
-        },
+        {"messages": _request_messages(turn, agent), "tools": agent.tool_specs(), "on_delta": sink},
     )
     try:
         raw: object = chain(ctx.middleware, "wrap_model", chat_model.generate)(request)
@@ -142,6 +139,8 @@ def _call_model(ctx: RunnerContext, turn: AgentTurn, agent: Agent, expected: int
         return AgentStepResult(turn=finish(ctx, turn, S.CANCELLED, reason, expected_version=expected))
     except Exception as exc:
         return failed_call(ctx, turn, exc, expected, ctx.policy.retry_for(agent))
+    finally:
+        sink.close()
     updated, message = machine.apply_model_response(turn, response, ctx.clock())
     response = trusted(ChatResponse, _RESPONSE_GIVEN, {"message": message, "usage": response.usage})
     usage = response.usage

@@ -427,6 +427,10 @@ REF = "SELECT id, version, status, updated_at, next_retry_at, cancel_requested F
 """The header fields of a `TurnRef`."""
 
 
+CANCELLED_AMONG = "SELECT id FROM agent_turns WHERE id = ANY(%(ids)s::text[]) AND cancel_requested"
+"""The ids among `ids` whose cancel is requested: one prepared statement whatever their number."""
+
+
 def cursor(lent: DriverConnection) -> Cursor[Any]:
     """The cursor of a lent connection, made once and reused (its adapters stay cached)."""
     return driver_cursor(lent)  # type: ignore[no-any-return]

@@ -95,6 +95,11 @@ REF_COLUMNS = (
 GET_REF = sa.select(*REF_COLUMNS).where(turns.c.id == sa.bindparam("turn_id"))
 """The header fields of a `TurnRef`; parameter `turn_id`."""
 
+CANCELLED_AMONG = sa.select(turns.c.id).where(
+    turns.c.id.in_(sa.bindparam("turn_ids", expanding=True)), turns.c.cancel_requested
+)
+"""The ids among `turn_ids` whose cancel is requested."""
+
 # For READY and RETRY_SCHEDULED turns `next_retry_at` means "not runnable before" (a delayed
 # start, a scheduled retry); the rule is `agent_runner.snapshot.is_runnable`.
 _COME = turns.c.next_retry_at <= sa.bindparam("now", type_=turns.c.next_retry_at.type)

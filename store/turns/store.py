@@ -15,7 +15,7 @@ an event as soon as its save has committed (see `store._event_log`).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -33,6 +33,7 @@ from store.schema import NON_TERMINAL_STATUSES, turn_events, turn_leases, turn_m
 from store.turns import postgres
 from store.turns.fast_path import OneStatementSaves
 from store.turns.queries import (
+    CANCELLED_AMONG,
     GET_REF,
     LIST_DUE_RETRIES,
     LIST_DUE_TIMERS,
@@ -167,6 +168,21 @@ class SqlAgentTurnStore(OneStatementSaves):
         if row is None:
             raise TurnNotFound(turn_id)
         return ref(row)
+
+    def cancel_requested_among(self, turn_ids: Collection[str]) -> set[str]:
+        """Return the ids among `turn_ids` whose stored turn has its cancel requested: one query for all."""
+        if not turn_ids:
+            return set()
+        with translated_errors(self._engine, f"reading the cancel flags of {len(turn_ids)} turns"):
+            if self._direct():
+                with self._driver.connection() as lent:
+                    cursor = postgres.cursor(lent)
+                    found = cursor.execute(postgres.CANCELLED_AMONG, {"ids": list(turn_ids)}, prepare=True).fetchall()
+                return {row[0] for row in found}
+            # An expanding IN, compiled per call: fine for the few turns SQLite serves.
+            with self._reader.connect() as connection:
+                rows = connection.execute(CANCELLED_AMONG, {"turn_ids": list(turn_ids)}).all()
+        return {row[0] for row in rows}
 
     def find_active_turn(self, conversation_id: str) -> AgentTurn | None:
         """Return the conversation's non-terminal turn, or None."""

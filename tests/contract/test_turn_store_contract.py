@@ -29,7 +29,7 @@ from agent_runner import (
     UserMessage,
     VersionConflictError,
 )
-from agent_runner.persistence import AgentTurnStore
+from agent_runner.persistence import AgentTurnStore, CancelFlagSource
 from tests.contract.conftest import ZONED_BACKENDS
 
 
@@ -270,6 +270,18 @@ def test_get_ref_reads_the_header_of_the_stored_turn(turn_store: AgentTurnStore)
     with pytest.raises(TurnNotFound) as raised:
         turn_store.get_ref("nope")
     assert raised.value.turn_id == "nope"
+
+
+def test_cancel_requested_among_reads_many_flags_at_once(turn_store: AgentTurnStore) -> None:
+    assert isinstance(turn_store, CancelFlagSource)
+    for turn_id in ("t-1", "t-2", "t-3"):
+        turn_store.save(make_turn(turn_id), -1)
+    flagged = turn_store.load("t-2")
+    turn_store.save(advance(flagged, cancel_requested=True), flagged.version)
+    # Unknown ids are left out; an empty question reads nothing.
+    assert turn_store.cancel_requested_among(["t-1", "t-2", "t-3", "nope"]) == {"t-2"}
+    assert turn_store.cancel_requested_among(["t-1"]) == set()
+    assert turn_store.cancel_requested_among([]) == set()
 
 
 # --- One active turn per conversation --------------------------------------------------------
