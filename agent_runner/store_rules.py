@@ -16,7 +16,7 @@ Saving a snapshot (`AgentTurnStore.save`):
   advances by one; `cancel_requested` is the stored flag or'ed with the snapshot's (a
   cancel request made while a step ran is never lost), the first `cancel_reason` is kept,
   and the lease fence never goes down. A store that reads the stored values back from its
-  own write (an SQL `RETURNING`) passes them to `saved_snapshot`.
+  own write (an SQL `RETURNING`) passes them to `saved_snapshot`, or the row to `stored_snapshot`.
 - A conversation has at most one non-terminal turn (`AgentConversationBusyException`).
 
 Storing events (`EventLog`):
@@ -41,7 +41,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol
 
 from agent_runner.errors import LeaseLostError
 from agent_runner.events import AgentEvent
@@ -56,6 +56,7 @@ from agent_runner.messages import (
 from agent_runner.snapshot import AgentTurn, PageAction
 
 __all__ = [
+    "StoredValues",
     "check_fence",
     "kept_events",
     "live_scopes",
@@ -109,8 +110,27 @@ def saved_snapshot(
     return turn.model_copy(update=update)
 
 
-def stored_snapshot(turn: AgentTurn, current: AgentTurn | None, expected_version: int) -> AgentTurn:
-    """Return what a store keeps for a successful save of `turn` over the stored snapshot `current` (None: new)."""
+class StoredValues(Protocol):
+    """The stored values a save merges with its snapshot's: a stored `AgentTurn`, or a row read back."""
+
+    @property
+    def cancel_requested(self) -> bool:
+        """The stored cancel flag."""
+        ...
+
+    @property
+    def cancel_reason(self) -> str | None:
+        """The stored cancel reason."""
+        ...
+
+    @property
+    def lease_fence(self) -> int | None:
+        """The stored lease fence."""
+        ...
+
+
+def stored_snapshot(turn: AgentTurn, current: StoredValues | None, expected_version: int) -> AgentTurn:
+    """Return what a store keeps for a successful save of `turn` over the stored values `current` (None: new)."""
     if current is None:
         return saved_snapshot(turn, expected_version, cancel_requested=False, cancel_reason=None, lease_fence=None)
     return saved_snapshot(

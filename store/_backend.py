@@ -4,18 +4,18 @@ from __future__ import annotations
 
 import weakref
 from datetime import datetime, timedelta
-from types import TracebackType
-from typing import Any, Self
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from agent_runner.ids import utcnow
+from store._closing import ClosesOnExit
 from store._engine import DriverConnections, UrlOrEngine, display_url, resolve_engine, translated_errors, writer
 from store.migrations import ensure_embedded_schema
 
 
-class SqlBackend:
+class SqlBackend(ClosesOnExit):
     """Holds the engine of one SQL backend.
 
     An engine made from a URL is disposed of by `close()` (or leaving a `with` block); one
@@ -84,14 +84,6 @@ class SqlBackend:
         self._driver_finalizer()
         if self._owns_engine:
             self._engine.dispose()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
-    ) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({display_url(self._engine.url)!r})"

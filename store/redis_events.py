@@ -10,7 +10,6 @@ import threading
 import time
 from collections import deque
 from collections.abc import Sequence
-from types import TracebackType
 from typing import Any
 
 from redis import Redis
@@ -20,6 +19,7 @@ from agent_runner.errors import InvalidCursor, StoreError, StoreUnavailableError
 from agent_runner.events import AgentEvent
 from agent_runner.persistence import DEFAULT_EVENT_PAGE, event_scope
 from agent_runner.store_rules import live_scopes
+from store._closing import ClosesOnExit
 from store._redaction import check_password_encoding, redact_url
 from store._scripts import _RETRY, _SOCKET_TIMEOUT_S, _UNAVAILABLE
 from store.keys import DEFAULT_PREFIX, RedisKeys
@@ -33,7 +33,7 @@ _BLOCK_SLICE_S = 1.0
 """Longest single XREAD BLOCK, well inside the socket timeout, so a dead server is noticed."""
 
 
-class RedisLiveEvents:
+class RedisLiveEvents(ClosesOnExit):
     """A `LiveEventChannel` in Redis Streams: one stream per turn tree and one per conversation.
 
     `publish` appends the event (as JSON) to the stream of its root turn and, when it has
@@ -181,14 +181,6 @@ class RedisLiveEvents:
         """Close the Redis client built from `redis_url` (a client passed in stays open)."""
         if self._owns_client:
             self._client.close()
-
-    def __enter__(self) -> RedisLiveEvents:
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
-    ) -> None:
-        self.close()
 
     def _key(self, scope: tuple[str, str]) -> str:
         kind, value = scope

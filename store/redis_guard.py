@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
-from types import TracebackType
 from typing import Any
 
 from redis import Redis
 
+from store._closing import ClosesOnExit
 from store._scripts import RedisScripts
 from store.keys import DEFAULT_PREFIX, RedisKeys
 
 _SCRIPTS = ("guard_claim", "guard_holder", "guard_replace", "guard_release")
 
 
-class RedisConversationGuard:
+class RedisConversationGuard(ClosesOnExit):
     """A `ConversationGuard` kept in Redis: one key per conversation holding its active turn id.
 
     The mark has no TTL, because an active turn may wait days for a person. It is only a
@@ -84,11 +84,3 @@ class RedisConversationGuard:
     def close(self) -> None:
         """Close the Redis client built from `redis_url` (a client passed in stays open)."""
         self._scripts.close()
-
-    def __enter__(self) -> RedisConversationGuard:
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
-    ) -> None:
-        self.close()

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from types import TracebackType
 from typing import Any
 
 from redis import Redis
 
 from agent_runner.persistence import Lease
+from store._closing import ClosesOnExit
 from store._scripts import RedisScripts
 from store.keys import DEFAULT_PREFIX, RedisKeys
 
@@ -24,7 +24,7 @@ def _check_ttl(ttl_ms: int) -> None:
         raise ValueError(f"a lease TTL must be a positive number of milliseconds, got {ttl_ms!r}")
 
 
-class RedisTurnLease:
+class RedisTurnLease(ClosesOnExit):
     """A `TurnLease` kept in Redis, shared by every worker that reaches the same server.
 
     A lease is a hash `{owner, fence}` that Redis expires after the TTL, so a worker that
@@ -127,11 +127,3 @@ class RedisTurnLease:
     def close(self) -> None:
         """Close the Redis client built from `redis_url` (a client passed in stays open)."""
         self._scripts.close()
-
-    def __enter__(self) -> RedisTurnLease:
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
-    ) -> None:
-        self.close()

@@ -25,13 +25,12 @@ from enum import StrEnum
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.dialects import postgresql, sqlite
 
 from agent_runner.events import AgentEventType
 from agent_runner.limits import shown_conversation_id
 from agent_runner.suspensions import SuspensionType
 from store._backend import SqlBackend, retention_cutoff
-from store._engine import UrlOrEngine, translated_errors
+from store._engine import UrlOrEngine, dialect_insert, translated_errors
 from store.schema import turn_events, turns, webhook_deliveries
 
 
@@ -124,7 +123,7 @@ class WebhookDeliveryLog(SqlBackend):
                 if not rows:
                     return 0
                 values = [_delivery_row(row, urls, now) for row in rows]
-                insert = (postgresql.insert if self._postgres else sqlite.insert)(webhook_deliveries)
+                insert = dialect_insert(connection, webhook_deliveries)
                 result = connection.execute(insert.on_conflict_do_nothing(index_elements=["event_id"]), values)
         return max(result.rowcount, 0)
 

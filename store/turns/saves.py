@@ -18,7 +18,7 @@ from sqlalchemy.engine import Connection
 from agent_runner.errors import AgentConversationBusyException, StoreUnavailableError, VersionConflictError
 from agent_runner.events import AgentEvent
 from agent_runner.snapshot import AgentTurn, AgentTurnStatus
-from agent_runner.store_rules import check_fence, kept_events, saved_snapshot, stored_snapshot
+from agent_runner.store_rules import check_fence, kept_events, stored_snapshot
 from store._backend import SqlBackend
 from store._engine import UrlOrEngine, dialect_insert, translated_errors
 from store._event_log import SqlEventLog, needs_root_conversation
@@ -188,13 +188,7 @@ class TurnSaves(SqlBackend):
             with self._engine.connect() as connection:
                 self._raise_if_busy(connection, turn)
             return None
-        return saved_snapshot(
-            turn,
-            expected_version,
-            cancel_requested=row.cancel_requested,
-            cancel_reason=row.cancel_reason,
-            lease_fence=row.lease_fence,
-        )
+        return stored_snapshot(turn, row, expected_version)
 
     def _raise_conflict(self, connection: Connection, turn: AgentTurn, expected_version: int) -> None:
         """Raise why a guarded UPDATE matched no row; return when only the remembered count was wrong."""

@@ -135,17 +135,10 @@ class TelemetryMiddleware(Middleware):
             return call_next(request)
         tracer, turn = traced
         span = tracer.start_model(self._model_name(turn))
-        token = tracer.activate(span)
-        try:
+        with tracer.call_span(span):
             response = call_next(request)
             tracer.record_usage(span, response)
             return response
-        except BaseException as exc:
-            tracer.mark_failed(span, exc)
-            raise
-        finally:
-            tracer.deactivate(token)
-            span.end()
 
     def wrap_tool(self, tool_call: ToolCall, call_next: Callable[[ToolCall], Any]) -> Any:
         """Run the tool call inside an `execute_tool {name}` span with the GenAI attributes."""
@@ -154,19 +147,13 @@ class TelemetryMiddleware(Middleware):
             return call_next(tool_call)
         tracer, _ = traced
         span = tracer.start_tool(tool_call.name, tool_call.id)
-        token = tracer.activate(span)
-        try:
-            return call_next(tool_call)
-        except AgentFormRequiredException as exc:
-            # Not a failure: the tool asks a person for data and runs again afterwards.
-            tracer.add_event(span, "agent_runner.form_required", {"agent_runner.form.key": exc.form.key})
-            raise
-        except BaseException as exc:
-            tracer.mark_failed(span, exc)
-            raise
-        finally:
-            tracer.deactivate(token)
-            span.end()
+        # A form request is not a failure: the tool asks a person for data and runs again afterwards.
+        with tracer.call_span(span, not_failures=(AgentFormRequiredException,)):
+            try:
+                return call_next(tool_call)
+            except AgentFormRequiredException as exc:
+                tracer.add_event(span, "agent_runner.form_required", {"agent_runner.form.key": exc.form.key})
+                raise
 
     def _model_name(self, turn: AgentTurn | None) -> str:
         if turn is None:

@@ -24,7 +24,8 @@ import hashlib
 import importlib.metadata
 import logging
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from contextvars import ContextVar, Token
 from typing import TYPE_CHECKING, Any
 
@@ -212,6 +213,25 @@ class TurnTracer:
     def deactivate(token: Token[Context]) -> None:
         """Restore the context from before `activate`."""
         otel_context.detach(token)
+
+    @staticmethod
+    @contextmanager
+    def call_span(span: Span, not_failures: tuple[type[BaseException], ...] = ()) -> Iterator[None]:
+        """Run the block with the model or tool call's `span` current, and end the span after it.
+
+        An exception leaving the block marks the span failed, unless it is one of
+        `not_failures` (an outcome the caller records in its own way).
+        """
+        token = TurnTracer.activate(span)
+        try:
+            yield
+        except BaseException as exc:
+            if not isinstance(exc, not_failures):
+                TurnTracer.mark_failed(span, exc)
+            raise
+        finally:
+            TurnTracer.deactivate(token)
+            span.end()
 
     @staticmethod
     def end_step(span: Span, turn: AgentTurn, kind: str, error: BaseException | None) -> None:

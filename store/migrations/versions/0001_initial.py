@@ -1,9 +1,4 @@
-"""Turns, turn messages, chat memory, inbox and turn leases.
-
-Revision ID: 0001
-Revises:
-Create Date: 2026-11-30
-"""
+"""Turns, turn messages, chat memory, inbox and turn leases."""
 
 from __future__ import annotations
 
@@ -12,8 +7,6 @@ from alembic import op
 
 revision: str = "0001"
 down_revision: str | None = None
-branch_labels: str | None = None
-depends_on: str | None = None
 
 # Spelled out rather than imported: a migration must keep creating the schema of its own
 # revision even after the application's status list grows.

@@ -1,9 +1,4 @@
-"""Event log table; tenant_id and root_turn_id indexes on turns.
-
-Revision ID: 0002
-Revises: 0001
-Create Date: 2026-12-14
-"""
+"""Event log table; tenant_id and root_turn_id indexes on turns."""
 
 from __future__ import annotations
 
@@ -12,8 +7,6 @@ from alembic import op
 
 revision: str = "0002"
 down_revision: str | None = "0001"
-branch_labels: str | None = None
-depends_on: str | None = None
 
 
 def upgrade() -> None:

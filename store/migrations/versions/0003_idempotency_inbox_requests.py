@@ -1,9 +1,4 @@
-"""Idempotency keys of the HTTP API; inbox messages remember the agent, tenant and metadata of their turn; an index for listing a tenant's turns.
-
-Revision ID: 0003
-Revises: 0002
-Create Date: 2026-12-07
-"""
+"""Idempotency keys of the HTTP API; inbox messages remember the agent, tenant and metadata of their turn; an index for listing a tenant's turns."""
 
 from __future__ import annotations
 
@@ -12,8 +7,6 @@ from alembic import op
 
 revision: str = "0003"
 down_revision: str | None = "0002"
-branch_labels: str | None = None
-depends_on: str | None = None
 
 
 def upgrade() -> None:

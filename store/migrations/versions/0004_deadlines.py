@@ -1,9 +1,4 @@
-"""Deadlines of waiting turns: the `wake_at` column the deadline sweep reads, and its index.
-
-Revision ID: 0004
-Revises: 0003
-Create Date: 2027-01-11
-"""
+"""Deadlines of waiting turns: the `wake_at` column the deadline sweep reads, and its index."""
 
 from __future__ import annotations
 
@@ -12,8 +7,6 @@ from alembic import op
 
 revision: str = "0004"
 down_revision: str | None = "0003"
-branch_labels: str | None = None
-depends_on: str | None = None
 
 
 def upgrade() -> None:

@@ -14,10 +14,6 @@ of events by conversation keeps only the events that have one.
 
 The upgrade fills `status_changed_at` from `updated_at` for existing rows (one pass over
 the table), and the new fillfactor applies to pages written from then on.
-
-Revision ID: 0005
-Revises: 0004
-Create Date: 2026-12-01
 """
 
 from __future__ import annotations
@@ -27,8 +23,6 @@ from alembic import op
 
 revision: str = "0005"
 down_revision: str | None = "0004"
-branch_labels: str | None = None
-depends_on: str | None = None
 
 # Spelled out rather than imported from store.schema: a migration keeps its own values.
 _FILLFACTOR = 75

@@ -16,10 +16,6 @@ counters to the last position of each scope. `xid` stays, NULL for events writte
 now on, so the `<xid>.<id>` cursors issued before keep working (see `store._event_log`).
 Processes of an older version cannot write events on the new schema: stop them (or
 replace them) together with this upgrade.
-
-Revision ID: 0006
-Revises: 0005
-Create Date: 2026-12-02
 """
 
 from __future__ import annotations
@@ -29,8 +25,6 @@ from alembic import op
 
 revision: str = "0006"
 down_revision: str | None = "0005"
-branch_labels: str | None = None
-depends_on: str | None = None
 
 # Spelled out rather than imported from store.schema: a migration keeps its own values.
 _HAS_CONVERSATION = "conversation_id IS NOT NULL"

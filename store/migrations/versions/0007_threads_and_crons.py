@@ -1,9 +1,4 @@
-"""Threads and crons of LangGraph clients: conversations managed as threads, and schedules made over HTTP.
-
-Revision ID: 0007
-Revises: 0006
-Create Date: 2026-12-02
-"""
+"""Threads and crons of LangGraph clients: conversations managed as threads, and schedules made over HTTP."""
 
 from __future__ import annotations
 
@@ -12,8 +7,6 @@ from alembic import op
 
 revision: str = "0007"
 down_revision: str | None = "0006"
-branch_labels: str | None = None
-depends_on: str | None = None
 
 
 def upgrade() -> None:

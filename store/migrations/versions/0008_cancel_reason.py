@@ -1,9 +1,4 @@
-"""The reason of a RUNNING turn's cancel request: the `cancel_reason` column, kept until the turn ends with it.
-
-Revision ID: 0008
-Revises: 0007
-Create Date: 2026-12-02
-"""
+"""The reason of a RUNNING turn's cancel request: the `cancel_reason` column, kept until the turn ends with it."""
 
 from __future__ import annotations
 
@@ -12,8 +7,6 @@ from alembic import op
 
 revision: str = "0008"
 down_revision: str | None = "0007"
-branch_labels: str | None = None
-depends_on: str | None = None
 
 
 def upgrade() -> None:

@@ -4,10 +4,6 @@
 with its attempts and outcome; rows left DEAD are the dead letters. The partial index on
 `agent_turn_events.created_at` covers only the event types a webhook reports, so the
 deliverer's look for new events reads a few index entries, not the whole log.
-
-Revision ID: 0009
-Revises: 0008
-Create Date: 2026-12-02
 """
 
 from __future__ import annotations
@@ -17,8 +13,6 @@ from alembic import op
 
 revision: str = "0009"
 down_revision: str | None = "0008"
-branch_labels: str | None = None
-depends_on: str | None = None
 
 # The same list as `store.schema.WEBHOOK_EVENT_TYPES` when this revision was written.
 _WEBHOOK_TYPES = "type IN ('TURN_SUSPENDED', 'TURN_COMPLETED', 'TURN_CANCELLED', 'TURN_FAILED', " + (

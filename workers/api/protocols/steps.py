@@ -220,18 +220,17 @@ class TurnContent:
 
     def ai_message(self, turn_id: str, message_id: str) -> AiMessage | None:
         """The model message `message_id` of the turn."""
-        for fresh in (False, True):
-            turn = self.turn(turn_id, fresh=fresh)
-            found = None if turn is None else _find(turn, AiMessage, lambda m: m.id == message_id)
-            if found is not None:
-                return found
-        return None
+        return self._message(turn_id, AiMessage, lambda m: m.id == message_id)
 
     def tool_message(self, turn_id: str, call_id: str) -> ToolMessage | None:
         """The result of the call `call_id` in the turn, once written."""
+        return self._message(turn_id, ToolMessage, lambda m: m.tool_call_id == call_id)
+
+    def _message(self, turn_id: str, kind: type[_M], match: Callable[[_M], bool]) -> _M | None:
+        """The newest message of `kind` that `match`es, in the snapshot read before or else in a fresh one."""
         for fresh in (False, True):
             turn = self.turn(turn_id, fresh=fresh)
-            found = None if turn is None else _find(turn, ToolMessage, lambda m: m.tool_call_id == call_id)
+            found = None if turn is None else _find(turn, kind, match)
             if found is not None:
                 return found
         return None
