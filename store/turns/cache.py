@@ -116,8 +116,8 @@ class TurnCache:
         # No copy: snapshots and their message lists are immutable.
         count = len(turn.messages)
         held = self._entries.get(turn.id)
-        if held is not None and held[0].version > turn.version:
-            return
+        if held is not None and held[0].version > turn.version and held[0].created_at == turn.created_at:
+            return  # a read that raced with a newer save (not a turn created again under a pruned one's id)
         self._drop(turn.id)
         if turn.status.is_terminal or count > self.max_messages:
             return

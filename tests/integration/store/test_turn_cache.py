@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 from agent_runner import AgentTurnStatus
 from store.turns.cache import TurnCache
 from tests.integration.store.store_kit import step, turn_with_history
@@ -48,6 +50,11 @@ def test_the_newest_snapshot_is_kept_and_an_older_one_read_late_does_not_replace
     flagged = newer.model_copy(update={"cancel_requested": True})
     cache.remember(flagged)
     assert cache.snapshot("t") is flagged
+    # A turn created again under the id of one that was pruned replaces it, whatever its version
+    again = turn_with_history("t", 1).model_copy(update={"created_at": older.created_at + timedelta(days=1)})
+    cache.remember(again)
+    assert cache.snapshot("t") is again
+    cache.remember(flagged)
     # A terminal turn takes no more steps: nothing is kept for it
     cache.remember(flagged.model_copy(update={"version": newer.version + 1, "status": AgentTurnStatus.COMPLETED}))
     assert cache.snapshot("t") is None
