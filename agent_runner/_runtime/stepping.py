@@ -26,7 +26,6 @@ import logging
 import time
 from collections.abc import Callable
 
-from agent_runner._runtime import pickup
 from agent_runner._runtime.context import RunnerContext
 from agent_runner._runtime.endings import cancel_quietly, child_ended, step_failed
 from agent_runner._runtime.executing import step
@@ -119,14 +118,10 @@ def run_until_blocked(ctx: RunnerContext, turn: AgentTurn) -> AgentTurn:
         if held is None:
             return ctx.turn_store.load(turn.id)
         # The snapshot passed in may predate a holder that worked on the turn while this
-        # thread waited for the lease; continue from the stored one, under our fence (the
-        # store's cached one when no other holder came in between, see `pickup`).
-        fence = held.fence
-        current, cached = pickup.under_lease(ctx.turn_store, turn.id, turn.version, fence, ctx.clock())
-        result = pickup.continue_after_stale(
-            advance(ctx, current, fence=fence), cached, lambda loaded: advance(ctx, loaded, fence=fence)
-        )
-        return _raise_failure(result)
+        # thread waited for the lease, or a cancel requested meanwhile (it keeps the
+        # version): continue from the stored one, under our fence.
+        current = ctx.turn_store.load(turn.id)
+        return _raise_failure(advance(ctx, current, fence=held.fence))
 
 
 def _raise_failure(result: AdvanceResult) -> AgentTurn:

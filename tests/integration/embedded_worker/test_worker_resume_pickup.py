@@ -33,10 +33,17 @@ from agent_runner import (
     ToolMessage,
     tool,
 )
+from agent_runner._runtime import pickup
 from agent_runner.worker import AgentWorker
 from store import SqlAgentTurnStore
 
 pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(autouse=True)
+def seen_just_now(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every dispatched turn counts as seen moments ago, however slow the machine: these tests are about the cache."""
+    monkeypatch.setattr(pickup, "FRESH_S", 60.0)
 
 
 def refund_agent(refunded: list[str], approvals: int = 1) -> Agent:
@@ -177,3 +184,27 @@ def test_a_resume_that_does_not_fit_the_cached_snapshot_is_decided_on_the_stored
     # Then the command was checked against the stored snapshot, and the turn completed
     assert resumed.status is AgentTurnStatus.COMPLETED
     assert refunded == ["0", "1"]
+
+
+def test_a_cancel_requested_elsewhere_before_a_late_pickup_stops_the_approved_call(
+    two_stores: tuple[SqlAgentTurnStore, SqlAgentTurnStore], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    here, elsewhere = two_stores
+    refunded: list[str] = []
+    agent = refund_agent(refunded)
+    runner = AgentRunner(turn_store=here)
+    worker = AgentWorker(runner, lease=InMemoryTurnLease(), deadline_interval=None)
+    # Given a turn approved here and dispatched to the worker (RUNNING: a cancel only flags it)
+    turn = runner.run(agent, "refund order 0")
+    resumed = runner.submit_resume(turn.id, approval(turn))
+    assert resumed.status is AgentTurnStatus.RUNNING
+    # And a cancel requested through another process's store, which keeps the version
+    flagged = elsewhere.request_cancel(turn.id, reason="the customer withdrew")
+    assert flagged.version == resumed.version and here.cached_snapshot(turn.id) == resumed
+    # When the worker picks the turn up after the freshness bound of what it was handed
+    monkeypatch.setattr(pickup, "FRESH_S", 0.0)
+    worker.run_once()
+    # Then it loaded the turn, saw the cancel and ended it without making the approved call
+    final = elsewhere.load(turn.id)
+    assert (final.status, final.error) == (AgentTurnStatus.CANCELLED, "the customer withdrew")
+    assert refunded == []

@@ -18,6 +18,7 @@ from agent_runner import (
     ToolCall,
     tool,
 )
+from agent_runner._runtime import pickup
 from agent_runner.events import AgentEvent
 from agent_runner.persistence import CachedSnapshots, TurnRef
 from agent_runner.snapshot import AgentTurn
@@ -103,6 +104,12 @@ def refund_agent() -> Agent:
 def approval(turn: AgentTurn) -> AgentResumeCommand:
     assert turn.suspension is not None and turn.suspension.correlation_id is not None
     return AgentResumeCommand.approve_tool(turn.suspension.correlation_id)
+
+
+@pytest.fixture(autouse=True)
+def seen_just_now(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every dispatched turn counts as seen moments ago, however slow the machine."""
+    monkeypatch.setattr(pickup, "FRESH_S", 60.0)
 
 
 @pytest.mark.parametrize(("store_type", "loads"), [(PlainStore, 2), (CachingStore, 0)])
