@@ -83,6 +83,10 @@ class InMemoryAgentTurnStore:
             raise TurnNotFound(turn_id)
         return turn
 
+    def cached_snapshot(self, turn_id: str) -> AgentTurn | None:
+        """The stored snapshot, or None (see `CachedSnapshots`): in memory, what is stored is at hand."""
+        return self._turns.get(turn_id)
+
     def get_ref(self, turn_id: str) -> TurnRef:
         """Return the stored turn's reference (id, version, status, times) or raise `TurnNotFound`."""
         turn = self._turns.get(turn_id)

@@ -181,6 +181,28 @@ class ProjectingTurnStore(Protocol):
         ...
 
 
+@runtime_checkable
+class CachedSnapshots(Protocol):
+    """A turn store that hands back the snapshot it last saved or read of a turn, without reading storage.
+
+    Optional: a store without it is loaded each time. The runner asks for it where a load
+    would cost a round trip and the snapshot's staleness is caught anyway: before a resume's
+    save, and when a worker picks up a turn it has just taken the lease of (used only when
+    its version is the one the dispatch or the poll saw and no other lease holder came in
+    between). A save based on a stale cached snapshot is refused by the compare-and-swap
+    like any other, and the runner loads the turn and goes on. The in-memory and the SQL
+    turn stores implement it.
+    """
+
+    def cached_snapshot(self, turn_id: str) -> AgentTurn | None:
+        """The newest snapshot of the turn this store saved or read, as it returned it; None when it kept none.
+
+        Another process may have saved the turn since. A cancel request made through
+        another store object, which leaves the version as it is, may be missing from it.
+        """
+        ...
+
+
 DEFAULT_EVENT_PAGE = 500
 """Events one read returns at most unless told otherwise."""
 

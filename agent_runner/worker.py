@@ -36,12 +36,13 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+from agent_runner._runtime import pickup
 from agent_runner.errors import AgentRunnerError, TurnNotFound
 from agent_runner.ids import new_id
 from agent_runner.in_memory import InMemoryTurnLease
 from agent_runner.leasing import HeldLease, LeaseKeeper
 from agent_runner.persistence import AgentTurnStore, DeadlineSource, TurnLease
-from agent_runner.results import StopReason
+from agent_runner.results import AdvanceResult, StopReason
 from agent_runner.runner import AgentRunner
 from agent_runner.snapshot import AgentTurn, AgentTurnStatus
 
@@ -171,8 +172,9 @@ class AgentWorker:
         # Turns handed over by `dispatch`, oldest first (ordered sets), for the threads to try
         # before they poll: `_continuing` holds turns under way, `_dispatched` new ones, taken
         # after. Losing one costs latency only: the poll finds every runnable turn.
-        self._continuing: OrderedDict[str, None] = OrderedDict()
-        self._dispatched: OrderedDict[str, None] = OrderedDict()
+        # Each maps a turn id to the version it was dispatched at, and when (see `_advance`).
+        self._continuing: OrderedDict[str, pickup.Sighting] = OrderedDict()
+        self._dispatched: OrderedDict[str, pickup.Sighting] = OrderedDict()
         self._wake = threading.Event()
         self._next_deadline_sweep = 0.0  # time.monotonic() at which a thread runs the deadline sweep next
         self._next_poll = 0.0  # time.monotonic() at which a thread of this worker polls the store next
@@ -191,23 +193,24 @@ class AgentWorker:
         their kind.
         """
         if turn.is_runnable(self.runner.clock()):
-            self._enqueue(turn.id, ahead=not _is_new(turn.status, turn.steps, turn.parent_turn_id))
+            seen = pickup.seen_now(turn.version)
+            self._enqueue(turn.id, seen, ahead=not _is_new(turn.status, turn.steps, turn.parent_turn_id))
         self._wake.set()
 
-    def _enqueue(self, turn_id: str, *, ahead: bool = False) -> None:
-        """Queue `turn_id` for the threads: `ahead` of the new turns (a turn under way), or behind them."""
+    def _enqueue(self, turn_id: str, seen: pickup.Sighting, *, ahead: bool = False) -> None:
+        """Queue `turn_id`, `seen` at a version, for the threads: `ahead` of the new turns (a turn under way), or behind them."""
         with self._lock:
             waiting = self._continuing if ahead else self._dispatched
-            waiting[turn_id] = None
+            waiting[turn_id] = seen
             if len(waiting) > _DISPATCHED_TURNS:
                 waiting.popitem(last=False)
 
-    def _next_dispatched(self) -> str | None:
-        """Take the oldest dispatched turn under way, else the oldest new one; None when none waits."""
+    def _next_dispatched(self) -> tuple[str, pickup.Sighting] | None:
+        """Take the oldest dispatched turn under way, else the oldest new one, with its version; None when none waits."""
         with self._lock:
             for waiting in (self._continuing, self._dispatched):
                 if waiting:
-                    return waiting.popitem(last=False)[0]
+                    return waiting.popitem(last=False)
         return None
 
     # --- Running ------------------------------------------------------------------------------
@@ -356,13 +359,14 @@ class AgentWorker:
         for _ in range(waiting):
             if stop is not None and stop.is_set():
                 break
-            turn_id = self._next_dispatched()
-            if turn_id is None:
+            taken = self._next_dispatched()
+            if taken is None:
                 break
+            turn_id, sighting = taken
             if turn_id in seen or self._is_backing_off(turn_id):
                 continue  # a turn backing off is found again by the poll once it may run
             seen.add(turn_id)
-            steps += self._try_advance(turn_id, stop)
+            steps += self._try_advance(turn_id, sighting, stop)
         return steps
 
     def _run_polled(self, stop: threading.Event | None, seen: set[str]) -> int:
@@ -389,12 +393,14 @@ class AgentWorker:
                 # next pass takes those first).
                 continue
             seen.add(ref.turn_id)
-            steps += self._try_advance(ref.turn_id, stop)
+            # A flagged cancel keeps the version: a turn polled with one is loaded, not taken from the cache.
+            sighting = None if ref.cancel_requested else pickup.seen_now(ref.version)
+            steps += self._try_advance(ref.turn_id, sighting, stop)
         return steps
 
-    def _try_advance(self, turn_id: str, stop: threading.Event | None) -> int:
+    def _try_advance(self, turn_id: str, seen: pickup.Sighting | None, stop: threading.Event | None) -> int:
         try:
-            return self._advance(turn_id, stop)
+            return self._advance(turn_id, seen, stop)
         except Exception:
             # One broken turn (an unknown agent, a store error) must not stop the others.
             logger.exception("worker %s: advancing turn %s failed; trying it again later", self.owner, turn_id)
@@ -405,23 +411,30 @@ class AgentWorker:
         with self._lock:
             return turn_id in self._continuing or turn_id in self._dispatched
 
-    def _advance(self, turn_id: str, stop: threading.Event | None) -> int:
-        """Step one turn under its lease until it blocks, ends, or used its share of steps."""
+    def _advance(self, turn_id: str, seen: pickup.Sighting | None, stop: threading.Event | None) -> int:
+        """Step one turn, `seen` at a version, under its lease until it blocks, ends, or used its share of steps."""
         with self._claim(turn_id) as claim:
             if claim is None or claim.held is None:
                 return 0
             held = claim.held
             try:
-                # Loaded after the lease was taken: whatever the poll or the dispatch saw may be stale.
-                turn = self.runner.turn_store.load(turn_id)
+                # Taken after the lease: loaded, unless the store's cached snapshot is the
+                # version seen moments ago and no other holder came in between (see `pickup`).
+                turn, cached = pickup.under_lease(
+                    self.runner.turn_store, turn_id, seen, held.fence, self.runner.clock()
+                )
             except TurnNotFound:
                 return 0
-            result = self.runner.advance(
-                turn,
-                fence=held.fence,
-                max_steps=self.max_steps_per_claim,
-                may_continue=lambda: (stop is None or not stop.is_set()) and self.keeper.may_step(held),
-            )
+
+            def advance(start: AgentTurn) -> AdvanceResult:
+                return self.runner.advance(
+                    start,
+                    fence=held.fence,
+                    max_steps=self.max_steps_per_claim,
+                    may_continue=lambda: (stop is None or not stop.is_set()) and self.keeper.may_step(held),
+                )
+
+            result = pickup.continue_after_stale(advance(turn), cached, advance)
             if result.stopped is StopReason.FAILED:
                 logger.error(
                     "worker %s: a step of turn %s raised; the turn stays runnable and is tried again later",
@@ -436,7 +449,7 @@ class AgentWorker:
                 # Its share is used up, not its work: queue it behind every turn dispatched
                 # meanwhile, new ones included (that is what the share is for), rather than
                 # leave it to the next poll.
-                self._enqueue(turn_id)
+                self._enqueue(turn_id, pickup.seen_now(result.turn.version))
             return result.steps
 
     # --- Leases -------------------------------------------------------------------------------

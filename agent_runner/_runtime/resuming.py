@@ -8,7 +8,7 @@ from typing import Any
 from agent_runner import event_payloads as payloads
 from agent_runner import machine
 from agent_runner._cas import retry_on_conflict
-from agent_runner._runtime import children
+from agent_runner._runtime import children, pickup
 from agent_runner._runtime.context import RunnerContext
 from agent_runner._runtime.saving import save, suspended_event
 from agent_runner.errors import (
@@ -76,13 +76,29 @@ def apply_resume(ctx: RunnerContext, turn_id: str, command: AgentResumeCommand) 
         command=command.type, tool_call_id=command.tool_call_id, reason=command.reason, metadata=command.metadata
     )
 
+    from_cache = True
+
     def attempt() -> AgentTurn:
+        nonlocal from_cache
         # Re-validated against the newest snapshot each time: a concurrent decision wins once.
-        turn = ctx.turn_store.load(turn_id)
-        schema = _edited_tool_schema(ctx, turn, command)
-        return save(ctx, machine.apply_resume(turn, command, ctx.clock(), edit_schema=schema), turn.version, event)
+        # The first attempt may start from the store's cached snapshot: if the turn moved on
+        # since, the save is refused and the next attempt loads it (see `pickup`).
+        turn = pickup.cached(ctx.turn_store, turn_id) if from_cache else None
+        from_cache = False
+        if turn is not None:
+            try:
+                return _resume(ctx, turn, command, event)
+            except InvalidResumeCommand:
+                pass  # the command may fit the stored snapshot: decide on that one
+        return _resume(ctx, ctx.turn_store.load(turn_id), command, event)
 
     return retry_on_conflict(turn_id, attempt)
+
+
+def _resume(ctx: RunnerContext, turn: AgentTurn, command: AgentResumeCommand, event: payloads.EventBody) -> AgentTurn:
+    """Apply `command` to `turn` and save the result over `turn`'s version."""
+    schema = _edited_tool_schema(ctx, turn, command)
+    return save(ctx, machine.apply_resume(turn, command, ctx.clock(), edit_schema=schema), turn.version, event)
 
 
 def _check_resume_input(limits: InputLimits, turn_id: object, command: AgentResumeCommand) -> None:

@@ -118,7 +118,8 @@ def run_until_blocked(ctx: RunnerContext, turn: AgentTurn) -> AgentTurn:
         if held is None:
             return ctx.turn_store.load(turn.id)
         # The snapshot passed in may predate a holder that worked on the turn while this
-        # thread waited for the lease; continue from the stored one, under our fence.
+        # thread waited for the lease, or a cancel requested meanwhile (it keeps the
+        # version): continue from the stored one, under our fence.
         current = ctx.turn_store.load(turn.id)
         return _raise_failure(advance(ctx, current, fence=held.fence))
 

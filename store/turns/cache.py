@@ -1,7 +1,8 @@
-"""What `SqlAgentTurnStore` remembers of the turns it recently saved or loaded: message counts and histories.
+"""What `SqlAgentTurnStore` remembers of the turns it recently saved or loaded: message counts and snapshots.
 
 A save whose expected version is remembered knows which messages are new without reading
-the header first, and a load reads only the rows added since the remembered history.
+the header first, a load reads only the rows added since the remembered history, and the
+runner may continue from the remembered snapshot without a load (`CachedSnapshots`).
 """
 
 from __future__ import annotations
@@ -24,14 +25,15 @@ the cache near 50 MB for such messages (more for large tool results)."""
 
 
 class TurnCache:
-    """Bounded LRUs of the message counts and the message lists of recently saved or loaded turns, by turn id.
+    """Bounded LRUs of the message counts and the snapshots of recently saved or loaded turns, by turn id.
 
     The (version, message count) of up to `max_counts` turns: a save over a remembered
     version knows which of its messages are new; its guard still checks the count, so a
     wrong entry costs a retry, never data.
 
-    The message lists of fewer turns: each history is a message sequence and the count of
-    its leading messages that were stored at seq 0..count-1 under that turn. Turn messages never change once written
+    The snapshots of fewer turns, the newest version seen of each: its message list is a
+    history, a message sequence whose leading `count` messages were stored at seq
+    0..count-1 under that turn. Turn messages never change once written
     and a save only adds rows, so those messages stay the turn's first `count` messages
     in every later snapshot, whichever process saved it: a load needs only the header and
     the rows from `count` on. The header's `message_count` still decides how long the
@@ -54,7 +56,7 @@ class TurnCache:
         self.max_messages = max_messages
         self.max_counts = max_counts
         self._counts: OrderedDict[str, tuple[int, int]] = OrderedDict()
-        self._entries: OrderedDict[str, tuple[list[ModelMessage], int]] = OrderedDict()
+        self._entries: OrderedDict[str, tuple[AgentTurn, int]] = OrderedDict()
         self._messages = 0
         self._lock = threading.Lock()
 
@@ -69,7 +71,11 @@ class TurnCache:
         return self._messages
 
     def remember(self, turn: AgentTurn) -> None:
-        """Remember a snapshot just saved or loaded: its version and message count, and its history."""
+        """Remember a snapshot just saved or loaded: its version and message count, and the snapshot.
+
+        A snapshot older than the one held (a read that raced with a save of this store) does
+        not replace it.
+        """
         with self._lock:
             self._counts[turn.id] = (turn.version, len(turn.messages))
             self._counts.move_to_end(turn.id)
@@ -92,17 +98,30 @@ class TurnCache:
         """Return the remembered (messages, count) of the turn, marking it recently used."""
         with self._lock:
             entry = self._entries.get(turn_id)
-            if entry is not None:
-                self._entries.move_to_end(turn_id)
-            return entry
+            if entry is None:
+                return None
+            self._entries.move_to_end(turn_id)
+            return entry[0].messages, entry[1]
+
+    def snapshot(self, turn_id: str) -> AgentTurn | None:
+        """The newest snapshot of the turn remembered, or None (terminal turns are not kept)."""
+        with self._lock:
+            entry = self._entries.get(turn_id)
+            if entry is None:
+                return None
+            self._entries.move_to_end(turn_id)
+            return entry[0]
 
     def _put(self, turn: AgentTurn) -> None:
         # No copy: snapshots and their message lists are immutable.
         count = len(turn.messages)
+        held = self._entries.get(turn.id)
+        if held is not None and held[0].version > turn.version and held[0].created_at == turn.created_at:
+            return  # a read that raced with a newer save (not a turn created again under a pruned one's id)
         self._drop(turn.id)
         if turn.status.is_terminal or count > self.max_messages:
             return
-        self._entries[turn.id] = (turn.messages, count)
+        self._entries[turn.id] = (turn, count)
         self._messages += count
         while len(self._entries) > self.max_histories or self._messages > self.max_messages:
             _, (_, evicted) = self._entries.popitem(last=False)

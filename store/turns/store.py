@@ -141,6 +141,13 @@ class SqlAgentTurnStore(OneStatementSaves):
             messages.extend(ModelMessagesAdapter.validate_json(added))
         return snapshot_of(header, messages)
 
+    def cached_snapshot(self, turn_id: str) -> AgentTurn | None:
+        """The newest snapshot of a non-terminal turn this store recently saved or read, without a query; else None.
+
+        See `agent_runner.persistence.CachedSnapshots`: another process may have saved the turn since.
+        """
+        return self._cache.snapshot(turn_id)
+
     def get_ref(self, turn_id: str) -> TurnRef:
         """Return the stored turn's id, version, status and times: one header read, no messages.
 

@@ -29,7 +29,7 @@ from agent_runner import (
     UserMessage,
     VersionConflictError,
 )
-from agent_runner.persistence import AgentTurnStore, CancelFlagSource
+from agent_runner.persistence import AgentTurnStore, CachedSnapshots, CancelFlagSource
 from tests.contract.conftest import ZONED_BACKENDS
 
 
@@ -615,3 +615,38 @@ def test_list_due_timers_returns_waiting_turns_whose_reminder_or_deadline_came_e
     turn_store.save(early.model_copy(update={"status": S.CANCELLED, "suspension": None}), early.version)
     assert [r.turn_id for r in list_due_timers(now)] == ["late"]
     assert [r.turn_id for r in list_due_timers(now + timedelta(hours=2))] == ["late", "future", "reminder"]
+
+
+def test_a_store_hands_back_the_snapshot_it_saved_without_reading_it(turn_store: AgentTurnStore) -> None:
+    # The optional CachedSnapshots: every store of this project has it
+    assert isinstance(turn_store, CachedSnapshots)
+    assert turn_store.cached_snapshot("never-saved") is None
+    # Given a turn saved, then saved again, through this store
+    created = turn_store.save(make_turn("t-cached"), -1)
+    assert turn_store.cached_snapshot("t-cached") == created
+    running = turn_store.save(created.model_copy(update={"status": S.RUNNING}), created.version)
+    # Then the cached snapshot is the newest one it saved
+    assert turn_store.cached_snapshot("t-cached") == running
+    # And a cancel request through the same store shows in it, at the same version
+    turn_store.request_cancel("t-cached", "stop")
+    flagged = turn_store.cached_snapshot("t-cached")
+    assert flagged is not None and flagged.cancel_requested and flagged.version == running.version
+
+
+def test_a_save_based_on_a_cached_snapshot_that_went_stale_is_refused(
+    turn_store: AgentTurnStore, other_turn_store: AgentTurnStore
+) -> None:
+    assert isinstance(turn_store, CachedSnapshots)
+    created = turn_store.save(make_turn("t-stale"), -1)
+    cached = turn_store.cached_snapshot("t-stale")
+    assert cached == created
+    # Given another process that saved the turn since
+    theirs = other_turn_store.save(
+        other_turn_store.load("t-stale").model_copy(update={"metadata": {"by": "other"}}), created.version
+    )
+    # When this store saves a change based on its cached snapshot
+    with pytest.raises(VersionConflictError):
+        turn_store.save(cached.model_copy(update={"status": S.RUNNING}), cached.version)
+    # Then the other process's save stands, and a load brings the cache up to date
+    assert turn_store.load("t-stale") == theirs
+    assert turn_store.cached_snapshot("t-stale") == theirs
