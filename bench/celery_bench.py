@@ -10,7 +10,7 @@ Throughput: N turns of W(K) are started at once through `workers.build_runner()`
 READY and enqueued) and the clock stops when the last one has completed. The raw chain
 gets N chains of 2K+1 hops, one hop per step the runner takes. The ratio is the runner's
 steps/s over the raw chain's hops/s: above 1 the runner, which may take several steps
-per task under one lease (AGENT_RUNNER_STEPS_PER_TASK, default 4), beats one hop per step.
+per task under one lease (AGENT_RUNNER_STEPS_PER_TASK, default 16), beats one hop per step.
 
 Resume latency: turns of the approval workload wait for approval (run there by the
 worker); the clock starts before `submit_resume` (save, then a `step_turn` message) and
@@ -355,7 +355,7 @@ POOLS = (
     # key, worker processes, steps per task (None: the default of `WorkerSettings`)
     ("1", 1, None),
     ("2", 2, None),
-    ("2, 16 steps/task", 2, 16),
+    ("2, 4 steps/task", 2, 4),
 )
 
 

@@ -17,7 +17,7 @@ def test_defaults_work_with_nothing_set() -> None:
     assert settings.broker_url == settings.redis_url
     assert settings.queue == "agent-runner"
     assert (settings.lease_ttl_s, settings.sweep_interval_s, settings.max_eta_s) == (30.0, 10.0, 300.0)
-    assert settings.steps_per_task == 4
+    assert settings.steps_per_task == 16
     assert settings.agent_loader is None and settings.inbox_agent is None
 
 
@@ -31,7 +31,7 @@ def test_values_are_parsed_and_empty_ones_count_as_unset() -> None:
     settings = WorkerSettings.from_env(
         {
             "AGENT_RUNNER_LEASE_TTL_S": "2.5",
-            "AGENT_RUNNER_STEPS_PER_TASK": "16",
+            "AGENT_RUNNER_STEPS_PER_TASK": "5",
             "AGENT_RUNNER_QUEUE": "turns.high",
             "AGENT_RUNNER_AGENT_LOADER": "myapp.agents:loader",
             "AGENT_RUNNER_INBOX_AGENT": "",
@@ -39,7 +39,7 @@ def test_values_are_parsed_and_empty_ones_count_as_unset() -> None:
         }
     )
     assert settings.lease_ttl_s == 2.5 and settings.lease_ttl_ms == 2500
-    assert settings.steps_per_task == 16
+    assert settings.steps_per_task == 5
     assert settings.queue == "turns.high"
     assert settings.agent_loader == "myapp.agents:loader"
     assert settings.inbox_agent is None
