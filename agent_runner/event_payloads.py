@@ -13,6 +13,7 @@ that only some occurrences have are present and null on the others.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from datetime import datetime
 from typing import Annotated, Any, Literal, NamedTuple, Union
 
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
@@ -86,6 +87,9 @@ class TurnStartedFields(_Payload):
             "The queued message the turn was started from (its MESSAGE_QUEUED event names this turn); "
             "null for a turn started directly."
         ),
+    )
+    starts_at: datetime | None = Field(
+        default=None, description="When a delayed start lets the turn run; null for a turn that may run at once."
     )
 
 
@@ -357,6 +361,7 @@ def turn_started(turn: AgentTurn, message_id: str) -> EventBody:
         parent_turn_id=turn.parent_turn_id,
         message_id=message_id,
         queued_message_id=message_id if queued else None,
+        starts_at=turn.starts_at,
     )
     return EventBody(E.TURN_STARTED, fields)
 

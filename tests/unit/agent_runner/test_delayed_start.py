@@ -13,6 +13,7 @@ import pytest
 from agent_runner import (
     Agent,
     AgentConversationBusyException,
+    AgentEventType,
     AgentExecutionPolicy,
     AgentRunner,
     AgentTurnStatus,
@@ -74,6 +75,23 @@ def test_a_delayed_turn_is_not_stepped_before_its_time_and_is_stepped_after_it()
     assert (done.status, done.final_output) == (S.COMPLETED, "done")
     assert done.next_retry_at is None and done.starts_at is None
     assert len(calls.times) == 1
+
+
+def test_turn_started_tells_when_a_delayed_turn_may_run() -> None:
+    clock = FakeClock()
+    runner = AgentRunner(clock=clock)
+    agent = Agent(id="a", chat_model=CallTimes().model)
+    delayed = runner.start(agent, "later", not_before=clock.now + timedelta(minutes=5))
+    at_once = runner.start(agent, "now")
+    started = {
+        event.turn_id: event.data
+        for root in (delayed.id, at_once.id)
+        for event in runner.turn_store.read_events(root_turn_id=root)  # type: ignore[attr-defined]
+        if event.type is AgentEventType.TURN_STARTED
+    }
+    # A follower learns when the delayed turn may run (ISO 8601, as every time on the wire)
+    assert started[delayed.id]["starts_at"] == (START + timedelta(minutes=5)).isoformat().replace("+00:00", "Z")
+    assert started[at_once.id]["starts_at"] is None
 
 
 def test_a_start_time_that_has_passed_means_now() -> None:
