@@ -217,6 +217,15 @@ def run_once(
     by_label = dict(zip(ids, [f"{label}-{i}" for i in range(turns)], strict=True))
     ttft = [first_tokens[by_label[i]] - created[i] for i in ids if by_label[i] in first_tokens]
     latencies = [r[2].timestamp() - r[1].timestamp() for r in rows]
+    # From the turn's first pick-up (its TURN_RUNNING event) to its end: the wait for a free
+    # slot left out, what is left shows whether a turn under way starves behind new ones.
+    running_rows = admin.execute(
+        "SELECT turn_id, min(created_at) FROM agent_turn_events WHERE type = 'TURN_RUNNING' AND turn_id = ANY(%s) "
+        "GROUP BY turn_id",
+        (ids,),
+    ).fetchall()
+    picked_up = {r[0]: r[1].timestamp() for r in running_rows}
+    running = [r[2].timestamp() - picked_up[r[0]] for r in rows if r[0] in picked_up]
     first, last = min(created.values()), max(r[2].timestamp() for r in rows)
     steps = turns * STEPS_PER_TURN
     return {
@@ -226,6 +235,7 @@ def run_once(
         "turns_per_s": turns / (last - first),
         "starts_per_s": starts_per_s,
         "latency_ms": latency_summary(latencies),
+        "running_latency_ms": latency_summary(running) if running else None,
         "ttft_ms": latency_summary(ttft) if ttft else None,
         "peak_inflight": watch.peak_inflight,
         "idle_rss_mb": idle_rss / 2**20,
@@ -319,6 +329,8 @@ def measure(quick: bool) -> dict[str, Any]:
                         row["ideal_turns_per_s"] = ideal
                         row["of_ideal"] = row["turns_per_s"] / ideal
                         row["p50_over_service"] = row["latency_ms"]["p50"] / 1000 / service
+                        running = row["running_latency_ms"]
+                        row["running_p50_over_service"] = None if running is None else running["p50"] / 1000 / service
                         results["runs"].append(row)
                         log(
                             json.dumps({k: row[k] for k in ("turns_per_s", "of_ideal", "peak_inflight", "peak_rss_mb")})
@@ -346,7 +358,8 @@ def section(results: dict[str, Any]) -> str:
         f"and streams {DELTAS} deltas; a turn is 3 model calls and 2 tool steps. *In flight*: most model calls "
         "waiting at once. *Of ideal*: turns/s against the lower of concurrency / service time and 1 / CPU per "
         "turn (what the worker's CPU allows; CPU per step is measured in the same run). Latency is from the "
-        "saved READY to the saved COMPLETED, TTFT to the first delta. RSS counts the worker with its pool "
+        "saved READY to the saved COMPLETED (*once running*: from the first pick-up, the wait for a free slot left "
+        "out), TTFT to the first delta. RSS counts the worker with its pool "
         "processes; *worker CPU use* is its CPU seconds per second of the run (one core at most for the threads "
         "pool, whose Python runs one thread at a time). `bench/latency.py`.\n\n" + table(results)
     )
@@ -356,16 +369,19 @@ def table(results: dict[str, Any]) -> str:
     """The results as a Markdown table (also what docs/benchmarks.md shows)."""
     lines = [
         "| worker | L | N | arrival | in flight | turns/s | of ideal | p50 latency | p99 latency "
-        "| p50 / service | p50 TTFT | RSS peak | RSS per in-flight turn | CPU per step | worker CPU use |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| p50 / service | p50 once running / service "
+        "| p50 TTFT | RSS peak | RSS per in-flight turn | CPU per step | worker CPU use |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in results["runs"]:
         ttft = "-" if row["ttft_ms"] is None else f"{row['ttft_ms']['p50'] / 1000:.2f} s"
+        running = row.get("running_p50_over_service")
+        running_text = "-" if running is None else f"{running:.2f}x"
         arrival = "at once" if row["rate"] is None else f"{row['rate']:g}/s"
         lines.append(
             f"| {row['config']} | {row['latency_s']:g} s | {row['turns']} | {arrival} | {row['peak_inflight']} "
             f"| {row['turns_per_s']:.1f} | {row['of_ideal']:.0%} | {row['latency_ms']['p50'] / 1000:.2f} s "
-            f"| {row['latency_ms']['p99'] / 1000:.2f} s | {row['p50_over_service']:.2f}x "
+            f"| {row['latency_ms']['p99'] / 1000:.2f} s | {row['p50_over_service']:.2f}x | {running_text} "
             f"| {ttft} | {row['peak_rss_mb']:.0f} MB "
             f"| {row['rss_per_inflight_kb']:.0f} KB | {row['cpu_ms_per_step']:.2f} ms "
             f"| {row['worker_cpu_s'] / row['elapsed_s']:.0%} |"
