@@ -188,8 +188,8 @@ class CachedSnapshots(Protocol):
     Optional: a store without it is loaded each time. The runner asks for it where a load
     would cost a round trip and the snapshot's staleness is caught anyway: before a resume's
     save, and when a worker picks up a turn it has just taken the lease of (used only when
-    its version is the one the dispatch or the poll saw and no other lease holder came in
-    between). A save based on a stale cached snapshot is refused by the compare-and-swap
+    its version is the one the dispatch or the poll saw moments before and no other lease
+    holder came in between; see `agent_runner._runtime.pickup`). A save based on a stale cached snapshot is refused by the compare-and-swap
     like any other, and the runner loads the turn and goes on. The in-memory and the SQL
     turn stores implement it.
     """
