@@ -147,6 +147,20 @@ def pg_url(empty_pg_url: str) -> str:
 
 
 @pytest.fixture
+def driver_statements(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The texts of the statements every psycopg cursor runs from now on, whoever runs them."""
+    texts: list[str] = []
+    execute = psycopg.Cursor.execute
+
+    def counted(cursor: Any, query: Any, params: Any = None, **options: Any) -> Any:
+        texts.append(query if isinstance(query, str) else str(query))
+        return execute(cursor, query, params, **options)
+
+    monkeypatch.setattr(psycopg.Cursor, "execute", counted)
+    return texts
+
+
+@pytest.fixture
 def sqlite_url(tmp_path: Path) -> str:
     """A URL of a new SQLite file (the stores migrate it on first use)."""
     return f"sqlite:///{tmp_path / 'agent_runner.db'}"

@@ -11,9 +11,7 @@ import logging
 import threading
 import time
 from collections.abc import Iterator
-from typing import Any
 
-import psycopg
 import pytest
 
 from agent_runner import (
@@ -79,20 +77,6 @@ def sql_url(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture
-def driver_statements(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The texts of the statements every psycopg cursor runs from now on."""
-    texts: list[str] = []
-    execute = psycopg.Cursor.execute
-
-    def counted(cursor: Any, query: Any, params: Any = None, **options: Any) -> Any:
-        texts.append(query if isinstance(query, str) else str(query))
-        return execute(cursor, query, params, **options)
-
-    monkeypatch.setattr(psycopg.Cursor, "execute", counted)
-    return texts
-
-
-@pytest.fixture
 def two_stores(sql_url: str) -> Iterator[tuple[SqlAgentTurnStore, SqlAgentTurnStore]]:
     """Two stores on one database: this process's, and another process's."""
     with SqlAgentTurnStore(sql_url) as here, SqlAgentTurnStore(sql_url) as elsewhere:
@@ -135,18 +119,27 @@ def test_an_in_process_resume_to_completion_is_three_statements_on_postgresql(
         assert refunded == ["0", "0"]
 
 
+def approved_here(store: SqlAgentTurnStore, agent: Agent) -> tuple[AgentWorker, AgentTurn, AgentTurn]:
+    """A worker of a runner on `store`, and a turn of `agent` that waited for approval and was approved there.
+
+    Returns the worker (the turn is dispatched to it, not yet picked up), the waiting
+    snapshot and the resumed one, which `store` keeps at hand.
+    """
+    runner = AgentRunner(turn_store=store)
+    worker = AgentWorker(runner, lease=InMemoryTurnLease(), deadline_interval=None)
+    turn = runner.run(agent, "refund order 0")
+    resumed = runner.submit_resume(turn.id, approval(turn))
+    assert store.cached_snapshot(turn.id) == resumed
+    return worker, turn, resumed
+
+
 def test_a_turn_changed_elsewhere_between_resume_and_pickup_refuses_the_stale_save_and_completes(
     two_stores: tuple[SqlAgentTurnStore, SqlAgentTurnStore], caplog: pytest.LogCaptureFixture
 ) -> None:
     here, elsewhere = two_stores
     refunded: list[str] = []
-    agent = refund_agent(refunded)
-    runner = AgentRunner(turn_store=here)
-    worker = AgentWorker(runner, lease=InMemoryTurnLease(), deadline_interval=None)
     # Given a turn waiting for approval, resumed here: this store holds the RUNNING snapshot
-    turn = runner.run(agent, "refund order 0")
-    resumed = runner.submit_resume(turn.id, approval(turn))
-    assert here.cached_snapshot(turn.id) == resumed
+    worker, turn, resumed = approved_here(here, refund_agent(refunded))
     # And another process that saves a change of the turn before the worker picks it up
     stored = elsewhere.load(turn.id)
     changed = elsewhere.save(stored.model_copy(update={"metadata": {"note": "changed elsewhere"}}), stored.version)
@@ -191,12 +184,8 @@ def test_a_cancel_requested_elsewhere_before_a_late_pickup_stops_the_approved_ca
 ) -> None:
     here, elsewhere = two_stores
     refunded: list[str] = []
-    agent = refund_agent(refunded)
-    runner = AgentRunner(turn_store=here)
-    worker = AgentWorker(runner, lease=InMemoryTurnLease(), deadline_interval=None)
     # Given a turn approved here and dispatched to the worker (RUNNING: a cancel only flags it)
-    turn = runner.run(agent, "refund order 0")
-    resumed = runner.submit_resume(turn.id, approval(turn))
+    worker, turn, resumed = approved_here(here, refund_agent(refunded))
     assert resumed.status is AgentTurnStatus.RUNNING
     # And a cancel requested through another process's store, which keeps the version
     flagged = elsewhere.request_cancel(turn.id, reason="the customer withdrew")

@@ -299,20 +299,6 @@ def test_the_sql_lease_runs_its_statements_prepared_on_the_driver(pg_url: str) -
     assert sum(text.startswith("UPDATE agent_turn_leases") for text in prepared) == 2
 
 
-@pytest.fixture
-def driver_statements(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The texts of the statements every psycopg cursor runs from now on, whoever runs them."""
-    texts: list[str] = []
-    execute = psycopg.Cursor.execute
-
-    def counted(cursor: Any, query: Any, params: Any = None, **options: Any) -> Any:
-        texts.append(query if isinstance(query, str) else str(query))
-        return execute(cursor, query, params, **options)
-
-    monkeypatch.setattr(psycopg.Cursor, "execute", counted)
-    return texts
-
-
 def test_a_listing_of_turns_is_one_statement_with_the_turns_sqlalchemy_reads(
     pg_url: str, driver_statements: list[str]
 ) -> None:
