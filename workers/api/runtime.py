@@ -235,7 +235,9 @@ def _celery_runtime(settings: ApiSettings, agent_loader: AgentLoader | None) -> 
     worker_settings = settings.workers
     # A producer sends tasks by name: an app of its own, configured from the server's settings.
     celery_app: Any = create_app(worker_settings)
-    wiring = build_wiring(worker_settings, celery_app, agent_loader=agent_loader)
+    # A request saves the turn and only queues its step message: a thread sends the queued
+    # messages in batches, and a message lost with the process is re-sent by the sweeps.
+    wiring = build_wiring(worker_settings, celery_app, agent_loader=agent_loader, background_dispatch=True)
     try:
         idempotency = store.IdempotencyKeys(wiring.engine)
     except BaseException:
