@@ -39,7 +39,7 @@ def queued_steps(cluster: Cluster) -> Counter[tuple[Any, ...]]:
     with cluster.celery_app.connection_for_read() as connection:
         channel = connection.default_channel
         for queue in task_queues(cluster.settings.queue):
-            queue(channel).declare()
+            queue(channel).declare()  # type: ignore[no-untyped-call]  # kombu is untyped
             while (raw := channel.basic_get(queue.name, no_ack=True)) is not None:
                 message = channel.message_to_python(raw)
                 assert message.headers["task"] == STEP_TURN
