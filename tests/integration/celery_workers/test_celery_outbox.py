@@ -14,7 +14,6 @@ import pytest
 from celery import signals
 
 from tests.integration.celery_workers.celery_cluster import Cluster, reachable_rabbitmq_url
-from workers.celery_app.config import task_queues
 from workers.celery_app.names import STEP_TURN
 from workers.celery_app.outbox import MessageOutbox
 from workers.wiring import build_wiring
@@ -31,21 +30,6 @@ def broker_cluster(request: pytest.FixtureRequest, make_cluster: Callable[..., C
     if request.param == "rabbitmq":
         return make_cluster(broker_url=reachable_rabbitmq_url())
     return make_cluster()
-
-
-def queued_steps(cluster: Cluster) -> Counter[tuple[Any, ...]]:
-    """The `step_turn` arguments of every message waiting in the cluster's two queues (taken off them)."""
-    found: Counter[tuple[Any, ...]] = Counter()
-    with cluster.celery_app.connection_for_read() as connection:
-        channel = connection.default_channel
-        for queue in task_queues(cluster.settings.queue):
-            queue(channel).declare()  # type: ignore[no-untyped-call]  # kombu is untyped
-            while (raw := channel.basic_get(queue.name, no_ack=True)) is not None:
-                message = channel.message_to_python(raw)
-                assert message.headers["task"] == STEP_TURN
-                args, _kwargs, _embed = message.decode()
-                found[tuple(args)] += 1
-    return found
 
 
 @contextmanager
@@ -84,7 +68,7 @@ def test_every_message_queued_from_many_threads_reaches_the_broker_once(broker_c
     outbox.close()
 
     # Then each message is in the broker exactly once
-    found = queued_steps(broker_cluster)
+    found = broker_cluster.queued_steps()
     assert set(found) == expected
     assert set(found.values()) == {1}
 
@@ -99,10 +83,10 @@ def test_closing_sends_what_is_still_queued_and_later_messages_go_out_at_once(br
         # When the outbox is closed at once
         outbox.close()
     # Then every one of them was sent before `close` returned
-    assert queued_steps(broker_cluster) == Counter({(f"turn-{n}", 1): 1 for n in range(20)})
+    assert broker_cluster.queued_steps() == Counter({(f"turn-{n}", 1): 1 for n in range(20)})
     # And a message queued after closing is sent in the caller's thread
     assert outbox.put(STEP_TURN, ("late", 1), {"queue": queue})
-    assert queued_steps(broker_cluster) == Counter({("late", 1): 1})
+    assert broker_cluster.queued_steps() == Counter({("late", 1): 1})
 
 
 def test_each_message_is_published_in_the_context_of_its_sender(make_cluster: Callable[..., Cluster]) -> None:
@@ -151,4 +135,4 @@ def test_a_wiring_that_dispatches_in_the_background_sends_every_start_before_it_
             # When it closes right after
             wiring.close()
     # Then every turn's first step is in the queue, once
-    assert queued_steps(cluster) == Counter({(turn.id, 0): 1 for turn in turns})
+    assert cluster.queued_steps() == Counter({(turn.id, 0): 1 for turn in turns})
