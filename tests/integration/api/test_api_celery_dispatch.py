@@ -95,10 +95,13 @@ def test_turns_answered_by_a_server_that_died_before_sending_run_after_the_stale
         cluster.start_worker("w1")
         cluster.wait_for(lambda: sweep_stale_turns(cluster.wiring) > 0, 15, "the sweep to re-send the turns")
 
+        def sweep() -> None:  # turns answered later become stale later
+            sweep_stale_turns(cluster.wiring)
+
         # Then every one of them runs to its end
         cluster.wait_for(
             lambda: all(cluster.load(turn_id).status is AgentTurnStatus.COMPLETED for turn_id in ids),
             60,
             "every turn to complete",
-            tick=lambda: sweep_stale_turns(cluster.wiring),
+            tick=sweep,
         )
