@@ -26,7 +26,7 @@ from agent_runner import AgentLoader, AgentRunner, Middleware
 from agent_runner.leasing import LeaseKeeper
 from store.redis_events import BackgroundPublisher
 from workers.agents import apply_runner_setup, load_agent_loader
-from workers.capacity import database_pool
+from workers.capacity import PoolSize, database_pool
 from workers.celery_app.dispatch import CeleryDispatcher, InboxNotifier
 from workers.celery_app.outbox import MessageOutbox
 from workers.database import open_database
@@ -79,6 +79,7 @@ def build_wiring(
     middleware: Iterable[Middleware] = (),
     tasks_in_flight: int = 1,
     background_dispatch: bool = False,
+    pool: PoolSize | None = None,
 ) -> Wiring:
     """Build the backends and a dispatching runner from `settings`.
 
@@ -92,6 +93,8 @@ def build_wiring(
         background_dispatch: Send the dispatcher's messages from a thread of their own,
             several per round trip (`MessageOutbox`), instead of in the thread that saves
             the turn; `Wiring.close` sends what is still queued.
+        pool: The database pool (default: sized from `tasks_in_flight`, see
+            `workers.capacity.database_pool`).
 
     Raises:
         SettingsError: The agent loader or the runner set-up (`AGENT_RUNNER_SETUP`) cannot be resolved.
@@ -100,7 +103,7 @@ def build_wiring(
         StoreUnavailableError: The database could not be reached to check its schema.
     """
     loader = agent_loader if agent_loader is not None else load_agent_loader(settings.agent_loader)
-    database = open_database(settings.database_url, database_pool(settings, tasks_in_flight))
+    database = open_database(settings.database_url, pool or database_pool(settings, tasks_in_flight))
     lease = store.RedisTurnLease(settings.redis_url, prefix=settings.redis_prefix)
     guard = store.RedisConversationGuard(settings.redis_url, prefix=settings.redis_prefix)
     outbox = MessageOutbox(celery_app) if background_dispatch else None
