@@ -68,6 +68,21 @@ def database_pool(settings: WorkerSettings, threads: int) -> PoolSize:
     return PoolSize(size, overflow)
 
 
+def server_database_pool(settings: WorkerSettings) -> PoolSize:
+    """The database pool of an HTTP server process: `DEFAULT_POOL`'s most connections, all kept open.
+
+    A request of the server uses the database for most of its time, so under load the
+    server's request threads use as many connections as it has requests in flight. The
+    overflow connections of `DEFAULT_POOL` would then be opened and closed again for
+    nearly every request (a new PostgreSQL backend each time); keeping them open costs no
+    more connections at the peak. `AGENT_RUNNER_DB_POOL_SIZE` and
+    `AGENT_RUNNER_DB_MAX_OVERFLOW` win when set.
+    """
+    size = settings.db_pool_size if settings.db_pool_size is not None else DEFAULT_POOL.connections
+    overflow = settings.db_max_overflow if settings.db_max_overflow is not None else 0
+    return PoolSize(size, overflow)
+
+
 def pool_name(pool_cls: Any) -> str:
     """The name Celery's `--pool` option gives `pool_cls` (a name, or the pool class once resolved)."""
     if isinstance(pool_cls, str):

@@ -26,8 +26,9 @@ from agent_runner import AgentLoader, AgentRunner, Middleware
 from agent_runner.leasing import LeaseKeeper
 from store.redis_events import BackgroundPublisher
 from workers.agents import apply_runner_setup, load_agent_loader
-from workers.capacity import database_pool
+from workers.capacity import PoolSize, database_pool
 from workers.celery_app.dispatch import CeleryDispatcher, InboxNotifier
+from workers.celery_app.outbox import MessageOutbox
 from workers.database import open_database
 from workers.settings import WorkerSettings
 from workers.telemetry import instrument
@@ -58,7 +59,9 @@ class Wiring:
     """Sends the runner's events to `live` from a thread of its own."""
 
     def close(self) -> None:
-        """Send the events still queued, then close the Redis clients and the database pool."""
+        """Send the messages and events still queued, then close the Redis clients and the database pool."""
+        if self.dispatcher.outbox is not None:
+            self.dispatcher.outbox.close()
         if self.publisher is not None:
             self.publisher.close()
         self.turn_store.close()
@@ -75,6 +78,8 @@ def build_wiring(
     agent_loader: AgentLoader | None = None,
     middleware: Iterable[Middleware] = (),
     tasks_in_flight: int = 1,
+    background_dispatch: bool = False,
+    pool: PoolSize | None = None,
 ) -> Wiring:
     """Build the backends and a dispatching runner from `settings`.
 
@@ -85,6 +90,11 @@ def build_wiring(
         middleware: Middleware of the runner, outermost first.
         tasks_in_flight: Tasks of this process that use the wiring at once (the threads of a
             thread pool); sizes the database pool unless the settings fix it.
+        background_dispatch: Send the dispatcher's messages from a thread of their own,
+            several per round trip (`MessageOutbox`), instead of in the thread that saves
+            the turn; `Wiring.close` sends what is still queued.
+        pool: The database pool (default: sized from `tasks_in_flight`, see
+            `workers.capacity.database_pool`).
 
     Raises:
         SettingsError: The agent loader or the runner set-up (`AGENT_RUNNER_SETUP`) cannot be resolved.
@@ -93,10 +103,11 @@ def build_wiring(
         StoreUnavailableError: The database could not be reached to check its schema.
     """
     loader = agent_loader if agent_loader is not None else load_agent_loader(settings.agent_loader)
-    database = open_database(settings.database_url, database_pool(settings, tasks_in_flight))
+    database = open_database(settings.database_url, pool or database_pool(settings, tasks_in_flight))
     lease = store.RedisTurnLease(settings.redis_url, prefix=settings.redis_prefix)
     guard = store.RedisConversationGuard(settings.redis_url, prefix=settings.redis_prefix)
-    dispatcher = CeleryDispatcher(celery_app, settings)
+    outbox = MessageOutbox(celery_app) if background_dispatch else None
+    dispatcher = CeleryDispatcher(celery_app, settings, outbox=outbox)
     runner = AgentRunner(
         turn_store=database.turn_store,
         agent_loader=loader,

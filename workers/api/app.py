@@ -11,7 +11,7 @@ from fastapi.responses import FileResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 
 from agent_runner import AgentLoader
-from workers.api.auth import HANDLE_STATE, get_runtime
+from workers.api.auth import HANDLE_STATE, get_handle
 from workers.api.contract import CONTRACT_PATH, console_contract
 from workers.api.cors import add_cors
 from workers.api.docs import add_offline_docs
@@ -120,7 +120,7 @@ def _add_probes(app: FastAPI) -> None:
     )
     def readyz(request: Request) -> JSONResponse:
         """200 when the database (and, with Celery, Redis and the broker) answer; else 503 naming what failed."""
-        results = get_runtime(request).readiness()
+        results = get_handle(request).get().readiness()
         failed = {name: reason for name, reason in results.items() if reason is not None}
         if failed:
             raise ApiError(

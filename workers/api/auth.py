@@ -26,6 +26,7 @@ from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
 
 from workers.api.errors import Unauthorized
 from workers.api.models import ErrorResponse, Identifier
@@ -87,9 +88,15 @@ def get_handle(request: Request) -> RuntimeHandle:
     return runtime_handle(request.app)
 
 
-def get_runtime(request: Request) -> Runtime:
-    """The server's backends, started now if no lifespan started them."""
-    return get_handle(request).get()
+async def get_runtime(request: Request) -> Runtime:
+    """The server's backends, started now (in a worker thread) if no lifespan started them.
+
+    A coroutine, so that FastAPI does not send every request through a worker thread for it.
+    """
+    handle = get_handle(request)
+    if handle.started:
+        return handle.get()
+    return await run_in_threadpool(handle.get)
 
 
 HandleDep = Annotated[RuntimeHandle, Depends(get_handle)]
@@ -106,13 +113,16 @@ ApiKeyHeader = Annotated[
 ]
 
 
-def get_tenant(
+async def get_tenant(
     request: Request,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
     access_token: AccessToken = None,
     api_key: ApiKeyHeader = None,
 ) -> Tenant:
     """The tenant of the request's key or token; the single tenant when no keys are configured and none is sent.
+
+    A coroutine that never waits (it only compares keys and checks a token's signature),
+    so that FastAPI does not send every request through a worker thread for it.
 
     The key or token comes as `Authorization: Bearer`, or in `x-api-key` as LangGraph
     clients send it (the bearer header wins when both are sent).

@@ -73,6 +73,11 @@ def _fingerprint(request: Request, body: BaseModel | None) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+def _key_fingerprint(request: Request, body: BaseModel | None, key: str | None) -> str:
+    """The request's fingerprint for `run_once`; empty without an idempotency key, where nothing compares it."""
+    return "" if key is None else _fingerprint(request, body)
+
+
 # --- Turns ------------------------------------------------------------------------------------
 
 
@@ -120,7 +125,9 @@ def start_turn(
             return None
         return queued(body.conversation_id)
 
-    return run_once(runtime, tenant, idempotency_key, _fingerprint(request, body), act, find_earlier)
+    return run_once(
+        runtime, tenant, idempotency_key, _key_fingerprint(request, body, idempotency_key), act, find_earlier
+    )
 
 
 @router.get("/turns", tags=["turns"], summary="List turns", response_model=TurnList, responses=_errors(422))
@@ -192,7 +199,9 @@ def resume_turn(
         turn = service.get_turn(runtime, tenant, turn_id)
         return (202, _view(runtime, tenant, turn)) if runtime.idempotency.is_resume_applied(turn, mark) else None
 
-    return run_once(runtime, tenant, idempotency_key, _fingerprint(request, body), act, find_earlier)
+    return run_once(
+        runtime, tenant, idempotency_key, _key_fingerprint(request, body, idempotency_key), act, find_earlier
+    )
 
 
 @router.post(
@@ -221,7 +230,9 @@ def cancel_turn(
         turn = service.get_turn(runtime, tenant, turn_id)
         return (202, _view(runtime, tenant, turn)) if is_cancelled(turn) else None
 
-    return run_once(runtime, tenant, idempotency_key, _fingerprint(request, command), act, find_earlier)
+    return run_once(
+        runtime, tenant, idempotency_key, _key_fingerprint(request, command, idempotency_key), act, find_earlier
+    )
 
 
 # --- Conversations and agents -----------------------------------------------------------------

@@ -33,6 +33,7 @@ from agent_runner import AgentLoader, AgentRunner, AgentRunnerError, EventFeed, 
 from workers.agents import load_agent_loader
 from workers.api.fanout import EventFanout
 from workers.api.settings import ApiSettings, WorkerMode
+from workers.capacity import server_database_pool
 from workers.database import open_database
 from workers.embedded import Stepping, build_embedded
 
@@ -235,7 +236,15 @@ def _celery_runtime(settings: ApiSettings, agent_loader: AgentLoader | None) -> 
     worker_settings = settings.workers
     # A producer sends tasks by name: an app of its own, configured from the server's settings.
     celery_app: Any = create_app(worker_settings)
-    wiring = build_wiring(worker_settings, celery_app, agent_loader=agent_loader)
+    # A request saves the turn and only queues its step message: a thread sends the queued
+    # messages in batches, and a message lost with the process is re-sent by the sweeps.
+    wiring = build_wiring(
+        worker_settings,
+        celery_app,
+        agent_loader=agent_loader,
+        background_dispatch=True,
+        pool=server_database_pool(worker_settings),
+    )
     try:
         idempotency = store.IdempotencyKeys(wiring.engine)
     except BaseException:

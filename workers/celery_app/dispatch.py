@@ -10,6 +10,7 @@ from typing import Any
 from agent_runner import AgentEvent, AgentTurn, AgentTurnStatus
 from agent_runner.ids import utcnow
 from workers.celery_app.names import DISPATCH_INBOX, STEP_TURN
+from workers.celery_app.outbox import MessageOutbox
 from workers.settings import WorkerSettings
 
 logger = logging.getLogger("workers")
@@ -29,13 +30,24 @@ class CeleryDispatcher:
         celery_app: The app whose broker receives the messages.
         settings: Queue name and ETA limit.
         clock: The current UTC time.
+        outbox: Sends the messages from a thread of its own, several per round trip (the
+            HTTP server's choice: a request then never waits for the broker); None sends
+            each in the calling thread.
     """
 
-    def __init__(self, celery_app: Any, settings: WorkerSettings, clock: Callable[[], datetime] = utcnow) -> None:
+    def __init__(
+        self,
+        celery_app: Any,
+        settings: WorkerSettings,
+        clock: Callable[[], datetime] = utcnow,
+        *,
+        outbox: MessageOutbox | None = None,
+    ) -> None:
         self.celery_app = celery_app
         self.queue = settings.queue
         self.max_eta = timedelta(seconds=settings.max_eta_s)
         self.clock = clock
+        self.outbox = outbox
 
     def dispatch(self, turn: AgentTurn) -> None:
         """Enqueue a step of `turn` if it is runnable now, or is a retry or a delayed start due within the ETA limit."""
@@ -45,7 +57,10 @@ class CeleryDispatcher:
             self.send_step(turn.id, turn.version)
 
     def send_step(self, turn_id: str, version: int, *, eta: datetime | None = None) -> bool:
-        """Send `step_turn(turn_id, version)`, delayed until `eta` if it lies ahead; False if not sent."""
+        """Send `step_turn(turn_id, version)`, delayed until `eta` if it lies ahead; False if not sent.
+
+        With an outbox the message is only queued here (True), and a failure to send it is logged by the outbox.
+        """
         options: dict[str, Any] = {"queue": self.queue}
         if eta is not None:
             now = self.clock()
@@ -61,6 +76,8 @@ class CeleryDispatcher:
         return self._send(DISPATCH_INBOX, (conversation_id,), {"queue": self.queue})
 
     def _send(self, name: str, args: tuple[Any, ...], options: dict[str, Any]) -> bool:
+        if self.outbox is not None:
+            return self.outbox.put(name, args, options)
         try:
             self.celery_app.send_task(name, args=args, **options)
         except Exception as exc:

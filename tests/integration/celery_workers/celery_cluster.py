@@ -12,6 +12,7 @@ import random
 import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -31,6 +32,7 @@ from tests.helpers.processes import with_tests_importable
 from tests.integration.celery_workers import celery_agents
 from tests.integration.celery_workers.celery_agents import DETAILS_FORM, LEDGER_URL_VARIABLE
 from workers.celery_app.config import create_app, task_queues
+from workers.celery_app.names import STEP_TURN
 from workers.settings import WorkerSettings
 from workers.wiring import Wiring, build_wiring
 
@@ -122,6 +124,20 @@ class Cluster(CeleryFleet):
             return waiting
         finally:
             client.close()
+
+    def queued_steps(self) -> Counter[tuple[Any, ...]]:
+        """The `step_turn` arguments of every message waiting in the test's two queues (taken off them)."""
+        found: Counter[tuple[Any, ...]] = Counter()
+        with self.celery_app.connection_for_read() as connection:
+            channel = connection.default_channel
+            for queue in task_queues(self.settings.queue):
+                queue(channel).declare()  # type: ignore[no-untyped-call]  # kombu is untyped
+                while (raw := channel.basic_get(queue.name, no_ack=True)) is not None:
+                    message = channel.message_to_python(raw)
+                    assert message.headers["task"] == STEP_TURN, message.headers
+                    args, _kwargs, _embed = message.decode()
+                    found[tuple(args)] += 1
+        return found
 
     def purge_queue(self) -> int:
         """Drop the messages waiting in the test's queues (the queue and its queue of new turns)."""

@@ -15,6 +15,7 @@ from workers.capacity import (
     capacity_warnings,
     database_pool,
     pool_name,
+    server_database_pool,
     tasks_per_process,
 )
 from workers.settings import WorkerSettings
@@ -50,6 +51,15 @@ def test_the_database_pool_grows_with_the_threads_of_a_process_up_to_a_cap() -> 
 def test_the_database_pool_size_can_be_fixed_in_the_environment() -> None:
     settings = WorkerSettings.from_env({"AGENT_RUNNER_DB_POOL_SIZE": "7", "AGENT_RUNNER_DB_MAX_OVERFLOW": "0"})
     assert database_pool(settings, SHIPPED_CONCURRENCY) == PoolSize(7, 0)
+
+
+def test_an_http_server_keeps_open_as_many_connections_as_it_may_open() -> None:
+    # Its requests use the database most of their time: overflow connections would be
+    # opened and closed for nearly every request under load.
+    pool = server_database_pool(WorkerSettings.from_env({}))
+    assert pool == PoolSize(DEFAULT_POOL.connections, 0)
+    fixed = WorkerSettings.from_env({"AGENT_RUNNER_DB_POOL_SIZE": "7", "AGENT_RUNNER_DB_MAX_OVERFLOW": "2"})
+    assert server_database_pool(fixed) == PoolSize(7, 2)
 
 
 def test_make_engine_opens_a_postgresql_pool_of_the_size_asked_for() -> None:
