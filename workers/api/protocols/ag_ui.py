@@ -47,7 +47,7 @@ from workers.api.routes import (
     ConversationId,
     IdempotencyKey,
     _errors,
-    _fingerprint,
+    _key_fingerprint,
     _view,
 )
 from workers.api.runtime import Runtime
@@ -393,7 +393,7 @@ async def ag_ui_run(
             tenant,
             body.thread_id,
             idempotency_key,
-            _fingerprint(request, body),
+            _key_fingerprint(request, body, idempotency_key),
             lambda ids: _require(_act(runtime, tenant, agent_id, body, ids)),
         )
         if isinstance(outcome, JSONResponse):

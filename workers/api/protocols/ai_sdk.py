@@ -38,7 +38,7 @@ from workers.api.routes import (
     ConversationId,
     IdempotencyKey,
     _errors,
-    _fingerprint,
+    _key_fingerprint,
     _view,
 )
 from workers.api.runtime import Runtime
@@ -300,7 +300,7 @@ async def ai_sdk_chat(
         tenant,
         body.id,
         idempotency_key,
-        _fingerprint(request, body),
+        _key_fingerprint(request, body, idempotency_key),
         lambda ids: _act(runtime, tenant, agent_id, body, ids),
     )
     if isinstance(started, JSONResponse):
