@@ -4,11 +4,8 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import re
-import threading
 import time
-from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
@@ -19,6 +16,7 @@ from agent_runner.errors import InvalidCursor, StoreError, StoreUnavailableError
 from agent_runner.events import AgentEvent
 from agent_runner.persistence import DEFAULT_EVENT_PAGE, event_scope
 from agent_runner.store_rules import live_scopes
+from store._batching import BatchingThread
 from store._closing import ClosesOnExit
 from store._redaction import check_password_encoding, redact_url
 from store._scripts import _RETRY, _SOCKET_TIMEOUT_S, _UNAVAILABLE
@@ -208,7 +206,7 @@ class RedisLiveEvents(ClosesOnExit):
         return events
 
 
-class BackgroundPublisher:
+class BackgroundPublisher(BatchingThread[AgentEvent]):
     """Publishes events to a `RedisLiveEvents` from a thread of its own, so that a step never waits for Redis.
 
     Called with an event (it is an event listener), it only queues it. The thread sends
@@ -226,72 +224,24 @@ class BackgroundPublisher:
     """
 
     def __init__(self, live: RedisLiveEvents, *, max_pending: int = 10_000) -> None:
-        if max_pending < 1:
-            raise ValueError(f"max_pending must be at least 1, got {max_pending!r}")
+        super().__init__("live-event-publisher", max_pending=max_pending)
         self.live = live
-        self.max_pending = max_pending
-        self._pending: deque[AgentEvent] = deque()
-        self._ready = threading.Condition()
-        self._thread: threading.Thread | None = None
-        self._pid = 0
-        self._closed = False
-        self._sending = False
         self._dropped = 0
 
     def __call__(self, event: AgentEvent) -> None:
         """Queue the event for the thread; never blocks on Redis and never raises."""
+        if self._offer(event):
+            return
         with self._ready:
             if self._closed:
                 return
-            if len(self._pending) >= self.max_pending:
-                self._dropped += 1
-                if self._dropped in (1, 100) or self._dropped % 10_000 == 0:
-                    logger.warning("live events pile up faster than Redis takes them; %d dropped", self._dropped)
-                return
-            self._pending.append(event)
-            if self._thread is None or self._pid != os.getpid() or not self._thread.is_alive():
-                self._pid = os.getpid()
-                self._thread = threading.Thread(target=self._run, name="live-event-publisher", daemon=True)
-                self._thread.start()
-            self._ready.notify()
+            self._dropped += 1
+            dropped = self._dropped
+        if dropped in (1, 100) or dropped % 10_000 == 0:
+            logger.warning("live events pile up faster than Redis takes them; %d dropped", dropped)
 
-    def flush(self, timeout: float = 5.0) -> bool:
-        """Wait until every event queued so far was sent (or failed); False if `timeout` ran out first."""
-        deadline = time.monotonic() + timeout
-        with self._ready:
-            while self._pending or self._sending:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0 or self._thread is None or not self._thread.is_alive():
-                    return not (self._pending or self._sending)
-                self._ready.wait(remaining)
-        return True
-
-    def close(self, timeout: float = 5.0) -> None:
-        """Send what is queued (waiting at most `timeout` seconds), then stop the thread."""
-        self.flush(timeout)
-        with self._ready:
-            self._closed = True
-            self._ready.notify_all()
-        thread = self._thread
-        if thread is not None and thread is not threading.current_thread() and self._pid == os.getpid():
-            thread.join(timeout)
-
-    def _run(self) -> None:
-        while True:
-            with self._ready:
-                while not self._pending and not self._closed:
-                    self._ready.wait()
-                if not self._pending:
-                    return
-                batch = list(self._pending)
-                self._pending.clear()
-                self._sending = True
-            try:
-                self.live.publish_many(batch)
-            finally:
-                with self._ready:
-                    self._sending = False
-                    self._ready.notify_all()
+    def _send_batch(self, batch: list[AgentEvent]) -> None:
+        self.live.publish_many(batch)
 
 
 def _stream_id(cursor: str | None) -> str:

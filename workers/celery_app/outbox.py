@@ -15,13 +15,11 @@ from __future__ import annotations
 
 import contextvars
 import logging
-import os
-import threading
-import time
-from collections import deque
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any
+
+from store._batching import BatchingThread
 
 logger = logging.getLogger("workers")
 
@@ -35,7 +33,7 @@ class _Message:
     """The sender's context: the trace the message is stamped with is the sender's, not the thread's."""
 
 
-class MessageOutbox:
+class MessageOutbox(BatchingThread[_Message]):
     """Sends `send_task` messages of a Celery app from a thread of its own, several per round trip.
 
     `put` queues a message and returns at once. The thread takes everything queued by
@@ -57,72 +55,17 @@ class MessageOutbox:
     """
 
     def __init__(self, celery_app: Any, *, max_pending: int = 10_000, max_batch: int = 500) -> None:
-        if max_pending < 1 or max_batch < 1:
-            raise ValueError(f"max_pending and max_batch must be at least 1, got {max_pending!r} and {max_batch!r}")
+        super().__init__("celery-message-outbox", max_pending=max_pending, max_batch=max_batch)
         self.celery_app = celery_app
-        self.max_pending = max_pending
-        self.max_batch = max_batch
-        self._pending: deque[_Message] = deque()
-        self._ready = threading.Condition()
-        self._thread: threading.Thread | None = None
-        self._pid = 0
-        self._closed = False
-        self._sending = 0
 
     def put(self, name: str, args: tuple[Any, ...], options: dict[str, Any]) -> bool:
         """Queue `send_task(name, args, **options)` for the thread; True unless it had to be sent here and failed."""
         message = _Message(name, args, options, contextvars.copy_context())
-        with self._ready:
-            if not self._closed and len(self._pending) < self.max_pending:
-                self._pending.append(message)
-                if self._thread is None or self._pid != os.getpid() or not self._thread.is_alive():
-                    self._pid = os.getpid()
-                    self._thread = threading.Thread(target=self._run, name="celery-message-outbox", daemon=True)
-                    self._thread.start()
-                self._ready.notify()
-                return True
-        return self._send_one(message)
-
-    def flush(self, timeout: float = 5.0) -> bool:
-        """Wait until every message queued so far was sent (or failed); False if `timeout` ran out first."""
-        deadline = time.monotonic() + timeout
-        with self._ready:
-            while self._pending or self._sending:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0 or self._thread is None or not self._thread.is_alive():
-                    return not (self._pending or self._sending)
-                self._ready.wait(remaining)
-        return True
+        return self._offer(message) or self._send_one(message)
 
     def close(self, timeout: float = 10.0) -> None:
         """Send what is queued (waiting at most `timeout` seconds), then stop the thread; later messages are sent at once."""
-        self.flush(timeout)
-        with self._ready:
-            self._closed = True
-            self._ready.notify_all()
-        thread = self._thread
-        if thread is not None and thread is not threading.current_thread() and self._pid == os.getpid():
-            thread.join(timeout)
-
-    def _run(self) -> None:
-        while True:
-            with self._ready:
-                while not self._pending and not self._closed:
-                    self._ready.wait()
-                if not self._pending:
-                    return
-                batch = [self._pending.popleft() for _ in range(min(self.max_batch, len(self._pending)))]
-                self._sending = len(batch)
-            try:
-                self._send_batch(batch)
-            except BaseException:  # pragma: no cover - the thread must outlive any surprise
-                logger.exception(
-                    "the message outbox failed to send %d messages; the sweeps will pick them up", len(batch)
-                )
-            finally:
-                with self._ready:
-                    self._sending = 0
-                    self._ready.notify_all()
+        super().close(timeout)
 
     def _send_batch(self, batch: list[_Message]) -> None:
         try:
