@@ -10,7 +10,7 @@ from typing import Any
 from agent_runner import AgentEvent, AgentTurn, AgentTurnStatus
 from agent_runner.ids import utcnow
 from workers.celery_app.names import DISPATCH_INBOX, STEP_TURN
-from workers.celery_app.outbox import MessageOutbox
+from workers.celery_app.outbox import MessageOutbox, send_task_or_log
 from workers.settings import WorkerSettings
 
 logger = logging.getLogger("workers")
@@ -78,15 +78,7 @@ class CeleryDispatcher:
     def _send(self, name: str, args: tuple[Any, ...], options: dict[str, Any]) -> bool:
         if self.outbox is not None:
             return self.outbox.put(name, args, options)
-        try:
-            self.celery_app.send_task(name, args=args, **options)
-        except Exception as exc:
-            # One line, not a traceback: with the broker down, every message of a sweep fails alike.
-            logger.warning(
-                "could not send %s%r (%s: %s); the sweeps will pick it up", name, args, type(exc).__name__, exc
-            )
-            return False
-        return True
+        return send_task_or_log(self.celery_app, name, args, options)
 
 
 class InboxNotifier:

@@ -88,19 +88,21 @@ class MessageOutbox(BatchingThread[_Message]):
         self.celery_app.send_task(message.name, args=message.args, producer=producer, **message.options)
 
     def _send_one(self, message: _Message) -> bool:
-        try:
-            self.celery_app.send_task(message.name, args=message.args, **message.options)
-        except Exception as exc:
-            # One line, not a traceback: with the broker down, every message fails alike.
-            logger.warning(
-                "could not send %s%r (%s: %s); the sweeps will pick it up",
-                message.name,
-                message.args,
-                type(exc).__name__,
-                exc,
-            )
-            return False
-        return True
+        return send_task_or_log(self.celery_app, message.name, message.args, message.options)
+
+
+def send_task_or_log(celery_app: Any, name: str, args: tuple[Any, ...], options: dict[str, Any]) -> bool:
+    """Send `send_task(name, args, **options)` now; False, with one warning line, when it could not be sent.
+
+    The sweeps send every such message again, so a failure is logged rather than raised.
+    """
+    try:
+        celery_app.send_task(name, args=args, **options)
+    except Exception as exc:
+        # One line, not a traceback: with the broker down, every message of a sweep fails alike.
+        logger.warning("could not send %s%r (%s: %s); the sweeps will pick it up", name, args, type(exc).__name__, exc)
+        return False
+    return True
 
 
 def _publish_batch(producer: Any, size: int) -> AbstractContextManager[Any]:
