@@ -55,21 +55,26 @@ def _server(cluster: Cluster, tmp_path: Path, name: str, **env: str) -> ApiServe
     return ApiServer(agents=AGENTS, env={**cluster.env, **env}, log=tmp_path / f"{name}.log")
 
 
+def _answered_then_signalled(server: ApiServer, sig: signal.Signals) -> list[str]:
+    """Start the server, start turns through it from several clients, then send it `sig` and wait for its end."""
+    server.start()
+    try:
+        ids = _start_turns(server)
+        process = server.process
+        assert process is not None
+        process.send_signal(sig)
+        process.wait(30)
+    finally:
+        server.stop()
+    return ids
+
+
 def test_a_server_stopped_right_after_answering_has_sent_each_first_step_once(pg_url: str, tmp_path: Path) -> None:
     with clusters(pg_url, TEST_REDIS_URL, tmp_path) as make:
         cluster = make(AGENT_RUNNER_AGENT_LOADER=AGENTS)
-        server = _server(cluster, tmp_path, "server")
-        server.start()
-        try:
-            # Given turns started from several clients
-            ids = _start_turns(server)
-            # When the server gets SIGTERM as soon as the last answer came
-            process = server.process
-            assert process is not None
-            process.send_signal(signal.SIGTERM)
-            process.wait(30)
-        finally:
-            server.stop()
+        # Given turns started from several clients
+        # When the server gets SIGTERM as soon as the last answer came
+        ids = _answered_then_signalled(_server(cluster, tmp_path, "server"), signal.SIGTERM)
         # Then the queue holds each turn's first step, once
         assert len(ids) == CLIENTS * PER_CLIENT
         assert cluster.queued_steps() == Counter({(turn_id, 0): 1 for turn_id in ids})
@@ -82,16 +87,9 @@ def test_turns_answered_by_a_server_that_died_before_sending_run_after_the_stale
         cluster = make(AGENT_RUNNER_AGENT_LOADER=AGENTS)
         # Given turns answered by a server whose step messages could not leave (its broker
         # does not answer), which then dies
-        server = _server(cluster, tmp_path, "server", CELERY_BROKER_URL=DEAD_BROKER)
-        server.start()
-        try:
-            ids = _start_turns(server)
-            process = server.process
-            assert process is not None
-            process.send_signal(signal.SIGKILL)
-            process.wait(30)
-        finally:
-            server.stop()
+        ids = _answered_then_signalled(
+            _server(cluster, tmp_path, "server", CELERY_BROKER_URL=DEAD_BROKER), signal.SIGKILL
+        )
         assert cluster.queued_steps() == Counter()
         assert {cluster.load(turn_id).status for turn_id in ids} == {AgentTurnStatus.READY}
 
