@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Annotated, Any
+from collections.abc import Callable
+from typing import Annotated, Any, TypeVar
 
 from fastapi import APIRouter, Depends, Header, Path, Query, Request
 from fastapi.responses import JSONResponse
@@ -59,6 +60,8 @@ def _errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
     return {status: {"model": ErrorResponse, "description": descriptions[status]} for status in statuses}
 
 
+_Route = TypeVar("_Route", bound=Callable[..., Any])
+
 router = APIRouter(prefix="/v1", dependencies=[Depends(get_tenant)], responses=_errors(401, 413, 503))
 
 
@@ -76,6 +79,18 @@ def _fingerprint(request: Request, body: BaseModel | None) -> str:
 def _key_fingerprint(request: Request, body: BaseModel | None, key: str | None) -> str:
     """The request's fingerprint for `run_once`; empty without an idempotency key, where nothing compares it."""
     return "" if key is None else _fingerprint(request, body)
+
+
+def _turn_command(command: str, summary: str) -> Callable[[_Route], _Route]:
+    """The POST route of a command on one turn: accepted (202) with the turn's view."""
+    return router.post(
+        f"/turns/{{turn_id}}/{command}",
+        tags=["turns"],
+        summary=summary,
+        status_code=202,
+        response_model=TurnView,
+        responses=_errors(404, 409, 422),
+    )
 
 
 # --- Turns ------------------------------------------------------------------------------------
@@ -167,14 +182,7 @@ def get_turn(
     return JSONResponse(_view(runtime, tenant, turn, messages=messages))
 
 
-@router.post(
-    "/turns/{turn_id}/resume",
-    tags=["turns"],
-    summary="Resume a waiting turn",
-    status_code=202,
-    response_model=TurnView,
-    responses=_errors(404, 409, 422),
-)
+@_turn_command("resume", "Resume a waiting turn")
 def resume_turn(
     request: Request,
     turn_id: TurnId,
@@ -204,14 +212,7 @@ def resume_turn(
     )
 
 
-@router.post(
-    "/turns/{turn_id}/cancel",
-    tags=["turns"],
-    summary="Cancel a turn",
-    status_code=202,
-    response_model=TurnView,
-    responses=_errors(404, 409, 422),
-)
+@_turn_command("cancel", "Cancel a turn")
 def cancel_turn(
     request: Request,
     turn_id: TurnId,

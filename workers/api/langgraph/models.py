@@ -41,18 +41,25 @@ class ThreadPatch(_Body):
     ttl: Any = None
 
 
-class ThreadSearch(_Body):
+class _Search(_Body):
+    """What every search body takes: the page (`limit` from `offset`), its order and the fields to return."""
+
+    limit: int = Field(default=10, ge=1, le=1000)
+    offset: int = Field(default=0, ge=0)
+    sort_by: str | None = None
+    sort_order: str | None = None
+    select: list[str] | None = None
+
+
+class ThreadSearch(_Search):
     """`POST /threads/search`."""
 
     metadata: JsonObject | None = None
     values: JsonObject | None = None
     ids: list[str] | None = None
     status: Literal["idle", "busy", "interrupted", "error"] | None = None
-    limit: int = Field(default=10, ge=1, le=1000)
-    offset: int = Field(default=0, ge=0)
     sort_by: Literal["created_at", "updated_at", "thread_id", "status"] | None = None
     sort_order: Literal["asc", "desc"] | None = None
-    select: list[str] | None = None
     extract: Any = None
 
 
@@ -66,17 +73,12 @@ class ThreadHistoryQuery(_Body):
     select: list[str] | None = None
 
 
-class AssistantSearch(_Body):
+class AssistantSearch(_Search):
     """`POST /assistants/search`."""
 
     metadata: JsonObject | None = None
     graph_id: str | None = None
     name: str | None = None
-    limit: int = Field(default=10, ge=1, le=1000)
-    offset: int = Field(default=0, ge=0)
-    sort_by: str | None = None
-    sort_order: str | None = None
-    select: list[str] | None = None
 
 
 class Command(_Body):
@@ -131,14 +133,9 @@ class CronCreate(RunCreate):
     on_run_completed: Any = None
 
 
-class CronSearch(_Body):
+class CronSearch(_Search):
     """`POST /runs/crons/search`."""
 
     assistant_id: str | None = None
     thread_id: str | None = None
     enabled: bool | None = None
-    limit: int = Field(default=10, ge=1, le=1000)
-    offset: int = Field(default=0, ge=0)
-    sort_by: str | None = None
-    sort_order: str | None = None
-    select: list[str] | None = None
