@@ -37,6 +37,7 @@ from agent_runner import (
 from agent_runner.ids import new_id, queued_turn_id
 from agent_runner.limits import check_reference, check_turn_input
 from store import Inbox, InboxMessage
+from workers.live import announce
 
 logger = logging.getLogger("workers.inbox")
 
@@ -78,7 +79,8 @@ def enqueue_message(
     busy conversation starts when its active turn ends: the Celery workers, the HTTP
     server and `agent-runner worker` ask for the next message then; an embedded deployment
     of your own runs an `InboxPump` (or calls `start_next_message` when a conversation
-    turn ends).
+    turn ends). A newly queued message's MESSAGE_QUEUED event goes where the runner's
+    events go live (`workers.live.announce`), so the conversation's followers see it at once.
 
     Args:
         runner: The runner of the deployment.
@@ -119,6 +121,7 @@ def enqueue_message(
         tenant_id=tenant_id,
         metadata=metadata,
     )
+    announce(runner, message.queued_event)
     send_inbox = getattr(runner.dispatcher, "send_inbox", None)
     if callable(send_inbox):
         send_inbox(conversation_id)

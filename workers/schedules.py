@@ -55,6 +55,7 @@ from agent_runner import (
 from agent_runner.agent import AGENT_ID_PATTERN
 from agent_runner.ids import utcnow
 from store import CronRecords, Inbox
+from workers.live import announce
 from workers.settings import SettingsError
 
 logger = logging.getLogger("workers.schedules")
@@ -467,7 +468,7 @@ def fire_schedule(
     if conversation is not None and schedule.if_busy is IfBusy.ENQUEUE:
         if inbox.get(turn_id) is not None:
             return ScheduleOutcome.DUPLICATE
-        inbox.enqueue(
+        queued = inbox.enqueue(
             conversation,
             turn_id,
             schedule.input,
@@ -475,6 +476,7 @@ def fire_schedule(
             tenant_id=schedule.tenant_id,
             metadata=metadata,
         )
+        announce(runner, queued.queued_event)
         if notify_inbox is not None:
             notify_inbox(conversation)
         return ScheduleOutcome.QUEUED

@@ -30,6 +30,7 @@ from workers.capacity import PoolSize, database_pool
 from workers.celery_app.dispatch import CeleryDispatcher, InboxNotifier
 from workers.celery_app.outbox import MessageOutbox
 from workers.database import open_database
+from workers.live import attach_live
 from workers.settings import WorkerSettings
 from workers.telemetry import instrument
 
@@ -123,7 +124,7 @@ def build_wiring(
     # them, so a step never waits for Redis (several steps' events often share a round trip).
     live = store.RedisLiveEvents(settings.redis_url, prefix=settings.redis_prefix)
     publisher = BackgroundPublisher(live)
-    runner.add_event_listener(publisher)
+    attach_live(runner, publisher)
     # A turn that ends frees its conversation for the next queued message (queued messages
     # name their agent, or fall back to AGENT_RUNNER_INBOX_AGENT).
     runner.add_event_listener(InboxNotifier(dispatcher))

@@ -36,6 +36,7 @@ from workers.api.settings import ApiSettings, WorkerMode
 from workers.capacity import server_database_pool
 from workers.database import open_database
 from workers.embedded import Stepping, build_embedded
+from workers.live import attach_live
 
 if TYPE_CHECKING:
     from workers.embedded_timers import Scheduler
@@ -199,7 +200,7 @@ def _sql_runtime(settings: ApiSettings, agent_loader: AgentLoader | None) -> Run
     # The steps run in this process, so its events reach SSE subscribers in-process; in
     # `none` mode they are the events of what this process does (starts, cancels).
     live = InMemoryLiveEvents()
-    runner.add_event_listener(live.publish)
+    attach_live(runner, live.publish)
     feed = EventFeed(database.turn_store, live)
     runtime = Runtime(
         settings=settings,

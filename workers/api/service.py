@@ -29,6 +29,7 @@ from workers.api.errors import ApiError, InvalidRequest, TurnEndedError
 from workers.api.models import CancelRequest, ResumeRequest, StartTurnRequest, resume_fields
 from workers.api.runtime import Runtime
 from workers.api.tenancy import Tenant
+from workers.live import announce
 from workers.views import ResumeAction, resume_command
 
 INTERRUPT_REASON = "interrupted by a newer message"
@@ -173,9 +174,8 @@ def _enqueue(runtime: Runtime, tenant: Tenant, request: StartTurnRequest, conver
         tenant_id=tenant.id,
         metadata=request.metadata,
     )
-    if message.queued_event is not None and runtime.events.live is not None:
-        # Stored with the message; announced like a save's events, to wake the conversation's followers.
-        runtime.events.live.publish(message.queued_event)
+    # Stored with the message; announced like a save's events, to wake the conversation's followers.
+    announce(runtime.runner, message.queued_event)
     # The active turn may have ended between the busy answer and the enqueue; its end's
     # request for the next message then found nothing queued. Ask once more.
     runtime.wake_inbox(conversation)

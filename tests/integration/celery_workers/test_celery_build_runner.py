@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 import workers
-from agent_runner import AgentResumeCommand, AgentRunner, AgentTurnStatus
+from agent_runner import AgentEventType, AgentResumeCommand, AgentRunner, AgentTurnStatus
 from tests.integration.celery_workers.celery_cluster import Cluster
+from workers.inbox import enqueue_message
 
 pytestmark = pytest.mark.integration
 
@@ -96,3 +97,31 @@ def test_a_runner_built_from_explicit_settings_takes_nothing_from_a_conflicting_
     assert cluster.load(turn_id).status is AgentTurnStatus.READY
     assert cluster.queue_length() == 1
     assert not elsewhere.exists()
+
+
+def test_a_message_a_web_app_queues_is_announced_on_the_live_channel_at_once(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a web app's runner and a conversation whose turn waits for the workers (none runs)
+    for name, value in cluster.env.items():
+        monkeypatch.setenv(name, value)
+    runner = workers.build_runner()
+    try:
+        runner.start("worker-agent", json.dumps({"kind": "plain", "label": "busy"}), conversation_id="conv-live")
+
+        # When the web app queues a message behind that turn
+        queued = enqueue_message(runner, "conv-live", "and one more thing", message_id="queued-live")
+
+        # Then the conversation's followers on Redis get its MESSAGE_QUEUED without reading the log
+        assert queued.queued_event is not None
+
+        def announced() -> list[str]:
+            return [
+                event.event_id
+                for event in cluster.wiring.live.read(conversation_id="conv-live")
+                if event.type is AgentEventType.MESSAGE_QUEUED
+            ]
+
+        cluster.wait_for(lambda: announced() == [queued.queued_event.event_id], 5, "MESSAGE_QUEUED on Redis")  # type: ignore[union-attr]
+    finally:
+        runner.turn_store.engine.dispose()  # type: ignore[attr-defined]

@@ -18,6 +18,7 @@ from agent_runner import (
     AiMessage,
     DefinitionError,
     InMemoryAgentLoader,
+    InMemoryLiveEvents,
     InputLimitError,
     InvalidTextError,
     ScriptedChatModel,
@@ -25,6 +26,7 @@ from agent_runner import (
 )
 from store import Inbox, InboxStatus, SqlAgentTurnStore, SqlChatMemoryProvider
 from workers.inbox import enqueue_message, settle_stale_claims, start_next_message
+from workers.live import announce, attach_live
 
 
 @pytest.fixture
@@ -65,6 +67,31 @@ def test_a_message_for_a_busy_conversation_waits_for_the_turn_to_end(runner: Age
     start_next_message(runner, inbox, None, "c2")
     following = runner.turn_store.find_active_turn("c2")
     assert following is not None and following.messages[-1].id == "m-2"
+
+
+def test_a_queued_message_is_announced_where_the_runners_events_go_live(runner: AgentRunner) -> None:
+    # Given a runner whose events go to a live channel, and a busy conversation
+    live = InMemoryLiveEvents()
+    attach_live(runner, live.publish)
+    runner.start("helper", "working on it", conversation_id="c-live")
+
+    # When a message is queued behind its active turn, then queued again (a retry)
+    queued = enqueue_message(runner, "c-live", "one more thing", message_id="m-live", agent_id="helper")
+    enqueue_message(runner, "c-live", "one more thing", message_id="m-live", agent_id="helper")
+
+    # Then the conversation's followers get MESSAGE_QUEUED live, once, as the log stores it
+    announced = [e for e in live.read(conversation_id="c-live") if e.type is AgentEventType.MESSAGE_QUEUED]
+    assert [e.event_id for e in announced] == [queued.queued_event.event_id]  # type: ignore[union-attr]
+    assert announced[0].data["message_id"] == "m-live"
+
+
+def test_a_runner_without_a_live_channel_announces_nothing(runner: AgentRunner) -> None:
+    runner.start("helper", "working on it", conversation_id="c-quiet")
+
+    queued = enqueue_message(runner, "c-quiet", "later", message_id="m-quiet", agent_id="helper")
+
+    assert queued.queued_event is not None
+    assert announce(runner, queued.queued_event) is False
 
 
 DEEP: list[Any] = []

@@ -10,9 +10,10 @@ from typing import Any
 
 import pytest
 
-from agent_runner import Agent, AgentRunner, AiMessage, InMemoryAgentLoader, ScriptedChatModel
+from agent_runner import Agent, AgentRunner, AiMessage, InMemoryAgentLoader, InMemoryLiveEvents, ScriptedChatModel
 from store import Inbox, SqlAgentTurnStore, SqlChatMemoryProvider
 from workers.celery_app.config import celery_config
+from workers.live import attach_live
 from workers.schedules import (
     IfBusy,
     Schedule,
@@ -266,6 +267,8 @@ class Fleet:
             chat_memory_provider=SqlChatMemoryProvider(url),
         )
         self.notified: list[str] = []
+        self.live = InMemoryLiveEvents()
+        attach_live(self.runner, self.live.publish)
 
     def fire(self, schedule: Schedule, tick: datetime) -> ScheduleOutcome:
         return fire_schedule(self.runner, self.inbox, schedule, tick, notify_inbox=self.notified.append)
@@ -317,3 +320,6 @@ def test_a_busy_conversation_rejects_skips_or_queues_the_tick(fleet: Fleet) -> N
     assert queued is not None and queued.content == "queued hello" and queued.agent_id == "ops-agent"
     assert queued.metadata["scheduled_for"] == later.isoformat()
     assert len(fleet.turns.list_turns(conversation_id="c")) == 1
+    # The conversation's followers are told at once, as for a message queued over HTTP
+    announced = [e.data["message_id"] for e in fleet.live.read(conversation_id="c") if e.type == "MESSAGE_QUEUED"]
+    assert announced == [queueing.turn_id(later)]
