@@ -68,17 +68,21 @@ def database_pool(settings: WorkerSettings, threads: int) -> PoolSize:
     return PoolSize(size, overflow)
 
 
-def server_database_pool(settings: WorkerSettings) -> PoolSize:
+def server_database_pool(settings: WorkerSettings, worker_threads: int = 0) -> PoolSize:
     """The database pool of an HTTP server process: `DEFAULT_POOL`'s most connections, all kept open.
 
     A request of the server uses the database for most of its time, so under load the
     server's request threads use as many connections as it has requests in flight. The
     overflow connections of `DEFAULT_POOL` would then be opened and closed again for
     nearly every request (a new PostgreSQL backend each time); keeping them open costs no
-    more connections at the peak. `AGENT_RUNNER_DB_POOL_SIZE` and
-    `AGENT_RUNNER_DB_MAX_OVERFLOW` win when set.
+    more connections at the peak. A server that also steps turns (`worker_threads`, the
+    embedded worker's threads) keeps open what `database_pool` plans for those threads
+    too, and never more than one per thread. `AGENT_RUNNER_DB_POOL_SIZE` and `AGENT_RUNNER_DB_MAX_OVERFLOW` win when set.
     """
-    size = settings.db_pool_size if settings.db_pool_size is not None else DEFAULT_POOL.connections
+    size = settings.db_pool_size
+    if size is None:
+        # Each thread holds at most one connection at a time.
+        size = DEFAULT_POOL.connections + min(worker_threads, database_pool(settings, worker_threads).size)
     overflow = settings.db_max_overflow if settings.db_max_overflow is not None else 0
     return PoolSize(size, overflow)
 

@@ -188,8 +188,9 @@ def _database_check(engine: Engine) -> Callable[[], None]:
 def _sql_runtime(settings: ApiSettings, agent_loader: AgentLoader | None) -> Runtime:
     worker_settings = settings.workers
     loader = agent_loader if agent_loader is not None else load_agent_loader(worker_settings.agent_loader)
-    database = open_database(worker_settings.database_url)
     stepping = Stepping(settings.worker_concurrency) if settings.worker_mode is WorkerMode.EMBEDDED else None
+    threads = settings.worker_concurrency if stepping is not None else 0
+    database = open_database(worker_settings.database_url, server_database_pool(worker_settings, threads))
     try:
         idempotency = store.IdempotencyKeys(database.engine)
         embedded = build_embedded(worker_settings, database, loader, stepping)

@@ -6,7 +6,6 @@ import signal
 import threading
 from collections import Counter
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -15,9 +14,6 @@ from tests.conftest import TEST_REDIS_URL
 from tests.helpers.api_server import ApiServer
 from tests.integration.api.api_server import AGENTS
 from tests.integration.celery_workers.celery_cluster import Cluster, clusters
-from workers.api.runtime import build_runtime
-from workers.api.settings import ApiSettings
-from workers.capacity import DEFAULT_POOL
 from workers.sweeps import sweep_stale_turns
 
 pytestmark = pytest.mark.integration
@@ -107,14 +103,3 @@ def test_turns_answered_by_a_server_that_died_before_sending_run_after_the_stale
             "every turn to complete",
             tick=sweep,
         )
-
-
-def test_the_server_keeps_its_database_connections_open_between_requests(pg_url: str, tmp_path: Path) -> None:
-    with clusters(pg_url, TEST_REDIS_URL, tmp_path) as make:
-        cluster = make(AGENT_RUNNER_AGENT_LOADER=AGENTS)
-        runtime = build_runtime(ApiSettings.from_env({**cluster.env, "AGENT_RUNNER_API_WORKER": "celery"}))
-        try:
-            pool: Any = runtime.engine.pool
-            assert (pool.size(), pool._max_overflow) == (DEFAULT_POOL.connections, 0)
-        finally:
-            runtime.stop()

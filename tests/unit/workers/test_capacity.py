@@ -62,6 +62,16 @@ def test_an_http_server_keeps_open_as_many_connections_as_it_may_open() -> None:
     assert server_database_pool(fixed) == PoolSize(7, 2)
 
 
+def test_a_server_that_also_steps_turns_keeps_connections_for_its_worker_threads_too() -> None:
+    settings = WorkerSettings.from_env({})
+    # The embedded worker's threads get what a worker process of that many threads plans, one per thread at most
+    assert server_database_pool(settings, 2) == PoolSize(DEFAULT_POOL.connections + 2, 0)
+    assert server_database_pool(settings, 8) == PoolSize(DEFAULT_POOL.connections + DEFAULT_POOL.size, 0)
+    assert server_database_pool(settings, 1000) == PoolSize(DEFAULT_POOL.connections + 20, 0)
+    fixed = WorkerSettings.from_env({"AGENT_RUNNER_DB_POOL_SIZE": "7"})
+    assert server_database_pool(fixed, 1000) == PoolSize(7, 0)
+
+
 def test_make_engine_opens_a_postgresql_pool_of_the_size_asked_for() -> None:
     engine = store.make_engine("postgresql+psycopg://postgres@127.0.0.1:5432/test", pool_size=20, max_overflow=3)
     try:
