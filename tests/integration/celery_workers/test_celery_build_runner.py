@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,17 +18,20 @@ from workers.inbox import enqueue_message
 pytestmark = pytest.mark.integration
 
 
-def test_a_runner_built_from_the_environment_enqueues_work_for_the_workers(
-    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # Given a web app whose environment points at the workers' services
+@pytest.fixture
+def web_app_runner(cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> Iterator[AgentRunner]:
+    """A web app's runner: `workers.build_runner()` in an environment that points at the cluster's services."""
     for name, value in cluster.env.items():
         monkeypatch.setenv(name, value)
     runner = workers.build_runner()
-    try:
-        check_runner(cluster, runner)
-    finally:
-        runner.turn_store.engine.dispose()  # type: ignore[attr-defined]
+    yield runner
+    runner.turn_store.engine.dispose()  # type: ignore[attr-defined]
+
+
+def test_a_runner_built_from_the_environment_enqueues_work_for_the_workers(
+    cluster: Cluster, web_app_runner: AgentRunner
+) -> None:
+    check_runner(cluster, web_app_runner)
 
 
 def check_runner(cluster: Cluster, runner: AgentRunner) -> None:
@@ -100,28 +104,20 @@ def test_a_runner_built_from_explicit_settings_takes_nothing_from_a_conflicting_
 
 
 def test_a_message_a_web_app_queues_is_announced_on_the_live_channel_at_once(
-    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+    cluster: Cluster, web_app_runner: AgentRunner
 ) -> None:
-    # Given a web app's runner and a conversation whose turn waits for the workers (none runs)
-    for name, value in cluster.env.items():
-        monkeypatch.setenv(name, value)
-    runner = workers.build_runner()
-    try:
-        runner.start("worker-agent", json.dumps({"kind": "plain", "label": "busy"}), conversation_id="conv-live")
+    # Given a conversation whose turn waits for the workers (none runs)
+    web_app_runner.start("worker-agent", json.dumps({"kind": "plain", "label": "busy"}), conversation_id="conv-live")
 
-        # When the web app queues a message behind that turn
-        queued = enqueue_message(runner, "conv-live", "and one more thing", message_id="queued-live")
+    # When the web app queues a message behind that turn
+    queued = enqueue_message(web_app_runner, "conv-live", "and one more thing", message_id="queued-live")
 
-        # Then the conversation's followers on Redis get its MESSAGE_QUEUED without reading the log
-        assert queued.queued_event is not None
+    # Then the conversation's followers on Redis get its MESSAGE_QUEUED without reading the log
+    assert queued.queued_event is not None
+    expected = [queued.queued_event.event_id]
 
-        def announced() -> list[str]:
-            return [
-                event.event_id
-                for event in cluster.wiring.live.read(conversation_id="conv-live")
-                if event.type is AgentEventType.MESSAGE_QUEUED
-            ]
+    def announced() -> list[str]:
+        events = cluster.wiring.live.read(conversation_id="conv-live")
+        return [event.event_id for event in events if event.type is AgentEventType.MESSAGE_QUEUED]
 
-        cluster.wait_for(lambda: announced() == [queued.queued_event.event_id], 5, "MESSAGE_QUEUED on Redis")  # type: ignore[union-attr]
-    finally:
-        runner.turn_store.engine.dispose()  # type: ignore[attr-defined]
+    cluster.wait_for(lambda: announced() == expected, 5, "MESSAGE_QUEUED on Redis")
