@@ -127,7 +127,7 @@ def build_wiring(
     attach_live(runner, publisher)
     # A turn that ends frees its conversation for the next queued message (queued messages
     # name their agent, or fall back to AGENT_RUNNER_INBOX_AGENT).
-    runner.add_event_listener(InboxNotifier(dispatcher))
+    runner.add_event_listener(InboxNotifier(dispatcher, database.inbox.has_waiting))
     apply_runner_setup(runner, settings.runner_setup)
     return Wiring(
         settings=settings,

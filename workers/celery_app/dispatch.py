@@ -85,13 +85,27 @@ class InboxNotifier:
     """An event listener that asks for the conversation's next inbox message when a turn ends.
 
     It only sends a message; it never drives the runner, which is still inside the step
-    that emitted the event.
+    that emitted the event. With `has_waiting` (`store.Inbox.has_waiting`) it sends one
+    only when the conversation has a message waiting: most conversation turns end with
+    none, and a `dispatch_inbox` task that finds nothing costs a worker a whole task. A
+    message queued after the check asks for itself (whoever queues a message sends
+    `dispatch_inbox` after it is stored), and when the check cannot be made the message is
+    sent anyway.
     """
 
-    def __init__(self, dispatcher: CeleryDispatcher) -> None:
+    def __init__(self, dispatcher: CeleryDispatcher, has_waiting: Callable[[str], bool] | None = None) -> None:
         self.dispatcher = dispatcher
+        self.has_waiting = has_waiting
 
     def __call__(self, event: AgentEvent) -> None:
-        """Send `dispatch_inbox` for a terminal event of a conversation turn."""
-        if event.type.is_terminal and event.conversation_id is not None:
-            self.dispatcher.send_inbox(event.conversation_id)
+        """Send `dispatch_inbox` for a terminal event of a conversation turn whose conversation has a message waiting."""
+        conversation_id = event.conversation_id
+        if not event.type.is_terminal or conversation_id is None:
+            return
+        if self.has_waiting is not None:
+            try:
+                if not self.has_waiting(conversation_id):
+                    return
+            except Exception:
+                logger.warning("could not read the inbox of %s; asking for its next message anyway", conversation_id)
+        self.dispatcher.send_inbox(conversation_id)

@@ -19,6 +19,7 @@ from agent_runner import (
     ChatRequest,
     RecoverableError,
     ScriptedChatModel,
+    StoreUnavailableError,
     Tool,
     ToolCall,
 )
@@ -109,6 +110,27 @@ def test_a_terminal_event_of_a_conversation_turn_asks_for_the_next_inbox_message
     notify(AgentEvent(type=AgentEventType.TURN_FAILED, turn_id="t-2", conversation_id=None))
     notify(AgentEvent(type=AgentEventType.TURN_SUSPENDED, turn_id="t-3", conversation_id="c-1"))
     assert app.sent == [("agent_runner.dispatch_inbox", ("c-1",), {"queue": "q"})]
+
+
+def test_the_notifier_asks_only_for_conversations_with_a_message_waiting(caplog: pytest.LogCaptureFixture) -> None:
+    # Most conversation turns end with nothing queued: no dispatch_inbox task for those
+    waiting = {"c-waiting": True, "c-empty": False}
+
+    def has_waiting(conversation_id: str) -> bool:
+        if conversation_id not in waiting:
+            raise StoreUnavailableError("database down")
+        return waiting[conversation_id]
+
+    app = RecordingApp()
+    notify = InboxNotifier(dispatcher(app), has_waiting)
+    for conversation in ("c-waiting", "c-empty", "c-unknown"):
+        notify(
+            AgentEvent(type=AgentEventType.TURN_COMPLETED, turn_id=f"t-{conversation}", conversation_id=conversation)
+        )
+
+    # An inbox that cannot be read is asked anyway: a lost ask would leave the message to the sweep
+    assert [args for _, args, _ in app.sent] == [("c-waiting",), ("c-unknown",)]
+    assert "could not read the inbox of c-unknown" in caplog.text
 
 
 def test_a_soft_time_limit_inside_a_call_becomes_a_recoverable_error() -> None:
