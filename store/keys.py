@@ -8,8 +8,8 @@ read (and changed) in one place:
 | `{prefix}:turn:{<turn_id>}:lease` | hash `owner`, `fence` | the lease TTL | `lease_acquire.lua`, `lease_renew.lua`, `lease_release.lua` |
 | `{prefix}:turn:{<turn_id>}:fence` | integer counter | the fence TTL (24 h), renewed by each acquire | `lease_acquire.lua` |
 | `{prefix}:conversation:{<conversation_id>}:active-turn` | string, a turn id | until released | `guard_*.lua` |
-| `{prefix}:turn:{<root_turn_id>}:events` | stream of live events of a turn tree | the live retention after the last publish | `RedisLiveEvents` |
-| `{prefix}:conversation:{<conversation_id>}:events` | stream of live events of a conversation | the same | `RedisLiveEvents` |
+| `{prefix}:turn:{<root_turn_id>}:events` | stream of live events of a turn tree | the live retention after the last publish | `RedisLiveEvents` (`live_publish.lua`) |
+| `{prefix}:conversation:{<conversation_id>}:events` | stream of live events of a conversation | the same | `RedisLiveEvents` (`live_publish.lua`) |
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ from agent_runner.store_rules import live_scopes
 from store._batching import BatchingThread
 from store._closing import ClosesOnExit
 from store._redaction import check_password_encoding, redact_url
-from store._scripts import _RETRY, _SOCKET_TIMEOUT_S, _UNAVAILABLE
+from store._scripts import _RETRY, _SOCKET_TIMEOUT_S, _UNAVAILABLE, RedisScripts
 from store.keys import DEFAULT_PREFIX, RedisKeys
 
 logger = logging.getLogger(__name__)
@@ -29,6 +29,8 @@ _FIELD = "event"
 _STREAM_ID = re.compile(r"[0-9]{1,20}-[0-9]{1,20}")
 _BLOCK_SLICE_S = 1.0
 """Longest single XREAD BLOCK, well inside the socket timeout, so a dead server is noticed."""
+_SCRIPT_EVENTS = 500
+"""Most events appended by one script call: Redis runs a script alone, so a huge batch is cut in pieces."""
 
 
 class RedisLiveEvents(ClosesOnExit):
@@ -85,46 +87,53 @@ class RedisLiveEvents(ClosesOnExit):
             self._server = redact_url(redis_url)
         else:
             raise ValueError("RedisLiveEvents needs a redis_url or a client, got neither")
+        self._scripts = RedisScripts(redis_url, self._client, ["live_publish"])
 
     def publish(self, event: AgentEvent) -> None:
         """Append the event to its tree's and conversation's streams; never raises (failures are logged)."""
         self.publish_many([event])
 
     def publish_many(self, events: Sequence[AgentEvent]) -> None:
-        """Append the events, in order, to their streams in one round trip; never raises (failures are logged)."""
-        if not events:
-            return
+        """Append the events, in order, to their streams in one round trip; never raises (failures are logged).
+
+        The round trip is one call of `store/lua/live_publish.lua` (one per 500 events): the
+        appends, then each stream's retention restarted once.
+        """
+        for start in range(0, len(events), _SCRIPT_EVENTS):
+            self._append(events[start : start + _SCRIPT_EVENTS])
+
+    def _append(self, events: Sequence[AgentEvent]) -> None:
         try:
-            pipeline = self._client.pipeline(transaction=False)
-            streams: dict[str, None] = {}
+            streams: dict[str, int] = {}  # key -> its position in the script's KEYS
+            args: list[str | int] = [self.maxlen, self._retention_ms]
             for event in events:
                 payload = event.model_dump_json(exclude={"cursor"})
                 for scope in live_scopes(event):
-                    key = self._key(scope)
-                    pipeline.xadd(key, {_FIELD: payload}, maxlen=self.maxlen, approximate=True)
-                    streams[key] = None
-            for key in streams:  # a stream's retention restarts once a batch, not once an event
-                pipeline.pexpire(key, self._retention_ms)
-            pipeline.execute()
+                    args += (streams.setdefault(self._key(scope), len(streams) + 1), payload)
+            _, failed, reason = self._scripts.run("live_publish", list(streams), args)
         except Exception as exc:
-            first, reason = events[0], f"{type(exc).__name__}: {exc}"
-            if len(events) == 1:
-                logger.warning(
-                    "publishing live event %s of turn %s to Redis at %s failed; it is lost: %s",
-                    first.type,
-                    first.turn_id,
-                    self._server,
-                    reason,
-                )
-            else:
-                logger.warning(
-                    "publishing %d live events (the first %s of turn %s) to Redis at %s failed; they are lost: %s",
-                    len(events),
-                    first.type,
-                    first.turn_id,
-                    self._server,
-                    reason,
-                )
+            failed, reason = len(events), f"{type(exc).__name__}: {exc}"
+        if not failed:
+            return
+        first = events[0]
+        if len(events) == 1:
+            logger.warning(
+                "publishing live event %s of turn %s to Redis at %s failed; it is lost: %s",
+                first.type,
+                first.turn_id,
+                self._server,
+                reason,
+            )
+        else:
+            logger.warning(
+                "publishing %d live events (the first %s of turn %s) to Redis at %s failed; %d of them are lost: %s",
+                len(events),
+                first.type,
+                first.turn_id,
+                self._server,
+                failed,
+                reason,
+            )
 
     def read(
         self,
@@ -210,21 +219,26 @@ class BackgroundPublisher(BatchingThread[AgentEvent]):
     """Publishes events to a `RedisLiveEvents` from a thread of its own, so that a step never waits for Redis.
 
     Called with an event (it is an event listener), it only queues it. The thread sends
-    everything queued by then in one pipeline, in the order queued, so under load many
-    events share one round trip. The live channel is best-effort either way (a failed
-    publish is logged and the event lost; durable events are read from the store), and
-    followers read durable events from the store, only waking up on their live copy.
-    At most `max_pending` events wait; beyond that new ones are dropped with a warning.
-    The thread starts with the first event (so a process that forks after building this
-    starts its own) and ends on `close`, which first sends what is queued.
+    everything queued by then in one script call, in the order queued, so under load many
+    events share one round trip; and it starts a batch at most every `pause_s` (5 ms), so
+    that a worker streaming many answers sends its deltas in a few large batches rather
+    than in many small ones, each of which costs the worker a round trip and a wake-up. An
+    event that comes after a quiet spell still goes out at once; under load an event waits
+    at most `pause_s` more. The live channel is best-effort either way (a failed publish
+    is logged and the event lost; durable events are read from the store), and followers
+    read durable events from the store, only waking up on their live copy. At most
+    `max_pending` events wait; beyond that new ones are dropped with a warning. The thread
+    starts with the first event (so a process that forks after building this starts its
+    own) and ends on `close`, which first sends what is queued.
 
     Args:
         live: The channel to publish to.
         max_pending: Most events waiting to be sent.
+        pause_s: Least time from the start of one batch to the start of the next.
     """
 
-    def __init__(self, live: RedisLiveEvents, *, max_pending: int = 10_000) -> None:
-        super().__init__("live-event-publisher", max_pending=max_pending)
+    def __init__(self, live: RedisLiveEvents, *, max_pending: int = 10_000, pause_s: float = 0.005) -> None:
+        super().__init__("live-event-publisher", max_pending=max_pending, pause_s=pause_s)
         self.live = live
         self._dropped = 0
 

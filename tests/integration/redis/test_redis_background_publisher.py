@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import Any
 
 import pytest
+from redis import Redis
 
 from agent_runner import AgentEvent, AgentEventType
+from store._batching import BatchingThread
 from store.keys import RedisKeys
 from store.redis_events import BackgroundPublisher, RedisLiveEvents
 
@@ -64,6 +67,65 @@ def test_publish_many_appends_a_batch_in_order_to_every_scope(redis_url: str, ke
         assert [e.data["n"] for e in live.read(conversation_id="c-1")] == list(range(10))
         assert [e.data["n"] for e in live.read(root_turn_id="r-1")] == [1, 3, 5, 7, 9]
         assert [e.data["n"] for e in live.read(root_turn_id="r-2")] == [0, 2, 4, 6, 8]
+
+
+def test_an_entry_redis_refuses_is_logged_and_the_rest_of_the_batch_goes_out(
+    redis_url: str, keys: RedisKeys, redis_client: Redis[Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    # Given a key of another type under the name of one tree's stream
+    redis_client.set(keys.turn_events("r-bad"), "not a stream")
+    with RedisLiveEvents(redis_url, prefix=keys.prefix) as live, caplog.at_level(logging.WARNING):
+        # When a batch of more events than one script call takes holds one event of that tree
+        batch = [event(n, "r-bad" if n == 300 else "r-1", None) for n in range(1200)]
+        live.publish_many(batch)
+        # Then every other event reached its stream, in order, and the one lost is counted
+        assert [e.data["n"] for e in live.read(root_turn_id="r-1", limit=2000)] == [n for n in range(1200) if n != 300]
+    assert "1 of them are lost" in caplog.text
+    assert "WRONGTYPE" in caplog.text
+
+
+class Recorder(BatchingThread[int]):
+    """Records each batch it is handed, with the time it was."""
+
+    def __init__(self, pause_s: float) -> None:
+        super().__init__("recorder", max_pending=100, pause_s=pause_s)
+        self.batches: list[tuple[float, list[int]]] = []
+
+    def offer(self, item: int) -> None:
+        assert self._offer(item)
+
+    def _send_batch(self, batch: list[int]) -> None:
+        self.batches.append((time.monotonic(), batch))
+
+
+def test_batches_start_a_pause_apart_and_an_item_after_a_quiet_spell_goes_out_at_once() -> None:
+    recorder = Recorder(pause_s=1.0)
+    # Given an item sent at once, since nothing was sent before it
+    offered = time.monotonic()
+    recorder.offer(0)
+    assert recorder.flush(10)
+    # When more items come right after it
+    for n in range(1, 6):
+        recorder.offer(n)
+    assert recorder.flush(10)
+    # Then they wait for the pause and leave together
+    (first_at, first), (second_at, second) = recorder.batches
+    assert (first, second) == ([0], [1, 2, 3, 4, 5])
+    assert first_at - offered < 0.5
+    assert second_at - first_at >= 1.0
+    # And an item that comes once the pause has passed is not held back
+    time.sleep(1.0)
+    offered = time.monotonic()
+    recorder.offer(6)
+    assert recorder.flush(10)
+    assert recorder.batches[-1][1] == [6]
+    assert recorder.batches[-1][0] - offered < 0.5
+    recorder.close()
+
+
+def test_a_negative_pause_is_refused() -> None:
+    with pytest.raises(ValueError):
+        Recorder(pause_s=-0.1)
 
 
 def test_events_beyond_the_bound_are_dropped_with_a_warning(caplog: pytest.LogCaptureFixture) -> None:

@@ -113,9 +113,22 @@ def test_deltas_passed_to_on_delta_become_model_delta_events_before_the_response
     runner.add_event_listener(log)
     turn = runner.run(Agent(id="streamer", chat_model=StreamingModel(["Hel", "lo", "!"])), "hi")
     assert turn.final_output == "Hello!"
-    assert [e.data["delta"] for e in log.of_type(E.MODEL_DELTA)] == ["Hel", "lo", "!"]
+    deltas = log.of_type(E.MODEL_DELTA)
+    assert [e.data["delta"] for e in deltas] == ["Hel", "lo", "!"]
     types = log.types()
     assert types.index(E.MODEL_RESPONSE) > max(i for i, t in enumerate(types) if t is E.MODEL_DELTA)
+    # Each delta is its own event, stamped with the turn's state during the call
+    assert len({e.event_id for e in deltas}) == 3
+    running = log.of_type(E.TURN_RUNNING)[0]
+    for delta in deltas:
+        assert (delta.turn_id, delta.root_turn_id, delta.conversation_id) == (turn.id, turn.id, None)
+        assert delta.data == {
+            "status": "RUNNING",
+            "version": running.data["version"],
+            "delta": delta.data["delta"],
+            "lease_fence": None,
+        }
+        assert AgentEvent.model_validate_json(delta.model_dump_json()) == delta
 
 
 def test_report_progress_inside_a_tool_emits_tool_progress_between_start_and_completion() -> None:
