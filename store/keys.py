@@ -38,7 +38,9 @@ class RedisKeys:
 
     The id inside each key is wrapped in braces, a Redis Cluster hash tag: the keys that
     one script touches together (a turn's lease and its fence counter) always hash to the
-    same slot.
+    same slot. The one exception is `live_publish.lua`, which appends a batch of live
+    events to the streams of many trees and conversations in one call: it needs a
+    standalone Redis (the only kind of client the store builds), not a Cluster.
 
     Attributes:
         prefix: The namespace every key starts with, followed by `:`.
