@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from typing import Any
 
 from agent_runner import event_payloads as payloads
 from agent_runner._base import trusted
 from agent_runner._runtime.context import RunnerContext
 from agent_runner.events import AgentEvent, AgentEventType
+from agent_runner.ids import new_id, utcnow
 from agent_runner.snapshot import AgentTurn, AgentTurnStatus
 
 logger = logging.getLogger("agent_runner")
@@ -26,6 +28,8 @@ PendingEvent = payloads.EventBody | None
 
 # The fields set here when the event is built from validated data (see `trusted`).
 _EVENT_GIVEN = frozenset(AgentEvent.model_fields) - {"cursor"}
+# Those of an event that is not saved: its id and time are the model's defaults.
+_UNSAVED_GIVEN = frozenset({"type", "turn_id", "root_turn_id", "conversation_id", "data"})
 
 TERMINAL_EVENTS: dict[AgentTurnStatus, AgentEventType] = {
     S.COMPLETED: AgentEventType.TURN_COMPLETED,
@@ -121,15 +125,25 @@ def emit(ctx: RunnerContext, body: payloads.EventBody, turn: AgentTurn) -> None:
     """Deliver an event that is not saved (MODEL_DELTA, TOOL_PROGRESS, CHAT_MEMORY_ERROR) to the listeners."""
     if not ctx.listeners:
         return
-    deliver(
-        ctx,
-        AgentEvent(
-            type=body.type,
-            turn_id=turn.id,
-            root_turn_id=turn.root_turn_id,
-            conversation_id=turn.conversation_id or turn.root_conversation_id,
-            data=body.data(turn.status, turn.version),
-        ),
+    deliver(ctx, unsaved_event(body.type, turn, body.data(turn.status, turn.version)))
+
+
+def unsaved_event(event_type: AgentEventType, turn: AgentTurn, data: dict[str, Any]) -> AgentEvent:
+    """An event of `turn` that is not saved: a new id, the time now, and `data` (already its payload's shape)."""
+    # Every field comes from a validated snapshot or payload: no need to validate again.
+    return trusted(
+        AgentEvent,
+        _UNSAVED_GIVEN,
+        {
+            "event_id": new_id(),
+            "type": event_type,
+            "turn_id": turn.id,
+            "root_turn_id": turn.root_turn_id,
+            "conversation_id": turn.conversation_id or turn.root_conversation_id,
+            "timestamp": utcnow(),
+            "data": data,
+            "cursor": None,
+        },
     )
 
 

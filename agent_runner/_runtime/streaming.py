@@ -5,15 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 from agent_runner import event_payloads as payloads
-from agent_runner._base import trusted
 from agent_runner._runtime.context import RunnerContext
-from agent_runner._runtime.saving import deliver
+from agent_runner._runtime.saving import deliver, unsaved_event
 from agent_runner.events import AgentEvent, AgentEventType
-from agent_runner.ids import new_id, utcnow
 from agent_runner.snapshot import AgentTurn
-
-# The fields an event that is not saved is built with (see `saving.emit`); its id and time are defaults.
-_DELTA_GIVEN = frozenset({"type", "turn_id", "root_turn_id", "conversation_id", "data"})
 
 
 class CancelledMidCall(Exception):
@@ -36,28 +31,14 @@ class DeltaSink:
         self._data: dict[str, Any] | None = None  # the `data` of this call's deltas, but for the text
 
     def event(self, text: str) -> AgentEvent:
-        """The MODEL_DELTA event of `text`: what `saving.emit` builds, with what every delta shares built once."""
+        """The MODEL_DELTA event of `text`; what every delta of the call shares is built once."""
         data = self._data
         if data is None:
             # The fence tells the deltas of an abandoned call (its worker died) from the re-run's.
             data = self._data = payloads.model_delta("", self.turn.lease_fence).data(
                 self.turn.status, self.turn.version
             )
-        turn = self.turn
-        return trusted(
-            AgentEvent,
-            _DELTA_GIVEN,
-            {
-                "event_id": new_id(),
-                "type": AgentEventType.MODEL_DELTA,
-                "turn_id": turn.id,
-                "root_turn_id": turn.root_turn_id,
-                "conversation_id": turn.conversation_id or turn.root_conversation_id,
-                "timestamp": utcnow(),
-                "data": {**data, "delta": text},
-                "cursor": None,
-            },
-        )
+        return unsaved_event(AgentEventType.MODEL_DELTA, self.turn, {**data, "delta": text})
 
     def __call__(self, text: str) -> None:
         if not self.watching:
