@@ -34,6 +34,7 @@ import anyio
 from anyio.to_thread import run_sync
 from fastapi import APIRouter, Depends, FastAPI, Header, Query
 from fastapi.responses import StreamingResponse
+from pydantic import AfterValidator
 from pydantic.json_schema import models_json_schema
 
 from agent_runner import AgentEvent, EventFeed, ToolCall
@@ -64,15 +65,28 @@ _CURSOR_PATTERN = r"^[A-Za-z0-9._:-]{0,256}$"
 Cursor = Annotated[
     str | None, Query(pattern=_CURSOR_PATTERN, max_length=256, description="Send events after this cursor.")
 ]
+FROM_THE_START = "-1"
+"""The `Last-Event-ID` that asks for a stream from its start (the LangGraph SDKs send it when a page rejoins a run)."""
+
+
+def _from_the_start(value: str | None) -> str | None:
+    return None if value == FROM_THE_START else value
+
+
 LastEventId = Annotated[
     str | None,
     Header(
         alias="Last-Event-ID",
         pattern=_CURSOR_PATTERN,
         max_length=256,
-        description="The cursor of the last event received (browsers send it when they reconnect); wins over `after`.",
+        description=(
+            "The cursor of the last event received (browsers send it when they reconnect); wins over `after`. "
+            f"`{FROM_THE_START}` means from the start."
+        ),
     ),
+    AfterValidator(_from_the_start),
 ]
+"""The `Last-Event-ID` header of every event stream: a cursor, or None for the start (`-1` included)."""
 Follow = Annotated[
     bool, Query(description="Keep the stream open for new events (false: send what is stored and close).")
 ]

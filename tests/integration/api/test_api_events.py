@@ -85,6 +85,12 @@ def test_replay_then_resume_from_any_cursor_gives_exactly_the_suffix(client: htt
         headers={"Last-Event-ID": stored[-2]["id"]},
     )
     assert ids(both) == [stored[-1]["id"]]
+    # `Last-Event-ID: -1` (what the LangGraph SDKs send when a page rejoins) means from the start
+    for path in (f"/v1/turns/{turn_id}/events", f"/v1/conversations/{chat}/events"):
+        _, from_start = read_stream(
+            client, path, params={"follow": "false"}, headers={"Last-Event-ID": "-1"}, until_end=False
+        )
+        assert ids([e for e in from_start if e["event"] != "end"]) == ids(stored)
     # The conversation's stream holds the same events (and no `end`: conversations go on)
     _, conversation = read_stream(
         client, f"/v1/conversations/{chat}/events", params={"follow": "false"}, until_end=False

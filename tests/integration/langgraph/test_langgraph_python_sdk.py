@@ -272,6 +272,9 @@ def test_join_stream_with_last_event_id_misses_and_repeats_nothing(client: Clien
     # Then together they are exactly the whole stream, as a full replay shows it
     whole = list(client.runs.join_stream(thread_id, run_id, stream_mode=modes))
     assert [(p.event, p.data) for p in received + rest] == [(p.event, p.data) for p in whole]
+    # `-1` is what the SDKs send to rejoin a run from its start after a page reload
+    rejoined = list(client.runs.join_stream(thread_id, run_id, stream_mode=modes, last_event_id="-1"))
+    assert [(p.event, p.data) for p in rejoined] == [(p.event, p.data) for p in whole]
     tokens = "".join(p.data[0]["content"] for p in received + rest if p.event == "messages")
     assert tokens == story(30)
 

@@ -22,7 +22,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Header, Path, Query, Request
+from fastapi import APIRouter, Depends, Path, Query, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
@@ -35,6 +35,7 @@ from agent_runner.snapshot import WAITING_FOR_A_PERSON
 from workers.api import service
 from workers.api.auth import RuntimeDep, TenantDep, get_tenant
 from workers.api.errors import ApiError, InvalidRequest
+from workers.api.events import LastEventId
 from workers.api.langgraph.mapping import (
     NotSupported,
     input_text,
@@ -483,9 +484,7 @@ async def join_stream(
     records: RecordsDep,
     stream_mode: Annotated[list[str] | None, Query()] = None,
     cancel_on_disconnect: Annotated[bool, Query()] = False,
-    last_event_id: Annotated[
-        str | None, Header(alias="Last-Event-ID", pattern=r"^[A-Za-z0-9._:-]{0,256}$", max_length=256)
-    ] = None,
+    last_event_id: LastEventId = None,
 ) -> StreamingResponse:
     """The run's stream from its start, or after `Last-Event-ID` (nothing missed, nothing repeated)."""
     # The SDKs send an empty `stream_mode=` when none was chosen: every supported mode then.
