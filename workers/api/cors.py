@@ -24,11 +24,21 @@ CORS_VARIABLE = "AGENT_RUNNER_CORS_ORIGINS"
 
 ANY_ORIGIN = "*"
 
-ALLOWED_METHODS = ("GET", "POST", "OPTIONS")
-ALLOWED_HEADERS = ("Authorization", "Content-Type", "Idempotency-Key", "Last-Event-ID")
+ALLOWED_METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
+"""Every method a route of the API answers (the LangGraph SDKs update and delete threads and crons)."""
+ALLOWED_HEADERS = ("Authorization", "Content-Type", "Idempotency-Key", "Last-Event-ID", "x-api-key")
 """The request headers the API reads; a browser sends no other header cross-origin."""
-EXPOSED_HEADERS = ("Idempotent-Replayed", "Retry-After", "WWW-Authenticate")
-"""Response headers a cross-origin page may read besides the always-readable ones."""
+EXPOSED_HEADERS = (
+    "Content-Location",
+    "Idempotent-Replayed",
+    "Location",
+    "Retry-After",
+    "WWW-Authenticate",
+)
+"""Response headers a cross-origin page may read besides the always-readable ones.
+
+The LangGraph SDKs learn a new run's id from `Content-Location` (and a stream's `Location`).
+"""
 PREFLIGHT_MAX_AGE_S = 600
 
 

@@ -12,6 +12,7 @@ import pytest
 from tests.helpers.api_server import AGENT_RUNNER, ApiServer, server_env
 from tests.helpers.processes import REPO_ROOT
 from tests.integration.api.api_server import AGENTS, blocked, read_stream, serve, wait_for
+from workers.api import cors
 
 pytestmark = pytest.mark.integration
 
@@ -54,6 +55,47 @@ def test_preflights_of_a_configured_origin_are_answered_for_posts_and_streams(se
         # A header the API does not read is not allowed
         odd = preflight(client, "/v1/turns", APP, "POST", "x-custom")
         assert odd.status_code == 400 and "headers" in odd.text
+
+
+@pytest.mark.parametrize("method", ["GET", "POST", "PUT", "PATCH", "DELETE"])
+def test_preflights_allow_every_method_of_the_api_and_the_langgraph_key_header(server: ApiServer, method: str) -> None:
+    with server.client() as client:
+        # threads.update / threads.delete and cron PATCH / DELETE of the LangGraph SDKs, with Client({apiKey})
+        answer = preflight(client, "/threads/t-1", APP, method, "x-api-key, content-type")
+        assert answer.status_code == 200, answer.text
+        assert answer.headers["access-control-allow-origin"] == APP
+        assert method in answer.headers["access-control-allow-methods"]
+        assert "x-api-key" in answer.headers["access-control-allow-headers"].lower()
+
+
+def test_a_page_on_another_origin_can_read_the_run_id_of_a_new_run(server: ApiServer) -> None:
+    with server.client() as client:
+        headers = {"Origin": APP, "x-api-key": KEY}
+        thread = client.post("/threads", json={}, headers=headers)
+        assert thread.status_code == 200, thread.text
+        created = client.post(
+            f"/threads/{thread.json()['thread_id']}/runs",
+            json={"assistant_id": "desk", "input": {"messages": [{"role": "user", "content": "hi"}]}},
+            headers=headers,
+        )
+        assert created.status_code == 200, created.text
+        exposed = {h.strip().lower() for h in created.headers["access-control-expose-headers"].split(",")}
+        assert {"content-location", "location"} <= exposed
+        assert created.headers["content-location"].endswith(f"/runs/{created.json()['run_id']}")
+
+
+def test_the_documented_cors_table_is_what_the_server_allows_and_exposes() -> None:
+    text = (REPO_ROOT / "docs" / "http-api.md").read_text()
+    rows = {
+        line.split("|")[1].strip(): [name.strip(" `") for name in line.split("|")[2].split(",")]
+        for line in text.splitlines()
+        if line.startswith(("| methods allowed", "| request headers allowed", "| response headers exposed"))
+    }
+    assert rows == {
+        "methods allowed": list(cors.ALLOWED_METHODS),
+        "request headers allowed": list(cors.ALLOWED_HEADERS),
+        "response headers exposed": list(cors.EXPOSED_HEADERS),
+    }
 
 
 def test_another_origin_gets_no_cors_answer(server: ApiServer) -> None:
