@@ -10,6 +10,7 @@ import base64
 import binascii
 import json
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -195,6 +196,20 @@ def get_turn(runtime: Runtime, tenant: Tenant, turn_id: str) -> AgentTurn:
     return tenant.check(turn)
 
 
+def decision_metadata(tenant: Tenant, channel: str, metadata: Mapping[str, Any]) -> dict[str, Any]:
+    """The metadata a decision is recorded with: the request's, marked with its channel.
+
+    A request made with a token records the token's user as `decided_by`, whatever the
+    request's metadata says (every route family that takes a decision goes through here).
+    """
+    marked = {"channel": channel, **metadata}
+    if tenant.user is None:
+        return marked
+    decided = {key: value for key, value in marked.items() if key not in DECIDER_METADATA_KEYS}
+    decided["decided_by"] = tenant.user
+    return decided
+
+
 def resume_turn(
     runtime: Runtime, tenant: Tenant, turn_id: str, request: ResumeRequest, marks: dict[str, str] | None = None
 ) -> AgentTurn:
@@ -210,11 +225,7 @@ def resume_turn(
             fails the frozen schema (422); nothing changed.
     """
     get_turn(runtime, tenant, turn_id)
-    metadata = {"channel": "http", **request.root.metadata}
-    if tenant.user is not None:
-        # Made with a token: the decider is the token's user, whatever the client wrote.
-        metadata = {k: v for k, v in metadata.items() if k not in DECIDER_METADATA_KEYS}
-        metadata["decided_by"] = tenant.user
+    metadata = decision_metadata(tenant, "http", request.root.metadata)
     command = resume_command(
         ResumeAction(request.root.action),
         metadata={**metadata, **(marks or {})},

@@ -104,3 +104,8 @@ def test_a_token_limited_to_one_conversation_reaches_that_thread_only(server: Ap
         with pytest.raises(httpx.HTTPStatusError) as raised:
             limited.threads.get(other)
         assert raised.value.response.status_code == 404
+        # A thread created without an id is the token's thread, never a 404 naming an id it did not send
+        assert limited.threads.create()["thread_id"] == mine
+        stateless = limited.runs.wait(None, "desk", input={"messages": [{"role": "user", "content": "again"}]})
+        assert stateless["messages"][-1]["content"] == "echo: again"
+        assert [t["thread_id"] for t in limited.threads.search(limit=1000)] == [mine]

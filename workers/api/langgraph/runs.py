@@ -183,7 +183,7 @@ def start_run(
     if body.command is not None and body.command.resume is not None:
         if body.input is not None:
             raise InvalidRequest("send either input or command.resume, not both", path="/input")
-        return _resume(runtime, thread, body)
+        return _resume(runtime, tenant, thread, body)
     if body.input is None:
         raise InvalidRequest('a run needs input ({"messages": [...]}) or command.resume', path="/input")
     history = runtime.memories(thread.conversation_id).get_model_messages(HISTORY_MESSAGES)
@@ -202,7 +202,7 @@ def start_run(
     return StartedRun(thread, outcome.id, outcome, None, body.multitask_strategy)
 
 
-def _resume(runtime: Runtime, thread: store.ThreadRecord, body: RunCreate) -> StartedRun:
+def _resume(runtime: Runtime, tenant: Tenant, thread: store.ThreadRecord, body: RunCreate) -> StartedRun:
     assert body.command is not None
     active = runtime.turn_store.find_active_turn(thread.conversation_id)
     if active is None or active.status not in WAITING_FOR_A_PERSON:
@@ -214,7 +214,7 @@ def _resume(runtime: Runtime, thread: store.ThreadRecord, body: RunCreate) -> St
             f"the interrupted run belongs to assistant {active.agent_id!r}, not {body.assistant_id!r}",
             path="/assistant_id",
         )
-    metadata = {"channel": "langgraph", **body.metadata}
+    metadata = service.decision_metadata(tenant, "langgraph", body.metadata)
     command = resume_command(active, find_agent(runtime.agent_loader, active), body.command.resume, metadata)
     after = tree_end(runtime, active.root_turn_id)
     turn = runtime.runner.submit_resume(active.id, command)

@@ -90,9 +90,16 @@ def create_thread(
 ) -> store.ThreadRecord:
     """Create a thread (a new id when none is given); `if_exists` `do_nothing` returns an existing one.
 
+    A token limited to one conversation reaches one thread only: with no id given, that
+    thread is the one meant (created, or returned when it exists).
+
     Raises:
         ThreadExists: The id is taken (409), by a live thread with `raise`, or by a deleted one.
+        ConversationNotFound: The request's token is limited to another conversation (404).
     """
+    if thread_id is None and tenant.conversation is not None:
+        thread_id = tenant.shown_conversation(tenant.conversation)
+        if_exists = "do_nothing"
     chosen = thread_id or new_id()
     record, created = records.create(tenant.reaches(chosen), chosen, tenant.id, metadata)
     if created:
@@ -111,6 +118,15 @@ def _turns(runtime: Runtime, record: store.ThreadRecord, limit: int) -> list[Age
         before=None,
         limit=limit,
     )
+
+
+def newest_turn(runtime: Runtime, record: store.ThreadRecord) -> AgentTurn | None:
+    """The thread's newest turn, with its messages (what `with_unprojected` needs: a listing has none).
+
+    Read it before ChatMemory: a projection made between the two reads is then in ChatMemory.
+    """
+    newest = _turns(runtime, record, 1)
+    return runtime.turn_store.load(newest[0].id) if newest else None
 
 
 def with_unprojected(messages: Sequence[AnyMessage], newest: AgentTurn | None) -> list[AnyMessage]:
@@ -148,8 +164,10 @@ def thread_view(runtime: Runtime, record: store.ThreadRecord, *, with_values: bo
         if interrupt is not None:
             view["interrupts"] = {interrupt["id"]: [interrupt]}
     if with_values:
+        # The turn before ChatMemory: a projection made between the two reads is then in ChatMemory.
+        in_full = runtime.turn_store.load(last.id) if last is not None else None
         stored = runtime.memories(record.conversation_id).get_model_messages(HISTORY_MESSAGES)
-        view["values"] = {"messages": _messages(runtime, record, with_unprojected(stored, last))}
+        view["values"] = {"messages": _messages(runtime, record, with_unprojected(stored, in_full))}
     return view
 
 
@@ -163,9 +181,9 @@ def _checkpoint(record: store.ThreadRecord, checkpoint_id: str | None) -> dict[s
 
 def thread_state(runtime: Runtime, record: store.ThreadRecord) -> dict[str, Any]:
     """The thread's current state: messages, what runs next, the pending task and its interrupt."""
-    newest = _turns(runtime, record, 1)
+    newest = newest_turn(runtime, record)
     stored = runtime.memories(record.conversation_id).get_model_messages(HISTORY_MESSAGES)
-    messages = with_unprojected(stored, newest[0] if newest else None)
+    messages = with_unprojected(stored, newest)
     active = runtime.turn_store.find_active_turn(record.conversation_id)
     interrupts: list[dict[str, Any]] = []
     tasks: list[dict[str, Any]] = []
@@ -196,8 +214,8 @@ def thread_state(runtime: Runtime, record: store.ThreadRecord) -> dict[str, Any]
         "interrupts": interrupts,
         "checkpoint": _checkpoint(record, last_message),
         "parent_checkpoint": None,
-        "metadata": {**record.metadata, "run_id": newest[0].id if newest else None},
-        "created_at": _iso(newest[0].updated_at if newest else record.created_at),
+        "metadata": {**record.metadata, "run_id": newest.id if newest else None},
+        "created_at": _iso(newest.updated_at if newest else record.created_at),
     }
 
 
