@@ -238,12 +238,13 @@ class _Stream:
                 if not await self._join(remaining):
                     return []
                 continue
+            subscription = self._subscription
             try:
-                events = await self._subscription.next_batch(remaining)
+                events = await subscription.next_batch(remaining)
             except Detached:
                 self.leave()
                 continue
-            self.position = self._subscription.position
+            self.position = subscription.position
             return events
 
     async def _join(self, remaining: float) -> bool:

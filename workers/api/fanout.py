@@ -147,6 +147,11 @@ class EventFanout:
         closing = asyncio.ensure_future(self._closing.wait())
         try:
             await asyncio.wait((task, closing), return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:
+            # The client went away (this wait is cancelled): the read must not outlive its
+            # stream, which the caller now leaves under it.
+            task.cancel()
+            raise
         finally:
             closing.cancel()
         if task.done():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -13,6 +14,7 @@ import pytest
 from tests.helpers.api_server import ApiServer
 from tests.integration.api.api_agents import SECRET_TOKEN
 from tests.integration.api.api_server import assert_error, blocked, ended, parse_sse, read_stream, wait_for
+from workers.api.events import KEEPALIVE_S
 
 pytestmark = pytest.mark.integration
 
@@ -197,3 +199,24 @@ def test_many_streams_of_one_conversation_get_the_same_events_and_each_cursor_re
             until_end=False,
         )
         assert event_ids(rest) == event_ids(live[index + 1 :])
+
+
+def test_a_client_that_leaves_while_its_stream_waits_logs_no_error(client: httpx.Client, server: ApiServer) -> None:
+    chat = f"c-{uuid.uuid4().hex[:8]}"
+    turn_id = start(client, "ticket", chat)
+    call = wait_for(client, turn_id, blocked)["suspension"]["correlation_id"]
+    logged_before = len(server.log.read_text(errors="replace"))
+    # Given streams of the conversation and of the turn, caught up and waiting for new events
+    for path in (f"/v1/conversations/{chat}/events", f"/v1/turns/{turn_id}/events"):
+        with client.stream("GET", path) as response:
+            for line in response.iter_lines():
+                if line.startswith("event: TURN_SUSPENDED"):
+                    break
+            time.sleep(0.3)  # the stream now waits on the scope's follower
+        # When the client goes away (the `with` closes the connection)
+    # Then the events that come next reach nobody there, and the server logs no error
+    answer_form(client, turn_id, call)
+    wait_for(client, turn_id, lambda v: v["status"] == "WAITING_FOR_APPROVAL")
+    time.sleep(KEEPALIVE_S + 1.0)  # a read left behind by its stream would wake by then
+    log = server.log.read_text(errors="replace")[logged_before:]
+    assert "Task exception was never retrieved" not in log and "Traceback" not in log, log

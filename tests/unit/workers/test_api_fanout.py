@@ -197,6 +197,35 @@ def test_a_follower_stops_soon_after_its_last_stream_left(tree: Tree, fanout: Ev
     asyncio.run(scenario())
 
 
+def test_a_stream_whose_client_left_mid_wait_stops_waiting_with_it(tree: Tree, fanout: EventFanout) -> None:
+    # The SSE route waits through `unless_closing`; a client that goes away cancels that
+    # wait, and the route leaves the stream. The read must end there too: left running, it
+    # would wake after its timeout on a stream it no longer has ("Task exception was never
+    # retrieved" in the server's log).
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        failures: list[dict[str, Any]] = []
+        loop.set_exception_handler(lambda _, context: failures.append(context))
+        stream = _Stream(fanout.feed, fanout, CONVERSATION, None)
+        await take(stream, 1)
+        reads = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        waiting = asyncio.ensure_future(fanout.unless_closing(stream.next_events(0.3)))
+        await asyncio.sleep(0.05)
+        inner = [
+            t for t in asyncio.all_tasks() if t not in reads and t is not asyncio.current_task() and t is not waiting
+        ]
+        assert inner, "the wait runs its read as a task of its own"
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        stream.leave()
+        await asyncio.sleep(0.5)  # past the read's own timeout
+        assert all(task.done() and task.cancelled() for task in inner)
+        assert failures == []
+
+    asyncio.run(scenario())
+
+
 class BreakingLog:
     """A log that fails once told to."""
 
