@@ -11,6 +11,7 @@ from fastapi.responses import FileResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 
 from agent_runner import AgentLoader
+from workers.api.access_log import redact_access_log
 from workers.api.auth import HANDLE_STATE, get_handle
 from workers.api.contract import CONTRACT_PATH, console_contract
 from workers.api.cors import add_cors
@@ -73,6 +74,7 @@ def create_app(
         settings, database_url=database_url, worker=worker, environ=environ, cors_origins=cors_origins
     )
     handle = RuntimeHandle(final, agents)
+    redact_access_log()
     app = FastAPI(
         title="agent-runner",
         version="1",
@@ -171,7 +173,9 @@ def run_server(app: FastAPI, host: str, port: int) -> None:
                 handle.get().fanout.close_streams()
             super().handle_exit(sig, frame)
 
-    Server(uvicorn.Config(app, host=host, port=port, log_level="info", timeout_graceful_shutdown=5)).run()
+    config = uvicorn.Config(app, host=host, port=port, log_level="info", timeout_graceful_shutdown=5)
+    redact_access_log()  # after the Config, which sets up uvicorn's loggers
+    Server(config).run()
 
 
 def _add_console(app: FastAPI) -> None:

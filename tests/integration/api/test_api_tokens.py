@@ -185,6 +185,10 @@ def test_a_stream_takes_a_token_in_the_query_but_never_a_key(server: ApiServer) 
         # A key is never taken from the URL
         error = assert_error(browser.get("/v1/agents", params={"access_token": KEY_A}), 401, "Unauthorized")
         assert "access_token" in error["message"]
+    # Neither the key nor the token is written to the access log, which shows the requests
+    log = server.log.read_text(errors="replace")
+    assert "access_token=***" in log and f"/v1/turns/{turn['id']}/events?access_token=***" in log
+    assert KEY_A not in log and token not in log and token.split(".")[1] not in log
 
 
 def test_a_token_verifies_on_every_server_process_with_the_same_secret(
