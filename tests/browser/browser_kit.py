@@ -7,9 +7,12 @@ import json
 import os
 import shutil
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from functools import partial
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -153,3 +156,22 @@ def group(scope: WebDriver | WebElement, legend: str) -> WebElement:
 def retype(element: WebElement, text: str) -> None:
     element.clear()
     element.send_keys(text)
+
+
+class _QuietFiles(SimpleHTTPRequestHandler):
+    def log_message(self, format: str, *args: object) -> None:
+        return
+
+
+@contextmanager
+def serve_folder(folder: Path) -> Iterator[str]:
+    """Serve the files of `folder` on a free loopback port (an origin of its own) until the block ends; yields its URL."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), partial(_QuietFiles, directory=str(folder)))
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -1,5 +1,7 @@
 // A chat page on the unmodified useStream hook of @langchain/langgraph-sdk/react.
-// Opened as index.html?api=<server url>&assistant=<assistant id>; bundled by build_page.mjs.
+// Opened as index.html?api=<server url>&assistant=<assistant id>[&apiKey=<key or token>][&thread=<id>];
+// bundled by build_page.mjs. The thread id goes into the address once known, and the hook
+// keeps the active run's id (reconnectOnMount), so a reload shows the thread and rejoins the run.
 import { useState } from "react";
 import { createRoot } from "react-dom/client";
 import { useStream } from "@langchain/langgraph-sdk/react";
@@ -66,10 +68,23 @@ function ApprovalCard({ value, onResume }) {
 }
 
 function App() {
+  const [threadId, setThreadId] = useState(params.get("thread"));
   const stream = useStream({
     apiUrl: params.get("api"),
+    apiKey: params.get("apiKey") ?? undefined,
     assistantId: params.get("assistant"),
     messagesKey: "messages",
+    threadId,
+    onThreadId: (id) => {
+      setThreadId(id);
+      const address = new URL(window.location.href);
+      address.searchParams.set("thread", id);
+      window.history.replaceState(null, "", address);
+    },
+    reconnectOnMount: true,
+    onCreated: (run) => {
+      window.createdRuns = [...(window.createdRuns ?? []), run.run_id];
+    },
   });
   const [draft, setDraft] = useState("");
   const interrupt = stream.interrupt;
