@@ -91,15 +91,16 @@ def saved_snapshot(
     """Return what a store keeps for a successful save of `turn` over a stored version with these values.
 
     The version advances by one, the cancel flag is or'ed with the stored one (it never
-    goes back to False), the first cancel reason is kept, and the lease fence never goes
-    down. The keyword arguments are the stored turn's (False, None, None for a new turn);
+    goes back to False), the cancel reason is the stored one (a cancel request alone
+    writes it, so the first is kept; a snapshot's own reason is never saved), and the
+    lease fence never goes down. The keyword arguments are the stored turn's (False, None, None for a new turn);
     values read back after the write, already merged, give the same result.
     """
     cancel = turn.cancel_requested or cancel_requested
-    reason = turn.cancel_reason or cancel_reason
-    fence = turn.lease_fence
-    if lease_fence is not None and (fence is None or fence < lease_fence):
-        fence = lease_fence
+    reason = cancel_reason
+    # A snapshot without a fence keeps the stored one; a lower one never gets here (the
+    # save's fence guard refuses it first).
+    fence = turn.lease_fence if turn.lease_fence is not None else lease_fence
     update: dict[str, object] = {"version": expected_version + 1}
     if cancel != turn.cancel_requested:
         update["cancel_requested"] = cancel

@@ -382,6 +382,23 @@ def test_the_first_cancel_reason_is_kept_and_no_save_forgets_it(
         assert reader.load("t-1").cancel_reason == "the customer hung up"
 
 
+def test_a_save_never_changes_the_cancel_reason_the_store_holds(
+    turn_store: AgentTurnStore, other_turn_store: AgentTurnStore
+) -> None:
+    # The reason is written by a cancel request alone: a snapshot that carries another one
+    # (or none) saves without touching it, and what the save returns says what is stored.
+    created = turn_store.save(make_turn("t-1"), -1)
+    running = turn_store.save(advance(created, status=S.RUNNING), 0)
+    turn_store.request_cancel("t-1", reason="the customer hung up")
+    saved = turn_store.save(advance(running, cancel_reason="made up by a writer"), running.version)
+    assert saved.cancel_reason == "the customer hung up"
+    for reader in (turn_store, other_turn_store):
+        assert reader.load("t-1").cancel_reason == "the customer hung up"
+    # A turn no request cancelled keeps no reason either, whatever its snapshot says
+    fresh = turn_store.save(make_turn("t-2", cancel_reason="made up"), -1)
+    assert fresh.cancel_reason is None and turn_store.load("t-2").cancel_reason is None
+
+
 def test_a_cancel_request_without_a_reason_stores_none(turn_store: AgentTurnStore) -> None:
     created = turn_store.save(make_turn("t-1"), -1)
     turn_store.save(advance(created, status=S.RUNNING), 0)
