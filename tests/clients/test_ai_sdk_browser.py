@@ -120,3 +120,70 @@ def test_ai_sdk_6_on_node_20_approves_and_rejects_and_shows_each_answer(browser:
     screenshot(browser, "ai_sdk_6_chat_approved_and_rejected")
     assert browser.find_elements(By.ID, "error") == []
     assert console_errors(browser) == []
+
+
+@pytest.fixture(params=["ai-7", "ai-6"])
+def page_of_each_version(
+    request: pytest.FixtureRequest, clients: Path, server: ApiServer, tmp_path: Path
+) -> Iterator[str]:
+    """The page bundled with `ai` 7, then with `ai` 6."""
+    packages = request.getfixturevalue("ai_sdk_6") if request.param == "ai-6" else None
+    with _built_page(clients, server, tmp_path / "page", packages) as url:
+        yield url
+
+
+def _ready(browser: WebDriver) -> None:
+    wait_for(lambda: browser.find_element(By.ID, "status").text == "ready", 20, "the chat to be ready")
+
+
+def _roles(browser: WebDriver) -> list[str]:
+    return [li.get_attribute("class") or "" for li in browser.find_elements(By.CSS_SELECTOR, "#messages li")]
+
+
+def test_a_reloaded_page_shows_the_finished_conversation_from_the_messages_route(
+    browser: WebDriver, page_of_each_version: str, request: pytest.FixtureRequest
+) -> None:
+    version = request.node.callspec.params["page_of_each_version"]
+    # Given a chat whose turn has finished
+    browser.get(f"{page_of_each_version}/index.html?key={KEY_A}&chat=reload-{uuid.uuid4().hex[:8]}")
+    _send(browser, "hello reload")
+    wait_for(lambda: "Hello! You said reload." in _assistant_text(browser), 20, "the answer")
+    _ready(browser)
+    # When the page reloads (it fetches the messages, then `useChat({id, messages, resume: true})`)
+    browser.refresh()
+    wait_for(lambda: "Hello! You said reload." in _assistant_text(browser), 20, "the answer after the reload")
+    _ready(browser)
+    # Then it shows the user's message and the answer, once each
+    assert _roles(browser) == ["user", "assistant"]
+    assert "hello reload" in browser.find_element(By.CSS_SELECTOR, "#messages li.user").text
+    screenshot(browser, f"ai_sdk_chat_reloaded_{version}")
+    assert browser.find_elements(By.ID, "error") == []
+    assert console_errors(browser) == []
+
+
+def test_a_page_reloaded_while_an_approval_waits_shows_it_once_and_the_approval_completes_the_turn(
+    browser: WebDriver, page_of_each_version: str, request: pytest.FixtureRequest
+) -> None:
+    version = request.node.callspec.params["page_of_each_version"]
+    # Given a chat whose turn waits for approval
+    browser.get(f"{page_of_each_version}/index.html?key={KEY_A}&chat=reload-wait-{uuid.uuid4().hex[:8]}")
+    _send(browser, "deploy payroll")
+    wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, "button.approve"), 20, "the approval card")
+    # When the page reloads: the messages route shows the waiting call, the resumed stream replays its turn
+    browser.refresh()
+    _ready(browser)
+    approve = wait_for(
+        lambda: browser.find_elements(By.CSS_SELECTOR, "button.approve"), 20, "the card after the reload"
+    )
+    # Then the turn's message is shown once (the replay replaced it, as their ids match)
+    assert _roles(browser) == ["user", "assistant"]
+    assert len(browser.find_elements(By.CSS_SELECTOR, "#messages .tool")) == 1
+    screenshot(browser, f"ai_sdk_chat_reloaded_waiting_{version}")
+    # And approving it there completes the turn, in the same message
+    approve[0].click()
+    wait_for(lambda: "deployed payroll" in _assistant_text(browser).split("\n")[-1], 20, "the answer after approval")
+    _ready(browser)
+    assert _roles(browser) == ["user", "assistant"]
+    assert browser.find_element(By.CSS_SELECTOR, "#messages .tool").get_attribute("data-state") == "output-available"
+    assert browser.find_elements(By.ID, "error") == []
+    assert console_errors(browser) == []

@@ -13,6 +13,8 @@ conversation's active turn from its start, which the transport treats as a repla
 first `start` chunk resets the message), then follows it; 204 when nothing is active.
 `POST .../ai-sdk/chat/{chat_id}/stop` cancels the active turn: aborting the fetch (the
 transport's `stop()`) only closes the connection, and the durable turn goes on.
+`GET .../ai-sdk/chat/{chat_id}/messages` is the conversation as UI messages (see
+`ui_messages`), what a reloaded page passes to `useChat({messages, resume: true})`.
 
 Clients of `ai` 6 (what `npm install ai` gives on Node.js 20) and `ai` 7 read the same
 chunks but one: `ai` 6 refuses `tool-approval-response`. A request that shows it comes from
@@ -28,17 +30,18 @@ import json
 from collections.abc import AsyncIterator
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Depends, Path, Request
+from fastapi import APIRouter, Depends, Path, Query, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
 from agent_runner import AgentTurn
+from workers.api import service
 from workers.api.auth import RuntimeDep, TenantDep, get_tenant
 from workers.api.errors import InvalidRequest
 from workers.api.events import KEEPALIVE_S
-from workers.api.models import ID_PATTERN, Identifier
-from workers.api.protocols import chat, steps
+from workers.api.models import ID_PATTERN, Identifier, UIMessageView
+from workers.api.protocols import chat, steps, ui_messages
 from workers.api.routes import (
     ConversationId,
     IdempotencyKey,
@@ -48,6 +51,7 @@ from workers.api.routes import (
 )
 from workers.api.runtime import Runtime
 from workers.api.tenancy import Tenant
+from workers.views import catalog_mask
 
 CHANNEL = "ai-sdk"
 HEADERS = {
@@ -233,7 +237,9 @@ class _Chunks:
                     return [{"type": "tool-output-denied", "toolCallId": call_id}]
                 if is_error:
                     return [{"type": "tool-output-error", "toolCallId": call_id, "errorText": content}]
-                return [{"type": "tool-output-available", "toolCallId": call_id, "output": _output(content)}]
+                return [
+                    {"type": "tool-output-available", "toolCallId": call_id, "output": ui_messages.tool_output(content)}
+                ]
             case steps.ApprovalRequested(call_id=call_id, name=name, message=message):
                 # `reason` becomes the approval's `requestReason` in `ai` 7, which tells its requests apart.
                 reason = message or f"{name} needs approval"
@@ -267,14 +273,6 @@ def _finish_reason(step: steps.TurnFinished) -> str:
     if step.waiting:
         return "tool-calls"
     return "stop" if step.status == "COMPLETED" else "other"
-
-
-def _output(content: str) -> Any:
-    """A tool's result as the JSON it encodes, or as the text it is."""
-    try:
-        return json.loads(content)
-    except ValueError:
-        return content
 
 
 async def _body(
@@ -388,3 +386,30 @@ async def ai_sdk_chat_stop(
     if turn is None:
         return Response(status_code=204)
     return JSONResponse(await run_in_threadpool(_view, runtime, tenant, turn), status_code=202)
+
+
+@router.get(
+    "/agents/{agent_id}/ai-sdk/chat/{chat_id}/messages",
+    summary="AI SDK chat: the conversation as UI messages",
+    response_model=list[UIMessageView],
+    responses=_errors(401, 404, 422, 503),
+)
+def ai_sdk_chat_messages(
+    agent_id: AgentId,
+    chat_id: ConversationId,
+    runtime: RuntimeDep,
+    tenant: TenantDep,
+    limit: Annotated[int, Query(ge=1, le=500, description="At most this many of the newest stored messages.")] = 100,
+) -> JSONResponse:
+    """The conversation as `useChat` shows it, oldest first: pass it to `useChat({id, messages, resume: true})` on load.
+
+    Tool calls are tool parts in their current state: an approval waiting is
+    `approval-requested`, a form waiting `input-available` with its `data-form` part. An
+    assistant message's id is its turn's id when known, as in the stream, so the resumed
+    stream of the active turn replaces that message rather than adding a second one.
+    """
+    runtime.agent_loader.load(agent_id)
+    found = service.conversation_messages(runtime, tenant, chat_id, limit=limit, before=None)
+    active = chat.active_turn(runtime, tenant, agent_id, chat_id)
+    mask = catalog_mask(runtime.agent_loader)
+    return JSONResponse(ui_messages.ui_messages(found, mask, active=active, conversation_id=chat_id))
