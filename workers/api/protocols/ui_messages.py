@@ -78,9 +78,9 @@ def ui_messages(
     Args:
         messages: The conversation's messages and page messages, as the timeline lists them.
         mask: Shows a call's arguments (page messages hold masked arguments already).
-        active: The conversation's active turn of the agent, if any: the last assistant
-            message is its (when its user message is in the turn), and what it waits for
-            is shown.
+        active: The conversation's active turn of the agent, if any. The last assistant
+            message belongs to it when the user message before it is one of the turn's;
+            that message then shows what the turn waits for.
         conversation_id: The conversation as the client knows it (in the messages' metadata).
     """
     out: list[dict[str, Any] | _Group] = []
