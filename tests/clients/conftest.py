@@ -20,12 +20,20 @@ TOKEN_SECRET = "a-secret-of-the-client-protocol-tests-0123456789"
 """Signs the short-lived browser tokens of the test server (`POST /v1/tokens`)."""
 CLIENTS = Path(__file__).resolve().parent / "aisdk"
 """The npm project of the client packages (`ai`, `@ag-ui/client`)."""
+AI_SDK_6 = Path(__file__).resolve().parent / "aisdk6"
+"""The AI SDK as `npm install ai @ai-sdk/react` resolves it on Node.js 20: `ai` 6 (`ai` 7 needs Node.js 22)."""
 
 
 @pytest.fixture(scope="session")
 def clients() -> Path:
     """The installed npm project of the client packages."""
     return npm_project(CLIENTS)
+
+
+@pytest.fixture(scope="session")
+def ai_sdk_6() -> Path:
+    """The installed npm project of `ai` 6 and `@ai-sdk/react` 3."""
+    return npm_project(AI_SDK_6)
 
 
 @pytest.fixture(scope="module")

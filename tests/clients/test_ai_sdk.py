@@ -65,6 +65,8 @@ def test_a_tool_call_approved_and_one_rejected_through_add_tool_approval_respons
     assert answered_no["text"] == "not deployed: The user rejected this tool call: not on a Friday"
     (denied,) = parts_of(answered_no, "tool-deploy")
     assert denied["state"] == "output-denied" and denied["approval"]["reason"] == "not on a Friday"
+    # `ai` 7 kept the request's reason, which is how the server knows it reads `tool-approval-response`
+    assert deploy["approval"]["requestReason"] and denied["approval"]["requestReason"]
     # One assistant message per turn, continued by the decision
     assert answered_ok["messages"] == answered_no["messages"] == 2
 
@@ -305,3 +307,33 @@ def test_a_browser_token_for_one_conversation_chats_there_decides_as_its_user_an
     assert card["status"] == "APPROVED" and card["decided_by"] == "u-7"
     for refused in (elsewhere, reconnect, stop, ag_ui):
         _error(refused, 404)
+
+
+def _events(response: httpx.Response) -> list[dict[str, Any]]:
+    return [json.loads(line.removeprefix("data: ")) for line in chunks(response) if line != "data: [DONE]"]
+
+
+def _approve(client: httpx.Client, chat_id: str, *, request_reason: bool) -> list[dict[str, Any]]:
+    """Start a deploy in `chat_id` and approve it as `ai` 7 (`request_reason`) or `ai` 6 sends it; the decision's chunks."""
+    first = _events(client.post(CHAT, json={"id": chat_id, "messages": [_user("deploy shop")]}))
+    (request,) = [c for c in first if c["type"] == "tool-approval-request"]
+    assert request["reason"]  # what `ai` 7 keeps as the approval's `requestReason`
+    call_id = request["toolCallId"]
+    approval = {"id": call_id, **({"requestReason": request["reason"]} if request_reason else {}), "approved": True}
+    part = {"type": "tool-deploy", "toolCallId": call_id, "state": "approval-responded", "approval": approval}
+    answer = {"id": first[0]["messageId"], "role": "assistant", "parts": [part]}
+    return _events(client.post(CHAT, json={"id": chat_id, "messages": [_user("deploy shop"), answer]}))
+
+
+def test_decisions_are_streamed_as_approval_responses_only_to_clients_that_read_them(server: ApiServer) -> None:
+    with server.client(KEY_A) as client:
+        # Given the approval an `ai` 6 client sends (its chunk schema has no `tool-approval-response`)
+        ai_6 = _approve(client, "c-dialect-6", request_reason=False)
+        # And the one an `ai` 7 client sends (it kept the request's reason)
+        ai_7 = _approve(client, "c-dialect-7", request_reason=True)
+    # Then each hears of the decision in words it reads, and both get the call's result and the answer
+    assert "tool-approval-response" not in [c["type"] for c in ai_6]
+    assert [c for c in ai_7 if c["type"] == "tool-approval-response"][0]["approved"] is True
+    for streamed in (ai_6, ai_7):
+        assert any(c["type"] == "tool-output-available" and c["output"] == "deployed shop" for c in streamed)
+        assert streamed[-1]["type"] == "finish" and streamed[-1]["messageMetadata"]["status"] == "COMPLETED"

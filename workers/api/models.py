@@ -384,6 +384,22 @@ class MessageList(_Response):
     items: list[PageItemView]
 
 
+class UIMessageView(_Response):
+    """A message of `useChat` as `GET .../ai-sdk/chat/{chat_id}/messages` shows it."""
+
+    id: str = Field(description="Stable; an assistant message's is its turn's id when the turn is known.")
+    role: Literal["user", "assistant"]
+    parts: list[TypedJsonObject] = Field(
+        description=(
+            "`text`, `step-start`, `tool-<name>` (`toolCallId`, `state`, `input`, and `approval`, `output` or "
+            "`errorText` as the state has them), `data-form` and `data-question` parts, as the stream makes them."
+        )
+    )
+    metadata: TypedJsonObject | None = Field(
+        default=None, description="`turnId` and `conversationId` of an assistant message whose turn is known."
+    )
+
+
 class ToolInfo(_Response):
     """A tool an agent may call."""
 

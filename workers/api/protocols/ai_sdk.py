@@ -13,6 +13,13 @@ conversation's active turn from its start, which the transport treats as a repla
 first `start` chunk resets the message), then follows it; 204 when nothing is active.
 `POST .../ai-sdk/chat/{chat_id}/stop` cancels the active turn: aborting the fetch (the
 transport's `stop()`) only closes the connection, and the durable turn goes on.
+`GET .../ai-sdk/chat/{chat_id}/messages` is the conversation as UI messages (see
+`ui_messages`), what a reloaded page passes to `useChat({messages, resume: true})`.
+
+Clients of `ai` 6 (what `npm install ai` gives on Node.js 20) and `ai` 7 read the same
+chunks but one: `ai` 6 refuses `tool-approval-response`. A request that shows it comes from
+`ai` 7 (see `reads_approval_responses`) gets decisions as those chunks; any other learns
+them from the calls' outcomes.
 
 See docs/ai-sdk.md for the chunks and a complete example.
 """
@@ -23,17 +30,18 @@ import json
 from collections.abc import AsyncIterator
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Depends, Path, Request
+from fastapi import APIRouter, Depends, Path, Query, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
 from agent_runner import AgentTurn
+from workers.api import service
 from workers.api.auth import RuntimeDep, TenantDep, get_tenant
 from workers.api.errors import InvalidRequest
 from workers.api.events import KEEPALIVE_S
-from workers.api.models import ID_PATTERN, Identifier
-from workers.api.protocols import chat, steps
+from workers.api.models import ID_PATTERN, Identifier, UIMessageView
+from workers.api.protocols import chat, steps, ui_messages
 from workers.api.routes import (
     ConversationId,
     IdempotencyKey,
@@ -43,6 +51,7 @@ from workers.api.routes import (
 )
 from workers.api.runtime import Runtime
 from workers.api.tenancy import Tenant
+from workers.views import catalog_mask
 
 CHANNEL = "ai-sdk"
 HEADERS = {
@@ -130,6 +139,22 @@ def _decision(body: ChatRequest, turn: AgentTurn) -> chat.Decision:
     )
 
 
+def reads_approval_responses(body: ChatRequest) -> bool:
+    """Whether the client that sent `body` reads `tool-approval-response` chunks (`ai` 7 does; `ai` 6 refuses them).
+
+    The two versions send the same bodies but for one trace: `ai` 7 keeps the `reason` of a
+    `tool-approval-request` chunk as the approval's `requestReason` (and sends it back),
+    where `ai` 6 drops it. A request that shows no approval made from this server's chunks
+    is answered in the words both versions read.
+    """
+    for message in body.messages:
+        for part in message.parts:
+            approval = part.get("approval")
+            if isinstance(approval, dict) and "requestReason" in approval:
+                return True
+    return False
+
+
 def _act(runtime: Runtime, tenant: Tenant, agent_id: str, body: ChatRequest, ids: chat.RequestIds) -> chat.Started:
     if body.trigger == "regenerate-message":
         raise InvalidRequest(
@@ -153,11 +178,21 @@ def _act(runtime: Runtime, tenant: Tenant, agent_id: str, body: ChatRequest, ids
 
 
 class _Chunks:
-    """Writes the steps of one turn as UI message chunks, in SSE."""
+    """Writes the steps of one turn as UI message chunks, in SSE.
 
-    def __init__(self, tenant: Tenant, turn: AgentTurn) -> None:
+    Args:
+        tenant: Who asks (the conversation id is shown as they know it).
+        turn: The turn streamed.
+        approval_responses: Whether decisions are shown as `tool-approval-response` chunks,
+            which only `ai` 7 reads (see `reads_approval_responses`). Without them a
+            client learns a decision from the call's outcome (`tool-output-available`, or
+            `tool-output-denied` for a rejection), which every version reads.
+    """
+
+    def __init__(self, tenant: Tenant, turn: AgentTurn, *, approval_responses: bool) -> None:
         self.turn = turn
         self.conversation_id = tenant.shown_conversation(turn.conversation_id)
+        self.approval_responses = approval_responses
         self.denied: set[str] = set()
 
     def sse(self, chunk: dict[str, Any], cursor: str | None = None) -> str:
@@ -202,12 +237,20 @@ class _Chunks:
                     return [{"type": "tool-output-denied", "toolCallId": call_id}]
                 if is_error:
                     return [{"type": "tool-output-error", "toolCallId": call_id, "errorText": content}]
-                return [{"type": "tool-output-available", "toolCallId": call_id, "output": _output(content)}]
-            case steps.ApprovalRequested(call_id=call_id):
-                return [{"type": "tool-approval-request", "approvalId": call_id, "toolCallId": call_id}]
+                return [
+                    {"type": "tool-output-available", "toolCallId": call_id, "output": ui_messages.tool_output(content)}
+                ]
+            case steps.ApprovalRequested(call_id=call_id, name=name, message=message):
+                # `reason` becomes the approval's `requestReason` in `ai` 7, which tells its requests apart.
+                reason = message or f"{name} needs approval"
+                return [
+                    {"type": "tool-approval-request", "approvalId": call_id, "toolCallId": call_id, "reason": reason}
+                ]
             case steps.ApprovalAnswered(call_id=call_id, approved=approved, reason=reason):
                 if not approved:
                     self.denied.add(call_id)
+                if not self.approval_responses:
+                    return []
                 answer: dict[str, Any] = {"type": "tool-approval-response", "approvalId": call_id, "approved": approved}
                 return [answer if reason is None else {**answer, "reason": reason}]
             case steps.FormRequested(call_id=call_id, key=key, description=description, schema=schema, message=message):
@@ -232,17 +275,11 @@ def _finish_reason(step: steps.TurnFinished) -> str:
     return "stop" if step.status == "COMPLETED" else "other"
 
 
-def _output(content: str) -> Any:
-    """A tool's result as the JSON it encodes, or as the text it is."""
-    try:
-        return json.loads(content)
-    except ValueError:
-        return content
-
-
-async def _body(runtime: Runtime, tenant: Tenant, started: chat.Started) -> AsyncIterator[str]:
+async def _body(
+    runtime: Runtime, tenant: Tenant, started: chat.Started, approval_responses: bool
+) -> AsyncIterator[str]:
     turn = started.turn
-    writer = _Chunks(tenant, turn)
+    writer = _Chunks(tenant, turn, approval_responses=approval_responses)
     translator = steps.TurnTranslator(turn.id, chat.turn_content(runtime, turn))
     yield writer.start()
     ended = False
@@ -260,8 +297,11 @@ async def _body(runtime: Runtime, tenant: Tenant, started: chat.Started) -> Asyn
         yield "data: [DONE]\n\n"
 
 
-def _stream(runtime: Runtime, tenant: Tenant, started: chat.Started) -> StreamingResponse:
-    return StreamingResponse(_body(runtime, tenant, started), media_type="text/event-stream", headers=HEADERS)
+def _stream(
+    runtime: Runtime, tenant: Tenant, started: chat.Started, *, approval_responses: bool = False
+) -> StreamingResponse:
+    body = _body(runtime, tenant, started, approval_responses)
+    return StreamingResponse(body, media_type="text/event-stream", headers=HEADERS)
 
 
 _STREAM_RESPONSE: dict[int | str, dict[str, Any]] = {
@@ -305,7 +345,7 @@ async def ai_sdk_chat(
     )
     if isinstance(started, JSONResponse):
         return started
-    return _stream(runtime, tenant, started)
+    return _stream(runtime, tenant, started, approval_responses=reads_approval_responses(body))
 
 
 @router.get(
@@ -321,7 +361,11 @@ async def ai_sdk_chat(
 async def ai_sdk_chat_stream(
     agent_id: AgentId, chat_id: ConversationId, runtime: RuntimeDep, tenant: TenantDep
 ) -> Response:
-    """The conversation's active turn from its start (a replay the transport knows to reset on), then live."""
+    """The conversation's active turn from its start (a replay the transport knows to reset on), then live.
+
+    A reconnect has no body to tell the client's version by, so decisions are shown only by
+    the calls' outcomes, which every version reads.
+    """
     await run_in_threadpool(runtime.agent_loader.load, agent_id)
     turn = await run_in_threadpool(chat.active_turn, runtime, tenant, agent_id, chat_id)
     if turn is None:
@@ -342,3 +386,30 @@ async def ai_sdk_chat_stop(
     if turn is None:
         return Response(status_code=204)
     return JSONResponse(await run_in_threadpool(_view, runtime, tenant, turn), status_code=202)
+
+
+@router.get(
+    "/agents/{agent_id}/ai-sdk/chat/{chat_id}/messages",
+    summary="AI SDK chat: the conversation as UI messages",
+    response_model=list[UIMessageView],
+    responses=_errors(401, 404, 422, 503),
+)
+def ai_sdk_chat_messages(
+    agent_id: AgentId,
+    chat_id: ConversationId,
+    runtime: RuntimeDep,
+    tenant: TenantDep,
+    limit: Annotated[int, Query(ge=1, le=500, description="At most this many of the newest stored messages.")] = 100,
+) -> JSONResponse:
+    """The conversation as `useChat` shows it, oldest first: pass it to `useChat({id, messages, resume: true})` on load.
+
+    Tool calls are tool parts in their current state: an approval waiting is
+    `approval-requested`, a form waiting `input-available` with its `data-form` part. An
+    assistant message's id is its turn's id when known, as in the stream, so the resumed
+    stream of the active turn replaces that message rather than adding a second one.
+    """
+    runtime.agent_loader.load(agent_id)
+    found = service.conversation_messages(runtime, tenant, chat_id, limit=limit, before=None)
+    active = chat.active_turn(runtime, tenant, agent_id, chat_id)
+    mask = catalog_mask(runtime.agent_loader)
+    return JSONResponse(ui_messages.ui_messages(found, mask, active=active, conversation_id=chat_id))

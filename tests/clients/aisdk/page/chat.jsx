@@ -1,11 +1,15 @@
 // A small chat page on `useChat` (@ai-sdk/react) and `DefaultChatTransport`, served on the
-// server's origin. The tenant key comes from the page's `?key=`.
+// server's origin. The tenant key comes from the page's `?key=`, the chat id from `?chat=`.
+// On load it shows the chat again as docs/ai-sdk.md says: the messages from
+// GET {api}/{chat}/messages, then `useChat({id, messages, resume: true})`.
 import { useChat } from '@ai-sdk/react';
 import { DefaultChatTransport, lastAssistantMessageIsCompleteWithApprovalResponses } from 'ai';
-import { useMemo, useState } from 'react';
+import { useEffect, useMemo, useState } from 'react';
 import { createRoot } from 'react-dom/client';
 
 const params = new URLSearchParams(location.search);
+const API = '/v1/agents/assistant/ai-sdk/chat';
+const HEADERS = { Authorization: `Bearer ${params.get('key')}` };
 
 function Part({ part, onApproval }) {
   if (part.type === 'text') return <p className="text">{part.text}</p>;
@@ -35,17 +39,12 @@ function Part({ part, onApproval }) {
   return null;
 }
 
-function App() {
-  const transport = useMemo(
-    () =>
-      new DefaultChatTransport({
-        api: '/v1/agents/assistant/ai-sdk/chat',
-        headers: { Authorization: `Bearer ${params.get('key')}` },
-      }),
-    [],
-  );
+function App({ initialMessages }) {
+  const transport = useMemo(() => new DefaultChatTransport({ api: API, headers: HEADERS }), []);
   const { messages, sendMessage, addToolApprovalResponse, status, error } = useChat({
     id: params.get('chat'),
+    messages: initialMessages,
+    resume: true,
     transport,
     sendAutomaticallyWhen: lastAssistantMessageIsCompleteWithApprovalResponses,
   });
@@ -85,4 +84,20 @@ function App() {
   );
 }
 
-createRoot(document.getElementById('root')).render(<App />);
+function Page() {
+  const [initial, setInitial] = useState(null);
+  const [failure, setFailure] = useState(null);
+  useEffect(() => {
+    fetch(`${API}/${encodeURIComponent(params.get('chat'))}/messages`, { headers: HEADERS })
+      .then(async response => {
+        if (!response.ok) throw new Error(await response.text());
+        return response.json();
+      })
+      .then(setInitial, failed => setFailure(failed.message));
+  }, []);
+  if (failure) return <pre id="error">{failure}</pre>;
+  if (initial === null) return <p id="loading">Loading the chat</p>;
+  return <App initialMessages={initial} />;
+}
+
+createRoot(document.getElementById('root')).render(<Page />);
