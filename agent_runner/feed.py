@@ -212,14 +212,15 @@ class EventFeed:
         durable = self.log.read_events(
             root_turn_id=root_turn_id, conversation_id=conversation_id, after=start.log, limit=limit
         )
-        durable_full = len(durable) >= limit
         settled = len(live)
         if not live_full:
             after_first = live[-1].cursor if live else start.live
             later, live_full = self._live_page(root_turn_id, conversation_id, after_first, limit)
             live += later
         in_log = {event.event_id for event in durable}
-        more = durable_full or live_full
+        # A full log page needs no check of its own: each of its events is handed out, so
+        # the page is full by its last one (and `more` then says so).
+        more = live_full
         log_at, live_at = start.log, start.live
         # The live part of a durable event's cursor is the last ephemeral event served before
         # it, not the wake-ups gone through since: whether a save's wake-up was published yet
@@ -231,7 +232,7 @@ class EventFeed:
         i = j = 0
         while len(out) < limit:
             durable_left, live_left = i < len(durable), j < len(live)
-            if (not durable_left and durable_full) or (not live_left and live_full):
+            if not live_left and live_full:
                 break
             if not durable_left and not live_left:
                 break

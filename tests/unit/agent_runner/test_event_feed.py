@@ -6,6 +6,7 @@ import logging
 import random
 import threading
 import time
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -24,6 +25,7 @@ from agent_runner import (
     StoreUnavailableError,
 )
 from agent_runner.feed import FeedFollower
+from agent_runner.persistence import DEFAULT_EVENT_PAGE
 from tests.unit.agent_runner.feed_kit import CountingLog, Tree
 
 E = AgentEventType
@@ -557,3 +559,52 @@ def test_a_live_cursor_of_another_shape_is_refused(live: InMemoryLiveEvents, cur
 def test_live_bounds_must_be_positive(arguments: dict[str, float]) -> None:
     with pytest.raises(ValueError):
         InMemoryLiveEvents(**arguments)  # type: ignore[arg-type]
+
+
+# --- Pages: ties, full pages, backlogs -------------------------------------------------------------
+
+
+def test_a_delta_and_a_save_of_the_same_instant_come_delta_first(tree: Tree, store: InMemoryAgentTurnStore) -> None:
+    # A runner publishes a model call's deltas before it saves the answer; on a clock too
+    # coarse to tell them apart, the merge keeps that order.
+    delta = tree.delta("r-1", "last words")
+    tree.clock -= timedelta(milliseconds=1)  # the save's event gets the delta's timestamp
+    (answer,) = tree.save("r-1", E.MODEL_RESPONSE)
+    assert answer.timestamp == delta.timestamp
+    page = EventFeed(store, tree.live).read_page(root_turn_id="r-1", limit=100)
+    assert ids(page.events) == ["r-1:0:0", delta.event_id, answer.event_id]
+
+
+def test_a_page_filled_by_both_sources_says_more_may_follow(tree: Tree, store: InMemoryAgentTurnStore) -> None:
+    # Neither source returns a full page, but together they fill it: the rest is on the next page
+    deltas = [tree.delta("r-1", text) for text in "abc"]
+    (answer,) = tree.save("r-1", E.MODEL_RESPONSE)
+    feed = EventFeed(store, tree.live)
+    first = feed.read_page(root_turn_id="r-1", limit=4)
+    assert ids(first.events) == ["r-1:0:0", *ids(deltas)] and first.more
+    second = feed.read_page(root_turn_id="r-1", after=first.end, limit=4)
+    assert ids(second.events) == [answer.event_id] and not second.more
+
+
+def test_a_full_log_page_with_newer_live_events_stops_where_the_log_page_ends(
+    tree: Tree, store: InMemoryAgentTurnStore
+) -> None:
+    saved = [event for _ in range(4) for event in tree.save("r-1", E.MODEL_RESPONSE)]
+    deltas = [tree.delta("r-1", text) for text in "xy"]
+    feed = EventFeed(store, tree.live)
+    first = feed.read_page(root_turn_id="r-1", limit=5)
+    assert ids(first.events) == ["r-1:0:0", *ids(saved)] and first.more
+    rest = feed.read_page(root_turn_id="r-1", after=first.end, limit=5)
+    assert ids(rest.events) == ids(deltas) and not rest.more
+
+
+def test_a_follower_reads_a_backlog_of_full_pages_without_waiting_between_them(
+    tree: Tree, store: InMemoryAgentTurnStore
+) -> None:
+    for _ in range(2 * DEFAULT_EVENT_PAGE + 10):
+        tree.save("r-1", E.MODEL_RESPONSE)
+    # No live channel to announce the saves, and a poll interval far longer than the test:
+    # a wait between pages would show as an empty batch
+    follower = FeedFollower(EventFeed(store, None), root_turn_id="r-1", poll_interval=600)
+    batches = [follower.next_batch(5.0) for _ in range(3)]
+    assert [len(batch) for batch in batches] == [DEFAULT_EVENT_PAGE, DEFAULT_EVENT_PAGE, 11]
