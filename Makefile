@@ -40,7 +40,7 @@ test: $(STAMP) services browser-deps ## Run every test: unit, contract over all 
 
 .PHONY: test-unit
 test-unit: $(STAMP) ## Fast tests that need no services
-	$(BIN)/python -m pytest -q tests/unit tests/test_architecture.py tests/test_layout.py $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -m "not integration" tests/unit tests/test_architecture.py tests/test_layout.py $(PYTEST_ARGS)
 
 .PHONY: chaos
 chaos: $(STAMP) services ## Long soak and chaos runs

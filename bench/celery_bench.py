@@ -121,8 +121,8 @@ class Bench:
     """The producer side: a runner wired like a web app's, a raw-chain sender, and watchers."""
 
     def __init__(self, database_url: str, prefix: str) -> None:
+        from workers.producer import build_runner
         from workers.settings import WorkerSettings
-        from workers.wiring import build_runner
 
         self.database_url = database_url
         self.prefix = prefix

@@ -245,8 +245,8 @@ def wait_ended(runner: Any, turn_id: str, worker: Worker) -> None:
 
 
 def measure(quick: bool, processes: int, deltas: int | None, interval: float) -> dict[str, Any]:
+    from workers.producer import build_runner
     from workers.settings import WorkerSettings
-    from workers.wiring import build_runner
 
     turns = 1 if quick else 3
     deltas = deltas if deltas is not None else (20 if quick else 50)

@@ -252,8 +252,8 @@ def start_rates(env: dict[str, str], turns: int) -> dict[str, float]:
 
     The turns go to a queue no worker consumes; its keys go with the run's Redis prefix.
     """
+    from workers.producer import build_runner
     from workers.settings import WorkerSettings
-    from workers.wiring import build_runner
 
     runner = build_runner(WorkerSettings.from_env({**env, "AGENT_RUNNER_QUEUE": f"{env['AGENT_RUNNER_QUEUE']}-idle"}))
     try:
@@ -289,8 +289,8 @@ def measure(quick: bool) -> dict[str, Any]:
     import psycopg
     from redis import Redis
 
+    from workers.producer import build_runner
     from workers.settings import WorkerSettings
-    from workers.wiring import build_runner
 
     results: dict[str, Any] = {"runs": [], "service_s": {}}
     folder = Path(tempfile.mkdtemp(prefix="bench-latency-"))

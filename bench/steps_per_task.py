@@ -46,8 +46,8 @@ from agent_runner import (
     UserMessage,
     tool,
 )
+from workers.producer import build_runner
 from workers.settings import WorkerSettings
-from workers.wiring import build_runner
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent

@@ -19,7 +19,7 @@ from sqlalchemy.engine import URL, Connection, Engine, Row, make_url
 from sqlalchemy.pool import StaticPool
 
 from agent_runner.errors import InputLimitError, InvalidTextError, StoreError, StoreUnavailableError
-from store._redaction import check_password_encoding
+from store.redaction import check_password_encoding
 
 WRITE = "agent_runner_write"
 """Execution option marking a transaction that will write.

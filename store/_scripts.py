@@ -22,7 +22,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 
 from agent_runner.errors import StoreError, StoreUnavailableError
-from store._redaction import check_password_encoding, redact_url, url_secrets
+from store.redaction import check_password_encoding, redact_url, url_secrets
 
 _LUA_DIR = Path(__file__).with_name("lua")
 

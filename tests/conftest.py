@@ -22,7 +22,7 @@ from redis.exceptions import RedisError
 from sqlalchemy.engine import make_url
 
 import store
-from store._redaction import redact_url
+from store.redaction import redact_url
 from tests.helpers.celery_fleet import keep_logs
 
 TEST_DATABASE_URL = os.environ.get(

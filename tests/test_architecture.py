@@ -93,8 +93,18 @@ def test_no_import_cycle_between_modules() -> None:
     assert shape.cycles() == []
 
 
+def test_no_import_cycle_even_counting_imports_made_in_functions() -> None:
+    # A function-level import only delays a cycle; a CLI's start-up import may be marked
+    # with `# import-cycle-ok: <reason>`.
+    assert shape.cycles(function_level=True) == []
+
+
 def test_store_and_workers_import_no_private_core_module() -> None:
     assert shape.private_core_imports() == []
+
+
+def test_workers_import_no_private_store_module() -> None:
+    assert shape.private_core_imports(("workers",), of="store") == []
 
 
 def test_the_runners_collaborators_do_not_import_the_runner() -> None:
@@ -113,9 +123,18 @@ def test_the_shape_checks_see_what_they_look_for(tmp_path: Path) -> None:
     (package / "b.py").write_text(
         "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg import a\nB = 1\n" + "x = 1\n" * 700
     )
-    (package / "c.py").write_text("from agent_runner._base import FrozenModel\nfrom . import a\n")
+    (package / "c.py").write_text(
+        "from agent_runner._base import FrozenModel\nfrom . import a\n\n\ndef late():\n    from store._engine import x\n"
+    )
+    # and cycles closed only inside functions, one of them marked as allowed
+    (package / "d.py").write_text("def f():\n    from pkg import e\n")
+    (package / "e.py").write_text("from pkg import d\n")
+    (package / "f.py").write_text("def f():\n    from pkg import g  # import-cycle-ok: start-up\n")
+    (package / "g.py").write_text("from pkg import f\n")
     # Then each check finds it
     assert shape.cycles(("pkg",), tmp_path) == [["pkg.a", "pkg.b"]]
     assert shape.oversized(packages=("pkg",), root=tmp_path) == {"pkg/b.py": 704}
     assert shape.private_core_imports(("pkg",), tmp_path) == [("pkg.c", "agent_runner._base")]
+    assert shape.private_core_imports(("pkg",), tmp_path, of="store") == [("pkg.c", "store._engine")]
+    assert shape.cycles(("pkg",), tmp_path, function_level=True) == [["pkg.a", "pkg.b"], ["pkg.d", "pkg.e"]]
     assert shape.import_graph(("pkg",), tmp_path)["pkg.c"] == {"pkg.a"}

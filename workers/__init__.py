@@ -11,14 +11,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from workers.wiring import build_runner
+    from workers.producer import build_runner
 
 __all__ = ["build_runner"]
 
 
 def __getattr__(name: str) -> Any:
     if name == "build_runner":
-        from workers.wiring import build_runner
+        from workers.producer import build_runner
 
         return build_runner
     raise AttributeError(f"module 'workers' has no attribute {name!r}")

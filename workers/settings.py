@@ -56,7 +56,7 @@ from urllib.parse import urlsplit
 from pydantic import ValidationError
 
 from agent_runner import AgentExecutionPolicy, AgentRunnerError, DefinitionError, RetryPolicy
-from store._redaction import check_password_encoding, mask_url_secrets
+from store.redaction import check_password_encoding, mask_url_secrets
 from workers.defaults import DEFAULT_DATABASE_URL
 
 T = TypeVar("T", int, float)

@@ -43,6 +43,7 @@ from workers.celery_app.names import (
     SWEEP_DEADLINES,
     SWEEP_DUE_RETRIES,
     SWEEP_INBOX,
+    SWEEP_LABELS,
     SWEEP_STALE_TURNS,
 )
 from workers.inbox import settle_stale_claims
@@ -195,8 +196,11 @@ class Sweep:
     embedded: EmbeddedRun | None
     """What an embedded process runs on its timer; None when that process needs no timer for it
     (its `AgentWorker` finds stale and due turns when it polls the store, its `InboxPump` sweeps the inbox)."""
-    counted: bool = True
-    """Whether its runs are counted in the sweep metrics."""
+
+    @property
+    def counted(self) -> bool:
+        """Whether its runs are counted in the sweep metrics (`SWEEP_LABELS` names it)."""
+        return self.name in SWEEP_LABELS
 
     @property
     def beat_entry(self) -> str:
@@ -248,11 +252,6 @@ SWEEPS: tuple[Sweep, ...] = (
         "AGENT_RUNNER_WEBHOOK_INTERVAL_S",
         _webhook_interval,
         embedded=_deliver,
-        # Deliveries are not re-sent work: their outcomes are in the delivery log.
-        counted=False,
     ),
 )
 """Every periodic sweep, in the order beat lists them."""
-
-SWEEP_LABELS = frozenset(sweep.name for sweep in SWEEPS if sweep.counted)
-"""The values of the `sweep` label of the metrics."""

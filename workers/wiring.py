@@ -6,9 +6,9 @@ use. Lazily matters: Celery's prefork pool forks its children after the app is i
 and a database connection pool or Redis socket inherited across a fork would be shared by
 two processes.
 
-Nothing here reads the environment at import: `build_wiring` and `build_runner` take
-explicit settings (or read them when called); a worker process's wiring is built by
-`workers.celery_app.process.current()` from the settings of the app it serves.
+Nothing here reads the environment at import: `build_wiring` takes explicit settings; a
+worker process's wiring is built by `workers.celery_app.process.current()` from the
+settings of the app it serves, a producer's by `workers.producer.build_runner`.
 """
 
 from __future__ import annotations
@@ -143,29 +143,3 @@ def build_wiring(
         engine=database.engine,
         publisher=publisher,
     )
-
-
-def build_runner(settings: WorkerSettings | None = None) -> AgentRunner:
-    """Return an `AgentRunner` wired from `settings` (default: the environment), for web apps and scripts.
-
-    With `settings` given nothing comes from the environment: not the database, Redis,
-    broker or queue, and `workers.app` (which reads the environment) is not imported.
-
-    Its store, chat memory and conversation guard are the ones the workers use; its
-    `start`, `submit_resume` and `cancel` save the turn and enqueue a `step_turn` message
-    instead of running the turn in the calling thread. Agents come from
-    `AGENT_RUNNER_AGENT_LOADER` when it is set; an `Agent` passed to `start` is registered
-    in this runner's loader either way (the workers need it in theirs).
-
-    Build it once at start-up and share it: every call opens its own database pool and
-    Redis connections.
-
-    Raises:
-        SettingsError: An environment variable holds an unusable value.
-    """
-    settings = settings if settings is not None else WorkerSettings.from_env()
-    from workers.celery_app.config import create_app
-
-    # A producer only sends tasks by name: an app of its own, configured from `settings`,
-    # whatever the environment of this process holds.
-    return build_wiring(settings, create_app(settings)).runner

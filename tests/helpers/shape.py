@@ -64,13 +64,29 @@ def _module_level_imports(tree: ast.Module) -> Iterator[ast.Import | ast.ImportF
                     stack.extend(handler.body)
 
 
-def import_graph(packages: tuple[str, ...] = PACKAGES, root: Path = ROOT) -> dict[str, set[str]]:
-    """Module -> the modules of the packages it imports at module level."""
+CYCLE_OK_MARKER = "# import-cycle-ok:"
+"""Ends the line of a function-level import that may close a cycle, with the reason (a CLI's start-up import)."""
+
+
+def _every_import(tree: ast.Module, source: str) -> Iterator[ast.Import | ast.ImportFrom]:
+    """Every import of the module, in functions too, but those whose line carries `CYCLE_OK_MARKER`."""
+    lines = source.splitlines()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import | ast.ImportFrom) and CYCLE_OK_MARKER not in lines[node.lineno - 1]:
+            yield node
+
+
+def import_graph(
+    packages: tuple[str, ...] = PACKAGES, root: Path = ROOT, *, function_level: bool = False
+) -> dict[str, set[str]]:
+    """Module -> the modules of the packages it imports at module level (with `function_level`, anywhere)."""
     known = modules(packages, root)
     graph: dict[str, set[str]] = {name: set() for name in known}
     for name, path in known.items():
-        tree = ast.parse(path.read_text(), filename=str(path))
-        for node in _module_level_imports(tree):
+        source = path.read_text()
+        tree = ast.parse(source, filename=str(path))
+        found = _every_import(tree, source) if function_level else _module_level_imports(tree)
+        for node in found:
             targets: list[str] = []
             if isinstance(node, ast.Import):
                 targets = [alias.name for alias in node.names]
@@ -86,9 +102,13 @@ def import_graph(packages: tuple[str, ...] = PACKAGES, root: Path = ROOT) -> dic
     return graph
 
 
-def cycles(packages: tuple[str, ...] = PACKAGES, root: Path = ROOT) -> list[list[str]]:
-    """The strongly connected groups of more than one module (each an import cycle), sorted."""
-    graph = import_graph(packages, root)
+def cycles(packages: tuple[str, ...] = PACKAGES, root: Path = ROOT, *, function_level: bool = False) -> list[list[str]]:
+    """The strongly connected groups of more than one module (each an import cycle), sorted.
+
+    With `function_level`, the imports made inside functions count too: they tie the
+    modules at run time all the same, only later.
+    """
+    graph = import_graph(packages, root, function_level=function_level)
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     on_stack: set[str] = set()
@@ -125,8 +145,10 @@ def cycles(packages: tuple[str, ...] = PACKAGES, root: Path = ROOT) -> list[list
     return sorted(groups)
 
 
-def private_core_imports(packages: tuple[str, ...] = ("store", "workers"), root: Path = ROOT) -> list[tuple[str, str]]:
-    """(module, imported) for each import of a private `agent_runner._*` module from the packages (`store`, `workers`)."""
+def private_core_imports(
+    packages: tuple[str, ...] = ("store", "workers"), root: Path = ROOT, *, of: str = "agent_runner"
+) -> list[tuple[str, str]]:
+    """(module, imported) for each import of a private module of `of` (`agent_runner._*`) from the packages."""
     out: list[tuple[str, str]] = []
     for name, path in modules(packages, root).items():
         tree = ast.parse(path.read_text(), filename=str(path))
@@ -138,7 +160,7 @@ def private_core_imports(packages: tuple[str, ...] = ("store", "workers"), root:
                 names = [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
             for imported in names:
                 parts = imported.split(".")
-                if parts[0] == "agent_runner" and any(p.startswith("_") and p != "__init__" for p in parts[1:2]):
+                if parts[0] == of and any(p.startswith("_") and p != "__init__" for p in parts[1:2]):
                     out.append((name, imported))
                     break
     return sorted(set(out))

@@ -19,6 +19,12 @@ SWEEP_DEADLINES = "agent_runner.sweep_deadlines"
 RUN_SCHEDULE = "agent_runner.run_schedule"
 DELIVER_WEBHOOKS = "agent_runner.deliver_webhooks"
 
+SWEEP_LABELS = frozenset({"inbox", "stale_turns", "due_retries", "deadlines"})
+"""The sweeps whose runs are counted in the metrics, by their `sweep` label (`workers.sweeps.Sweep.name`).
+
+Webhook deliveries are not: they send no work on, and their outcomes are in the delivery log.
+"""
+
 
 def new_turns_queue(queue: str) -> str:
     """The queue of the first steps of turns, beside `queue` (which carries every step after those)."""

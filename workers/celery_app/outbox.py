@@ -19,7 +19,7 @@ from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
-from store._batching import BatchingThread
+from store.batching import BatchingThread
 
 logger = logging.getLogger("workers")
 

@@ -31,7 +31,7 @@ def fail(message: str, code: int = EXIT_FAILURE, details: Iterable[str] = ()) ->
 
 def one_line(text: str) -> str:
     """`text` on one line, passwords masked, and printable whatever bytes the arguments held."""
-    from store._redaction import mask_url_secrets
+    from store.redaction import mask_url_secrets
 
     text = " ".join(mask_url_secrets(text).split())
     try:

@@ -46,7 +46,7 @@ class CliContext:
     @property
     def shown_url(self) -> str:
         """The database URL with its password masked, and where it came from."""
-        from store._redaction import mask_url_secrets
+        from store.redaction import mask_url_secrets
 
         shown = mask_url_secrets(self.database_url)
         return f"{shown} ({self.url_source})" if self.url_source else shown
@@ -72,7 +72,7 @@ class CliContext:
         from sqlalchemy.engine import make_url
         from sqlalchemy.exc import ArgumentError
 
-        from store._redaction import check_password_encoding
+        from store.redaction import check_password_encoding
 
         try:
             check_password_encoding(self.database_url)
@@ -98,7 +98,7 @@ class CliContext:
         if self._database is None:
             from agent_runner import AgentRunnerError
             from store import SchemaVersionError
-            from store._redaction import check_password_encoding
+            from store.redaction import check_password_encoding
             from workers.database import open_database
 
             try:

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any, assert_never
 
 from agent_runner import AgentResumeCommand, AgentRunnerError, AgentTurnStatus, ResumeType
 from agent_runner.snapshot import TERMINAL_STATUSES
+from workers.celery_app.names import SWEEP_LABELS
 
 if TYPE_CHECKING:
     from workers.telemetry._prometheus import MetricsServer, PrometheusMetrics
@@ -217,9 +218,6 @@ def record_sweep(sweep: str, enqueued: int) -> None:
     """Count one run of a beat sweep and the items it re-enqueued."""
     metrics = _get()
     if metrics is not None:
-        # The labels are the sweep table's; imported here, as the table imports what the sweeps run.
-        from workers.sweeps import SWEEP_LABELS
-
         _check("sweep", sweep, SWEEP_LABELS)
         metrics.sweeps.labels(sweep).inc()
         metrics.sweep_enqueued.labels(sweep).inc(max(0, enqueued))

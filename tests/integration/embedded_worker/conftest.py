@@ -22,7 +22,7 @@ import pytest
 from redis import Redis
 from redis.exceptions import RedisError
 
-from store._redaction import redact_url
+from store.redaction import redact_url
 from store.keys import RedisKeys
 
 FLUSH_DB = int(os.environ.get("AGENT_RUNNER_TEST_REDIS_FLUSH_DB", "14"))

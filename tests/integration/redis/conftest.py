@@ -18,7 +18,7 @@ from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 from redis.retry import Retry
 
-from store._redaction import redact_url
+from store.redaction import redact_url
 from store.keys import RedisKeys
 from store.redis_guard import RedisConversationGuard
 from store.redis_lease import RedisTurnLease

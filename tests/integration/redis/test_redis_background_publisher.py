@@ -11,7 +11,7 @@ import pytest
 from redis import Redis
 
 from agent_runner import AgentEvent, AgentEventType
-from store._batching import BatchingThread
+from store.batching import BatchingThread
 from store.keys import RedisKeys
 from store.redis_events import BackgroundPublisher, RedisLiveEvents
 

@@ -11,7 +11,7 @@ from tests.helpers.hostile import UNENCODED_PASSWORD, UNENCODED_URLS, assert_no_
 
 @pytest.mark.parametrize("url", UNENCODED_URLS)
 def test_masking_a_url_whose_password_holds_delimiters_shows_none_of_it(url: str) -> None:
-    from store._redaction import mask_url_secrets, redact_url, url_secrets
+    from store.redaction import mask_url_secrets, redact_url, url_secrets
 
     for shown in (redact_url(url), mask_url_secrets(url), mask_url_secrets(f"connecting to {url} failed")):
         assert_no_password_piece(shown)

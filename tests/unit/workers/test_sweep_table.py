@@ -11,10 +11,10 @@ from store.webhooks import WebhookDeliveryLog
 from workers.app import app
 from workers.celery_app.beat import SWEEP_ENTRIES
 from workers.celery_app.config import celery_config
-from workers.celery_app.names import DISPATCH_INBOX, RUN_SCHEDULE, STEP_TURN
+from workers.celery_app.names import DISPATCH_INBOX, RUN_SCHEDULE, STEP_TURN, SWEEP_LABELS
 from workers.embedded_timers import SweepTimers
 from workers.settings import WorkerSettings
-from workers.sweeps import SWEEP_LABELS, SWEEPS, Sweep
+from workers.sweeps import SWEEPS, Sweep
 from workers.telemetry.celery_signals import SWEEP_TASKS
 from workers.webhooks import WebhookDeliverer
 
@@ -72,6 +72,7 @@ def test_the_worker_app_registers_a_task_for_every_sweep_of_the_table_and_no_oth
 def test_the_metrics_label_the_counted_sweeps_of_the_table() -> None:
     assert SWEEP_TASKS == {sweep.task: sweep.name for sweep in SWEEPS if sweep.counted}
     assert set(SWEEP_TASKS.values()) == SWEEP_LABELS == {"inbox", "stale_turns", "due_retries", "deadlines"}
+    assert SWEEP_LABELS <= {sweep.name for sweep in SWEEPS}  # each label names a sweep of the table
 
 
 def test_the_embedded_timers_run_the_sweeps_of_the_table_that_have_an_embedded_run() -> None:
