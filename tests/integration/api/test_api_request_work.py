@@ -12,6 +12,8 @@ from fastapi.testclient import TestClient
 import workers.api.routes
 from workers.api import create_app
 
+pytestmark = pytest.mark.integration
+
 BODY = {"agent_id": "support-agent", "input": "printer jam"}
 
 
