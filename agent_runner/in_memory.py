@@ -237,10 +237,6 @@ class InMemoryAgentTurnStore:
         turns.sort(key=lambda t: t.updated_at)
         return [_ref(t) for t in turns[:limit]]
 
-    def list_stale_running(self, updated_before: datetime, limit: int = 100) -> list[TurnRef]:
-        """Return RUNNING turns not saved since `updated_before`."""
-        return self.list_idle([AgentTurnStatus.RUNNING], updated_before, limit)
-
     def list_idle(
         self, statuses: Sequence[AgentTurnStatus], updated_before: datetime, limit: int = 100
     ) -> list[TurnRef]:

@@ -86,11 +86,6 @@ class AiMessage(_MessageBase):
             role: Literal["assistant"] = "assistant",
         ) -> None: ...
 
-    @property
-    def has_tool_calls(self) -> bool:
-        """Whether the model asked for at least one tool call."""
-        return bool(self.tool_calls)
-
 
 class ToolMessage(_MessageBase):
     """The result of one tool call, as the model will read it."""

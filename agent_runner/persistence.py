@@ -108,10 +108,6 @@ class AgentTurnStore(Protocol):
         """Return RUNNING turns, and READY and RETRY_SCHEDULED turns whose `next_retry_at` (if any) has come, oldest first."""
         ...
 
-    def list_stale_running(self, updated_before: datetime, limit: int = 100) -> list[TurnRef]:
-        """Return RUNNING turns whose last save is older than `updated_before`, oldest first."""
-        ...
-
     def list_idle(
         self, statuses: Sequence[AgentTurnStatus], updated_before: datetime, limit: int = 100
     ) -> list[TurnRef]:

@@ -98,45 +98,25 @@ class AgentRunner:
         """Where snapshots live."""
         return self._ctx.turn_store
 
-    @turn_store.setter
-    def turn_store(self, store: AgentTurnStore) -> None:
-        self._ctx.turn_store = self._ctx.gate.turn_store = self._ctx.cancel_watch.store = store
-
     @property
     def agent_loader(self) -> AgentLoader:
         """Finds agents by id and version."""
         return self._ctx.agent_loader
-
-    @agent_loader.setter
-    def agent_loader(self, loader: AgentLoader) -> None:
-        self._ctx.agent_loader = loader
 
     @property
     def policy(self) -> AgentExecutionPolicy:
         """Limits, retry schedule and close-out templates."""
         return self._ctx.policy
 
-    @policy.setter
-    def policy(self, policy: AgentExecutionPolicy) -> None:
-        self._ctx.policy = policy
-
     @property
     def middleware(self) -> list[Middleware]:
         """Wrappers of model calls, tool calls and steps, the first outermost (a list: add to it in place)."""
         return self._ctx.middleware
 
-    @middleware.setter
-    def middleware(self, middleware: list[Middleware]) -> None:
-        self._ctx.middleware = middleware
-
     @property
     def clock(self) -> Callable[[], datetime]:
         """Returns the current UTC time."""
         return self._ctx.clock
-
-    @clock.setter
-    def clock(self, clock: Callable[[], datetime]) -> None:
-        self._ctx.clock = clock
 
     @property
     def lease_scope(self) -> LeaseScope | None:

@@ -16,11 +16,11 @@ from agent_runner.errors import InvalidCursor, StoreError, StoreUnavailableError
 from agent_runner.events import AgentEvent
 from agent_runner.persistence import DEFAULT_EVENT_PAGE, event_scope
 from agent_runner.store_rules import live_scopes
-from store.batching import BatchingThread
 from store._closing import ClosesOnExit
-from store.redaction import check_password_encoding, redact_url
 from store._scripts import _RETRY, _SOCKET_TIMEOUT_S, _UNAVAILABLE, RedisScripts
+from store.batching import BatchingThread
 from store.keys import DEFAULT_PREFIX, RedisKeys
+from store.redaction import check_password_encoding, redact_url
 
 logger = logging.getLogger(__name__)
 

@@ -291,10 +291,6 @@ class SqlAgentTurnStore(OneStatementSaves):
         """Return RUNNING turns, and READY and RETRY_SCHEDULED turns whose `next_retry_at` (if any) has come, oldest first."""
         return self._due_refs(LIST_RUNNABLE, now, limit, "listing runnable turns")
 
-    def list_stale_running(self, updated_before: datetime, limit: int = 100) -> list[TurnRef]:
-        """Return RUNNING turns whose last save is older than `updated_before`, oldest first."""
-        return self.list_idle([AgentTurnStatus.RUNNING], updated_before, limit)
-
     def list_idle(
         self, statuses: Sequence[AgentTurnStatus], updated_before: datetime, limit: int = 100
     ) -> list[TurnRef]:

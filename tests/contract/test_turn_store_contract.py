@@ -543,16 +543,6 @@ def test_a_ready_turn_waiting_for_its_start_is_idle_only_from_that_start(turn_st
     assert [r.turn_id for r in turn_store.list_idle([S.READY], cutoff, limit=1)] == ["started-a-minute-ago"]
 
 
-def test_list_stale_running_returns_old_running_turns_oldest_first(turn_store: AgentTurnStore) -> None:
-    for minute in range(4):
-        turn_store.save(make_turn(f"run-{minute}", status=S.RUNNING, updated_at=T0 + timedelta(minutes=minute)), -1)
-    turn_store.save(make_turn("ready", status=S.READY, updated_at=T0 - timedelta(hours=1)), -1)
-    refs = turn_store.list_stale_running(T0 + timedelta(minutes=2))
-    assert [r.turn_id for r in refs] == ["run-0", "run-1"]
-    assert refs[0].status is S.RUNNING
-    assert [r.turn_id for r in turn_store.list_stale_running(T0 + timedelta(hours=1), limit=1)] == ["run-0"]
-
-
 def test_list_idle_returns_turns_of_the_given_statuses_not_saved_since_oldest_first(
     turn_store: AgentTurnStore,
 ) -> None:

@@ -22,8 +22,8 @@ import pytest
 from redis import Redis
 from redis.exceptions import RedisError
 
-from store.redaction import redact_url
 from store.keys import RedisKeys
+from store.redaction import redact_url
 
 FLUSH_DB = int(os.environ.get("AGENT_RUNNER_TEST_REDIS_FLUSH_DB", "14"))
 """The Redis database number the flush test may empty; no other test uses it."""

@@ -18,8 +18,8 @@ from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 from redis.retry import Retry
 
-from store.redaction import redact_url
 from store.keys import RedisKeys
+from store.redaction import redact_url
 from store.redis_guard import RedisConversationGuard
 from store.redis_lease import RedisTurnLease
 

@@ -19,8 +19,8 @@ from redis.retry import Retry
 
 import store.keys
 from agent_runner.errors import StoreError, StoreUnavailableError
-from store.redaction import redact_url
 from store.keys import RedisKeys
+from store.redaction import redact_url
 from store.redis_guard import RedisConversationGuard
 from store.redis_lease import RedisTurnLease
 

@@ -200,8 +200,8 @@ def test_status_changed_at_moves_with_the_status_only_and_never_past_updated_at(
         turns.save(step(turn).model_copy(update={"updated_at": earlier}), turn.version)
         assert tuple(status_changed_at(url, "t-1")) == (earlier, earlier)
         # And the sweeps, which narrow by it, still find the turn by its last save
-        assert [r.turn_id for r in turns.list_stale_running(created_at)] == ["t-1"]
-        assert turns.list_stale_running(earlier) == []
+        assert [r.turn_id for r in turns.list_idle([AgentTurnStatus.RUNNING], created_at)] == ["t-1"]
+        assert turns.list_idle([AgentTurnStatus.RUNNING], earlier) == []
 
 
 def test_turns_in_every_status_are_found_idle_by_their_last_save(pg_url: str) -> None:

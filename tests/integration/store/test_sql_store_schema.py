@@ -199,7 +199,7 @@ def test_worker_queries_use_indexes(pg_url: str) -> None:
         event.listen(inbox.engine, "before_cursor_execute", capture)
         turns.find_active_turn("c-1")
         turns.list_runnable(now)
-        turns.list_stale_running(now)
+        turns.list_idle([AgentTurnStatus.RUNNING], now)
         turns.list_turns(conversation_id="c-1")
         turns.list_turns(parent_turn_id="p-1")
         turns.list_turns(statuses=[AgentTurnStatus.RUNNING])

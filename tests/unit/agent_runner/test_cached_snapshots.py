@@ -63,9 +63,6 @@ class PlainStore:
     def list_runnable(self, now: datetime, limit: int = 100) -> list[TurnRef]:
         return self.inner.list_runnable(now, limit)
 
-    def list_stale_running(self, updated_before: datetime, limit: int = 100) -> list[TurnRef]:
-        return self.inner.list_stale_running(updated_before, limit)
-
     def list_idle(
         self, statuses: Sequence[AgentTurnStatus], updated_before: datetime, limit: int = 100
     ) -> list[TurnRef]:
