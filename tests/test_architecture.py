@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -138,3 +139,33 @@ def test_the_shape_checks_see_what_they_look_for(tmp_path: Path) -> None:
     assert shape.private_core_imports(("pkg",), tmp_path, of="store") == [("pkg.c", "store._engine")]
     assert shape.cycles(("pkg",), tmp_path, function_level=True) == [["pkg.a", "pkg.b"], ["pkg.d", "pkg.e"]]
     assert shape.import_graph(("pkg",), tmp_path)["pkg.c"] == {"pkg.a"}
+
+
+def _recipes() -> dict[str, tuple[list[str], list[str]]]:
+    """The change recipes of docs/architecture.md: title -> (the file each step changes, every path named)."""
+    text = (ROOT / "docs" / "architecture.md").read_text().split("## Where does a change go", 1)[1]
+    recipes: dict[str, tuple[list[str], list[str]]] = {}
+    title = ""
+    for line in text.splitlines():
+        if line.startswith("**"):
+            title = line.split("**")[1]
+            recipes[title] = ([], [])
+        elif title:
+            tokens = re.findall(r"`([^`\s]+)`", line)
+            paths = [t for t in tokens if "/" in t or t.endswith((".py", ".toml", ".json"))]
+            if re.match(r"\d+\. `", line) and tokens:
+                recipes[title][0].append(tokens[0])  # a step starts with the file it changes
+            recipes[title][1].extend(paths)
+    return recipes
+
+
+def test_each_change_recipe_names_paths_that_exist_and_touches_at_most_five_files() -> None:
+    recipes = _recipes()
+    assert len(recipes) >= 7
+    for title, (steps, paths) in recipes.items():
+        for path in paths:
+            # `<name>` stands for what the change creates: the folder it goes in must exist
+            concrete = path.split("<", 1)[0] if "<" in path else path
+            assert (ROOT / concrete).exists(), f"{title!r} names {path!r}, which is not in the repository"
+        changed = [step for step in steps if not step.startswith("tests/")]
+        assert steps and len(changed) <= 5, f"{title!r} changes {len(changed)} files: {changed}"
