@@ -1,9 +1,15 @@
-"""Celery workers for agent-runner.
+"""The processes people run around the core: the HTTP server, the Celery workers, the embedded worker and the CLI.
 
-`celery -A workers.app worker` runs turns; `celery -A workers.app beat` schedules the
-sweeps; `workers.build_runner()` gives a web app a runner whose `start`, `submit_resume`
-and `cancel` enqueue work for the workers. Importing this package loads neither Celery nor
-the store: `build_runner` is imported on first use.
+- `agent-runner serve` runs the HTTP API, its console and the client protocols
+  (`workers.api`), with an embedded worker or in front of Celery workers;
+- `celery -A workers.app worker` runs turns and `celery -A workers.app beat` schedules
+  the sweeps (`workers.celery_app`, `workers.sweeps`);
+- `agent-runner worker` runs turns in one process on the embedded default (`workers.embedded`);
+- `workers.build_runner()` gives a web app a runner whose `start`, `submit_resume` and
+  `cancel` enqueue work for the Celery workers (`workers.producer`).
+
+Importing this package loads neither Celery nor the store: `build_runner` is imported on
+first use.
 """
 
 from __future__ import annotations
