@@ -7,7 +7,6 @@ import json
 import os
 import shutil
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -21,6 +20,8 @@ from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.remote.webelement import WebElement
+
+from tests.helpers.http_server import serving
 
 CHROMIUM = os.environ.get("AGENT_RUNNER_CHROMIUM", "/usr/bin/chromium")
 CHROMEDRIVER = os.environ.get("AGENT_RUNNER_CHROMEDRIVER", "/usr/bin/chromedriver")
@@ -168,10 +169,5 @@ def serve_folder(folder: Path) -> Iterator[str]:
     """Serve the files of `folder` on a free loopback port (an origin of its own) until the block ends; yields its URL."""
     server = ThreadingHTTPServer(("127.0.0.1", 0), partial(_QuietFiles, directory=str(folder)))
     server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serving(server, "page-files") as url:
+        yield url

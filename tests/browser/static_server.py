@@ -20,6 +20,7 @@ from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+from tests.helpers.http_server import serving
 from workers.api.contract import CONTRACT_PATH, console_contract
 
 STATIC = Path(__file__).resolve().parents[2] / "workers" / "api" / "static"
@@ -160,10 +161,5 @@ def serve_static() -> Iterator[StaticServer]:
     handler = type("Handler", (_Handler,), {"registry": registry})
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield StaticServer(url=f"http://127.0.0.1:{server.server_address[1]}", streams=registry)
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serving(server, "static-pages") as url:
+        yield StaticServer(url=url, streams=registry)

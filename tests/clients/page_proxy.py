@@ -7,13 +7,14 @@ is that proxy, small. Responses are passed on as they arrive, so a stream stays 
 from __future__ import annotations
 
 import http.client
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import partial
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import urlsplit
+
+from tests.helpers.http_server import serving
 
 _HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade", "host", "content-length"}
 
@@ -62,10 +63,5 @@ def serve_page(folder: Path, api_url: str) -> Iterator[str]:
     target = urlsplit(api_url)
     handler = type("PageHandler", (_Handler,), {"upstream": (target.hostname or "127.0.0.1", target.port or 80)})
     server = ThreadingHTTPServer(("127.0.0.1", 0), partial(handler, directory=str(folder)))
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serving(server, "page-proxy") as url:
+        yield url

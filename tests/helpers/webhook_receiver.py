@@ -19,6 +19,8 @@ from typing import Any
 
 import pytest
 
+from tests.helpers.http_server import serving
+
 
 @dataclass(frozen=True)
 class Received:
@@ -105,16 +107,9 @@ def webhook_receiver() -> Iterator[WebhookReceiver]:
         def log_message(self, format: str, *args: Any) -> None:
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    receiver.url = f"http://127.0.0.1:{server.server_address[1]}"
-    thread = threading.Thread(target=server.serve_forever, name="webhook-receiver", daemon=True)
-    thread.start()
-    try:
+    with serving(ThreadingHTTPServer(("127.0.0.1", 0), Handler), "webhook-receiver") as url:
+        receiver.url = url
         yield receiver
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(5)
 
 
 def webhook_env(receiver: WebhookReceiver, secret: str, **overrides: str) -> dict[str, str]:

@@ -23,6 +23,8 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 )
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 
+from tests.helpers.http_server import serving
+
 
 def _value(value: AnyValue) -> Any:
     kind = value.WhichOneof("value")
@@ -101,15 +103,8 @@ class _Server(ThreadingHTTPServer):
 def otlp_receiver(path: Path) -> Iterator[str]:
     """Serve OTLP/HTTP on a free loopback port while the block runs; yields the endpoint URL."""
     path.touch()
-    server = _Server(path)
-    thread = threading.Thread(target=server.serve_forever, name="otlp-receiver", daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(10)
+    with serving(_Server(path), "otlp-receiver") as url:
+        yield url
 
 
 def read_spans(path: Path) -> list[dict[str, Any]]:
