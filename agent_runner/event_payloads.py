@@ -54,6 +54,14 @@ JsonValue = TypeAliasType(
 JsonObject = dict[str, JsonValue]
 
 SuspensionKind = Literal["approval", "outcome_unknown"]
+
+SUSPENSION_KIND_DESCRIPTION = (
+    "`approval` for TOOL_APPROVAL (the call waits to run: approve or reject it); `outcome_unknown` for "
+    "TOOL_OUTCOME_UNKNOWN (the call started and its outcome was never recorded: approve to run it again, "
+    "`tool_result` to mark it done, reject to fail it; events written before that type existed have "
+    "TOOL_APPROVAL with this kind). Null for the other suspensions."
+)
+"""What `kind` says wherever a suspension is shown (events, the turn view): one text for both."""
 """`kind` of a suspension about a tool call: TOOL_APPROVAL's `approval` (the call waits to run) or
 TOOL_OUTCOME_UNKNOWN's `outcome_unknown` (it started and its outcome is unknown)."""
 
@@ -119,13 +127,7 @@ class TurnSuspendedFields(_Payload):
     """Fields of TURN_SUSPENDED."""
 
     suspension_type: SuspensionType
-    kind: SuspensionKind | None = Field(
-        description=(
-            "`approval` for TOOL_APPROVAL; `outcome_unknown` for TOOL_OUTCOME_UNKNOWN (the call started, its "
-            "outcome is unknown; events written before that type existed have TOOL_APPROVAL with this kind); "
-            "null for the others."
-        )
-    )
+    kind: SuspensionKind | None = Field(description=SUSPENSION_KIND_DESCRIPTION)
     correlation_id: str | None = Field(description="The tool call a resume names; null for a plain question.")
     message: str
     form_key: str | None = Field(description="The form's key, for a form (also in `form`).")

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field, RootModel, StringConstraints, create_model, model_validator
 
 from agent_runner import ActionStatus, AgentEventType, AgentTurnStatus, Phase, SuspensionType
-from agent_runner.event_payloads import PAYLOAD_MODELS, SuspensionKind
+from agent_runner.event_payloads import PAYLOAD_MODELS, SUSPENSION_KIND_DESCRIPTION, SuspensionKind
 from agent_runner.event_payloads import JsonObject as TypedJsonObject
 from agent_runner.suspensions import TimeoutAction
 
@@ -213,13 +213,7 @@ class SuspensionView(_Response):
     """Why a turn waits."""
 
     type: SuspensionType
-    kind: SuspensionKind | None = Field(
-        description=(
-            "`approval` for TOOL_APPROVAL (the call waits to run; approve or reject it); `outcome_unknown` for "
-            "TOOL_OUTCOME_UNKNOWN (it started and its outcome was never recorded; approve to run it again, "
-            "`tool_result` to mark it done, reject to fail it). Null for other suspensions."
-        )
-    )
+    kind: SuspensionKind | None = Field(description=SUSPENSION_KIND_DESCRIPTION)
     correlation_id: str | None = Field(description="The tool call a resume must name (null for a plain question).")
     message: str
     form: FormView | None
