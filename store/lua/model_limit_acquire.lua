@@ -1,0 +1,105 @@
+-- Grant one model call against a shared limit, or book it the next free slot.
+-- The decision mirrors `agent_runner.model_limits.decide`; read its module docstring first.
+--
+-- KEYS[1]  state key (RedisKeys.model_limit[0]): hash {rpm_tat, tpm_tat, paused_until}, times in ms
+-- KEYS[2]  calls key (RedisKeys.model_limit[1]): sorted set, reservation id scored by the expiry of its slot
+-- KEYS[3]  bookings key (RedisKeys.model_limit[2]): sorted set, booking id scored by its slot time
+-- ARGV[1]  reservation id of this call (also the booking id if it is booked)
+-- ARGV[2]  tokens reserved (estimated input plus the output allowance)
+-- ARGV[3]  rpm, ARGV[4] tpm, ARGV[5] concurrency (0: that dimension is not limited)
+-- ARGV[6]  burst (requests at once after a quiet spell)
+-- ARGV[7]  call lease in ms, ARGV[8] booking grace in ms, ARGV[9] concurrency poll in ms
+-- ARGV[10] booking id the caller holds ('' for none)
+-- ARGV[11] now in ms ('' for the server clock, which every process shares)
+--
+-- Returns {1, now, '', ''} when granted, else {0, until_ms, reason, booking id or ''}.
+--
+-- Writes: KEYS[1] (HSET), KEYS[2] (ZREMRANGEBYSCORE, ZADD), KEYS[3] (ZREMRANGEBYSCORE, ZADD, ZREM);
+-- all three PEXPIRE a minute plus the lease and grace after the furthest time they hold, so an
+-- idle limit leaves nothing behind.
+
+local now
+if ARGV[11] ~= '' then
+    now = tonumber(ARGV[11])
+else
+    local t = redis.call('TIME')
+    now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
+end
+local id, tokens = ARGV[1], tonumber(ARGV[2])
+local rpm, tpm, concurrency, burst = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
+local lease, grace, poll = tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9])
+local booking = ARGV[10]
+local PERIOD = 60000
+
+local function ms(x)
+    return string.format('%.3f', x)
+end
+
+local state = redis.call('HMGET', KEYS[1], 'rpm_tat', 'tpm_tat', 'paused_until')
+local rpm_tat, tpm_tat, paused = tonumber(state[1]) or 0, tonumber(state[2]) or 0, tonumber(state[3]) or 0
+
+local function keep()
+    local ttl = math.ceil(math.max(rpm_tat, tpm_tat, paused, now) - now + lease + grace + PERIOD)
+    for i = 1, 3 do
+        redis.call('PEXPIRE', KEYS[i], ttl)
+    end
+end
+
+-- Expired slots (a crashed caller's) and bookings past their grace are dropped first.
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', ms(now))
+redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', ms(now - grace))
+local held = ''
+if booking ~= '' and redis.call('ZSCORE', KEYS[3], booking) then
+    held = booking
+end
+
+if concurrency > 0 and redis.call('ZCARD', KEYS[2]) >= concurrency then
+    local first = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
+    return {0, ms(math.min(tonumber(first[2]), now + poll)), 'concurrency', held}
+end
+
+if held ~= '' then
+    local slot = tonumber(redis.call('ZSCORE', KEYS[3], held))
+    if slot > now then
+        return {0, ms(slot), 'slot', held}
+    end
+    if paused > now then
+        return {0, ms(paused), 'paused', held}
+    end
+    redis.call('ZREM', KEYS[3], held)
+else
+    local slot, reason = now, ''
+    if paused > slot then
+        slot, reason = paused, 'paused'
+    end
+    if rpm > 0 then
+        local interval = PERIOD / rpm
+        local start = math.max(rpm_tat, now)
+        local allowed = start - (burst - 1) * interval
+        rpm_tat = start + interval
+        redis.call('HSET', KEYS[1], 'rpm_tat', ms(rpm_tat))
+        if allowed > slot then
+            slot, reason = allowed, 'rpm'
+        end
+    end
+    if tpm > 0 then
+        local per_token = PERIOD / tpm
+        local start = math.max(tpm_tat, now)
+        local allowed = start + (tokens - tpm / 6) * per_token
+        tpm_tat = start + tokens * per_token
+        redis.call('HSET', KEYS[1], 'tpm_tat', ms(tpm_tat))
+        if allowed > slot then
+            slot, reason = allowed, 'tpm'
+        end
+    end
+    if reason ~= '' then
+        redis.call('ZADD', KEYS[3], ms(slot), id)
+        keep()
+        return {0, ms(slot), reason, id}
+    end
+end
+if concurrency > 0 then
+    redis.call('ZADD', KEYS[2], ms(now + lease), id)
+end
+keep()
+return {1, ms(now), '', ''}

@@ -1,0 +1,229 @@
+"""The `ModelLimiter` contract: one table of cases walked against the in-process limiter and the Redis one.
+
+Time is a fake clock shared by the test and the limiter (the Redis scripts take it instead
+of the server clock), so every slot is checked to the millisecond.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+from redis import Redis
+
+from agent_runner.model_limits import (
+    InProcessModelLimiter,
+    LimitGrant,
+    LimitReason,
+    LimitWait,
+    ModelLimit,
+    ModelLimiter,
+)
+from store.keys import RedisKeys
+from store.redis_limits import RedisModelLimiter
+
+T0 = 1_800_000_000.0
+KEY = "openai:gpt-test"
+
+
+@dataclass
+class Clock:
+    now: float = T0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@dataclass(frozen=True)
+class Acquire:
+    at: float
+    name: str
+    expect: str | tuple[float, LimitReason]
+    """`"grant"`, or `(seconds after T0 of the slot, reason)`."""
+    tokens: int = 1
+    claim: bool = False
+    """Hand back the booking `name` got earlier."""
+
+
+@dataclass(frozen=True)
+class Settle:
+    at: float
+    name: str
+    actual: int | None
+
+
+@dataclass(frozen=True)
+class Pause:
+    at: float
+    until: float
+
+
+Step = Acquire | Settle | Pause
+
+CASES: dict[str, tuple[ModelLimit, list[Step]]] = {
+    "rpm is spread one request per interval, and a crowd is booked one slot apart": (
+        ModelLimit(rpm=60),
+        [
+            Acquire(0, "a", "grant"),
+            Acquire(0, "b", (1.0, LimitReason.RPM)),
+            Acquire(0, "c", (2.0, LimitReason.RPM)),
+            Acquire(0.2, "d", (3.0, LimitReason.RPM)),
+            Acquire(1.0, "b", "grant", claim=True),
+            Acquire(2.0, "c", "grant", claim=True),
+            Acquire(3.0, "d", "grant", claim=True),
+            Acquire(3.5, "e", (4.0, LimitReason.RPM)),
+            Acquire(10.0, "f", "grant"),
+        ],
+    ),
+    "a burst goes at once after a quiet spell, then the rate holds": (
+        ModelLimit(rpm=60, burst=3),
+        [
+            Acquire(0, "a", "grant"),
+            Acquire(0, "b", "grant"),
+            Acquire(0, "c", "grant"),
+            Acquire(0, "d", (1.0, LimitReason.RPM)),
+            Acquire(0.5, "e", (2.0, LimitReason.RPM)),
+            Acquire(1.0, "d", "grant", claim=True),
+            Acquire(2.0, "e", "grant", claim=True),
+        ],
+    ),
+    "a booking claimed before its slot waits for it, and one claimed too late is booked again": (
+        ModelLimit(rpm=60),
+        [
+            Acquire(0, "a", "grant"),
+            Acquire(0, "b", (1.0, LimitReason.RPM)),
+            Acquire(0.5, "b", (1.0, LimitReason.SLOT), claim=True),
+            Acquire(100.0, "b", "grant", claim=True),  # the grace (60 s) passed: a fresh request, granted
+        ],
+    ),
+    "tpm reserves the estimate, and settling refunds what was not used": (
+        ModelLimit(tpm=6000),  # 100 tokens a second (10 ms each), room for 1000 at once
+        [
+            Acquire(0, "a", "grant", tokens=1000),
+            Acquire(0, "b", (5.0, LimitReason.TPM), tokens=500),
+            Settle(0.1, "a", 200),  # 800 tokens come back: the allowance is free again at 15 - 8 s
+            Acquire(0.1, "c", (7.0, LimitReason.TPM), tokens=1000),
+        ],
+    ),
+    "tpm counts what a call really used when it used more than reserved": (
+        ModelLimit(tpm=6000),
+        [
+            Acquire(0, "a", "grant", tokens=1000),
+            Settle(0.1, "a", 3000),
+            Acquire(2.0, "b", (30.0, LimitReason.TPM), tokens=1000),
+        ],
+    ),
+    "concurrency holds slots until settled, and a crashed caller's slot expires": (
+        ModelLimit(concurrency=2),
+        [
+            Acquire(0, "a", "grant"),
+            Acquire(0, "b", "grant"),
+            Acquire(0, "c", (0.5, LimitReason.CONCURRENCY)),
+            Settle(0.2, "a", None),
+            Acquire(0.3, "c", "grant"),
+            Acquire(0.4, "d", (0.9, LimitReason.CONCURRENCY)),
+            Acquire(10.5, "d", "grant"),  # b never settled: its 10 s lease ran out
+        ],
+    ),
+    "a pause stops every call until it ends, then the rate restarts from there": (
+        ModelLimit(rpm=60),
+        [
+            Acquire(0, "a", "grant"),
+            Pause(0.1, until=5.0),
+            Acquire(0.2, "b", (5.0, LimitReason.PAUSED)),
+            Acquire(0.3, "c", (6.0, LimitReason.RPM)),
+            Acquire(5.0, "b", "grant", claim=True),
+            Acquire(6.0, "c", "grant", claim=True),
+        ],
+    ),
+    "a booked call waits out a pause that came after its booking": (
+        ModelLimit(rpm=60),
+        [
+            Acquire(0, "a", "grant"),
+            Acquire(0, "b", (1.0, LimitReason.RPM)),
+            Pause(0.5, until=3.0),
+            Acquire(1.0, "b", (3.0, LimitReason.PAUSED), claim=True),
+            Acquire(3.0, "b", "grant", claim=True),
+        ],
+    ),
+}
+
+
+@pytest.fixture(params=["in-process", pytest.param("redis", marks=pytest.mark.integration)])
+def make_limiter(request: pytest.FixtureRequest) -> Iterator[Any]:
+    built: list[Any] = []
+    prefix = f"agent-runner-test-{uuid.uuid4().hex}"
+
+    def make(limits: dict[str, ModelLimit], clock: Clock) -> ModelLimiter:
+        options: dict[str, Any] = {"call_lease_s": 10.0, "booking_grace_s": 60.0, "concurrency_poll_s": 0.5}
+        if request.param == "in-process":
+            return InProcessModelLimiter(limits, clock=clock, **options)
+        url = str(request.getfixturevalue("redis_url"))
+        limiter = RedisModelLimiter(limits, url, prefix=prefix, clock=clock, **options)
+        built.append(limiter)
+        return limiter
+
+    yield make
+    for limiter in built:
+        limiter.close()
+    if request.param == "redis":
+        client: Redis[Any] = Redis.from_url(str(request.getfixturevalue("redis_url")))
+        found = list(client.scan_iter(match=RedisKeys(prefix).pattern(), count=1000))
+        if found:
+            client.delete(*found)
+        client.close()
+
+
+def at(seconds: float) -> datetime:
+    return datetime.fromtimestamp(T0 + seconds, UTC)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_the_limiter_decides_as_the_table_says(make_limiter: Any, case: str) -> None:
+    limit, steps = CASES[case]
+    clock = Clock()
+    limiter: ModelLimiter = make_limiter({KEY: limit}, clock)
+    grants: dict[str, LimitGrant] = {}
+    bookings: dict[str, str | None] = {}
+    for number, step in enumerate(steps):
+        clock.now = T0 + step.at
+        where = f"step {number} of {case!r}: {step}"
+        match step:
+            case Acquire():
+                booking = bookings.get(step.name) if step.claim else None
+                answer = limiter.acquire(KEY, step.tokens, f"{step.name}-{number}", booking)
+                if isinstance(step.expect, str):
+                    assert isinstance(answer, LimitGrant), where
+                    grants[step.name] = answer
+                else:
+                    slot, reason = step.expect
+                    assert isinstance(answer, LimitWait), where
+                    assert (answer.reason, answer.until) == (reason, at(slot)), where
+                    if answer.booking_id is not None:
+                        bookings[step.name] = answer.booking_id
+            case Settle():
+                limiter.settle(grants[step.name], step.actual)
+            case Pause():
+                limiter.pause(KEY, at(step.until))
+
+
+def test_a_key_without_limits_is_always_granted(make_limiter: Any) -> None:
+    limiter: ModelLimiter = make_limiter({KEY: ModelLimit(rpm=1)}, Clock())
+    answers = [limiter.acquire("openai:other", 10, f"r{n}") for n in range(5)]
+    assert all(isinstance(answer, LimitGrant) for answer in answers)
+    assert limiter.limit_for("openai:other") is None and limiter.limit_for(KEY) == ModelLimit(rpm=1)
+
+
+def test_two_limiters_on_one_state_share_the_limit(make_limiter: Any) -> None:
+    # Given two limiters (two processes) over the same state
+    clock = Clock()
+    first: ModelLimiter = make_limiter({KEY: ModelLimit(rpm=60)}, clock)
+    second = first if isinstance(first, InProcessModelLimiter) else make_limiter({KEY: ModelLimit(rpm=60)}, clock)
+    # When both ask at once, then only one is granted and the other is booked the next slot
+    assert isinstance(first.acquire(KEY, 1, "a"), LimitGrant)
+    answer = second.acquire(KEY, 1, "b")
+    assert isinstance(answer, LimitWait) and answer.until == at(1.0)
