@@ -10,11 +10,12 @@ limiter's state (the deployment's Redis, or one process's memory) shares the lim
 
 How each limit is kept (times in milliseconds since the epoch):
 
-- `rpm`: a generic cell rate algorithm (GCRA). Requests are spread evenly, one every
-  `60 s / rpm`, with `burst` requests allowed at once after a quiet spell (default 1: no
-  burst, so no window shorter than a minute sees more than its share). A call that finds no
-  slot is given the next free one and keeps it (a *booking*): a crowd of waiting turns is
-  queued one slot apart instead of returning all at once.
+- `rpm`: a generic cell rate algorithm (GCRA) over the requests really sent. Requests are
+  spread evenly, one every `60 s / rpm`, with `burst` requests allowed at once after a quiet
+  spell (default 1: no burst, so no window shorter than a minute sees more than its share).
+  A call that finds no slot is given the next free one and keeps it (a *booking*): a crowd
+  of waiting turns is queued one slot apart instead of returning all at once. A booked call
+  that comes back late is checked against the rate again, so lateness never bunches sends.
 - `tpm`: the same algorithm counted in tokens, with room for ten seconds' worth at once. A
   call reserves its estimated input tokens plus its output allowance (`max_tokens`, or
   `ModelLimiter.default_output_tokens`); when it returns, the reservation is settled with the
@@ -203,7 +204,9 @@ class KeyState:
     """What the limiter remembers of one key (milliseconds since the epoch)."""
 
     rpm_tat: float = 0.0
-    """When the next request is theoretically due (GCRA)."""
+    """When the next request is theoretically due (GCRA over the requests really sent)."""
+    book_tat: float = 0.0
+    """When the slot after the last booked one comes: the end of the queue of waiting calls."""
     tpm_tat: float = 0.0
     """When the token allowance is theoretically back to empty (GCRA counted in tokens)."""
     paused_until: float = 0.0
@@ -241,35 +244,56 @@ def decide(
     held = booking_id if booking_id in state.bookings else None
     if limit.concurrency is not None and len(state.calls) >= limit.concurrency:
         return Decision(False, min(min(state.calls.values()), now + poll_ms), LimitReason.CONCURRENCY, held)
-    if held is not None:
-        slot = state.bookings[held]
-        if slot > now:
-            return Decision(False, slot, LimitReason.SLOT, held)
-        if state.paused_until > now:
-            return Decision(False, state.paused_until, LimitReason.PAUSED, held)
-        del state.bookings[held]
-    else:
-        slot, reason = now, None
-        if state.paused_until > slot:
-            slot, reason = state.paused_until, LimitReason.PAUSED
-        if limit.rpm is not None:
-            start = max(state.rpm_tat, now)
-            allowed = start - (limit.burst - 1) * limit.request_interval_ms
-            state.rpm_tat = start + limit.request_interval_ms
-            if allowed > slot:
-                slot, reason = allowed, LimitReason.RPM
-        if limit.tpm is not None:
-            start = max(state.tpm_tat, now)
-            allowed = start + (tokens - limit.token_room) * limit.token_interval_ms
-            state.tpm_tat = start + tokens * limit.token_interval_ms
-            if allowed > slot:
-                slot, reason = allowed, LimitReason.TPM
-        if reason is not None:
-            state.bookings[reservation_id] = slot
-            return Decision(False, slot, reason, reservation_id)
+    refused = _claim(state, limit, now, held) if held is not None else _book(state, limit, now, reservation_id, tokens)
+    if refused is not None:
+        return refused
+    if limit.rpm is not None:
+        state.rpm_tat = max(state.rpm_tat, now) + limit.request_interval_ms
     if limit.concurrency is not None:
         state.calls[reservation_id] = now + lease_ms
     return Decision(True)
+
+
+def _claim(state: KeyState, limit: ModelLimit, now: float, held: str) -> Decision | None:
+    """Take the slot of booking `held` when it has come; a refusal keeps the booking."""
+    slot = state.bookings[held]
+    if slot > now:
+        return Decision(False, slot, LimitReason.SLOT, held)
+    if state.paused_until > now:
+        return Decision(False, state.paused_until, LimitReason.PAUSED, held)
+    # The rate is checked again on the real send time: a caller that came back late
+    # must not crowd the one that follows it.
+    if limit.rpm is not None:
+        allowed = max(state.rpm_tat, now) - (limit.burst - 1) * limit.request_interval_ms
+        if allowed > now:
+            return Decision(False, allowed, LimitReason.SLOT, held)
+    del state.bookings[held]
+    return None
+
+
+def _book(state: KeyState, limit: ModelLimit, now: float, reservation_id: str, tokens: int) -> Decision | None:
+    """Book the next free slot for a call that has none, unless it may go now (then None)."""
+    slot, reason = now, None
+    if state.paused_until > slot:
+        slot, reason = state.paused_until, LimitReason.PAUSED
+    if state.book_tat > slot:
+        # Calls are queued already: a newcomer books behind them rather than overtaking.
+        slot, reason = state.book_tat, LimitReason.RPM if limit.rpm is not None else LimitReason.TPM
+    if limit.rpm is not None:
+        allowed = max(state.rpm_tat, now) - (limit.burst - 1) * limit.request_interval_ms
+        if allowed > slot:
+            slot, reason = allowed, LimitReason.RPM
+    if limit.tpm is not None:
+        start = max(state.tpm_tat, now)
+        allowed = start + (tokens - limit.token_room) * limit.token_interval_ms
+        state.tpm_tat = start + tokens * limit.token_interval_ms
+        if allowed > slot:
+            slot, reason = allowed, LimitReason.TPM
+    if reason is None:
+        return None
+    state.bookings[reservation_id] = slot
+    state.book_tat = slot + limit.request_interval_ms
+    return Decision(False, slot, reason, reservation_id)
 
 
 def settle_state(state: KeyState, limit: ModelLimit, reservation_id: str, reserved: int, actual: int | None) -> None:
@@ -282,6 +306,7 @@ def settle_state(state: KeyState, limit: ModelLimit, reservation_id: str, reserv
 def pause_state(state: KeyState, limit: ModelLimit, until_ms: float) -> None:
     """Pause the key until `until_ms`; the request rate restarts from there, so waiting calls spread out."""
     state.paused_until = max(state.paused_until, until_ms)
+    state.book_tat = max(state.book_tat, until_ms)
     if limit.rpm is not None:
         state.rpm_tat = max(state.rpm_tat, until_ms + (limit.burst - 1) * limit.request_interval_ms)
 

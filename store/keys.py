@@ -10,7 +10,7 @@ read (and changed) in one place:
 | `{prefix}:conversation:{<conversation_id>}:active-turn` | string, a turn id | until released | `guard_*.lua` |
 | `{prefix}:turn:{<root_turn_id>}:events` | stream of live events of a turn tree | the live retention after the last publish | `RedisLiveEvents` (`live_publish.lua`) |
 | `{prefix}:conversation:{<conversation_id>}:events` | stream of live events of a conversation | the same | `RedisLiveEvents` (`live_publish.lua`) |
-| `{prefix}:model-limit:{<limit key>}` | hash `rpm_tat`, `tpm_tat`, `paused_until` | a minute and the call lease after its last use | `model_limit_*.lua` |
+| `{prefix}:model-limit:{<limit key>}` | hash `rpm_tat`, `book_tat`, `tpm_tat`, `paused_until` | a minute and the call lease after its last use | `model_limit_*.lua` |
 | `{prefix}:model-limit:{<limit key>}:calls` | sorted set: reservation id by expiry | the same | `model_limit_acquire.lua`, `model_limit_settle.lua` |
 | `{prefix}:model-limit:{<limit key>}:bookings` | sorted set: booking id by slot time | the same | `model_limit_acquire.lua` |
 """

@@ -1,7 +1,7 @@
 -- Grant one model call against a shared limit, or book it the next free slot.
 -- The decision mirrors `agent_runner.model_limits.decide`; read its module docstring first.
 --
--- KEYS[1]  state key (RedisKeys.model_limit[0]): hash {rpm_tat, tpm_tat, paused_until}, times in ms
+-- KEYS[1]  state key (RedisKeys.model_limit[0]): hash {rpm_tat, book_tat, tpm_tat, paused_until}, times in ms
 -- KEYS[2]  calls key (RedisKeys.model_limit[1]): sorted set, reservation id scored by the expiry of its slot
 -- KEYS[3]  bookings key (RedisKeys.model_limit[2]): sorted set, booking id scored by its slot time
 -- ARGV[1]  reservation id of this call (also the booking id if it is booked)
@@ -35,11 +35,12 @@ local function ms(x)
     return string.format('%.3f', x)
 end
 
-local state = redis.call('HMGET', KEYS[1], 'rpm_tat', 'tpm_tat', 'paused_until')
+local state = redis.call('HMGET', KEYS[1], 'rpm_tat', 'tpm_tat', 'paused_until', 'book_tat')
 local rpm_tat, tpm_tat, paused = tonumber(state[1]) or 0, tonumber(state[2]) or 0, tonumber(state[3]) or 0
+local book_tat = tonumber(state[4]) or 0
 
 local function keep()
-    local ttl = math.ceil(math.max(rpm_tat, tpm_tat, paused, now) - now + lease + grace + PERIOD)
+    local ttl = math.ceil(math.max(rpm_tat, tpm_tat, paused, book_tat, now) - now + lease + grace + PERIOD)
     for i = 1, 3 do
         redis.call('PEXPIRE', KEYS[i], ttl)
     end
@@ -58,6 +59,10 @@ if concurrency > 0 and redis.call('ZCARD', KEYS[2]) >= concurrency then
     return {0, ms(math.min(tonumber(first[2]), now + poll)), 'concurrency', held}
 end
 
+local interval = 0
+if rpm > 0 then
+    interval = PERIOD / rpm
+end
 if held ~= '' then
     local slot = tonumber(redis.call('ZSCORE', KEYS[3], held))
     if slot > now then
@@ -66,18 +71,31 @@ if held ~= '' then
     if paused > now then
         return {0, ms(paused), 'paused', held}
     end
+    -- The rate is checked again on the real send time: a caller that came back late must
+    -- not crowd the one that follows it.
+    if rpm > 0 then
+        local allowed = math.max(rpm_tat, now) - (burst - 1) * interval
+        if allowed > now then
+            return {0, ms(allowed), 'slot', held}
+        end
+    end
     redis.call('ZREM', KEYS[3], held)
 else
     local slot, reason = now, ''
     if paused > slot then
         slot, reason = paused, 'paused'
     end
+    if book_tat > slot then
+        -- Calls are queued already: a newcomer books behind them rather than overtaking.
+        slot = book_tat
+        if rpm > 0 then
+            reason = 'rpm'
+        else
+            reason = 'tpm'
+        end
+    end
     if rpm > 0 then
-        local interval = PERIOD / rpm
-        local start = math.max(rpm_tat, now)
-        local allowed = start - (burst - 1) * interval
-        rpm_tat = start + interval
-        redis.call('HSET', KEYS[1], 'rpm_tat', ms(rpm_tat))
+        local allowed = math.max(rpm_tat, now) - (burst - 1) * interval
         if allowed > slot then
             slot, reason = allowed, 'rpm'
         end
@@ -93,10 +111,16 @@ else
         end
     end
     if reason ~= '' then
+        book_tat = slot + interval
+        redis.call('HSET', KEYS[1], 'book_tat', ms(book_tat))
         redis.call('ZADD', KEYS[3], ms(slot), id)
         keep()
         return {0, ms(slot), reason, id}
     end
+end
+if rpm > 0 then
+    rpm_tat = math.max(rpm_tat, now) + interval
+    redis.call('HSET', KEYS[1], 'rpm_tat', ms(rpm_tat))
 end
 if concurrency > 0 then
     redis.call('ZADD', KEYS[2], ms(now + lease), id)

@@ -100,6 +100,18 @@ CASES: dict[str, tuple[ModelLimit, list[Step]]] = {
             Acquire(100.0, "b", "grant", claim=True),  # the grace (60 s) passed: a fresh request, granted
         ],
     ),
+    "a booked call that came back late pushes the next one back, so sends never bunch": (
+        ModelLimit(rpm=60),
+        [
+            Acquire(0, "a", "grant"),
+            Acquire(0, "b", (1.0, LimitReason.RPM)),
+            Acquire(0, "c", (2.0, LimitReason.RPM)),
+            Acquire(1.9, "b", "grant", claim=True),
+            Acquire(2.0, "c", (2.9, LimitReason.SLOT), claim=True),
+            Acquire(2.9, "c", "grant", claim=True),
+            Acquire(2.9, "d", (3.9, LimitReason.RPM)),
+        ],
+    ),
     "tpm reserves the estimate, and settling refunds what was not used": (
         ModelLimit(tpm=6000),  # 100 tokens a second (10 ms each), room for 1000 at once
         [
