@@ -69,6 +69,7 @@ class RedisModelLimiter(ClosesOnExit):
         self._grace_ms = booking_grace_s * 1000
         self._poll_ms = concurrency_poll_s * 1000
         self._clock = clock
+        self._encodings: dict[str, tuple[tuple[str, str, str], str]] = {}
 
     def limit_for(self, key: str) -> ModelLimit | None:
         """The limits of `key`, or None when calls against it are not limited."""
@@ -85,22 +86,10 @@ class RedisModelLimiter(ClosesOnExit):
         limit = self.limits.get(key)
         if limit is None:
             return LimitGrant(key, reservation_id, estimated_tokens)
+        keys, spec = self._encoded(key, limit)
+        now = "" if self._clock is None else _ms(self._clock() * 1000)
         reply = self._scripts.run(
-            "model_limit_acquire",
-            self._keys.model_limit(key),
-            [
-                reservation_id,
-                estimated_tokens,
-                limit.rpm or 0,
-                limit.tpm or 0,
-                limit.concurrency or 0,
-                limit.burst,
-                _ms(self._lease_ms),
-                _ms(self._grace_ms),
-                _ms(self._poll_ms),
-                booking_id or "",
-                "" if self._clock is None else _ms(self._clock() * 1000),
-            ],
+            "model_limit_acquire", keys, [reservation_id, estimated_tokens, spec, booking_id or "", now]
         )
         granted, until, reason, booking = reply
         decision = Decision(
@@ -111,6 +100,16 @@ class RedisModelLimiter(ClosesOnExit):
         )
         return answer(key, reservation_id, estimated_tokens, decision)
 
+    def _encoded(self, key: str, limit: ModelLimit) -> tuple[tuple[str, str, str], str]:
+        # Encoded once per key: the acquire script is on every model call's path.
+        found = self._encodings.get(key)
+        if found is None:
+            numbers = (limit.rpm or 0, limit.tpm or 0, limit.concurrency or 0, limit.burst)
+            timing = (self._lease_ms, self._grace_ms, self._poll_ms)
+            spec = " ".join([*(str(n) for n in numbers), *(_ms(ms) for ms in timing)])
+            found = self._encodings[key] = (self._keys.model_limit(key), spec)
+        return found
+
     def settle(self, grant: LimitGrant, actual_tokens: int | None) -> None:
         """Count the call's actual tokens and free its slot.
 
@@ -118,9 +117,9 @@ class RedisModelLimiter(ClosesOnExit):
             StoreUnavailableError: Redis could not be reached in time.
         """
         limit = self.limits.get(grant.key)
-        if limit is None:
-            return
-        state, calls, _ = self._keys.model_limit(grant.key)
+        if limit is None or (limit.tpm is None and limit.concurrency is None):
+            return  # nothing to count or free: no round trip
+        (state, calls, _), _ = self._encoded(grant.key, limit)
         delta = "" if actual_tokens is None else actual_tokens - grant.tokens
         self._scripts.run("model_limit_settle", [state, calls], [grant.reservation_id, delta, limit.tpm or 0])
 

@@ -1,7 +1,7 @@
 """Shared model limits around one model call: ask the limiter first, and wait without a thread when it says no.
 
-A call against a limited key (`LimitedChatModel.rate_limit_key` named in the runner's
-`ModelLimiter`) asks for capacity before it is sent. No capacity means the turn is saved
+A call against a limited key (the `rate_limit_key` of a `LimitedChatModel`, named in the
+runner's `ModelLimiter`) asks for capacity before it is sent. No capacity means the turn is saved
 RETRY_SCHEDULED until the limiter's answer (plus a little jitter, so waiting turns do not
 return as one wave), with a RETRY_SCHEDULED event naming the key and the reason; no retry
 attempt is used and no thread waits. A provider's 429 on a limited key pauses the key for
@@ -26,7 +26,7 @@ from agent_runner._runtime.saving import save
 from agent_runner.errors import RecoverableError, StoreError
 from agent_runner.ids import new_id
 from agent_runner.model_limits import LimitGrant, LimitReason, LimitWait, ModelLimiter, estimate_tokens
-from agent_runner.models import ChatRequest, LimitedChatModel
+from agent_runner.models import ChatRequest
 from agent_runner.policy import RetryPolicy
 from agent_runner.results import AgentStepResult
 from agent_runner.snapshot import AgentTurn
@@ -64,12 +64,14 @@ def admit(
         StoreError: The limiter's state refused the request for good (not merely unreachable).
     """
     limiter = ctx.model_limiter
-    if limiter is None or not isinstance(model, LimitedChatModel) or model.rate_limit_key is None:
+    if limiter is None:
         return None
-    key = model.rate_limit_key
-    if limiter.limit_for(key) is None:
+    # Read as attributes rather than by isinstance on the protocol, which costs far more per call.
+    key = getattr(model, "rate_limit_key", None)
+    if not isinstance(key, str) or limiter.limit_for(key) is None:
         return None
-    allowance = model.output_allowance() or limiter.default_output_tokens
+    output_allowance = getattr(model, "output_allowance", None)
+    allowance = (output_allowance() if callable(output_allowance) else None) or limiter.default_output_tokens
     tokens = estimate_tokens(_request_parts(request), allowance)
     booking = _previous(previous, key).get("limit_booking")
     try:

@@ -6,11 +6,11 @@
 -- KEYS[3]  bookings key (RedisKeys.model_limit[2]): sorted set, booking id scored by its slot time
 -- ARGV[1]  reservation id of this call (also the booking id if it is booked)
 -- ARGV[2]  tokens reserved (estimated input plus the output allowance)
--- ARGV[3]  rpm, ARGV[4] tpm, ARGV[5] concurrency (0: that dimension is not limited)
--- ARGV[6]  burst (requests at once after a quiet spell)
--- ARGV[7]  call lease in ms, ARGV[8] booking grace in ms, ARGV[9] concurrency poll in ms
--- ARGV[10] booking id the caller holds ('' for none)
--- ARGV[11] now in ms ('' for the server clock, which every process shares)
+-- ARGV[3]  the limit, seven numbers separated by spaces (one argument, encoded once per key):
+--          rpm, tpm, concurrency (0: that dimension is not limited), burst (requests at once
+--          after a quiet spell), call lease in ms, booking grace in ms, concurrency poll in ms
+-- ARGV[4]  booking id the caller holds ('' for none)
+-- ARGV[5]  now in ms ('' for the server clock, which every process shares)
 --
 -- Returns {1, now, '', ''} when granted, else {0, until_ms, reason, booking id or ''}.
 --
@@ -19,16 +19,20 @@
 -- idle limit leaves nothing behind.
 
 local now
-if ARGV[11] ~= '' then
-    now = tonumber(ARGV[11])
+if ARGV[5] ~= '' then
+    now = tonumber(ARGV[5])
 else
     local t = redis.call('TIME')
     now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
 end
 local id, tokens = ARGV[1], tonumber(ARGV[2])
-local rpm, tpm, concurrency, burst = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
-local lease, grace, poll = tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9])
-local booking = ARGV[10]
+local limit = {}
+for number in string.gmatch(ARGV[3], '%S+') do
+    limit[#limit + 1] = tonumber(number)
+end
+local rpm, tpm, concurrency, burst = limit[1], limit[2], limit[3], limit[4]
+local lease, grace, poll = limit[5], limit[6], limit[7]
+local booking = ARGV[4]
 local PERIOD = 60000
 
 local function ms(x)
