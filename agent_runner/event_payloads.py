@@ -23,6 +23,7 @@ from agent_runner.events import AgentEvent, AgentEventType
 from agent_runner.forms import AgentFormDefinition
 from agent_runner.ids import queued_turn_id
 from agent_runner.messages import ToolCall
+from agent_runner.model_limits import LimitReason
 from agent_runner.snapshot import AgentTurn, AgentTurnStatus
 from agent_runner.suspensions import AgentSuspension, ResumeType, SuspensionType, TimeoutAction
 
@@ -157,10 +158,7 @@ class RetryScheduledFields(_Payload):
     limit_key: str | None = Field(
         default=None, description="The shared model limit the call waits for (None: a retry after a failure)."
     )
-    limit_reason: str | None = Field(
-        default=None,
-        description="Which part of the limit: rpm, tpm, concurrency, paused, slot, provider or unavailable.",
-    )
+    limit_reason: LimitReason | None = Field(default=None, description="Why the call waits for the model limit.")
 
 
 class ModelDeltaFields(_Payload):
@@ -436,7 +434,7 @@ def turn_resumed(
 
 
 def retry_scheduled(
-    turn: AgentTurn, error: str, *, limit_key: str | None = None, limit_reason: str | None = None
+    turn: AgentTurn, error: str, *, limit_key: str | None = None, limit_reason: LimitReason | None = None
 ) -> EventBody:
     """RETRY_SCHEDULED of a turn saved RETRY_SCHEDULED because of `error` (or waiting for the model limit `limit_key`)."""
     next_at = None if turn.next_retry_at is None else turn.next_retry_at.isoformat()

@@ -49,6 +49,8 @@ DEFAULT_CONCURRENCY_POLL_S: Final = 0.5
 """How long a call that found every concurrent slot taken waits before it asks again."""
 DEFAULT_OUTPUT_TOKENS: Final = 1024
 """Output tokens reserved for a call whose model sets no `max_tokens`."""
+WAIT_OVER_REASON: Final = "model limit wait over"
+"""`reason` of the TURN_RESUMED event of a turn whose wait for a model limit is over."""
 LIMIT_FIELDS: Final = ("rpm", "tpm", "concurrency")
 """The fields of one entry of `AGENT_RUNNER_MODEL_LIMITS`."""
 

@@ -33,7 +33,7 @@ from agent_runner.forms import AgentFormRequiredException
 from agent_runner.limits import bounded_text, storable_text
 from agent_runner.messages import AiMessage, ModelMessage, SystemMessage, ToolCall
 from agent_runner.middleware import chain
-from agent_runner.model_limits import LimitWait
+from agent_runner.model_limits import WAIT_OVER_REASON, LimitWait
 from agent_runner.models import ChatRequest, ChatResponse
 from agent_runner.policy import RetryPolicy
 from agent_runner.results import AgentStepResult
@@ -75,7 +75,7 @@ def step_once(ctx: RunnerContext, turn: AgentTurn) -> AgentStepResult:
     expected = turn.version
     carried_events(ctx, turn.id).clear()  # nothing carries over from a step that raised
     if turn.status is S.RETRY_SCHEDULED:
-        reason = "model limit wait over" if limiting.is_limit_wait(turn.suspension) else "retry due"
+        reason = WAIT_OVER_REASON if limiting.is_limit_wait(turn.suspension) else "retry due"
         carry(ctx, payloads.turn_resumed(command=None, reason=reason, attempt=turn.attempt), turn)
     agent = ctx.agent_for(turn)
     running = machine.start_running(turn, now)

@@ -130,7 +130,7 @@ def wait(
         "provider_waits": provider_waits,
     }
     waiting = machine.schedule_limit_wait(turn, message, due, metadata, now, called=called)
-    event = payloads.retry_scheduled(waiting, message, limit_key=limit_wait.key, limit_reason=limit_wait.reason.value)
+    event = payloads.retry_scheduled(waiting, message, limit_key=limit_wait.key, limit_reason=limit_wait.reason)
     saved = save(ctx, waiting, expected, event)
     ctx.execution.dispatch(saved)
     return AgentStepResult(turn=saved)
