@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import Any
@@ -91,10 +92,13 @@ class RedisModelLimiter(ClosesOnExit):
         reply = self._scripts.run(
             "model_limit_acquire", keys, [reservation_id, estimated_tokens, spec, booking_id or "", now]
         )
-        granted, until, reason, booking = reply
+        granted, until, reason, booking, server_now = reply
+        # The wait is measured on the server's clock and carried over to this process's, so
+        # a difference between the two clocks neither shortens nor lengthens it.
+        local_now = self._clock() * 1000 if self._clock is not None else time.time() * 1000
         decision = Decision(
             granted=int(granted) == 1,
-            until_ms=float(until),
+            until_ms=local_now + float(until) - float(server_now),
             reason=LimitReason(reason) if reason else None,
             booking_id=booking or None,
         )
@@ -141,9 +145,13 @@ class RedisModelLimiter(ClosesOnExit):
         if limit is None:
             return
         keep_ms = PERIOD_MS + self._lease_ms + self._grace_ms
-        state, _, _ = self._keys.model_limit(key)
-        args: list[str | int] = [_ms(until.timestamp() * 1000), limit.rpm or 0, limit.burst, _ms(keep_ms)]
-        self._scripts.run("model_limit_pause", [state], args)
+        now = self._clock() if self._clock is not None else time.time()
+        (state, _, _), _ = self._encoded(key, limit)
+        pause_ms = _ms(max(0.0, until.timestamp() - now) * 1000)
+        server_now = "" if self._clock is None else _ms(now * 1000)
+        self._scripts.run(
+            "model_limit_pause", [state], [pause_ms, limit.rpm or 0, limit.burst, _ms(keep_ms), server_now]
+        )
 
     def close(self) -> None:
         """Close the client built from `redis_url`."""

@@ -12,7 +12,9 @@
 -- ARGV[4]  booking id the caller holds ('' for none)
 -- ARGV[5]  now in ms ('' for the server clock, which every process shares)
 --
--- Returns {1, now, '', ''} when granted, else {0, until_ms, reason, booking id or ''}.
+-- Returns {1, now, '', '', now} when granted, else {0, until_ms, reason, booking id or '', now}: the
+-- caller measures the wait against `now`, so a difference between its clock and the server's
+-- does not move it.
 --
 -- Writes: KEYS[1] (HSET), KEYS[2] (ZREMRANGEBYSCORE, ZADD), KEYS[3] (ZREMRANGEBYSCORE, ZADD, ZREM);
 -- all three PEXPIRE a minute plus the lease and grace after the furthest time they hold, so an
@@ -60,7 +62,7 @@ end
 
 if concurrency > 0 and redis.call('ZCARD', KEYS[2]) >= concurrency then
     local first = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
-    return {0, ms(math.min(tonumber(first[2]), now + poll)), 'concurrency', held}
+    return {0, ms(math.min(tonumber(first[2]), now + poll)), 'concurrency', held, ms(now)}
 end
 
 local interval = 0
@@ -70,17 +72,17 @@ end
 if held ~= '' then
     local slot = tonumber(redis.call('ZSCORE', KEYS[3], held))
     if slot > now then
-        return {0, ms(slot), 'slot', held}
+        return {0, ms(slot), 'slot', held, ms(now)}
     end
     if paused > now then
-        return {0, ms(paused), 'paused', held}
+        return {0, ms(paused), 'paused', held, ms(now)}
     end
     -- The rate is checked again on the real send time: a caller that came back late must
     -- not crowd the one that follows it.
     if rpm > 0 then
         local allowed = math.max(rpm_tat, now) - (burst - 1) * interval
         if allowed > now then
-            return {0, ms(allowed), 'slot', held}
+            return {0, ms(allowed), 'slot', held, ms(now)}
         end
     end
     redis.call('ZREM', KEYS[3], held)
@@ -119,7 +121,7 @@ else
         redis.call('HSET', KEYS[1], 'book_tat', ms(book_tat))
         redis.call('ZADD', KEYS[3], ms(slot), id)
         keep()
-        return {0, ms(slot), reason, id}
+        return {0, ms(slot), reason, id, ms(now)}
     end
 end
 if rpm > 0 then
@@ -130,4 +132,4 @@ if concurrency > 0 then
     redis.call('ZADD', KEYS[2], ms(now + lease), id)
 end
 keep()
-return {1, ms(now), '', ''}
+return {1, ms(now), '', '', ms(now)}

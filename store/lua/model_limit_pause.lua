@@ -2,9 +2,10 @@
 -- Mirrors `agent_runner.model_limits.pause_state`.
 --
 -- KEYS[1]  state key (RedisKeys.model_limit[0]): hash {rpm_tat, book_tat, tpm_tat, paused_until}
--- ARGV[1]  pause until, in ms since the epoch
+-- ARGV[1]  how long to pause, in ms (a duration, so the caller's clock need not match the server's)
 -- ARGV[2]  rpm (0: not limited), ARGV[3] burst
 -- ARGV[4]  ms to keep the state after the pause ends (a minute plus the call lease and grace)
+-- ARGV[5]  now in ms ('' for the server clock)
 --
 -- Returns 1.
 --
@@ -12,7 +13,14 @@
 -- end of the pause, so the calls that waited for it are spread out again instead of
 -- arriving together.
 
-local until_ms = tonumber(ARGV[1])
+local now
+if ARGV[5] ~= '' then
+    now = tonumber(ARGV[5])
+else
+    local t = redis.call('TIME')
+    now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
+end
+local until_ms = now + tonumber(ARGV[1])
 local rpm, burst = tonumber(ARGV[2]), tonumber(ARGV[3])
 local paused = tonumber(redis.call('HGET', KEYS[1], 'paused_until')) or 0
 if until_ms > paused then
@@ -35,7 +43,5 @@ if rpm > 0 then
     furthest = math.max(furthest, tat)
 end
 -- Never shortens the life the acquire script gave the state: it counts from the furthest time held.
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
 redis.call('PEXPIRE', KEYS[1], math.ceil(math.max(furthest - now, 0) + tonumber(ARGV[4])))
 return 1

@@ -34,7 +34,8 @@ def test_decisions_use_the_server_clock_and_spread_requests(limiter: RedisModelL
     assert isinstance(first, LimitGrant)
     assert isinstance(second, LimitWait) and isinstance(third, LimitWait)
     assert (second.reason, third.reason) == (LimitReason.RPM, LimitReason.RPM)
-    assert third.until - second.until == timedelta(milliseconds=100)
+    # (each wait is carried over to this process's clock when its answer arrives)
+    assert abs(third.until - second.until - timedelta(milliseconds=100)) < timedelta(milliseconds=30)
     assert abs(second.until - (asked + timedelta(milliseconds=100))) < timedelta(seconds=1)
 
 
