@@ -289,7 +289,7 @@ class OpenAIChatModel(ProviderChatModel):
             message = f"{where} reported an error while streaming: {self._redact(_error_detail(exc))}"
             kind = f"{exc.type or ''} {exc.code or ''}".lower()
             if any(marker in kind for marker in _TRANSIENT_STREAM_ERRORS):
-                return RecoverableError(message)
+                return RecoverableError(message, rate_limited="rate_limit" in kind)
             return ModelAPIError(None, message)
         return ModelAPIError(None, f"{where} failed: {self._redact(str(exc))}")
 

@@ -427,6 +427,15 @@ def test_error_event_inside_a_stream_is_mapped(server: FakeChatServer, make_mode
     assert caught.value.status_code is None
 
 
+def test_a_rate_limit_error_event_inside_a_stream_is_marked_rate_limited(
+    server: FakeChatServer, make_model: ModelFactory
+) -> None:
+    server.add(Reply(sse=[chunk({"content": "Hel"}), api_error("Rate limit reached", "rate_limit_error")]))
+    with pytest.raises(RecoverableError, match="Rate limit reached") as caught:
+        make_model(stream=True).generate(ask())
+    assert caught.value.rate_limited is True
+
+
 def test_stream_cut_off_before_a_finish_reason_is_recoverable(server: FakeChatServer, make_model: ModelFactory) -> None:
     # Given a server whose stream stops mid-answer (no finish reason, no [DONE])
     server.add(Reply(sse=[chunk({"content": "The order has"})], done=False))
@@ -485,6 +494,7 @@ def test_429_with_retry_after_seconds_is_recoverable(server: FakeChatServer, mak
     # Then the error is recoverable, carries the wait and chains the SDK error
     assert caught.value.retry_after == 7.0
     assert caught.value.retryable is True
+    assert caught.value.rate_limited is True  # pauses a limited key for every process
     assert "HTTP 429" in str(caught.value) and "Rate limit reached" in str(caught.value)
     assert isinstance(caught.value.__cause__, openai.RateLimitError)
     assert len(server.requests) == 1
@@ -507,7 +517,7 @@ def test_503_is_recoverable_and_sent_exactly_once(server: FakeChatServer, make_m
         make_model().generate(ask())
     # Then one HTTP request was made and the runner decides about the retry
     assert len(server.requests) == 1
-    assert caught.value.retry_after is None
+    assert caught.value.retry_after is None and caught.value.rate_limited is False
     assert isinstance(caught.value.__cause__, openai.InternalServerError)
 
 
