@@ -364,7 +364,7 @@ class InProcessModelLimiter:
             decision = decide(
                 self._states.setdefault(key, KeyState()),
                 limit,
-                self._clock() * 1000,
+                _ms(self._clock()),
                 reservation_id=reservation_id,
                 tokens=estimated_tokens,
                 booking_id=booking_id,
@@ -393,7 +393,12 @@ class InProcessModelLimiter:
         if limit is None:
             return
         with self._lock:
-            pause_state(self._states.setdefault(key, KeyState()), limit, until.timestamp() * 1000)
+            pause_state(self._states.setdefault(key, KeyState()), limit, _ms(until.timestamp()))
+
+
+def _ms(seconds: float) -> float:
+    # Whole microseconds, as the Redis scripts keep times: both limiters then decide alike.
+    return round(seconds * 1000, 3)
 
 
 def answer(key: str, reservation_id: str, tokens: int, decision: Decision) -> LimitGrant | LimitWait:

@@ -6,6 +6,7 @@ of the server clock), so every slot is checked to the millisecond.
 
 from __future__ import annotations
 
+import random
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -239,3 +240,57 @@ def test_two_limiters_on_one_state_share_the_limit(make_limiter: Any) -> None:
     assert isinstance(first.acquire(KEY, 1, "a"), LimitGrant)
     answer = second.acquire(KEY, 1, "b")
     assert isinstance(answer, LimitWait) and answer.until == at(1.0)
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("seed", range(4))
+def test_the_redis_scripts_decide_as_the_in_process_limiter_on_random_sequences(redis_url: str, seed: int) -> None:
+    # Given both limiters on one fake clock, with limits whose times are whole milliseconds
+    limits = {KEY: ModelLimit(rpm=120, tpm=6000, concurrency=3)}
+    options: dict[str, Any] = {"call_lease_s": 4.0, "booking_grace_s": 3.0, "concurrency_poll_s": 0.5}
+    clock = Clock()
+    prefix = f"agent-runner-test-{uuid.uuid4().hex}"
+    in_process = InProcessModelLimiter(limits, clock=clock, **options)
+    redis_limiter = RedisModelLimiter(limits, redis_url, prefix=prefix, clock=clock, **options)
+    rng = random.Random(seed)
+    grants: list[tuple[LimitGrant, LimitGrant]] = []
+    bookings: list[tuple[str | None, str | None]] = []
+    try:
+        for number in range(150):
+            clock.now += rng.choice([0, 0, 0.01, 0.1, 0.25, 0.5, 1.0, 2.5])
+            roll = rng.random()
+            if roll < 0.55:
+                tokens = rng.choice([1, 50, 200, 900])
+                held = rng.choice(bookings) if bookings and rng.random() < 0.5 else (None, None)
+                answers = (
+                    in_process.acquire(KEY, tokens, f"r{number}", held[0]),
+                    redis_limiter.acquire(KEY, tokens, f"r{number}", held[1]),
+                )
+                assert _shape(answers[0]) == _shape(answers[1]), f"step {number}"
+                if isinstance(answers[0], LimitGrant) and isinstance(answers[1], LimitGrant):
+                    grants.append((answers[0], answers[1]))
+                elif isinstance(answers[0], LimitWait) and isinstance(answers[1], LimitWait):
+                    bookings.append((answers[0].booking_id, answers[1].booking_id))
+            elif roll < 0.85 and grants:
+                pair = grants.pop(rng.randrange(len(grants)))
+                actual = rng.choice([None, 0, 30, 500])
+                in_process.settle(pair[0], actual)
+                redis_limiter.settle(pair[1], actual)
+            else:
+                until = at(clock.now - T0 + rng.choice([0.5, 1.0, 3.0]))
+                in_process.pause(KEY, until)
+                redis_limiter.pause(KEY, until)
+    finally:
+        redis_limiter.close()
+        client: Redis[Any] = Redis.from_url(redis_url)
+        found = list(client.scan_iter(match=RedisKeys(prefix).pattern(), count=1000))
+        if found:
+            client.delete(*found)
+        client.close()
+
+
+def _shape(answer: LimitGrant | LimitWait) -> tuple[Any, ...]:
+    if isinstance(answer, LimitGrant):
+        return ("grant", answer.tokens)
+    # Times to the millisecond: the scripts keep them with three decimals
+    return ("wait", answer.reason, round(answer.until.timestamp() * 1000), answer.booking_id is not None)
