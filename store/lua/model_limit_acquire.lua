@@ -1,10 +1,9 @@
 -- Grant one model call against a shared limit, or book it the next free slot.
 -- The decision mirrors `agent_runner.model_limits.decide`; read its module docstring first.
 --
--- KEYS[1]  state key (RedisKeys.model_limit[0]): hash {rpm_tat, tpm_tat, paused_until}, times in ms
+-- KEYS[1]  state key (RedisKeys.model_limit[0]): hash {rpm_tat, book_tat, tpm_tat, paused_until}, times in ms
 -- KEYS[2]  calls key (RedisKeys.model_limit[1]): sorted set, reservation id scored by the expiry of its slot
 -- KEYS[3]  bookings key (RedisKeys.model_limit[2]): sorted set, booking id scored by its slot time
--- KEYS[4]  lanes key (RedisKeys.model_limit[3]): hash {t:<tenant> = tail of its lane, w:<tenant> = its weight}
 -- ARGV[1]  reservation id of this call (also the booking id if it is booked)
 -- ARGV[2]  tokens reserved (estimated input plus the output allowance)
 -- ARGV[3]  the limit, seven numbers separated by spaces (one argument, encoded once per key):
@@ -12,15 +11,14 @@
 --          after a quiet spell), call lease in ms, booking grace in ms, concurrency poll in ms
 -- ARGV[4]  booking id the caller holds ('' for none)
 -- ARGV[5]  now in ms ('' for the server clock, which every process shares)
--- ARGV[6]  the caller's tenant ('' for none), ARGV[7] its weight
 --
 -- Returns {1, now, '', '', now} when granted, else {0, until_ms, reason, booking id or '', now}: the
 -- caller measures the wait against `now`, so a difference between its clock and the server's
 -- does not move it.
 --
--- Writes: KEYS[1] (HSET), KEYS[2] (ZREMRANGEBYSCORE, ZADD), KEYS[3] (ZREMRANGEBYSCORE, ZADD, ZREM),
--- KEYS[4] (HSET, HDEL); all four PEXPIRE a minute plus the lease and grace after the furthest
--- time they hold, so an idle limit leaves nothing behind.
+-- Writes: KEYS[1] (HSET), KEYS[2] (ZREMRANGEBYSCORE, ZADD), KEYS[3] (ZREMRANGEBYSCORE, ZADD, ZREM);
+-- all three PEXPIRE a minute plus the lease and grace after the furthest time they hold, so an
+-- idle limit leaves nothing behind.
 
 local now
 if ARGV[5] ~= '' then
@@ -37,20 +35,19 @@ end
 local rpm, tpm, concurrency, burst = limit[1], limit[2], limit[3], limit[4]
 local lease, grace, poll = limit[5], limit[6], limit[7]
 local booking = ARGV[4]
-local tenant, weight = ARGV[6], tonumber(ARGV[7])
 local PERIOD = 60000
 
 local function ms(x)
     return string.format('%.3f', x)
 end
 
-local state = redis.call('HMGET', KEYS[1], 'rpm_tat', 'tpm_tat', 'paused_until')
+local state = redis.call('HMGET', KEYS[1], 'rpm_tat', 'tpm_tat', 'paused_until', 'book_tat')
 local rpm_tat, tpm_tat, paused = tonumber(state[1]) or 0, tonumber(state[2]) or 0, tonumber(state[3]) or 0
-local furthest = 0
+local book_tat = tonumber(state[4]) or 0
 
 local function keep()
-    local ttl = math.ceil(math.max(rpm_tat, tpm_tat, paused, furthest, now) - now + lease + grace + PERIOD)
-    for i = 1, 4 do
+    local ttl = math.ceil(math.max(rpm_tat, tpm_tat, paused, book_tat, now) - now + lease + grace + PERIOD)
+    for i = 1, 3 do
         redis.call('PEXPIRE', KEYS[i], ttl)
     end
 end
@@ -94,10 +91,9 @@ else
     if paused > slot then
         slot, reason = paused, 'paused'
     end
-    local tail = tonumber(redis.call('HGET', KEYS[4], 't:' .. tenant)) or 0
-    if tail > slot then
-        -- The tenant's own calls are queued already: a newcomer books behind them.
-        slot = tail
+    if book_tat > slot then
+        -- Calls are queued already: a newcomer books behind them rather than overtaking.
+        slot = book_tat
         if rpm > 0 then
             reason = 'rpm'
         else
@@ -121,38 +117,8 @@ else
         end
     end
     if reason ~= '' then
-        -- Lanes of tenants with nothing queued any more are dropped; the others share by weight.
-        local lanes = redis.call('HGETALL', KEYS[4])
-        local in_use, others = weight, {}
-        for i = 1, #lanes, 2 do
-            if string.sub(lanes[i], 1, 2) == 't:' then
-                local name, at = string.sub(lanes[i], 3), tonumber(lanes[i + 1])
-                if at <= now then
-                    redis.call('HDEL', KEYS[4], lanes[i], 'w:' .. name)
-                elseif name ~= tenant then
-                    in_use = in_use + (tonumber(redis.call('HGET', KEYS[4], 'w:' .. name)) or 1)
-                    others[#others + 1] = {name, at}
-                end
-            end
-        end
-        if interval > 0 then
-            -- Bookings of others at or after this slot move one interval later to make room.
-            local later = redis.call('ZRANGEBYSCORE', KEYS[3], ms(slot), '+inf', 'WITHSCORES')
-            for i = 1, #later, 2 do
-                local moved = tonumber(later[i + 1]) + interval
-                redis.call('ZADD', KEYS[3], ms(moved), later[i])
-                furthest = math.max(furthest, moved)
-            end
-            for _, lane in ipairs(others) do
-                if lane[2] >= slot then
-                    redis.call('HSET', KEYS[4], 't:' .. lane[1], ms(lane[2] + interval))
-                    furthest = math.max(furthest, lane[2] + interval)
-                end
-            end
-        end
-        local new_tail = slot + interval * in_use / weight
-        furthest = math.max(furthest, new_tail)
-        redis.call('HSET', KEYS[4], 't:' .. tenant, ms(new_tail), 'w:' .. tenant, weight)
+        book_tat = slot + interval
+        redis.call('HSET', KEYS[1], 'book_tat', ms(book_tat))
         redis.call('ZADD', KEYS[3], ms(slot), id)
         keep()
         return {0, ms(slot), reason, id, ms(now)}
