@@ -23,6 +23,9 @@ How each limit is kept (times in milliseconds since the epoch):
 - `concurrency`: each granted call holds a slot that expires after `call_lease_s`, so a
   crashed worker's slot comes back by itself.
 - `pause`: a provider's 429 with a Retry-After pauses the key for everyone until then.
+- tenants: while several tenants have calls queued on a key, its slots are shared by their
+  weights (start-time fair queueing, see `_book`); a tenant alone gets every slot, so no
+  capacity is left unused.
 """
 
 from __future__ import annotations
@@ -130,6 +133,18 @@ def parse_model_limits(text: str) -> dict[str, ModelLimit]:
     return limits
 
 
+def check_weights(weights: Mapping[str, int]) -> dict[str, int]:
+    """Tenant weights as given, checked: whole numbers above zero (a tenant not named weighs 1).
+
+    Raises:
+        DefinitionError: A weight that is not a whole number above zero.
+    """
+    for tenant, weight in weights.items():
+        if isinstance(weight, bool) or not isinstance(weight, int) or weight <= 0:
+            raise DefinitionError(f"the weight of tenant {tenant!r} must be a whole number above zero, got {weight!r}")
+    return dict(weights)
+
+
 class LimitReason(StrEnum):
     """Why a model call waits."""
 
@@ -180,9 +195,16 @@ class ModelLimiter(Protocol):
         """The limits of `key`, or None when calls against it are not limited."""
 
     def acquire(
-        self, key: str, estimated_tokens: int, reservation_id: str, booking_id: str | None = None
+        self,
+        key: str,
+        estimated_tokens: int,
+        reservation_id: str,
+        booking_id: str | None = None,
+        tenant: str | None = None,
     ) -> LimitGrant | LimitWait:
         """Grant a call now, or say until when there is no capacity.
+
+        `tenant`: whose call it is; tenants with calls queued share the key by their weights.
 
         Raises:
             StoreUnavailableError: The shared state could not be reached (retry later; never call meanwhile).
@@ -207,8 +229,6 @@ class KeyState:
 
     rpm_tat: float = 0.0
     """When the next request is theoretically due (GCRA over the requests really sent)."""
-    book_tat: float = 0.0
-    """When the slot after the last booked one comes: the end of the queue of waiting calls."""
     tpm_tat: float = 0.0
     """When the token allowance is theoretically back to empty (GCRA counted in tokens)."""
     paused_until: float = 0.0
@@ -216,6 +236,12 @@ class KeyState:
     """Concurrency slots: reservation id -> expiry."""
     bookings: dict[str, float] = field(default_factory=dict)
     """Slots given to waiting calls: booking id -> slot time."""
+    tags: dict[str, float] = field(default_factory=dict)
+    """The place of each booking in the fair order of tenants: booking id -> virtual tag."""
+    lanes: dict[str, float] = field(default_factory=dict)
+    """Per tenant: the tag of its last booking."""
+    vtime: float = 0.0
+    """The virtual time: the greatest tag of a booking taken so far."""
 
 
 @dataclass(frozen=True)
@@ -239,14 +265,22 @@ def decide(
     lease_ms: float,
     grace_ms: float,
     poll_ms: float,
+    tenant: str = "",
+    weight: int = 1,
 ) -> Decision:
     """Grant a call or book it a slot, updating `state` (see the module docstring)."""
     state.calls = {rid: expiry for rid, expiry in state.calls.items() if expiry > now}
     state.bookings = {bid: slot for bid, slot in state.bookings.items() if slot + grace_ms > now}
+    state.tags = {bid: tag for bid, tag in state.tags.items() if bid in state.bookings}
+    if not state.bookings:
+        state.lanes.clear()  # nobody waits: every tenant starts again from the virtual time
     held = booking_id if booking_id in state.bookings else None
     if limit.concurrency is not None and len(state.calls) >= limit.concurrency:
         return Decision(False, min(min(state.calls.values()), now + poll_ms), LimitReason.CONCURRENCY, held)
-    refused = _claim(state, limit, now, held) if held is not None else _book(state, limit, now, reservation_id, tokens)
+    if held is not None:
+        refused = _claim(state, limit, now, held)
+    else:
+        refused = _book(state, limit, now, reservation_id, tokens, (tenant, weight))
     if refused is not None:
         return refused
     if limit.rpm is not None:
@@ -270,17 +304,34 @@ def _claim(state: KeyState, limit: ModelLimit, now: float, held: str) -> Decisio
         if allowed > now:
             return Decision(False, allowed, LimitReason.SLOT, held)
     del state.bookings[held]
+    state.vtime = max(state.vtime, state.tags.pop(held, 0.0))
     return None
 
 
-def _book(state: KeyState, limit: ModelLimit, now: float, reservation_id: str, tokens: int) -> Decision | None:
-    """Book the next free slot for a call that has none, unless it may go now (then None)."""
+def _book(
+    state: KeyState, limit: ModelLimit, now: float, reservation_id: str, tokens: int, lane: tuple[str, int]
+) -> Decision | None:
+    """Book a slot for a call that has none, in the fair order of tenants, unless it may go now (then None).
+
+    Start-time fair queueing: a booking's tag is its tenant's last tag (or the virtual time,
+    if that is later) plus 1 / weight, and waiting calls are served in the order of their
+    tags. A tenant alone is served one slot after another; beside others, each gets its
+    weighted share of the slots. A booking whose tag comes before waiting ones takes the slot
+    of the first of them, and they move one interval later (each learns it when it comes
+    back, as a `slot` wait), so a newcomer is not queued behind an earlier crowd.
+    """
+    tenant, weight = lane
+    tag = max(state.vtime, state.lanes.get(tenant, 0.0)) + 1 / weight
+    behind = [bid for bid, other in state.tags.items() if other > tag]
+    ahead = [state.bookings[bid] for bid, other in state.tags.items() if other <= tag]
     slot, reason = now, None
     if state.paused_until > slot:
         slot, reason = state.paused_until, LimitReason.PAUSED
-    if state.book_tat > slot:
-        # Calls are queued already: a newcomer books behind them rather than overtaking.
-        slot, reason = state.book_tat, LimitReason.RPM if limit.rpm is not None else LimitReason.TPM
+    queued = min(state.bookings[bid] for bid in behind) if behind else None
+    if queued is None and ahead:
+        queued = max(ahead) + limit.request_interval_ms
+    if queued is not None and queued > slot:
+        slot, reason = queued, LimitReason.RPM if limit.rpm is not None else LimitReason.TPM
     if limit.rpm is not None:
         allowed = max(state.rpm_tat, now) - (limit.burst - 1) * limit.request_interval_ms
         if allowed > slot:
@@ -293,8 +344,12 @@ def _book(state: KeyState, limit: ModelLimit, now: float, reservation_id: str, t
             slot, reason = allowed, LimitReason.TPM
     if reason is None:
         return None
+    for bid in behind:
+        if state.bookings[bid] >= slot:
+            state.bookings[bid] += limit.request_interval_ms
     state.bookings[reservation_id] = slot
-    state.book_tat = slot + limit.request_interval_ms
+    state.tags[reservation_id] = tag
+    state.lanes[tenant] = tag
     return Decision(False, slot, reason, reservation_id)
 
 
@@ -308,7 +363,6 @@ def settle_state(state: KeyState, limit: ModelLimit, reservation_id: str, reserv
 def pause_state(state: KeyState, limit: ModelLimit, until_ms: float) -> None:
     """Pause the key until `until_ms`; the request rate restarts from there, so waiting calls spread out."""
     state.paused_until = max(state.paused_until, until_ms)
-    state.book_tat = max(state.book_tat, until_ms)
     if limit.rpm is not None:
         state.rpm_tat = max(state.rpm_tat, until_ms + (limit.burst - 1) * limit.request_interval_ms)
 
@@ -327,6 +381,8 @@ class InProcessModelLimiter:
         call_lease_s: How long a granted call holds its concurrency slot unless settled.
         booking_grace_s: How long after its slot a booking may still be claimed.
         concurrency_poll_s: How long a call that found every slot taken waits before asking again.
+        tenant_weights: The share of each tenant while several have calls queued (a tenant
+            not named weighs 1; calls without a tenant share one lane).
         clock: Seconds since the epoch (tests may pass a fake clock).
     """
 
@@ -338,9 +394,11 @@ class InProcessModelLimiter:
         call_lease_s: float = DEFAULT_CALL_LEASE_S,
         booking_grace_s: float = DEFAULT_BOOKING_GRACE_S,
         concurrency_poll_s: float = DEFAULT_CONCURRENCY_POLL_S,
+        tenant_weights: Mapping[str, int] | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.limits = dict(limits)
+        self.tenant_weights = check_weights(tenant_weights or {})
         self.default_output_tokens = default_output_tokens
         self._lease_ms = call_lease_s * 1000
         self._grace_ms = booking_grace_s * 1000
@@ -354,12 +412,18 @@ class InProcessModelLimiter:
         return self.limits.get(key)
 
     def acquire(
-        self, key: str, estimated_tokens: int, reservation_id: str, booking_id: str | None = None
+        self,
+        key: str,
+        estimated_tokens: int,
+        reservation_id: str,
+        booking_id: str | None = None,
+        tenant: str | None = None,
     ) -> LimitGrant | LimitWait:
         """Grant a call now, or say until when there is no capacity (see `ModelLimiter.acquire`)."""
         limit = self.limits.get(key)
         if limit is None:
             return LimitGrant(key, reservation_id, estimated_tokens)
+        lane = tenant or ""
         with self._lock:
             decision = decide(
                 self._states.setdefault(key, KeyState()),
@@ -371,6 +435,8 @@ class InProcessModelLimiter:
                 lease_ms=self._lease_ms,
                 grace_ms=self._grace_ms,
                 poll_ms=self._poll_ms,
+                tenant=lane,
+                weight=self.tenant_weights.get(lane, 1),
             )
         return answer(key, reservation_id, estimated_tokens, decision)
 

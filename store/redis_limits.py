@@ -21,6 +21,7 @@ from agent_runner.model_limits import (
     LimitWait,
     ModelLimit,
     answer,
+    check_weights,
 )
 from store._closing import ClosesOnExit
 from store._scripts import RedisScripts
@@ -45,6 +46,8 @@ class RedisModelLimiter(ClosesOnExit):
         call_lease_s: How long a granted call holds its concurrency slot unless settled.
         booking_grace_s: How long after its slot a booking may still be claimed.
         concurrency_poll_s: How long a call that found every slot taken waits before asking again.
+        tenant_weights: The share of each tenant while several have calls queued (a tenant
+            not named weighs 1; calls without a tenant share one lane).
         clock: Seconds since the epoch to decide with, instead of the Redis clock (for tests
             that walk time; every process of a fleet must then share it).
     """
@@ -60,9 +63,11 @@ class RedisModelLimiter(ClosesOnExit):
         call_lease_s: float = DEFAULT_CALL_LEASE_S,
         booking_grace_s: float = DEFAULT_BOOKING_GRACE_S,
         concurrency_poll_s: float = DEFAULT_CONCURRENCY_POLL_S,
+        tenant_weights: Mapping[str, int] | None = None,
         clock: Callable[[], float] | None = None,
     ) -> None:
         self.limits = dict(limits)
+        self.tenant_weights = check_weights(tenant_weights or {})
         self.default_output_tokens = default_output_tokens
         self._keys = RedisKeys(prefix)
         self._scripts = RedisScripts(redis_url, client, _SCRIPTS)
@@ -70,14 +75,19 @@ class RedisModelLimiter(ClosesOnExit):
         self._grace_ms = booking_grace_s * 1000
         self._poll_ms = concurrency_poll_s * 1000
         self._clock = clock
-        self._encodings: dict[str, tuple[tuple[str, str, str], str]] = {}
+        self._encodings: dict[str, tuple[tuple[str, str, str, str, str], str]] = {}
 
     def limit_for(self, key: str) -> ModelLimit | None:
         """The limits of `key`, or None when calls against it are not limited."""
         return self.limits.get(key)
 
     def acquire(
-        self, key: str, estimated_tokens: int, reservation_id: str, booking_id: str | None = None
+        self,
+        key: str,
+        estimated_tokens: int,
+        reservation_id: str,
+        booking_id: str | None = None,
+        tenant: str | None = None,
     ) -> LimitGrant | LimitWait:
         """Grant a call now, or say until when there is no capacity (see `ModelLimiter.acquire`).
 
@@ -89,9 +99,10 @@ class RedisModelLimiter(ClosesOnExit):
             return LimitGrant(key, reservation_id, estimated_tokens)
         keys, spec = self._encoded(key, limit)
         now = "" if self._clock is None else _ms(self._clock() * 1000)
-        reply = self._scripts.run(
-            "model_limit_acquire", keys, [reservation_id, estimated_tokens, spec, booking_id or "", now]
-        )
+        lane = tenant or ""
+        weight = self.tenant_weights.get(lane, 1)
+        args: list[str | int] = [reservation_id, estimated_tokens, spec, booking_id or "", now, lane, weight]
+        reply = self._scripts.run("model_limit_acquire", keys, args)
         granted, until, reason, booking, server_now = reply
         # The wait is measured on the server's clock and carried over to this process's, so
         # a difference between the two clocks neither shortens nor lengthens it.
@@ -104,7 +115,7 @@ class RedisModelLimiter(ClosesOnExit):
         )
         return answer(key, reservation_id, estimated_tokens, decision)
 
-    def _encoded(self, key: str, limit: ModelLimit) -> tuple[tuple[str, str, str], str]:
+    def _encoded(self, key: str, limit: ModelLimit) -> tuple[tuple[str, str, str, str, str], str]:
         # Encoded once per key: the acquire script is on every model call's path.
         found = self._encodings.get(key)
         if found is None:
@@ -123,7 +134,7 @@ class RedisModelLimiter(ClosesOnExit):
         limit = self.limits.get(grant.key)
         if limit is None or (limit.tpm is None and limit.concurrency is None):
             return  # nothing to count or free: no round trip
-        (state, calls, _), _ = self._encoded(grant.key, limit)
+        (state, calls, *_), _ = self._encoded(grant.key, limit)
         delta = "" if actual_tokens is None else actual_tokens - grant.tokens
         self._scripts.run("model_limit_settle", [state, calls], [grant.reservation_id, delta, limit.tpm or 0])
 
@@ -146,7 +157,7 @@ class RedisModelLimiter(ClosesOnExit):
             return
         keep_ms = PERIOD_MS + self._lease_ms + self._grace_ms
         now = self._clock() if self._clock is not None else time.time()
-        (state, _, _), _ = self._encoded(key, limit)
+        (state, *_), _ = self._encoded(key, limit)
         pause_ms = _ms(max(0.0, until.timestamp() - now) * 1000)
         server_now = "" if self._clock is None else _ms(now * 1000)
         self._scripts.run(

@@ -116,7 +116,9 @@ def embedded_runner(settings: WorkerSettings, database: Database, agent_loader: 
         SettingsError: `AGENT_RUNNER_SETUP` cannot be applied.
     """
     # Without Redis the limits are kept in this process: one embedded process per deployment shares them.
-    limiter = InProcessModelLimiter(settings.model_limits) if settings.model_limits else None
+    limiter = None
+    if settings.model_limits:
+        limiter = InProcessModelLimiter(settings.model_limits, tenant_weights=settings.model_tenant_weights)
     runner = AgentRunner(
         turn_store=database.turn_store,
         agent_loader=agent_loader,

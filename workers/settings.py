@@ -29,6 +29,7 @@ misconfigured deployment fails at start-up rather than on the first turn.
 | `AGENT_RUNNER_RETRY_MULTIPLIER` | `2` | growth of the delay per attempt |
 | `AGENT_RUNNER_RETRY_MAX_BACKOFF_S` | `60` | longest retry delay |
 | `AGENT_RUNNER_MODEL_LIMITS` | none | JSON `{"<limit key>": {"rpm": n, "tpm": n, "concurrency": n}}`: provider limits shared by every process (see `agent_runner.model_limits`) |
+| `AGENT_RUNNER_MODEL_TENANT_WEIGHTS` | none | JSON `{"<tenant>": weight}`: the shares of tenants whose calls wait for the same model limit (a tenant not named weighs 1) |
 | `AGENT_RUNNER_RETRY_JITTER` | `0.1` | random fraction added to or removed from a delay |
 | `AGENT_RUNNER_RETRY_POLICIES` | none | JSON: per agent id, `RetryPolicy` fields overriding the agent's own (`retry_on` as `module:Class` names) |
 | `AGENT_RUNNER_DEADLINE_SWEEP_INTERVAL_S` | the sweep interval | seconds between deadline sweeps (reminders and timeouts of approvals and forms) |
@@ -57,7 +58,7 @@ from urllib.parse import urlsplit
 from pydantic import ValidationError
 
 from agent_runner import AgentExecutionPolicy, AgentRunnerError, DefinitionError, ModelLimit, RetryPolicy
-from agent_runner.model_limits import parse_model_limits
+from agent_runner.model_limits import check_weights, parse_model_limits
 from store._redaction import check_password_encoding, mask_url_secrets
 from workers.defaults import DEFAULT_DATABASE_URL
 
@@ -219,6 +220,8 @@ class WorkerSettings:
     db_max_overflow: int | None = None
     model_limits: Mapping[str, ModelLimit] = field(default_factory=dict)
     """Shared provider limits by limit key (`AGENT_RUNNER_MODEL_LIMITS`)."""
+    model_tenant_weights: Mapping[str, int] = field(default_factory=dict)
+    """Tenant shares of the model limits (`AGENT_RUNNER_MODEL_TENANT_WEIGHTS`)."""
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> WorkerSettings:
@@ -269,6 +272,7 @@ class WorkerSettings:
             db_pool_size=_optional_number(env, "AGENT_RUNNER_DB_POOL_SIZE", minimum=1),
             db_max_overflow=_optional_number(env, "AGENT_RUNNER_DB_MAX_OVERFLOW", minimum=0),
             model_limits=_model_limits(env),
+            model_tenant_weights=_tenant_weights(env),
         )
         settings._check_consistency(env)
         return settings
@@ -440,6 +444,24 @@ def _model_limits(env: Mapping[str, str]) -> dict[str, ModelLimit]:
         return {}
     try:
         return parse_model_limits(value)
+    except DefinitionError as exc:
+        raise SettingsError(name, value, str(exc)) from None
+
+
+def _tenant_weights(env: Mapping[str, str]) -> dict[str, int]:
+    """`AGENT_RUNNER_MODEL_TENANT_WEIGHTS`: `{"acme": 3, "globex": 1}`."""
+    name = "AGENT_RUNNER_MODEL_TENANT_WEIGHTS"
+    value = _raw(env, name)
+    if value is None:
+        return {}
+    try:
+        parsed = json.loads(value)
+    except json.JSONDecodeError as exc:
+        raise SettingsError(name, value, f"expected a JSON object: {exc}") from None
+    if not isinstance(parsed, dict):
+        raise SettingsError(name, value, 'expected {"<tenant>": weight, ...}')
+    try:
+        return check_weights(parsed)
     except DefinitionError as exc:
         raise SettingsError(name, value, str(exc)) from None
 

@@ -156,7 +156,12 @@ def model_limiter(settings: WorkerSettings) -> store.RedisModelLimiter | None:
     """The limiter of `AGENT_RUNNER_MODEL_LIMITS` in the deployment's Redis, shared by every process; None without limits."""
     if not settings.model_limits:
         return None
-    return store.RedisModelLimiter(settings.model_limits, settings.redis_url, prefix=settings.redis_prefix)
+    return store.RedisModelLimiter(
+        settings.model_limits,
+        settings.redis_url,
+        prefix=settings.redis_prefix,
+        tenant_weights=settings.model_tenant_weights,
+    )
 
 
 def build_runner(settings: WorkerSettings | None = None) -> AgentRunner:

@@ -132,7 +132,7 @@ def _call_model(
         _REQUEST_GIVEN,
         {"messages": _request_messages(turn, agent), "tools": agent.tool_specs(), "on_delta": sink},
     )
-    admission = limiting.admit(ctx, chat_model, request, previous)
+    admission = limiting.admit(ctx, turn, chat_model, request, previous)
     if isinstance(admission, LimitWait):
         sink.close()
         waits = limiting.provider_waits(previous, admission.key)

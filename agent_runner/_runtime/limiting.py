@@ -53,9 +53,9 @@ class Admission:
 
 
 def admit(
-    ctx: RunnerContext, model: object, request: ChatRequest, previous: AgentSuspension | None
+    ctx: RunnerContext, turn: AgentTurn, model: object, request: ChatRequest, previous: AgentSuspension | None
 ) -> Admission | LimitWait | None:
-    """Ask the limiter for capacity for one call; None when the call is not limited.
+    """Ask the limiter for capacity for one call of `turn` (counted for its tenant); None when it is not limited.
 
     `previous`: the suspension the turn resumed from, whose booking (a slot kept for this
     call) is handed back.
@@ -75,7 +75,8 @@ def admit(
     tokens = estimate_tokens(_request_parts(request), allowance)
     booking = _previous(previous, key).get("limit_booking")
     try:
-        answer = limiter.acquire(key, tokens, new_id(), booking if isinstance(booking, str) else None)
+        held = booking if isinstance(booking, str) else None
+        answer = limiter.acquire(key, tokens, new_id(), held, turn.tenant_id)
     except StoreError as exc:
         if not exc.retryable:
             raise

@@ -48,6 +48,7 @@ class Acquire:
     tokens: int = 1
     claim: bool = False
     """Hand back the booking `name` got earlier."""
+    tenant: str | None = None
 
 
 @dataclass(frozen=True)
@@ -113,6 +114,49 @@ CASES: dict[str, tuple[ModelLimit, list[Step]]] = {
             Acquire(2.9, "d", (3.9, LimitReason.RPM)),
         ],
     ),
+    "a tenant arriving behind another's crowd gets every other slot, not the end of the queue": (
+        ModelLimit(rpm=60),
+        [
+            Acquire(0, "a1", "grant", tenant="a"),
+            Acquire(0, "a2", (1.0, LimitReason.RPM), tenant="a"),
+            Acquire(0, "a3", (2.0, LimitReason.RPM), tenant="a"),
+            Acquire(0, "a4", (3.0, LimitReason.RPM), tenant="a"),
+            Acquire(0.1, "b1", (2.0, LimitReason.RPM), tenant="b"),  # a3 and a4 move one slot later
+            Acquire(0.1, "b2", (4.0, LimitReason.RPM), tenant="b"),  # its share: every other slot
+            Acquire(1.0, "a2", "grant", tenant="a", claim=True),
+            Acquire(2.0, "a3", (3.0, LimitReason.SLOT), tenant="a", claim=True),  # told where it moved
+            Acquire(2.0, "b1", "grant", tenant="b", claim=True),
+            Acquire(3.0, "a3", "grant", tenant="a", claim=True),
+            Acquire(4.0, "b2", "grant", tenant="b", claim=True),
+            Acquire(5.0, "a4", "grant", tenant="a", claim=True),
+            Acquire(5.0, "a5", (6.0, LimitReason.RPM), tenant="a"),  # alone again: every slot
+        ],
+    ),
+    "tenants whose calls alternate share the slots with none left unused": (
+        ModelLimit(rpm=60),
+        [
+            Acquire(0, "a1", "grant", tenant="a"),
+            Acquire(0, "b1", (1.0, LimitReason.RPM), tenant="b"),
+            Acquire(0, "a2", (2.0, LimitReason.RPM), tenant="a"),
+            Acquire(0, "b2", (3.0, LimitReason.RPM), tenant="b"),
+            Acquire(0, "a3", (4.0, LimitReason.RPM), tenant="a"),
+            Acquire(0, "b3", (5.0, LimitReason.RPM), tenant="b"),
+        ],
+    ),
+    "tenants share by weight: one weighing 4 gets four slots to the other's one": (
+        ModelLimit(rpm=60),
+        [
+            Acquire(0, "a1", "grant", tenant="a"),
+            Acquire(0, "a2", (1.0, LimitReason.RPM), tenant="a"),
+            Acquire(0, "a3", (2.0, LimitReason.RPM), tenant="a"),
+            Acquire(0.1, "h1", (1.0, LimitReason.RPM), tenant="heavy"),
+            Acquire(0.1, "h2", (2.0, LimitReason.RPM), tenant="heavy"),
+            Acquire(0.1, "h3", (3.0, LimitReason.RPM), tenant="heavy"),
+            Acquire(0.1, "h4", (5.0, LimitReason.RPM), tenant="heavy"),
+            Acquire(0.5, "a2", (4.0, LimitReason.SLOT), tenant="a", claim=True),
+            Acquire(0.5, "a3", (6.0, LimitReason.SLOT), tenant="a", claim=True),
+        ],
+    ),
     "tpm reserves the estimate, and settling refunds what was not used": (
         ModelLimit(tpm=6000),  # 100 tokens a second (10 ms each), room for 1000 at once
         [
@@ -172,7 +216,12 @@ def make_limiter(request: pytest.FixtureRequest) -> Iterator[Any]:
     prefix = f"agent-runner-test-{uuid.uuid4().hex}"
 
     def make(limits: dict[str, ModelLimit], clock: Clock) -> ModelLimiter:
-        options: dict[str, Any] = {"call_lease_s": 10.0, "booking_grace_s": 60.0, "concurrency_poll_s": 0.5}
+        options: dict[str, Any] = {
+            "call_lease_s": 10.0,
+            "booking_grace_s": 60.0,
+            "concurrency_poll_s": 0.5,
+            "tenant_weights": {"heavy": 4},
+        }
         if request.param == "in-process":
             return InProcessModelLimiter(limits, clock=clock, **options)
         url = str(request.getfixturevalue("redis_url"))
@@ -208,7 +257,7 @@ def test_the_limiter_decides_as_the_table_says(make_limiter: Any, case: str) -> 
         match step:
             case Acquire():
                 booking = bookings.get(step.name) if step.claim else None
-                answer = limiter.acquire(KEY, step.tokens, f"{step.name}-{number}", booking)
+                answer = limiter.acquire(KEY, step.tokens, f"{step.name}-{number}", booking, step.tenant)
                 if isinstance(step.expect, str):
                     assert isinstance(answer, LimitGrant), where
                     grants[step.name] = answer
@@ -243,11 +292,16 @@ def test_two_limiters_on_one_state_share_the_limit(make_limiter: Any) -> None:
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("seed", range(6))
 def test_the_redis_scripts_decide_as_the_in_process_limiter_on_random_sequences(redis_url: str, seed: int) -> None:
     # Given both limiters on one fake clock, with limits whose times are whole milliseconds
     limits = {KEY: ModelLimit(rpm=120, tpm=6000, concurrency=3)}
-    options: dict[str, Any] = {"call_lease_s": 4.0, "booking_grace_s": 3.0, "concurrency_poll_s": 0.5}
+    options: dict[str, Any] = {
+        "call_lease_s": 4.0,
+        "booking_grace_s": 3.0,
+        "concurrency_poll_s": 0.5,
+        "tenant_weights": {"a": 1, "b": 3, "c": 4},
+    }
     clock = Clock()
     prefix = f"agent-runner-test-{uuid.uuid4().hex}"
     in_process = InProcessModelLimiter(limits, clock=clock, **options)
@@ -262,9 +316,10 @@ def test_the_redis_scripts_decide_as_the_in_process_limiter_on_random_sequences(
             if roll < 0.55:
                 tokens = rng.choice([1, 50, 200, 900])
                 held = rng.choice(bookings) if bookings and rng.random() < 0.5 else (None, None)
+                tenant = rng.choice([None, "a", "b", "c"])
                 answers = (
-                    in_process.acquire(KEY, tokens, f"r{number}", held[0]),
-                    redis_limiter.acquire(KEY, tokens, f"r{number}", held[1]),
+                    in_process.acquire(KEY, tokens, f"r{number}", held[0], tenant),
+                    redis_limiter.acquire(KEY, tokens, f"r{number}", held[1], tenant),
                 )
                 assert _shape(answers[0]) == _shape(answers[1]), f"step {number}"
                 if isinstance(answers[0], LimitGrant) and isinstance(answers[1], LimitGrant):

@@ -71,3 +71,38 @@ def test_turns_started_at_once_wait_for_capacity_and_none_fails(provider: FakeCh
     assert provider.counts.accepted + provider.counts.refused <= TURNS * 1.05
     assert drained >= (TURNS - PER_WINDOW) / PER_WINDOW * LIMIT.window_s * 0.9
     assert {t.tenant_id for t in finished} == {"acme", "globex"}
+
+
+def test_a_tenant_arriving_behind_another_tenants_crowd_is_not_queued_behind_it(
+    provider: FakeChatServer, database: Database
+) -> None:
+    # Given the same limit, and 20 turns of one tenant already queued for it
+    settings = WorkerSettings.from_env(
+        {
+            "AGENT_RUNNER_DATABASE_URL": str(database.engine.url),
+            "AGENT_RUNNER_MODEL_LIMITS": json.dumps({LIMIT_KEY: {"rpm": 300}}),
+        }
+    )
+    agent = limited_agent(provider.base_url)
+    deployment = build_embedded(settings, database, InMemoryAgentLoader([agent]), Stepping(4, poll_interval=0.05))
+    runner = deployment.runner
+    deployment.start()
+    try:
+        crowd = [runner.start(agent, f"question {n}", tenant_id="crowd").id for n in range(20)]
+        time.sleep(0.5)
+        # When another tenant starts 4 turns
+        newcomer = [runner.start(agent, f"question {n}", tenant_id="newcomer").id for n in range(4)]
+        ids = crowd + newcomer
+        deadline = time.monotonic() + 30
+        while not all(runner.turn_store.load(turn_id).is_terminal for turn_id in ids):
+            assert time.monotonic() < deadline, f"turns still open; provider saw {provider.counts}"
+            time.sleep(0.1)
+    finally:
+        deployment.stop()
+    # Then the newcomer shared the slots instead of waiting for the whole crowd: its turns
+    # were done well before the crowd's last ones
+    ended = {turn_id: runner.turn_store.load(turn_id).updated_at for turn_id in ids}
+    assert all(runner.turn_store.load(turn_id).status is AgentTurnStatus.COMPLETED for turn_id in ids)
+    crowd_last = sorted(ended[turn_id] for turn_id in crowd)
+    assert max(ended[turn_id] for turn_id in newcomer) < crowd_last[-4]
+    assert provider.counts.refused <= 1

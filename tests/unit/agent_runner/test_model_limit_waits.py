@@ -133,7 +133,14 @@ def test_429s_in_a_row_beyond_the_bound_count_as_attempts_so_a_spent_quota_still
 
 
 class _Unreachable(InProcessModelLimiter):
-    def acquire(self, key: str, estimated_tokens: int, reservation_id: str, booking_id: str | None = None) -> Any:
+    def acquire(
+        self,
+        key: str,
+        estimated_tokens: int,
+        reservation_id: str,
+        booking_id: str | None = None,
+        tenant: str | None = None,
+    ) -> Any:
         raise StoreUnavailableError("Redis at redis://limits/0 was unavailable")
 
 

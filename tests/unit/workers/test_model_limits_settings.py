@@ -46,3 +46,12 @@ def test_a_malformed_value_stops_start_up_naming_the_variable(value: str, reason
     assert raised.value.variable == VARIABLE
     assert str(raised.value).startswith(f"{VARIABLE}=")
     assert reason in str(raised.value)
+
+
+def test_tenant_weights_are_read_and_checked() -> None:
+    name = "AGENT_RUNNER_MODEL_TENANT_WEIGHTS"
+    assert WorkerSettings.from_env({name: '{"acme": 3, "globex": 1}'}).model_tenant_weights == {"acme": 3, "globex": 1}
+    for value in ("acme=3", "[3]", '{"acme": 0}', '{"acme": 1.5}'):
+        with pytest.raises(SettingsError) as raised:
+            WorkerSettings.from_env({name: value})
+        assert raised.value.variable == name
