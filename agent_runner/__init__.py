@@ -61,6 +61,7 @@ from agent_runner.messages import (
     UserMessage,
 )
 from agent_runner.middleware import Middleware
+from agent_runner.model_limits import InProcessModelLimiter, ModelLimit, ModelLimiter
 from agent_runner.models import ChatModel, ChatRequest, ChatResponse, ScriptedChatModel, ToolSpec
 from agent_runner.persistence import (
     AgentLoader,
@@ -141,6 +142,9 @@ __all__ = [
     "InputLimits",
     "Middleware",
     "RetryPolicy",
+    "InProcessModelLimiter",
+    "ModelLimit",
+    "ModelLimiter",
     "StopReason",
     # Events
     "AgentEvent",

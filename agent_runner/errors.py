@@ -148,12 +148,17 @@ class RecoverableError(AgentRunnerError):
         message: What went wrong.
         retry_after: Seconds the callee asked us to wait (for example an HTTP Retry-After
             header); it overrides the retry policy's backoff when it is longer.
+        rate_limited: The callee refused the call for a rate limit (HTTP 429): a model whose
+            key is limited then pauses that key for every process (see `agent_runner.model_limits`).
     """
 
     retryable: ClassVar[bool] = True
 
-    def __init__(self, message: str = "recoverable error", retry_after: float | None = None) -> None:
+    def __init__(
+        self, message: str = "recoverable error", retry_after: float | None = None, *, rate_limited: bool = False
+    ) -> None:
         self.retry_after = retry_after
+        self.rate_limited = rate_limited
         super().__init__(message)
 
 

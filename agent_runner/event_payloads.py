@@ -23,6 +23,7 @@ from agent_runner.events import AgentEvent, AgentEventType
 from agent_runner.forms import AgentFormDefinition
 from agent_runner.ids import queued_turn_id
 from agent_runner.messages import ToolCall
+from agent_runner.model_limits import LimitReason
 from agent_runner.snapshot import AgentTurn, AgentTurnStatus
 from agent_runner.suspensions import AgentSuspension, ResumeType, SuspensionType, TimeoutAction
 
@@ -155,7 +156,11 @@ class RetryScheduledFields(_Payload):
 
     attempt: int
     next_retry_at: str | None = Field(description="ISO 8601.")
-    error: str = Field(description="The error that is retried.")
+    error: str = Field(description="The error that is retried, or why the call waits for a model limit.")
+    limit_key: str | None = Field(
+        default=None, description="The shared model limit the call waits for (None: a retry after a failure)."
+    )
+    limit_reason: LimitReason | None = Field(default=None, description="Why the call waits for the model limit.")
 
 
 class ModelDeltaFields(_Payload):
@@ -430,10 +435,15 @@ def turn_resumed(
     return EventBody(E.TURN_RESUMED, fields)
 
 
-def retry_scheduled(turn: AgentTurn, error: str) -> EventBody:
-    """RETRY_SCHEDULED of a turn saved RETRY_SCHEDULED because of `error`."""
+def retry_scheduled(
+    turn: AgentTurn, error: str, *, limit_key: str | None = None, limit_reason: LimitReason | None = None
+) -> EventBody:
+    """RETRY_SCHEDULED of a turn saved RETRY_SCHEDULED because of `error` (or waiting for the model limit `limit_key`)."""
     next_at = None if turn.next_retry_at is None else turn.next_retry_at.isoformat()
-    return EventBody(E.RETRY_SCHEDULED, RetryScheduledFields(attempt=turn.attempt, next_retry_at=next_at, error=error))
+    fields = RetryScheduledFields(
+        attempt=turn.attempt, next_retry_at=next_at, error=error, limit_key=limit_key, limit_reason=limit_reason
+    )
+    return EventBody(E.RETRY_SCHEDULED, fields)
 
 
 def model_delta(delta: str, lease_fence: int | None) -> EventBody:

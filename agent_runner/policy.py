@@ -47,6 +47,10 @@ class RetryPolicy(PositionalModel):
     """Fraction of the backoff added or removed at random, so retries of many turns spread out."""
     retry_on: tuple[type[BaseException], ...] = Field(default_factory=_default_retry_on)
     """Exception types that mean "try again later" (besides `RecoverableError`)."""
+    max_provider_limit_waits: int = Field(default=10, ge=0)
+    """Rate-limit refusals (HTTP 429) in a row of a call against a limited model key that wait
+    without using an attempt (the key is paused for every process meanwhile); past them a 429
+    is an ordinary failed attempt, so a quota that is used up still ends the turn."""
 
     def is_transient(self, error: BaseException, extra: tuple[type[BaseException], ...] = ()) -> bool:
         """Whether `error` should be retried on this schedule (`extra`: a tool's own `retry_on`)."""

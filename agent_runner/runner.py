@@ -30,6 +30,7 @@ from agent_runner.in_memory import InMemoryAgentTurnStore
 from agent_runner.limits import check_id
 from agent_runner.messages import ModelMessage, UserMessage
 from agent_runner.middleware import Middleware
+from agent_runner.model_limits import ModelLimiter
 from agent_runner.persistence import AgentLoader, AgentTurnStore, ChatMemoryProvider, ConversationGuard, TurnDispatcher
 from agent_runner.policy import AgentExecutionPolicy
 from agent_runner.results import AdvanceResult, AgentStepResult
@@ -60,6 +61,8 @@ class AgentRunner:
             lease from this scope, and stamp the lease's fence on every save. An `AgentWorker` sets it on
             the runner it serves, so a turn run in the caller's thread is never stepped at the same time
             by the worker's polling threads.
+        model_limiter: Decides when calls against shared provider limits may go; a call without capacity
+            waits RETRY_SCHEDULED without using an attempt (see `agent_runner.model_limits`).
     """
 
     def __init__(
@@ -74,6 +77,7 @@ class AgentRunner:
         conversation_guard: ConversationGuard | None = None,
         clock: Callable[[], datetime] = utcnow,
         lease_scope: LeaseScope | None = None,
+        model_limiter: ModelLimiter | None = None,
     ) -> None:
         middleware = list(middleware)
         for item in middleware:
@@ -89,6 +93,7 @@ class AgentRunner:
             lease_scope=lease_scope,
             gate=ConversationGate(store, conversation_guard),
             telemetry_key=self,  # telemetry hooks are registered per runner
+            model_limiter=model_limiter,
         )
         ctx.projection = Projection(chat_memory_provider, partial(saving.projection_failed, ctx))
         ctx.execution = execution_mode(ctx, dispatcher)
@@ -338,11 +343,9 @@ class AgentRunner:
         """Act on a waiting turn whose deadline reminder or deadline has come (the deadline sweep calls this).
 
         Once the deadline has passed, the suspension's `on_timeout` default goes through the normal resume
-        path (`AgentResumeCommand.deadline_passed`, decided by `"system"` with the reason "deadline passed",
-        then `submit_resume`), so its events and page actions are those of any decision and a worker
-        continues the turn. A decision that came first wins; the default is then not applied. Before the
-        deadline, once the reminder time has passed, DEADLINE_APPROACHING is saved with the turn and
-        emitted, once. Otherwise nothing changes.
+        path (`AgentResumeCommand.deadline_passed`, decided by `"system"`, then `submit_resume`); a decision
+        that came first wins. Before it, once the reminder time has passed, DEADLINE_APPROACHING is saved
+        with the turn and emitted, once.
 
         Returns:
             The newest snapshot.
@@ -352,12 +355,9 @@ class AgentRunner:
     def apply_due_deadlines(self, limit: int = resuming.DEADLINE_BATCH) -> int:
         """Send due deadline reminders and apply passed deadlines' defaults; return how many turns were handled.
 
-        The deadline sweep of every deployment: Celery beat calls it, and so does the embedded
-        `AgentWorker` (in the HTTP server, `agent-runner worker` and your own processes). Each due turn
+        The deadline sweep of every deployment (Celery beat, the embedded `AgentWorker`). Each due turn
         goes through `apply_deadline`, a compare-and-swap decision, so two sweeps at once remind once and
-        apply a default once, and a person who decided first wins. A turn resumed by its default is
-        handed on like any resume: to the dispatcher (the Celery workers, an `AgentWorker`), or left
-        RUNNING for a worker.
+        apply a default once. A turn resumed by its default is handed on like any resume.
 
         Args:
             limit: Most turns handled; the rest wait for the next sweep, earliest first.

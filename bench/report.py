@@ -180,6 +180,9 @@ def goals(sections: dict[str, Any]) -> list[Goal]:
                 None if figure is None else figure <= limit,
             )
         )
+    import model_limits
+
+    found += [Goal(*goal) for goal in model_limits.goals(sections.get("model_limits"))]
     return found
 
 
@@ -888,6 +891,7 @@ def render(everything: dict[str, Any], docs: Path) -> None:
         parts += ["## 4. Resume latency", resume_section(sections.get("resume"), sections.get("celery_bench"))]
     if "durable" in sections or "resume" in sections:
         parts += ["## 5. Peers: LangGraph", peers_section(sections.get("durable"), sections.get("resume"))]
+    import model_limits
     from latency import SECTION_TITLE, section
 
     for name, title, render_section in (
@@ -896,6 +900,7 @@ def render(everything: dict[str, Any], docs: Path) -> None:
         ("sse_bench", "## 8. Server-sent events: many followers of one conversation", sse_section),
         ("cli_startup", "## 9. Command line start-up", cli_section),
         ("latency", SECTION_TITLE, section),
+        ("model_limits", model_limits.SECTION_TITLE, model_limits.section),
     ):
         if name in sections:
             parts += [title, render_section(sections[name])]

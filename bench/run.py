@@ -38,6 +38,7 @@ SECTIONS = (
     "sse_bench",
     "cli_startup",
     "latency",
+    "model_limits",
 )
 SECTION_TIMEOUT_S = 900
 

@@ -31,12 +31,14 @@ if TYPE_CHECKING:
     from store.redis_events import RedisLiveEvents
     from store.redis_guard import RedisConversationGuard
     from store.redis_lease import RedisTurnLease
+    from store.redis_limits import RedisModelLimiter
 
 _LAZY_EXPORTS = {
     "RedisConversationGuard": "store.redis_guard",
     "RedisKeys": "store.keys",
     "RedisLiveEvents": "store.redis_events",
     "RedisTurnLease": "store.redis_lease",
+    "RedisModelLimiter": "store.redis_limits",
 }
 
 
@@ -73,5 +75,6 @@ __all__ = [
     "RedisConversationGuard",
     "RedisKeys",
     "RedisLiveEvents",
+    "RedisModelLimiter",
     "RedisTurnLease",
 ]

@@ -10,6 +10,11 @@ read (and changed) in one place:
 | `{prefix}:conversation:{<conversation_id>}:active-turn` | string, a turn id | until released | `guard_*.lua` |
 | `{prefix}:turn:{<root_turn_id>}:events` | stream of live events of a turn tree | the live retention after the last publish | `RedisLiveEvents` (`live_publish.lua`) |
 | `{prefix}:conversation:{<conversation_id>}:events` | stream of live events of a conversation | the same | `RedisLiveEvents` (`live_publish.lua`) |
+| `{prefix}:model-limit:{<limit key>}` | hash `rpm_tat`, `tpm_tat`, `paused_until`, `vtime` | a minute and the call lease after its last use | `model_limit_*.lua` |
+| `{prefix}:model-limit:{<limit key>}:calls` | sorted set: reservation id by expiry | the same | `model_limit_acquire.lua`, `model_limit_settle.lua` |
+| `{prefix}:model-limit:{<limit key>}:bookings` | sorted set: booking id by slot time | the same | `model_limit_acquire.lua` |
+| `{prefix}:model-limit:{<limit key>}:tags` | sorted set: booking id by its place in the fair order of tenants | the same | `model_limit_acquire.lua` |
+| `{prefix}:model-limit:{<limit key>}:lanes` | hash: tenant -> the tag of its last booking | the same | `model_limit_acquire.lua` |
 """
 
 from __future__ import annotations
@@ -71,6 +76,11 @@ class RedisKeys:
     def active_turn(self, conversation_id: str) -> str:
         """Return the key holding the id of the conversation's active turn."""
         return f"{self.prefix}:conversation:{{{_require_id('conversation id', conversation_id)}}}:active-turn"
+
+    def model_limit(self, limit_key: str) -> tuple[str, str, str, str, str]:
+        """Return the keys of a model limit: its state, concurrent calls, bookings, their fair order and tenant lanes."""
+        base = f"{self.prefix}:model-limit:{{{_require_id('limit key', limit_key)}}}"
+        return base, f"{base}:calls", f"{base}:bookings", f"{base}:tags", f"{base}:lanes"
 
     def pattern(self) -> str:
         """Return a `SCAN MATCH` pattern matching every key of this namespace and no other."""

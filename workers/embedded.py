@@ -19,7 +19,7 @@ import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from agent_runner import AgentLoader, AgentRunner
+from agent_runner import AgentLoader, AgentRunner, InProcessModelLimiter
 from agent_runner.worker import AgentWorker
 from store import SqlTurnLease
 from workers.agents import apply_runner_setup
@@ -115,11 +115,16 @@ def embedded_runner(settings: WorkerSettings, database: Database, agent_loader: 
     Raises:
         SettingsError: `AGENT_RUNNER_SETUP` cannot be applied.
     """
+    # Without Redis the limits are kept in this process: one embedded process per deployment shares them.
+    limiter = None
+    if settings.model_limits:
+        limiter = InProcessModelLimiter(settings.model_limits, tenant_weights=settings.model_tenant_weights)
     runner = AgentRunner(
         turn_store=database.turn_store,
         agent_loader=agent_loader,
         chat_memory_provider=database.memories,
         policy=settings.policy(),
+        model_limiter=limiter,
     )
     return apply_runner_setup(runner, settings.runner_setup)
 

@@ -28,6 +28,8 @@ misconfigured deployment fails at start-up rather than on the first turn.
 | `AGENT_RUNNER_RETRY_INITIAL_BACKOFF_S` | `1` | first retry delay |
 | `AGENT_RUNNER_RETRY_MULTIPLIER` | `2` | growth of the delay per attempt |
 | `AGENT_RUNNER_RETRY_MAX_BACKOFF_S` | `60` | longest retry delay |
+| `AGENT_RUNNER_MODEL_LIMITS` | none | JSON `{"<limit key>": {"rpm": n, "tpm": n, "concurrency": n}}`: provider limits shared by every process (see `agent_runner.model_limits`) |
+| `AGENT_RUNNER_MODEL_TENANT_WEIGHTS` | none | JSON `{"<tenant>": weight}`: the shares of tenants whose calls wait for the same model limit (a tenant not named weighs 1) |
 | `AGENT_RUNNER_RETRY_JITTER` | `0.1` | random fraction added to or removed from a delay |
 | `AGENT_RUNNER_RETRY_POLICIES` | none | JSON: per agent id, `RetryPolicy` fields overriding the agent's own (`retry_on` as `module:Class` names) |
 | `AGENT_RUNNER_DEADLINE_SWEEP_INTERVAL_S` | the sweep interval | seconds between deadline sweeps (reminders and timeouts of approvals and forms) |
@@ -55,7 +57,8 @@ from urllib.parse import urlsplit
 
 from pydantic import ValidationError
 
-from agent_runner import AgentExecutionPolicy, AgentRunnerError, DefinitionError, RetryPolicy
+from agent_runner import AgentExecutionPolicy, AgentRunnerError, DefinitionError, ModelLimit, RetryPolicy
+from agent_runner.model_limits import check_weights, parse_model_limits
 from store.redaction import check_password_encoding, mask_url_secrets
 from workers.defaults import DEFAULT_DATABASE_URL
 
@@ -215,6 +218,10 @@ class WorkerSettings:
     db_pool_size: int | None = None
     """None: sized from the tasks a process runs at once (`workers.capacity.database_pool`)."""
     db_max_overflow: int | None = None
+    model_limits: Mapping[str, ModelLimit] = field(default_factory=dict)
+    """Shared provider limits by limit key (`AGENT_RUNNER_MODEL_LIMITS`)."""
+    model_tenant_weights: Mapping[str, int] = field(default_factory=dict)
+    """Tenant shares of the model limits (`AGENT_RUNNER_MODEL_TENANT_WEIGHTS`)."""
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> WorkerSettings:
@@ -264,6 +271,8 @@ class WorkerSettings:
             webhooks=_webhooks(env),
             db_pool_size=_optional_number(env, "AGENT_RUNNER_DB_POOL_SIZE", minimum=1),
             db_max_overflow=_optional_number(env, "AGENT_RUNNER_DB_MAX_OVERFLOW", minimum=0),
+            model_limits=_model_limits(env),
+            model_tenant_weights=_tenant_weights(env),
         )
         settings._check_consistency(env)
         return settings
@@ -425,6 +434,36 @@ def _retry_overrides(env: Mapping[str, str]) -> dict[str, dict[str, Any]]:
         problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'][1:])}: {e['msg']}" for e in exc.errors())
         raise SettingsError(name, value, problems) from None
     return overrides
+
+
+def _model_limits(env: Mapping[str, str]) -> dict[str, ModelLimit]:
+    """`AGENT_RUNNER_MODEL_LIMITS`: `{"openai:gpt-4o-mini": {"rpm": 500, "tpm": 200000, "concurrency": 20}}`."""
+    name = "AGENT_RUNNER_MODEL_LIMITS"
+    value = _raw(env, name)
+    if value is None:
+        return {}
+    try:
+        return parse_model_limits(value)
+    except DefinitionError as exc:
+        raise SettingsError(name, value, str(exc)) from None
+
+
+def _tenant_weights(env: Mapping[str, str]) -> dict[str, int]:
+    """`AGENT_RUNNER_MODEL_TENANT_WEIGHTS`: `{"acme": 3, "globex": 1}`."""
+    name = "AGENT_RUNNER_MODEL_TENANT_WEIGHTS"
+    value = _raw(env, name)
+    if value is None:
+        return {}
+    try:
+        parsed = json.loads(value)
+    except json.JSONDecodeError as exc:
+        raise SettingsError(name, value, f"expected a JSON object: {exc}") from None
+    if not isinstance(parsed, dict):
+        raise SettingsError(name, value, 'expected {"<tenant>": weight, ...}')
+    try:
+        return check_weights(parsed)
+    except DefinitionError as exc:
+        raise SettingsError(name, value, str(exc)) from None
 
 
 def _names(name: str, value: str, fields: dict[str, Any]) -> list[str]:

@@ -58,6 +58,8 @@ class Wiring:
     engine: Engine = field(repr=False)
     publisher: BackgroundPublisher | None = field(default=None, repr=False)
     """Sends the runner's events to `live` from a thread of its own."""
+    limiter: store.RedisModelLimiter | None = field(default=None, repr=False)
+    """The fleet's shared model limits (`AGENT_RUNNER_MODEL_LIMITS`), when any are set."""
 
     def close(self) -> None:
         """Send the messages and events still queued, then close the Redis clients and the database pool."""
@@ -69,6 +71,8 @@ class Wiring:
         self.live.close()
         self.lease.close()
         self.guard.close()
+        if self.limiter is not None:
+            self.limiter.close()
         self.engine.dispose()
 
 
@@ -109,6 +113,7 @@ def build_wiring(
     guard = store.RedisConversationGuard(settings.redis_url, prefix=settings.redis_prefix)
     outbox = MessageOutbox(celery_app) if background_dispatch else None
     dispatcher = CeleryDispatcher(celery_app, settings, outbox=outbox)
+    limiter = model_limiter(settings)
     runner = AgentRunner(
         turn_store=database.turn_store,
         agent_loader=loader,
@@ -117,6 +122,7 @@ def build_wiring(
         middleware=list(middleware),
         dispatcher=dispatcher,
         conversation_guard=guard,
+        model_limiter=limiter,
     )
     instrument(runner)  # spans, metrics and log context of every step
     # Every event leaves the process: deltas and progress live only, durable events as a
@@ -142,4 +148,17 @@ def build_wiring(
         live=live,
         engine=database.engine,
         publisher=publisher,
+        limiter=limiter,
+    )
+
+
+def model_limiter(settings: WorkerSettings) -> store.RedisModelLimiter | None:
+    """The limiter of `AGENT_RUNNER_MODEL_LIMITS` in the deployment's Redis, shared by every process; None without limits."""
+    if not settings.model_limits:
+        return None
+    return store.RedisModelLimiter(
+        settings.model_limits,
+        settings.redis_url,
+        prefix=settings.redis_prefix,
+        tenant_weights=settings.model_tenant_weights,
     )

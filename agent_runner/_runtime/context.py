@@ -16,6 +16,7 @@ from agent_runner.agent import Agent
 from agent_runner.events import AgentEventListener
 from agent_runner.leasing import HeldLease
 from agent_runner.middleware import Middleware
+from agent_runner.model_limits import ModelLimiter
 from agent_runner.persistence import AgentLoader, AgentTurnStore
 from agent_runner.policy import AgentExecutionPolicy
 from agent_runner.snapshot import AgentTurn
@@ -48,6 +49,7 @@ class RunnerContext:
         telemetry_key: The object telemetry hooks are registered under (the runner; see
             `agent_runner.telemetry.set_new_turn_hook`).
         local: Per-thread state: events carried to the next save, turns being driven.
+        model_limiter: Decides when calls against shared model limits may go (None: no limits).
     """
 
     turn_store: AgentTurnStore
@@ -59,6 +61,7 @@ class RunnerContext:
     gate: ConversationGate
     telemetry_key: object
     listeners: list[AgentEventListener] = field(default_factory=list)
+    model_limiter: ModelLimiter | None = None
     local: threading.local = field(default_factory=threading.local)
     # Set right after construction: both call back into collaborators that take this context.
     projection: Projection = field(init=False)

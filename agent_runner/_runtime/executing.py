@@ -15,7 +15,7 @@ from pydantic import ValidationError
 from agent_runner import event_payloads as payloads
 from agent_runner import machine
 from agent_runner._base import trusted
-from agent_runner._runtime import children
+from agent_runner._runtime import children, limiting
 from agent_runner._runtime.cancelling import stored_cancel_reason
 from agent_runner._runtime.context import RunnerContext
 from agent_runner._runtime.endings import after_terminal, failed_call, finish
@@ -33,10 +33,12 @@ from agent_runner.forms import AgentFormRequiredException
 from agent_runner.limits import bounded_text, storable_text
 from agent_runner.messages import AiMessage, ModelMessage, SystemMessage, ToolCall
 from agent_runner.middleware import chain
+from agent_runner.model_limits import WAIT_OVER_REASON, LimitWait
 from agent_runner.models import ChatRequest, ChatResponse
 from agent_runner.policy import RetryPolicy
 from agent_runner.results import AgentStepResult
 from agent_runner.snapshot import AgentTurn, AgentTurnStatus
+from agent_runner.suspensions import AgentSuspension
 from agent_runner.tools import Tool, encode_tool_result, tool_scope
 
 logger = logging.getLogger("agent_runner")
@@ -73,7 +75,8 @@ def step_once(ctx: RunnerContext, turn: AgentTurn) -> AgentStepResult:
     expected = turn.version
     carried_events(ctx, turn.id).clear()  # nothing carries over from a step that raised
     if turn.status is S.RETRY_SCHEDULED:
-        carry(ctx, payloads.turn_resumed(command=None, reason="retry due", attempt=turn.attempt), turn)
+        reason = WAIT_OVER_REASON if limiting.is_limit_wait(turn.suspension) else "retry due"
+        carry(ctx, payloads.turn_resumed(command=None, reason=reason, attempt=turn.attempt), turn)
     agent = ctx.agent_for(turn)
     running = machine.start_running(turn, now)
     plan = machine.plan_step(running, agent, ctx.policy)
@@ -89,7 +92,7 @@ def step_once(ctx: RunnerContext, turn: AgentTurn) -> AgentStepResult:
                     reason = stored_cancel_reason(ctx.turn_store, running) or reason
                 return AgentStepResult(turn=finish(ctx, running, status, reason, expected_version=expected))
             case machine.CallModel():
-                return _call_model(ctx, running, agent, expected)
+                return _call_model(ctx, running, agent, expected, turn.suspension)
             case machine.ExecuteTool(call=call, tool=tool):
                 return _execute_tool(ctx, running, call, tool, expected, ctx.policy.retry_for(agent))
             case machine.ReconcileTool(call=call, tool=tool):
@@ -117,7 +120,9 @@ def step_once(ctx: RunnerContext, turn: AgentTurn) -> AgentStepResult:
     raise AssertionError(f"unhandled plan {plan!r}")  # pragma: no cover
 
 
-def _call_model(ctx: RunnerContext, turn: AgentTurn, agent: Agent, expected: int) -> AgentStepResult:
+def _call_model(
+    ctx: RunnerContext, turn: AgentTurn, agent: Agent, expected: int, previous: AgentSuspension | None
+) -> AgentStepResult:
     if agent.chat_model is None:
         raise DefinitionError(f"agent {agent.id!r} has no chat_model")
     chat_model = agent.chat_model
@@ -127,6 +132,11 @@ def _call_model(ctx: RunnerContext, turn: AgentTurn, agent: Agent, expected: int
         _REQUEST_GIVEN,
         {"messages": _request_messages(turn, agent), "tools": agent.tool_specs(), "on_delta": sink},
     )
+    admission = limiting.admit(ctx, turn, chat_model, request, previous)
+    if isinstance(admission, LimitWait):
+        sink.close()
+        waits = limiting.provider_waits(previous, admission.key)
+        return limiting.wait(ctx, turn, admission, expected, provider_waits=waits)
     try:
         raw: object = chain(ctx.middleware, "wrap_model", chat_model.generate)(request)
         # Lenient with hand-written models and middleware that return a bare AiMessage.
@@ -134,13 +144,18 @@ def _call_model(ctx: RunnerContext, turn: AgentTurn, agent: Agent, expected: int
         if not isinstance(response, ChatResponse):
             raise DefinitionError(f"chat model returned {type(response).__name__}, expected ChatResponse")
     except CancelledMidCall:
+        limiting.settle(admission, None)
         # Cancelled while the answer streamed in: stop paying for it and end the turn now.
         reason = stored_cancel_reason(ctx.turn_store, turn) or ctx.policy.cancellation_reason
         return AgentStepResult(turn=finish(ctx, turn, S.CANCELLED, reason, expected_version=expected))
     except Exception as exc:
-        return failed_call(ctx, turn, exc, expected, ctx.policy.retry_for(agent))
+        limiting.settle(admission, None)
+        retry = ctx.policy.retry_for(agent)
+        refused = limiting.provider_refused(ctx, turn, admission, exc, expected, retry, previous)
+        return refused if refused is not None else failed_call(ctx, turn, exc, expected, retry)
     finally:
         sink.close()
+    limiting.settle(admission, response.usage)
     updated, message = machine.apply_model_response(turn, response, ctx.clock())
     response = trusted(ChatResponse, _RESPONSE_GIVEN, {"message": message, "usage": response.usage})
     usage = response.usage

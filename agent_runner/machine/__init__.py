@@ -27,6 +27,7 @@ from agent_runner.machine._plans import (
     plan_step,
 )
 from agent_runner.machine._results import (
+    LIMIT_WAIT_REASON,
     apply_children_spawned,
     apply_model_response,
     apply_reminder,
@@ -34,6 +35,7 @@ from agent_runner.machine._results import (
     apply_tool_result,
     close_out,
     mark_started,
+    schedule_limit_wait,
     schedule_retry,
     start_running,
     storable_message,
@@ -45,6 +47,7 @@ from agent_runner.machine._transitions import SUSPENSION_STATUS, TRANSITIONS
 __all__ = [
     "DECIDER_METADATA_KEYS",
     "FORM_SOURCE_TOOL",
+    "LIMIT_WAIT_REASON",
     "SUSPENSION_STATUS",
     "SYSTEM_DECIDER",
     "TRANSITIONS",
@@ -68,6 +71,7 @@ __all__ = [
     "mark_started",
     "page_message_id",
     "plan_step",
+    "schedule_limit_wait",
     "schedule_retry",
     "start_running",
     "storable_message",

@@ -228,6 +228,34 @@ def schedule_retry(turn: AgentTurn, error: str, delay: float, retry: RetryPolicy
     )
 
 
+LIMIT_WAIT_REASON = "model_limit"
+"""`metadata["reason"]` of a RETRY suspension that waits for a shared model limit, not after a failure."""
+
+
+def schedule_limit_wait(
+    turn: AgentTurn, message: str, until: datetime, metadata: dict[str, Any], now: datetime, *, called: bool
+) -> AgentTurn:
+    """Wait as RETRY_SCHEDULED until `until` for a shared model limit; no retry attempt is used.
+
+    `called`: the model was called (and answered 429), which counts as a step.
+    """
+    suspension = AgentSuspension(
+        type=SuspensionType.RETRY,
+        message=message,
+        resume_phase=turn.phase,
+        metadata={"reason": LIMIT_WAIT_REASON, **metadata},
+    )
+    return transition(
+        turn,
+        S.RETRY_SCHEDULED,
+        now,
+        next_retry_at=until,
+        suspension=suspension,
+        error=None,
+        steps=turn.steps + (1 if called else 0),
+    )
+
+
 def close_out(
     turn: AgentTurn,
     status: AgentTurnStatus,

@@ -77,6 +77,48 @@ class ChatModel(Protocol):
         ...
 
 
+@runtime_checkable
+class LimitedChatModel(Protocol):
+    """A chat model whose calls count against a shared provider limit (see `agent_runner.model_limits`).
+
+    `rate_limit_key` None: its calls are not counted.
+    """
+
+    rate_limit_key: str | None
+
+    def output_allowance(self) -> int | None:
+        """The most output tokens one call may produce (`max_tokens`), or None when the model sets none."""
+        ...
+
+
+class ProviderChatModel:
+    """The shared part of adapters to a provider's API: the limit key their calls count against.
+
+    A subclass sets `provider` and calls `_init_rate_limit_key(model, rate_limit_key)` from
+    its constructor; the key defaults to `"<provider>:<model>"` (for example
+    `"openai:gpt-4o-mini"`), so every process calling that model of that provider counts
+    against the same limit. Pass another key to count several models (or accounts) apart
+    or together.
+    """
+
+    provider: ClassVar[str] = ""
+    rate_limit_key: str | None = None
+    settings: dict[str, Any]
+
+    def _init_rate_limit_key(self, model: str, rate_limit_key: str | None) -> None:
+        if rate_limit_key is not None and not rate_limit_key:
+            raise DefinitionError(f"{type(self).__name__} got an empty rate_limit_key")
+        self.rate_limit_key = rate_limit_key if rate_limit_key is not None else f"{self.provider}:{model}"
+
+    def output_allowance(self) -> int | None:
+        """The `max_tokens` (or `max_completion_tokens`, `max_output_tokens`) setting, if one is set."""
+        for name in ("max_completion_tokens", "max_tokens", "max_output_tokens"):
+            value = getattr(self, "settings", {}).get(name)
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                return value
+        return None
+
+
 ScriptItem = AiMessage | ChatResponse | BaseException
 
 
@@ -87,11 +129,22 @@ class ScriptedChatModel:
         items: Either a list whose entries are used one per call (an `AiMessage` or
             `ChatResponse` is returned, an exception instance is raised), or a function
             from `ChatRequest` to `AiMessage | ChatResponse`.
+        rate_limit_key: The shared limit its calls count against (None: not counted), to
+            exercise `agent_runner.model_limits` without a provider.
+        output_allowance: The output tokens one call reserves under a `tpm` limit (None: the limiter's default).
 
     `requests` records every request received, for assertions.
     """
 
-    def __init__(self, items: Sequence[ScriptItem] | Callable[[ChatRequest], AiMessage | ChatResponse]) -> None:
+    def __init__(
+        self,
+        items: Sequence[ScriptItem] | Callable[[ChatRequest], AiMessage | ChatResponse],
+        *,
+        rate_limit_key: str | None = None,
+        output_allowance: int | None = None,
+    ) -> None:
+        self.rate_limit_key = rate_limit_key
+        self._output_allowance = output_allowance
         self._lock = threading.Lock()
         self._function: Callable[[ChatRequest], AiMessage | ChatResponse] | None = None
         self._items: list[ScriptItem] = []
@@ -113,6 +166,10 @@ class ScriptedChatModel:
         """Number of calls made so far."""
         return len(self.requests)
 
+    def output_allowance(self) -> int | None:
+        """The output tokens one call reserves under a `tpm` limit (None: the limiter's default)."""
+        return self._output_allowance
+
     def generate(self, request: ChatRequest) -> ChatResponse:
         """Return (or raise) the next scripted item."""
         with self._lock:
@@ -131,4 +188,13 @@ class ScriptedChatModel:
         return item
 
 
-__all__ = ["ChatModel", "ChatRequest", "ChatResponse", "ScriptedChatModel", "ToolSpec", "Usage"]
+__all__ = [
+    "ChatModel",
+    "ChatRequest",
+    "ChatResponse",
+    "LimitedChatModel",
+    "ProviderChatModel",
+    "ScriptedChatModel",
+    "ToolSpec",
+    "Usage",
+]

@@ -41,7 +41,7 @@ from agent_runner.limits import (
     storable_text,
 )
 from agent_runner.messages import AiMessage, SystemMessage, ToolCall, ToolMessage, UserMessage
-from agent_runner.models import ChatRequest, ChatResponse, ToolSpec
+from agent_runner.models import ChatRequest, ChatResponse, ProviderChatModel, ToolSpec
 from agent_runner.tools import INVALID_ARGUMENTS_KEY
 from agent_runner.usage import Usage
 
@@ -84,7 +84,7 @@ class ModelAPIError(AgentRunnerError):
         super().__init__(message)
 
 
-class OpenAIChatModel:
+class OpenAIChatModel(ProviderChatModel):
     """A `ChatModel` that calls the chat-completions endpoint of an OpenAI-compatible server.
 
     Args:
@@ -100,6 +100,8 @@ class OpenAIChatModel:
         max_retries: SDK-level retries. Keep 0 so that the runner's retry policy, which
             honours Retry-After and survives restarts, is the only one.
         price: `(input, output)` price per million tokens, used to fill `Usage.cost`.
+        rate_limit_key: The shared provider limit its calls count against (default
+            `"openai:<model>"`; see `agent_runner.model_limits`).
         limits: Bounds on what the model's answer may put in the snapshot (default: the
             defaults of `InputLimits`; pass the runner's `policy.limits` when you changed
             them). Tool-call arguments over them become invalid-argument calls the model is
@@ -110,6 +112,8 @@ class OpenAIChatModel:
     Raises:
         DefinitionError: Conflicting arguments, or no API key anywhere.
     """
+
+    provider = "openai"
 
     def __init__(
         self,
@@ -123,9 +127,11 @@ class OpenAIChatModel:
         max_retries: int = 0,
         price: tuple[float, float] | None = None,
         limits: InputLimits | None = None,
+        rate_limit_key: str | None = None,
         **settings: Any,
     ) -> None:
         _check_settings(settings)
+        self._init_rate_limit_key(model, rate_limit_key)
         if price is not None and (len(price) != 2 or min(price) < 0):
             raise DefinitionError(f"price must be (input, output) per million tokens, both >= 0, got {price!r}")
         if client is not None:
@@ -275,14 +281,15 @@ class OpenAIChatModel:
             status = exc.status_code
             message = f"{where} answered HTTP {status}: {self._redact(_error_detail(exc))}"
             if status in _RETRYABLE_STATUS or status >= 500:
-                return RecoverableError(message, retry_after=parse_retry_after(exc.response.headers))
+                retry_after = parse_retry_after(exc.response.headers)
+                return RecoverableError(message, retry_after=retry_after, rate_limited=status == 429)
             return ModelAPIError(status, message)
         if isinstance(exc, openai.APIError):
             # An `error` event in the middle of a stream: no status, only the error's type.
             message = f"{where} reported an error while streaming: {self._redact(_error_detail(exc))}"
             kind = f"{exc.type or ''} {exc.code or ''}".lower()
             if any(marker in kind for marker in _TRANSIENT_STREAM_ERRORS):
-                return RecoverableError(message)
+                return RecoverableError(message, rate_limited="rate_limit" in kind)
             return ModelAPIError(None, message)
         return ModelAPIError(None, f"{where} failed: {self._redact(str(exc))}")
 

@@ -58,6 +58,11 @@ class PrometheusMetrics:
             "agent_runner_resumes", "Resume commands, by action and whether they were accepted.", ["action", "outcome"]
         )
         self.retries = Counter("agent_runner_retries_scheduled", "Recoverable failures that scheduled another attempt.")
+        self.limit_waits = Counter(
+            "agent_runner_model_limit_waits",
+            "Model calls that wait for a shared model limit, by limit key and reason.",
+            ["limit_key", "reason"],
+        )
         self.takeovers = Counter(
             "agent_runner_lease_takeovers", "Times a worker found that another worker took over its turn's lease."
         )

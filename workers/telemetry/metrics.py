@@ -8,8 +8,9 @@ fixed set of values (agent ids come from the deployment's agents, never from req
 | `agent_runner_steps_total` | counter | `agent_id`, `kind` (model, tool, suspend, children, terminal, conflict, noop, error) |
 | `agent_runner_step_duration_seconds` | histogram | `agent_id`, `kind` |
 | `agent_runner_turns_ended_total` | counter | `status` (the terminal statuses) |
-| `agent_runner_resumes_total` | counter | `action` (input, form, approve, reject, retry, child_completed, tool_result, deadline, retry_due), `outcome` (accepted, rejected) |
+| `agent_runner_resumes_total` | counter | `action` (input, form, approve, reject, retry, child_completed, tool_result, deadline, retry_due, limit_wait_over), `outcome` (accepted, rejected) |
 | `agent_runner_retries_scheduled_total` | counter | - |
+| `agent_runner_model_limit_waits_total` | counter | `limit_key` (the keys of `AGENT_RUNNER_MODEL_LIMITS`), `reason` (the `LimitReason` values) |
 | `agent_runner_lease_takeovers_total` | counter | - |
 | `agent_runner_queue_delay_seconds` | histogram | - |
 | `agent_runner_sweeps_total` | counter | `sweep` (the counted sweeps of `workers.sweeps.SWEEPS`: inbox, stale_turns, due_retries, deadlines) |
@@ -34,6 +35,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, assert_never
 
 from agent_runner import AgentResumeCommand, AgentRunnerError, AgentTurnStatus, ResumeType
+from agent_runner.model_limits import WAIT_OVER_REASON
 from agent_runner.snapshot import TERMINAL_STATUSES
 from workers.celery_app.names import SWEEP_LABELS
 
@@ -47,7 +49,18 @@ METRICS_SWITCH_VARIABLE = "AGENT_RUNNER_METRICS"
 
 STEP_KINDS = frozenset({"model", "tool", "suspend", "children", "terminal", "conflict", "noop", "error"})
 RESUME_ACTIONS = frozenset(
-    {"input", "form", "approve", "reject", "retry", "child_completed", "tool_result", "deadline", "retry_due"}
+    {
+        "input",
+        "form",
+        "approve",
+        "reject",
+        "retry",
+        "child_completed",
+        "tool_result",
+        "deadline",
+        "retry_due",
+        "limit_wait_over",
+    }
 )
 RESUME_OUTCOMES = frozenset({"accepted", "rejected"})
 _ENDED_STATUSES = frozenset(status.value for status in TERMINAL_STATUSES)
@@ -159,7 +172,8 @@ def resume_action_of_event(data: Mapping[str, Any]) -> str:
     """
     command = data.get("command")
     if command is None:
-        return "retry_due"  # the runner picked up a retry whose time had come
+        # The runner picked up a turn whose wait was over: a retry, or a wait for a model limit.
+        return "limit_wait_over" if data.get("reason") == WAIT_OVER_REASON else "retry_due"
     try:
         kind = ResumeType(str(command))
     except ValueError:
@@ -195,6 +209,13 @@ def record_retry_scheduled() -> None:
     metrics = _get()
     if metrics is not None:
         metrics.retries.inc()
+
+
+def record_model_limit_wait(limit_key: str, reason: str) -> None:
+    """Count a model call that waits for a shared model limit (no attempt used)."""
+    metrics = _get()
+    if metrics is not None:
+        metrics.limit_waits.labels(limit_key, reason).inc()
 
 
 def record_lease_takeover() -> None:

@@ -185,6 +185,10 @@ class MetricsListener:
         if kind.is_terminal:
             metrics.record_turn_ended(str(event.data.get("status")))
         elif kind is AgentEventType.RETRY_SCHEDULED:
-            metrics.record_retry_scheduled()
+            limit_key = event.data.get("limit_key")
+            if limit_key is None:
+                metrics.record_retry_scheduled()
+            else:
+                metrics.record_model_limit_wait(str(limit_key), str(event.data.get("limit_reason")))
         elif kind is AgentEventType.TURN_RESUMED:
             metrics.record_resume(metrics.resume_action_of_event(event.data), "accepted")

@@ -159,6 +159,7 @@ def test_resume_commands_map_to_their_action_labels() -> None:
         ({"command": "TOOL_RESULT", "tool_call_id": "c1"}, "tool_result"),
         ({"command": "DEADLINE", "tool_call_id": "c1"}, "deadline"),
         ({"reason": "retry due", "attempt": 2}, "retry_due"),
+        ({"reason": "model limit wait over", "attempt": 0}, "limit_wait_over"),
     ],
 )
 def test_resume_events_map_to_the_action_labels_of_their_commands(data: dict[str, Any], action: str) -> None:
@@ -323,3 +324,22 @@ print(os.waitstatus_to_exitcode(status), served)
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["0", "200"]
+
+
+def test_a_wait_for_a_model_limit_is_counted_by_key_and_reason_and_not_as_a_retry() -> None:
+    from agent_runner import AgentRunner, InProcessModelLimiter, ModelLimit
+
+    # Given a runner whose model may call once a second
+    limiter = InProcessModelLimiter({"scripted:metrics": ModelLimit(rpm=60)})
+    runner = AgentRunner(model_limiter=limiter)
+    instrument(runner, tracing=False)
+    model = ScriptedChatModel(lambda request: AiMessage("done"), rate_limit_key="scripted:metrics")
+    agent = Agent(id="limited-metrics", chat_model=model)
+    delta = Delta(
+        ("agent_runner_model_limit_waits_total", {"limit_key": "scripted:metrics", "reason": "rpm"}),
+        ("agent_runner_retries_scheduled_total", {}),
+    )
+    # When two turns call at once, then the second waits, counted as a limit wait only
+    statuses = [runner.run(agent, "hi").status for _ in range(2)]
+    assert statuses == [AgentTurnStatus.COMPLETED, AgentTurnStatus.RETRY_SCHEDULED]
+    assert delta() == [1, 0]

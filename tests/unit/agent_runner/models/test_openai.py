@@ -10,12 +10,9 @@ import json
 import socket
 import subprocess
 import sys
-import threading
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import openai
@@ -32,111 +29,7 @@ from agent_runner.models.openai import (
     parse_retry_after,
     parse_tool_arguments,
 )
-
-# ---------------------------------------------------------------------------
-# A chat-completions server on 127.0.0.1
-# ---------------------------------------------------------------------------
-
-
-@dataclass
-class Reply:
-    """One scripted answer: a JSON body, or a list of SSE events when `sse` is set."""
-
-    status: int = 200
-    body: Any = None
-    sse: list[Any] | None = None
-    headers: dict[str, str] = field(default_factory=dict)
-    delay: float = 0.0
-    done: bool = True
-    """Whether an SSE stream ends with `[DONE]`."""
-
-
-@dataclass
-class RecordedRequest:
-    path: str
-    headers: dict[str, str]
-    body: dict[str, Any]
-
-
-class _Handler(BaseHTTPRequestHandler):
-    # HTTP/1.0: one request per connection, so no idle keep-alive socket outlives a test.
-    protocol_version = "HTTP/1.0"
-    server: _HttpServer
-
-    def do_POST(self) -> None:
-        raw = self.rfile.read(int(self.headers.get("Content-Length", "0")))
-        fake = self.server.fake
-        reply = fake.take(RecordedRequest(self.path, {k.lower(): v for k, v in self.headers.items()}, json.loads(raw)))
-        if reply.delay:
-            fake.stopping.wait(reply.delay)
-        try:
-            self._send(reply)
-        except (BrokenPipeError, ConnectionResetError):
-            pass  # the client gave up (timeout test)
-
-    def _send(self, reply: Reply) -> None:
-        self.send_response(reply.status)
-        for name, value in reply.headers.items():
-            self.send_header(name, value)
-        if reply.sse is not None:
-            self.send_header("Content-Type", "text/event-stream")
-            self.end_headers()
-            for event in [*reply.sse, "[DONE]"] if reply.done else reply.sse:
-                data = event if isinstance(event, str) else json.dumps(event)
-                self.wfile.write(f"data: {data}\n\n".encode())
-                self.wfile.flush()
-            return
-        payload = reply.body if isinstance(reply.body, bytes) else json.dumps(reply.body).encode()
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(payload)))
-        self.end_headers()
-        self.wfile.write(payload)
-
-    def log_message(self, format: str, *args: Any) -> None:
-        pass
-
-
-class _HttpServer(ThreadingHTTPServer):
-    # Join handler threads on close so that no socket is left open after a test.
-    daemon_threads = False
-    block_on_close = True
-    fake: FakeChatServer
-
-
-class FakeChatServer:
-    """Scripted chat-completions endpoint under `base_url`."""
-
-    def __init__(self) -> None:
-        self.requests: list[RecordedRequest] = []
-        self.stopping = threading.Event()
-        self._replies: list[Reply] = []
-        self._lock = threading.Lock()
-        self._httpd = _HttpServer(("127.0.0.1", 0), _Handler)
-        self._httpd.fake = self
-        self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05})
-        self._thread.start()
-
-    @property
-    def base_url(self) -> str:
-        host, port = self._httpd.server_address[:2]
-        return f"http://{host!s}:{port}/v1"
-
-    def add(self, *replies: Reply) -> None:
-        with self._lock:
-            self._replies.extend(replies)
-
-    def take(self, request: RecordedRequest) -> Reply:
-        with self._lock:
-            self.requests.append(request)
-            if not self._replies:
-                return Reply(418, {"error": {"message": "no scripted reply left", "type": "test_error"}})
-            return self._replies.pop(0)
-
-    def close(self) -> None:
-        self.stopping.set()
-        self._httpd.shutdown()
-        self._httpd.server_close()
-        self._thread.join()
+from tests.helpers.fake_openai import FakeChatServer, Reply, completion
 
 
 @pytest.fixture
@@ -171,31 +64,6 @@ def make_model(server: FakeChatServer) -> Iterator[ModelFactory]:
 # ---------------------------------------------------------------------------
 # Wire-format builders
 # ---------------------------------------------------------------------------
-
-
-def completion(
-    content: str | None = None,
-    tool_calls: list[tuple[str, str, str]] | None = None,
-    usage: tuple[int, int] | None = (11, 7),
-) -> dict[str, Any]:
-    message: dict[str, Any] = {"role": "assistant", "content": content}
-    if tool_calls:
-        message["tool_calls"] = [
-            {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
-            for call_id, name, arguments in tool_calls
-        ]
-    body: dict[str, Any] = {
-        "id": "chatcmpl-1",
-        "object": "chat.completion",
-        "created": 1700000000,
-        "model": "m",
-        "choices": [
-            {"index": 0, "message": message, "finish_reason": "tool_calls" if tool_calls else "stop"},
-        ],
-    }
-    if usage is not None:
-        body["usage"] = {"prompt_tokens": usage[0], "completion_tokens": usage[1], "total_tokens": sum(usage)}
-    return body
 
 
 def chunk(delta: dict[str, Any], finish_reason: str | None = None) -> dict[str, Any]:
@@ -559,6 +427,15 @@ def test_error_event_inside_a_stream_is_mapped(server: FakeChatServer, make_mode
     assert caught.value.status_code is None
 
 
+def test_a_rate_limit_error_event_inside_a_stream_is_marked_rate_limited(
+    server: FakeChatServer, make_model: ModelFactory
+) -> None:
+    server.add(Reply(sse=[chunk({"content": "Hel"}), api_error("Rate limit reached", "rate_limit_error")]))
+    with pytest.raises(RecoverableError, match="Rate limit reached") as caught:
+        make_model(stream=True).generate(ask())
+    assert caught.value.rate_limited is True
+
+
 def test_stream_cut_off_before_a_finish_reason_is_recoverable(server: FakeChatServer, make_model: ModelFactory) -> None:
     # Given a server whose stream stops mid-answer (no finish reason, no [DONE])
     server.add(Reply(sse=[chunk({"content": "The order has"})], done=False))
@@ -617,6 +494,7 @@ def test_429_with_retry_after_seconds_is_recoverable(server: FakeChatServer, mak
     # Then the error is recoverable, carries the wait and chains the SDK error
     assert caught.value.retry_after == 7.0
     assert caught.value.retryable is True
+    assert caught.value.rate_limited is True  # pauses a limited key for every process
     assert "HTTP 429" in str(caught.value) and "Rate limit reached" in str(caught.value)
     assert isinstance(caught.value.__cause__, openai.RateLimitError)
     assert len(server.requests) == 1
@@ -639,7 +517,7 @@ def test_503_is_recoverable_and_sent_exactly_once(server: FakeChatServer, make_m
         make_model().generate(ask())
     # Then one HTTP request was made and the runner decides about the retry
     assert len(server.requests) == 1
-    assert caught.value.retry_after is None
+    assert caught.value.retry_after is None and caught.value.rate_limited is False
     assert isinstance(caught.value.__cause__, openai.InternalServerError)
 
 
