@@ -26,7 +26,7 @@ from agent_runner.ids import new_id, utcnow
 from workers.api.auth import RuntimeDep, TenantDep, get_tenant
 from workers.api.errors import ApiError, InvalidRequest
 from workers.api.langgraph.mapping import NotSupported, input_text
-from workers.api.langgraph.models import CronCreate, CronSearch
+from workers.api.langgraph.models import CronCreate, CronPatch, CronSearch
 from workers.api.langgraph.runs import RollbackNotSupported
 from workers.api.langgraph.threads import RecordsDep, ThreadId, load_thread
 from workers.api.runtime import Runtime
@@ -221,17 +221,14 @@ async def count(body: CronSearch, tenant: TenantDep, crons: CronsDep) -> JSONRes
 
 @router.patch("/runs/crons/{cron_id}", summary="Enable or disable a cron")
 async def update(
-    request: Request, cron_id: CronId, runtime: RuntimeDep, tenant: TenantDep, crons: CronsDep
+    cron_id: CronId, body: CronPatch, runtime: RuntimeDep, tenant: TenantDep, crons: CronsDep
 ) -> JSONResponse:
     """Only `enabled` can change; anything else is a 501."""
-    raw = await request.json()
-    if not isinstance(raw, dict):
-        raise InvalidRequest("the body must be an object")
-    unsupported = sorted(set(raw) - {"enabled"})
+    unsupported = sorted(body.model_fields_set - {"enabled"})
     if unsupported:
         raise NotSupported(f"changing {', '.join(unsupported)} of a cron (delete it and create another)")
-    enabled = raw.get("enabled")
-    if not isinstance(enabled, bool):
+    enabled = body.enabled
+    if enabled is None:
         raise InvalidRequest("enabled must be true or false", path="/enabled")
 
     def act() -> dict[str, Any]:

@@ -139,3 +139,28 @@ class CronSearch(_Search):
     assistant_id: str | None = None
     thread_id: str | None = None
     enabled: bool | None = None
+
+
+class CronPatch(_Body):
+    """`PATCH /runs/crons/{cron_id}`: only `enabled` changes; any other field present is a 501.
+
+    The other fields are those the clients send to change a cron; they are listed so that
+    the body is documented and checked like every other one.
+    """
+
+    enabled: bool | None = None
+    schedule: Any = None
+    end_time: Any = None
+    input: Any = None
+    metadata: Any = None
+    config: Any = None
+    context: Any = None
+    webhook: Any = None
+    interrupt_before: Any = None
+    interrupt_after: Any = None
+    on_run_completed: Any = None
+    timezone: Any = None
+    stream_mode: Any = None
+    stream_subgraphs: Any = None
+    stream_resumable: Any = None
+    durability: Any = None
