@@ -215,8 +215,12 @@ def test_other_content_types_and_methods_are_4xx(server: ApiServer, database_url
         assert 400 <= text.status_code < 500, text.text
         form = client.post("/v1/turns", data={"agent_id": "desk", "input": "x"})
         assert 400 <= form.status_code < 500, form.text
-        assert_rejected(client.put("/v1/turns", json={}), 405)
+        put = client.put("/v1/turns", json={})
+        assert_rejected(put, 405)
+        # Allow names every method of the path, though GET and POST are two routes
+        assert put.headers["allow"] == "GET, HEAD, POST"
         assert_rejected(client.patch("/v1/turns/x", json={}), 405)
+        assert client.get("/runs/crons/search").headers["allow"] == "POST"
     assert database_state(database_url) == before
 
 

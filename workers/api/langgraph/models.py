@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
 from workers.api.models import Identifier, JsonObject
 
@@ -17,6 +17,8 @@ StreamMode = Literal[
     "values", "updates", "messages-tuple", "messages", "custom", "events", "debug", "tasks", "checkpoints"
 ]
 MultitaskStrategy = Literal["reject", "enqueue", "interrupt", "rollback"]
+MAX_OFFSET = 2**31 - 1
+"""The largest page offset: past any page a store serves, and within the integers every database binds."""
 
 
 class _Body(BaseModel):
@@ -45,7 +47,7 @@ class _Search(_Body):
     """What every search body takes: the page (`limit` from `offset`), its order and the fields to return."""
 
     limit: int = Field(default=10, ge=1, le=1000)
-    offset: int = Field(default=0, ge=0)
+    offset: int = Field(default=0, ge=0, le=MAX_OFFSET)
     sort_by: str | None = None
     sort_order: str | None = None
     select: list[str] | None = None
@@ -129,7 +131,7 @@ class CronCreate(RunCreate):
     schedule: str = Field(min_length=1, max_length=200)
     timezone: str | None = None
     end_time: Any = None
-    enabled: bool = True
+    enabled: StrictBool = True
     on_run_completed: Any = None
 
 
@@ -138,7 +140,7 @@ class CronSearch(_Search):
 
     assistant_id: str | None = None
     thread_id: str | None = None
-    enabled: bool | None = None
+    enabled: StrictBool | None = None
 
 
 class CronPatch(_Body):
@@ -148,7 +150,7 @@ class CronPatch(_Body):
     the body is documented and checked like every other one.
     """
 
-    enabled: bool | None = None
+    enabled: StrictBool | None = None
     schedule: Any = None
     end_time: Any = None
     input: Any = None

@@ -33,11 +33,12 @@ from workers.api.auth import RuntimeDep, TenantDep, get_tenant
 from workers.api.errors import InvalidRequest
 from workers.api.events import KEEPALIVE_S
 from workers.api.models import ID_PATTERN, Identifier
+from workers.api.openapi import error_responses as _errors
+from workers.api.openapi import event_stream_response
 from workers.api.protocols import chat, steps
 from workers.api.routes import (
     ConversationId,
     IdempotencyKey,
-    _errors,
     _key_fingerprint,
     _view,
 )
@@ -264,12 +265,9 @@ def _stream(runtime: Runtime, tenant: Tenant, started: chat.Started) -> Streamin
     return StreamingResponse(_body(runtime, tenant, started), media_type="text/event-stream", headers=HEADERS)
 
 
-_STREAM_RESPONSE: dict[int | str, dict[str, Any]] = {
-    200: {
-        "description": "`text/event-stream` of UI message chunks (`data: {...}` each, `data: [DONE]` last).",
-        "content": {"text/event-stream": {"schema": {"type": "string"}}},
-    }
-}
+_STREAM_RESPONSE = event_stream_response(
+    "`text/event-stream` of UI message chunks (`data: {...}` each, `data: [DONE]` last)."
+)
 
 
 # --- Routes ---------------------------------------------------------------------------------
