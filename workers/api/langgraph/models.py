@@ -2,16 +2,17 @@
 
 Fields the clients send that this server does not act on are listed too: left at their
 defaults they are accepted, set to something that would change the outcome they are
-answered with 501 `NotSupported` naming them (see the routes). Unknown fields are a 422.
+answered with 501 `NotSupported` naming them (see the routes). Unknown fields, and values
+of another JSON type than the field's (`0` for a boolean, `"5"` for a number), are a 422.
 """
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool
+from pydantic import BaseModel, ConfigDict, Field
 
-from workers.api.models import Identifier, JsonObject
+from workers.api.models import Identifier, JsonObject, WholeNumber
 
 StreamMode = Literal[
     "values", "updates", "messages-tuple", "messages", "custom", "events", "debug", "tasks", "checkpoints"
@@ -22,7 +23,7 @@ MAX_OFFSET = 2**31 - 1
 
 
 class _Body(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class ThreadCreate(_Body):
@@ -46,8 +47,8 @@ class ThreadPatch(_Body):
 class _Search(_Body):
     """What every search body takes: the page (`limit` from `offset`), its order and the fields to return."""
 
-    limit: int = Field(default=10, ge=1, le=1000)
-    offset: int = Field(default=0, ge=0, le=MAX_OFFSET)
+    limit: WholeNumber = Field(default=10, ge=1, le=1000)
+    offset: WholeNumber = Field(default=0, ge=0, le=MAX_OFFSET)
     sort_by: str | None = None
     sort_order: str | None = None
     select: list[str] | None = None
@@ -68,7 +69,7 @@ class ThreadSearch(_Search):
 class ThreadHistoryQuery(_Body):
     """`POST /threads/{thread_id}/history`."""
 
-    limit: int = Field(default=10, ge=1, le=1000)
+    limit: WholeNumber = Field(default=10, ge=1, le=1000)
     before: Any = None
     metadata: JsonObject | None = None
     checkpoint: Any = None
@@ -131,7 +132,7 @@ class CronCreate(RunCreate):
     schedule: str = Field(min_length=1, max_length=200)
     timezone: str | None = None
     end_time: Any = None
-    enabled: StrictBool = True
+    enabled: bool = True
     on_run_completed: Any = None
 
 
@@ -140,7 +141,7 @@ class CronSearch(_Search):
 
     assistant_id: str | None = None
     thread_id: str | None = None
-    enabled: StrictBool | None = None
+    enabled: bool | None = None
 
 
 class CronPatch(_Body):
@@ -150,7 +151,7 @@ class CronPatch(_Body):
     the body is documented and checked like every other one.
     """
 
-    enabled: StrictBool | None = None
+    enabled: bool | None = None
     schedule: Any = None
     end_time: Any = None
     input: Any = None
