@@ -7,6 +7,7 @@ workers read to decide whether a delivery is worth retrying.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
@@ -16,6 +17,26 @@ class AgentRunnerError(Exception):
 
     retryable: ClassVar[bool] = False
     """Whether repeating the same operation later may succeed."""
+
+
+def log_failure(logger: logging.Logger, error: BaseException | None, message: str, *args: object) -> None:
+    """Log a failure that the caller recovers from (it tries again, or leaves the work to a sweep).
+
+    A retryable error (a database connection the server dropped, a Redis that did not
+    answer) is expected in a deployment and its message says everything: one WARNING line
+    that ends with it, without a traceback. Anything else may be a bug: ERROR with the
+    traceback.
+
+    Args:
+        logger: Where to log.
+        error: The failure.
+        message: What failed and what happens next, as a `%`-format string of `args`.
+        *args: The values of `message`.
+    """
+    if isinstance(error, AgentRunnerError) and error.retryable:
+        logger.warning(f"{message} ({type(error).__name__}: %s)", *args, error)
+    else:
+        logger.error(message, *args, exc_info=error)
 
 
 class DefinitionError(AgentRunnerError):

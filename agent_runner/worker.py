@@ -37,7 +37,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from agent_runner._runtime import pickup
-from agent_runner.errors import AgentRunnerError, TurnNotFound
+from agent_runner.errors import AgentRunnerError, TurnNotFound, log_failure
 from agent_runner.ids import new_id
 from agent_runner.in_memory import InMemoryTurnLease
 from agent_runner.leasing import HeldLease, LeaseKeeper
@@ -308,9 +308,13 @@ class AgentWorker:
                     steps += polled
                     if polled:
                         self._poll_again()
-            except Exception:
-                logger.exception(
-                    "worker %s: polling the store failed; trying again in %ss", self.owner, self.poll_interval
+            except Exception as exc:
+                log_failure(
+                    logger,
+                    exc,
+                    "worker %s: polling the store failed; trying again in %ss",
+                    self.owner,
+                    self.poll_interval,
                 )
                 steps = 0
             if steps == 0 and not stop.is_set():
@@ -342,10 +346,14 @@ class AgentWorker:
             self._next_deadline_sweep = now + self.deadline_interval
         try:
             self.runner.apply_due_deadlines()
-        except Exception:
+        except Exception as exc:
             # The store is down or the sweep hit a bug: stepping goes on, the next sweep tries again.
-            logger.exception(
-                "worker %s: the deadline sweep failed; trying again in %ss", self.owner, self.deadline_interval
+            log_failure(
+                logger,
+                exc,
+                "worker %s: the deadline sweep failed; trying again in %ss",
+                self.owner,
+                self.deadline_interval,
             )
 
     def _run_dispatched(self, stop: threading.Event | None, seen: set[str]) -> int:
@@ -401,9 +409,9 @@ class AgentWorker:
     def _try_advance(self, turn_id: str, seen: pickup.Sighting | None, stop: threading.Event | None) -> int:
         try:
             return self._advance(turn_id, seen, stop)
-        except Exception:
+        except Exception as exc:
             # One broken turn (an unknown agent, a store error) must not stop the others.
-            logger.exception("worker %s: advancing turn %s failed; trying it again later", self.owner, turn_id)
+            log_failure(logger, exc, "worker %s: advancing turn %s failed; trying it again later", self.owner, turn_id)
             self._back_off(turn_id)
             return 0
 
@@ -436,11 +444,12 @@ class AgentWorker:
 
             result = pickup.continue_after_stale(advance(turn), cached, advance)
             if result.stopped is StopReason.FAILED:
-                logger.error(
+                log_failure(
+                    logger,
+                    result.error,
                     "worker %s: a step of turn %s raised; the turn stays runnable and is tried again later",
                     self.owner,
                     turn_id,
-                    exc_info=result.error,
                 )
                 self._back_off(turn_id)
                 return result.steps

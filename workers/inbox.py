@@ -34,6 +34,7 @@ from agent_runner import (
     UserMessage,
     VersionConflictError,
 )
+from agent_runner.errors import log_failure
 from agent_runner.ids import new_id, queued_turn_id
 from agent_runner.limits import check_reference, check_turn_input
 from store import Inbox, InboxMessage
@@ -338,8 +339,8 @@ class InboxPump:
     def _guarded(self, action: Callable[..., object], *args: Any) -> None:
         try:
             action(*args)
-        except Exception:
-            logger.exception("the inbox pump failed; it tries again at the next sweep")
+        except Exception as exc:
+            log_failure(logger, exc, "the inbox pump failed; it tries again at the next sweep")
 
     def serve(self, conversation_id: str) -> None:
         """Start the conversation's next message if it is free."""

@@ -21,6 +21,7 @@ from workers.api.errors import ApiError, Unauthorized, install_error_handlers
 from workers.api.events import document_event_schemas
 from workers.api.guard import RequestGuard
 from workers.api.models import ErrorResponse, HealthView, ReadyView
+from workers.api.openapi import error_responses
 from workers.api.runtime import RuntimeHandle
 from workers.api.settings import ApiSettings, MetricsAccess, WorkerMode
 from workers.telemetry import TelemetryError, render_metrics
@@ -134,7 +135,13 @@ def _add_probes(app: FastAPI) -> None:
             )
         return JSONResponse({"status": "ok", "checks": {name: "ok" for name in results}})
 
-    @app.get("/metrics", tags=["health"], summary="Prometheus metrics", response_class=Response)
+    @app.get(
+        "/metrics",
+        tags=["health"],
+        summary="Prometheus metrics",
+        response_class=Response,
+        responses={200: {"content": {"text/plain": {}}}, **error_responses(401, 403, 503)},
+    )
     def metrics(request: Request) -> Response:
         """The Prometheus text of this server (503 when prometheus-client is not installed).
 

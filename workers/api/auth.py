@@ -29,7 +29,8 @@ from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 
 from workers.api.errors import Unauthorized
-from workers.api.models import ErrorResponse, Identifier
+from workers.api.models import ErrorResponse, Identifier, WholeNumber
+from workers.api.openapi import error_responses
 from workers.api.runtime import Runtime, RuntimeHandle
 from workers.api.tenancy import Tenant
 from workers.api.tokens import (
@@ -182,7 +183,7 @@ class TokenRequest(BaseModel):
     conversation_id: Identifier | None = Field(
         default=None, description="Limit the token to this conversation and its turns (default: all of the tenant's)."
     )
-    expires_in: int = Field(
+    expires_in: WholeNumber = Field(
         default=DEFAULT_TTL_S, ge=1, le=MAX_TTL_S, description=f"Lifetime in seconds (at most {MAX_TTL_S})."
     )
 
@@ -211,6 +212,7 @@ router = APIRouter(prefix="/v1", tags=["tokens"], dependencies=[Depends(get_tena
         403: {"model": ErrorResponse, "description": "Sent with a token; only a tenant key mints tokens."},
         422: {"model": ErrorResponse, "description": f"Malformed input (`expires_in` over {MAX_TTL_S})."},
         501: {"model": ErrorResponse, "description": f"The server has no {TOKEN_SECRET_VARIABLE}."},
+        **error_responses(413, 503),
     },
 )
 def create_token(body: TokenRequest, tenant: TenantDep, handle: HandleDep) -> JSONResponse:

@@ -20,6 +20,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from agent_runner import AgentConversationBusyException, AgentRunnerError, InputLimitError, InvalidResumeCommand
+from workers.api.openapi import app_path, documented_methods
 from workers.views import ErrorKind, classify_error, schema_error_details
 
 logger = logging.getLogger("workers.api")
@@ -215,7 +216,14 @@ async def _on_http_error(request: Request, error: Exception) -> JSONResponse:
     assert isinstance(error, StarletteHTTPException)
     message = error.detail if isinstance(error.detail, str) else _HTTP_TYPES.get(error.status_code, "error")
     type_name = _HTTP_TYPES.get(error.status_code, "HTTPError")
-    return render(ApiError(error.status_code, message, type_name=type_name, headers=dict(error.headers or {})))
+    headers = dict(error.headers or {})
+    if error.status_code == 405:
+        # The router names the methods of the first route whose path matched; a resource
+        # served by several routes (GET and POST /v1/turns) has the methods of them all.
+        allowed = documented_methods(request.app, app_path(request.scope))
+        if allowed:
+            headers["Allow"] = ", ".join(allowed)
+    return render(ApiError(error.status_code, message, type_name=type_name, headers=headers))
 
 
 async def _on_unexpected(request: Request, error: Exception) -> JSONResponse:

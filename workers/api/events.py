@@ -44,7 +44,9 @@ from workers.api import service
 from workers.api.auth import RuntimeDep, TenantDep, get_tenant
 from workers.api.fanout import Detached, EventFanout, Subscription
 from workers.api.models import AgentEventView
-from workers.api.routes import ConversationId, TurnId, _errors
+from workers.api.openapi import error_responses as _errors
+from workers.api.openapi import event_stream_response
+from workers.api.routes import ConversationId, TurnId
 from workers.api.runtime import Runtime
 from workers.api.tenancy import Tenant
 from workers.views import ArgumentMask, catalog_mask, tool_call_view
@@ -92,15 +94,11 @@ Follow = Annotated[
 ]
 
 
-_SSE_RESPONSE: dict[int | str, dict[str, Any]] = {
-    200: {
-        "description": (
-            "`text/event-stream`: per event `id: <cursor>`, `event: <type>` and `data: <JSON>`. The schema given "
-            "here is that of the JSON of one `data:` line (`AgentEventView`), not of the whole stream."
-        ),
-        "content": {"text/event-stream": {"schema": {"$ref": f"#/components/schemas/{AgentEventView.__name__}"}}},
-    }
-}
+_SSE_RESPONSE = event_stream_response(
+    "`text/event-stream`: per event `id: <cursor>`, `event: <type>` and `data: <JSON>`, the JSON an "
+    "`AgentEventView` (`event: end` last, its data `{turn_id, status}`).",
+    {"$ref": f"#/components/schemas/{AgentEventView.__name__}"},
+)
 
 
 def document_event_schemas(app: FastAPI) -> None:

@@ -20,6 +20,7 @@ from typing import Any
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from workers.api.errors import ApiError, InvalidRequest, PayloadTooLarge, render
+from workers.api.openapi import app_path
 
 MAX_BODY_BYTES = 1024 * 1024
 MAX_JSON_DEPTH = 64
@@ -121,7 +122,7 @@ class RequestGuard:
         if (
             scope["type"] != "http"
             or scope["method"] in ("GET", "HEAD", "OPTIONS", "DELETE")
-            or not _app_path(scope).startswith(self.path_prefix)
+            or not app_path(scope).startswith(self.path_prefix)
         ):
             await self.app(scope, receive, send)
             return
@@ -166,10 +167,3 @@ class RequestGuard:
             if not message.get("more_body", False):
                 break
         return b"".join(chunks)
-
-
-def _app_path(scope: Scope) -> str:
-    """The request path inside the application (without the prefix it is mounted under, if any)."""
-    path: str = scope.get("path", "")
-    root: str = scope.get("root_path", "")
-    return path[len(root) :] if root and path.startswith(root) else path

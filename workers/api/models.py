@@ -10,7 +10,16 @@ from __future__ import annotations
 from datetime import datetime
 from typing import TYPE_CHECKING, Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, RootModel, StringConstraints, create_model, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    RootModel,
+    StringConstraints,
+    create_model,
+    model_validator,
+)
 
 from agent_runner import ActionStatus, AgentEventType, AgentTurnStatus, Phase, SuspensionType
 from agent_runner.event_payloads import PAYLOAD_MODELS, SUSPENSION_KIND_DESCRIPTION, SuspensionKind
@@ -21,6 +30,15 @@ ID_PATTERN = r"^[A-Za-z0-9._:-]{1,128}$"
 
 Identifier = Annotated[str, StringConstraints(pattern=ID_PATTERN, min_length=1, max_length=128)]
 """An id chosen by a client or the server: 1 to 128 of `A-Z a-z 0-9 . _ : -`."""
+
+
+def _whole_float_as_int(value: object) -> object:
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+WholeNumber = Annotated[int, BeforeValidator(_whole_float_as_int)]
+"""An integer of a strict request model that also takes JSON's `448.0`, as JSON Schema's `integer` does."""
+
 
 JsonObject = dict[str, Any]
 """Any JSON object, untyped: for request fields whose values nothing here reads."""

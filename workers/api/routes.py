@@ -21,7 +21,6 @@ from workers.api.models import (
     ID_PATTERN,
     AgentList,
     CancelRequest,
-    ErrorResponse,
     MessageList,
     QueuedView,
     ResumeRequest,
@@ -29,6 +28,7 @@ from workers.api.models import (
     TurnList,
     TurnView,
 )
+from workers.api.openapi import error_responses
 from workers.api.runtime import Runtime
 from workers.api.tenancy import Tenant
 from workers.views import catalog_mask, find_agent, message_view, turn_view
@@ -48,21 +48,9 @@ IdempotencyKey = Annotated[
 ]
 
 
-def _errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
-    descriptions = {
-        401: "No valid API key.",
-        404: "Unknown turn or agent (or another tenant's).",
-        409: "The command does not fit the turn, or the conversation is busy (`active_turn_id`).",
-        413: "The body is larger than 1 MiB.",
-        422: "Malformed input; `details` lists each problem (`path`, `message`).",
-        503: "The database, Redis or the broker did not answer; retry later.",
-    }
-    return {status: {"model": ErrorResponse, "description": descriptions[status]} for status in statuses}
-
-
 _Route = TypeVar("_Route", bound=Callable[..., Any])
 
-router = APIRouter(prefix="/v1", dependencies=[Depends(get_tenant)], responses=_errors(401, 413, 503))
+router = APIRouter(prefix="/v1", dependencies=[Depends(get_tenant)], responses=error_responses(401, 413, 503))
 
 
 def _view(runtime: Runtime, tenant: Tenant, turn: AgentTurn, *, messages: bool = False) -> dict[str, Any]:
@@ -89,7 +77,7 @@ def _turn_command(command: str, summary: str) -> Callable[[_Route], _Route]:
         summary=summary,
         status_code=202,
         response_model=TurnView,
-        responses=_errors(404, 409, 422),
+        responses=error_responses(404, 409, 422),
     )
 
 
@@ -104,7 +92,7 @@ def _turn_command(command: str, summary: str) -> Callable[[_Route], _Route]:
     response_model=TurnView,
     responses={
         202: {"model": QueuedView, "description": "Queued (`if_busy=enqueue`, or an interrupt that had to wait)."},
-        **_errors(404, 409, 422),
+        **error_responses(404, 409, 422),
     },
 )
 def start_turn(
@@ -145,7 +133,7 @@ def start_turn(
     )
 
 
-@router.get("/turns", tags=["turns"], summary="List turns", response_model=TurnList, responses=_errors(422))
+@router.get("/turns", tags=["turns"], summary="List turns", response_model=TurnList, responses=error_responses(422))
 def list_turns(
     runtime: RuntimeDep,
     tenant: TenantDep,
@@ -169,7 +157,11 @@ def list_turns(
 
 
 @router.get(
-    "/turns/{turn_id}", tags=["turns"], summary="Get a turn", response_model=TurnView, responses=_errors(404, 422)
+    "/turns/{turn_id}",
+    tags=["turns"],
+    summary="Get a turn",
+    response_model=TurnView,
+    responses=error_responses(404, 422),
 )
 def get_turn(
     turn_id: TurnId,
@@ -244,7 +236,7 @@ def cancel_turn(
     tags=["conversations"],
     summary="A conversation's page timeline",
     response_model=MessageList,
-    responses=_errors(422),
+    responses=error_responses(422),
 )
 def conversation_messages(
     conversation_id: ConversationId,

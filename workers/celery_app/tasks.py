@@ -42,6 +42,7 @@ from agent_runner import (
     StoreUnavailableError,
     TurnNotFound,
 )
+from agent_runner.errors import log_failure
 from agent_runner.limits import ConversationId
 from agent_runner.snapshot import RUNNABLE_STATUSES, SCHEDULED_STATUSES
 from workers import inbox
@@ -118,7 +119,7 @@ def advance(wiring: Wiring, turn_id: str, version: int) -> StepOutcome:
         if result.stopped is StopReason.FAILED:
             # The snapshot in the store is intact (every save is atomic): the turn stays as
             # last saved, and the follow-up decides when to try again.
-            logger.error("step of turn %s failed; it stays as last saved", turn_id, exc_info=result.error)
+            log_failure(logger, result.error, "step of turn %s failed; it stays as last saved", turn_id)
             error = result.error
     finally:
         keeper.release(held)

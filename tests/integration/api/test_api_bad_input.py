@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -214,9 +215,67 @@ def test_other_content_types_and_methods_are_4xx(server: ApiServer, database_url
         assert 400 <= text.status_code < 500, text.text
         form = client.post("/v1/turns", data={"agent_id": "desk", "input": "x"})
         assert 400 <= form.status_code < 500, form.text
-        assert_rejected(client.put("/v1/turns", json={}), 405)
+        put = client.put("/v1/turns", json={})
+        assert_rejected(put, 405)
+        # Allow names every method of the path, though GET and POST are two routes
+        assert put.headers["allow"] == "GET, HEAD, POST"
         assert_rejected(client.patch("/v1/turns/x", json={}), 405)
+        assert client.get("/runs/crons/search").headers["allow"] == "POST"
     assert database_state(database_url) == before
+
+
+BAD_BODIES: list[tuple[str, bytes]] = [("empty", b""), ("not JSON", b"{not json"), ("null", b"null")]
+
+
+def body_operations(document: dict[str, Any]) -> list[tuple[str, str, bool]]:
+    """Every operation of the OpenAPI document that can carry a body: method, path, and whether it needs one."""
+    operations = []
+    for path, methods in document["paths"].items():
+        for method, operation in methods.items():
+            if method in ("post", "put", "patch"):
+                needs_body = bool(operation.get("requestBody", {}).get("required", False))
+                operations.append((method.upper(), path, needs_body))
+    return operations
+
+
+def test_empty_non_json_and_null_bodies_are_4xx_on_every_route(server: ApiServer, database_url: str) -> None:
+    # Given every route of the server that can take a body, read from its OpenAPI document
+    with server.client() as client:
+        operations = body_operations(client.get("/openapi.json").json())
+        assert ("PATCH", "/runs/crons/{cron_id}") in {(method, path) for method, path, _ in operations}
+        before = database_state(database_url)
+        problems = []
+        for method, path, needs_body in operations:
+            # Ids of the right shape that name nothing: the body is judged before any lookup
+            url = re.sub(r"\{[^}]+\}", "missing-1", path)
+            for name, body in BAD_BODIES:
+                # When it is sent an empty body, one that is not JSON, or JSON null
+                try:
+                    response = client.request(method, url, content=body, headers={"Content-Type": "application/json"})
+                except httpx.TransportError as exc:
+                    problems.append(f"{method} {path} ({name}): the connection failed: {exc!r}")
+                    continue
+                # Then a body it needs, and any body that is not JSON, is refused with a 4xx
+                # in the error shape; a route whose body is optional may take an empty or
+                # null one, and one the server does not offer says so (501), but none fails
+                refused = 400 <= response.status_code < 500
+                unsupported = response.status_code == 501 and not needs_body
+                if ((needs_body or name == "not JSON") and not refused) or (
+                    response.status_code >= 500 and not unsupported
+                ):
+                    problems.append(f"{method} {path} ({name}): {response.status_code} {response.text[:200]}")
+                elif response.status_code >= 400 and not is_error_shape(response):
+                    problems.append(f"{method} {path} ({name}): not the error shape: {response.text[:200]}")
+    assert problems == [], "\n".join(problems)
+    assert database_state(database_url) == before
+
+
+def is_error_shape(response: httpx.Response) -> bool:
+    try:
+        error = response.json()["error"]
+    except (ValueError, KeyError, TypeError):
+        return False
+    return isinstance(error["type"], str) and bool(error["message"]) and isinstance(error["details"], list)
 
 
 def assert_rejected(response: httpx.Response, status: int, what: str = "") -> None:

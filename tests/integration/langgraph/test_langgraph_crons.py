@@ -85,3 +85,22 @@ def test_bad_crons_are_refused(client: Any) -> None:
     with pytest.raises(httpx.HTTPStatusError) as interrupt:
         client.crons.create("desk", schedule="* * * * *", input=message, multitask_strategy="interrupt")
     assert interrupt.value.response.status_code == 501
+
+
+def test_a_cron_is_disabled_and_enabled_and_nothing_else_changes(client: Any) -> None:
+    message = {"messages": [{"role": "user", "content": "x"}]}
+    cron = client.crons.create("desk", schedule="0 9 * * 1", input=message)
+    # When it is disabled, it has no next run; enabled again, it has one
+    disabled = client.crons.update(cron["cron_id"], enabled=False)
+    assert disabled["enabled"] is False and disabled["next_run_date"] is None
+    assert client.crons.update(cron["cron_id"], enabled=True)["next_run_date"] is not None
+    # Changing anything else is refused, naming it
+    with pytest.raises(httpx.HTTPStatusError) as schedule:
+        client.crons.update(cron["cron_id"], schedule="* * * * *", enabled=False)
+    assert schedule.value.response.status_code == 501
+    assert "schedule" in schedule.value.response.json()["error"]["message"]
+    # Nothing to change: the cron as it is
+    assert client.crons.update(cron["cron_id"])["enabled"] is True
+    [kept] = [c for c in client.crons.search(assistant_id="desk", limit=1000) if c["cron_id"] == cron["cron_id"]]
+    assert kept["enabled"] is True and kept["schedule"] == "0 9 * * 1"
+    client.crons.delete(cron["cron_id"])

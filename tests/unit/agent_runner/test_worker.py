@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -13,6 +14,7 @@ import pytest
 
 from agent_runner import (
     Agent,
+    AgentEvent,
     AgentExecutionPolicy,
     AgentFormDefinition,
     AgentFormRequiredException,
@@ -596,13 +598,56 @@ class FlakyLease(InMemoryTurnLease):
         return super().acquire(turn_id, owner, ttl_ms)
 
 
-def test_a_lease_backend_outage_skips_the_turn_for_the_poll_and_the_next_poll_takes_it() -> None:
+def test_a_lease_backend_outage_skips_the_turn_for_the_poll_and_the_next_poll_takes_it(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     runner = AgentRunner()
     worker = AgentWorker(runner, lease=FlakyLease(failures=1))
     turn = runner.start(Agent(id="a", chat_model=ScriptedChatModel([AiMessage(content="hi")])), "hello")
-    assert worker.run_once() == 0
-    assert worker.run_once() == 1
+    with caplog.at_level(logging.DEBUG, logger="agent_runner"):
+        assert worker.run_once() == 0
+        assert worker.run_once() == 1
     assert runner.turn_store.load(turn.id).status is S.COMPLETED
+    # The outage is expected and the next poll recovers: one warning line, no traceback
+    noted = [record for record in caplog.records if record.levelno >= logging.WARNING]
+    assert [(record.levelno, record.exc_info) for record in noted] == [(logging.WARNING, None)]
+
+
+class FlakySaves(InMemoryAgentTurnStore):
+    """Fails the save after `after` successful ones, once, as a database that dropped the connection."""
+
+    def __init__(self, after: int) -> None:
+        super().__init__()
+        self.after = after
+
+    def save(self, turn: AgentTurn, expected_version: int, events: Sequence[AgentEvent] = ()) -> AgentTurn:
+        self.after -= 1
+        if self.after == -1:
+            raise StoreUnavailableError("saving turn failed: AdminShutdown: terminating connection")
+        return super().save(turn, expected_version, events)
+
+
+def test_a_step_whose_save_meets_a_dropped_connection_logs_one_warning_and_the_next_pass_recovers(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Given a turn saved once (its start), whose next save meets a dropped connection
+    runner = AgentRunner(turn_store=FlakySaves(after=1))
+    worker = AgentWorker(runner, poll_interval=0.01)
+    turn = runner.start(Agent(id="a", chat_model=ScriptedChatModel(lambda r: AiMessage(content="hi"))), "hello")
+    with caplog.at_level(logging.DEBUG, logger="agent_runner"):
+        # When the worker steps it, then passes again once the back-off after a failure is over
+        worker.run_once()
+        time.sleep(0.1)
+        worker.run_once()
+    # Then the turn completed, and the failed step is one warning line ending with the error, no traceback
+    assert runner.turn_store.load(turn.id).status is S.COMPLETED
+    noted = [record for record in caplog.records if record.levelno >= logging.WARNING]
+    assert [(record.levelno, record.exc_info) for record in noted] == [(logging.WARNING, None)]
+    assert (
+        noted[0]
+        .getMessage()
+        .endswith("(StoreUnavailableError: saving turn failed: AdminShutdown: terminating connection)")
+    )
 
 
 def test_a_foreground_run_reports_a_lease_backend_outage_instead_of_waiting() -> None:
@@ -612,7 +657,9 @@ def test_a_foreground_run_reports_a_lease_backend_outage_instead_of_waiting() ->
         runner.run(Agent(id="a", chat_model=ScriptedChatModel([AiMessage(content="hi")])), "hello")
 
 
-def test_an_exception_in_one_turn_does_not_stop_the_worker(workers: list[AgentWorker]) -> None:
+def test_an_exception_in_one_turn_does_not_stop_the_worker(
+    workers: list[AgentWorker], caplog: pytest.LogCaptureFixture
+) -> None:
     # Given a turn whose agent this process does not know, and a healthy turn
     known = Agent(id="known", chat_model=ScriptedChatModel(lambda r: AiMessage(content="ok")))
     runner = AgentRunner(agent_loader=InMemoryAgentLoader([known]))
@@ -623,7 +670,10 @@ def test_an_exception_in_one_turn_does_not_stop_the_worker(workers: list[AgentWo
     healthy = runner.start(known, "hello")
     worker = AgentWorker(runner, poll_interval=0.02)
     # When the worker passes over both
-    assert worker.run_once() == 1
+    with caplog.at_level(logging.ERROR, logger="agent_runner"):
+        assert worker.run_once() == 1
+    # Then the unexpected error is logged with its traceback
+    assert [record.exc_info is not None for record in caplog.records if record.levelno >= logging.ERROR] == [True]
     # Then the healthy turn completed and the broken one is left runnable for a process that knows its agent
     assert store.load(healthy.id).status is S.COMPLETED
     assert store.load(orphan.id).status is S.READY

@@ -76,7 +76,9 @@ def test_the_event_views_cover_every_event_type_once(spec: dict[str, Any]) -> No
     mapping = spec["components"]["schemas"]["AgentEventView"]["discriminator"]["mapping"]
     assert sorted(mapping) == sorted(t.value for t in AgentEventType)
     stream = spec["paths"]["/v1/turns/{turn_id}/events"]["get"]["responses"]["200"]["content"]["text/event-stream"]
-    assert stream["schema"] == {"$ref": "#/components/schemas/AgentEventView"}
+    # The schema is that of one event (its SSE fields); the JSON of its `data` is an AgentEventView
+    data = stream["schema"]["properties"]["data"]
+    assert data["contentSchema"] == {"$ref": "#/components/schemas/AgentEventView"}
 
 
 def test_each_resume_request_takes_the_fields_its_action_needs() -> None:
@@ -240,5 +242,6 @@ def test_a_host_app_that_includes_the_routes_lists_the_event_schemas_they_refer_
     )
     document = host.openapi()
     stream = document["paths"]["/agents/v1/turns/{turn_id}/events"]["get"]["responses"]["200"]["content"]
-    assert stream["text/event-stream"]["schema"] == {"$ref": "#/components/schemas/AgentEventView"}
+    data = stream["text/event-stream"]["schema"]["properties"]["data"]
+    assert data["contentSchema"] == {"$ref": "#/components/schemas/AgentEventView"}
     assert {"AgentEventView", "TurnSuspendedPayload", "JsonValue"} <= set(document["components"]["schemas"])

@@ -8,8 +8,9 @@ thread a conversation, a run a turn, an interrupt a suspension (see docs/langgra
 from fastapi import APIRouter
 
 from workers.api.langgraph import assistants, crons, runs, threads, unsupported
+from workers.api.openapi import error_responses
 
-router = APIRouter()
+router = APIRouter(responses=error_responses(401, 422, 503))
 router.include_router(assistants.router)
 router.include_router(threads.router)
 router.include_router(runs.router)

@@ -20,6 +20,7 @@ from agent_runner import Agent
 from workers.api.auth import RuntimeDep, get_tenant
 from workers.api.langgraph.mapping import NotSupported
 from workers.api.langgraph.models import AssistantSearch
+from workers.api.openapi import error_responses
 from workers.api.runtime import Runtime
 
 AssistantId = Annotated[str, Path(max_length=128, description="An assistant id: the agent id.")]
@@ -46,7 +47,7 @@ _MESSAGES_SCHEMA: dict[str, Any] = {
 }
 """What a run takes and a thread holds: LangChain messages under `messages`."""
 
-router = APIRouter(tags=["langgraph"], dependencies=[Depends(get_tenant)])
+router = APIRouter(tags=["langgraph"], dependencies=[Depends(get_tenant)], responses=error_responses(404, 501))
 
 
 def _agents(runtime: Runtime) -> list[Agent]:

@@ -26,9 +26,10 @@ from agent_runner.ids import new_id, utcnow
 from workers.api.auth import RuntimeDep, TenantDep, get_tenant
 from workers.api.errors import ApiError, InvalidRequest
 from workers.api.langgraph.mapping import NotSupported, input_text
-from workers.api.langgraph.models import CronCreate, CronSearch
+from workers.api.langgraph.models import CronCreate, CronPatch, CronSearch
 from workers.api.langgraph.runs import RollbackNotSupported
 from workers.api.langgraph.threads import RecordsDep, ThreadId, load_thread
+from workers.api.openapi import error_responses
 from workers.api.runtime import Runtime
 from workers.api.tenancy import Tenant
 from workers.schedules import Schedule, ScheduleError
@@ -38,7 +39,7 @@ logger = logging.getLogger("workers.api")
 
 CronId = Annotated[str, Path(pattern=r"^[A-Za-z0-9_.:-]{1,100}$", description="A cron id.")]
 
-router = APIRouter(tags=["langgraph"], dependencies=[Depends(get_tenant)])
+router = APIRouter(tags=["langgraph"], dependencies=[Depends(get_tenant)], responses=error_responses(404, 413, 501))
 
 
 class CronNotFound(ApiError):
@@ -221,21 +222,18 @@ async def count(body: CronSearch, tenant: TenantDep, crons: CronsDep) -> JSONRes
 
 @router.patch("/runs/crons/{cron_id}", summary="Enable or disable a cron")
 async def update(
-    request: Request, cron_id: CronId, runtime: RuntimeDep, tenant: TenantDep, crons: CronsDep
+    cron_id: CronId, body: CronPatch, runtime: RuntimeDep, tenant: TenantDep, crons: CronsDep
 ) -> JSONResponse:
-    """Only `enabled` can change; anything else is a 501."""
-    raw = await request.json()
-    if not isinstance(raw, dict):
-        raise InvalidRequest("the body must be an object")
-    unsupported = sorted(set(raw) - {"enabled"})
+    """Only `enabled` can change; anything else is a 501. A body without `enabled` answers the cron as it is."""
+    unsupported = sorted(body.model_fields_set - {"enabled"})
     if unsupported:
         raise NotSupported(f"changing {', '.join(unsupported)} of a cron (delete it and create another)")
-    enabled = raw.get("enabled")
-    if not isinstance(enabled, bool):
-        raise InvalidRequest("enabled must be true or false", path="/enabled")
+    enabled = body.enabled
 
     def act() -> dict[str, Any]:
-        _own(crons, tenant, cron_id)
+        owned = _own(crons, tenant, cron_id)
+        if enabled is None:
+            return cron_view(owned)
         record = crons.update(cron_id, enabled=enabled)
         if record is None:
             raise CronNotFound(cron_id)

@@ -2,7 +2,8 @@
 
 Fields the clients send that this server does not act on are listed too: left at their
 defaults they are accepted, set to something that would change the outcome they are
-answered with 501 `NotSupported` naming them (see the routes). Unknown fields are a 422.
+answered with 501 `NotSupported` naming them (see the routes). Unknown fields, and values
+of another JSON type than the field's (`0` for a boolean, `"5"` for a number), are a 422.
 """
 
 from __future__ import annotations
@@ -11,16 +12,18 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from workers.api.models import Identifier, JsonObject
+from workers.api.models import Identifier, JsonObject, WholeNumber
 
 StreamMode = Literal[
     "values", "updates", "messages-tuple", "messages", "custom", "events", "debug", "tasks", "checkpoints"
 ]
 MultitaskStrategy = Literal["reject", "enqueue", "interrupt", "rollback"]
+MAX_OFFSET = 2**31 - 1
+"""The largest page offset: past any page a store serves, and within the integers every database binds."""
 
 
 class _Body(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class ThreadCreate(_Body):
@@ -44,8 +47,8 @@ class ThreadPatch(_Body):
 class _Search(_Body):
     """What every search body takes: the page (`limit` from `offset`), its order and the fields to return."""
 
-    limit: int = Field(default=10, ge=1, le=1000)
-    offset: int = Field(default=0, ge=0)
+    limit: WholeNumber = Field(default=10, ge=1, le=1000)
+    offset: WholeNumber = Field(default=0, ge=0, le=MAX_OFFSET)
     sort_by: str | None = None
     sort_order: str | None = None
     select: list[str] | None = None
@@ -66,7 +69,7 @@ class ThreadSearch(_Search):
 class ThreadHistoryQuery(_Body):
     """`POST /threads/{thread_id}/history`."""
 
-    limit: int = Field(default=10, ge=1, le=1000)
+    limit: WholeNumber = Field(default=10, ge=1, le=1000)
     before: Any = None
     metadata: JsonObject | None = None
     checkpoint: Any = None
@@ -139,3 +142,28 @@ class CronSearch(_Search):
     assistant_id: str | None = None
     thread_id: str | None = None
     enabled: bool | None = None
+
+
+class CronPatch(_Body):
+    """`PATCH /runs/crons/{cron_id}`: only `enabled` changes; any other field present is a 501.
+
+    The other fields are those the clients send to change a cron; they are listed so that
+    the body is documented and checked like every other one.
+    """
+
+    enabled: bool | None = None
+    schedule: Any = None
+    end_time: Any = None
+    input: Any = None
+    metadata: Any = None
+    config: Any = None
+    context: Any = None
+    webhook: Any = None
+    interrupt_before: Any = None
+    interrupt_after: Any = None
+    on_run_completed: Any = None
+    timezone: Any = None
+    stream_mode: Any = None
+    stream_subgraphs: Any = None
+    stream_resumable: Any = None
+    durability: Any = None

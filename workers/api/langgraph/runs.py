@@ -43,7 +43,7 @@ from workers.api.langgraph.mapping import (
     resume_command,
     run_status,
 )
-from workers.api.langgraph.models import RunCreate
+from workers.api.langgraph.models import MAX_OFFSET, RunCreate
 from workers.api.langgraph.streaming import SUPPORTED_MODES, RunTranslator, run_stream
 from workers.api.langgraph.threads import (
     HISTORY_MESSAGES,
@@ -56,6 +56,7 @@ from workers.api.langgraph.threads import (
     thread_view,
 )
 from workers.api.models import ID_PATTERN, CancelRequest, StartTurnRequest
+from workers.api.openapi import error_responses, event_stream_response
 from workers.api.runtime import Runtime
 from workers.api.tenancy import Tenant
 from workers.views import find_agent
@@ -65,7 +66,10 @@ RunId = Annotated[str, Path(pattern=ID_PATTERN, max_length=128, description="A r
 _POLL_S = 0.1
 """How often a waiting request looks at its run."""
 
-router = APIRouter(tags=["langgraph"], dependencies=[Depends(get_tenant)])
+router = APIRouter(
+    tags=["langgraph"], dependencies=[Depends(get_tenant)], responses=error_responses(404, 409, 413, 501)
+)
+RUN_STREAM = event_stream_response("`text/event-stream` of the run's events in the stream modes asked for.")
 
 
 class RunNotFound(ApiError):
@@ -375,7 +379,12 @@ async def create(
     return await _create(runtime, tenant, records, thread_id, body)
 
 
-@router.post("/threads/{thread_id}/runs/stream", summary="Create a run and stream it", response_class=StreamingResponse)
+@router.post(
+    "/threads/{thread_id}/runs/stream",
+    summary="Create a run and stream it",
+    response_class=StreamingResponse,
+    responses=RUN_STREAM,
+)
 async def create_stream(
     thread_id: ThreadId, body: RunCreate, runtime: RuntimeDep, tenant: TenantDep, records: RecordsDep
 ) -> StreamingResponse:
@@ -399,7 +408,9 @@ async def create_stateless(
     return await _create(runtime, tenant, records, None, body)
 
 
-@router.post("/runs/stream", summary="Stream a run on a new thread", response_class=StreamingResponse)
+@router.post(
+    "/runs/stream", summary="Stream a run on a new thread", response_class=StreamingResponse, responses=RUN_STREAM
+)
 async def create_stateless_stream(
     body: RunCreate, runtime: RuntimeDep, tenant: TenantDep, records: RecordsDep
 ) -> StreamingResponse:
@@ -422,7 +433,7 @@ async def list_runs(
     tenant: TenantDep,
     records: RecordsDep,
     limit: Annotated[int, Query(ge=1, le=1000)] = 10,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0,
     status: Annotated[str | None, Query(pattern="^(pending|running|error|success|timeout|interrupted)$")] = None,
 ) -> JSONResponse:
     """The thread's runs (its turns), newest first."""
@@ -473,7 +484,10 @@ async def join(
 
 
 @router.get(
-    "/threads/{thread_id}/runs/{run_id}/stream", summary="Join a run's stream", response_class=StreamingResponse
+    "/threads/{thread_id}/runs/{run_id}/stream",
+    summary="Join a run's stream",
+    response_class=StreamingResponse,
+    responses=RUN_STREAM,
 )
 async def join_stream(
     request: Request,

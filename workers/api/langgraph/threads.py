@@ -34,6 +34,7 @@ from workers.api.langgraph.mapping import (
 from workers.api.langgraph.models import ThreadCreate, ThreadHistoryQuery, ThreadPatch, ThreadSearch
 from workers.api.langgraph.run_events import next_node
 from workers.api.models import ID_PATTERN
+from workers.api.openapi import error_responses
 from workers.api.runtime import Runtime
 from workers.api.tenancy import Tenant
 from workers.views import catalog_mask, find_agent
@@ -43,7 +44,9 @@ HISTORY_MESSAGES = 10_000
 
 ThreadId = Annotated[str, Path(pattern=ID_PATTERN, max_length=128, description="A thread id (a conversation id).")]
 
-router = APIRouter(tags=["langgraph"], dependencies=[Depends(get_tenant)])
+router = APIRouter(
+    tags=["langgraph"], dependencies=[Depends(get_tenant)], responses=error_responses(404, 409, 413, 501)
+)
 
 
 class ThreadNotFound(ApiError):

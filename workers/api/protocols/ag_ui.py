@@ -42,11 +42,12 @@ from workers.api.auth import RuntimeDep, TenantDep, get_tenant
 from workers.api.errors import InvalidRequest
 from workers.api.events import KEEPALIVE_S
 from workers.api.models import ID_PATTERN, CancelRequest, Identifier
+from workers.api.openapi import error_responses as _errors
+from workers.api.openapi import event_stream_response
 from workers.api.protocols import chat, steps
 from workers.api.routes import (
     ConversationId,
     IdempotencyKey,
-    _errors,
     _key_fingerprint,
     _view,
 )
@@ -369,10 +370,7 @@ async def _run(
     summary="AG-UI run",
     response_class=StreamingResponse,
     responses={
-        200: {
-            "description": "`text/event-stream` of AG-UI events (`data: {...}` each).",
-            "content": {"text/event-stream": {"schema": {"type": "string"}}},
-        },
+        **event_stream_response("`text/event-stream` of AG-UI events (`data: {...}` each)."),
         **_errors(401, 404, 409, 413, 422, 503),
     },
 )

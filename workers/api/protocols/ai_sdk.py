@@ -41,11 +41,12 @@ from workers.api.auth import RuntimeDep, TenantDep, get_tenant
 from workers.api.errors import InvalidRequest
 from workers.api.events import KEEPALIVE_S
 from workers.api.models import ID_PATTERN, Identifier, UIMessageView
+from workers.api.openapi import error_responses as _errors
+from workers.api.openapi import event_stream_response
 from workers.api.protocols import chat, steps, ui_messages
 from workers.api.routes import (
     ConversationId,
     IdempotencyKey,
-    _errors,
     _key_fingerprint,
     _view,
 )
@@ -304,12 +305,9 @@ def _stream(
     return StreamingResponse(body, media_type="text/event-stream", headers=HEADERS)
 
 
-_STREAM_RESPONSE: dict[int | str, dict[str, Any]] = {
-    200: {
-        "description": "`text/event-stream` of UI message chunks (`data: {...}` each, `data: [DONE]` last).",
-        "content": {"text/event-stream": {"schema": {"type": "string"}}},
-    }
-}
+_STREAM_RESPONSE = event_stream_response(
+    "`text/event-stream` of UI message chunks (`data: {...}` each, `data: [DONE]` last)."
+)
 
 
 # --- Routes ---------------------------------------------------------------------------------
