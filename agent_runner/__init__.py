@@ -70,6 +70,7 @@ from agent_runner.persistence import (
     ConversationGuard,
     DeadlineSource,
     EventLog,
+    EventScope,
     Lease,
     LiveEventChannel,
     TurnDispatcher,
@@ -150,6 +151,7 @@ __all__ = [
     "EPHEMERAL_EVENT_TYPES",
     "EventFeed",
     "EventLog",
+    "EventScope",
     "InMemoryLiveEvents",
     "LiveEventChannel",
     # Backends

@@ -53,6 +53,7 @@ from agent_runner.messages import (
     ModelMessage,
     ToolMessage,
 )
+from agent_runner.persistence import EventScope
 from agent_runner.snapshot import AgentTurn, PageAction
 
 __all__ = [
@@ -188,11 +189,11 @@ def prunable(turns: Iterable[AgentTurn], cutoff: datetime) -> set[str]:
     return {root for root, prune in trees.items() if prune and root in roots}
 
 
-def live_scopes(event: AgentEvent) -> list[tuple[str, str]]:
+def live_scopes(event: AgentEvent) -> list[EventScope]:
     """Return the scopes a live event is published to: its turn tree, and its conversation if any."""
-    scopes = [("root", event.root_turn_id or event.turn_id)]
+    scopes = [EventScope.tree(event.root_turn_id or event.turn_id)]
     if event.conversation_id is not None:
-        scopes.append(("conversation", event.conversation_id))
+        scopes.append(EventScope.conversation(event.conversation_id))
     return scopes
 
 
