@@ -165,10 +165,11 @@ def _masked(data: dict[str, Any], mask: ArgumentMask) -> dict[str, Any]:
 class _Stream(FeedReader):
     """The events of one scope after a cursor: read from the feed, then taken from the scope's shared follower.
 
-    Reads (`read_page`, which moves the position) run on threads of the read pool. Following joins the scope's `EventFanout`
-    follower once the reads reached the end of the feed (see `workers.api.fanout`); a
-    stream that cannot join it (the server follows too many scopes, or the follower keeps
-    being elsewhere) follows the feed on its own, on a thread of a pool of such streams.
+    Reads (`read_more`: a `FeedReader` page, which moves the position) run on threads of
+    the read pool. Following joins the scope's `EventFanout` follower once the reads
+    reached the end of the feed (see `workers.api.fanout`); a stream that cannot join it
+    (the server follows too many scopes, or the follower keeps being elsewhere) follows
+    the feed on its own, on a thread of a pool of such streams.
     """
 
     def __init__(
