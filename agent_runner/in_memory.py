@@ -13,6 +13,7 @@ import time
 from bisect import bisect_right
 from collections import deque
 from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from agent_runner.errors import (
@@ -33,7 +34,15 @@ from agent_runner.persistence import (
     parse_position,
 )
 from agent_runner.snapshot import AgentTurn, AgentTurnStatus
-from agent_runner.store_rules import check_fence, kept_events, live_scopes, model_window, prunable, stored_snapshot
+from agent_runner.store_rules import (
+    check_fence,
+    event_scopes,
+    kept_events,
+    live_scopes,
+    model_window,
+    prunable,
+    stored_snapshot,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +63,14 @@ def _read_start(after: str | None) -> int:
     return 0 if after is None else parse_position(after, 1)[0]
 
 
+@dataclass(slots=True)
+class _ScopeLog:
+    """One scope of the event log: its events with their positions, in order, and the last position handed out."""
+
+    last_position: int = 0
+    entries: list[tuple[int, AgentEvent]] = field(default_factory=list)
+
+
 class InMemoryAgentTurnStore:
     """A thread-safe `AgentTurnStore` and `EventLog` in this process's memory.
 
@@ -68,10 +85,8 @@ class InMemoryAgentTurnStore:
         self._lock = threading.Lock()
         self._turns: dict[str, AgentTurn] = {}
         self._active: dict[str, str] = {}
-        # The event log: per scope, its events with their cursors in position order, and
-        # the last position handed out in it (a conversation's outlives pruning, so none is used twice).
-        self._scopes: dict[EventScope, list[tuple[int, AgentEvent]]] = {}
-        self._last_positions: dict[EventScope, int] = {}
+        # The event log, per scope (a conversation's outlives pruning, so no position is used twice).
+        self._logs: dict[EventScope, _ScopeLog] = {}
         self._event_ids: set[str] = set()
 
     def load(self, turn_id: str) -> AgentTurn:
@@ -131,14 +146,13 @@ class InMemoryAgentTurnStore:
             if kept.event_id in self._event_ids:
                 continue
             self._event_ids.add(kept.event_id)
-            scopes = [EventScope.tree(turn.root_turn_id)]
-            if kept.conversation_id is not None:
-                scopes.append(EventScope.conversation(kept.conversation_id))
-            for scope in scopes:
-                position = self._last_positions.get(scope, 0) + 1
-                self._last_positions[scope] = position
-                copy = kept.model_copy(update={"cursor": format_position(position)})
-                self._scopes.setdefault(scope, []).append((position, copy))
+            for scope in event_scopes(turn.root_turn_id, kept.conversation_id):
+                log = self._logs.get(scope)
+                if log is None:
+                    log = self._logs[scope] = _ScopeLog()
+                log.last_position += 1
+                copy = kept.model_copy(update={"cursor": format_position(log.last_position)})
+                log.entries.append((log.last_position, copy))
 
     def read_events(
         self, scope: EventScope, *, after: str | None = None, limit: int = DEFAULT_EVENT_PAGE
@@ -148,7 +162,8 @@ class InMemoryAgentTurnStore:
         if limit <= 0:
             return []
         with self._lock:
-            stored = self._scopes.get(scope, [])
+            log = self._logs.get(scope)
+            stored = [] if log is None else log.entries
             index = bisect_right(stored, start, key=lambda entry: entry[0])
             return [event for _, event in stored[index : index + limit]]
 
@@ -169,16 +184,13 @@ class InMemoryAgentTurnStore:
             doomed = [t.id for t in self._turns.values() if t.root_turn_id in roots]
             for turn_id in doomed:
                 del self._turns[turn_id]
-            for scope, stored in list(self._scopes.items()):
-                kept = [(p, e) for p, e in stored if e.root_turn_id not in roots]
-                self._event_ids.difference_update(e.event_id for _, e in stored if e.root_turn_id in roots)
-                if kept:
-                    self._scopes[scope] = kept
+            for scope, log in list(self._logs.items()):
+                self._event_ids.difference_update(e.event_id for _, e in log.entries if e.root_turn_id in roots)
+                # As in the SQL store: a pruned tree's counter goes with it, a conversation's stays.
+                if scope.kind == "tree" and scope.id in roots:
+                    del self._logs[scope]
                 else:
-                    del self._scopes[scope]
-            # As in the SQL store: a pruned tree's counter goes, a conversation's stays.
-            for root in roots:
-                self._last_positions.pop(EventScope.tree(root), None)
+                    log.entries = [(p, e) for p, e in log.entries if e.root_turn_id not in roots]
             return len(doomed)
 
     def find_active_turn(self, conversation_id: str) -> AgentTurn | None:
