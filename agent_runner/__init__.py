@@ -71,6 +71,7 @@ from agent_runner.persistence import (
     ConversationGuard,
     DeadlineSource,
     EventLog,
+    EventScope,
     Lease,
     LiveEventChannel,
     TurnDispatcher,
@@ -154,6 +155,7 @@ __all__ = [
     "EPHEMERAL_EVENT_TYPES",
     "EventFeed",
     "EventLog",
+    "EventScope",
     "InMemoryLiveEvents",
     "LiveEventChannel",
     # Backends

@@ -252,8 +252,8 @@ class LeaseLostError(LeaseError):
 class InvalidEventQuery(AgentRunnerError):
     """A read of events that cannot be answered as asked.
 
-    Raised when a read names neither or both of a turn tree and a conversation, or gives a
-    cursor the feed did not issue (see `InvalidCursor`). Nothing was read.
+    Raised when an `EventScope` is built with an empty id, or a read gives a cursor the
+    feed did not issue (see `InvalidCursor`). Nothing was read.
     """
 
 

@@ -33,12 +33,12 @@ import logging
 import re
 import time
 from collections import OrderedDict
-from collections.abc import Generator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 
 from agent_runner.errors import InvalidCursor, StoreError
 from agent_runner.events import AgentEvent
-from agent_runner.persistence import DEFAULT_EVENT_PAGE, EventLog, LiveEventChannel, event_scope
+from agent_runner.persistence import DEFAULT_EVENT_PAGE, EventLog, EventScope, LiveEventChannel
 
 logger = logging.getLogger(__name__)
 
@@ -108,38 +108,20 @@ class EventFeed:
         self.log = log
         self.live = live
 
-    def read(
-        self,
-        *,
-        root_turn_id: str | None = None,
-        conversation_id: str | None = None,
-        after: str | None = None,
-        limit: int = DEFAULT_EVENT_PAGE,
-    ) -> list[AgentEvent]:
-        """Return up to `limit` events after the cursor `after` (None: from the start), each with its `cursor`.
-
-        Exactly one of `root_turn_id` and `conversation_id` must be given.
+    def read(self, scope: EventScope, *, after: str | None = None, limit: int = DEFAULT_EVENT_PAGE) -> list[AgentEvent]:
+        """Return up to `limit` events of the scope after the cursor `after` (None: from the start), each with its `cursor`.
 
         Raises:
-            InvalidEventQuery: Neither or both of `root_turn_id` and `conversation_id` were given.
             InvalidCursor: `after` is not a cursor of this feed.
             StoreError: The durable log could not be read. (A failing live channel is
                 logged and its events are left for a later read.)
         """
-        event_scope(root_turn_id, conversation_id)
         if limit <= 0:
             return []
-        return self.read_page(
-            root_turn_id=root_turn_id, conversation_id=conversation_id, after=after, limit=limit
-        ).events
+        return self.read_page(scope, after=after, limit=limit).events
 
     def read_page(
-        self,
-        *,
-        root_turn_id: str | None = None,
-        conversation_id: str | None = None,
-        after: FeedPosition | str | None = None,
-        limit: int = DEFAULT_EVENT_PAGE,
+        self, scope: EventScope, *, after: FeedPosition | str | None = None, limit: int = DEFAULT_EVENT_PAGE
     ) -> FeedPage:
         """Like `read`, but return the page with the position after everything it went through.
 
@@ -147,24 +129,16 @@ class EventFeed:
         channel are gone through but not returned.
 
         Raises:
-            InvalidEventQuery: Neither or both of `root_turn_id` and `conversation_id` were given.
             InvalidCursor: `after` is not a cursor of this feed.
             StoreError: The durable log could not be read.
         """
-        event_scope(root_turn_id, conversation_id)
         start = after if isinstance(after, FeedPosition) else FeedPosition.parse(after)
         if limit <= 0:
             return FeedPage([], start, False)
-        return self._page(root_turn_id, conversation_id, start, limit)
+        return self._page(scope, start, limit)
 
     def follow(
-        self,
-        *,
-        root_turn_id: str | None = None,
-        conversation_id: str | None = None,
-        after: str | None = None,
-        timeout: float,
-        poll_interval: float = 0.25,
+        self, scope: EventScope, *, after: str | None = None, timeout: float, poll_interval: float = 0.25
     ) -> Generator[AgentEvent, None, None]:
         """Yield events after the cursor `after` as they come, until `timeout` seconds pass with none.
 
@@ -174,13 +148,10 @@ class EventFeed:
         lost. Without a live channel it polls the log. See `FeedFollower`.
 
         Raises:
-            InvalidEventQuery: Neither or both of `root_turn_id` and `conversation_id` were given.
             InvalidCursor: `after` is not a cursor of this feed.
             StoreError: The durable log could not be read.
         """
-        follower = FeedFollower(
-            self, root_turn_id=root_turn_id, conversation_id=conversation_id, after=after, poll_interval=poll_interval
-        )
+        follower = FeedFollower(self, scope, after=after, poll_interval=poll_interval)
         idle_until = time.monotonic() + timeout
         while True:
             events = follower.next_batch(max(0.0, idle_until - time.monotonic()))
@@ -190,7 +161,7 @@ class EventFeed:
                 idle_until = time.monotonic() + timeout
                 yield event
 
-    def _page(self, root_turn_id: str | None, conversation_id: str | None, start: FeedPosition, limit: int) -> FeedPage:
+    def _page(self, scope: EventScope, start: FeedPosition, limit: int) -> FeedPage:
         """Merge the next events of both sources after `start`.
 
         The two sources are merged by timestamp, each keeping its own order, so every
@@ -208,14 +179,12 @@ class EventFeed:
         # - a save announced in the second live read but missing from the log committed after
         #   the log was read: the merge stops at its announcement, so the ephemeral events
         #   published after it wait for the next page, which has the save.
-        live, live_full = self._live_page(root_turn_id, conversation_id, start.live, limit)
-        durable = self.log.read_events(
-            root_turn_id=root_turn_id, conversation_id=conversation_id, after=start.log, limit=limit
-        )
+        live, live_full = self._live_page(scope, start.live, limit)
+        durable = self.log.read_events(scope, after=start.log, limit=limit)
         settled = len(live)
         if not live_full:
             after_first = live[-1].cursor if live else start.live
-            later, live_full = self._live_page(root_turn_id, conversation_id, after_first, limit)
+            later, live_full = self._live_page(scope, after_first, limit)
             live += later
         in_log = {event.event_id for event in durable}
         # A full log page needs no check of its own: each of its events is handed out, so
@@ -257,9 +226,7 @@ class EventFeed:
                 out.append(event.model_copy(update={"cursor": str(FeedPosition(log_at, shown_live))}))
         return FeedPage(out, FeedPosition(log_at, live_at), more or len(out) >= limit)
 
-    def _live_page(
-        self, root_turn_id: str | None, conversation_id: str | None, after: str | None, limit: int
-    ) -> tuple[list[AgentEvent], bool]:
+    def _live_page(self, scope: EventScope, after: str | None, limit: int) -> tuple[list[AgentEvent], bool]:
         """Return the live events after `after` up to `limit` ephemeral ones, and whether more may follow.
 
         Durable wake-ups are returned too (the merge skips them but moves past them); pages
@@ -273,9 +240,7 @@ class EventFeed:
         cursor = after
         try:
             for _ in range(_MAX_LIVE_PAGES):
-                page = self.live.read(
-                    root_turn_id=root_turn_id, conversation_id=conversation_id, after=cursor, limit=limit
-                )
+                page = self.live.read(scope, after=cursor, limit=limit)
                 found.extend(page)
                 ephemeral += sum(1 for event in page if not event.type.is_durable)
                 if len(page) < limit:
@@ -290,7 +255,55 @@ class EventFeed:
         return found, True
 
 
-class FeedFollower:
+class FeedReader:
+    """Reads the events of a turn tree or a conversation page by page, each page moving its position on.
+
+    The one place a feed is paged from a position: `FeedFollower` reads its pages here,
+    and so does whatever catches up from a client's cursor before it follows.
+
+    Args:
+        feed: The feed to read.
+        scope: The turn tree or conversation to read.
+        after: Start after this feed cursor or position (None: from the start).
+
+    Raises:
+        InvalidCursor: `after` is not a cursor of this feed.
+    """
+
+    def __init__(self, feed: EventFeed, scope: EventScope, *, after: FeedPosition | str | None = None) -> None:
+        self.feed = feed
+        self.scope = scope
+        self.position = after if isinstance(after, FeedPosition) else FeedPosition.parse(after)
+        """Where the next read starts: after every event handed out and every wake-up gone through."""
+        self.read_due = True
+        """Whether events may be readable at once: nothing was read yet, the last page was full, or a
+        wake-up said so. A page that was not full clears it."""
+
+    def read_page(self, limit: int = DEFAULT_EVENT_PAGE) -> FeedPage:
+        """Read the next page after the position and move the position past everything it went through.
+
+        Raises:
+            StoreError: The durable log could not be read.
+        """
+        page = self.feed.read_page(self.scope, after=self.position, limit=limit)
+        self.position = page.end
+        self.read_due = page.more
+        return page
+
+    def pages(self) -> Iterator[FeedPage]:
+        """Read page after page up to the end of what is readable now (a page that is not full is the last).
+
+        Raises:
+            StoreError: The durable log could not be read.
+        """
+        while True:
+            page = self.read_page()
+            yield page
+            if not page.more:
+                return
+
+
+class FeedFollower(FeedReader):
     """Follows the events of a turn tree or a conversation from a position, one batch at a time.
 
     `EventFeed.follow` runs one; callers that need more than a generator (the position
@@ -317,13 +330,11 @@ class FeedFollower:
 
     Args:
         feed: The feed to follow.
-        root_turn_id: The turn tree to follow (or `conversation_id`).
-        conversation_id: The conversation to follow.
+        scope: The turn tree or conversation to follow.
         after: Start after this feed cursor or position (None: from the start).
         poll_interval: Longest time between two reads of the log, in seconds.
 
     Raises:
-        InvalidEventQuery: Neither or both of `root_turn_id` and `conversation_id` were given.
         InvalidCursor: `after` is not a cursor of this feed.
         ValueError: `poll_interval` is not positive.
     """
@@ -331,25 +342,18 @@ class FeedFollower:
     def __init__(
         self,
         feed: EventFeed,
+        scope: EventScope,
         *,
-        root_turn_id: str | None = None,
-        conversation_id: str | None = None,
         after: FeedPosition | str | None = None,
         poll_interval: float = 0.25,
     ) -> None:
-        event_scope(root_turn_id, conversation_id)
         if poll_interval <= 0:
             raise ValueError(f"poll_interval must be positive, got {poll_interval!r}")
-        self.feed = feed
-        self.root_turn_id = root_turn_id
-        self.conversation_id = conversation_id
+        super().__init__(feed, scope, after=after)
         self.poll_interval = poll_interval
-        self.position = after if isinstance(after, FeedPosition) else FeedPosition.parse(after)
-        """Where the next read starts: after every event handed out and every wake-up gone through."""
         self._recent: OrderedDict[str, None] = OrderedDict()
         self._awaited: OrderedDict[str, float] = OrderedDict()
         """Durable events announced on the live channel and not read from the log yet -> when announced."""
-        self._log_due = True
         self._next_log_read = 0.0
         self._retries = 0
 
@@ -362,11 +366,11 @@ class FeedFollower:
         """
         deadline = time.monotonic() + max(timeout, 0.0)
         while True:
-            if self._log_due or time.monotonic() >= self._next_log_read:
+            if self.read_due or time.monotonic() >= self._next_log_read:
                 events = self._read_log()
                 if events:
                     return events
-                if self._log_due:
+                if self.read_due:
                     continue  # a full page of events handed out before: read on
             now = time.monotonic()
             remaining = deadline - now
@@ -377,14 +381,7 @@ class FeedFollower:
                 return events
 
     def _read_log(self) -> list[AgentEvent]:
-        page = self.feed.read_page(
-            root_turn_id=self.root_turn_id,
-            conversation_id=self.conversation_id,
-            after=self.position,
-            limit=DEFAULT_EVENT_PAGE,
-        )
-        self.position = page.end
-        self._log_due = page.more
+        page = self.read_page()
         for event in page.events:
             self._awaited.pop(event.event_id, None)
         now = time.monotonic()
@@ -411,12 +408,7 @@ class FeedFollower:
             return []
         started = time.monotonic()
         try:
-            found = live.wait(
-                root_turn_id=self.root_turn_id,
-                conversation_id=self.conversation_id,
-                after=self.position.live,
-                timeout=seconds,
-            )
+            found = live.wait(self.scope, after=self.position.live, timeout=seconds)
         except StoreError as exc:
             logger.warning("waiting on the live event channel failed, polling instead: %s", exc)
             left = seconds - (time.monotonic() - started)
@@ -429,7 +421,7 @@ class FeedFollower:
                 if event.event_id not in self._recent:
                     # A save's wake-up: the log has something new (or soon will). Merge from here.
                     self._awaited[event.event_id] = time.monotonic()
-                    self._log_due = True
+                    self.read_due = True
                     self._retries = 0
                     break
                 # The announcement of an event the log already gave: go past it.

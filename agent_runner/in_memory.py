@@ -13,6 +13,7 @@ import time
 from bisect import bisect_right
 from collections import deque
 from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from agent_runner.errors import (
@@ -26,14 +27,22 @@ from agent_runner.ids import utcnow
 from agent_runner.messages import AnyMessage, ModelMessage
 from agent_runner.persistence import (
     DEFAULT_EVENT_PAGE,
+    EventScope,
     Lease,
     TurnRef,
-    event_scope,
     format_position,
     parse_position,
 )
 from agent_runner.snapshot import AgentTurn, AgentTurnStatus
-from agent_runner.store_rules import check_fence, kept_events, live_scopes, model_window, prunable, stored_snapshot
+from agent_runner.store_rules import (
+    check_fence,
+    event_scopes,
+    kept_events,
+    live_scopes,
+    model_window,
+    prunable,
+    stored_snapshot,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -49,11 +58,17 @@ def _ref(turn: AgentTurn) -> TurnRef:
     return TurnRef(turn.id, turn.version, turn.status, turn.updated_at, turn.next_retry_at, turn.cancel_requested)
 
 
-def _read_start(
-    root_turn_id: str | None, conversation_id: str | None, after: str | None
-) -> tuple[tuple[str, str], int]:
-    """The scope a read of events names and the position it starts after (0: from the first)."""
-    return event_scope(root_turn_id, conversation_id), 0 if after is None else parse_position(after, 1)[0]
+def _read_start(after: str | None) -> int:
+    """The position a read of events starts after (0: from the first)."""
+    return 0 if after is None else parse_position(after, 1)[0]
+
+
+@dataclass(slots=True)
+class _ScopeLog:
+    """One scope of the event log: its events with their positions, in order, and the last position handed out."""
+
+    last_position: int = 0
+    entries: list[tuple[int, AgentEvent]] = field(default_factory=list)
 
 
 class InMemoryAgentTurnStore:
@@ -70,10 +85,8 @@ class InMemoryAgentTurnStore:
         self._lock = threading.Lock()
         self._turns: dict[str, AgentTurn] = {}
         self._active: dict[str, str] = {}
-        # The event log: per scope, its events with their cursors in position order, and
-        # the last position handed out in it (a conversation's outlives pruning, so none is used twice).
-        self._scopes: dict[tuple[str, str], list[tuple[int, AgentEvent]]] = {}
-        self._last_positions: dict[tuple[str, str], int] = {}
+        # The event log, per scope (a conversation's outlives pruning, so no position is used twice).
+        self._logs: dict[EventScope, _ScopeLog] = {}
         self._event_ids: set[str] = set()
 
     def load(self, turn_id: str) -> AgentTurn:
@@ -133,29 +146,24 @@ class InMemoryAgentTurnStore:
             if kept.event_id in self._event_ids:
                 continue
             self._event_ids.add(kept.event_id)
-            scopes = [("root", turn.root_turn_id)]
-            if kept.conversation_id is not None:
-                scopes.append(("conversation", kept.conversation_id))
-            for scope in scopes:
-                position = self._last_positions.get(scope, 0) + 1
-                self._last_positions[scope] = position
-                copy = kept.model_copy(update={"cursor": format_position(position)})
-                self._scopes.setdefault(scope, []).append((position, copy))
+            for scope in event_scopes(turn.root_turn_id, kept.conversation_id):
+                log = self._logs.get(scope)
+                if log is None:
+                    log = self._logs[scope] = _ScopeLog()
+                log.last_position += 1
+                copy = kept.model_copy(update={"cursor": format_position(log.last_position)})
+                log.entries.append((log.last_position, copy))
 
     def read_events(
-        self,
-        *,
-        root_turn_id: str | None = None,
-        conversation_id: str | None = None,
-        after: str | None = None,
-        limit: int = DEFAULT_EVENT_PAGE,
+        self, scope: EventScope, *, after: str | None = None, limit: int = DEFAULT_EVENT_PAGE
     ) -> list[AgentEvent]:
         """Return up to `limit` durable events of a turn tree or a conversation after `after`; see `EventLog`."""
-        scope, start = _read_start(root_turn_id, conversation_id, after)
+        start = _read_start(after)
         if limit <= 0:
             return []
         with self._lock:
-            stored = self._scopes.get(scope, [])
+            log = self._logs.get(scope)
+            stored = [] if log is None else log.entries
             index = bisect_right(stored, start, key=lambda entry: entry[0])
             return [event for _, event in stored[index : index + limit]]
 
@@ -176,16 +184,13 @@ class InMemoryAgentTurnStore:
             doomed = [t.id for t in self._turns.values() if t.root_turn_id in roots]
             for turn_id in doomed:
                 del self._turns[turn_id]
-            for scope, stored in list(self._scopes.items()):
-                kept = [(p, e) for p, e in stored if e.root_turn_id not in roots]
-                self._event_ids.difference_update(e.event_id for _, e in stored if e.root_turn_id in roots)
-                if kept:
-                    self._scopes[scope] = kept
+            for scope, log in list(self._logs.items()):
+                self._event_ids.difference_update(e.event_id for _, e in log.entries if e.root_turn_id in roots)
+                # As in the SQL store: a pruned tree's counter goes with it, a conversation's stays.
+                if scope.kind == "tree" and scope.id in roots:
+                    del self._logs[scope]
                 else:
-                    del self._scopes[scope]
-            # As in the SQL store: a pruned tree's counter goes, a conversation's stays.
-            for root in roots:
-                self._last_positions.pop(("root", root), None)
+                    log.entries = [(p, e) for p, e in log.entries if e.root_turn_id not in roots]
             return len(doomed)
 
     def find_active_turn(self, conversation_id: str) -> AgentTurn | None:
@@ -408,7 +413,7 @@ class InMemoryLiveEvents:
         self._clock = clock
         self._changed = threading.Condition()
         self._published = 0
-        self._scopes: dict[tuple[str, str], deque[tuple[int, float, AgentEvent]]] = {}
+        self._scopes: dict[EventScope, deque[tuple[int, float, AgentEvent]]] = {}
         self._next_sweep = clock() + retention_s
 
     def publish(self, event: AgentEvent) -> None:
@@ -430,29 +435,15 @@ class InMemoryLiveEvents:
         except Exception:
             logger.exception("publishing live event %s of turn %s failed; it is lost", event.type, event.turn_id)
 
-    def read(
-        self,
-        *,
-        root_turn_id: str | None = None,
-        conversation_id: str | None = None,
-        after: str | None = None,
-        limit: int = DEFAULT_EVENT_PAGE,
-    ) -> list[AgentEvent]:
+    def read(self, scope: EventScope, *, after: str | None = None, limit: int = DEFAULT_EVENT_PAGE) -> list[AgentEvent]:
         """Return up to `limit` kept events of the scope published after `after`; see `LiveEventChannel`."""
-        scope, start = _read_start(root_turn_id, conversation_id, after)
+        start = _read_start(after)
         with self._changed:
             return self._after(scope, start, limit)
 
-    def wait(
-        self,
-        *,
-        root_turn_id: str | None = None,
-        conversation_id: str | None = None,
-        after: str | None = None,
-        timeout: float,
-    ) -> list[AgentEvent]:
+    def wait(self, scope: EventScope, *, after: str | None = None, timeout: float) -> list[AgentEvent]:
         """Return the kept events after `after`, waiting up to `timeout` seconds for one; see `LiveEventChannel`."""
-        scope, start = _read_start(root_turn_id, conversation_id, after)
+        start = _read_start(after)
         deadline = time.monotonic() + max(timeout, 0.0)
         with self._changed:
             while True:
@@ -462,7 +453,7 @@ class InMemoryLiveEvents:
                     return found
                 self._changed.wait(remaining)
 
-    def _after(self, scope: tuple[str, str], start: int, limit: int) -> list[AgentEvent]:
+    def _after(self, scope: EventScope, start: int, limit: int) -> list[AgentEvent]:
         entries = self._scopes.get(scope)
         if not entries or limit <= 0:
             return []
@@ -475,7 +466,7 @@ class InMemoryLiveEvents:
                     break
         return found
 
-    def _expire(self, scope: tuple[str, str], entries: deque[tuple[int, float, AgentEvent]], now: float) -> None:
+    def _expire(self, scope: EventScope, entries: deque[tuple[int, float, AgentEvent]], now: float) -> None:
         horizon = now - self.retention_s
         while entries and entries[0][1] < horizon:
             entries.popleft()

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
 
 from agent_runner.errors import InvalidCursor, InvalidEventQuery
 from agent_runner.events import AgentEvent
@@ -202,6 +202,45 @@ class CachedSnapshots(Protocol):
 DEFAULT_EVENT_PAGE = 500
 """Events one read returns at most unless told otherwise."""
 
+EventScopeKind = Literal["tree", "conversation"]
+"""What an `EventScope` names: a turn tree (by its root turn's id) or a conversation."""
+
+
+@dataclass(frozen=True, slots=True)
+class EventScope:
+    """The events one read names: those of a turn tree, or those of a conversation.
+
+    Build it with `EventScope.tree(root_turn_id)` or `EventScope.conversation(conversation_id)`;
+    it is checked once, there, and every reader after that takes it as it is. It is
+    hashable, so it can key what is kept per scope.
+
+    Raises:
+        InvalidEventQuery: The id is empty (or not a string), or `kind` is neither kind.
+    """
+
+    kind: EventScopeKind
+    id: str
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("tree", "conversation"):
+            raise InvalidEventQuery(f"an event scope is a 'tree' or a 'conversation', got {self.kind!r}")
+        if not isinstance(self.id, str) or not self.id:
+            name = "root_turn_id" if self.kind == "tree" else "conversation_id"
+            raise InvalidEventQuery(f"{name} must be a non-empty string to read events, got {self.id!r}")
+
+    @classmethod
+    def tree(cls, root_turn_id: str) -> EventScope:
+        """The events of a root turn and all its descendants."""
+        return cls("tree", root_turn_id)
+
+    @classmethod
+    def conversation(cls, conversation_id: str) -> EventScope:
+        """The events of a conversation's root turns and their descendants."""
+        return cls("conversation", conversation_id)
+
+    def __str__(self) -> str:
+        return f"{'turn tree' if self.kind == 'tree' else 'conversation'} {self.id!r}"
+
 
 @runtime_checkable
 class EventLog(Protocol):
@@ -218,19 +257,11 @@ class EventLog(Protocol):
     """
 
     def read_events(
-        self,
-        *,
-        root_turn_id: str | None = None,
-        conversation_id: str | None = None,
-        after: str | None = None,
-        limit: int = DEFAULT_EVENT_PAGE,
+        self, scope: EventScope, *, after: str | None = None, limit: int = DEFAULT_EVENT_PAGE
     ) -> list[AgentEvent]:
-        """Return up to `limit` durable events after the cursor `after` (None: from the first), in order.
-
-        Exactly one of `root_turn_id` and `conversation_id` must be given.
+        """Return up to `limit` durable events of the scope after the cursor `after` (None: from the first), in order.
 
         Raises:
-            InvalidEventQuery: Neither or both of `root_turn_id` and `conversation_id` were given.
             InvalidCursor: `after` is not a cursor this log issued.
         """
         ...
@@ -251,63 +282,25 @@ class LiveEventChannel(Protocol):
         """Broadcast the event; never raises (a failure is logged and the event is lost)."""
         ...
 
-    def read(
-        self,
-        *,
-        root_turn_id: str | None = None,
-        conversation_id: str | None = None,
-        after: str | None = None,
-        limit: int = DEFAULT_EVENT_PAGE,
-    ) -> list[AgentEvent]:
+    def read(self, scope: EventScope, *, after: str | None = None, limit: int = DEFAULT_EVENT_PAGE) -> list[AgentEvent]:
         """Return up to `limit` kept events of the scope published after the cursor `after`, oldest first.
 
-        Each event carries its `cursor` in this channel. Exactly one of `root_turn_id` and
-        `conversation_id` must be given.
+        Each event carries its `cursor` in this channel.
 
         Raises:
-            InvalidEventQuery: Neither or both of `root_turn_id` and `conversation_id` were given.
             InvalidCursor: `after` is not a cursor of this channel.
         """
         ...
 
-    def wait(
-        self,
-        *,
-        root_turn_id: str | None = None,
-        conversation_id: str | None = None,
-        after: str | None = None,
-        timeout: float,
-    ) -> list[AgentEvent]:
+    def wait(self, scope: EventScope, *, after: str | None = None, timeout: float) -> list[AgentEvent]:
         """Like `read`, but block up to `timeout` seconds until there is an event after `after`.
 
         Returns an empty list when the time ran out first.
 
         Raises:
-            InvalidEventQuery: Neither or both of `root_turn_id` and `conversation_id` were given.
             InvalidCursor: `after` is not a cursor of this channel.
         """
         ...
-
-
-def event_scope(root_turn_id: str | None, conversation_id: str | None) -> tuple[str, str]:
-    """Return `("root", id)` or `("conversation", id)` for a read of events.
-
-    Raises:
-        InvalidEventQuery: Neither or both were given, or the one given is empty.
-    """
-    if root_turn_id is not None and conversation_id is None:
-        scope = ("root", root_turn_id)
-    elif conversation_id is not None and root_turn_id is None:
-        scope = ("conversation", conversation_id)
-    else:
-        raise InvalidEventQuery(
-            "give exactly one of root_turn_id and conversation_id to read events, "
-            f"got root_turn_id={root_turn_id!r} and conversation_id={conversation_id!r}"
-        )
-    if not scope[1]:
-        name = "root_turn_id" if scope[0] == "root" else "conversation_id"
-        raise InvalidEventQuery(f"{name} must not be empty to read events")
-    return scope
 
 
 _MAX_POSITION = 2**63 - 1

@@ -23,7 +23,7 @@ Storing events (`EventLog`):
 
 - `kept_events` / `stored_event`: a save keeps its durable events only, once per event id,
   in order, without the cursor they were read at, filed under the turn's tree and under
-  its conversation (a child turn's, its root's conversation).
+  its conversation (a child turn's, its root's conversation): `event_scopes`.
 - Each tree and each conversation numbers its events 1, 2, 3, ... in the order their saves
   commit; an event's cursor is its position in the scope it was read from.
 - `prunable`: pruning removes whole trees only, once every turn in them ended and none was
@@ -41,6 +41,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from datetime import datetime
+from functools import lru_cache
 from typing import Any, Protocol
 
 from agent_runner.errors import LeaseLostError
@@ -53,11 +54,13 @@ from agent_runner.messages import (
     ModelMessage,
     ToolMessage,
 )
+from agent_runner.persistence import EventScope
 from agent_runner.snapshot import AgentTurn, PageAction
 
 __all__ = [
     "StoredValues",
     "check_fence",
+    "event_scopes",
     "kept_events",
     "live_scopes",
     "model_window",
@@ -188,12 +191,20 @@ def prunable(turns: Iterable[AgentTurn], cutoff: datetime) -> set[str]:
     return {root for root, prune in trees.items() if prune and root in roots}
 
 
-def live_scopes(event: AgentEvent) -> list[tuple[str, str]]:
+def live_scopes(event: AgentEvent) -> tuple[EventScope, ...]:
     """Return the scopes a live event is published to: its turn tree, and its conversation if any."""
-    scopes = [("root", event.root_turn_id or event.turn_id)]
-    if event.conversation_id is not None:
-        scopes.append(("conversation", event.conversation_id))
-    return scopes
+    return event_scopes(event.root_turn_id or event.turn_id, event.conversation_id)
+
+
+@lru_cache(maxsize=4096)
+def event_scopes(root_turn_id: str, conversation_id: str | None) -> tuple[EventScope, ...]:
+    """Return the scopes of an event of the tree `root_turn_id`: the tree, and `conversation_id` unless None.
+
+    Every saved or published event needs its scopes; the ones of the trees running now are
+    kept, so a step pays a lookup rather than building and checking them again.
+    """
+    tree = EventScope.tree(root_turn_id)
+    return (tree,) if conversation_id is None else (tree, EventScope.conversation(conversation_id))
 
 
 def model_window(messages: Sequence[AnyMessage], count: int) -> list[ModelMessage]:

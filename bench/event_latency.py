@@ -57,6 +57,7 @@ from agent_runner import (
     AgentEvent,
     AgentEventType,
     EventFeed,
+    EventScope,
     InMemoryAgentLoader,
 )
 
@@ -127,9 +128,9 @@ def _through_feed(feed: EventFeed, conversation: str, turns: int, subscribed: th
     """Follow with `EventFeed.follow` until `turns` root turns ended; the latency of each delta, in seconds."""
     latencies: list[float] = []
     ended = 0
-    feed.read(conversation_id=conversation)  # connected to both sources before the turns start
+    feed.read(EventScope.conversation(conversation))  # connected to both sources before the turns start
     subscribed.wait()
-    for event in feed.follow(conversation_id=conversation, timeout=FOLLOW_IDLE_S):
+    for event in feed.follow(EventScope.conversation(conversation), timeout=FOLLOW_IDLE_S):
         if event.type is AgentEventType.MODEL_DELTA:
             latencies.append(time.time() - float(event.data["delta"]))
         elif _ended(event):
@@ -145,14 +146,14 @@ def _through_live(
     """Follow with `RedisLiveEvents.wait` alone until `turns` root turns ended (their wake-ups); the latencies."""
     latencies: list[float] = []
     ended = 0
-    live.read(conversation_id=conversation)
+    live.read(EventScope.conversation(conversation))
     subscribed.wait()
     cursor: str | None = None
     idle_until = time.monotonic() + FOLLOW_IDLE_S
     while ended < turns:
         if time.monotonic() > idle_until:
             raise RuntimeError(f"saw {ended} of {turns} turns end")
-        events = live.wait(conversation_id=conversation, after=cursor, timeout=5.0)
+        events = live.wait(EventScope.conversation(conversation), after=cursor, timeout=5.0)
         arrived = time.time()
         for event in events:
             cursor = event.cursor

@@ -42,13 +42,10 @@ from sqlalchemy.engine import Connection, Engine
 
 from agent_runner.errors import InvalidCursor, StoreError
 from agent_runner.events import AgentEvent
-from agent_runner.persistence import format_position, parse_position
+from agent_runner.persistence import EventScope, EventScopeKind, format_position, parse_position
 from agent_runner.snapshot import AgentTurn
 from store._engine import dialect_insert
 from store.schema import event_conversations, turn_events, turns
-
-ROOT = "root"
-CONVERSATION = "conversation"
 
 MESSAGE_QUEUED_POSITION = 0
 """The tree position of a MESSAGE_QUEUED event (below every position of the tree's own events)."""
@@ -118,8 +115,9 @@ class SqlEventLog:
             set_={"last_position": event_conversations.c.last_position + bump.excluded.last_position},
         ).returning(event_conversations.c.last_position)
         self._postgres = engine.dialect.name == "postgresql"
-        self._reads = {kind: _read_statement(kind) for kind in (ROOT, CONVERSATION)}
-        self._legacy = {kind: _legacy_statement(kind) for kind in (ROOT, CONVERSATION)}
+        kinds: tuple[EventScopeKind, ...] = ("tree", "conversation")
+        self._reads = {kind: _read_statement(kind) for kind in kinds}
+        self._legacy = {kind: _legacy_statement(kind) for kind in kinds}
 
     def write(self, connection: Connection, turn: AgentTurn, kept: Sequence[AgentEvent]) -> None:
         """Insert the event log's copies of a save's events inside its transaction, each at its positions.
@@ -184,7 +182,7 @@ class SqlEventLog:
         }
         return connection.execute(self._insert, row).rowcount == 1
 
-    def read(self, connection: Connection, kind: str, scope_id: str, after: str | None, limit: int) -> list[AgentEvent]:
+    def read(self, connection: Connection, scope: EventScope, after: str | None, limit: int) -> list[AgentEvent]:
         """Up to `limit` events of a scope after the cursor `after`, each with its cursor.
 
         Raises:
@@ -198,9 +196,9 @@ class SqlEventLog:
             else:
                 xid, row_id = legacy
                 start = connection.execute(
-                    self._legacy[kind], {"scope": scope_id, "xid": xid, "row_id": row_id}
+                    self._legacy[scope.kind], {"scope": scope.id, "xid": xid, "row_id": row_id}
                 ).scalar_one()
-        rows = connection.execute(self._reads[kind], {"scope": scope_id, "after": start, "limit": limit}).all()
+        rows = connection.execute(self._reads[scope.kind], {"scope": scope.id, "after": start, "limit": limit}).all()
         return [AgentEvent.model_validate({**row.payload, "cursor": format_position(row.position)}) for row in rows]
 
     def check_cursor(self, cursor: str) -> None:
@@ -241,13 +239,13 @@ def missing_root(turn: AgentTurn) -> str:
     )
 
 
-def _scope_columns(kind: str) -> tuple[sa.Column[Any], sa.Column[Any]]:
-    if kind == ROOT:
+def _scope_columns(kind: EventScopeKind) -> tuple[sa.Column[Any], sa.Column[Any]]:
+    if kind == "tree":
         return turn_events.c.root_turn_id, turn_events.c.root_position
     return turn_events.c.conversation_id, turn_events.c.conversation_position
 
 
-def _read_statement(kind: str) -> sa.Select[Any]:
+def _read_statement(kind: EventScopeKind) -> sa.Select[Any]:
     """The page of a scope's events after a position; parameters `scope`, `after`, `limit`."""
     column, position = _scope_columns(kind)
     return (
@@ -258,7 +256,7 @@ def _read_statement(kind: str) -> sa.Select[Any]:
     )
 
 
-def _legacy_statement(kind: str) -> sa.Select[Any]:
+def _legacy_statement(kind: EventScopeKind) -> sa.Select[Any]:
     """The position an `<xid>.<id>` cursor stands for in a scope: its last event at or before it (0: none).
 
     Only events written before positions existed have an `xid`, and their positions follow

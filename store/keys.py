@@ -22,6 +22,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from agent_runner.persistence import EventScope
+
 DEFAULT_PREFIX = "agent-runner"
 """The namespace of every key unless a deployment chooses another one."""
 
@@ -72,6 +74,12 @@ class RedisKeys:
     def conversation_events(self, conversation_id: str) -> str:
         """Return the key of the live event stream of a conversation."""
         return f"{self.prefix}:conversation:{{{_require_id('conversation id', conversation_id)}}}:events"
+
+    def events(self, scope: EventScope) -> str:
+        """Return the key of the live event stream of a scope: `turn_events` or `conversation_events`."""
+        if scope.kind == "tree":
+            return self.turn_events(scope.id)
+        return self.conversation_events(scope.id)
 
     def active_turn(self, conversation_id: str) -> str:
         """Return the key holding the id of the conversation's active turn."""

@@ -14,7 +14,7 @@ from redis.exceptions import RedisError
 
 from agent_runner.errors import InvalidCursor, StoreError, StoreUnavailableError
 from agent_runner.events import AgentEvent
-from agent_runner.persistence import DEFAULT_EVENT_PAGE, event_scope
+from agent_runner.persistence import DEFAULT_EVENT_PAGE, EventScope
 from agent_runner.store_rules import live_scopes
 from store._closing import ClosesOnExit
 from store._scripts import _RETRY, _SOCKET_TIMEOUT_S, _UNAVAILABLE, RedisScripts
@@ -109,7 +109,7 @@ class RedisLiveEvents(ClosesOnExit):
             for event in events:
                 payload = event.model_dump_json(exclude={"cursor"})
                 for scope in live_scopes(event):
-                    args += (streams.setdefault(self._key(scope), len(streams) + 1), payload)
+                    args += (streams.setdefault(self._keys.events(scope), len(streams) + 1), payload)
             _, failed, reason = self._scripts.run("live_publish", list(streams), args)
         except Exception as exc:
             failed, reason = len(events), f"{type(exc).__name__}: {exc}"
@@ -135,43 +135,27 @@ class RedisLiveEvents(ClosesOnExit):
                 reason,
             )
 
-    def read(
-        self,
-        *,
-        root_turn_id: str | None = None,
-        conversation_id: str | None = None,
-        after: str | None = None,
-        limit: int = DEFAULT_EVENT_PAGE,
-    ) -> list[AgentEvent]:
+    def read(self, scope: EventScope, *, after: str | None = None, limit: int = DEFAULT_EVENT_PAGE) -> list[AgentEvent]:
         """Return up to `limit` kept events of the scope after the stream id `after`, oldest first.
 
         Raises:
-            InvalidEventQuery: Neither or both of `root_turn_id` and `conversation_id` were given.
             InvalidCursor: `after` is not a stream id.
             StoreUnavailableError: Redis could not be reached in time.
         """
-        key = self._key(event_scope(root_turn_id, conversation_id))
+        key = self._keys.events(scope)
         start = _stream_id(after)
         if limit <= 0:
             return []
         return self._xread(key, start, limit, None)
 
-    def wait(
-        self,
-        *,
-        root_turn_id: str | None = None,
-        conversation_id: str | None = None,
-        after: str | None = None,
-        timeout: float,
-    ) -> list[AgentEvent]:
+    def wait(self, scope: EventScope, *, after: str | None = None, timeout: float) -> list[AgentEvent]:
         """Return the kept events after `after`, blocking up to `timeout` seconds for one (XREAD BLOCK).
 
         Raises:
-            InvalidEventQuery: Neither or both of `root_turn_id` and `conversation_id` were given.
             InvalidCursor: `after` is not a stream id.
             StoreUnavailableError: Redis could not be reached in time.
         """
-        key = self._key(event_scope(root_turn_id, conversation_id))
+        key = self._keys.events(scope)
         start = _stream_id(after)
         deadline = time.monotonic() + max(timeout, 0.0)
         while True:
@@ -188,10 +172,6 @@ class RedisLiveEvents(ClosesOnExit):
         """Close the Redis client built from `redis_url` (a client passed in stays open)."""
         if self._owns_client:
             self._client.close()
-
-    def _key(self, scope: tuple[str, str]) -> str:
-        kind, value = scope
-        return self._keys.turn_events(value) if kind == "root" else self._keys.conversation_events(value)
 
     def _xread(self, key: str, start: str, count: int, block_ms: int | None) -> list[AgentEvent]:
         try:

@@ -25,7 +25,7 @@ from sqlalchemy.engine import Connection
 from agent_runner.errors import TurnNotFound
 from agent_runner.events import AgentEvent
 from agent_runner.messages import ModelMessage, ModelMessagesAdapter
-from agent_runner.persistence import DEFAULT_EVENT_PAGE, TurnRef, event_scope
+from agent_runner.persistence import DEFAULT_EVENT_PAGE, EventScope, TurnRef
 from agent_runner.snapshot import AgentTurn, AgentTurnStatus
 from store._backend import retention_cutoff
 from store._engine import AnyRow, translated_errors
@@ -333,12 +333,7 @@ class SqlAgentTurnStore(OneStatementSaves):
             return [ref(row) for row in connection.execute(query, {"now": now, "limit": limit})]
 
     def read_events(
-        self,
-        *,
-        root_turn_id: str | None = None,
-        conversation_id: str | None = None,
-        after: str | None = None,
-        limit: int = DEFAULT_EVENT_PAGE,
+        self, scope: EventScope, *, after: str | None = None, limit: int = DEFAULT_EVENT_PAGE
     ) -> list[AgentEvent]:
         """Return up to `limit` durable events of a turn tree or a conversation after the cursor `after`.
 
@@ -346,17 +341,15 @@ class SqlAgentTurnStore(OneStatementSaves):
         their saves committed. An event is readable as soon as its save has returned.
 
         Raises:
-            InvalidEventQuery: Neither or both of `root_turn_id` and `conversation_id` were given.
             InvalidCursor: `after` is not a cursor of this log.
         """
-        scope, value = event_scope(root_turn_id, conversation_id)
         if limit <= 0:
             if after is not None:
                 self._event_log.check_cursor(after)
             return []
-        with translated_errors(self._engine, f"reading the events of {scope} {value!r}"):
+        with translated_errors(self._engine, f"reading the events of {scope}"):
             with self._reader.connect() as connection:
-                return self._event_log.read(connection, scope, value, after, limit)
+                return self._event_log.read(connection, scope, after, limit)
 
     def _assemble(self, connection: Connection, headers: Sequence[AnyRow]) -> list[AgentTurn]:
         """Build snapshots from header rows, reading their messages in one query."""

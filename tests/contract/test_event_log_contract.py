@@ -24,7 +24,7 @@ from agent_runner import (
     UserMessage,
     VersionConflictError,
 )
-from agent_runner.persistence import AgentTurnStore, EventLog
+from agent_runner.persistence import AgentTurnStore, EventLog, EventScope
 
 S = AgentTurnStatus
 E = AgentEventType
@@ -96,9 +96,9 @@ def test_durable_events_are_stored_with_the_save_in_order_and_ephemeral_ones_are
     root, third = advance(turn_store, root, E.TOOL_COMPLETED, E.TURN_COMPLETED, status=S.COMPLETED)
     # Then a read of the tree and of the conversation returns the durable ones, in save order
     expected = [first[0].event_id, second[0].event_id, second[2].event_id, third[0].event_id, third[1].event_id]
-    by_root = log_of(turn_store).read_events(root_turn_id="r-1")
+    by_root = log_of(turn_store).read_events(EventScope.tree("r-1"))
     assert ids(by_root) == expected
-    assert ids(log_of(turn_store).read_events(conversation_id="c-1")) == expected
+    assert ids(log_of(turn_store).read_events(EventScope.conversation("c-1"))) == expected
     # And each comes back as saved, with a cursor and the tree and conversation filled in
     stored = by_root[1]
     assert stored.model_copy(update={"cursor": None}) == second[0].model_copy(update={"conversation_id": "c-1"})
@@ -111,7 +111,7 @@ def test_a_save_without_events_stores_none(turn_store: AgentTurnStore) -> None:
     root = turn_store.save(root.model_copy(update={"status": S.RUNNING}), 0)
     # Only the event of a later save shows up
     advance(turn_store, root, E.MODEL_RESPONSE)
-    assert ids(log_of(turn_store).read_events(root_turn_id="r-1")) == ["r-1:2:0"]
+    assert ids(log_of(turn_store).read_events(EventScope.tree("r-1"))) == ["r-1:2:0"]
 
 
 def test_a_version_conflict_writes_no_event(turn_store: AgentTurnStore) -> None:
@@ -123,7 +123,7 @@ def test_a_version_conflict_writes_no_event(turn_store: AgentTurnStore) -> None:
     with pytest.raises(VersionConflictError):
         turn_store.save(make_turn("r-1"), -1, [AgentEvent(event_id="stale-2", type=E.TURN_STARTED, turn_id="r-1")])
     # Then neither of their events was written
-    assert ids(log_of(turn_store).read_events(root_turn_id="r-1")) == ["r-1:0:0", "r-1:1:0"]
+    assert ids(log_of(turn_store).read_events(EventScope.tree("r-1"))) == ["r-1:0:0", "r-1:1:0"]
 
 
 def test_a_refused_save_writes_no_event(turn_store: AgentTurnStore) -> None:
@@ -139,9 +139,9 @@ def test_a_refused_save_writes_no_event(turn_store: AgentTurnStore) -> None:
     advance(turn_store, busy, E.TURN_SUSPENDED)
     advance(turn_store, fenced, E.TURN_SUSPENDED)
     log = log_of(turn_store)
-    assert ids(log.read_events(conversation_id="c-1")) == ["busy:1:0"]
-    assert ids(log.read_events(root_turn_id="fenced")) == ["fenced:1:0"]
-    assert log.read_events(root_turn_id="second") == []
+    assert ids(log.read_events(EventScope.conversation("c-1"))) == ["busy:1:0"]
+    assert ids(log.read_events(EventScope.tree("fenced"))) == ["fenced:1:0"]
+    assert log.read_events(EventScope.tree("second")) == []
 
 
 def test_a_repeated_event_id_is_stored_once(turn_store: AgentTurnStore) -> None:
@@ -154,7 +154,7 @@ def test_a_repeated_event_id_is_stored_once(turn_store: AgentTurnStore) -> None:
     root = turn_store.save(root.model_copy(update={"status": S.RUNNING}), 0, [again, fresh])
     # Then the save succeeds, the first copy stays and the new event is added once
     assert root.version == 1
-    stored = log_of(turn_store).read_events(root_turn_id="r-1")
+    stored = log_of(turn_store).read_events(EventScope.tree("r-1"))
     assert ids(stored) == [started.event_id, fresh.event_id]
     assert stored[0].data == {"n": 0}
 
@@ -172,24 +172,23 @@ def test_child_events_are_filed_under_the_tree_and_the_roots_conversation(
     advance(turn_store, root, E.TURN_SUSPENDED)
     # Then both the tree and the conversation hold every event, in commit order
     expected = ["r-1:0:0", "r-1.a:0:0", "r-1.b:0:0", "r-1.b:1:0", "r-1:1:0"]
-    scopes: list[dict[str, Any]] = [{"root_turn_id": "r-1"}, {"conversation_id": "c-1"}]
-    for scope in scopes:
-        events = log_of(turn_store).read_events(**scope)
+    for scope in (EventScope.tree("r-1"), EventScope.conversation("c-1")):
+        events = log_of(turn_store).read_events(scope)
         assert ids(events) == expected
         assert {e.conversation_id for e in events} == {"c-1"}
         assert {e.root_turn_id for e in events} == {"r-1"}
     # And a child read by its own id is not a tree
-    assert log_of(turn_store).read_events(root_turn_id="r-1.a") == []
+    assert log_of(turn_store).read_events(EventScope.tree("r-1.a")) == []
 
 
 def test_conversations_and_trees_are_kept_apart(turn_store: AgentTurnStore) -> None:
     for turn_id, conversation in (("r-1", "c-1"), ("r-2", "c-2"), ("r-3", None)):
         turn_store.save(make_turn(turn_id, conversation_id=conversation), -1, [event(make_turn(turn_id), 0)])
     log = log_of(turn_store)
-    assert ids(log.read_events(conversation_id="c-1")) == ["r-1:0:0"]
-    assert ids(log.read_events(conversation_id="c-2")) == ["r-2:0:0"]
-    assert ids(log.read_events(root_turn_id="r-3")) == ["r-3:0:0"]
-    assert log.read_events(conversation_id="unknown") == []
+    assert ids(log.read_events(EventScope.conversation("c-1"))) == ["r-1:0:0"]
+    assert ids(log.read_events(EventScope.conversation("c-2"))) == ["r-2:0:0"]
+    assert ids(log.read_events(EventScope.tree("r-3"))) == ["r-3:0:0"]
+    assert log.read_events(EventScope.conversation("unknown")) == []
 
 
 # --- Reading with cursors -------------------------------------------------------------------------
@@ -207,23 +206,25 @@ def saved_history(store: AgentTurnStore, turns: int = 3, saves: int = 4) -> list
             extra = {"conversation_id": "c-1"} if index else {}
             events = [event(member, n, E.TOOL_COMPLETED, **extra) for n in range(step % 3)]
             members[index] = store.save(member.model_copy(update={"steps": step}), member.version, events)
-    return ids(log_of(store).read_events(root_turn_id="r-1", limit=10_000))
+    return ids(log_of(store).read_events(EventScope.tree("r-1"), limit=10_000))
 
 
-@pytest.mark.parametrize("scope", [{"root_turn_id": "r-1"}, {"conversation_id": "c-1"}], ids=["tree", "conversation"])
-def test_reading_after_any_cursor_returns_exactly_the_rest(turn_store: AgentTurnStore, scope: dict[str, str]) -> None:
+@pytest.mark.parametrize(
+    "scope", [EventScope.tree("r-1"), EventScope.conversation("c-1")], ids=["tree", "conversation"]
+)
+def test_reading_after_any_cursor_returns_exactly_the_rest(turn_store: AgentTurnStore, scope: EventScope) -> None:
     everything = saved_history(turn_store)
     log = log_of(turn_store)
-    events = log.read_events(**scope, limit=10_000)
+    events = log.read_events(scope, limit=10_000)
     assert ids(events) == everything and len(everything) == len(set(everything)) == 13
     # After each event's cursor comes exactly the suffix that follows it
     for index, read in enumerate(events):
-        assert ids(log.read_events(**scope, after=read.cursor, limit=10_000)) == everything[index + 1 :]
+        assert ids(log.read_events(scope, after=read.cursor, limit=10_000)) == everything[index + 1 :]
     # And paging with a small limit walks the same sequence once
     paged: list[str] = []
     cursor = None
     while True:
-        page = log.read_events(**scope, after=cursor, limit=4)
+        page = log.read_events(scope, after=cursor, limit=4)
         assert len(page) <= 4
         if not page:
             break
@@ -235,27 +236,19 @@ def test_reading_after_any_cursor_returns_exactly_the_rest(turn_store: AgentTurn
 def test_a_cursor_keeps_its_place_as_events_are_added(turn_store: AgentTurnStore) -> None:
     root = turn_store.save(make_turn("r-1"), -1, [event(make_turn("r-1"), 0)])
     log = log_of(turn_store)
-    cursor = log.read_events(root_turn_id="r-1")[-1].cursor
-    assert log.read_events(root_turn_id="r-1", after=cursor) == []
+    cursor = log.read_events(EventScope.tree("r-1"))[-1].cursor
+    assert log.read_events(EventScope.tree("r-1"), after=cursor) == []
     advance(turn_store, root, E.MODEL_RESPONSE, E.TOOL_STARTED)
-    added = log.read_events(root_turn_id="r-1", after=cursor)
+    added = log.read_events(EventScope.tree("r-1"), after=cursor)
     assert ids(added) == ["r-1:1:0", "r-1:1:1"]
-    assert log.read_events(root_turn_id="r-1", after=cursor, limit=0) == []
-
-
-@pytest.mark.parametrize(
-    "scope", [{}, {"root_turn_id": "r-1", "conversation_id": "c-1"}, {"root_turn_id": ""}, {"conversation_id": ""}]
-)
-def test_a_read_must_name_exactly_one_scope(turn_store: AgentTurnStore, scope: dict[str, Any]) -> None:
-    with pytest.raises(InvalidEventQuery):
-        log_of(turn_store).read_events(**scope)
+    assert log.read_events(EventScope.tree("r-1"), after=cursor, limit=0) == []
 
 
 @pytest.mark.parametrize("cursor", ["", "abc", "-1", "1.2.3", "1 ", "١", "99999999999999999999999", "1:2", "0.x"])
 def test_a_cursor_the_log_did_not_issue_is_refused(turn_store: AgentTurnStore, cursor: str) -> None:
     turn_store.save(make_turn("r-1"), -1, [event(make_turn("r-1"), 0)])
     with pytest.raises(InvalidCursor) as raised:
-        log_of(turn_store).read_events(root_turn_id="r-1", after=cursor)
+        log_of(turn_store).read_events(EventScope.tree("r-1"), after=cursor)
     assert isinstance(raised.value, InvalidEventQuery) and raised.value.cursor == cursor
 
 
@@ -290,15 +283,16 @@ def test_concurrent_writers_lose_no_event_for_a_polling_reader(
     threads = [threading.Thread(target=write, args=(i,)) for i in range(writers)]
     for thread in threads:
         thread.start()
-    seen: dict[str, list[str]] = {"root_turn_id": [], "conversation_id": []}
-    cursors: dict[str, str | None] = {"root_turn_id": None, "conversation_id": None}
+    scopes = (EventScope.tree("r-1"), EventScope.conversation("c-1"))
+    seen: dict[EventScope, list[str]] = {scope: [] for scope in scopes}
+    cursors: dict[EventScope, str | None] = {scope: None for scope in scopes}
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and not all(len(s) >= len(expected) for s in seen.values()):
-        for key, value in (("root_turn_id", "r-1"), ("conversation_id", "c-1")):
-            page = log_of(turn_store).read_events(**{key: value}, after=cursors[key], limit=7)
+        for scope in scopes:
+            page = log_of(turn_store).read_events(scope, after=cursors[scope], limit=7)
             if page:
-                seen[key] += ids(page)
-                cursors[key] = page[-1].cursor
+                seen[scope] += ids(page)
+                cursors[scope] = page[-1].cursor
     for thread in threads:
         thread.join(timeout=30)
     assert errors == []
@@ -324,10 +318,10 @@ def test_an_event_feed_over_the_log_merges_live_deltas_and_resumes(turn_store: A
     live.publish(delta)
     root, (answer,) = advance(turn_store, root, E.MODEL_RESPONSE)
     live.publish(answer)
-    events = feed.read(conversation_id="c-1")
+    events = feed.read(EventScope.conversation("c-1"))
     assert ids(events) == [started.event_id, delta.event_id, answer.event_id]
-    assert ids(feed.read(conversation_id="c-1", after=events[0].cursor)) == [delta.event_id, answer.event_id]
-    assert feed.read(conversation_id="c-1", after=events[-1].cursor) == []
+    assert ids(feed.read(EventScope.conversation("c-1"), after=events[0].cursor)) == [delta.event_id, answer.event_id]
+    assert feed.read(EventScope.conversation("c-1"), after=events[-1].cursor) == []
 
 
 # --- Retention ------------------------------------------------------------------------------------
@@ -372,10 +366,10 @@ def test_prune_removes_old_ended_trees_with_their_events_and_keeps_the_rest(turn
         with pytest.raises(TurnNotFound):
             turn_store.load(turn_id)
     log = log_of(turn_store)
-    assert ids(log.read_events(root_turn_id="mixed")) == ["mixed:0:0", "mixed.a:0:0"]
-    assert log.read_events(root_turn_id="done-1") == []
+    assert ids(log.read_events(EventScope.tree("mixed"))) == ["mixed:0:0", "mixed.a:0:0"]
+    assert log.read_events(EventScope.tree("done-1")) == []
     assert turn_store.load("mixed.a").messages[0].content == "hello"
-    assert ids(log.read_events(root_turn_id="late-child")) == ["late-child:0:0", "late-child.a:0:0"]
+    assert ids(log.read_events(EventScope.tree("late-child"))) == ["late-child:0:0", "late-child.a:0:0"]
     # And pruning again finds nothing more
     assert prunable_store(turn_store).prune(timedelta(days=1)) == 0
 

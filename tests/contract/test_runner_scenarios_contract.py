@@ -39,7 +39,7 @@ from agent_runner import (
     tool,
 )
 from agent_runner.event_payloads import payload_of
-from agent_runner.persistence import AgentTurnStore, ChatMemoryProvider, EventLog
+from agent_runner.persistence import AgentTurnStore, ChatMemoryProvider, EventLog, EventScope
 
 S = AgentTurnStatus
 
@@ -79,7 +79,7 @@ def fresh_runner(
         while True:
             # On PostgreSQL an event becomes readable once the transactions begun before its
             # save have ended (other clients of the server included): wait for them.
-            stored = [e for root in roots for e in turn_store.read_events(root_turn_id=root, limit=1000)]
+            stored = [e for root in roots for e in turn_store.read_events(EventScope.tree(root), limit=1000)]
             if {e.event_id for e in stored} == durable or time.monotonic() > deadline:
                 break
             time.sleep(0.05)
@@ -247,7 +247,7 @@ def test_a_running_turn_cancelled_from_another_runner_ends_with_the_given_reason
     last = ended.messages[-1]
     assert reason in closing[1].content and isinstance(last, AiMessage) and reason in (last.content or "")
     assert isinstance(runner.turn_store, EventLog)
-    events = runner.turn_store.read_events(root_turn_id=ended.id)
+    events = runner.turn_store.read_events(EventScope.tree(ended.id))
     [event] = [e for e in events if e.type is AgentEventType.TURN_CANCELLED]
     assert event.data["error"] == reason
 

@@ -37,9 +37,9 @@ from fastapi.responses import StreamingResponse
 from pydantic import AfterValidator
 from pydantic.json_schema import models_json_schema
 
-from agent_runner import AgentEvent, EventFeed, ToolCall
-from agent_runner.feed import FeedFollower, FeedPosition
-from agent_runner.persistence import DEFAULT_EVENT_PAGE, event_scope
+from agent_runner import AgentEvent, EventFeed, EventScope, ToolCall
+from agent_runner.feed import FeedFollower, FeedPage, FeedPosition, FeedReader
+from agent_runner.persistence import DEFAULT_EVENT_PAGE
 from workers.api import service
 from workers.api.auth import RuntimeDep, TenantDep, get_tenant
 from workers.api.fanout import Detached, EventFanout, Subscription
@@ -160,38 +160,28 @@ def _masked(data: dict[str, Any], mask: ArgumentMask) -> dict[str, Any]:
     return data
 
 
-class _Stream:
+class _Stream(FeedReader):
     """The events of one scope after a cursor: read from the feed, then taken from the scope's shared follower.
 
-    Reads run on threads of the read pool. Following joins the scope's `EventFanout`
-    follower once the reads reached the end of the feed (see `workers.api.fanout`); a
-    stream that cannot join it (the server follows too many scopes, or the follower keeps
-    being elsewhere) follows the feed on its own, on a thread of a pool of such streams.
+    Reads (`read_more`: a `FeedReader` page, which moves the position) run on threads of
+    the read pool. Following joins the scope's `EventFanout` follower once the reads
+    reached the end of the feed (see `workers.api.fanout`); a stream that cannot join it
+    (the server follows too many scopes, or the follower keeps being elsewhere) follows
+    the feed on its own, on a thread of a pool of such streams.
     """
 
-    def __init__(self, feed: EventFeed, fanout: EventFanout, scope: dict[str, str], after: str | None) -> None:
-        self.feed = feed
+    def __init__(
+        self, feed: EventFeed, fanout: EventFanout, scope: EventScope, after: FeedPosition | str | None
+    ) -> None:
+        super().__init__(feed, scope, after=after)
         self.fanout = fanout
-        self.root_turn_id = scope.get("root_turn_id")
-        self.conversation_id = scope.get("conversation_id")
-        self.scope = event_scope(self.root_turn_id, self.conversation_id)
-        self.position = FeedPosition.parse(after)
-        """Where the next read starts: after every event sent, and every wake-up gone through."""
-        self._caught_up = False
         self._subscription: Subscription | None = None
         self._alone: FeedFollower | None = None
         self._missed_joins = 0
 
-    def read_page(self) -> list[AgentEvent]:
-        """The stored events after the position (one page); moves the position past them."""
-        page = self.feed.read_page(
-            root_turn_id=self.root_turn_id,
-            conversation_id=self.conversation_id,
-            after=self.position,
-            limit=DEFAULT_EVENT_PAGE,
-        )
-        self.position = page.end
-        self._caught_up = not page.more
+    async def read_more(self) -> list[AgentEvent]:
+        """The stored events after the position (one page, read on the read pool); moves the position past them."""
+        page: FeedPage = await _in_thread(self.read_page)
         return page.events
 
     def root_end_passed(self) -> bool:
@@ -201,13 +191,13 @@ class _Stream:
         but not the `end`). The tree's log is read from its start up to that place.
         """
         until = self.position.log
-        if until is None:
+        if until is None or self.scope.kind != "tree":
             return False
         after: str | None = None
         while True:
-            page = self.feed.log.read_events(root_turn_id=self.root_turn_id, after=after, limit=DEFAULT_EVENT_PAGE)
+            page = self.feed.log.read_events(self.scope, after=after, limit=DEFAULT_EVENT_PAGE)
             for event in page:
-                if _ends_root(event, self.root_turn_id):
+                if _ends_root(event, self.scope.id):
                     return True
                 if event.cursor == until:
                     return False
@@ -228,8 +218,8 @@ class _Stream:
                 self.position = alone.position
                 return events
             if self._subscription is None:
-                if not self._caught_up:
-                    events = await _in_thread(self.read_page)
+                if self.read_due:
+                    events = await self.read_more()
                     if events:
                         return events
                     continue
@@ -253,15 +243,13 @@ class _Stream:
             return True
         self._missed_joins += 1
         if self._missed_joins > _JOIN_ATTEMPTS or not self.fanout.has_room(self.scope):
-            self._alone = FeedFollower(
-                self.feed, root_turn_id=self.root_turn_id, conversation_id=self.conversation_id, after=self.position
-            )
+            self._alone = FeedFollower(self.feed, self.scope, after=self.position)
             return True
         # The shared follower stands elsewhere: a moment behind this stream (it will get
         # here) or ahead of it (a read gets this stream there). Wait a little, read, retry.
         pause = min(remaining, _JOIN_RETRY_S * self._missed_joins)
         await asyncio.sleep(pause)
-        self._caught_up = False
+        self.read_due = True
         return pause < remaining
 
     def leave(self) -> None:
@@ -273,7 +261,7 @@ class _Stream:
         if self._alone is not None:
             self.position = self._alone.position
             self._alone = None
-        self._caught_up = False
+        self.read_due = True
 
 
 _JOIN_ATTEMPTS = 5
@@ -353,7 +341,7 @@ async def _replay(stream: _Stream, page: list[AgentEvent], write: _Writer) -> As
     """Send `page` and every stored page after it."""
     while page:
         yield "".join(write(event) for event in page)
-        page = await _in_thread(stream.read_page)
+        page = await stream.read_more()
 
 
 async def _finish(runtime: Runtime, stream: _Stream, write: _Writer, root_turn_id: str) -> AsyncIterator[str]:
@@ -369,7 +357,7 @@ async def _finish(runtime: Runtime, stream: _Stream, write: _Writer, root_turn_i
     if not ref.status.is_terminal:
         return
     stream.leave()
-    async for chunk in _replay(stream, await _in_thread(stream.read_page), write):
+    async for chunk in _replay(stream, await stream.read_more(), write):
         yield chunk
     if write.root_ended or await _in_thread(stream.root_end_passed):
         yield _end(root_turn_id, ref.status.value)
@@ -417,16 +405,13 @@ def _response(body: AsyncIterator[str]) -> StreamingResponse:
 
 
 async def _open(
-    runtime: Runtime,
-    tenant: Tenant,
-    scope: dict[str, str],
-    cursor: str | None,
-    follow: bool,
-    root_turn_id: str | None,
+    runtime: Runtime, tenant: Tenant, scope: EventScope, cursor: str | None, follow: bool
 ) -> StreamingResponse:
+    # A turn tree's stream ends after its root turn; a conversation's goes on.
+    root_turn_id = scope.id if scope.kind == "tree" else None
     stream = _Stream(runtime.events, runtime.fanout, scope, cursor)
     # The first page is read before answering, so a bad cursor is a 422 rather than a broken stream.
-    first = await _in_thread(stream.read_page)
+    first = await stream.read_more()
     write = _Writer(tenant, catalog_mask(runtime.agent_loader), root_turn_id)
     if follow:
         return _response(_follow(runtime, stream, first, write, root_turn_id))
@@ -458,8 +443,7 @@ async def turn_events(
 ) -> StreamingResponse:
     """The events of the turn and its child turns, as server-sent events; `event: end` after the root turn ends."""
     turn = await _in_thread(service.get_turn, runtime, tenant, turn_id)
-    root = turn.root_turn_id
-    return await _open(runtime, tenant, {"root_turn_id": root}, last_event_id or after, follow, root)
+    return await _open(runtime, tenant, EventScope.tree(turn.root_turn_id), last_event_id or after, follow)
 
 
 @router.get(
@@ -477,8 +461,8 @@ async def conversation_events(
     last_event_id: LastEventId = None,
 ) -> StreamingResponse:
     """Every event of the conversation's turns (and their child turns), as server-sent events."""
-    scope = {"conversation_id": tenant.reaches(conversation_id)}
-    return await _open(runtime, tenant, scope, last_event_id or after, follow, None)
+    scope = EventScope.conversation(tenant.reaches(conversation_id))
+    return await _open(runtime, tenant, scope, last_event_id or after, follow)
 
 
 async def follow_tree(
@@ -491,8 +475,7 @@ async def follow_tree(
     keep-alive). The iteration ends once the root turn's terminal event has been yielded;
     the caller may stop earlier (a turn waiting for a person).
     """
-    stream = _Stream(runtime.events, runtime.fanout, {"root_turn_id": root_turn_id}, None)
-    stream.position = after if isinstance(after, FeedPosition) else FeedPosition.parse(after)
+    stream = _Stream(runtime.events, runtime.fanout, EventScope.tree(root_turn_id), after)
     try:
         while True:
             events = await stream.next_events(quiet_after)

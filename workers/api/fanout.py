@@ -35,7 +35,7 @@ from collections import deque
 from collections.abc import Coroutine, Iterable
 from typing import Any, TypeVar
 
-from agent_runner import AgentEvent, EventFeed
+from agent_runner import AgentEvent, EventFeed, EventScope
 from agent_runner.feed import FeedFollower, FeedPosition
 
 logger = logging.getLogger("workers.api")
@@ -48,9 +48,6 @@ LINGER_S = 5.0
 """How long a shared follower keeps following after its last stream left."""
 _BATCH_WAIT_S = 1.0
 """Longest wait of a shared follower before it looks whether it still has streams."""
-
-Scope = tuple[str, str]
-"""`("root", root_turn_id)` or `("conversation", conversation_id)`, as `event_scope` returns them."""
 
 
 class Detached(Exception):
@@ -87,14 +84,14 @@ class EventFanout:
         self.ring = ring
         self.linger = linger
         self._lock = threading.Lock()
-        self._followers: dict[Scope, _SharedFollower] = {}
+        self._followers: dict[EventScope, _SharedFollower] = {}
         self._closed = False
         self.streams_closing = False
         """Set once the server stops: the streams end instead of waiting for more events."""
         self._closing = asyncio.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
 
-    def subscribe(self, scope: Scope, position: FeedPosition) -> Subscription | None:
+    def subscribe(self, scope: EventScope, position: FeedPosition) -> Subscription | None:
         """Join the scope's shared follower at `position`, starting one there if the scope has none.
 
         Must be called on the event loop the subscription is used on. Returns None when
@@ -116,12 +113,12 @@ class EventFanout:
                 return subscription
             return follower.join(position, loop)
 
-    def has_room(self, scope: Scope) -> bool:
+    def has_room(self, scope: EventScope) -> bool:
         """Whether the scope has a shared follower, or one could be started for it."""
         with self._lock:
             return not self._closed and (scope in self._followers or len(self._followers) < self.max_scopes)
 
-    def scopes(self) -> list[Scope]:
+    def scopes(self) -> list[EventScope]:
         """The scopes followed now."""
         with self._lock:
             return list(self._followers)
@@ -186,7 +183,7 @@ class EventFanout:
 class _SharedFollower:
     """One scope followed on a thread of its own, its recent events kept for its subscribers."""
 
-    def __init__(self, fanout: EventFanout, scope: Scope, start: FeedPosition) -> None:
+    def __init__(self, fanout: EventFanout, scope: EventScope, start: FeedPosition) -> None:
         self.fanout = fanout
         self.scope = scope
         self.start_position = start
@@ -200,7 +197,7 @@ class _SharedFollower:
         self.subscribers: set[Subscription] = set()
         self.closed = False
         self.stopping = False
-        self.thread = threading.Thread(target=self._run, name=f"agent-runner-events-{scope[0]}", daemon=True)
+        self.thread = threading.Thread(target=self._run, name=f"agent-runner-events-{scope.kind}", daemon=True)
 
     def start(self) -> None:
         self.thread.start()
@@ -236,12 +233,10 @@ class _SharedFollower:
         return [self.events[i] for i in range(start, len(self.events))]
 
     def _run(self) -> None:
-        kind, value = self.scope
-        scope = {"root_turn_id": value} if kind == "root" else {"conversation_id": value}
         idle_since: float | None = None
         try:
             follower = FeedFollower(
-                self.fanout.feed, after=self.start_position, poll_interval=self.fanout.poll_interval, **scope
+                self.fanout.feed, self.scope, after=self.start_position, poll_interval=self.fanout.poll_interval
             )
             while True:
                 events = follower.next_batch(_BATCH_WAIT_S)
@@ -260,7 +255,7 @@ class _SharedFollower:
                     break
         except Exception as exc:
             # Its streams catch up with reads of their own, which fail on their own if the store is down.
-            logger.warning("following the events of %s %r for its streams failed: %s", kind, value, exc)
+            logger.warning("following the events of %s for its streams failed: %s", self.scope, exc)
         finally:
             self.fanout._forget(self, ended=True)
             with self.lock:

@@ -23,7 +23,15 @@ from fastapi.testclient import TestClient
 
 import store
 import workers.api.events
-from agent_runner import AgentEvent, AgentEventType, AgentTurn, AgentTurnStatus, InMemoryAgentLoader, TurnRef
+from agent_runner import (
+    AgentEvent,
+    AgentEventType,
+    AgentTurn,
+    AgentTurnStatus,
+    EventScope,
+    InMemoryAgentLoader,
+    TurnRef,
+)
 from tests.helpers.other_database import transaction_open_elsewhere
 from tests.integration.api.api_server import ended, parse_sse, read_stream, serve, wait_for
 from workers.api import create_app
@@ -94,9 +102,9 @@ def test_a_replay_of_a_turn_that_ends_during_it_sends_the_terminal_event_before_
     reads = turns.read_events
     ends: list[str] = []
 
-    def read_then_end(**kwargs: Any) -> list[AgentEvent]:
+    def read_then_end(scope: EventScope, **kwargs: Any) -> list[AgentEvent]:
         # The turn ends right after the replay read the end of what was stored
-        found = reads(**kwargs)
+        found = reads(scope, **kwargs)
         if not found and not ends and on_stream_thread():
             ends.append("ended")
             end_turn(turns, turn)
@@ -145,10 +153,10 @@ def test_a_live_stream_never_ends_without_the_terminal_event_when_a_transaction_
                 ended_seen.append(turn_id)
             return ref
 
-        def read_then_release(**kwargs: Any) -> list[AgentEvent]:
+        def read_then_release(scope: EventScope, **kwargs: Any) -> list[AgentEvent]:
             # The transaction elsewhere ends right after the first read that follows the
             # stream's seeing the turn ended, before any read the stream makes after it
-            found = reads(**kwargs)
+            found = reads(scope, **kwargs)
             if ended_seen and not released and on_stream_thread():
                 released.append("released")
                 elsewhere.commit()

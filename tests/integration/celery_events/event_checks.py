@@ -5,20 +5,17 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 
 from agent_runner import AgentEvent, AgentEventType, AgentTurn
-from agent_runner.persistence import AgentTurnStore
+from agent_runner.persistence import AgentTurnStore, EventScope
 
 Reader = Callable[..., list[AgentEvent]]
-"""`EventFeed.read`, `EventLog.read_events` or `LiveEventChannel.read` (same keyword arguments)."""
+"""`EventFeed.read`, `EventLog.read_events` or `LiveEventChannel.read` (same arguments)."""
 
 
-def read_all(read: Reader, scope: Mapping[str, str], *, after: str | None = None, limit: int = 100) -> list[AgentEvent]:
-    """Every event of `scope` that `read` returns after `after`, page by page, each after the last one's cursor.
-
-    `scope` names the turn tree (`{"root_turn_id": ...}`) or the conversation (`{"conversation_id": ...}`).
-    """
+def read_all(read: Reader, scope: EventScope, *, after: str | None = None, limit: int = 100) -> list[AgentEvent]:
+    """Every event of `scope` that `read` returns after `after`, page by page, each after the last one's cursor."""
     events: list[AgentEvent] = []
     while True:
-        page = read(after=after, limit=limit, **scope)
+        page = read(scope, after=after, limit=limit)
         if not page:
             return events
         events.extend(page)

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import store
 from agent_runner import AgentEvent, EventFeed
+from agent_runner.persistence import EventScope
 
 
 def _arguments(argv: list[str] | None) -> argparse.Namespace:
@@ -54,7 +55,9 @@ def main(argv: list[str] | None = None) -> int:
                 sink.write(json.dumps(line) + "\n")
                 sink.flush()
 
-            for event in feed.follow(conversation_id=args.conversation, after=after, timeout=args.idle_timeout):
+            for event in feed.follow(
+                EventScope.conversation(args.conversation), after=after, timeout=args.idle_timeout
+            ):
                 write(event)
                 after = event.cursor
                 if event.type.is_terminal and event.turn_id == event.root_turn_id:
@@ -64,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 print(f"no event for {args.idle_timeout}s after {ended} root turn(s) ended", file=sys.stderr)
                 return 1
-            for event in feed.follow(conversation_id=args.conversation, after=after, timeout=args.linger):
+            for event in feed.follow(EventScope.conversation(args.conversation), after=after, timeout=args.linger):
                 write(event)
     finally:
         live.close()

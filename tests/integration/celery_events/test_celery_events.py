@@ -18,7 +18,7 @@ import pytest
 import sqlalchemy as sa
 
 import store
-from agent_runner import AgentEvent, AgentEventType, AgentTurn, AgentTurnStatus, EventFeed, SuspensionType
+from agent_runner import AgentEvent, AgentEventType, AgentTurn, AgentTurnStatus, EventFeed, EventScope, SuspensionType
 from tests.integration.celery_events.event_agents import AGENT_ID, tool_starts
 from tests.integration.celery_events.event_checks import (
     assert_turn_stories,
@@ -128,7 +128,7 @@ def test_a_follower_in_another_process_gets_every_durable_event_once_in_commit_o
     assert AgentEventType.RETRY_SCHEDULED in {e.type for e in first_events}
 
     # When the follower's stream is compared with the durable log, read afterwards
-    log = read_all(tour.cluster.turn_store.read_events, {"conversation_id": tour.conversation_id})
+    log = read_all(tour.cluster.turn_store.read_events, EventScope.conversation(tour.conversation_id))
 
     # Then it received every durable event exactly once, in the log's (commit) order
     assert ids(durable(tour.received)) == ids(log)
@@ -136,7 +136,7 @@ def test_a_follower_in_another_process_gets_every_durable_event_once_in_commit_o
 
     # And every delta the workers published, once each and in order
     with _live(tour.cluster) as live:
-        published = read_all(live.read, {"conversation_id": tour.conversation_id})
+        published = read_all(live.read, EventScope.conversation(tour.conversation_id))
     assert ids(ephemeral(tour.received)) == ids(ephemeral(published))
     assert {e.type for e in ephemeral(tour.received)} == {AgentEventType.MODEL_DELTA}
 
@@ -149,8 +149,7 @@ def test_reconnecting_from_every_cursor_of_a_finished_tree_replays_exactly_the_s
     # Given the finished turn trees of the conversation, read whole
     turn_store = tour.cluster.turn_store
     with _live(tour.cluster) as live:
-        scopes: list[dict[str, str]] = [{"conversation_id": tour.conversation_id}, {"root_turn_id": tour.root_ids[0]}]
-        for scope in scopes:
+        for scope in (EventScope.conversation(tour.conversation_id), EventScope.tree(tour.root_ids[0])):
             for feed in (EventFeed(turn_store, live), EventFeed(turn_store)):
                 whole = read_all(feed.read, scope)
                 assert ids(durable(whole)) == ids(read_all(turn_store.read_events, scope))
@@ -169,11 +168,11 @@ def test_reconnecting_from_every_cursor_of_a_finished_tree_replays_exactly_the_s
             feed = EventFeed(turn_store, live)
             whole = read_all(feed.read, scope)
             for index in (0, len(whole) // 2, len(whole) - 1):
-                followed = list(feed.follow(after=whole[index].cursor, timeout=0.2, poll_interval=0.05, **scope))
+                followed = list(feed.follow(scope, after=whole[index].cursor, timeout=0.2, poll_interval=0.05))
                 assert ids(followed) == ids(whole[index + 1 :]), (scope, index)
 
         # And the log's own cursors replay its suffixes, in pages of any size
-        tree = {"root_turn_id": tour.root_ids[0]}
+        tree = EventScope.tree(tour.root_ids[0])
         log = read_all(turn_store.read_events, tree)
         for index, event in enumerate(log):
             replay = read_all(turn_store.read_events, tree, after=event.cursor, limit=3)
@@ -192,10 +191,10 @@ def _assert_received_everything(
     calls_ran_once: bool = True,
 ) -> None:
     """The conversation's durable log and its live deltas, each exactly once and in order, per turn as it should be."""
-    log = read_all(cluster.turn_store.read_events, {"conversation_id": conversation_id})
+    log = read_all(cluster.turn_store.read_events, EventScope.conversation(conversation_id))
     assert ids(durable(received)) == ids(log)
     with _live(cluster) as live:
-        published = read_all(live.read, {"conversation_id": conversation_id})
+        published = read_all(live.read, EventScope.conversation(conversation_id))
     assert ids(ephemeral(received)) == ids(ephemeral(published))
     assert_turn_stories(received, turns, calls_ran_once=calls_ran_once)
 

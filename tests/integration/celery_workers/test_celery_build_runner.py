@@ -12,6 +12,7 @@ import pytest
 
 import workers
 from agent_runner import AgentEventType, AgentResumeCommand, AgentRunner, AgentTurnStatus
+from agent_runner.persistence import EventScope
 from tests.integration.celery_workers.celery_cluster import Cluster
 from workers.inbox import enqueue_message
 
@@ -117,7 +118,7 @@ def test_a_message_a_web_app_queues_is_announced_on_the_live_channel_at_once(
     expected = [queued.queued_event.event_id]
 
     def announced() -> list[str]:
-        events = cluster.wiring.live.read(conversation_id="conv-live")
+        events = cluster.wiring.live.read(EventScope.conversation("conv-live"))
         return [event.event_id for event in events if event.type is AgentEventType.MESSAGE_QUEUED]
 
     cluster.wait_for(lambda: announced() == expected, 5, "MESSAGE_QUEUED on Redis")

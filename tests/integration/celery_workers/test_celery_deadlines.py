@@ -10,6 +10,7 @@ from collections.abc import Callable
 import pytest
 
 from agent_runner import ActionStatus, AgentActionMessage, AgentEventType, AgentTurnStatus
+from agent_runner.persistence import EventScope
 from tests.helpers.celery_fleet import WorkerProcess
 from tests.helpers.processes import REPO_ROOT
 from tests.integration.celery_workers import ops_agents
@@ -64,7 +65,7 @@ def test_an_expired_approval_is_approved_by_default_once_and_the_card_says_so(
     ended = cluster.load(turn.id)
     assert ended.status is AgentTurnStatus.COMPLETED
     assert [(row["effect"], row["executions"]) for row in cluster.ledger()] == [("close-incident", 1)]
-    events = cluster.turn_store.read_events(root_turn_id=turn.id, limit=1000)
+    events = cluster.turn_store.read_events(EventScope.tree(turn.id), limit=1000)
     resumes = [e for e in events if e.type is AgentEventType.TURN_RESUMED]
     assert [(e.data["command"], e.data["metadata"].get("decided_by")) for e in resumes] == [("DEADLINE", "system")]
     assert len([e for e in events if e.type is AgentEventType.DEADLINE_APPROACHING]) <= 1
@@ -105,7 +106,7 @@ def test_the_reminder_goes_out_once_before_the_deadline(make_cluster: Callable[.
 
     # When the reminder time passes, then one DEADLINE_APPROACHING is stored before the deadline's decision
     cluster.wait_for(lambda: cluster.load(turn.id).is_terminal, 30, "the turn to end")
-    types = [e.type for e in cluster.turn_store.read_events(root_turn_id=turn.id, limit=1000)]
+    types = [e.type for e in cluster.turn_store.read_events(EventScope.tree(turn.id), limit=1000)]
     assert types.count(AgentEventType.DEADLINE_APPROACHING) == 1
     assert types.index(AgentEventType.DEADLINE_APPROACHING) < types.index(AgentEventType.TURN_RESUMED)
     assert types.count(AgentEventType.TURN_RESUMED) == 1

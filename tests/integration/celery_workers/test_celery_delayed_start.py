@@ -11,6 +11,7 @@ import pytest
 
 from agent_runner import AgentEventType, AgentTurn, AgentTurnStatus
 from agent_runner.ids import utcnow
+from agent_runner.persistence import EventScope
 from tests.integration.celery_workers.celery_cluster import Cluster
 from workers.sweeps import sweep_due_retries
 
@@ -30,7 +31,7 @@ def _outcomes(cluster: Cluster) -> list[str]:
 
 def _taken_at(cluster: Cluster, turn: AgentTurn) -> datetime:
     """When a worker took the turn off the queue (its one TURN_RUNNING event)."""
-    events = cluster.turn_store.read_events(root_turn_id=turn.id)
+    events = cluster.turn_store.read_events(EventScope.tree(turn.id))
     [running] = [event for event in events if event.type is AgentEventType.TURN_RUNNING]
     return running.timestamp
 

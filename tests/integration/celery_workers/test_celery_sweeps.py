@@ -13,6 +13,7 @@ import pytest
 
 from agent_runner import AgentRunner, AgentTurn, AgentTurnStatus, AgentTurnStore
 from agent_runner.ids import queued_turn_id
+from agent_runner.persistence import EventScope
 from store import InboxStatus, RedisTurnLease
 from tests.integration.celery_workers.celery_agents import LEDGER_URL_VARIABLE
 from tests.integration.celery_workers.celery_cluster import Cluster
@@ -196,7 +197,9 @@ def test_inbox_sweep_starts_an_idle_conversation_and_turn_ends_start_the_next_me
     assert started == {t.id for t in turns}
     # each under the id derived from its message, which its MESSAGE_QUEUED named
     assert started == {queued_turn_id("conv-1", f"msg-{label}") for label in ("m1", "m2", "m3")}
-    queued = [e for e in cluster.turn_store.read_events(conversation_id="conv-1") if e.type.value == "MESSAGE_QUEUED"]
+    queued = [
+        e for e in cluster.turn_store.read_events(EventScope.conversation("conv-1")) if e.type.value == "MESSAGE_QUEUED"
+    ]
     assert {e.turn_id for e in queued} == started
     assert _effects(cluster) == [("inbox:m1", 1), ("inbox:m2", 1), ("inbox:m3", 1)]
 

@@ -17,6 +17,7 @@ from agent_runner import (
     AgentTurn,
     AgentTurnStatus,
 )
+from agent_runner.persistence import EventScope
 from agent_runner.worker import AgentWorker
 from store import SqlAgentTurnStore, SqlChatMemoryProvider, SqlTurnLease
 from tests.helpers import deadline_agents
@@ -55,7 +56,7 @@ def test_an_in_process_worker_reminds_then_approves_by_default_at_the_deadline(s
             # When a turn waits for an approval nobody gives
             turn = runner.start("ops", "restart api", conversation_id="conv-restart")
             ended = _ended(turns, turn.id)
-        events = turns.read_events(root_turn_id=turn.id, limit=1000)
+        events = turns.read_events(EventScope.tree(turn.id), limit=1000)
 
     # Then the reminder came halfway, the default approved the call at the deadline, and the turn went on
     assert deadline_problems(events, "call-restart") == []
@@ -96,7 +97,7 @@ def test_the_agent_runner_worker_command_applies_deadlines_with_the_sweep_settin
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait(10)
-        events = turns.read_events(root_turn_id=turn.id, limit=1000)
+        events = turns.read_events(EventScope.tree(turn.id), limit=1000)
 
     # Then the worker reminded once, rejected the call at its deadline, and the model answered
     assert deadline_problems(events, "call-deploy") == []

@@ -2,7 +2,7 @@
 
 Everything a run leaves behind goes in: the turns' final states, their model-visible
 messages, their page actions, the conversation's ChatMemory timeline, the durable events
-read with `read_events(root_turn_id=...)`, and the side effects the tools made. Ids that are
+read with `read_events(EventScope.tree(...))`, and the side effects the tools made. Ids that are
 random on every run are replaced: the root turn becomes `T`, its children `T.1`, `T.2` (in
 the order of the calls that created them), also inside message ids, page message ids and
 texts. Timestamps are left out. Whatever cannot be right on any path (an event stored
@@ -28,6 +28,7 @@ from agent_runner import (
     ToolMessage,
     UserMessage,
 )
+from agent_runner.persistence import EventScope
 from store import SqlAgentTurnStore
 from tests.helpers.jsonl import read_jsonl
 from tests.integration.embedded_worker.embedded_fleet import history_problems
@@ -108,7 +109,7 @@ def _tree(turn_store: SqlAgentTurnStore, turn: AgentTurn, name: str, problems: l
 def _read_events(turn_store: SqlAgentTurnStore, root_turn_id: str) -> list[AgentEvent]:
     events: list[AgentEvent] = []
     cursor: str | None = None
-    while page := turn_store.read_events(root_turn_id=root_turn_id, after=cursor, limit=EVENT_PAGE):
+    while page := turn_store.read_events(EventScope.tree(root_turn_id), after=cursor, limit=EVENT_PAGE):
         events += page
         cursor = page[-1].cursor
     return events

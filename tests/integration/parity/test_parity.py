@@ -5,7 +5,7 @@ PostgreSQL with the SQL lease, or Celery worker processes on PostgreSQL and Redi
 `parity_deployments`) and compares what the run saved with one expected `SavedHistory`,
 shared by both paths: the turn tree's final statuses, the model-visible messages, the page
 actions and who decided them, the conversation's ChatMemory timeline, the durable events of
-each turn read back with `read_events(root_turn_id=...)` (each exactly once), and the side
+each turn read back with `read_events(EventScope.tree(...))` (each exactly once), and the side
 effects the tools made. The workers are stopped before the history is read, so nothing can
 change it afterwards.
 """

@@ -11,6 +11,7 @@ import pytest
 from redis import Redis
 
 from agent_runner import AgentEvent, AgentEventType
+from agent_runner.persistence import EventScope
 from store.batching import BatchingThread
 from store.keys import RedisKeys
 from store.redis_events import BackgroundPublisher, RedisLiveEvents
@@ -43,9 +44,9 @@ def test_queued_events_reach_their_streams_in_order(redis_url: str, keys: RedisK
         # When the publisher has sent what was queued
         assert publisher.flush(10)
         # Then each scope holds its events exactly once, in the order they were queued
-        assert [e.data["n"] for e in live.read(root_turn_id="r-1", limit=1000)] == list(range(200))
-        assert [e.data["n"] for e in live.read(conversation_id="c-1", limit=1000)] == list(range(200))
-        assert [e.data["n"] for e in live.read(root_turn_id="r-2", limit=1000)] == list(range(200))
+        assert [e.data["n"] for e in live.read(EventScope.tree("r-1"), limit=1000)] == list(range(200))
+        assert [e.data["n"] for e in live.read(EventScope.conversation("c-1"), limit=1000)] == list(range(200))
+        assert [e.data["n"] for e in live.read(EventScope.tree("r-2"), limit=1000)] == list(range(200))
         publisher.close()
 
 
@@ -56,7 +57,7 @@ def test_close_sends_what_is_queued_and_later_events_are_ignored(redis_url: str,
             publisher(event(n))
         publisher.close()
         publisher(event(99))
-        assert [e.data["n"] for e in live.read(root_turn_id="r-1", limit=1000)] == list(range(50))
+        assert [e.data["n"] for e in live.read(EventScope.tree("r-1"), limit=1000)] == list(range(50))
 
 
 def test_publish_many_appends_a_batch_in_order_to_every_scope(redis_url: str, keys: RedisKeys) -> None:
@@ -64,9 +65,9 @@ def test_publish_many_appends_a_batch_in_order_to_every_scope(redis_url: str, ke
         batch = [event(n, "r-1" if n % 2 else "r-2") for n in range(10)]
         live.publish_many(batch)
         live.publish_many([])
-        assert [e.data["n"] for e in live.read(conversation_id="c-1")] == list(range(10))
-        assert [e.data["n"] for e in live.read(root_turn_id="r-1")] == [1, 3, 5, 7, 9]
-        assert [e.data["n"] for e in live.read(root_turn_id="r-2")] == [0, 2, 4, 6, 8]
+        assert [e.data["n"] for e in live.read(EventScope.conversation("c-1"))] == list(range(10))
+        assert [e.data["n"] for e in live.read(EventScope.tree("r-1"))] == [1, 3, 5, 7, 9]
+        assert [e.data["n"] for e in live.read(EventScope.tree("r-2"))] == [0, 2, 4, 6, 8]
 
 
 def test_an_entry_redis_refuses_is_logged_and_the_rest_of_the_batch_goes_out(
@@ -79,7 +80,9 @@ def test_an_entry_redis_refuses_is_logged_and_the_rest_of_the_batch_goes_out(
         batch = [event(n, "r-bad" if n == 300 else "r-1", None) for n in range(1200)]
         live.publish_many(batch)
         # Then every other event reached its stream, in order, and the one lost is counted
-        assert [e.data["n"] for e in live.read(root_turn_id="r-1", limit=2000)] == [n for n in range(1200) if n != 300]
+        assert [e.data["n"] for e in live.read(EventScope.tree("r-1"), limit=2000)] == [
+            n for n in range(1200) if n != 300
+        ]
     assert "1 of them are lost" in caplog.text
     assert "WRONGTYPE" in caplog.text
 

@@ -19,11 +19,10 @@ from agent_runner import (
     InMemoryAgentTurnStore,
     InMemoryLiveEvents,
     InvalidCursor,
-    InvalidEventQuery,
     StoreUnavailableError,
 )
 from agent_runner.feed import FeedFollower
-from agent_runner.persistence import LiveEventChannel
+from agent_runner.persistence import EventScope, LiveEventChannel
 from store import RedisLiveEvents
 from store.keys import RedisKeys
 from tests.unit.agent_runner.feed_kit import CountingLog
@@ -65,12 +64,12 @@ def test_published_events_are_read_per_tree_and_per_conversation_in_order(live: 
     for event in (a, other, child, alone):
         live.publish(event)
     # Then each scope holds its own, oldest first, each with a cursor, otherwise as published
-    by_tree = live.read(root_turn_id="r-1")
+    by_tree = live.read(EventScope.tree("r-1"))
     assert ids(by_tree) == [a.event_id, child.event_id]
-    assert ids(live.read(conversation_id="c-1")) == [a.event_id, child.event_id]
-    assert ids(live.read(conversation_id="c-2")) == [other.event_id]
-    assert ids(live.read(root_turn_id="r-3")) == [alone.event_id]
-    assert live.read(root_turn_id="r-1.a") == []
+    assert ids(live.read(EventScope.conversation("c-1"))) == [a.event_id, child.event_id]
+    assert ids(live.read(EventScope.conversation("c-2"))) == [other.event_id]
+    assert ids(live.read(EventScope.tree("r-3"))) == [alone.event_id]
+    assert live.read(EventScope.tree("r-1.a")) == []
     assert [e.model_copy(update={"cursor": None}) for e in by_tree] == [a, child]
     assert all(e.cursor for e in by_tree)
 
@@ -79,49 +78,47 @@ def test_reading_after_a_cursor_returns_what_followed(live: LiveEventChannel) ->
     published = [delta(n=n) for n in range(6)]
     for event in published:
         live.publish(event)
-    read = live.read(conversation_id="c-1")
+    read = live.read(EventScope.conversation("c-1"))
     for index, event in enumerate(read):
-        assert ids(live.read(conversation_id="c-1", after=event.cursor)) == ids(published[index + 1 :])
-    assert ids(live.read(conversation_id="c-1", limit=2)) == ids(published[:2])
-    assert live.read(conversation_id="c-1", limit=0) == []
+        assert ids(live.read(EventScope.conversation("c-1"), after=event.cursor)) == ids(published[index + 1 :])
+    assert ids(live.read(EventScope.conversation("c-1"), limit=2)) == ids(published[:2])
+    assert live.read(EventScope.conversation("c-1"), limit=0) == []
 
 
 def test_wait_returns_at_once_wakes_on_a_publish_and_times_out(live: LiveEventChannel) -> None:
     first = delta()
     live.publish(first)
     # An event after the cursor is returned without waiting
-    assert ids(live.wait(root_turn_id="r-1", timeout=10)) == [first.event_id]
-    cursor = live.read(root_turn_id="r-1")[-1].cursor
+    assert ids(live.wait(EventScope.tree("r-1"), timeout=10)) == [first.event_id]
+    cursor = live.read(EventScope.tree("r-1"))[-1].cursor
     # Nothing new: the wait ends empty after the timeout (and at once with no timeout)
-    assert live.wait(root_turn_id="r-1", after=cursor, timeout=0.2) == []
-    assert live.wait(root_turn_id="r-1", after=cursor, timeout=0) == []
+    assert live.wait(EventScope.tree("r-1"), after=cursor, timeout=0.2) == []
+    assert live.wait(EventScope.tree("r-1"), after=cursor, timeout=0) == []
     # An event published by another thread while waiting wakes the waiter. A cursor
     # belongs to the scope it was read from (the tree's and the conversation's streams
     # number their entries apart), so the conversation is waited on after its own cursor.
-    conversation_cursor = live.read(conversation_id="c-1")[-1].cursor
+    conversation_cursor = live.read(EventScope.conversation("c-1"))[-1].cursor
     second = delta(type=E.TOOL_PROGRESS)
     timer = threading.Timer(0.1, live.publish, args=(second,))
     timer.start()
-    woke = live.wait(conversation_id="c-1", after=conversation_cursor, timeout=20)
+    woke = live.wait(EventScope.conversation("c-1"), after=conversation_cursor, timeout=20)
     timer.join()
     assert ids(woke) == [second.event_id]
 
 
 def test_waiting_on_a_scope_nobody_published_to_times_out(live: LiveEventChannel) -> None:
-    assert live.wait(conversation_id="nobody", timeout=0.1) == []
+    assert live.wait(EventScope.conversation("nobody"), timeout=0.1) == []
 
 
 @pytest.mark.parametrize("cursor", ["", "x", "1.2.3", "-1", "1-x", "a-1"])
 def test_a_cursor_of_another_shape_is_refused(live: LiveEventChannel, cursor: str) -> None:
     with pytest.raises(InvalidCursor):
-        live.read(root_turn_id="r-1", after=cursor)
+        live.read(EventScope.tree("r-1"), after=cursor)
 
 
-def test_a_read_must_name_exactly_one_scope(live: LiveEventChannel) -> None:
-    with pytest.raises(InvalidEventQuery):
-        live.read()
-    with pytest.raises(InvalidEventQuery):
-        live.wait(root_turn_id="r-1", conversation_id="c-1", timeout=0)
+def test_a_scope_reads_the_stream_its_key_names(keys: RedisKeys) -> None:
+    assert keys.events(EventScope.tree("r-1")) == keys.turn_events("r-1")
+    assert keys.events(EventScope.conversation("c-1")) == keys.conversation_events("c-1")
 
 
 def test_a_feed_merges_the_redis_channel_with_the_durable_log(redis_url: str, keys: RedisKeys) -> None:
@@ -134,13 +131,13 @@ def test_a_feed_merges_the_redis_channel_with_the_durable_log(redis_url: str, ke
         first = delta()
         live.publish(first)
         feed = EventFeed(store, live)
-        events = feed.read(root_turn_id="r-1")
+        events = feed.read(EventScope.tree("r-1"))
         assert ids(events) == ["r-1:0:0", first.event_id]
         # Follow from the last cursor: a delta from another thread arrives through XREAD BLOCK
         later = delta()
         timer = threading.Timer(0.1, live.publish, args=(later,))
         timer.start()
-        followed = feed.follow(root_turn_id="r-1", after=events[-1].cursor, timeout=20, poll_interval=5)
+        followed = feed.follow(EventScope.tree("r-1"), after=events[-1].cursor, timeout=20, poll_interval=5)
         assert next(followed).event_id == later.event_id
         followed.close()  # end the follow
         timer.join()
@@ -154,7 +151,7 @@ def test_following_reads_the_log_for_saves_only_not_for_deltas(live: LiveEventCh
     started = AgentEvent(event_id="r-1:0:0", type=E.TURN_STARTED, turn_id="r-1", conversation_id="c-1")
     store.save(turn, -1, [started])
     live.publish(started)
-    follower = FeedFollower(EventFeed(log, live), conversation_id="c-1", poll_interval=30)
+    follower = FeedFollower(EventFeed(log, live), EventScope.conversation("c-1"), poll_interval=30)
     assert ids(follower.next_batch(5)) == ["r-1:0:0"]
     reads = log.reads
     # When 30 deltas are published from another thread, a few milliseconds apart
@@ -210,7 +207,7 @@ def test_streams_are_trimmed_near_their_maximum_length(
     with RedisLiveEvents(redis_url, prefix=keys.prefix, maxlen=10) as live:
         for n in range(1000):
             live.publish(delta(n=n))
-        kept = live.read(root_turn_id="r-1", limit=10_000)
+        kept = live.read(EventScope.tree("r-1"), limit=10_000)
     # Redis trims whole nodes of entries (100 by default), so a few more than the bound may stay
     assert 10 <= redis_client.xlen(keys.turn_events("r-1")) < 250
     assert [e.data["n"] for e in kept] == list(range(1000 - len(kept), 1000))
@@ -220,7 +217,7 @@ def test_publishing_to_an_unreachable_server_logs_and_never_raises(caplog: pytes
     with RedisLiveEvents("redis://127.0.0.1:1/0") as live, caplog.at_level(logging.WARNING):
         live.publish(delta())
         with pytest.raises(StoreUnavailableError):
-            live.read(root_turn_id="r-1")
+            live.read(EventScope.tree("r-1"))
     assert "publishing live event MODEL_DELTA of turn r-1" in caplog.text
 
 
@@ -230,7 +227,7 @@ def test_entries_that_are_not_events_are_skipped(redis_url: str, keys: RedisKeys
         redis_client.xadd(keys.turn_events("r-1"), {"event": "not json"})
         good = delta()
         live.publish(good)
-        assert ids(live.read(root_turn_id="r-1")) == [good.event_id]
+        assert ids(live.read(EventScope.tree("r-1"))) == [good.event_id]
 
 
 @pytest.mark.parametrize("arguments", [{"retention_s": 0}, {"maxlen": 0}, {}])

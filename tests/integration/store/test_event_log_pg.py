@@ -40,6 +40,7 @@ from agent_runner import (
     VersionConflictError,
     tool,
 )
+from agent_runner.persistence import EventScope
 from tests.helpers.other_database import transaction_open_elsewhere
 
 pytestmark = pytest.mark.integration
@@ -62,7 +63,7 @@ CREATE TRIGGER hold_event_insert AFTER INSERT ON agent_turn_events
 """
 """Makes an event insert wait, inside its transaction, when its data asks for it."""
 
-Reader = Callable[[dict[str, str], str | None], list[AgentEvent]]
+Reader = Callable[[EventScope, str | None], list[AgentEvent]]
 """Reads a page of events of a scope after a cursor."""
 
 
@@ -109,13 +110,13 @@ def events_for(turn: AgentTurn, count: int, **data: Any) -> list[AgentEvent]:
 
 
 def store_reader(turns: store.SqlAgentTurnStore, limit: int = 5) -> Reader:
-    return lambda scope, cursor: turns.read_events(**scope, after=cursor, limit=limit)
+    return lambda scope, cursor: turns.read_events(scope, after=cursor, limit=limit)
 
 
 class Follower:
     """Pages through a scope with a reader, keeping its cursor, as a subscriber would."""
 
-    def __init__(self, read: Reader, scope: dict[str, str]) -> None:
+    def __init__(self, read: Reader, scope: EventScope) -> None:
         self.read = read
         self.scope = scope
         self.cursor: str | None = None
@@ -198,8 +199,8 @@ def test_a_save_left_open_holds_back_the_later_saves_of_its_tree_and_readers_mis
     turns: store.SqlAgentTurnStore, admin: psycopg.Connection[Any]
 ) -> None:
     url = turns.engine.url.render_as_string(hide_password=False)
-    tree = Follower(store_reader(turns), {"root_turn_id": "r-1"})
-    conversation = Follower(store_reader(turns), {"conversation_id": "c-1"})
+    tree = Follower(store_reader(turns), EventScope.tree("r-1"))
+    conversation = Follower(store_reader(turns), EventScope.conversation("c-1"))
     # Given a tree of three children, every event of which both readers have read
     root = turns.save(make_turn("r-1"), -1, events_for(make_turn("r-1"), 1))
     children = {name: make_turn(f"r-1.{name}", "r-1") for name in "abc"}
@@ -265,13 +266,13 @@ def test_a_save_left_open_in_another_tree_delays_nothing_here(
         root = turns.save(make_turn("r-1"), -1, events_for(make_turn("r-1"), 1))
         turns.save(root, 0, events_for(root, 2))
         expected = ["r-1:0:0", "r-1:1:0", "r-1:1:1"]
-        assert ids(turns.read_events(root_turn_id="r-1")) == expected
-        assert ids(turns.read_events(conversation_id="c-1")) == expected
+        assert ids(turns.read_events(EventScope.tree("r-1"))) == expected
+        assert ids(turns.read_events(EventScope.conversation("c-1"))) == expected
     finally:
         admin.execute("SELECT pg_advisory_unlock(%s)", (key,))
         holder.join(timeout=30)
     assert errors == []
-    assert ids(turns.read_events(root_turn_id="other")) == ["other:0:0", "other:1:0"]
+    assert ids(turns.read_events(EventScope.tree("other"))) == ["other:0:0", "other:1:0"]
 
 
 def test_parallel_children_with_slow_commits_reach_every_reader_exactly_once(holding_url: str) -> None:
@@ -292,8 +293,8 @@ def test_parallel_children_with_slow_commits_reach_every_reader_exactly_once(hol
                 f"{turn_id}:{version}:{n}" for version, (count, _) in enumerate(plan, 1) for n in range(count)
             )
         followers = [
-            Follower(store_reader(turns, limit=3), {"root_turn_id": "r-1"}),
-            Follower(store_reader(turns, limit=7), {"conversation_id": "c-1"}),
+            Follower(store_reader(turns, limit=3), EventScope.tree("r-1")),
+            Follower(store_reader(turns, limit=7), EventScope.conversation("c-1")),
         ]
         errors: list[BaseException] = []
         start = threading.Event()
@@ -353,8 +354,8 @@ def test_a_transaction_left_open_in_another_database_delays_no_event(
         turn = runner.run(agent, "where is A-1?", conversation_id="c-open")
         assert turn.status is AgentTurnStatus.COMPLETED
         # Then all its events are readable at once, by tree and by conversation, the terminal one last
-        by_tree = turns.read_events(root_turn_id=turn.id)
-        by_conversation = turns.read_events(conversation_id="c-open")
+        by_tree = turns.read_events(EventScope.tree(turn.id))
+        by_conversation = turns.read_events(EventScope.conversation("c-open"))
     types = [e.type for e in by_tree]
     assert types[0] is E.TURN_STARTED and types[-1] is E.TURN_COMPLETED
     assert {E.MODEL_RESPONSE, E.TOOL_STARTED, E.TOOL_COMPLETED} <= set(types)
@@ -376,10 +377,10 @@ def test_the_fast_path_writes_events_in_its_single_statement_and_nothing_on_a_co
         with pytest.raises(VersionConflictError):
             second.save(stale, 0, [AgentEvent(event_id="stale", type=E.TURN_FAILED, turn_id="r-1")])
         # And the events of both saves are readable at once, at the positions 1 to 4 of the tree
-        found = first.read_events(root_turn_id="r-1")
+        found = first.read_events(EventScope.tree("r-1"))
         assert ids(found) == ["r-1:0:0", "r-1:1:0", "r-1:1:1", "r-1:1:2"]
         assert [e.cursor for e in found] == ["1", "2", "3", "4"]
-        assert [e.cursor for e in first.read_events(conversation_id="c-1")] == ["1", "2", "3", "4"]
+        assert [e.cursor for e in first.read_events(EventScope.conversation("c-1"))] == ["1", "2", "3", "4"]
 
 
 def test_reading_events_uses_the_indexes(pg_url: str) -> None:
@@ -391,9 +392,9 @@ def test_reading_events_uses_the_indexes(pg_url: str) -> None:
 
     with store.SqlAgentTurnStore(pg_url) as turns:
         sa_event.listen(turns.engine, "before_cursor_execute", capture)
-        turns.read_events(root_turn_id="r-1")
-        turns.read_events(conversation_id="c-1", after="12")
-        turns.read_events(conversation_id="c-1", after="12.34")  # a cursor of the earlier read order
+        turns.read_events(EventScope.tree("r-1"))
+        turns.read_events(EventScope.conversation("c-1"), after="12")
+        turns.read_events(EventScope.conversation("c-1"), after="12.34")  # a cursor of the earlier read order
         sa_event.remove(turns.engine, "before_cursor_execute", capture)
         with turns.engine.connect() as connection:
             connection.exec_driver_sql("SET enable_seqscan = off")
@@ -429,9 +430,9 @@ def test_prune_in_batches_leaves_no_rows_of_pruned_trees(pg_url: str) -> None:
 
 def test_a_cursor_past_the_last_position_is_simply_later(turns: store.SqlAgentTurnStore) -> None:
     turns.save(make_turn("r-1"), -1, events_for(make_turn("r-1"), 1))
-    assert turns.read_events(root_turn_id="r-1", after=str(2**62)) == []
+    assert turns.read_events(EventScope.tree("r-1"), after=str(2**62)) == []
     # An `<xid>.<id>` cursor of the earlier read order precedes every event written since
-    assert ids(turns.read_events(root_turn_id="r-1", after=f"{2**62}.1")) == ["r-1:0:0"]
+    assert ids(turns.read_events(EventScope.tree("r-1"), after=f"{2**62}.1")) == ["r-1:0:0"]
 
 
 def test_a_save_takes_its_conversation_counters_in_one_order_whatever_the_order_of_its_events() -> None:
@@ -465,4 +466,4 @@ def test_a_child_whose_root_is_not_stored_cannot_save_events_and_nothing_is_writ
             turns.save(stored, 0, events_for(stored, 2))
         # Then neither save wrote anything: the turn is as first stored without events
         assert turns.load("r-9.a").version == 0
-        assert turns.read_events(root_turn_id="r-9") == []
+        assert turns.read_events(EventScope.tree("r-9")) == []

@@ -20,6 +20,7 @@ from agent_runner import (
 )
 from agent_runner.ids import queued_turn_id, utcnow
 from agent_runner.limits import scoped_conversation_id
+from agent_runner.persistence import EventScope
 from store import Inbox, InboxStatus, SqlAgentTurnStore, SqlChatMemoryProvider
 from store.schema import turn_events
 from workers import inbox as inbox_module
@@ -46,7 +47,7 @@ def inbox(runner: AgentRunner) -> Inbox:
 
 
 def conversation_events(runner: AgentRunner, conversation_id: str) -> list[AgentEvent]:
-    return runner.turn_store.read_events(conversation_id=conversation_id)  # type: ignore[attr-defined,no-any-return]
+    return runner.turn_store.read_events(EventScope.conversation(conversation_id))  # type: ignore[attr-defined,no-any-return]
 
 
 def test_enqueue_writes_one_message_queued_event_at_the_next_conversation_position(
@@ -83,7 +84,7 @@ def test_enqueue_writes_one_message_queued_event_at_the_next_conversation_positi
     # Only in that conversation's feed, not in another tenant's conversation of the same name,
     # nor in the feed of the turn tree it names (the tree's own events start at 1)
     assert conversation_events(runner, globex) == []
-    assert runner.turn_store.read_events(root_turn_id=first.starts_as) == []  # type: ignore[attr-defined]
+    assert runner.turn_store.read_events(EventScope.tree(first.starts_as)) == []  # type: ignore[attr-defined]
 
 
 def test_a_message_whose_event_cannot_be_written_is_not_queued(runner: AgentRunner, inbox: Inbox) -> None:
@@ -132,7 +133,7 @@ def test_the_turn_of_a_queued_message_has_the_derived_id_and_links_back(runner: 
     assert [e.type for e in events] == [E.MESSAGE_QUEUED, E.TURN_STARTED]
     assert events[1].data["queued_message_id"] == "m-1" and events[1].data["message_id"] == "m-1"
     # The turn tree's own feed starts with its TURN_STARTED
-    tree = runner.turn_store.read_events(root_turn_id=derived)  # type: ignore[attr-defined]
+    tree = runner.turn_store.read_events(EventScope.tree(derived))  # type: ignore[attr-defined]
     assert [(e.type, e.cursor) for e in tree] == [(E.TURN_STARTED, "1")]
 
 

@@ -10,6 +10,7 @@ import sqlalchemy as sa
 
 from agent_runner import AgentEvent, AgentEventType, AgentTurn, AgentTurnStatus
 from agent_runner.ids import utcnow
+from agent_runner.persistence import EventScope
 from store import Inbox, InboxStatus, SqlAgentTurnStore
 from store.schema import inbox_messages, webhook_deliveries
 from store.webhooks import DeliveryStatus, WebhookDeliveryLog, WebhookKind
@@ -88,7 +89,7 @@ def test_a_failed_message_goes_with_its_message_events(turns: SqlAgentTurnStore)
         with inbox.engine.begin() as connection:
             stale = sa.update(inbox_messages).where(inbox_messages.c.message_id == "m-failed")
             connection.execute(stale.values(updated_at=utcnow() - 2 * MONTH))
-        before = turns.read_events(conversation_id="c-9")
+        before = turns.read_events(EventScope.conversation("c-9"))
         assert [e.type for e in before] == [
             AgentEventType.MESSAGE_QUEUED,
             AgentEventType.MESSAGE_QUEUED,
@@ -97,7 +98,7 @@ def test_a_failed_message_goes_with_its_message_events(turns: SqlAgentTurnStore)
         assert inbox.prune(MONTH, batch_size=1) == 1
         assert inbox.get("m-failed") is None
         # The waiting message and its event stay
-        left = turns.read_events(conversation_id="c-9")
+        left = turns.read_events(EventScope.conversation("c-9"))
         assert [(e.type, e.data["message_id"]) for e in left] == [(AgentEventType.MESSAGE_QUEUED, "m-waiting")]
 
 

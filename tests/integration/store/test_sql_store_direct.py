@@ -34,6 +34,7 @@ from agent_runner import (
     VersionConflictError,
 )
 from agent_runner.ids import utcnow
+from agent_runner.persistence import EventScope
 from store.schema import turns as turns_table
 from tests.conftest import libpq_url
 from tests.integration.store.store_kit import killed_mid_statement, recording, step, turn_with_history
@@ -242,7 +243,7 @@ def test_a_backend_killed_inside_a_single_statement_create_leaves_no_turn(
             turns.load("t-1")
         # And the same create succeeds on retry, with its event
         assert turns.save(turn_with_history("t-1", 2), -1, [started]).version == 0
-        assert [e.event_id for e in turns.read_events(root_turn_id="t-1")] == ["t-1:0:0"]
+        assert [e.event_id for e in turns.read_events(EventScope.tree("t-1"))] == ["t-1:0:0"]
 
 
 def open_connections(admin: psycopg.Connection[tuple[Any, ...]], application: str) -> int:

@@ -17,6 +17,7 @@ from sqlalchemy import event
 from sqlalchemy.engine import Connection, make_url
 
 from agent_runner import AgentTurn, AiMessage, InputLimitError, StoreUnavailableError, TurnNotFound, UserMessage
+from agent_runner.persistence import EventScope
 from store import Inbox, SqlAgentTurnStore, SqlChatMemoryProvider, SqlTurnLease
 from tests.integration.store.store_kit import killed_mid_statement
 
@@ -194,8 +195,8 @@ def test_an_id_no_database_can_hold_is_a_typed_input_error_from_every_read(sql_u
             lambda: turns.request_cancel(bad_id),
             lambda: turns.find_active_turn(bad_id),
             lambda: turns.list_turns(conversation_id=bad_id),
-            lambda: turns.read_events(conversation_id=bad_id),
-            lambda: turns.read_events(root_turn_id=bad_id),
+            lambda: turns.read_events(EventScope.conversation(bad_id)),
+            lambda: turns.read_events(EventScope.tree(bad_id)),
             lambda: inbox.get(bad_id),
         ]
         # SQLite keeps NUL characters in text, so only a lookup that finds nothing happens there

@@ -19,6 +19,7 @@ from sqlalchemy.engine import Connection
 
 import store
 from agent_runner import AgentTurn, AgentTurnStatus
+from agent_runner.persistence import EventScope
 from store.migrations import current_revision, head_revision
 from store.schema import VERSION_TABLE, metadata
 
@@ -324,23 +325,25 @@ def test_upgrading_from_0005_numbers_stored_events_in_their_read_order_and_old_c
     in_conversation = [row[2] for row in in_order if row[4] == "c-1"]
     with store.SqlAgentTurnStore(url) as turns:
         # Then the log reads in the same order as before, now with positions for cursors
-        assert [e.event_id for e in turns.read_events(root_turn_id="r-1")] == tree
-        assert [e.event_id for e in turns.read_events(conversation_id="c-1")] == in_conversation
-        assert [e.cursor for e in turns.read_events(root_turn_id="r-1")] == ["1", "2", "3"]
+        assert [e.event_id for e in turns.read_events(EventScope.tree("r-1"))] == tree
+        assert [e.event_id for e in turns.read_events(EventScope.conversation("c-1"))] == in_conversation
+        assert [e.cursor for e in turns.read_events(EventScope.tree("r-1"))] == ["1", "2", "3"]
         # And a cursor issued before the upgrade resumes after its event
         for index, event_id in enumerate(tree):
-            after = turns.read_events(root_turn_id="r-1", after=old_cursor[event_id])
+            after = turns.read_events(EventScope.tree("r-1"), after=old_cursor[event_id])
             assert [e.event_id for e in after] == tree[index + 1 :]
         for index, event_id in enumerate(in_conversation):
-            after = turns.read_events(conversation_id="c-1", after=old_cursor[event_id])
+            after = turns.read_events(EventScope.conversation("c-1"), after=old_cursor[event_id])
             assert [e.event_id for e in after] == in_conversation[index + 1 :]
         # And events saved after the upgrade follow the stored ones, also after an old cursor
         ended = AgentTurn(id="r-1", agent_id="a", conversation_id="c-1", status=AgentTurnStatus.COMPLETED)
         added = AgentEvent(event_id="r-1:3:0", type=AgentEventType.TURN_COMPLETED, turn_id="r-1")
         turns.save(ended, 0, [added])
-        assert [e.event_id for e in turns.read_events(root_turn_id="r-1", after=old_cursor[tree[-1]])] == ["r-1:3:0"]
-        assert [e.cursor for e in turns.read_events(root_turn_id="r-1", after="3")] == ["4"]
-        last_in_conversation = turns.read_events(conversation_id="c-1", after=old_cursor[in_conversation[-1]])
+        assert [e.event_id for e in turns.read_events(EventScope.tree("r-1"), after=old_cursor[tree[-1]])] == [
+            "r-1:3:0"
+        ]
+        assert [e.cursor for e in turns.read_events(EventScope.tree("r-1"), after="3")] == ["4"]
+        last_in_conversation = turns.read_events(EventScope.conversation("c-1"), after=old_cursor[in_conversation[-1]])
         assert [(e.event_id, e.cursor) for e in last_in_conversation] == [("r-1:3:0", "4")]
     if not postgres:
         # SQLite rebuilt the table and kept AUTOINCREMENT, so pruned ids are never handed out again

@@ -6,7 +6,7 @@ import threading
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from agent_runner import AgentEvent, AgentEventType, AgentTurn, InMemoryAgentTurnStore, InMemoryLiveEvents
+from agent_runner import AgentEvent, AgentEventType, AgentTurn, EventScope, InMemoryAgentTurnStore, InMemoryLiveEvents
 
 E = AgentEventType
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
@@ -83,11 +83,11 @@ class CountingLog:
         self.hide: set[str] = set()
         self.lock = threading.Lock()
 
-    def read_events(self, **query: Any) -> list[AgentEvent]:
+    def read_events(self, scope: EventScope, **query: Any) -> list[AgentEvent]:
         with self.lock:
             self.reads += 1
             hidden = set(self.hide)
-        events = self.store.read_events(**query)
+        events = self.store.read_events(scope, **query)
         for index, event in enumerate(events):
             if event.event_id in hidden:
                 return events[:index]  # a prefix of the log, never a gap

@@ -19,7 +19,7 @@ from agent_runner import (
     InMemoryAgentTurnStore,
 )
 from agent_runner._runtime.cancel_watch import CancelWatch
-from agent_runner.persistence import CancelFlagSource, TurnRef
+from agent_runner.persistence import CancelFlagSource, EventScope, TurnRef
 from tests.unit.agent_runner.turn_kit import EventLog
 
 
@@ -65,7 +65,7 @@ def test_a_cancel_mid_stream_abandons_the_stream_and_ends_the_turn(monkeypatch: 
     types = events.types(turn.id)
     assert types[-1] is AgentEventType.TURN_CANCELLED  # nothing of the turn follows its end
     assert AgentEventType.MODEL_RESPONSE not in types
-    durable = [e.type for e in store.read_events(root_turn_id=turn.id)]
+    durable = [e.type for e in store.read_events(EventScope.tree(turn.id))]
     assert durable[-1] is AgentEventType.TURN_CANCELLED
 
 

@@ -34,6 +34,7 @@ from agent_runner import (
     ToolCall,
     tool,
 )
+from agent_runner.persistence import EventScope
 from agent_runner.worker import AgentWorker
 from tests.unit.agent_runner.turn_kit import EventLog, FakeClock, RecordingStore, protocol_violations, tool_messages
 
@@ -132,7 +133,7 @@ def test_nothing_happens_before_the_reminder_time_and_the_reminder_is_emitted_on
     assert reminded.wake_at == reminded.suspension.deadline
     (event,) = desk.events.of_type(AgentEventType.DEADLINE_APPROACHING)
     assert event.data["correlation_id"] == "c1" and event.data["on_timeout"] == "reject"
-    stored = [e.type for e in desk.store.read_events(root_turn_id=turn.id)]
+    stored = [e.type for e in desk.store.read_events(EventScope.tree(turn.id))]
     assert stored.count(AgentEventType.DEADLINE_APPROACHING) == 1
 
     # A second sweep before the deadline does nothing

@@ -26,6 +26,7 @@ from agent_runner import (
     StopReason,
 )
 from agent_runner.limits import check_not_before, check_start_delay
+from agent_runner.persistence import EventScope
 from agent_runner.worker import AgentWorker
 from tests.unit.agent_runner.turn_kit import START, FakeClock
 
@@ -86,7 +87,7 @@ def test_turn_started_tells_when_a_delayed_turn_may_run() -> None:
     started = {
         event.turn_id: event.data
         for root in (delayed.id, at_once.id)
-        for event in runner.turn_store.read_events(root_turn_id=root)  # type: ignore[attr-defined]
+        for event in runner.turn_store.read_events(EventScope.tree(root))  # type: ignore[attr-defined]
         if event.type is AgentEventType.TURN_STARTED
     }
     # A follower learns when the delayed turn may run (ISO 8601, as every time on the wire)

@@ -6,6 +6,7 @@ import logging
 import random
 import threading
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -25,7 +26,7 @@ from agent_runner import (
     StoreUnavailableError,
 )
 from agent_runner.feed import FeedFollower
-from agent_runner.persistence import DEFAULT_EVENT_PAGE
+from agent_runner.persistence import DEFAULT_EVENT_PAGE, EventScope
 from tests.unit.agent_runner.feed_kit import CountingLog, Tree
 
 E = AgentEventType
@@ -83,9 +84,8 @@ def test_durable_events_come_from_the_log_and_ephemeral_ones_from_the_live_chann
     store.save(tree.turns["r-1"], tree.turns["r-1"].version, [AgentEvent(type=E.MODEL_DELTA, turn_id="r-1")])
     feed = EventFeed(store, live)
     expected = ["r-1:0:0", first.event_id, second.event_id, answer.event_id, progress.event_id, done.event_id]
-    scopes: list[dict[str, Any]] = [{"root_turn_id": "r-1"}, {"conversation_id": "c-1"}]
-    for scope in scopes:
-        events = feed.read(**scope)
+    for scope in (EventScope.tree("r-1"), EventScope.conversation("c-1")):
+        events = feed.read(scope)
         assert ids(events) == expected
         assert [e.type for e in events][1:] == [
             E.MODEL_DELTA,
@@ -99,9 +99,9 @@ def test_durable_events_come_from_the_log_and_ephemeral_ones_from_the_live_chann
 def test_a_feed_without_a_live_channel_serves_the_durable_events(tree: Tree, store: InMemoryAgentTurnStore) -> None:
     tree.delta("r-1")
     tree.save("r-1", E.MODEL_RESPONSE)
-    events = EventFeed(store).read(root_turn_id="r-1")
+    events = EventFeed(store).read(EventScope.tree("r-1"))
     assert ids(events) == ["r-1:0:0", "r-1:1:0"]
-    assert ids(EventFeed(store).read(root_turn_id="r-1", after=events[0].cursor)) == ["r-1:1:0"]
+    assert ids(EventFeed(store).read(EventScope.tree("r-1"), after=events[0].cursor)) == ["r-1:1:0"]
 
 
 def random_history(tree: Tree, seed: int, operations: int = 60) -> None:
@@ -121,18 +121,18 @@ def test_reading_after_any_cursor_returns_exactly_what_followed(
 ) -> None:
     random_history(tree, seed)
     feed = EventFeed(store, live)
-    for scope in ({"root_turn_id": "r-1"}, {"conversation_id": "c-1"}):
-        everything = feed.read(**scope, limit=10_000)
+    for scope in (EventScope.tree("r-1"), EventScope.conversation("c-1")):
+        everything = feed.read(scope, limit=10_000)
         assert len(ids(everything)) == len(set(ids(everything)))
         # Interleaved by timestamp, each source in its own order
         assert [e.timestamp for e in everything] == sorted(e.timestamp for e in everything)
         for index, event in enumerate(everything):
-            assert ids(feed.read(**scope, after=event.cursor, limit=10_000)) == ids(everything[index + 1 :])
+            assert ids(feed.read(scope, after=event.cursor, limit=10_000)) == ids(everything[index + 1 :])
         # And small pages walk the same sequence
         for limit in (1, 2, 5):
             paged: list[str] = []
             cursor = None
-            while page := feed.read(**scope, after=cursor, limit=limit):
+            while page := feed.read(scope, after=cursor, limit=limit):
                 assert len(page) <= limit
                 paged += ids(page)
                 cursor = page[-1].cursor
@@ -143,17 +143,17 @@ def test_a_long_run_of_wake_ups_does_not_hide_the_ephemeral_events_behind_it(
     tree: Tree, store: InMemoryAgentTurnStore, live: InMemoryLiveEvents
 ) -> None:
     feed = EventFeed(store, live)
-    start = feed.read(root_turn_id="r-1")[-1].cursor
+    start = feed.read(EventScope.tree("r-1"))[-1].cursor
     # Given a reader whose log cursor is past many saves, but whose live cursor is before their wake-ups
     for _ in range(12):
         tree.save("r-1", E.TOOL_STARTED)
-    durable_now = feed.read(root_turn_id="r-1", after=start, limit=1000)
+    durable_now = feed.read(EventScope.tree("r-1"), after=start, limit=1000)
     log_part = durable_now[-1].cursor.partition(":")[0]  # type: ignore[union-attr]
     live_part = start.partition(":")[2]  # type: ignore[union-attr]
     behind = f"{log_part}:{live_part}"
     delta = tree.delta("r-1")
     # When it reads small pages, the delta after the wake-ups still comes
-    assert ids(feed.read(root_turn_id="r-1", after=behind, limit=3)) == [delta.event_id]
+    assert ids(feed.read(EventScope.tree("r-1"), after=behind, limit=3)) == [delta.event_id]
 
 
 def test_an_ephemeral_event_delivered_twice_is_served_once(store: InMemoryAgentTurnStore) -> None:
@@ -163,8 +163,8 @@ def test_an_ephemeral_event_delivered_twice_is_served_once(store: InMemoryAgentT
     live.publish(delta)
     live.publish(delta)
     feed = EventFeed(store, live)
-    assert ids(feed.read(root_turn_id="r-1")) == [delta.event_id]
-    assert ids(list(feed.follow(root_turn_id="r-1", timeout=0.05, poll_interval=0.01))) == [delta.event_id]
+    assert ids(feed.read(EventScope.tree("r-1"))) == [delta.event_id]
+    assert ids(list(feed.follow(EventScope.tree("r-1"), timeout=0.05, poll_interval=0.01))) == [delta.event_id]
 
 
 @pytest.mark.parametrize(
@@ -172,17 +172,24 @@ def test_an_ephemeral_event_delivered_twice_is_served_once(store: InMemoryAgentT
 )
 def test_a_cursor_this_feed_did_not_issue_is_refused(tree: Tree, cursor: str) -> None:
     with pytest.raises(InvalidCursor):
-        EventFeed(tree.store, tree.live).read(root_turn_id="r-1", after=cursor)
+        EventFeed(tree.store, tree.live).read(EventScope.tree("r-1"), after=cursor)
 
 
-def test_a_read_must_name_exactly_one_scope(tree: Tree) -> None:
-    feed = EventFeed(tree.store, tree.live)
-    with pytest.raises(InvalidEventQuery):
-        feed.read()
-    with pytest.raises(InvalidEventQuery):
-        feed.read(root_turn_id="r-1", conversation_id="c-1")
-    with pytest.raises(InvalidEventQuery):
-        next(feed.follow(timeout=0.1))
+@pytest.mark.parametrize("make", [EventScope.tree, EventScope.conversation], ids=["tree", "conversation"])
+def test_a_scope_with_an_empty_id_is_refused_when_it_is_built(make: Callable[[str], EventScope]) -> None:
+    with pytest.raises(InvalidEventQuery, match="must be a non-empty string"):
+        make("")
+
+
+def test_a_scope_of_another_kind_is_refused() -> None:
+    with pytest.raises(InvalidEventQuery, match="'tree' or a 'conversation'"):
+        EventScope("root", "r-1")  # type: ignore[arg-type]
+
+
+def test_scopes_are_values_that_key_what_is_kept_per_scope() -> None:
+    assert EventScope.tree("r-1") == EventScope("tree", "r-1")
+    assert len({EventScope.tree("x"), EventScope.tree("x"), EventScope.conversation("x")}) == 2
+    assert str(EventScope.conversation("c-1")) == "conversation 'c-1'"
 
 
 class FailingLive:
@@ -191,10 +198,10 @@ class FailingLive:
     def publish(self, event: AgentEvent) -> None:
         pass
 
-    def read(self, **_: Any) -> list[AgentEvent]:
+    def read(self, scope: EventScope, **_: Any) -> list[AgentEvent]:
         raise StoreUnavailableError("the live channel is down")
 
-    def wait(self, **_: Any) -> list[AgentEvent]:
+    def wait(self, scope: EventScope, **_: Any) -> list[AgentEvent]:
         raise StoreUnavailableError("the live channel is down")
 
 
@@ -203,8 +210,8 @@ def test_a_failing_live_channel_leaves_the_durable_events_flowing(
 ) -> None:
     feed = EventFeed(store, FailingLive())
     with caplog.at_level(logging.WARNING):
-        events = feed.read(root_turn_id="r-1")
-        followed = list(feed.follow(root_turn_id="r-1", timeout=0.1, poll_interval=0.02))
+        events = feed.read(EventScope.tree("r-1"))
+        followed = list(feed.follow(EventScope.tree("r-1"), timeout=0.1, poll_interval=0.02))
     assert ids(events) == ids(followed) == ["r-1:0:0"]
     assert events[0].cursor == "1:"
     assert "live event channel failed" in caplog.text
@@ -229,15 +236,15 @@ def test_follow_yields_what_is_there_then_what_comes_and_stops_when_idle(
 
     producer = threading.Thread(target=produce)
     producer.start()
-    followed = list(feed.follow(conversation_id="c-1", timeout=1.0, poll_interval=0.05))
+    followed = list(feed.follow(EventScope.conversation("c-1"), timeout=1.0, poll_interval=0.05))
     producer.join()
     assert ids(followed) == produced
     # Following again from the last cursor finds nothing new and ends after the idle time
-    assert list(feed.follow(conversation_id="c-1", after=followed[-1].cursor, timeout=0.1)) == []
+    assert list(feed.follow(EventScope.conversation("c-1"), after=followed[-1].cursor, timeout=0.1)) == []
     # And resuming from the middle yields exactly the rest
     middle = len(followed) // 2
     assert (
-        ids(list(feed.follow(conversation_id="c-1", after=followed[middle].cursor, timeout=0.1)))
+        ids(list(feed.follow(EventScope.conversation("c-1"), after=followed[middle].cursor, timeout=0.1)))
         == produced[middle + 1 :]
     )
 
@@ -246,14 +253,14 @@ def test_follow_without_a_live_channel_polls_the_log(tree: Tree, store: InMemory
     feed = EventFeed(store)
     timer = threading.Timer(0.05, lambda: tree.save("r-1", E.TURN_COMPLETED))
     timer.start()
-    followed = list(feed.follow(root_turn_id="r-1", timeout=0.5, poll_interval=0.01))
+    followed = list(feed.follow(EventScope.tree("r-1"), timeout=0.5, poll_interval=0.01))
     timer.join()
     assert ids(followed) == ["r-1:0:0", "r-1:1:0"]
 
 
 def test_follow_refuses_a_non_positive_poll_interval(tree: Tree) -> None:
     with pytest.raises(ValueError):
-        next(EventFeed(tree.store).follow(root_turn_id="r-1", timeout=1, poll_interval=0))
+        next(EventFeed(tree.store).follow(EventScope.tree("r-1"), timeout=1, poll_interval=0))
 
 
 # --- What following reads -------------------------------------------------------------------------
@@ -268,7 +275,7 @@ def test_deltas_come_straight_from_the_live_channel_without_reading_the_log(
     tree: Tree, live: InMemoryLiveEvents, counting: CountingLog
 ) -> None:
     # Given a follower that has read the log once (the poll is far away)
-    followed = EventFeed(counting, live).follow(conversation_id="c-1", timeout=5, poll_interval=60)
+    followed = EventFeed(counting, live).follow(EventScope.conversation("c-1"), timeout=5, poll_interval=60)
     assert next(followed).event_id == "r-1:0:0"
     assert counting.reads == 1
     # When a model streams 50 deltas
@@ -282,7 +289,7 @@ def test_deltas_come_straight_from_the_live_channel_without_reading_the_log(
 def test_a_saves_wake_up_brings_its_durable_events_at_once(
     tree: Tree, live: InMemoryLiveEvents, counting: CountingLog
 ) -> None:
-    follower = FeedFollower(EventFeed(counting, live), conversation_id="c-1", poll_interval=60)
+    follower = FeedFollower(EventFeed(counting, live), EventScope.conversation("c-1"), poll_interval=60)
     assert ids(follower.next_batch(1)) == ["r-1:0:0"]
     # A producer saves from another thread while the follower waits (the poll is a minute away)
     timer = threading.Timer(0.05, lambda: tree.save("r-1", E.MODEL_RESPONSE, E.TOOL_STARTED))
@@ -299,7 +306,7 @@ def test_a_saves_wake_up_brings_its_durable_events_at_once(
 def test_an_announced_event_the_log_does_not_show_yet_is_looked_for_again_soon(
     tree: Tree, live: InMemoryLiveEvents, counting: CountingLog
 ) -> None:
-    follower = FeedFollower(EventFeed(counting, live), root_turn_id="r-1", poll_interval=60)
+    follower = FeedFollower(EventFeed(counting, live), EventScope.tree("r-1"), poll_interval=60)
     assert ids(follower.next_batch(1)) == ["r-1:0:0"]
     # Given a save whose event stays unreadable for a while after its wake-up
     counting.hide.add("r-1:1:0")
@@ -319,7 +326,7 @@ def test_an_announced_event_the_log_does_not_show_yet_is_looked_for_again_soon(
 def test_without_wake_ups_the_log_is_still_polled(store: InMemoryAgentTurnStore, counting: CountingLog) -> None:
     # A live channel that never hears of the save (a wake-up lost, or a process without a channel)
     tree = Tree(store, InMemoryLiveEvents())
-    follower = FeedFollower(EventFeed(counting, InMemoryLiveEvents()), root_turn_id="r-1", poll_interval=0.05)
+    follower = FeedFollower(EventFeed(counting, InMemoryLiveEvents()), EventScope.tree("r-1"), poll_interval=0.05)
     assert ids(follower.next_batch(1)) == ["r-1:0:0"]
     tree.save("r-1", E.TURN_COMPLETED)
     assert ids(follower.next_batch(2)) == ["r-1:1:0"]
@@ -327,7 +334,7 @@ def test_without_wake_ups_the_log_is_still_polled(store: InMemoryAgentTurnStore,
 
 def test_a_delta_after_a_wake_up_comes_after_the_durable_event(tree: Tree, store: InMemoryAgentTurnStore) -> None:
     live = tree.live
-    follower = FeedFollower(EventFeed(store, live), conversation_id="c-1", poll_interval=60)
+    follower = FeedFollower(EventFeed(store, live), EventScope.conversation("c-1"), poll_interval=60)
     follower.next_batch(1)
     before = tree.delta("r-1")
     (saved,) = tree.save("r-1", E.MODEL_RESPONSE)
@@ -346,13 +353,13 @@ def test_an_events_cursor_is_the_same_whether_its_wake_up_was_published_yet_or_n
     publish = live.publish
     live.publish = lambda event: None  # type: ignore[method-assign]  # committed, not announced yet
     (response,) = tree.save("r-1", E.MODEL_RESPONSE)
-    before = feed.read(root_turn_id="r-1")
+    before = feed.read(EventScope.tree("r-1"))
     publish(response)
-    after = feed.read(root_turn_id="r-1")
+    after = feed.read(EventScope.tree("r-1"))
     assert [e.type for e in after] == [E.TURN_STARTED, E.MODEL_DELTA, E.MODEL_RESPONSE]
     assert [(e.event_id, e.cursor) for e in after] == [(e.event_id, e.cursor) for e in before]
     # Reading on from that cursor repeats nothing, whichever read it came from
-    assert feed.read(root_turn_id="r-1", after=before[-1].cursor) == []
+    assert feed.read(EventScope.tree("r-1"), after=before[-1].cursor) == []
 
 
 def test_deltas_streamed_while_a_page_is_read_come_before_the_answer_saved_after_them(
@@ -363,17 +370,17 @@ def test_deltas_streamed_while_a_page_is_read_come_before_the_answer_saved_after
     acted: list[AgentEvent] = []
 
     class Racing:
-        def read_events(self, **query: Any) -> list[AgentEvent]:
+        def read_events(self, scope: EventScope, **query: Any) -> list[AgentEvent]:
             if not acted:
                 acted.append(tree.delta("r-1", "lo"))
                 acted.extend(tree.save("r-1", E.MODEL_RESPONSE))
-            return store.read_events(**query)
+            return store.read_events(scope, **query)
 
     feed = EventFeed(Racing(), live)
-    page = feed.read_page(root_turn_id="r-1")
+    page = feed.read_page(EventScope.tree("r-1"))
     last, answer = acted
     assert ids(page.events) == ["r-1:0:0", first.event_id, last.event_id, answer.event_id]
-    assert feed.read_page(root_turn_id="r-1", after=page.end).events == []
+    assert feed.read_page(EventScope.tree("r-1"), after=page.end).events == []
 
 
 def test_a_save_announced_after_the_log_was_read_holds_back_the_deltas_streamed_after_it(
@@ -383,18 +390,18 @@ def test_a_save_announced_after_the_log_was_read_holds_back_the_deltas_streamed_
     acted: list[AgentEvent] = []
 
     class Racing:
-        def read_events(self, **query: Any) -> list[AgentEvent]:
-            found = store.read_events(**query)
+        def read_events(self, scope: EventScope, **query: Any) -> list[AgentEvent]:
+            found = store.read_events(scope, **query)
             if not acted:
                 acted.extend(tree.save("r-1", E.TOOL_COMPLETED))
                 acted.append(tree.delta("r-1", "Hel"))
             return found
 
     feed = EventFeed(Racing(), live)
-    page = feed.read_page(root_turn_id="r-1")
+    page = feed.read_page(EventScope.tree("r-1"))
     completed, delta = acted
     assert ids(page.events) == ["r-1:0:0"] and page.more
-    rest = feed.read_page(root_turn_id="r-1", after=page.end)
+    rest = feed.read_page(EventScope.tree("r-1"), after=page.end)
     assert ids(rest.events) == [completed.event_id, delta.event_id]
 
 
@@ -407,16 +414,16 @@ def test_a_save_committed_between_the_reads_of_a_page_still_comes_before_the_del
     acted: list[AgentEvent] = []
 
     class Racing:
-        def read(self, **query: Any) -> list[AgentEvent]:
+        def read(self, scope: EventScope, **query: Any) -> list[AgentEvent]:
             if not acted:
                 acted.extend(tree.save("r-1", E.TOOL_COMPLETED))
                 acted.append(tree.delta("r-1", "Hel"))
-            return live.read(**query)
+            return live.read(scope, **query)
 
-        def wait(self, **query: Any) -> list[AgentEvent]:
-            return live.wait(**query)
+        def wait(self, scope: EventScope, **query: Any) -> list[AgentEvent]:
+            return live.wait(scope, **query)
 
-    page = EventFeed(store, Racing()).read_page(root_turn_id="r-1")  # type: ignore[arg-type]
+    page = EventFeed(store, Racing()).read_page(EventScope.tree("r-1"))  # type: ignore[arg-type]
     completed, delta = acted
     assert [e.type for e in page.events] == [E.TURN_STARTED, E.TURN_RESUMED, E.TOOL_COMPLETED, E.MODEL_DELTA]
     assert ids(page.events[2:]) == [completed.event_id, delta.event_id]
@@ -429,7 +436,7 @@ def test_following_gives_what_reading_gives_and_reads_the_log_once_per_save(
     # Given a follower that takes what there is between random deltas and saves of a tree
     rng = random.Random(seed)
     feed = EventFeed(counting, live)
-    follower = FeedFollower(feed, conversation_id="c-1", poll_interval=60)
+    follower = FeedFollower(feed, EventScope.conversation("c-1"), poll_interval=60)
     followed: list[AgentEvent] = []
     saves = 0
     for _ in range(80):
@@ -448,11 +455,13 @@ def test_following_gives_what_reading_gives_and_reads_the_log_once_per_save(
     # Then the log was read once at the start and at most once per save
     assert counting.reads <= 1 + saves
     # And it followed exactly what a read of everything returns, in the same order
-    everything = EventFeed(store, live).read(conversation_id="c-1", limit=10_000)
+    everything = EventFeed(store, live).read(EventScope.conversation("c-1"), limit=10_000)
     assert ids(followed) == ids(everything)
     # And each cursor it handed out resumes with exactly the rest
     for index, event in enumerate(followed):
-        assert ids(feed.read(conversation_id="c-1", after=event.cursor, limit=10_000)) == ids(followed[index + 1 :])
+        assert ids(feed.read(EventScope.conversation("c-1"), after=event.cursor, limit=10_000)) == ids(
+            followed[index + 1 :]
+        )
 
 
 # --- InMemoryLiveEvents ---------------------------------------------------------------------------
@@ -474,13 +483,13 @@ def test_live_events_are_kept_per_tree_and_per_conversation_in_publish_order(liv
     lonely = live_event("r-3", None)
     for published in (a, other, b, lonely):
         live.publish(published)
-    by_tree = live.read(root_turn_id="r-1")
+    by_tree = live.read(EventScope.tree("r-1"))
     assert ids(by_tree) == [a.event_id, b.event_id]
-    assert ids(live.read(conversation_id="c-1")) == [a.event_id, b.event_id]
-    assert ids(live.read(root_turn_id="r-3")) == [lonely.event_id]
-    assert ids(live.read(root_turn_id="r-1", after=by_tree[0].cursor)) == [b.event_id]
-    assert live.read(root_turn_id="r-1", after=by_tree[1].cursor) == []
-    assert ids(live.read(root_turn_id="r-1", limit=1)) == [a.event_id]
+    assert ids(live.read(EventScope.conversation("c-1"))) == [a.event_id, b.event_id]
+    assert ids(live.read(EventScope.tree("r-3"))) == [lonely.event_id]
+    assert ids(live.read(EventScope.tree("r-1"), after=by_tree[0].cursor)) == [b.event_id]
+    assert live.read(EventScope.tree("r-1"), after=by_tree[1].cursor) == []
+    assert ids(live.read(EventScope.tree("r-1"), limit=1)) == [a.event_id]
     assert by_tree[0].model_copy(update={"cursor": None}) == a
 
 
@@ -488,15 +497,17 @@ def test_live_wait_returns_at_once_blocks_until_a_publish_or_times_out(live: InM
     first = live_event()
     live.publish(first)
     # Something after the cursor: no waiting
-    assert ids(live.wait(root_turn_id="r-1", timeout=5)) == [first.event_id]
-    cursor = live.read(root_turn_id="r-1")[-1].cursor
+    assert ids(live.wait(EventScope.tree("r-1"), timeout=5)) == [first.event_id]
+    cursor = live.read(EventScope.tree("r-1"))[-1].cursor
     # Nothing: an empty list once the time is up
-    assert live.wait(root_turn_id="r-1", after=cursor, timeout=0.05) == []
+    assert live.wait(EventScope.tree("r-1"), after=cursor, timeout=0.05) == []
     # A publish from another thread wakes the waiter
     second = live_event()
     timer = threading.Timer(0.05, live.publish, args=(second,))
     timer.start()
-    woke = live.wait(conversation_id="c-1", after=live.read(conversation_id="c-1")[-1].cursor, timeout=10)
+    woke = live.wait(
+        EventScope.conversation("c-1"), after=live.read(EventScope.conversation("c-1"))[-1].cursor, timeout=10
+    )
     timer.join()
     assert ids(woke) == [second.event_id]
 
@@ -517,14 +528,14 @@ def test_live_events_are_kept_for_the_retention_then_dropped() -> None:
     clock.now += 299
     recent = live_event()
     live.publish(recent)
-    assert ids(live.read(root_turn_id="r-1")) == [old.event_id, recent.event_id]
+    assert ids(live.read(EventScope.tree("r-1"))) == [old.event_id, recent.event_id]
     clock.now += 2
-    assert ids(live.read(root_turn_id="r-1")) == [recent.event_id]
+    assert ids(live.read(EventScope.tree("r-1"))) == [recent.event_id]
     # Scopes nobody reads are dropped by later publishes once expired
     live.publish(live_event("r-9", None))
     clock.now += 301
     live.publish(live_event("r-8", None))
-    assert live.read(conversation_id="c-1") == [] and live.read(root_turn_id="r-9") == []
+    assert live.read(EventScope.conversation("c-1")) == [] and live.read(EventScope.tree("r-9")) == []
 
 
 def test_live_events_are_bounded_per_scope() -> None:
@@ -532,8 +543,8 @@ def test_live_events_are_bounded_per_scope() -> None:
     published = [live_event() for _ in range(10)]
     for event in published:
         live.publish(event)
-    assert ids(live.read(root_turn_id="r-1")) == ids(published[-3:])
-    assert ids(live.read(conversation_id="c-1")) == ids(published[-3:])
+    assert ids(live.read(EventScope.tree("r-1"))) == ids(published[-3:])
+    assert ids(live.read(EventScope.conversation("c-1"))) == ids(published[-3:])
 
 
 def test_publishing_never_raises(caplog: pytest.LogCaptureFixture) -> None:
@@ -550,9 +561,9 @@ def test_publishing_never_raises(caplog: pytest.LogCaptureFixture) -> None:
 @pytest.mark.parametrize("cursor", ["", "x", "-1", "1.2", "1-0"])
 def test_a_live_cursor_of_another_shape_is_refused(live: InMemoryLiveEvents, cursor: str) -> None:
     with pytest.raises(InvalidCursor):
-        live.read(root_turn_id="r-1", after=cursor)
+        live.read(EventScope.tree("r-1"), after=cursor)
     with pytest.raises(InvalidCursor):
-        live.wait(root_turn_id="r-1", after=cursor, timeout=0)
+        live.wait(EventScope.tree("r-1"), after=cursor, timeout=0)
 
 
 @pytest.mark.parametrize("arguments", [{"retention_s": 0}, {"max_events_per_scope": 0}])
@@ -571,7 +582,7 @@ def test_a_delta_and_a_save_of_the_same_instant_come_delta_first(tree: Tree, sto
     tree.clock -= timedelta(milliseconds=1)  # the save's event gets the delta's timestamp
     (answer,) = tree.save("r-1", E.MODEL_RESPONSE)
     assert answer.timestamp == delta.timestamp
-    page = EventFeed(store, tree.live).read_page(root_turn_id="r-1", limit=100)
+    page = EventFeed(store, tree.live).read_page(EventScope.tree("r-1"), limit=100)
     assert ids(page.events) == ["r-1:0:0", delta.event_id, answer.event_id]
 
 
@@ -580,9 +591,9 @@ def test_a_page_filled_by_both_sources_says_more_may_follow(tree: Tree, store: I
     deltas = [tree.delta("r-1", text) for text in "abc"]
     (answer,) = tree.save("r-1", E.MODEL_RESPONSE)
     feed = EventFeed(store, tree.live)
-    first = feed.read_page(root_turn_id="r-1", limit=4)
+    first = feed.read_page(EventScope.tree("r-1"), limit=4)
     assert ids(first.events) == ["r-1:0:0", *ids(deltas)] and first.more
-    second = feed.read_page(root_turn_id="r-1", after=first.end, limit=4)
+    second = feed.read_page(EventScope.tree("r-1"), after=first.end, limit=4)
     assert ids(second.events) == [answer.event_id] and not second.more
 
 
@@ -592,9 +603,9 @@ def test_a_full_log_page_with_newer_live_events_stops_where_the_log_page_ends(
     saved = [event for _ in range(4) for event in tree.save("r-1", E.MODEL_RESPONSE)]
     deltas = [tree.delta("r-1", text) for text in "xy"]
     feed = EventFeed(store, tree.live)
-    first = feed.read_page(root_turn_id="r-1", limit=5)
+    first = feed.read_page(EventScope.tree("r-1"), limit=5)
     assert ids(first.events) == ["r-1:0:0", *ids(saved)] and first.more
-    rest = feed.read_page(root_turn_id="r-1", after=first.end, limit=5)
+    rest = feed.read_page(EventScope.tree("r-1"), after=first.end, limit=5)
     assert ids(rest.events) == ids(deltas) and not rest.more
 
 
@@ -605,6 +616,6 @@ def test_a_follower_reads_a_backlog_of_full_pages_without_waiting_between_them(
         tree.save("r-1", E.MODEL_RESPONSE)
     # No live channel to announce the saves, and a poll interval far longer than the test:
     # a wait between pages would show as an empty batch
-    follower = FeedFollower(EventFeed(store, None), root_turn_id="r-1", poll_interval=600)
+    follower = FeedFollower(EventFeed(store, None), EventScope.tree("r-1"), poll_interval=600)
     batches = [follower.next_batch(5.0) for _ in range(3)]
     assert [len(batch) for batch in batches] == [DEFAULT_EVENT_PAGE, DEFAULT_EVENT_PAGE, 11]

@@ -28,6 +28,7 @@ from agent_runner import (
     ToolMessage,
     ToolOutcome,
 )
+from agent_runner.persistence import EventScope
 from tests.unit.agent_runner.turn_kit import RecordingStore
 
 S = AgentTurnStatus
@@ -110,7 +111,7 @@ def test_without_reconcile_the_turn_asks_a_person(where: str) -> None:
         if isinstance(m, AgentActionMessage)
     )
     assert card.kind == "outcome_unknown" and card.get_actions() == ["RETRY", "MARK_DONE", "FAIL"]
-    suspended = [e for e in store.read_events(root_turn_id=waiting.id) if e.type is AgentEventType.TURN_SUSPENDED]
+    suspended = [e for e in store.read_events(EventScope.tree(waiting.id)) if e.type is AgentEventType.TURN_SUSPENDED]
     assert [(e.data["suspension_type"], e.data["kind"]) for e in suspended] == [
         ("TOOL_OUTCOME_UNKNOWN", "outcome_unknown")
     ]
@@ -175,7 +176,7 @@ def test_a_reconcile_function_settles_the_call(outcome: ToolOutcome, emails: int
     assert asked == [("mail-1", f"{turn.id}:mail-1")]
     if outcome.state == "done":
         assert [m.content for m in turn.messages if isinstance(m, ToolMessage)] == ["delivered earlier"]
-        completed = [e for e in runner.turn_store.read_events(root_turn_id=turn.id)]  # type: ignore[attr-defined]
+        completed = [e for e in runner.turn_store.read_events(EventScope.tree(turn.id))]  # type: ignore[attr-defined]
         assert any(e.type is AgentEventType.TOOL_COMPLETED and e.data.get("reconciled") for e in completed)
 
 

@@ -14,13 +14,21 @@ from typing import Any
 
 import pytest
 
-from agent_runner import AgentEvent, AgentEventType, EventFeed, InMemoryAgentTurnStore, InMemoryLiveEvents, StoreError
+from agent_runner import (
+    AgentEvent,
+    AgentEventType,
+    EventFeed,
+    EventScope,
+    InMemoryAgentTurnStore,
+    InMemoryLiveEvents,
+    StoreError,
+)
 from tests.unit.agent_runner.feed_kit import CountingLog, Tree
 from workers.api.events import _Stream
 from workers.api.fanout import EventFanout
 
 E = AgentEventType
-CONVERSATION = {"conversation_id": "c-1"}
+CONVERSATION = EventScope.conversation("c-1")
 
 
 @pytest.fixture
@@ -95,7 +103,7 @@ def test_many_streams_of_one_conversation_share_one_follower_and_its_reads(
         firsts = [await take(stream, 1) for stream in streams]
         waiting = [asyncio.create_task(take(stream, 60)) for stream in streams]
         await until(lambda: subscribers(fanout) == 50)
-        assert fanout.scopes() == [("conversation", "c-1")]
+        assert fanout.scopes() == [CONVERSATION]
         reads = counting.reads
         # When a turn streams 50 deltas with a save after every 5
         made = await asyncio.to_thread(produce, tree, 50)
@@ -104,14 +112,14 @@ def test_many_streams_of_one_conversation_share_one_follower_and_its_reads(
 
     followed, made, reads = asyncio.run(scenario())
     # Then every stream got every event, in the same order, the order a read gives
-    everything = EventFeed(store, live).read(**CONVERSATION, limit=10_000)
+    everything = EventFeed(store, live).read(CONVERSATION, limit=10_000)
     assert ids(everything) == ["r-1:0:0", *ids(made)]
     assert all(ids(events) == ids(everything) for events in followed)
     # And the log was read about once per save for them all, not once per stream
     assert reads <= 10 + 2
     # And every cursor a stream got resumes with exactly the rest
     for index, event in enumerate(followed[0]):
-        assert ids(EventFeed(store, live).read(**CONVERSATION, after=event.cursor, limit=10_000)) == ids(
+        assert ids(EventFeed(store, live).read(CONVERSATION, after=event.cursor, limit=10_000)) == ids(
             everything[index + 1 :]
         )
 
@@ -167,7 +175,7 @@ def test_beyond_the_shared_followers_a_stream_follows_alone(tree: Tree, counting
     fanout = EventFanout(EventFeed(counting, tree.live), max_scopes=1, poll_interval=60)
 
     async def scenario() -> tuple[list[AgentEvent], list[AgentEvent]]:
-        by_tree = _Stream(fanout.feed, fanout, {"root_turn_id": "r-1"}, None)
+        by_tree = _Stream(fanout.feed, fanout, EventScope.tree("r-1"), None)
         by_conversation = _Stream(fanout.feed, fanout, CONVERSATION, None)
         await take(by_tree, 1)
         await take(by_conversation, 1)
@@ -179,7 +187,7 @@ def test_beyond_the_shared_followers_a_stream_follows_alone(tree: Tree, counting
 
     try:
         shared, alone = asyncio.run(scenario())
-        assert fanout.scopes() == [("root", "r-1")]
+        assert fanout.scopes() == [EventScope.tree("r-1")]
     finally:
         fanout.close()
     assert ids(shared) == ids(alone)
@@ -190,7 +198,7 @@ def test_a_follower_stops_soon_after_its_last_stream_left(tree: Tree, fanout: Ev
         stream = _Stream(fanout.feed, fanout, CONVERSATION, None)
         await take(stream, 1)
         await stream.next_events(0.05)
-        assert fanout.scopes() == [("conversation", "c-1")]
+        assert fanout.scopes() == [CONVERSATION]
         stream.leave()
         await until(lambda: fanout.scopes() == [], timeout=5)
 
@@ -233,10 +241,10 @@ class BreakingLog:
         self.store = store
         self.broken = threading.Event()
 
-    def read_events(self, **query: Any) -> list[AgentEvent]:
+    def read_events(self, scope: EventScope, **query: Any) -> list[AgentEvent]:
         if self.broken.is_set():
             raise StoreError("the database went away")
-        return self.store.read_events(**query)
+        return self.store.read_events(scope, **query)
 
 
 def test_when_the_shared_follower_fails_its_streams_read_on_their_own(

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from agent_runner import Agent, AgentEventType, AgentTurn, AiMessage, InMemoryAgentLoader, ScriptedChatModel
+from agent_runner.persistence import EventScope
 from store import InboxStatus
 from workers.api.models import StartTurnRequest
 from workers.api.runtime import Runtime, build_runtime
@@ -98,8 +99,8 @@ def test_a_queued_message_is_announced_on_the_live_channel_of_its_conversation_o
 
     # Then its stored MESSAGE_QUEUED was announced once, to the tenant's conversation (a wake-up for followers)
     [stored_event] = [
-        e for e in runtime.turn_store.read_events(conversation_id=stored) if e.data["message_id"] == "m-2"
+        e for e in runtime.turn_store.read_events(EventScope.conversation(stored)) if e.data["message_id"] == "m-2"
     ]
-    announced = live.read(conversation_id=stored)
+    announced = live.read(EventScope.conversation(stored))
     assert [(e.event_id, e.type) for e in announced] == [(stored_event.event_id, AgentEventType.MESSAGE_QUEUED)]
-    assert live.read(conversation_id="tenant-b/c-1") == []
+    assert live.read(EventScope.conversation("tenant-b/c-1")) == []

@@ -24,6 +24,7 @@ from agent_runner import (
     ToolMessage,
     tool,
 )
+from agent_runner.persistence import EventScope
 from store import SqlAgentTurnStore
 from workers.cli import main
 
@@ -198,7 +199,9 @@ def test_an_approval_decision_records_who_decided_and_the_reason_given(
     line = f"approval c1 (deploy): {status} by op-7 at {decision['decided_at']}"
     assert line + (f" - {recorded}" if recorded else "") in [shown.strip() for shown in human.splitlines()]
     with SqlAgentTurnStore(url) as turn_store:
-        (resumed,) = [e for e in turn_store.read_events(root_turn_id=turn.id) if e.type is AgentEventType.TURN_RESUMED]
+        (resumed,) = [
+            e for e in turn_store.read_events(EventScope.tree(turn.id)) if e.type is AgentEventType.TURN_RESUMED
+        ]
     assert resumed.data["metadata"]["decided_by"] == "op-7"
     assert (resumed.data.get("reason") or resumed.data["metadata"].get("reason")) == recorded
 

@@ -24,6 +24,7 @@ from agent_runner import (
     ScriptedChatModel,
     UserMessage,
 )
+from agent_runner.persistence import EventScope
 from store import Inbox, InboxStatus, SqlAgentTurnStore, SqlChatMemoryProvider
 from workers.inbox import enqueue_message, settle_stale_claims, start_next_message
 from workers.live import announce, attach_live
@@ -80,7 +81,7 @@ def test_a_queued_message_is_announced_where_the_runners_events_go_live(runner: 
     enqueue_message(runner, "c-live", "one more thing", message_id="m-live", agent_id="helper")
 
     # Then the conversation's followers get MESSAGE_QUEUED live, once, as the log stores it
-    announced = [e for e in live.read(conversation_id="c-live") if e.type is AgentEventType.MESSAGE_QUEUED]
+    announced = [e for e in live.read(EventScope.conversation("c-live")) if e.type is AgentEventType.MESSAGE_QUEUED]
     assert [e.event_id for e in announced] == [queued.queued_event.event_id]  # type: ignore[union-attr]
     assert announced[0].data["message_id"] == "m-live"
 

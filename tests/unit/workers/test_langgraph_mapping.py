@@ -26,6 +26,7 @@ from agent_runner import (
     UserMessage,
     tool,
 )
+from agent_runner.persistence import EventScope
 from workers.api.errors import ApiError, InvalidRequest
 from workers.api.langgraph.mapping import (
     input_text,
@@ -207,7 +208,7 @@ def test_a_stream_begun_from_an_older_snapshot_of_its_turn_shows_the_conversatio
         assert runner.run_until_blocked(started).status is AgentTurnStatus.COMPLETED
         # When its stream translates the turn's start from the older snapshot
         translator = RunTranslator(runtime, started, "thread-1", ["values"], False)
-        first = runtime.turn_store.read_events(root_turn_id=started.id)[0]
+        first = runtime.turn_store.read_events(EventScope.tree(started.id))[0]
         ((mode, values),) = translator.parts(first)
         # Then the state at the start is the earlier turn and this turn's message, in order
         assert mode == "values"

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from agent_runner import Agent, AgentRunner, AiMessage, InMemoryAgentLoader, InMemoryLiveEvents, ScriptedChatModel
+from agent_runner.persistence import EventScope
 from store import Inbox, SqlAgentTurnStore, SqlChatMemoryProvider
 from workers.celery_app.config import celery_config
 from workers.live import attach_live
@@ -321,5 +322,7 @@ def test_a_busy_conversation_rejects_skips_or_queues_the_tick(fleet: Fleet) -> N
     assert queued.metadata["scheduled_for"] == later.isoformat()
     assert len(fleet.turns.list_turns(conversation_id="c")) == 1
     # The conversation's followers are told at once, as for a message queued over HTTP
-    announced = [e.data["message_id"] for e in fleet.live.read(conversation_id="c") if e.type == "MESSAGE_QUEUED"]
+    announced = [
+        e.data["message_id"] for e in fleet.live.read(EventScope.conversation("c")) if e.type == "MESSAGE_QUEUED"
+    ]
     assert announced == [queueing.turn_id(later)]

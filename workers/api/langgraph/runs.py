@@ -28,9 +28,9 @@ from starlette.concurrency import run_in_threadpool
 
 import store
 from agent_runner import AgentTurn, TurnNotFound
-from agent_runner.feed import FeedPosition
+from agent_runner.feed import FeedReader
 from agent_runner.ids import new_id
-from agent_runner.persistence import DEFAULT_EVENT_PAGE
+from agent_runner.persistence import EventScope
 from agent_runner.snapshot import WAITING_FOR_A_PERSON
 from workers.api import service
 from workers.api.auth import RuntimeDep, TenantDep, get_tenant
@@ -158,12 +158,10 @@ def _check_supported(body: RunCreate) -> None:
 
 def tree_end(runtime: Runtime, root_turn_id: str) -> str:
     """The feed cursor after every event of the turn tree stored so far."""
-    position: FeedPosition | None = None
-    while True:
-        page = runtime.events.read_page(root_turn_id=root_turn_id, after=position, limit=DEFAULT_EVENT_PAGE)
-        position = page.end
-        if not page.more:
-            return str(position)
+    reader = FeedReader(runtime.events, EventScope.tree(root_turn_id))
+    for _ in reader.pages():
+        pass
+    return str(reader.position)
 
 
 def start_run(

@@ -37,8 +37,8 @@ from agent_runner import (
     TurnNotFound,
     UserMessage,
 )
-from agent_runner.feed import FeedPosition
-from agent_runner.persistence import DEFAULT_EVENT_PAGE
+from agent_runner.feed import FeedPosition, FeedReader
+from agent_runner.persistence import EventScope
 from store.idempotency import RESUME_MARK
 from workers.api import service
 from workers.api.errors import ApiError, InvalidRequest
@@ -191,12 +191,10 @@ def stop(runtime: Runtime, tenant: Tenant, agent_id: str, conversation_id: str, 
 
 def feed_position(runtime: Runtime, turn_id: str) -> FeedPosition:
     """The position after every event of the turn tree readable now (where a continuation starts)."""
-    position = FeedPosition()
-    while True:
-        page = runtime.events.read_page(root_turn_id=turn_id, after=position, limit=DEFAULT_EVENT_PAGE)
-        position = page.end
-        if not page.more:
-            return position
+    reader = FeedReader(runtime.events, EventScope.tree(turn_id))
+    for _ in reader.pages():
+        pass
+    return reader.position
 
 
 @dataclass(frozen=True)
@@ -221,17 +219,14 @@ def prime(runtime: Runtime, translator: TurnTranslator) -> Primed:
     another way (a snapshot of the messages): `TurnTranslator.reopen` then gives it the
     text streaming now.
     """
-    position = FeedPosition()
+    reader = FeedReader(runtime.events, EventScope.tree(translator.root_turn_id))
     last: tuple[AgentEvent, list[Step]] | None = None
-    while True:
-        page = runtime.events.read_page(root_turn_id=translator.root_turn_id, after=position, limit=DEFAULT_EVENT_PAGE)
+    for page in reader.pages():
         for event in page.events:
             steps = translator.translate(event)
             if steps:
                 last = (event, steps)
-        position = page.end
-        if not page.more:
-            break
+    position = reader.position
     ending: list[Step] = []
     if last is not None and any(ends_stream(step) for step in last[1]):
         event, steps = last
@@ -317,19 +312,15 @@ def _earlier(runtime: Runtime, tenant: Tenant, conversation_id: str, ids: Reques
 def _before_resume(runtime: Runtime, turn_id: str, mark: str) -> FeedPosition | None:
     """The feed position just before the TURN_RESUMED event of the keyed decision `mark` (where its stream began)."""
     previous: str | None = None
-    position = FeedPosition()
-    while True:
-        page = runtime.events.read_page(root_turn_id=turn_id, after=position, limit=DEFAULT_EVENT_PAGE)
+    for page in FeedReader(runtime.events, EventScope.tree(turn_id)).pages():
         for event in page.events:
             metadata = event.data.get("metadata")
             if event.type is AgentEventType.TURN_RESUMED and isinstance(metadata, dict):
                 if metadata.get(RESUME_MARK) == mark:
                     return FeedPosition() if previous is None else FeedPosition.parse(previous)
             previous = event.cursor
-        position = page.end
-        if not page.more:
-            # The decision's TURN_RESUMED is committed with it, so this is a fallback only: stream from the start.
-            return None
+    # The decision's TURN_RESUMED is committed with it, so this is a fallback only: stream from the start.
+    return None
 
 
 def turn_content(runtime: Runtime, turn: AgentTurn) -> TurnContent:
