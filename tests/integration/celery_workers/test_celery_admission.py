@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
+from redis import Redis
 
 from agent_runner import AgentTurnStatus
+from store.keys import RedisKeys
 from tests.integration.celery_workers.celery_cluster import Cluster
 
 pytestmark = pytest.mark.integration
@@ -86,3 +89,23 @@ def test_without_admission_a_light_tenant_waits_behind_the_whole_flood(make_clus
     # Then the rest of the flood started before the light tenant's last turn (the test makes the
     # flood faster than the workers drain it: at least half of it is still queued)
     assert went_first >= HEAVY // 2, f"only {went_first} heavy turns started before the light tenant's last"
+
+
+def test_turns_whose_lines_redis_lost_are_lined_up_again_and_complete(make_cluster: Callable[..., Cluster]) -> None:
+    # Given admission with a window of 2, 30 new turns lined up, and no worker yet
+    cluster = make_cluster(AGENT_RUNNER_ADMISSION_WINDOW="2")
+    turns = [cluster.runner.start("worker-agent", _work(f"t{i}"), tenant_id="acme").id for i in range(30)]
+    # When Redis loses the lines (a restart without persistence)
+    client: Redis[Any] = Redis.from_url(cluster.redis_url)
+    try:
+        base = RedisKeys(cluster.settings.redis_prefix).admission(cluster.settings.queue)[0]
+        lost = list(client.scan_iter(match=f"{base}*", count=1000))
+        assert lost, "the admission keeps its lines in Redis"
+        client.delete(*lost)
+    finally:
+        client.close()
+    # And the workers and beat start
+    cluster.start_workers(2, concurrency=2, pool="threads")
+    cluster.start_beat()
+    # Then the stale-turn sweep lines the forgotten turns up again, and every turn completes
+    _wait_completed(cluster, turns)
