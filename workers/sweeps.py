@@ -154,11 +154,11 @@ def _line_up_again(wiring: Wiring, ref: TurnRef) -> int:
     """Line a new turn up for admission again (a no-op if it waits or is admitted); 1 if it was sent at once."""
     assert wiring.admission is not None
     try:
-        tenant = wiring.turn_store.load(ref.turn_id).tenant_id
+        turn = wiring.turn_store.load(ref.turn_id)
     except AgentRunnerError as exc:
         logger.warning("could not load turn %s to line it up for admission: %s", ref.turn_id, exc)
         return 0
-    if wiring.admission.enqueue(ref.turn_id, tenant) is not None:
+    if wiring.admission.enqueue(turn) is not None:
         return 0
     return int(wiring.dispatcher.send_step(ref.turn_id, ref.version))
 

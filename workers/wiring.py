@@ -138,6 +138,8 @@ def build_wiring(
     live = store.RedisLiveEvents(settings.redis_url, prefix=settings.redis_prefix)
     publisher = BackgroundPublisher(live)
     attach_live(runner, publisher)
+    if admission is not None:
+        admission.announce = publisher  # a turn that waits for admission says its place, live
     # A turn that ends frees its conversation for the next queued message (queued messages
     # name their agent, or fall back to AGENT_RUNNER_INBOX_AGENT).
     runner.add_event_listener(InboxNotifier(dispatcher, database.inbox.has_waiting))

@@ -19,7 +19,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from agent_runner import AgentEvent, AgentEventType, AgentRunnerError
+from agent_runner import AgentEvent, AgentEventType, AgentRunnerError, AgentTurn
+from agent_runner.event_payloads import turn_queued
 from store.redis_admission import AdmissionDecision, RedisAdmission
 from workers.settings import WorkerSettings
 from workers.telemetry import record_admission, set_admission_gauges
@@ -43,27 +44,47 @@ class TurnAdmission:
     Args:
         admission: The shared admission state in Redis.
         send: Sends a first step (`step_turn(turn_id, 0)`) to the queue of new turns.
+
+    Attributes:
+        announce: Sends a TURN_QUEUED event to the live channel when a turn waits (the
+            wiring sets it to the runner's live publisher); None sends none.
     """
 
     def __init__(self, admission: RedisAdmission, send: SendFirstStep) -> None:
         self.admission = admission
         self.send = send
+        self.announce: Callable[[AgentEvent], None] | None = None
 
-    def enqueue(self, turn_id: str, tenant: str | None) -> AdmissionDecision | None:
+    def enqueue(self, turn: AgentTurn) -> AdmissionDecision | None:
         """Line the new turn up and send what was admitted; None when Redis could not be asked (the caller sends the turn itself)."""
+        tenant = turn.tenant_id
         try:
-            decision = self.admission.enqueue(turn_id, tenant)
+            decision = self.admission.enqueue(turn.id, tenant)
         except AgentRunnerError as exc:
-            logger.warning("could not line turn %s up for admission (%s); sending it at once", turn_id, exc)
+            logger.warning("could not line turn %s up for admission (%s); sending it at once", turn.id, exc)
             return None
         self._send(decision)
         set_admission_gauges(tenant, decision.tenant_waiting, decision.tenant_active)
         if decision.place:
             record_admission(tenant, waited=True)
-            logger.debug("turn %s waits for admission, place %d of tenant %r", turn_id, decision.place, tenant)
-        elif turn_id in decision.admitted:
+            logger.debug("turn %s waits for admission, place %d of tenant %r", turn.id, decision.place, tenant)
+            self._announce(turn, decision)
+        elif turn.id in decision.admitted:
             record_admission(tenant, waited=False)
         return decision
+
+    def _announce(self, turn: AgentTurn, decision: AdmissionDecision) -> None:
+        if self.announce is None:
+            return
+        body = turn_queued(decision.place, decision.tenant_waiting)
+        event = AgentEvent(
+            type=body.type,
+            turn_id=turn.id,
+            root_turn_id=turn.root_turn_id,
+            conversation_id=turn.conversation_id,
+            data=body.data(turn.status, turn.version),
+        )
+        self.announce(event)
 
     def start(self, turn_id: str, tenant: str | None) -> None:
         """A worker took the turn's first step: its slot frees; send the turns admitted in its place."""

@@ -67,7 +67,7 @@ class CeleryDispatcher:
             self.send_step(turn.id, turn.version, eta=turn.next_retry_at)
         elif turn.is_runnable(self.clock()):
             if self.admission is not None and turn.version == 0 and turn.status is AgentTurnStatus.READY:
-                if self.admission.enqueue(turn.id, turn.tenant_id) is not None:
+                if self.admission.enqueue(turn) is not None:
                     return
             self.send_step(turn.id, turn.version)
 

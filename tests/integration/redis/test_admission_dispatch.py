@@ -67,6 +67,22 @@ def test_new_turns_wait_for_the_window_and_continuations_do_not(redis_url: str, 
     sender.admission.close()
 
 
+def test_a_turn_that_waits_says_its_place_in_a_live_event(redis_url: str, prefix: str) -> None:
+    # Given admission with a window of 2 whose events are collected
+    app = RecordingApp()
+    sender = admitted_dispatcher(app, redis_url, prefix)
+    announced: list[AgentEvent] = []
+    sender.admission.announce = announced.append
+    # When three turns of acme are dispatched
+    for i in range(3):
+        sender.dispatch(new_turn(f"n{i}", "acme"))
+    # Then only the third waits, and says it is first in acme's line of one
+    assert [(e.type, e.turn_id) for e in announced] == [(AgentEventType.TURN_QUEUED, "n2")]
+    assert announced[0].data == {"status": "READY", "version": 0, "place": 1, "tenant_waiting": 1}
+    assert not announced[0].type.is_durable
+    sender.admission.close()
+
+
 def test_a_started_or_ended_turn_lets_the_next_one_in(redis_url: str, prefix: str) -> None:
     # Given two admitted turns and two waiting
     app = RecordingApp()
