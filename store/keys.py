@@ -53,6 +53,8 @@ class RedisKeys:
     same slot. The one exception is `live_publish.lua`, which appends a batch of live
     events to the streams of many trees and conversations in one call: it needs a
     standalone Redis (the only kind of client the store builds), not a Cluster.
+    `admission.lua` builds its per-tenant keys from a base it is given; they carry the base's
+    hash tag, so they share its slot.
 
     Attributes:
         prefix: The namespace every key starts with, followed by `:`.

@@ -49,6 +49,8 @@ class AdmissionDecision:
     """Turns of the tenant waiting for admission after the call."""
     tenant_active: int
     """Turns of the tenant admitted or started and not yet ended or waiting for a person."""
+    tenant: str | None
+    """The tenant the counts are of: the one asked about, or the released turn's (None: turns without a tenant)."""
 
 
 class RedisAdmission(ClosesOnExit):
@@ -148,8 +150,10 @@ class RedisAdmission(ClosesOnExit):
     def _run(self, op: str, turn_id: str, tenant: str | None) -> AdmissionDecision:
         now = "" if self._clock is None else f"{self._clock() * 1000:.3f}"
         reply = self._scripts.run("admission", self._keys, [op, turn_id, tenant or "", now, *self._fixed])
-        place, waiting, active, *admitted = reply
-        return AdmissionDecision(tuple(str(i) for i in admitted), int(place), int(waiting), int(active))
+        place, waiting, active, tenant, *admitted = reply
+        return AdmissionDecision(
+            tuple(str(i) for i in admitted), int(place), int(waiting), int(active), str(tenant) or None
+        )
 
     def close(self) -> None:
         """Close the client built from `redis_url`."""

@@ -23,9 +23,10 @@
 -- ARGV[8]  active lease in ms (a started turn that never reports its end stops counting after it)
 -- ARGV[9]  tenant weights as a JSON object (a tenant not named weighs 1)
 --
--- Returns {place, tenant waiting, tenant active, admitted id...}: place is the turn's place
--- in its tenant's line (1 = next; 0 = not waiting), the counts are those of ARGV[3] after the
--- pass, and the ids are the turns admitted by this call, for the caller to send.
+-- Returns {place, tenant waiting, tenant active, tenant, admitted id...}: place is the turn's
+-- place in its tenant's line (1 = next; 0 = not waiting), the counts are those of the tenant
+-- after the pass (ARGV[3], or the released turn's own), and the ids are the turns admitted by
+-- this call, for the caller to send.
 --
 -- Writes: every key above; none expires (waiting turns must not vanish): they empty themselves
 -- as turns start and end, and the leases bound what a crashed caller leaves behind. The tags are
@@ -185,11 +186,14 @@ while free > 0 do
     end
 end
 
+if op == 'release' and known then
+    tenant = string.sub(known, 3) -- the counts reported are those of the released turn's tenant
+end
 local place = 0
 if turn ~= '' and redis.call('HGET', turns, turn) == 'w:' .. tenant then
     place = (redis.call('LPOS', waiting_key(tenant), turn) or 0) + 1
 end
-local reply = {place, redis.call('LLEN', waiting_key(tenant)), active_count(tenant)}
+local reply = {place, redis.call('LLEN', waiting_key(tenant)), active_count(tenant), tenant}
 for _, id in ipairs(admitted) do
     reply[#reply + 1] = id
 end

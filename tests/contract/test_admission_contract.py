@@ -241,7 +241,15 @@ def test_the_counts_of_a_tenant_are_reported(make_admission: Callable[..., Redis
     # When the fifth waits
     decision = admission.enqueue("a4", "a")
     # Then it is third in line, three wait and two are admitted
-    assert (decision.place, decision.tenant_waiting, decision.tenant_active) == (3, 3, 2)
+    assert (decision.place, decision.tenant_waiting, decision.tenant_active, decision.tenant) == (3, 3, 2, "a")
+    # And a release reports the counts of the released turn's tenant
+    released = admission.release("a0")
+    assert (released.admitted, released.tenant, released.tenant_waiting, released.tenant_active) == (
+        ("a2",),
+        "a",
+        2,
+        2,
+    )
 
 
 def test_heavy_weights_take_their_share_over_a_long_run(make_admission: Callable[..., RedisAdmission]) -> None:

@@ -64,7 +64,7 @@ class TurnAdmission:
             logger.warning("could not line turn %s up for admission (%s); sending it at once", turn.id, exc)
             return None
         self._send(decision)
-        set_admission_gauges(tenant, decision.tenant_waiting, decision.tenant_active)
+        _set_gauges(decision)
         if decision.place:
             record_admission(tenant, waited=True)
             logger.debug("turn %s waits for admission, place %d of tenant %r", turn.id, decision.place, tenant)
@@ -90,11 +90,13 @@ class TurnAdmission:
         """A worker took the turn's first step: its slot frees; send the turns admitted in its place."""
         decision = self._call(lambda: self.admission.start(turn_id, tenant), f"the start of turn {turn_id}")
         if decision is not None:
-            set_admission_gauges(tenant, decision.tenant_waiting, decision.tenant_active)
+            _set_gauges(decision)
 
     def release(self, turn_id: str) -> None:
         """The turn ended, waits, or will not run: send the turns admitted in its place."""
-        self._call(lambda: self.admission.release(turn_id), f"the end of turn {turn_id}")
+        decision = self._call(lambda: self.admission.release(turn_id), f"the end of turn {turn_id}")
+        if decision is not None:
+            _set_gauges(decision)
 
     def pump(self) -> int:
         """Give back expired slots and send what the window then admits (the admission sweep); return how many."""
@@ -123,6 +125,10 @@ class TurnAdmission:
     def _send(self, decision: AdmissionDecision) -> None:
         for turn_id in decision.admitted:
             self.send(turn_id, 0)
+
+
+def _set_gauges(decision: AdmissionDecision) -> None:
+    set_admission_gauges(decision.tenant, decision.tenant_waiting, decision.tenant_active)
 
 
 def build_admission(settings: WorkerSettings, send: SendFirstStep) -> TurnAdmission | None:
