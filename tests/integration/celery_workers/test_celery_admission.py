@@ -109,3 +109,39 @@ def test_turns_whose_lines_redis_lost_are_lined_up_again_and_complete(make_clust
     cluster.start_beat()
     # Then the stale-turn sweep lines the forgotten turns up again, and every turn completes
     _wait_completed(cluster, turns)
+
+
+def test_a_tenant_at_its_cap_runs_one_turn_at_a_time_while_another_tenant_runs_beside_it(
+    make_cluster: Callable[..., Cluster],
+) -> None:
+    # Given admission with a cap of one active turn per tenant, and two workers running
+    cluster = make_cluster(AGENT_RUNNER_ADMISSION_WINDOW="4", AGENT_RUNNER_TENANT_MAX_IN_FLIGHT="1")
+    cluster.start_workers(2, concurrency=2, pool="threads")
+    # When acme starts 4 turns at once, and globex 2
+    acme = [cluster.runner.start("worker-agent", _work(f"a{i}"), tenant_id="acme").id for i in range(4)]
+    globex = [cluster.runner.start("worker-agent", _work(f"g{i}"), tenant_id="globex").id for i in range(2)]
+    _wait_completed(cluster, [*acme, *globex])
+    # Then each acme turn started after the one before it ended
+    spans = _spans(cluster)
+    ordered = sorted(acme, key=lambda turn_id: spans[turn_id][0])
+    for before, after in zip(ordered, ordered[1:], strict=False):
+        assert spans[after][0] > spans[before][1], f"{after} started before {before} ended"
+    # And globex's first turn did not wait for acme's to end
+    assert spans[globex[0]][0] < spans[ordered[0]][1]
+
+
+def _spans(cluster: Cluster) -> dict[str, tuple[int, int]]:
+    """Per turn, the log positions of its first TURN_RUNNING and of its TURN_COMPLETED."""
+    events = sa.table("agent_turn_events", sa.column("id"), sa.column("turn_id"), sa.column("type"))
+    query = sa.select(events.c.turn_id, events.c.type, events.c.id).where(
+        events.c.type.in_(["TURN_RUNNING", "TURN_COMPLETED"])
+    )
+    first: dict[str, int] = {}
+    ended: dict[str, int] = {}
+    with cluster.turn_store.engine.connect() as connection:
+        for turn_id, kind, position in connection.execute(query):
+            if kind == "TURN_RUNNING":
+                first[str(turn_id)] = min(first.get(str(turn_id), position), position)
+            else:
+                ended[str(turn_id)] = position
+    return {turn_id: (first[turn_id], ended[turn_id]) for turn_id in ended}
