@@ -19,7 +19,7 @@ end was never reported stops counting against its tenant's cap when its active l
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -146,6 +146,18 @@ class RedisAdmission(ClosesOnExit):
             StoreUnavailableError: Redis could not be reached in time.
         """
         return self._run("pump", "", None)
+
+    def lined_up(self, turn_ids: Sequence[str]) -> set[str]:
+        """Those of `turn_ids` that wait for admission or hold a slot (one round trip; nothing is admitted).
+
+        Raises:
+            StoreUnavailableError: Redis could not be reached in time.
+        """
+        if not turn_ids:
+            return set()
+        now = "" if self._clock is None else f"{self._clock() * 1000:.3f}"
+        reply = self._scripts.run("admission", self._keys, ["lined-up", " ".join(turn_ids), "", now, *self._fixed])
+        return {str(turn_id) for turn_id in reply}
 
     def _run(self, op: str, turn_id: str, tenant: str | None) -> AdmissionDecision:
         now = "" if self._clock is None else f"{self._clock() * 1000:.3f}"

@@ -9,8 +9,9 @@ they read the store, the one source of truth, and re-send messages:
   settled first (COMPLETED if its turn exists, else back to PENDING).
 - `stale_turns`: RUNNING and READY turns that nobody touched for a lease TTL and whose
   lease is free (their worker died, or their message was lost) get a `step_turn`; under
-  admission a READY turn that never started is lined up for admission again instead (a
-  no-op when it waits or is admitted already), so a Redis that lost its lines loses no turn.
+  admission a READY turn that never started is left alone while the admission has it
+  (waiting or admitted) and is lined up again otherwise, so a Redis that lost its lines
+  loses no turn.
 - `due_retries`: due RETRY_SCHEDULED turns, and READY turns whose delayed start has come,
   whose ETA message was never sent (a wait beyond `AGENT_RUNNER_MAX_ETA_S`) or is overdue
   by a sweep interval (lost, purged) get a `step_turn`; parents stuck in WAITING_FOR_CHILD whose children ended are reconciled.
@@ -92,7 +93,18 @@ def sweep_stale_turns(wiring: Wiring) -> int:
     cutoff = now - timedelta(seconds=wiring.settings.lease_ttl_s)
     candidates = wiring.turn_store.list_idle([AgentTurnStatus.RUNNING, AgentTurnStatus.READY], cutoff, SWEEP_BATCH)
     # A READY turn waiting for its delayed start is not stale; the due-retry sweep takes it once due.
-    return sum(_resend(wiring, ref) for ref in candidates if ref.is_runnable(now))
+    stale = [ref for ref in candidates if ref.is_runnable(now)]
+    if wiring.admission is not None:
+        # New turns that wait for admission (or sit admitted in the broker) are not stale: only
+        # those the admission does not know are lined up again, each after a load of its tenant.
+        lined_up = wiring.admission.lined_up([ref.turn_id for ref in stale if _is_new(ref)])
+        stale = [ref for ref in stale if ref.turn_id not in lined_up]
+    return sum(_resend(wiring, ref) for ref in stale)
+
+
+def _is_new(ref: TurnRef) -> bool:
+    """Whether `ref` is a turn that never started (READY at its first version): admission starts it."""
+    return ref.version == 0 and ref.status is AgentTurnStatus.READY
 
 
 def sweep_due_retries(wiring: Wiring) -> int:
@@ -145,7 +157,7 @@ def _resend(wiring: Wiring, ref: TurnRef) -> int:
             return 0  # a live worker is on it (a long model call); its lease expires if it dies
     except AgentRunnerError as exc:
         logger.warning("could not read the lease of turn %s, sending anyway: %s", ref.turn_id, exc)
-    if wiring.admission is not None and ref.version == 0 and ref.status is AgentTurnStatus.READY:
+    if wiring.admission is not None and _is_new(ref):
         return _line_up_again(wiring, ref)
     return int(wiring.dispatcher.send_step(ref.turn_id, ref.version))
 

@@ -14,8 +14,10 @@
 --          <base>:waiting:<tenant> (list of turn ids, oldest first) and
 --          <base>:active:<tenant> (sorted set: admitted or started turn -> expiry in ms)
 -- ARGV[1]  operation: 'enqueue' (the turn waits its turn), 'start' (a worker took its first
---          step), 'release' (it ended, waits for a person or will not run), 'pump' (admission pass only)
--- ARGV[2]  turn id ('' for pump), ARGV[3] its tenant ('' for none)
+--          step), 'release' (it ended, waits for a person or will not run), 'pump' (admission pass
+--          only), 'lined-up' (which of the turns in ARGV[2] wait or hold a slot: returns their ids,
+--          after giving back expired slots, and admits nothing)
+-- ARGV[2]  turn id ('' for pump; ids separated by spaces for lined-up), ARGV[3] its tenant ('' for none)
 -- ARGV[4]  now in ms ('' for the server clock, which every process shares)
 -- ARGV[5]  window: most admitted turns not yet started, all tenants together
 -- ARGV[6]  most active turns of one tenant (0: no cap)
@@ -106,6 +108,18 @@ for _, id in ipairs(redis.call('ZRANGEBYSCORE', slots, '-inf', exact(now))) do
     else
         redis.call('ZREM', slots, id)
     end
+end
+
+if op == 'lined-up' then
+    -- Read only: which of the turns (ARGV[2], separated by spaces) wait or hold a slot.
+    local found = {}
+    for id in string.gmatch(turn, '%S+') do
+        local state = redis.call('HGET', turns, id)
+        if state and (string.sub(state, 1, 2) == 'w:' or string.sub(state, 1, 2) == 's:') then
+            found[#found + 1] = id
+        end
+    end
+    return found
 end
 
 local known = false

@@ -252,6 +252,18 @@ def test_the_counts_of_a_tenant_are_reported(make_admission: Callable[..., Redis
     )
 
 
+def test_lined_up_names_the_turns_that_wait_or_hold_a_slot(make_admission: Callable[..., RedisAdmission]) -> None:
+    # Given a window of 1 and three turns, the first of which started
+    admission = make_admission(window=1)
+    admission.enqueue("a0", "a")
+    admission.enqueue("a1", "a")
+    admission.enqueue("a2", "a")
+    admission.start("a0", "a")
+    # Then a1 holds the freed slot and a2 waits; a0 has started, and "gone" is unknown
+    assert admission.lined_up(["a0", "a1", "a2", "gone"]) == {"a1", "a2"}
+    assert admission.lined_up([]) == set()
+
+
 def test_heavy_weights_take_their_share_over_a_long_run(make_admission: Callable[..., RedisAdmission]) -> None:
     # Given two tenants with 60 turns each waiting, weighted 3 to 1, and a window of 1
     admission = make_admission(window=1, tenant_weights={"big": 3})

@@ -103,6 +103,14 @@ class TurnAdmission:
         decision = self._call(self.admission.pump, "the admission sweep")
         return 0 if decision is None else len(decision.admitted)
 
+    def lined_up(self, turn_ids: list[str]) -> set[str]:
+        """Those of the new turns that wait for admission or hold a slot; none when Redis cannot be asked."""
+        try:
+            return self.admission.lined_up(turn_ids)
+        except AgentRunnerError as exc:
+            logger.warning("could not ask the admission which turns wait (%s); lining them all up again", exc)
+            return set()
+
     def __call__(self, event: AgentEvent) -> None:
         """Release the turn of a terminal or suspension event."""
         if event.type.is_terminal or event.type in _RELEASING_EVENTS:
