@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -13,10 +14,27 @@ from redis import Redis
 from agent_runner import AgentEvent, AgentEventType, AgentTurn, AgentTurnStatus
 from store.keys import RedisKeys
 from store.redis_admission import RedisAdmission
-from tests.unit.workers.test_celery_dispatch import NOW, RecordingApp, dispatcher
 from workers.celery_app.admission import TurnAdmission
+from workers.celery_app.dispatch import CeleryDispatcher
+from workers.settings import WorkerSettings
 
 pytestmark = pytest.mark.integration
+
+NOW = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
+
+
+class RecordingApp:
+    """Stands in for a Celery app: records what would have been published."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = []
+
+    def send_task(self, name: str, args: tuple[Any, ...], **options: Any) -> None:
+        self.sent.append((name, args, options))
+
+
+def dispatcher(app: RecordingApp) -> CeleryDispatcher:
+    return CeleryDispatcher(app, WorkerSettings.from_env({"AGENT_RUNNER_QUEUE": "q"}), clock=lambda: NOW)
 
 
 @pytest.fixture
