@@ -30,7 +30,7 @@ misconfigured deployment fails at start-up rather than on the first turn.
 | `AGENT_RUNNER_RETRY_MAX_BACKOFF_S` | `60` | longest retry delay |
 | `AGENT_RUNNER_MODEL_LIMITS` | none | JSON `{"<limit key>": {"rpm": n, "tpm": n, "concurrency": n}}`: provider limits shared by every process (see `agent_runner.model_limits`) |
 | `AGENT_RUNNER_MODEL_TENANT_WEIGHTS` | none | JSON `{"<tenant>": weight}`: the shares of tenants whose calls wait for the same model limit (a tenant not named weighs 1) |
-| `AGENT_RUNNER_ADMISSION_WINDOW` | none (admission off) | admitted new turns not yet started that may sit in the broker at once, all tenants together; set, new turns wait their tenant's fair turn (docs/workers.md, "Fair admission of new turns") |
+| `AGENT_RUNNER_ADMISSION_WINDOW` | none (admission off) | admitted new turns not yet started that may sit in the broker at once, all tenants together; set, new turns wait their tenant's fair turn (docs/limits.md, "Fair admission of new turns") |
 | `AGENT_RUNNER_TENANT_MAX_IN_FLIGHT` | none | with admission: most turns of one tenant admitted or running and not ended or waiting for a person |
 | `AGENT_RUNNER_ADMISSION_TENANT_WEIGHTS` | `AGENT_RUNNER_MODEL_TENANT_WEIGHTS` | JSON `{"<tenant>": weight}`: the shares of tenants whose new turns wait for admission |
 | `AGENT_RUNNER_ADMISSION_SLOT_LEASE_S` | `300` | seconds an admitted turn holds its slot unless a worker starts it |
