@@ -226,6 +226,13 @@ class DeadlineApproachingFields(_Payload):
     on_timeout: TimeoutAction | None
 
 
+class TurnQueuedFields(_Payload):
+    """Fields of TURN_QUEUED."""
+
+    place: int = Field(description="The turn's place in its tenant's line when it was lined up (1: next).")
+    tenant_waiting: int = Field(description="New turns of its tenant waiting for admission then, itself included.")
+
+
 # --- Message events: a queued message has no turn yet, so no stamp -------------------------------
 
 
@@ -255,6 +262,10 @@ class MessageFailedPayload(_Payload):
 
 class TurnStartedPayload(EventStamp, TurnStartedFields):
     """TURN_STARTED: a turn was created (READY)."""
+
+
+class TurnQueuedPayload(EventStamp, TurnQueuedFields):
+    """TURN_QUEUED: a new turn waits for fair admission between tenants (live only)."""
 
 
 class TurnRunningPayload(EventStamp, TurnRunningFields):
@@ -328,6 +339,7 @@ PAYLOAD_MODELS: Mapping[AgentEventType, type[BaseModel]] = {
     E.DEADLINE_APPROACHING: DeadlineApproachingPayload,
     E.MESSAGE_QUEUED: MessageQueuedPayload,
     E.MESSAGE_FAILED: MessageFailedPayload,
+    E.TURN_QUEUED: TurnQueuedPayload,
 }
 """The model of `AgentEvent.data` for each event type (an `EventStamp` for every type but the message events)."""
 
@@ -371,6 +383,11 @@ def turn_started(turn: AgentTurn, message_id: str) -> EventBody:
         starts_at=turn.starts_at,
     )
     return EventBody(E.TURN_STARTED, fields)
+
+
+def turn_queued(place: int, tenant_waiting: int) -> EventBody:
+    """TURN_QUEUED: the new turn is `place` in its tenant's line of `tenant_waiting` turns waiting for admission."""
+    return EventBody(E.TURN_QUEUED, TurnQueuedFields(place=place, tenant_waiting=tenant_waiting))
 
 
 def turn_running() -> EventBody:

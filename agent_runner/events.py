@@ -52,6 +52,10 @@ class AgentEventType(StrEnum):
     TURN_STARTED names the message in `queued_message_id`."""
     MESSAGE_FAILED = "MESSAGE_FAILED"
     """A queued message was given up on: its turn will never start (a message event, filed like MESSAGE_QUEUED)."""
+    TURN_QUEUED = "TURN_QUEUED"
+    """A new turn waits for fair admission between tenants before its first step is sent (live only).
+
+    `data` holds `place` (in its tenant's line, 1 = next) and `tenant_waiting`."""
 
     @property
     def is_terminal(self) -> bool:
@@ -81,12 +85,19 @@ TERMINAL_EVENT_TYPES = frozenset(
 )
 
 EPHEMERAL_EVENT_TYPES = frozenset(
-    {AgentEventType.MODEL_DELTA, AgentEventType.TOOL_PROGRESS, AgentEventType.CHAT_MEMORY_ERROR}
+    {
+        AgentEventType.MODEL_DELTA,
+        AgentEventType.TOOL_PROGRESS,
+        AgentEventType.CHAT_MEMORY_ERROR,
+        AgentEventType.TURN_QUEUED,
+    }
 )
 """Event types that go only through the live channel.
 
 CHAT_MEMORY_ERROR reports a projection that failed after the snapshot was saved, so there is
-no save to write it with; it is an operator's signal, live only, like the deltas."""
+no save to write it with; it is an operator's signal, live only, like the deltas. TURN_QUEUED
+is decided by the admission after the turn was saved, so it has no save either; the turn's
+TURN_RUNNING marks the end of the wait in the log."""
 
 MESSAGE_EVENT_TYPES = frozenset({AgentEventType.MESSAGE_QUEUED, AgentEventType.MESSAGE_FAILED})
 """Event types of a queued message rather than of a turn: written by the inbox, not by a runner's save.

@@ -180,9 +180,11 @@ def goals(sections: dict[str, Any]) -> list[Goal]:
                 None if figure is None else figure <= limit,
             )
         )
+    import admission
     import model_limits
 
     found += [Goal(*goal) for goal in model_limits.goals(sections.get("model_limits"))]
+    found += [Goal(*goal) for goal in admission.goals(sections.get("admission"))]
     return found
 
 
@@ -891,6 +893,7 @@ def render(everything: dict[str, Any], docs: Path) -> None:
         parts += ["## 4. Resume latency", resume_section(sections.get("resume"), sections.get("celery_bench"))]
     if "durable" in sections or "resume" in sections:
         parts += ["## 5. Peers: LangGraph", peers_section(sections.get("durable"), sections.get("resume"))]
+    import admission
     import model_limits
     from latency import SECTION_TITLE, section
 
@@ -901,6 +904,7 @@ def render(everything: dict[str, Any], docs: Path) -> None:
         ("cli_startup", "## 9. Command line start-up", cli_section),
         ("latency", SECTION_TITLE, section),
         ("model_limits", model_limits.SECTION_TITLE, model_limits.section),
+        ("admission", admission.SECTION_TITLE, admission.section),
     ):
         if name in sections:
             parts += [title, render_section(sections[name])]

@@ -39,6 +39,7 @@ SECTIONS = (
     "cli_startup",
     "latency",
     "model_limits",
+    "admission",
 )
 SECTION_TIMEOUT_S = 900
 

@@ -15,6 +15,13 @@ read (and changed) in one place:
 | `{prefix}:model-limit:{<limit key>}:bookings` | sorted set: booking id by slot time | the same | `model_limit_acquire.lua` |
 | `{prefix}:model-limit:{<limit key>}:tags` | sorted set: booking id by its place in the fair order of tenants | the same | `model_limit_acquire.lua` |
 | `{prefix}:model-limit:{<limit key>}:lanes` | hash: tenant -> the tag of its last booking | the same | `model_limit_acquire.lua` |
+| `{prefix}:admission:{<queue>}` | hash `vtime` | until nobody waits | `admission.lua` |
+| `{prefix}:admission:{<queue>}:tenants` | sorted set: tenant with turns waiting -> the tag of its next turn | while it waits | `admission.lua` |
+| `{prefix}:admission:{<queue>}:lanes` | hash: tenant -> the tag after its last admitted turn | until nobody waits | `admission.lua` |
+| `{prefix}:admission:{<queue>}:slots` | sorted set: admitted turn not yet started -> expiry of its slot | until it starts or the slot expires | `admission.lua` |
+| `{prefix}:admission:{<queue>}:turns` | hash: turn -> its state and tenant | until it ends, waits for a person, or its lease expires | `admission.lua` |
+| `{prefix}:admission:{<queue>}:waiting:<tenant>` | list of turn ids, oldest first | until admitted | `admission.lua` |
+| `{prefix}:admission:{<queue>}:active:<tenant>` | sorted set: admitted or started turn -> expiry | until it ends, waits for a person, or expires | `admission.lua` |
 """
 
 from __future__ import annotations
@@ -48,6 +55,8 @@ class RedisKeys:
     same slot. The one exception is `live_publish.lua`, which appends a batch of live
     events to the streams of many trees and conversations in one call: it needs a
     standalone Redis (the only kind of client the store builds), not a Cluster.
+    `admission.lua` builds its per-tenant keys from a base it is given; they carry the base's
+    hash tag, so they share its slot.
 
     Attributes:
         prefix: The namespace every key starts with, followed by `:`.
@@ -89,6 +98,15 @@ class RedisKeys:
         """Return the keys of a model limit: its state, concurrent calls, bookings, their fair order and tenant lanes."""
         base = f"{self.prefix}:model-limit:{{{_require_id('limit key', limit_key)}}}"
         return base, f"{base}:calls", f"{base}:bookings", f"{base}:tags", f"{base}:lanes"
+
+    def admission(self, queue: str) -> tuple[str, str, str, str, str, str]:
+        """Return the keys of the admission of new turns to `queue`: state, tenants, lanes, slots, turns, and the base of the per-tenant keys.
+
+        The per-tenant keys (`<base>:waiting:<tenant>`, `<base>:active:<tenant>`) are built by
+        `admission.lua` from the base; the hash tag keeps them in the slot of the others.
+        """
+        base = f"{self.prefix}:admission:{{{_require_id('queue', queue)}}}"
+        return base, f"{base}:tenants", f"{base}:lanes", f"{base}:slots", f"{base}:turns", base
 
     def pattern(self) -> str:
         """Return a `SCAN MATCH` pattern matching every key of this namespace and no other."""

@@ -30,6 +30,10 @@ misconfigured deployment fails at start-up rather than on the first turn.
 | `AGENT_RUNNER_RETRY_MAX_BACKOFF_S` | `60` | longest retry delay |
 | `AGENT_RUNNER_MODEL_LIMITS` | none | JSON `{"<limit key>": {"rpm": n, "tpm": n, "concurrency": n}}`: provider limits shared by every process (see `agent_runner.model_limits`) |
 | `AGENT_RUNNER_MODEL_TENANT_WEIGHTS` | none | JSON `{"<tenant>": weight}`: the shares of tenants whose calls wait for the same model limit (a tenant not named weighs 1) |
+| `AGENT_RUNNER_ADMISSION_WINDOW` | none (admission off) | admitted new turns not yet started that may sit in the broker at once, all tenants together; set, new turns wait their tenant's fair turn (docs/limits.md, "Fair admission of new turns") |
+| `AGENT_RUNNER_TENANT_MAX_IN_FLIGHT` | none | with admission: most turns of one tenant admitted or running and not ended or waiting for a person |
+| `AGENT_RUNNER_ADMISSION_TENANT_WEIGHTS` | `AGENT_RUNNER_MODEL_TENANT_WEIGHTS` | JSON `{"<tenant>": weight}`: the shares of tenants whose new turns wait for admission |
+| `AGENT_RUNNER_ADMISSION_SLOT_LEASE_S` | `300` | seconds an admitted turn holds its slot unless a worker starts it |
 | `AGENT_RUNNER_RETRY_JITTER` | `0.1` | random fraction added to or removed from a delay |
 | `AGENT_RUNNER_RETRY_POLICIES` | none | JSON: per agent id, `RetryPolicy` fields overriding the agent's own (`retry_on` as `module:Class` names) |
 | `AGENT_RUNNER_DEADLINE_SWEEP_INTERVAL_S` | the sweep interval | seconds between deadline sweeps (reminders and timeouts of approvals and forms) |
@@ -222,6 +226,14 @@ class WorkerSettings:
     """Shared provider limits by limit key (`AGENT_RUNNER_MODEL_LIMITS`)."""
     model_tenant_weights: Mapping[str, int] = field(default_factory=dict)
     """Tenant shares of the model limits (`AGENT_RUNNER_MODEL_TENANT_WEIGHTS`)."""
+    admission_window: int | None = None
+    """Admitted new turns not yet started, all tenants together (`AGENT_RUNNER_ADMISSION_WINDOW`); None: admission is off."""
+    tenant_max_in_flight: int | None = None
+    """Most active turns of one tenant under admission (`AGENT_RUNNER_TENANT_MAX_IN_FLIGHT`); None: no cap."""
+    admission_tenant_weights: Mapping[str, int] = field(default_factory=dict)
+    """Tenant shares of the admission of new turns (`AGENT_RUNNER_ADMISSION_TENANT_WEIGHTS`)."""
+    admission_slot_lease_s: float = 300.0
+    """Seconds an admitted turn holds its slot unless a worker starts it (`AGENT_RUNNER_ADMISSION_SLOT_LEASE_S`)."""
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> WorkerSettings:
@@ -272,7 +284,15 @@ class WorkerSettings:
             db_pool_size=_optional_number(env, "AGENT_RUNNER_DB_POOL_SIZE", minimum=1),
             db_max_overflow=_optional_number(env, "AGENT_RUNNER_DB_MAX_OVERFLOW", minimum=0),
             model_limits=_model_limits(env),
-            model_tenant_weights=_tenant_weights(env),
+            model_tenant_weights=_tenant_weights(env, "AGENT_RUNNER_MODEL_TENANT_WEIGHTS"),
+            admission_window=_optional_number(env, "AGENT_RUNNER_ADMISSION_WINDOW", minimum=1),
+            tenant_max_in_flight=_optional_number(env, "AGENT_RUNNER_TENANT_MAX_IN_FLIGHT", minimum=1),
+            admission_tenant_weights=(
+                _tenant_weights(env, "AGENT_RUNNER_ADMISSION_TENANT_WEIGHTS")
+                if _raw(env, "AGENT_RUNNER_ADMISSION_TENANT_WEIGHTS") is not None
+                else _tenant_weights(env, "AGENT_RUNNER_MODEL_TENANT_WEIGHTS")
+            ),
+            admission_slot_lease_s=_number(env, "AGENT_RUNNER_ADMISSION_SLOT_LEASE_S", 300.0, float, minimum=1.0),
         )
         settings._check_consistency(env)
         return settings
@@ -293,6 +313,13 @@ class WorkerSettings:
                 "AGENT_RUNNER_TASK_TIME_LIMIT_S",
                 env.get("AGENT_RUNNER_TASK_TIME_LIMIT_S"),
                 f"must be below AGENT_RUNNER_VISIBILITY_TIMEOUT_S ({self.visibility_timeout_s:g} s)",
+            )
+        if self.tenant_max_in_flight is not None and self.admission_window is None:
+            # The cap is enforced by the admission of new turns; without it nothing would count.
+            raise SettingsError(
+                "AGENT_RUNNER_TENANT_MAX_IN_FLIGHT",
+                env.get("AGENT_RUNNER_TENANT_MAX_IN_FLIGHT"),
+                "needs AGENT_RUNNER_ADMISSION_WINDOW (the admission of new turns) to be set",
             )
         if self.soft_time_limit_s >= self.time_limit_s:
             raise SettingsError(
@@ -448,9 +475,8 @@ def _model_limits(env: Mapping[str, str]) -> dict[str, ModelLimit]:
         raise SettingsError(name, value, str(exc)) from None
 
 
-def _tenant_weights(env: Mapping[str, str]) -> dict[str, int]:
-    """`AGENT_RUNNER_MODEL_TENANT_WEIGHTS`: `{"acme": 3, "globex": 1}`."""
-    name = "AGENT_RUNNER_MODEL_TENANT_WEIGHTS"
+def _tenant_weights(env: Mapping[str, str], name: str) -> dict[str, int]:
+    """Tenant weights such as `AGENT_RUNNER_MODEL_TENANT_WEIGHTS`: `{"acme": 3, "globex": 1}`."""
     value = _raw(env, name)
     if value is None:
         return {}

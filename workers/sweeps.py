@@ -8,13 +8,19 @@ they read the store, the one source of truth, and re-send messages:
   `dispatch_inbox`; a message left PROCESSING by a worker that died mid-dispatch is
   settled first (COMPLETED if its turn exists, else back to PENDING).
 - `stale_turns`: RUNNING and READY turns that nobody touched for a lease TTL and whose
-  lease is free (their worker died, or their message was lost) get a `step_turn`.
+  lease is free (their worker died, or their message was lost) get a `step_turn`; under
+  admission a READY turn that never started is left alone while the admission has it
+  (waiting or admitted) and is lined up again otherwise, so a Redis that lost its lines
+  loses no turn.
 - `due_retries`: due RETRY_SCHEDULED turns, and READY turns whose delayed start has come,
   whose ETA message was never sent (a wait beyond `AGENT_RUNNER_MAX_ETA_S`) or is overdue
   by a sweep interval (lost, purged) get a `step_turn`; parents stuck in WAITING_FOR_CHILD whose children ended are reconciled.
 - `deadlines`: approvals and forms whose deadline passed get their `on_timeout` default
   through the normal resume path (decided by `"system"`, reason "deadline passed"); those
   past their reminder time get one DEADLINE_APPROACHING event.
+- `admission` (only with `AGENT_RUNNER_ADMISSION_WINDOW`): admission slots whose lease
+  expired (an admitted turn that never started) are given back and the window is filled
+  again (`workers.celery_app.admission`).
 - `webhooks`: events owed to webhooks are found and the due attempts made (only when
   `AGENT_RUNNER_WEBHOOKS` is set).
 
@@ -40,6 +46,7 @@ from typing import TYPE_CHECKING
 from agent_runner import AgentRunner, AgentRunnerError, AgentTurnStatus, TurnRef
 from workers.celery_app.names import (
     DELIVER_WEBHOOKS,
+    SWEEP_ADMISSION,
     SWEEP_DEADLINES,
     SWEEP_DUE_RETRIES,
     SWEEP_INBOX,
@@ -86,7 +93,18 @@ def sweep_stale_turns(wiring: Wiring) -> int:
     cutoff = now - timedelta(seconds=wiring.settings.lease_ttl_s)
     candidates = wiring.turn_store.list_idle([AgentTurnStatus.RUNNING, AgentTurnStatus.READY], cutoff, SWEEP_BATCH)
     # A READY turn waiting for its delayed start is not stale; the due-retry sweep takes it once due.
-    return sum(_resend(wiring, ref) for ref in candidates if ref.is_runnable(now))
+    stale = [ref for ref in candidates if ref.is_runnable(now)]
+    if wiring.admission is not None:
+        # New turns that wait for admission (or sit admitted in the broker) are not stale: only
+        # those the admission does not know are lined up again, each after a load of its tenant.
+        lined_up = wiring.admission.lined_up([ref.turn_id for ref in stale if _is_new(ref)])
+        stale = [ref for ref in stale if ref.turn_id not in lined_up]
+    return sum(_resend(wiring, ref) for ref in stale)
+
+
+def _is_new(ref: TurnRef) -> bool:
+    """Whether `ref` is a turn that never started (READY at its first version): admission starts it."""
+    return ref.version == 0 and ref.status is AgentTurnStatus.READY
 
 
 def sweep_due_retries(wiring: Wiring) -> int:
@@ -139,7 +157,27 @@ def _resend(wiring: Wiring, ref: TurnRef) -> int:
             return 0  # a live worker is on it (a long model call); its lease expires if it dies
     except AgentRunnerError as exc:
         logger.warning("could not read the lease of turn %s, sending anyway: %s", ref.turn_id, exc)
+    if wiring.admission is not None and _is_new(ref):
+        return _line_up_again(wiring, ref)
     return int(wiring.dispatcher.send_step(ref.turn_id, ref.version))
+
+
+def _line_up_again(wiring: Wiring, ref: TurnRef) -> int:
+    """Line a new turn up for admission again (a no-op if it waits or is admitted); 1 if it was sent at once."""
+    assert wiring.admission is not None
+    try:
+        turn = wiring.turn_store.load(ref.turn_id)
+    except AgentRunnerError as exc:
+        logger.warning("could not load turn %s to line it up for admission: %s", ref.turn_id, exc)
+        return 0
+    if wiring.admission.enqueue(turn) is not None:
+        return 0
+    return int(wiring.dispatcher.send_step(ref.turn_id, ref.version))
+
+
+def sweep_admission(wiring: Wiring) -> int:
+    """Give back the slots of admitted turns that never started and fill the window again; return the turns sent."""
+    return 0 if wiring.admission is None else wiring.admission.pump()
 
 
 DELIVERIES_PER_RUN = 20
@@ -212,6 +250,10 @@ def _webhook_interval(settings: WorkerSettings) -> float | None:
     return None if settings.webhooks is None else settings.webhooks.interval_s
 
 
+def _admission_interval(settings: WorkerSettings) -> float | None:
+    return None if settings.admission_window is None else settings.sweep_interval_s
+
+
 SWEEPS: tuple[Sweep, ...] = (
     Sweep(
         "inbox",
@@ -244,6 +286,14 @@ SWEEPS: tuple[Sweep, ...] = (
         "AGENT_RUNNER_DEADLINE_SWEEP_INTERVAL_S",
         lambda settings: settings.deadline_sweep_interval_s,
         embedded=_apply_deadlines,
+    ),
+    Sweep(
+        "admission",
+        SWEEP_ADMISSION,
+        sweep_admission,
+        "AGENT_RUNNER_SWEEP_INTERVAL_S",
+        _admission_interval,
+        embedded=None,
     ),
     Sweep(
         "webhooks",

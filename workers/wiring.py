@@ -27,6 +27,7 @@ from agent_runner.leasing import LeaseKeeper
 from store.redis_events import BackgroundPublisher
 from workers.agents import apply_runner_setup, load_agent_loader
 from workers.capacity import PoolSize, database_pool
+from workers.celery_app.admission import TurnAdmission, build_admission
 from workers.celery_app.dispatch import CeleryDispatcher, InboxNotifier
 from workers.celery_app.outbox import MessageOutbox
 from workers.database import open_database
@@ -60,6 +61,8 @@ class Wiring:
     """Sends the runner's events to `live` from a thread of its own."""
     limiter: store.RedisModelLimiter | None = field(default=None, repr=False)
     """The fleet's shared model limits (`AGENT_RUNNER_MODEL_LIMITS`), when any are set."""
+    admission: TurnAdmission | None = field(default=None, repr=False)
+    """Fair admission of new turns (`AGENT_RUNNER_ADMISSION_WINDOW`), when it is on."""
 
     def close(self) -> None:
         """Send the messages and events still queued, then close the Redis clients and the database pool."""
@@ -73,6 +76,8 @@ class Wiring:
         self.guard.close()
         if self.limiter is not None:
             self.limiter.close()
+        if self.admission is not None:
+            self.admission.close()
         self.engine.dispose()
 
 
@@ -113,6 +118,8 @@ def build_wiring(
     guard = store.RedisConversationGuard(settings.redis_url, prefix=settings.redis_prefix)
     outbox = MessageOutbox(celery_app) if background_dispatch else None
     dispatcher = CeleryDispatcher(celery_app, settings, outbox=outbox)
+    admission = build_admission(settings, dispatcher.send_step)
+    dispatcher.admission = admission
     limiter = model_limiter(settings)
     runner = AgentRunner(
         turn_store=database.turn_store,
@@ -131,9 +138,14 @@ def build_wiring(
     live = store.RedisLiveEvents(settings.redis_url, prefix=settings.redis_prefix)
     publisher = BackgroundPublisher(live)
     attach_live(runner, publisher)
+    if admission is not None:
+        admission.announce = publisher  # a turn that waits for admission says its place, live
     # A turn that ends frees its conversation for the next queued message (queued messages
     # name their agent, or fall back to AGENT_RUNNER_INBOX_AGENT).
     runner.add_event_listener(InboxNotifier(dispatcher, database.inbox.has_waiting))
+    if admission is not None:
+        # A turn that ends or waits frees its place under the tenant's cap for the next one.
+        runner.add_event_listener(admission)
     apply_runner_setup(runner, settings.runner_setup)
     return Wiring(
         settings=settings,
@@ -149,6 +161,7 @@ def build_wiring(
         engine=database.engine,
         publisher=publisher,
         limiter=limiter,
+        admission=admission,
     )
 
 

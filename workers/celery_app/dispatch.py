@@ -5,13 +5,16 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from datetime import datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agent_runner import AgentEvent, AgentTurn, AgentTurnStatus
 from agent_runner.ids import utcnow
 from workers.celery_app.names import DISPATCH_INBOX, STEP_TURN
 from workers.celery_app.outbox import MessageOutbox, send_task_or_log
 from workers.settings import WorkerSettings
+
+if TYPE_CHECKING:
+    from workers.celery_app.admission import TurnAdmission
 
 logger = logging.getLogger("workers")
 
@@ -33,6 +36,10 @@ class CeleryDispatcher:
         outbox: Sends the messages from a thread of its own, several per round trip (the
             HTTP server's choice: a request then never waits for the broker); None sends
             each in the calling thread.
+
+    Attributes:
+        admission: Fair admission of new turns (`AGENT_RUNNER_ADMISSION_WINDOW`): a new turn
+            is lined up there instead of being sent at once; None sends every new turn at once.
     """
 
     def __init__(
@@ -48,12 +55,20 @@ class CeleryDispatcher:
         self.max_eta = timedelta(seconds=settings.max_eta_s)
         self.clock = clock
         self.outbox = outbox
+        self.admission: TurnAdmission | None = None
 
     def dispatch(self, turn: AgentTurn) -> None:
-        """Enqueue a step of `turn` if it is runnable now, or is a retry or a delayed start due within the ETA limit."""
+        """Enqueue a step of `turn` if it is runnable now, or is a retry or a delayed start due within the ETA limit.
+
+        Under admission a new turn (READY, never saved since it was created) waits for its
+        tenant's fair turn instead; it is sent at once when the admission cannot be reached.
+        """
         if turn.status is AgentTurnStatus.RETRY_SCHEDULED or turn.starts_at is not None:
             self.send_step(turn.id, turn.version, eta=turn.next_retry_at)
         elif turn.is_runnable(self.clock()):
+            if self.admission is not None and turn.version == 0 and turn.status is AgentTurnStatus.READY:
+                if self.admission.enqueue(turn) is not None:
+                    return
             self.send_step(turn.id, turn.version)
 
     def send_step(self, turn_id: str, version: int, *, eta: datetime | None = None) -> bool:

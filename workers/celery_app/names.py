@@ -16,10 +16,11 @@ SWEEP_INBOX = "agent_runner.sweep_inbox"
 SWEEP_STALE_TURNS = "agent_runner.sweep_stale_turns"
 SWEEP_DUE_RETRIES = "agent_runner.sweep_due_retries"
 SWEEP_DEADLINES = "agent_runner.sweep_deadlines"
+SWEEP_ADMISSION = "agent_runner.sweep_admission"
 RUN_SCHEDULE = "agent_runner.run_schedule"
 DELIVER_WEBHOOKS = "agent_runner.deliver_webhooks"
 
-SWEEP_LABELS = frozenset({"inbox", "stale_turns", "due_retries", "deadlines"})
+SWEEP_LABELS = frozenset({"inbox", "stale_turns", "due_retries", "deadlines", "admission"})
 """The sweeps whose runs are counted in the metrics, by their `sweep` label (`workers.sweeps.Sweep.name`).
 
 Webhook deliveries are not: they send no work on, and their outcomes are in the delivery log.

@@ -29,7 +29,7 @@ import os
 import socket
 import time
 import uuid
-from datetime import timedelta
+from datetime import datetime, timedelta
 from enum import StrEnum
 
 from celery import Celery
@@ -46,6 +46,7 @@ from agent_runner.errors import log_failure
 from agent_runner.limits import ConversationId
 from agent_runner.snapshot import RUNNABLE_STATUSES, SCHEDULED_STATUSES
 from workers import inbox
+from workers.celery_app.admission import TurnAdmission
 from workers.celery_app.names import DISPATCH_INBOX, STEP_TURN
 from workers.celery_app.process import current
 from workers.celery_app.task_arguments import checked_arguments
@@ -95,9 +96,13 @@ def advance(wiring: Wiring, turn_id: str, version: int) -> StepOutcome:
         try:
             turn = wiring.turn_store.load(turn_id)
         except TurnNotFound:
+            if version == 0 and wiring.admission is not None:
+                wiring.admission.release(turn_id)
             return StepOutcome.NOT_FOUND
         if turn.version != version:
             return StepOutcome.STALE
+        if version == 0 and wiring.admission is not None:
+            _report_start(wiring.admission, turn, wiring.runner.clock())
         if not turn.is_runnable(wiring.runner.clock()):
             if turn.status in SCHEDULED_STATUSES:
                 # A retry or a delayed start delivered early (clock skew between machines,
@@ -126,6 +131,14 @@ def advance(wiring: Wiring, turn_id: str, version: int) -> StepOutcome:
     if last is not None:
         _follow_up(wiring, last, error)
     return StepOutcome.STEPPED
+
+
+def _report_start(admission: TurnAdmission, turn: AgentTurn, now: datetime) -> None:
+    """A new turn's first step was delivered: its admission slot frees, and it counts as active if it runs now."""
+    if turn.is_runnable(now) and turn.starts_at is None:
+        admission.start(turn.id, turn.tenant_id)
+    elif turn.status is not AgentTurnStatus.READY:
+        admission.release(turn.id)  # cancelled before it started: it will never run
 
 
 def _follow_up(wiring: Wiring, last: AgentTurn, error: Exception | None) -> None:

@@ -26,10 +26,12 @@ from workers.telemetry.metrics import (
     TelemetryError,
     metrics_available,
     metrics_enabled,
+    record_admission,
     record_lease_takeover,
     record_resume,
     render_metrics,
     resume_action,
+    set_admission_gauges,
     set_metrics_enabled,
 )
 from workers.telemetry.middleware import MetricsListener, TelemetryMiddleware
@@ -48,10 +50,12 @@ __all__ = [
     "instrument",
     "metrics_available",
     "metrics_enabled",
+    "record_admission",
     "record_lease_takeover",
     "record_resume",
     "render_metrics",
     "resume_action",
+    "set_admission_gauges",
     "set_metrics_enabled",
     "tracing_available",
 ]

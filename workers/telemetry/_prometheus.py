@@ -15,6 +15,7 @@ from prometheus_client import (
     REGISTRY,
     CollectorRegistry,
     Counter,
+    Gauge,
     Histogram,
     generate_latest,
     mmap_dict,
@@ -74,6 +75,25 @@ class PrometheusMetrics:
         self.sweeps = Counter("agent_runner_sweeps", "Beat sweep runs.", ["sweep"])
         self.sweep_enqueued = Counter(
             "agent_runner_sweep_enqueued", "Items beat sweeps re-enqueued (turns, conversations).", ["sweep"]
+        )
+        self.admissions = Counter(
+            "agent_runner_admissions",
+            "New turns lined up for fair admission, by tenant and whether they had to wait.",
+            ["tenant", "waited"],
+        )
+        # The counts live in Redis; every process sets them after each admission call, so the
+        # value set last, by whichever process, is the current one.
+        self.admission_waiting = Gauge(
+            "agent_runner_admission_waiting",
+            "New turns of a tenant waiting for admission.",
+            ["tenant"],
+            multiprocess_mode="mostrecent",
+        )
+        self.admission_in_flight = Gauge(
+            "agent_runner_admission_in_flight",
+            "Turns of a tenant admitted or running, not yet ended or waiting for a person.",
+            ["tenant"],
+            multiprocess_mode="mostrecent",
         )
         self._step_children: dict[tuple[str, str], tuple[Any, Any]] = {}
 

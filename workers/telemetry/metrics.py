@@ -11,6 +11,9 @@ fixed set of values (agent ids come from the deployment's agents, never from req
 | `agent_runner_resumes_total` | counter | `action` (input, form, approve, reject, retry, child_completed, tool_result, deadline, retry_due, limit_wait_over), `outcome` (accepted, rejected) |
 | `agent_runner_retries_scheduled_total` | counter | - |
 | `agent_runner_model_limit_waits_total` | counter | `limit_key` (the keys of `AGENT_RUNNER_MODEL_LIMITS`), `reason` (the `LimitReason` values) |
+| `agent_runner_admissions_total` | counter | `tenant` (the deployment's tenants; `none` for turns without one), `waited` (true, false) |
+| `agent_runner_admission_waiting` | gauge | `tenant`: new turns waiting for admission (`AGENT_RUNNER_ADMISSION_WINDOW`) |
+| `agent_runner_admission_in_flight` | gauge | `tenant`: turns admitted or running, not ended or waiting for a person |
 | `agent_runner_lease_takeovers_total` | counter | - |
 | `agent_runner_queue_delay_seconds` | histogram | - |
 | `agent_runner_sweeps_total` | counter | `sweep` (the counted sweeps of `workers.sweeps.SWEEPS`: inbox, stale_turns, due_retries, deadlines) |
@@ -216,6 +219,26 @@ def record_model_limit_wait(limit_key: str, reason: str) -> None:
     metrics = _get()
     if metrics is not None:
         metrics.limit_waits.labels(limit_key, reason).inc()
+
+
+def _tenant_label(tenant: str | None) -> str:
+    return "none" if tenant is None else tenant
+
+
+def record_admission(tenant: str | None, *, waited: bool) -> None:
+    """Count a new turn lined up for admission, and whether it had to wait."""
+    metrics = _get()
+    if metrics is not None:
+        metrics.admissions.labels(_tenant_label(tenant), "true" if waited else "false").inc()
+
+
+def set_admission_gauges(tenant: str | None, waiting: int, in_flight: int) -> None:
+    """Set the tenant's turns waiting for admission and in flight, as the admission just reported them."""
+    metrics = _get()
+    if metrics is not None:
+        label = _tenant_label(tenant)
+        metrics.admission_waiting.labels(label).set(waiting)
+        metrics.admission_in_flight.labels(label).set(in_flight)
 
 
 def record_lease_takeover() -> None:

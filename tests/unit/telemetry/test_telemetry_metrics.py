@@ -343,3 +343,20 @@ def test_a_wait_for_a_model_limit_is_counted_by_key_and_reason_and_not_as_a_retr
     statuses = [runner.run(agent, "hi").status for _ in range(2)]
     assert statuses == [AgentTurnStatus.COMPLETED, AgentTurnStatus.RETRY_SCHEDULED]
     assert delta() == [1, 0]
+
+
+def test_admissions_are_counted_and_the_tenant_gauges_set_by_tenant() -> None:
+    from workers.telemetry import record_admission, set_admission_gauges
+
+    delta = Delta(
+        ("agent_runner_admissions_total", {"tenant": "acme", "waited": "true"}),
+        ("agent_runner_admissions_total", {"tenant": "none", "waited": "false"}),
+    )
+    # When one turn of acme waits, and one without a tenant is admitted at once
+    record_admission("acme", waited=True)
+    record_admission(None, waited=False)
+    set_admission_gauges("acme", 7, 3)
+    # Then each is counted under its tenant, and the gauges hold the last counts reported
+    assert delta() == [1, 1]
+    assert sample("agent_runner_admission_waiting", tenant="acme") == 7
+    assert sample("agent_runner_admission_in_flight", tenant="acme") == 3

@@ -23,6 +23,7 @@ WITH_WEBHOOKS = {
     "AGENT_RUNNER_WEBHOOK_SECRET": "s3cret",
     "AGENT_RUNNER_WEBHOOK_INTERVAL_S": "3",
     "AGENT_RUNNER_DEADLINE_SWEEP_INTERVAL_S": "5",
+    "AGENT_RUNNER_ADMISSION_WINDOW": "4",
 }
 
 
@@ -30,13 +31,14 @@ def test_the_table_names_each_sweep_and_task_once() -> None:
     names = [sweep.name for sweep in SWEEPS]
     tasks = [sweep.task for sweep in SWEEPS]
     assert len(set(names)) == len(names) and len(set(tasks)) == len(tasks)
-    assert set(names) == {"inbox", "stale_turns", "due_retries", "deadlines", "webhooks"}
+    assert set(names) == {"inbox", "stale_turns", "due_retries", "deadlines", "admission", "webhooks"}
     # Registered task names travel in queued messages: they never change.
     assert set(tasks) == {
         "agent_runner.sweep_inbox",
         "agent_runner.sweep_stale_turns",
         "agent_runner.sweep_due_retries",
         "agent_runner.sweep_deadlines",
+        "agent_runner.sweep_admission",
         "agent_runner.deliver_webhooks",
     }
 
@@ -58,9 +60,11 @@ def test_beat_schedules_every_sweep_of_the_table_that_runs_under_the_settings() 
     assert intervals["agent_runner.sweep_deadlines"] == 5.0
     assert intervals["agent_runner.sweep_inbox"] == 10.0
 
-    # Without webhooks their sweep does not run, and beat does not send it
+    # Without webhooks (or admission) their sweep does not run, and beat does not send it
     plain = celery_config(WorkerSettings.from_env({}))["beat_schedule"]
-    assert {entry["task"] for entry in plain.values()} == {sweep.task for sweep in SWEEPS if sweep.name != "webhooks"}
+    assert {entry["task"] for entry in plain.values()} == {
+        sweep.task for sweep in SWEEPS if sweep.name not in ("webhooks", "admission")
+    }
 
 
 def test_the_worker_app_registers_a_task_for_every_sweep_of_the_table_and_no_other() -> None:
@@ -71,7 +75,9 @@ def test_the_worker_app_registers_a_task_for_every_sweep_of_the_table_and_no_oth
 
 def test_the_metrics_label_the_counted_sweeps_of_the_table() -> None:
     assert SWEEP_TASKS == {sweep.task: sweep.name for sweep in SWEEPS if sweep.counted}
-    assert set(SWEEP_TASKS.values()) == SWEEP_LABELS == {"inbox", "stale_turns", "due_retries", "deadlines"}
+    assert (
+        set(SWEEP_TASKS.values()) == SWEEP_LABELS == {"inbox", "stale_turns", "due_retries", "deadlines", "admission"}
+    )
     assert SWEEP_LABELS <= {sweep.name for sweep in SWEEPS}  # each label names a sweep of the table
 
 
