@@ -164,18 +164,23 @@ elseif op == 'release' then
     end
 end
 
--- The admission pass: while the window has room, the waiting tenant with the smallest start tag
--- whose active turns are under the cap sends its oldest turn, and its next turn is tagged
--- 1 / weight later (start-time fair queueing).
+-- The admission pass: while the window has room, the waiting tenant under the cap with the
+-- fewest active turns for its weight sends its oldest turn (the workers are shared by what each
+-- tenant holds now, so a tenant that arrives beside a flood is let in until it holds its share);
+-- among equals, the smallest start tag goes first, and its next turn is tagged 1 / weight later
+-- (start-time fair queueing).
 local admitted = {}
 local free = window - redis.call('ZCARD', slots)
 while free > 0 do
-    local pick, tag = nil, nil
+    local pick, tag, least = nil, nil, nil
     local order = redis.call('ZRANGE', tenants, 0, -1, 'WITHSCORES')
     for i = 1, #order, 2 do
-        if cap <= 0 or active_count(order[i]) < cap then
-            pick, tag = order[i], tonumber(order[i + 1])
-            break
+        local active = active_count(order[i])
+        if cap <= 0 or active < cap then
+            local share = active / weight(order[i])
+            if least == nil or share < least then
+                pick, tag, least = order[i], tonumber(order[i + 1]), share
+            end
         end
     end
     if pick == nil then

@@ -102,7 +102,7 @@ CASES: dict[str, Case] = {
         ],
         window=1,
     ),
-    "a tenant back from idle gets no credit for the time it was away": Case(
+    "a tenant beside a flood is let in until it holds as many turns as the flood's tenant": Case(
         [
             *flood("a", 4, admitted=1),
             Call("start", "a0", "a", admitted=("a1",)),
@@ -110,8 +110,22 @@ CASES: dict[str, Case] = {
             Call("start", "a2", "a", admitted=("a3",)),
             Call("enqueue", "a4", "a"),
             *flood("b", 3, admitted=0),
+            # a holds 4 turns, b none: b's turns go first while it holds fewer
             Call("start", "a3", "a", admitted=("b0",)),
-            Call("start", "b0", "b", admitted=("a4",)),
+            Call("start", "b0", "b", admitted=("b1",)),
+            Call("start", "b1", "b", admitted=("b2",)),
+            Call("start", "b2", "b", admitted=("a4",)),
+        ],
+        window=1,
+    ),
+    "tenants holding as many turns for their weight take turns by start tag": Case(
+        [
+            *flood("a", 3, admitted=1),
+            *flood("b", 3, admitted=0),
+            Call("start", "a0", "a", admitted=("b0",)),
+            Call("start", "b0", "b", admitted=("a1",)),
+            Call("release", "a1", admitted=("b1",)),
+            Call("start", "b1", "b", admitted=("a2",)),
         ],
         window=1,
     ),
