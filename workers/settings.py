@@ -435,16 +435,25 @@ def _reminder(env: Mapping[str, str]) -> float | None:
     return fraction if fraction > 0 else None
 
 
+def _json(name: str, value: str) -> Any:
+    """The JSON a variable holds.
+
+    Raises:
+        SettingsError: It is not JSON.
+    """
+    try:
+        return json.loads(value)
+    except json.JSONDecodeError as exc:
+        raise SettingsError(name, value, f"expected a JSON object: {exc}") from None
+
+
 def _retry_overrides(env: Mapping[str, str]) -> dict[str, dict[str, Any]]:
     """`AGENT_RUNNER_RETRY_POLICIES`: `{"agent-id": {"max_attempts": 5, "retry_on": ["module:Error"]}}`."""
     name = "AGENT_RUNNER_RETRY_POLICIES"
     value = _raw(env, name)
     if value is None:
         return {}
-    try:
-        parsed = json.loads(value)
-    except json.JSONDecodeError as exc:
-        raise SettingsError(name, value, f"expected a JSON object: {exc}") from None
+    parsed = _json(name, value)
     if not isinstance(parsed, dict) or not all(isinstance(v, dict) for v in parsed.values()):
         raise SettingsError(name, value, 'expected {"<agent id>": {"<RetryPolicy field>": value, ...}, ...}')
     overrides: dict[str, dict[str, Any]] = {}
@@ -480,10 +489,7 @@ def _tenant_weights(env: Mapping[str, str], name: str) -> dict[str, int]:
     value = _raw(env, name)
     if value is None:
         return {}
-    try:
-        parsed = json.loads(value)
-    except json.JSONDecodeError as exc:
-        raise SettingsError(name, value, f"expected a JSON object: {exc}") from None
+    parsed = _json(name, value)
     if not isinstance(parsed, dict):
         raise SettingsError(name, value, 'expected {"<tenant>": weight, ...}')
     try:
