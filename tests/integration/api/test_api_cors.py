@@ -68,6 +68,20 @@ def test_preflights_allow_every_method_of_the_api_and_the_langgraph_key_header(s
         assert "x-api-key" in answer.headers["access-control-allow-headers"].lower()
 
 
+@pytest.mark.parametrize(
+    "path",
+    ["/v1/turns", "/threads/t-1/runs/stream", "/v1/agents/desk/ai-sdk/chat", "/v1/agents/desk/ag-ui"],
+    ids=["v1", "langgraph", "ai-sdk", "ag-ui"],
+)
+def test_every_route_family_answers_the_preflight_of_a_page_on_another_origin(server: ApiServer, path: str) -> None:
+    with server.client() as client:
+        answer = preflight(client, path, APP, "POST", "authorization, content-type, idempotency-key, x-api-key")
+        assert answer.status_code == 200, answer.text
+        assert answer.headers["access-control-allow-origin"] == APP
+        refused = preflight(client, path, STRANGER, "POST", "authorization, content-type")
+        assert refused.status_code == 400 and "access-control-allow-origin" not in refused.headers
+
+
 def test_a_page_on_another_origin_can_read_the_run_id_of_a_new_run(server: ApiServer) -> None:
     with server.client() as client:
         headers = {"Origin": APP, "x-api-key": KEY}
