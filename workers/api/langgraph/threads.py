@@ -149,8 +149,15 @@ def with_unprojected(messages: Sequence[AnyMessage], newest: AgentTurn | None) -
     return [*messages, *missing]
 
 
-def thread_view(runtime: Runtime, record: store.ThreadRecord, *, with_values: bool = True) -> dict[str, Any]:
-    """The `Thread` object: id, times, metadata, status, values and pending interrupts."""
+def thread_view(
+    runtime: Runtime, record: store.ThreadRecord, *, with_values: bool = True, newest_in_full: bool = True
+) -> dict[str, Any]:
+    """The `Thread` object: id, times, metadata, status, values and pending interrupts.
+
+    `newest_in_full`: read the newest turn's messages too, so that values show an answer
+    ChatMemory does not hold yet (see `with_unprojected`); a listing of many threads skips
+    that read and shows what ChatMemory holds.
+    """
     active = runtime.turn_store.find_active_turn(record.conversation_id)
     newest = _turns(runtime, record, 1)
     last = newest[0] if newest else None
@@ -168,7 +175,7 @@ def thread_view(runtime: Runtime, record: store.ThreadRecord, *, with_values: bo
             view["interrupts"] = {interrupt["id"]: [interrupt]}
     if with_values:
         # The turn before ChatMemory: a projection made between the two reads is then in ChatMemory.
-        in_full = runtime.turn_store.load(last.id) if last is not None else None
+        in_full = runtime.turn_store.load(last.id) if last is not None and newest_in_full else None
         stored = runtime.memories(record.conversation_id).get_model_messages(HISTORY_MESSAGES)
         view["values"] = {"messages": _messages(runtime, record, with_unprojected(stored, in_full))}
     return view
@@ -305,7 +312,7 @@ async def search(body: ThreadSearch, runtime: RuntimeDep, tenant: TenantDep, rec
 
     def act() -> list[dict[str, Any]]:
         page = records.search(_query(tenant, body), limit=body.limit, offset=body.offset)
-        return [thread_view(runtime, record) for record in page]
+        return [thread_view(runtime, record, newest_in_full=False) for record in page]
 
     return JSONResponse(await run_in_threadpool(act))
 
