@@ -75,7 +75,7 @@ def create_app(
         settings, database_url=database_url, worker=worker, environ=environ, cors_origins=cors_origins
     )
     handle = RuntimeHandle(final, agents)
-    redact_access_log()
+    redact_access_log()  # a filter on uvicorn's logger survives the log configuration uvicorn applies later
     app = FastAPI(
         title="agent-runner",
         version="1",
@@ -180,9 +180,7 @@ def run_server(app: FastAPI, host: str, port: int) -> None:
                 handle.get().fanout.close_streams()
             super().handle_exit(sig, frame)
 
-    config = uvicorn.Config(app, host=host, port=port, log_level="info", timeout_graceful_shutdown=5)
-    redact_access_log()  # after the Config, which sets up uvicorn's loggers
-    Server(config).run()
+    Server(uvicorn.Config(app, host=host, port=port, log_level="info", timeout_graceful_shutdown=5)).run()
 
 
 def _add_console(app: FastAPI) -> None:
