@@ -34,6 +34,7 @@ import json
 import math
 import threading
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -372,7 +373,82 @@ def to_datetime(ms: float) -> datetime:
     return datetime.fromtimestamp(ms / 1000, UTC)
 
 
-class InProcessModelLimiter:
+class KeyedModelLimiter(ABC):
+    """What both limiters share: the limits by key, the tenants' weights and the timing of slots.
+
+    A key without a limit is granted here, at no cost; a subclass decides the calls against a
+    limited key (`_decide`) and keeps their state (`settle`, `pause`).
+    """
+
+    def __init__(
+        self,
+        limits: Mapping[str, ModelLimit],
+        default_output_tokens: int,
+        call_lease_s: float,
+        booking_grace_s: float,
+        concurrency_poll_s: float,
+        tenant_weights: Mapping[str, int] | None,
+    ) -> None:
+        self.limits = dict(limits)
+        self.tenant_weights = check_weights(tenant_weights or {})
+        self.default_output_tokens = default_output_tokens
+        self._lease_ms = call_lease_s * 1000
+        self._grace_ms = booking_grace_s * 1000
+        self._poll_ms = concurrency_poll_s * 1000
+
+    def limit_for(self, key: str) -> ModelLimit | None:
+        """The limits of `key`, or None when calls against it are not limited."""
+        return self.limits.get(key)
+
+    def acquire(
+        self,
+        key: str,
+        estimated_tokens: int,
+        reservation_id: str,
+        booking_id: str | None = None,
+        tenant: str | None = None,
+    ) -> LimitGrant | LimitWait:
+        """Grant a call now, or say until when there is no capacity (see `ModelLimiter.acquire`).
+
+        Raises:
+            StoreUnavailableError: The shared state could not be reached in time.
+        """
+        limit = self.limits.get(key)
+        if limit is None:
+            return LimitGrant(key, reservation_id, estimated_tokens)
+        lane = tenant or ""
+        decision = self._decide(
+            key, limit, estimated_tokens, reservation_id, booking_id, lane, self.tenant_weights.get(lane, 1)
+        )
+        return answer(key, reservation_id, estimated_tokens, decision)
+
+    @abstractmethod
+    def _decide(
+        self,
+        key: str,
+        limit: ModelLimit,
+        tokens: int,
+        reservation_id: str,
+        booking_id: str | None,
+        lane: str,
+        weight: int,
+    ) -> Decision:
+        """The decision on one call against the limited `key`, for the tenant `lane` of `weight`."""
+
+    @abstractmethod
+    def settle(self, grant: LimitGrant, actual_tokens: int | None) -> None:
+        """Count the call's actual tokens and free its slot."""
+
+    def release(self, grant: LimitGrant) -> None:
+        """Free the call's slot, keeping its reservation."""
+        self.settle(grant, None)
+
+    @abstractmethod
+    def pause(self, key: str, until: datetime) -> None:
+        """No call against `key` may go before `until`."""
+
+
+class InProcessModelLimiter(KeyedModelLimiter):
     """A `ModelLimiter` in this process's memory: the embedded default, for one process.
 
     Args:
@@ -397,48 +473,37 @@ class InProcessModelLimiter:
         tenant_weights: Mapping[str, int] | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        self.limits = dict(limits)
-        self.tenant_weights = check_weights(tenant_weights or {})
-        self.default_output_tokens = default_output_tokens
-        self._lease_ms = call_lease_s * 1000
-        self._grace_ms = booking_grace_s * 1000
-        self._poll_ms = concurrency_poll_s * 1000
+        super().__init__(
+            limits, default_output_tokens, call_lease_s, booking_grace_s, concurrency_poll_s, tenant_weights
+        )
         self._clock = clock
         self._lock = threading.Lock()
         self._states: dict[str, KeyState] = {}
 
-    def limit_for(self, key: str) -> ModelLimit | None:
-        """The limits of `key`, or None when calls against it are not limited."""
-        return self.limits.get(key)
-
-    def acquire(
+    def _decide(
         self,
         key: str,
-        estimated_tokens: int,
+        limit: ModelLimit,
+        tokens: int,
         reservation_id: str,
-        booking_id: str | None = None,
-        tenant: str | None = None,
-    ) -> LimitGrant | LimitWait:
-        """Grant a call now, or say until when there is no capacity (see `ModelLimiter.acquire`)."""
-        limit = self.limits.get(key)
-        if limit is None:
-            return LimitGrant(key, reservation_id, estimated_tokens)
-        lane = tenant or ""
+        booking_id: str | None,
+        lane: str,
+        weight: int,
+    ) -> Decision:
         with self._lock:
-            decision = decide(
+            return decide(
                 self._states.setdefault(key, KeyState()),
                 limit,
                 _ms(self._clock()),
                 reservation_id=reservation_id,
-                tokens=estimated_tokens,
+                tokens=tokens,
                 booking_id=booking_id,
                 lease_ms=self._lease_ms,
                 grace_ms=self._grace_ms,
                 poll_ms=self._poll_ms,
                 tenant=lane,
-                weight=self.tenant_weights.get(lane, 1),
+                weight=weight,
             )
-        return answer(key, reservation_id, estimated_tokens, decision)
 
     def settle(self, grant: LimitGrant, actual_tokens: int | None) -> None:
         """Count the call's actual tokens and free its slot."""
@@ -448,10 +513,6 @@ class InProcessModelLimiter:
         with self._lock:
             state = self._states.setdefault(grant.key, KeyState())
             settle_state(state, limit, grant.reservation_id, grant.tokens, actual_tokens)
-
-    def release(self, grant: LimitGrant) -> None:
-        """Free the call's slot, keeping its reservation."""
-        self.settle(grant, None)
 
     def pause(self, key: str, until: datetime) -> None:
         """No call against `key` may go before `until`."""

@@ -16,12 +16,10 @@ from agent_runner.model_limits import (
     DEFAULT_OUTPUT_TOKENS,
     PERIOD_MS,
     Decision,
+    KeyedModelLimiter,
     LimitGrant,
     LimitReason,
-    LimitWait,
     ModelLimit,
-    answer,
-    check_weights,
 )
 from store._closing import ClosesOnExit
 from store._scripts import RedisScripts
@@ -30,7 +28,7 @@ from store.keys import DEFAULT_PREFIX, RedisKeys
 _SCRIPTS = ("model_limit_acquire", "model_limit_settle", "model_limit_pause")
 
 
-class RedisModelLimiter(ClosesOnExit):
+class RedisModelLimiter(KeyedModelLimiter, ClosesOnExit):
     """A `ModelLimiter` kept in Redis, shared by every process that reaches the same server.
 
     Each decision is one Lua script (`store/lua/model_limit_*.lua`), which mirrors the
@@ -66,54 +64,38 @@ class RedisModelLimiter(ClosesOnExit):
         tenant_weights: Mapping[str, int] | None = None,
         clock: Callable[[], float] | None = None,
     ) -> None:
-        self.limits = dict(limits)
-        self.tenant_weights = check_weights(tenant_weights or {})
-        self.default_output_tokens = default_output_tokens
+        super().__init__(
+            limits, default_output_tokens, call_lease_s, booking_grace_s, concurrency_poll_s, tenant_weights
+        )
         self._keys = RedisKeys(prefix)
         self._scripts = RedisScripts(redis_url, client, _SCRIPTS)
-        self._lease_ms = call_lease_s * 1000
-        self._grace_ms = booking_grace_s * 1000
-        self._poll_ms = concurrency_poll_s * 1000
         self._clock = clock
         self._encodings: dict[str, tuple[tuple[str, str, str, str, str], str]] = {}
 
-    def limit_for(self, key: str) -> ModelLimit | None:
-        """The limits of `key`, or None when calls against it are not limited."""
-        return self.limits.get(key)
-
-    def acquire(
+    def _decide(
         self,
         key: str,
-        estimated_tokens: int,
+        limit: ModelLimit,
+        tokens: int,
         reservation_id: str,
-        booking_id: str | None = None,
-        tenant: str | None = None,
-    ) -> LimitGrant | LimitWait:
-        """Grant a call now, or say until when there is no capacity (see `ModelLimiter.acquire`).
-
-        Raises:
-            StoreUnavailableError: Redis could not be reached in time.
-        """
-        limit = self.limits.get(key)
-        if limit is None:
-            return LimitGrant(key, reservation_id, estimated_tokens)
+        booking_id: str | None,
+        lane: str,
+        weight: int,
+    ) -> Decision:
         keys, spec = self._encoded(key, limit)
         now = "" if self._clock is None else _ms(self._clock() * 1000)
-        lane = tenant or ""
-        weight = self.tenant_weights.get(lane, 1)
-        args: list[str | int] = [reservation_id, estimated_tokens, spec, booking_id or "", now, lane, weight]
+        args: list[str | int] = [reservation_id, tokens, spec, booking_id or "", now, lane, weight]
         reply = self._scripts.run("model_limit_acquire", keys, args)
         granted, until, reason, booking, server_now = reply
         # The wait is measured on the server's clock and carried over to this process's, so
         # a difference between the two clocks neither shortens nor lengthens it.
         local_now = self._clock() * 1000 if self._clock is not None else time.time() * 1000
-        decision = Decision(
+        return Decision(
             granted=int(granted) == 1,
             until_ms=local_now + float(until) - float(server_now),
             reason=LimitReason(reason) if reason else None,
             booking_id=booking or None,
         )
-        return answer(key, reservation_id, estimated_tokens, decision)
 
     def _encoded(self, key: str, limit: ModelLimit) -> tuple[tuple[str, str, str, str, str], str]:
         # Encoded once per key: the acquire script is on every model call's path.
@@ -137,14 +119,6 @@ class RedisModelLimiter(ClosesOnExit):
         (state, calls, *_), _ = self._encoded(grant.key, limit)
         delta = "" if actual_tokens is None else actual_tokens - grant.tokens
         self._scripts.run("model_limit_settle", [state, calls], [grant.reservation_id, delta, limit.tpm or 0])
-
-    def release(self, grant: LimitGrant) -> None:
-        """Free the call's slot, keeping its reservation.
-
-        Raises:
-            StoreUnavailableError: Redis could not be reached in time.
-        """
-        self.settle(grant, None)
 
     def pause(self, key: str, until: datetime) -> None:
         """No call against `key` may go before `until`, in any process.
