@@ -373,6 +373,20 @@ def to_datetime(ms: float) -> datetime:
     return datetime.fromtimestamp(ms / 1000, UTC)
 
 
+@dataclass(frozen=True)
+class LimitedCall:
+    """One call asking for capacity against a limited key."""
+
+    key: str
+    tokens: int
+    """The tokens it reserves (estimated input plus the output allowance)."""
+    reservation_id: str
+    booking_id: str | None
+    lane: str
+    """Its tenant (`""` for none): tenants with calls queued share the key by their weights."""
+    weight: int
+
+
 class KeyedModelLimiter(ABC):
     """What both limiters share: the limits by key, the tenants' weights and the timing of slots.
 
@@ -417,23 +431,12 @@ class KeyedModelLimiter(ABC):
         if limit is None:
             return LimitGrant(key, reservation_id, estimated_tokens)
         lane = tenant or ""
-        decision = self._decide(
-            key, limit, estimated_tokens, reservation_id, booking_id, lane, self.tenant_weights.get(lane, 1)
-        )
-        return answer(key, reservation_id, estimated_tokens, decision)
+        call = LimitedCall(key, estimated_tokens, reservation_id, booking_id, lane, self.tenant_weights.get(lane, 1))
+        return answer(key, reservation_id, estimated_tokens, self._decide(limit, call))
 
     @abstractmethod
-    def _decide(
-        self,
-        key: str,
-        limit: ModelLimit,
-        tokens: int,
-        reservation_id: str,
-        booking_id: str | None,
-        lane: str,
-        weight: int,
-    ) -> Decision:
-        """The decision on one call against the limited `key`, for the tenant `lane` of `weight`."""
+    def _decide(self, limit: ModelLimit, call: LimitedCall) -> Decision:
+        """The decision on one call against a limited key."""
 
     @abstractmethod
     def settle(self, grant: LimitGrant, actual_tokens: int | None) -> None:
@@ -480,29 +483,20 @@ class InProcessModelLimiter(KeyedModelLimiter):
         self._lock = threading.Lock()
         self._states: dict[str, KeyState] = {}
 
-    def _decide(
-        self,
-        key: str,
-        limit: ModelLimit,
-        tokens: int,
-        reservation_id: str,
-        booking_id: str | None,
-        lane: str,
-        weight: int,
-    ) -> Decision:
+    def _decide(self, limit: ModelLimit, call: LimitedCall) -> Decision:
         with self._lock:
             return decide(
-                self._states.setdefault(key, KeyState()),
+                self._states.setdefault(call.key, KeyState()),
                 limit,
                 _ms(self._clock()),
-                reservation_id=reservation_id,
-                tokens=tokens,
-                booking_id=booking_id,
+                reservation_id=call.reservation_id,
+                tokens=call.tokens,
+                booking_id=call.booking_id,
                 lease_ms=self._lease_ms,
                 grace_ms=self._grace_ms,
                 poll_ms=self._poll_ms,
-                tenant=lane,
-                weight=weight,
+                tenant=call.lane,
+                weight=call.weight,
             )
 
     def settle(self, grant: LimitGrant, actual_tokens: int | None) -> None:

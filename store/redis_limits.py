@@ -17,6 +17,7 @@ from agent_runner.model_limits import (
     PERIOD_MS,
     Decision,
     KeyedModelLimiter,
+    LimitedCall,
     LimitGrant,
     LimitReason,
     ModelLimit,
@@ -72,19 +73,18 @@ class RedisModelLimiter(KeyedModelLimiter, ClosesOnExit):
         self._clock = clock
         self._encodings: dict[str, tuple[tuple[str, str, str, str, str], str]] = {}
 
-    def _decide(
-        self,
-        key: str,
-        limit: ModelLimit,
-        tokens: int,
-        reservation_id: str,
-        booking_id: str | None,
-        lane: str,
-        weight: int,
-    ) -> Decision:
-        keys, spec = self._encoded(key, limit)
+    def _decide(self, limit: ModelLimit, call: LimitedCall) -> Decision:
+        keys, spec = self._encoded(call.key, limit)
         now = "" if self._clock is None else _ms(self._clock() * 1000)
-        args: list[str | int] = [reservation_id, tokens, spec, booking_id or "", now, lane, weight]
+        args: list[str | int] = [
+            call.reservation_id,
+            call.tokens,
+            spec,
+            call.booking_id or "",
+            now,
+            call.lane,
+            call.weight,
+        ]
         reply = self._scripts.run("model_limit_acquire", keys, args)
         granted, until, reason, booking, server_now = reply
         # The wait is measured on the server's clock and carried over to this process's, so
