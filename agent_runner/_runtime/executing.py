@@ -43,7 +43,6 @@ from agent_runner.tools import Tool, encode_tool_result, tool_scope
 
 logger = logging.getLogger("agent_runner")
 
-S = AgentTurnStatus
 
 # The fields set here when these models are built from validated data (see `trusted`).
 _REQUEST_GIVEN = frozenset(ChatRequest.model_fields)
@@ -74,21 +73,21 @@ def step_once(ctx: RunnerContext, turn: AgentTurn) -> AgentStepResult:
         return AgentStepResult(turn=turn)
     expected = turn.version
     carried_events(ctx, turn.id).clear()  # nothing carries over from a step that raised
-    if turn.status is S.RETRY_SCHEDULED:
+    if turn.status is AgentTurnStatus.RETRY_SCHEDULED:
         reason = WAIT_OVER_REASON if limiting.is_limit_wait(turn.suspension) else "retry due"
         carry(ctx, payloads.turn_resumed(command=None, reason=reason, attempt=turn.attempt), turn)
     agent = ctx.agent_for(turn)
     running = machine.start_running(turn, now)
     plan = machine.plan_step(running, agent, ctx.policy)
     try:
-        if turn.status is S.READY and isinstance(plan, machine.CallModel):
+        if turn.status is AgentTurnStatus.READY and isinstance(plan, machine.CallModel):
             # Taken off the queue: say so durably before the model call, which may take a
             # while, so that clients can tell a queued turn from a running one.
             running = save(ctx, running, expected, payloads.turn_running())
             expected = running.version
         match plan:
             case machine.Terminate(status=status, reason=reason):
-                if status is S.CANCELLED:
+                if status is AgentTurnStatus.CANCELLED:
                     reason = stored_cancel_reason(ctx.turn_store, running) or reason
                 return AgentStepResult(turn=finish(ctx, running, status, reason, expected_version=expected))
             case machine.CallModel():
@@ -147,7 +146,7 @@ def _call_model(
         limiting.settle(admission, None)
         # Cancelled while the answer streamed in: stop paying for it and end the turn now.
         reason = stored_cancel_reason(ctx.turn_store, turn) or ctx.policy.cancellation_reason
-        return AgentStepResult(turn=finish(ctx, turn, S.CANCELLED, reason, expected_version=expected))
+        return AgentStepResult(turn=finish(ctx, turn, AgentTurnStatus.CANCELLED, reason, expected_version=expected))
     except Exception as exc:
         limiting.settle(admission, None)
         retry = ctx.policy.retry_for(agent)
@@ -213,7 +212,7 @@ def _execute_tool(
     except AgentFormRequiredException as exc:
         if call.id in turn.form_data:
             error = FormProtocolError(turn.id, call.id, exc.form.key)
-            failed = finish(ctx, turn, S.FAILED, str(error), expected_version=expected)
+            failed = finish(ctx, turn, AgentTurnStatus.FAILED, str(error), expected_version=expected)
             return AgentStepResult(turn=failed, error=error)
         plan = machine.form_suspension(turn, call, exc.form, machine.FORM_SOURCE_TOOL, exc.message)
         suspended = machine.apply_suspension(turn, plan, ctx.clock(), reminder=ctx.policy.deadline_reminder)

@@ -37,8 +37,6 @@ from store.threads import FAILED_STATUSES
 from workers.api.errors import ApiError, InvalidRequest
 from workers.views import MASK, ArgumentMask, agent_mask
 
-S = AgentTurnStatus
-
 HUMAN_TYPES = frozenset({"human", "user"})
 AI_TYPES = frozenset({"ai", "assistant"})
 
@@ -173,11 +171,11 @@ def build_interrupt(
 
 def run_status(turn: AgentTurn) -> str:
     """The run status of a turn: pending, running, interrupted (waiting for a person, or cancelled), success, error."""
-    if turn.status is S.READY:
+    if turn.status is AgentTurnStatus.READY:
         return "pending"
-    if turn.status in WAITING_FOR_A_PERSON or turn.status is S.CANCELLED:
+    if turn.status in WAITING_FOR_A_PERSON or turn.status is AgentTurnStatus.CANCELLED:
         return "interrupted"
-    if turn.status is S.COMPLETED:
+    if turn.status is AgentTurnStatus.COMPLETED:
         return "success"
     if turn.status in FAILED_STATUSES:
         return "error"
