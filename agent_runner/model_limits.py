@@ -255,21 +255,32 @@ class Decision:
     booking_id: str | None = None
 
 
+@dataclass(frozen=True)
+class LimitedCall:
+    """One call asking for capacity against a limited key."""
+
+    key: str
+    tokens: int
+    """The tokens it reserves (estimated input plus the output allowance)."""
+    reservation_id: str
+    booking_id: str | None
+    lane: str
+    """Its tenant (`""` for none): tenants with calls queued share the key by their weights."""
+    weight: int
+
+
 def decide(
     state: KeyState,
     limit: ModelLimit,
     now: float,
+    call: LimitedCall,
     *,
-    reservation_id: str,
-    tokens: int,
-    booking_id: str | None,
     lease_ms: float,
     grace_ms: float,
     poll_ms: float,
-    tenant: str = "",
-    weight: int = 1,
 ) -> Decision:
     """Grant a call or book it a slot, updating `state` (see the module docstring)."""
+    reservation_id, tokens, booking_id = call.reservation_id, call.tokens, call.booking_id
     state.calls = {rid: expiry for rid, expiry in state.calls.items() if expiry > now}
     state.bookings = {bid: slot for bid, slot in state.bookings.items() if slot + grace_ms > now}
     state.tags = {bid: tag for bid, tag in state.tags.items() if bid in state.bookings}
@@ -281,7 +292,7 @@ def decide(
     if held is not None:
         refused = _claim(state, limit, now, held)
     else:
-        refused = _book(state, limit, now, reservation_id, tokens, (tenant, weight))
+        refused = _book(state, limit, now, reservation_id, tokens, (call.lane, call.weight))
     if refused is not None:
         return refused
     if limit.rpm is not None:
@@ -371,20 +382,6 @@ def pause_state(state: KeyState, limit: ModelLimit, until_ms: float) -> None:
 def to_datetime(ms: float) -> datetime:
     """A time in milliseconds since the epoch as an aware UTC datetime."""
     return datetime.fromtimestamp(ms / 1000, UTC)
-
-
-@dataclass(frozen=True)
-class LimitedCall:
-    """One call asking for capacity against a limited key."""
-
-    key: str
-    tokens: int
-    """The tokens it reserves (estimated input plus the output allowance)."""
-    reservation_id: str
-    booking_id: str | None
-    lane: str
-    """Its tenant (`""` for none): tenants with calls queued share the key by their weights."""
-    weight: int
 
 
 class KeyedModelLimiter(ABC):
@@ -485,18 +482,10 @@ class InProcessModelLimiter(KeyedModelLimiter):
 
     def _decide(self, limit: ModelLimit, call: LimitedCall) -> Decision:
         with self._lock:
+            state = self._states.setdefault(call.key, KeyState())
+            now = _ms(self._clock())
             return decide(
-                self._states.setdefault(call.key, KeyState()),
-                limit,
-                _ms(self._clock()),
-                reservation_id=call.reservation_id,
-                tokens=call.tokens,
-                booking_id=call.booking_id,
-                lease_ms=self._lease_ms,
-                grace_ms=self._grace_ms,
-                poll_ms=self._poll_ms,
-                tenant=call.lane,
-                weight=call.weight,
+                state, limit, now, call, lease_ms=self._lease_ms, grace_ms=self._grace_ms, poll_ms=self._poll_ms
             )
 
     def settle(self, grant: LimitGrant, actual_tokens: int | None) -> None:
