@@ -20,7 +20,14 @@ from agent_runner._runtime.cancelling import stored_cancel_reason
 from agent_runner._runtime.context import RunnerContext
 from agent_runner._runtime.endings import after_terminal, failed_call, finish
 from agent_runner._runtime.outcomes import BodyWatch, find_outcome, outcome_unknown_suspension
-from agent_runner._runtime.saving import carried_events, carry, emit, save, suspended_event, terminal_event
+from agent_runner._runtime.saving import (
+    carried_events,
+    deliver_with_next_save,
+    emit,
+    save,
+    suspended_event,
+    terminal_event,
+)
 from agent_runner._runtime.streaming import CancelledMidCall, DeltaSink
 from agent_runner.agent import Agent
 from agent_runner.errors import (
@@ -75,7 +82,7 @@ def step_once(ctx: RunnerContext, turn: AgentTurn) -> AgentStepResult:
     carried_events(ctx, turn.id).clear()  # nothing carries over from a step that raised
     if turn.status is AgentTurnStatus.RETRY_SCHEDULED:
         reason = WAIT_OVER_REASON if limiting.is_limit_wait(turn.suspension) else "retry due"
-        carry(ctx, payloads.turn_resumed(command=None, reason=reason, attempt=turn.attempt), turn)
+        deliver_with_next_save(ctx, payloads.turn_resumed(command=None, reason=reason, attempt=turn.attempt), turn)
     agent = ctx.agent_for(turn)
     running = machine.start_running(turn, now)
     plan = machine.plan_step(running, agent, ctx.policy)
@@ -178,7 +185,7 @@ def _request_messages(turn: AgentTurn, agent: Agent) -> list[ModelMessage]:
 def _execute_tool(
     ctx: RunnerContext, turn: AgentTurn, call: ToolCall, tool: Tool, expected: int, retry: RetryPolicy
 ) -> AgentStepResult:
-    carry(ctx, payloads.tool_started(call), turn)
+    deliver_with_next_save(ctx, payloads.tool_started(call), turn)
     started = turn
     if not tool.idempotent:
         # Saved before the body runs: after a crash, the call is known to have started and

@@ -97,7 +97,7 @@ def carried_events(ctx: RunnerContext, turn_id: str) -> list[AgentEvent]:
     return carried.setdefault(turn_id, [])
 
 
-def carry(ctx: RunnerContext, body: payloads.EventBody, turn: AgentTurn) -> None:
+def deliver_with_next_save(ctx: RunnerContext, body: payloads.EventBody, turn: AgentTurn) -> None:
     """Deliver a durable event now and save it with the turn's next save (it precedes any save)."""
     carried = carried_events(ctx, turn.id)
     built = event(ctx, body, turn, turn.version + 1, len(carried))
