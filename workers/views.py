@@ -24,7 +24,7 @@ from agent_runner import (
     AiMessage,
     AnyMessage,
     InputLimitError,
-    InvalidEventQuery,
+    InvalidEventQueryError,
     InvalidResumeCommand,
     InvalidTransitionError,
     ToolCall,
@@ -361,7 +361,7 @@ def classify_error(error: BaseException) -> ErrorKind:
         return ErrorKind.NOT_FOUND
     if isinstance(error, InvalidResumeCommand):
         return ErrorKind.INVALID if error.errors else ErrorKind.CONFLICT
-    if isinstance(error, ResumeRequestError | InvalidEventQuery | InputLimitError):
+    if isinstance(error, ResumeRequestError | InvalidEventQueryError | InputLimitError):
         return ErrorKind.INVALID
     if isinstance(error, AgentConversationBusyException | InvalidTransitionError | VersionConflictError):
         return ErrorKind.CONFLICT

@@ -17,7 +17,7 @@ from workers.api.contract import CONTRACT_PATH, console_contract
 from workers.api.cors import add_cors
 from workers.api.docs import add_offline_docs
 from workers.api.embedding import API_ROUTERS, prepare_settings
-from workers.api.errors import ApiError, Unauthorized, install_error_handlers
+from workers.api.errors import ApiError, UnauthorizedError, install_error_handlers
 from workers.api.events import document_event_schemas
 from workers.api.guard import RequestGuard
 from workers.api.models import ErrorResponse, HealthView, ReadyView
@@ -153,7 +153,9 @@ def _add_probes(app: FastAPI) -> None:
         scheme, _, bearer = request.headers.get("authorization", "").partition(" ")
         access = request.app.state.settings.metrics_access(bearer.strip() if scheme.lower() == "bearer" else None)
         if access is MetricsAccess.UNAUTHORIZED:
-            raise Unauthorized("send the metrics token (AGENT_RUNNER_METRICS_TOKEN) as Authorization: Bearer <token>")
+            raise UnauthorizedError(
+                "send the metrics token (AGENT_RUNNER_METRICS_TOKEN) as Authorization: Bearer <token>"
+            )
         if access is MetricsAccess.CLOSED:
             raise ApiError(
                 403, "the metrics span every tenant: set AGENT_RUNNER_METRICS_TOKEN to read them", type_name="Forbidden"

@@ -43,7 +43,7 @@ from agent_runner.feed import FeedFollower, FeedPage, FeedPosition, FeedReader
 from agent_runner.persistence import DEFAULT_EVENT_PAGE
 from workers.api import service
 from workers.api.auth import RuntimeDep, TenantDep, get_tenant
-from workers.api.fanout import Detached, EventFanout, Subscription
+from workers.api.fanout import DetachedError, EventFanout, Subscription
 from workers.api.models import AgentEventView
 from workers.api.openapi import error_responses as _errors
 from workers.api.openapi import event_stream_response
@@ -247,7 +247,7 @@ class _Stream(FeedReader):
             subscription = self._subscription
             try:
                 events = await subscription.next_batch(remaining)
-            except Detached:
+            except DetachedError:
                 self.leave()
                 continue
             self.position = subscription.position
