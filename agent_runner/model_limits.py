@@ -39,7 +39,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import StrEnum
-from typing import Any, Final, Protocol
+from typing import Any, Final, Protocol, TypedDict, Unpack
 
 from agent_runner.errors import DefinitionError
 
@@ -384,6 +384,16 @@ def to_datetime(ms: float) -> datetime:
     return datetime.fromtimestamp(ms / 1000, UTC)
 
 
+class LimiterOptions(TypedDict, total=False):
+    """The options both limiters take, with `KeyedModelLimiter`'s defaults."""
+
+    default_output_tokens: int
+    call_lease_s: float
+    booking_grace_s: float
+    concurrency_poll_s: float
+    tenant_weights: Mapping[str, int] | None
+
+
 class KeyedModelLimiter(ABC):
     """What both limiters share: the limits by key, the tenants' weights and the timing of slots.
 
@@ -394,11 +404,12 @@ class KeyedModelLimiter(ABC):
     def __init__(
         self,
         limits: Mapping[str, ModelLimit],
-        default_output_tokens: int,
-        call_lease_s: float,
-        booking_grace_s: float,
-        concurrency_poll_s: float,
-        tenant_weights: Mapping[str, int] | None,
+        *,
+        default_output_tokens: int = DEFAULT_OUTPUT_TOKENS,
+        call_lease_s: float = DEFAULT_CALL_LEASE_S,
+        booking_grace_s: float = DEFAULT_BOOKING_GRACE_S,
+        concurrency_poll_s: float = DEFAULT_CONCURRENCY_POLL_S,
+        tenant_weights: Mapping[str, int] | None = None,
     ) -> None:
         self.limits = dict(limits)
         self.tenant_weights = check_weights(tenant_weights or {})
@@ -466,16 +477,10 @@ class InProcessModelLimiter(KeyedModelLimiter):
         self,
         limits: Mapping[str, ModelLimit],
         *,
-        default_output_tokens: int = DEFAULT_OUTPUT_TOKENS,
-        call_lease_s: float = DEFAULT_CALL_LEASE_S,
-        booking_grace_s: float = DEFAULT_BOOKING_GRACE_S,
-        concurrency_poll_s: float = DEFAULT_CONCURRENCY_POLL_S,
-        tenant_weights: Mapping[str, int] | None = None,
         clock: Callable[[], float] = time.time,
+        **options: Unpack[LimiterOptions],
     ) -> None:
-        super().__init__(
-            limits, default_output_tokens, call_lease_s, booking_grace_s, concurrency_poll_s, tenant_weights
-        )
+        super().__init__(limits, **options)
         self._clock = clock
         self._lock = threading.Lock()
         self._states: dict[str, KeyState] = {}

@@ -5,19 +5,16 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 from datetime import datetime
-from typing import Any
+from typing import Any, Unpack
 
 from redis import Redis
 
 from agent_runner.model_limits import (
-    DEFAULT_BOOKING_GRACE_S,
-    DEFAULT_CALL_LEASE_S,
-    DEFAULT_CONCURRENCY_POLL_S,
-    DEFAULT_OUTPUT_TOKENS,
     PERIOD_MS,
     Decision,
     KeyedModelLimiter,
     LimitedCall,
+    LimiterOptions,
     LimitGrant,
     LimitReason,
     ModelLimit,
@@ -58,16 +55,10 @@ class RedisModelLimiter(KeyedModelLimiter, ClosesOnExit):
         *,
         prefix: str = DEFAULT_PREFIX,
         client: Redis[Any] | None = None,
-        default_output_tokens: int = DEFAULT_OUTPUT_TOKENS,
-        call_lease_s: float = DEFAULT_CALL_LEASE_S,
-        booking_grace_s: float = DEFAULT_BOOKING_GRACE_S,
-        concurrency_poll_s: float = DEFAULT_CONCURRENCY_POLL_S,
-        tenant_weights: Mapping[str, int] | None = None,
         clock: Callable[[], float] | None = None,
+        **options: Unpack[LimiterOptions],
     ) -> None:
-        super().__init__(
-            limits, default_output_tokens, call_lease_s, booking_grace_s, concurrency_poll_s, tenant_weights
-        )
+        super().__init__(limits, **options)
         self._keys = RedisKeys(prefix)
         self._scripts = RedisScripts(redis_url, client, _SCRIPTS)
         self._clock = clock
