@@ -210,3 +210,53 @@ def test_the_name_checks_see_what_they_look_for(tmp_path: Path) -> None:
         "Missing": "pkg.sub.errors",
     }
     assert shape.reused_module_names(("pkg",), tmp_path) == {"errors": ["pkg.errors", "pkg.sub.errors"]}
+
+
+MODULE_NAMES_FOR_ONE_JOB_IN_TWO_LAYERS = {
+    "app": (
+        ["workers.api.app", "workers.app"],
+        "the application object of a process: the HTTP server's `create_app`, the `celery -A workers.app` entry",
+    ),
+    "context": (
+        ["agent_runner._runtime.context", "workers.cli.context"],
+        "what the functions of one layer share: the runner's `RunnerContext`, the commands' context",
+    ),
+    "crons": (["store.crons", "workers.api.langgraph.crons"], "the LangGraph API's crons: their records, their routes"),
+    "errors": (["agent_runner.errors", "workers.api.errors"], "the core's error tree, and the HTTP answers to it"),
+    "middleware": (
+        ["agent_runner.middleware", "workers.celery_app.middleware", "workers.telemetry.middleware"],
+        "the core's `Middleware` extension point, and the middleware the workers and the telemetry add",
+    ),
+    "schedules": (
+        ["workers.cli.schedules", "workers.schedules"],
+        "scheduled turns, and the `agent-runner schedules` command over them (a CLI module is named for its command)",
+    ),
+    "threads": (
+        ["store.threads", "workers.api.langgraph.threads"],
+        "the LangGraph API's threads: their records, their routes",
+    ),
+    "turns": (
+        ["store.turns", "workers.cli.turns"],
+        "the SQL turn store, and the `agent-runner turns` command over turns (a CLI module is named for its command)",
+    ),
+}
+"""Module names that stand in two places for one job, each with its reason; any other name means one module."""
+
+_RENAMES_TO_COME = {
+    "events",
+    "idempotency",
+    "inbox",
+    "models",
+    "settings",
+    "streaming",
+    "telemetry",
+    "webhooks",
+    "worker",
+}
+
+
+def test_a_module_name_means_one_job_in_the_whole_repository() -> None:
+    # `inbox` in two packages for two jobs makes a reader open both to know which is meant.
+    reused = shape.reused_module_names()
+    allowed = {name: places for name, (places, _) in MODULE_NAMES_FOR_ONE_JOB_IN_TWO_LAYERS.items()}
+    assert {name: places for name, places in reused.items() if name not in _RENAMES_TO_COME} == allowed
