@@ -388,10 +388,16 @@ class LimiterOptions(TypedDict, total=False):
     """The options both limiters take, with `KeyedModelLimiter`'s defaults."""
 
     default_output_tokens: int
+    """Output tokens reserved when the model sets no `max_tokens`."""
     call_lease_s: float
+    """How long a granted call holds its concurrency slot unless settled."""
     booking_grace_s: float
+    """How long after its slot a booking may still be claimed."""
     concurrency_poll_s: float
+    """How long a call that found every slot taken waits before asking again."""
     tenant_weights: Mapping[str, int] | None
+    """The share of each tenant while several have calls queued (a tenant not named weighs 1;
+    calls without a tenant share one lane)."""
 
 
 class KeyedModelLimiter(ABC):
@@ -464,13 +470,8 @@ class InProcessModelLimiter(KeyedModelLimiter):
 
     Args:
         limits: The limits by key; keys not named are not limited.
-        default_output_tokens: Output tokens reserved when the model sets no `max_tokens`.
-        call_lease_s: How long a granted call holds its concurrency slot unless settled.
-        booking_grace_s: How long after its slot a booking may still be claimed.
-        concurrency_poll_s: How long a call that found every slot taken waits before asking again.
-        tenant_weights: The share of each tenant while several have calls queued (a tenant
-            not named weighs 1; calls without a tenant share one lane).
         clock: Seconds since the epoch (tests may pass a fake clock).
+        **options: The options of every limiter (`LimiterOptions`).
     """
 
     def __init__(

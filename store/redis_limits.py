@@ -38,14 +38,9 @@ class RedisModelLimiter(KeyedModelLimiter, ClosesOnExit):
         redis_url: URL of the Redis server, such as `redis://127.0.0.1:6379/0`.
         prefix: Namespace of the keys (see `store.keys`).
         client: A client to use instead of one built from `redis_url`; left open by `close()`.
-        default_output_tokens: Output tokens reserved when the model sets no `max_tokens`.
-        call_lease_s: How long a granted call holds its concurrency slot unless settled.
-        booking_grace_s: How long after its slot a booking may still be claimed.
-        concurrency_poll_s: How long a call that found every slot taken waits before asking again.
-        tenant_weights: The share of each tenant while several have calls queued (a tenant
-            not named weighs 1; calls without a tenant share one lane).
         clock: Seconds since the epoch to decide with, instead of the Redis clock (for tests
             that walk time; every process of a fleet must then share it).
+        **options: The options of every limiter (`LimiterOptions`).
     """
 
     def __init__(
