@@ -3,8 +3,8 @@
 Every error answer is `{"error": {"type", "message", "details": [...]}}` (plus
 `active_turn_id` for a busy conversation). `type` is the name of the exception class (or the
 name it had before it took the `Error` suffix: `wire_type`), so clients can tell `TurnNotFound`
-from `AgentNotFound` without parsing messages. Runner
-errors are mapped by `workers.views.classify_error`: unknown turn or agent 404, a command
+from `AgentNotFound` without parsing messages. Runner errors are mapped by
+`workers.views.classify_error`: unknown turn or agent 404, a command
 that does not fit the turn or a busy conversation 409, malformed input 422 (also input over
 a limit of the runner or text no store can keep, `InputLimitError`), a database or
 Redis that did not answer 503. Anything unexpected is a 500 that names nothing internal.
