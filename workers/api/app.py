@@ -13,6 +13,7 @@ from fastapi.staticfiles import StaticFiles
 from agent_runner import AgentLoader
 from workers.api.access_log import redact_access_log
 from workers.api.auth import HANDLE_STATE, get_handle
+from workers.api.bodies import ErrorResponse, HealthView, ReadyView
 from workers.api.contract import CONTRACT_PATH, console_contract
 from workers.api.cors import add_cors
 from workers.api.docs import add_offline_docs
@@ -20,7 +21,6 @@ from workers.api.embedding import API_ROUTERS, prepare_settings
 from workers.api.errors import ApiError, UnauthorizedError, install_error_handlers
 from workers.api.events import document_event_schemas
 from workers.api.guard import RequestGuard
-from workers.api.models import ErrorResponse, HealthView, ReadyView
 from workers.api.openapi import error_responses
 from workers.api.runtime import RuntimeHandle
 from workers.api.settings import ApiSettings, MetricsAccess, WorkerMode

@@ -28,8 +28,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 
+from workers.api.bodies import ErrorResponse, Identifier, WholeNumber
 from workers.api.errors import UnauthorizedError
-from workers.api.models import ErrorResponse, Identifier, WholeNumber
 from workers.api.openapi import error_responses
 from workers.api.runtime import Runtime, RuntimeHandle
 from workers.api.tenancy import Tenant

@@ -43,8 +43,8 @@ from agent_runner.feed import FeedFollower, FeedPage, FeedPosition, FeedReader
 from agent_runner.persistence import DEFAULT_EVENT_PAGE
 from workers.api import service
 from workers.api.auth import RuntimeDep, TenantDep, get_tenant
+from workers.api.bodies import AgentEventView
 from workers.api.fanout import DetachedError, EventFanout, Subscription
-from workers.api.models import AgentEventView
 from workers.api.openapi import error_responses as _errors
 from workers.api.openapi import event_stream_response
 from workers.api.routes import ConversationId, TurnId

@@ -26,8 +26,8 @@ from agent_runner import (
 )
 from agent_runner.limits import check_start_delay
 from agent_runner.machine import DECIDER_METADATA_KEYS
+from workers.api.bodies import CancelRequest, ResumeRequest, StartTurnRequest, resume_fields
 from workers.api.errors import ApiError, InvalidRequestError, TurnEndedError
-from workers.api.models import CancelRequest, ResumeRequest, StartTurnRequest, resume_fields
 from workers.api.runtime import Runtime
 from workers.api.tenancy import Tenant
 from workers.live import announce

@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from workers.api.models import Identifier, JsonObject, WholeNumber
+from workers.api.bodies import Identifier, JsonObject, WholeNumber
 
 StreamMode = Literal[
     "values", "updates", "messages-tuple", "messages", "custom", "events", "debug", "tasks", "checkpoints"

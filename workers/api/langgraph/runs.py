@@ -34,6 +34,7 @@ from agent_runner.persistence import EventScope
 from agent_runner.snapshot import WAITING_FOR_A_PERSON
 from workers.api import service
 from workers.api.auth import RuntimeDep, TenantDep, get_tenant
+from workers.api.bodies import ID_PATTERN, CancelRequest, StartTurnRequest
 from workers.api.errors import ApiError, InvalidRequestError, RecordNotFoundError
 from workers.api.events import LastEventId
 from workers.api.langgraph.mapping import (
@@ -55,7 +56,6 @@ from workers.api.langgraph.threads import (
     thread_records,
     thread_view,
 )
-from workers.api.models import ID_PATTERN, CancelRequest, StartTurnRequest
 from workers.api.openapi import error_responses, event_stream_response
 from workers.api.runtime import Runtime
 from workers.api.tenancy import Tenant

@@ -24,6 +24,7 @@ import store
 from agent_runner import AgentTurn, AnyMessage, SystemMessage
 from agent_runner.ids import new_id
 from workers.api.auth import RuntimeDep, TenantDep, get_tenant
+from workers.api.bodies import ID_PATTERN
 from workers.api.errors import ApiError, RecordNotFoundError
 from workers.api.langgraph.mapping import (
     NotSupportedError,
@@ -33,7 +34,6 @@ from workers.api.langgraph.mapping import (
 )
 from workers.api.langgraph.models import ThreadCreate, ThreadHistoryQuery, ThreadPatch, ThreadSearch
 from workers.api.langgraph.run_events import next_node
-from workers.api.models import ID_PATTERN
 from workers.api.openapi import error_responses
 from workers.api.runtime import Runtime
 from workers.api.tenancy import Tenant

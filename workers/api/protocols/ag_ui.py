@@ -39,9 +39,9 @@ from agent_runner import AgentTurn, AiMessage, ToolMessage, UserMessage
 from agent_runner.feed import FeedPosition
 from workers.api import service
 from workers.api.auth import RuntimeDep, TenantDep, get_tenant
+from workers.api.bodies import ID_PATTERN, CancelRequest, Identifier
 from workers.api.errors import InvalidRequestError
 from workers.api.events import KEEPALIVE_S
-from workers.api.models import ID_PATTERN, CancelRequest, Identifier
 from workers.api.openapi import error_responses as _errors
 from workers.api.openapi import event_stream_response
 from workers.api.protocols import chat, steps
