@@ -246,7 +246,6 @@ _RENAMES_TO_COME = {
     "events",
     "idempotency",
     "inbox",
-    "models",
     "settings",
     "streaming",
     "telemetry",

@@ -19,7 +19,7 @@ from fastapi.responses import JSONResponse
 from agent_runner import Agent
 from workers.api.auth import RuntimeDep, get_tenant
 from workers.api.langgraph.mapping import NotSupportedError
-from workers.api.langgraph.models import AssistantSearch
+from workers.api.langgraph.request_bodies import AssistantSearch
 from workers.api.openapi import error_responses
 from workers.api.runtime import Runtime
 

@@ -26,7 +26,7 @@ from agent_runner.ids import new_id, utcnow
 from workers.api.auth import RuntimeDep, TenantDep, get_tenant
 from workers.api.errors import InvalidRequestError, RecordNotFoundError
 from workers.api.langgraph.mapping import NotSupportedError, input_text
-from workers.api.langgraph.models import CronCreate, CronPatch, CronSearch
+from workers.api.langgraph.request_bodies import CronCreate, CronPatch, CronSearch
 from workers.api.langgraph.runs import RollbackNotSupportedError
 from workers.api.langgraph.threads import RecordsDep, ThreadId, load_thread
 from workers.api.openapi import error_responses

@@ -32,7 +32,7 @@ from workers.api.langgraph.mapping import (
     langchain_messages,
     thread_status,
 )
-from workers.api.langgraph.models import ThreadCreate, ThreadHistoryQuery, ThreadPatch, ThreadSearch
+from workers.api.langgraph.request_bodies import ThreadCreate, ThreadHistoryQuery, ThreadPatch, ThreadSearch
 from workers.api.langgraph.run_events import next_node
 from workers.api.openapi import error_responses
 from workers.api.runtime import Runtime
