@@ -19,7 +19,7 @@ from workers.api.cors import add_cors
 from workers.api.docs import add_offline_docs
 from workers.api.embedding import API_ROUTERS, prepare_settings
 from workers.api.errors import ApiError, UnauthorizedError, install_error_handlers
-from workers.api.events import document_event_schemas
+from workers.api.event_streams import document_event_schemas
 from workers.api.guard import RequestGuard
 from workers.api.openapi import error_responses
 from workers.api.runtime import RuntimeHandle

@@ -163,7 +163,7 @@ def test_masks_hide_sensitive_arguments_and_everything_of_unknown_tools() -> Non
 
 def test_event_data_shows_the_tenants_conversation_and_masks_arguments() -> None:
     from agent_runner import AgentEvent, AgentEventType
-    from workers.api.events import format_event
+    from workers.api.event_streams import format_event
 
     agent = Agent(id="a", chat_model=ScriptedChatModel([]), tools=[call_api])
 

@@ -36,7 +36,7 @@ from workers.api import service
 from workers.api.auth import RuntimeDep, TenantDep, get_tenant
 from workers.api.bodies import ID_PATTERN, CancelRequest, StartTurnRequest
 from workers.api.errors import ApiError, InvalidRequestError, RecordNotFoundError
-from workers.api.events import LastEventId
+from workers.api.event_streams import LastEventId
 from workers.api.langgraph.mapping import (
     NotSupportedError,
     input_text,

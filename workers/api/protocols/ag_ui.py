@@ -41,7 +41,7 @@ from workers.api import service
 from workers.api.auth import RuntimeDep, TenantDep, get_tenant
 from workers.api.bodies import ID_PATTERN, CancelRequest, Identifier
 from workers.api.errors import InvalidRequestError
-from workers.api.events import KEEPALIVE_S
+from workers.api.event_streams import KEEPALIVE_S
 from workers.api.openapi import error_responses as _errors
 from workers.api.openapi import event_stream_response
 from workers.api.protocols import chat, steps

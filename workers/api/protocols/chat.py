@@ -43,7 +43,7 @@ from store.idempotency import RESUME_MARK
 from workers.api import service
 from workers.api.bodies import CancelRequest, ResumeRequest, StartTurnRequest
 from workers.api.errors import ApiError, InvalidRequestError
-from workers.api.events import follow_tree
+from workers.api.event_streams import follow_tree
 from workers.api.idempotency import Answer, request_id, run_once, turn_id_of
 from workers.api.protocols.steps import (
     ApprovalRequested,
