@@ -23,7 +23,7 @@ from workers.api.event_streams import document_event_schemas
 from workers.api.guard import RequestGuard
 from workers.api.openapi import error_responses
 from workers.api.runtime import RuntimeHandle
-from workers.api.settings import ApiSettings, MetricsAccess, WorkerMode
+from workers.api.server_settings import ApiSettings, MetricsAccess, WorkerMode
 from workers.telemetry import TelemetryError, render_metrics
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
@@ -52,7 +52,7 @@ def create_app(
     With no arguments everything is read from the environment, like the command line and
     the workers: `AGENT_RUNNER_DATABASE_URL`, `AGENT_RUNNER_AGENT_LOADER`,
     `AGENT_RUNNER_API_KEYS`, `AGENT_RUNNER_API_WORKER`, `AGENT_RUNNER_CORS_ORIGINS` (see
-    `workers.api.settings`). The backends are built, and the embedded worker started, when
+    `workers.api.server_settings`). The backends are built, and the embedded worker started, when
     the application starts (its lifespan), and stopped with it; mounted inside another
     application, which runs no lifespan of it, on the first request (see
     `workers.api.embedding`).

@@ -42,7 +42,7 @@ from workers.api.guard import RequestGuard
 from workers.api.langgraph import router as langgraph_router
 from workers.api.protocols import ag_ui, ai_sdk
 from workers.api.runtime import RuntimeHandle
-from workers.api.settings import ApiSettings, WorkerMode, default_worker_mode
+from workers.api.server_settings import ApiSettings, WorkerMode, default_worker_mode
 
 API_ROUTERS = (routes.router, event_streams.router, auth.router, ai_sdk.router, ag_ui.router, langgraph_router)
 """The routers of the API, in the order they are added (a new router of the API goes here).

@@ -10,7 +10,7 @@ import pytest
 from agent_runner import Agent, AgentTurn, InputLimitError, ResumeType, ScriptedChatModel, ToolCall, TurnNotFound, tool
 from workers.api.errors import InvalidRequestError
 from workers.api.guard import check_json, json_depth
-from workers.api.settings import ApiKeys, ApiSettings, WorkerMode
+from workers.api.server_settings import ApiKeys, ApiSettings, WorkerMode
 from workers.api.tenancy import Tenant
 from workers.settings import SettingsError
 from workers.views import (

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from workers.api.settings import ApiSettings
+from workers.api.server_settings import ApiSettings
 from workers.api.tokens import InvalidTokenError, issue_token, parse_secret, verify_token
 from workers.settings import SettingsError
 

@@ -39,7 +39,7 @@ from workers.api.langgraph.mapping import (
 from workers.api.langgraph.streaming import RunTranslator
 from workers.api.langgraph.threads import with_unprojected
 from workers.api.runtime import build_runtime
-from workers.api.settings import ApiSettings, WorkerMode
+from workers.api.server_settings import ApiSettings, WorkerMode
 from workers.settings import WorkerSettings
 from workers.views import agent_mask
 
