@@ -243,7 +243,6 @@ MODULE_NAMES_FOR_ONE_JOB_IN_TWO_LAYERS = {
 """Module names that stand in two places for one job, each with its reason; any other name means one module."""
 
 _RENAMES_TO_COME = {
-    "idempotency",
     "inbox",
     "streaming",
     "telemetry",

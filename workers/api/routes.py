@@ -27,7 +27,7 @@ from workers.api.bodies import (
     TurnList,
     TurnView,
 )
-from workers.api.idempotency import Answer, is_cancelled, request_id, run_once, turn_id_of
+from workers.api.idempotency_header import Answer, is_cancelled, request_id, run_once, turn_id_of
 from workers.api.openapi import error_responses
 from workers.api.runtime import Runtime
 from workers.api.tenancy import Tenant

@@ -44,7 +44,7 @@ from workers.api import service
 from workers.api.bodies import CancelRequest, ResumeRequest, StartTurnRequest
 from workers.api.errors import ApiError, InvalidRequestError
 from workers.api.event_streams import follow_tree
-from workers.api.idempotency import Answer, request_id, run_once, turn_id_of
+from workers.api.idempotency_header import Answer, request_id, run_once, turn_id_of
 from workers.api.protocols.steps import (
     ApprovalRequested,
     FormRequested,
@@ -269,7 +269,7 @@ async def act_once(
 
     A retry whose first answer was not recorded finds what the first attempt did from what
     it saved (the keyed turn it started, or the keyed decision in the conversation's
-    latest turn), see `workers.api.idempotency`. Returns the `Started` to stream, or the
+    latest turn), see `workers.api.idempotency_header`. Returns the `Started` to stream, or the
     error answer given for the key (a retry of a request that failed gets the same failure).
     """
     ids = RequestIds.of(tenant, idempotency_key)
