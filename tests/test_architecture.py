@@ -246,7 +246,6 @@ _RENAMES_TO_COME = {
     "inbox",
     "streaming",
     "telemetry",
-    "webhooks",
     "worker",
 }
 

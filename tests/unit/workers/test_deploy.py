@@ -32,7 +32,7 @@ PLUGIN_SUBCOMMANDS = {"flower": "flower"}
 
 
 def _known_variables() -> set[str]:
-    source = (ROOT / "workers" / "settings.py").read_text() + (ROOT / "workers" / "webhooks.py").read_text()
+    source = (ROOT / "workers" / "settings.py").read_text() + (ROOT / "workers" / "webhook_deliverer.py").read_text()
     # The HTTP server's own settings (keys, worker mode, CORS origins, token secret).
     source += "".join(
         (ROOT / "workers" / "api" / name).read_text() for name in ("server_settings.py", "cors.py", "tokens.py")
