@@ -9,7 +9,7 @@ the parent runnable, exactly once.
 from __future__ import annotations
 
 from agent_runner import event_payloads as payloads
-from agent_runner import machine, telemetry
+from agent_runner import machine, telemetry_hooks
 from agent_runner._cas import retry_on_conflict
 from agent_runner._runtime.context import RunnerContext
 from agent_runner._runtime.saving import save, suspended_event
@@ -44,7 +44,7 @@ def spawn(
             created_at=now,
             updated_at=now,
         )
-        child = telemetry.stamp_new_turn(ctx.telemetry_key, child)  # trace context of the child turn
+        child = telemetry_hooks.stamp_new_turn(ctx.telemetry_key, child)  # trace context of the child turn
         try:
             child = save(ctx, child, -1, payloads.turn_started(child, child.messages[0].id))
         except VersionConflictError:
