@@ -36,7 +36,7 @@ from workers.api.langgraph.mapping import (
     run_status,
     thread_status,
 )
-from workers.api.langgraph.streaming import RunTranslator
+from workers.api.langgraph.stream_parts import RunTranslator
 from workers.api.langgraph.threads import with_unprojected
 from workers.api.runtime import build_runtime
 from workers.api.server_settings import ApiSettings, WorkerMode

@@ -45,7 +45,7 @@ from workers.api.langgraph.mapping import (
     run_status,
 )
 from workers.api.langgraph.request_bodies import MAX_OFFSET, RunCreate
-from workers.api.langgraph.streaming import SUPPORTED_MODES, RunTranslator, run_stream
+from workers.api.langgraph.stream_parts import SUPPORTED_MODES, RunTranslator, run_stream
 from workers.api.langgraph.threads import (
     HISTORY_MESSAGES,
     RecordsDep,
