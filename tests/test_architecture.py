@@ -244,7 +244,6 @@ MODULE_NAMES_FOR_ONE_JOB_IN_TWO_LAYERS = {
 
 _RENAMES_TO_COME = {
     "inbox",
-    "worker",
 }
 
 
