@@ -1,0 +1,223 @@
+"""What every provider adapter shares, without any provider's SDK.
+
+Failure sorting (which HTTP statuses a later call may not hit again), the server's
+Retry-After, tool-call arguments that are not a JSON object kept for the model to correct,
+text made storable, and prices.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
+from typing import Any, Final
+
+from agent_runner.errors import AgentRunnerError, DefinitionError, InputLimitError, RecoverableError
+from agent_runner.ids import new_id
+from agent_runner.limits import (
+    DEFAULT_LIMITS,
+    InputLimits,
+    bounded_text,
+    check_reference,
+    check_tool_arguments,
+    preview,
+    storable_text,
+)
+from agent_runner.messages import ToolCall
+from agent_runner.tools import INVALID_ARGUMENTS_KEY
+from agent_runner.usage import Usage
+
+DEFAULT_TIMEOUT: Final = 120.0
+"""Seconds to wait for a response (or, when streaming, between two chunks)."""
+
+CONNECT_TIMEOUT: Final = 10.0
+_RETRYABLE_STATUS: Final = frozenset({408, 409, 429})
+_DETAIL_LIMIT: Final = 500
+
+
+class ModelAPIError(AgentRunnerError):
+    """The model API rejected the request in a way that repeating it will not fix.
+
+    Raised for 400, 401, 403, 404, 422 and other non-retryable statuses, for an error
+    reported inside a stream that is not transient, and for a response the adapter cannot
+    read. The runner fails the turn instead of scheduling a retry.
+
+    Args:
+        status_code: The HTTP status, or None when the failure had none (stream error, bad body).
+        message: What went wrong, without credentials.
+    """
+
+    def __init__(self, status_code: int | None, message: str) -> None:
+        self.status_code = status_code
+        super().__init__(message)
+
+
+def status_failure(status: int, message: str, headers: Mapping[str, str]) -> AgentRunnerError:
+    """Sort an HTTP error status: 408, 409, 429 and 5xx (Anthropic's 529 too) may pass, others will not.
+
+    A retryable status becomes `RecoverableError` carrying the server's Retry-After.
+    """
+    if status in _RETRYABLE_STATUS or status >= 500:
+        return RecoverableError(message, retry_after=parse_retry_after(headers), rate_limited=status == 429)
+    return ModelAPIError(status, message)
+
+
+def parse_retry_after(headers: Mapping[str, str], now: datetime | None = None) -> float | None:
+    """Return the wait a response asks for, in seconds, or None when it asks for none.
+
+    Reads `retry-after-ms` (sent by OpenAI) and then `Retry-After`, which holds either
+    seconds or an HTTP date. A date in the past means no wait (0.0); an unreadable value
+    is ignored.
+    """
+    milliseconds = _non_negative_float(headers.get("retry-after-ms"))
+    if milliseconds is not None:
+        return milliseconds / 1000
+    value = headers.get("retry-after")
+    if value is None:
+        return None
+    seconds = _non_negative_float(value)
+    if seconds is not None:
+        return seconds
+    try:
+        when = parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:
+        # RFC 9110 dates are always GMT; the parser leaves "-0000" dates naive.
+        when = when.replace(tzinfo=UTC)
+    return max(0.0, (when - (now or datetime.now(UTC))).total_seconds())
+
+
+def _non_negative_float(value: str | None) -> float | None:
+    if value is None:
+        return None
+    try:
+        number = float(value)
+    except ValueError:
+        return None
+    return number if math.isfinite(number) and number >= 0 else None
+
+
+def parse_tool_arguments(text: str, limits: InputLimits = DEFAULT_LIMITS) -> dict[str, Any]:
+    """Parse a model's tool-call arguments, never raising.
+
+    Empty text means no arguments. Text that is not a JSON object, or one over `limits`
+    (bigger than `max_tool_arguments_bytes`, nested deeper than `max_json_depth`, or holding
+    text that cannot be stored), becomes `{INVALID_ARGUMENTS_KEY: {"raw": text, "error": reason}}`;
+    `raw` keeps only the start of arguments over the size limit.
+    """
+    if not text.strip():
+        return {}
+    size = len(text.encode("utf-8", "surrogatepass"))
+    if size > limits.max_tool_arguments_bytes:
+        reason = f"{size} bytes, over the limit of {limits.max_tool_arguments_bytes} bytes"
+        return _invalid_arguments(preview(text), reason)
+    try:
+        # NaN and Infinity are not JSON, and PostgreSQL refuses them in a JSON column.
+        value = json.loads(text, parse_constant=_reject_constant)
+    except RecursionError:
+        return _invalid_arguments(text, f"nested more than {limits.max_json_depth} levels deep")
+    except ValueError as exc:
+        return _invalid_arguments(text, f"not valid JSON: {exc}")
+    if not isinstance(value, dict):
+        return _invalid_arguments(text, f"a JSON object was expected, got {type(value).__name__}")
+    try:
+        check_tool_arguments(limits, value, "arguments")
+    except InputLimitError as exc:
+        return _invalid_arguments(text, str(exc))
+    return value
+
+
+def _invalid_arguments(raw: str, error: str) -> dict[str, Any]:
+    # The raw text goes into the snapshot: a NUL or lone surrogate there would fail the save.
+    return {INVALID_ARGUMENTS_KEY: {"raw": storable_text(raw), "error": error}}
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON value")
+
+
+def model_tool_call(call_id: str | None, name: str, arguments: str, limits: InputLimits) -> ToolCall:
+    """A tool call as a model wrote it, made storable; arguments that are not a JSON object are kept marked."""
+    # Some servers omit call ids; the runner needs one to pair the ToolMessage. An id that
+    # could not be stored is replaced too: the runner writes the result, so any id pairs.
+    try:
+        call_id = check_reference(call_id, "id", limits) if call_id else None
+    except InputLimitError:
+        call_id = None
+    if len(name) > limits.max_id_length or storable_text(name) != name:
+        # No tool has such a name: keep a bounded, storable one for the "unknown tool" answer.
+        name = preview(name, limits.max_id_length)
+    return ToolCall(id=call_id or f"call_{new_id()}", name=name, arguments=parse_tool_arguments(arguments, limits))
+
+
+def sent_arguments(call: ToolCall) -> str:
+    """A call's arguments as JSON text, also for a call kept under `INVALID_ARGUMENTS_KEY`.
+
+    Always valid JSON: several servers parse the arguments sent back and answer 400 otherwise.
+    """
+    return json.dumps(call.arguments, ensure_ascii=False)
+
+
+def model_text(content: str | None, limits: InputLimits) -> str | None:
+    """A model's text made storable and cut to `max_message_bytes`."""
+    if content is None:
+        return None
+    return bounded_text(storable_text(content), limits.max_message_bytes)
+
+
+def short_detail(detail: str) -> str:
+    """One line of at most 500 characters, for an error message."""
+    detail = " ".join(detail.split())
+    return detail if len(detail) <= _DETAIL_LIMIT else detail[: _DETAIL_LIMIT - 3] + "..."
+
+
+def redact(text: str, key: str | None) -> str:
+    """`text` with the API key replaced by `***`.
+
+    Some proxies echo the key they rejected; error messages end up in snapshots and logs.
+    """
+    if key and len(key) >= 4:
+        text = text.replace(key, "***")
+    return text
+
+
+def check_price(price: tuple[float, float] | None) -> None:
+    """Refuse a `price=` that is not `(input, output)` per million tokens.
+
+    Raises:
+        DefinitionError: A price of another shape, or a negative one.
+    """
+    if price is not None and (len(price) != 2 or min(price) < 0):
+        raise DefinitionError(f"price must be (input, output) per million tokens, both >= 0, got {price!r}")
+
+
+def priced(usage: Usage, price: tuple[float, float] | None, provider: str, model: str) -> Usage:
+    """`usage` with its cost: from `price` when given, else from the `genai-prices` list.
+
+    Cached tokens are priced as the provider bills them when the list knows the model. A
+    model the list does not know (or the `prices` extra not installed) costs 0.0.
+    """
+    if price is not None:
+        cost = (usage.input_tokens * price[0] + usage.output_tokens * price[1]) / 1_000_000
+        return usage.model_copy(update={"cost": cost})
+    if not (usage.input_tokens or usage.output_tokens):
+        return usage
+    try:
+        from genai_prices import Usage as PriceUsage
+        from genai_prices import calc_price
+    except ImportError:
+        return usage
+    counted = PriceUsage(
+        input_tokens=usage.input_tokens,
+        output_tokens=usage.output_tokens,
+        cache_read_tokens=usage.cache_read_tokens or None,
+        cache_write_tokens=usage.cache_write_tokens or None,
+    )
+    try:
+        calculation = calc_price(counted, model, provider_id=provider)
+    except LookupError:
+        return usage
+    return usage.model_copy(update={"cost": float(calculation.total_price)})
