@@ -13,6 +13,9 @@ Tool-call arguments that are not a JSON object do not raise: the call is kept wi
 `arguments == {INVALID_ARGUMENTS_KEY: {"raw": <text>, "error": <what is wrong>}}`, which no
 tool schema accepts, so the runner answers it with an error `ToolMessage` and the model
 can correct itself on its next call.
+
+`OpenAIResponsesModel`, for the Responses API (reasoning kept across tool calls), is
+importable from here too; it lives in `agent_runner.models.openai_responses`.
 """
 
 from __future__ import annotations
@@ -39,11 +42,10 @@ from agent_runner.models._adapter import (
     parse_retry_after,
     parse_tool_arguments,
     priced,
-    redact,
     sent_arguments,
-    short_detail,
-    status_failure,
 )
+from agent_runner.models._openai_failures import openai_failure, unreadable_answer
+from agent_runner.models.openai_responses import OpenAIResponsesModel
 from agent_runner.tools import INVALID_ARGUMENTS_KEY
 from agent_runner.usage import Usage
 
@@ -59,8 +61,6 @@ if TYPE_CHECKING:
 
 # Keyword arguments of `chat.completions.create` that the adapter fills from the request.
 _RESERVED_SETTINGS: Final = frozenset({"model", "messages", "tools", "stream"})
-# Error types of an `error` event inside a stream that a later call may not hit again.
-_TRANSIENT_STREAM_ERRORS: Final = ("server_error", "rate_limit", "overloaded", "timeout", "unavailable")
 
 
 class OpenAIChatModel(ProviderChatModel):
@@ -253,39 +253,14 @@ class OpenAIChatModel(ProviderChatModel):
         return priced(counted, self.price, self.provider, self.model)
 
     def _translate_error(self, exc: openai.OpenAIError) -> AgentRunnerError:
-        where = f"model {self.model!r} at {self._base_url}"
-        if isinstance(exc, openai.APITimeoutError):
-            return RecoverableError(f"{where} did not answer in time")
-        if isinstance(exc, openai.APIConnectionError):
-            # The SDK's own message is a constant; the transport error under it says what failed.
-            cause = exc.__cause__ or exc
-            return RecoverableError(
-                f"{where} could not be reached or dropped the connection: {self._redact(str(cause))}"
-            )
-        if isinstance(exc, openai.APIResponseValidationError):
-            return self._unreadable(exc)
-        if isinstance(exc, openai.APIStatusError):
-            status = exc.status_code
-            message = f"{where} answered HTTP {status}: {self._redact(_error_detail(exc))}"
-            return status_failure(status, message, exc.response.headers)
-        if isinstance(exc, openai.APIError):
-            # An `error` event in the middle of a stream: no status, only the error's type.
-            message = f"{where} reported an error while streaming: {self._redact(_error_detail(exc))}"
-            kind = f"{exc.type or ''} {exc.code or ''}".lower()
-            if any(marker in kind for marker in _TRANSIENT_STREAM_ERRORS):
-                return RecoverableError(message, rate_limited="rate_limit" in kind)
-            return ModelAPIError(None, message)
-        return ModelAPIError(None, f"{where} failed: {self._redact(str(exc))}")
-
-    def _unreadable(self, exc: Exception) -> ModelAPIError:
-        return ModelAPIError(
-            None,
-            f"model {self.model!r} at {self._base_url} sent a response that is not a chat completion "
-            f"({self._redact(str(exc))}); check base_url",
+        return openai_failure(
+            exc, f"model {self.model!r} at {self._base_url}", self._client.api_key, "a chat completion"
         )
 
-    def _redact(self, text: str) -> str:
-        return redact(text, self._client.api_key)
+    def _unreadable(self, exc: Exception) -> ModelAPIError:
+        return unreadable_answer(
+            exc, f"model {self.model!r} at {self._base_url}", self._client.api_key, "a chat completion"
+        )
 
 
 @dataclass
@@ -366,17 +341,6 @@ def _answer_text(content: str | None, refusal: str | None) -> str | None:
     return content if content is not None else refusal
 
 
-def _error_detail(exc: openai.APIError) -> str:
-    body = exc.body
-    if isinstance(body, Mapping) and isinstance(body.get("message"), str):
-        detail: str = body["message"]
-    elif isinstance(body, str) and body.strip():
-        detail = body
-    else:
-        detail = exc.message
-    return short_detail(detail)
-
-
 def _to_openai_tool(spec: ToolSpec) -> ChatCompletionFunctionToolParam:
     return {
         "type": "function",
@@ -411,6 +375,7 @@ __all__ = [
     "INVALID_ARGUMENTS_KEY",
     "ModelAPIError",
     "OpenAIChatModel",
+    "OpenAIResponsesModel",
     "parse_retry_after",
     "parse_tool_arguments",
 ]
