@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
-from typing import Any, Final
+from typing import Any, Final, Self, TypeVar
 
 from agent_runner.errors import AgentRunnerError, DefinitionError, InputLimitError, RecoverableError
 from agent_runner.ids import new_id
@@ -26,6 +26,7 @@ from agent_runner.limits import (
     storable_text,
 )
 from agent_runner.messages import ToolCall
+from agent_runner.models import ProviderChatModel
 from agent_runner.tools import INVALID_ARGUMENTS_KEY
 from agent_runner.usage import Usage
 
@@ -35,6 +36,7 @@ DEFAULT_TIMEOUT: Final = 120.0
 CONNECT_TIMEOUT: Final = 10.0
 _RETRYABLE_STATUS: Final = frozenset({408, 409, 429})
 _DETAIL_LIMIT: Final = 500
+T = TypeVar("T")
 
 
 class ModelAPIError(AgentRunnerError):
@@ -221,3 +223,111 @@ def priced(usage: Usage, price: tuple[float, float] | None, provider: str, model
     except LookupError:
         return usage
     return usage.model_copy(update={"cost": float(calculation.total_price)})
+
+
+def timeouts(timeout: float | None) -> tuple[float, float]:
+    """The read and connect timeouts of a client built by an adapter: `timeout` (default 120 s), connecting at most 10 s."""
+    read = DEFAULT_TIMEOUT if timeout is None else timeout
+    return read, min(read, CONNECT_TIMEOUT)
+
+
+def refuse_with_client(owner: str, given: Mapping[str, object]) -> None:
+    """Refuse client options given beside a ready client: they would be silently ignored.
+
+    Raises:
+        DefinitionError: Any value of `given` is not None.
+    """
+    names = [name for name, value in given.items() if value is not None]
+    if names:
+        raise DefinitionError(f"{owner} got a client and {names}; configure the client instead")
+
+
+def check_settings(
+    owner: str, settings: Mapping[str, Any], reserved: Collection[str], known: Collection[str] | None, hint: str
+) -> None:
+    """Refuse settings the adapter fills itself, and (when `known` is given) names the SDK call does not take.
+
+    Caught at construction rather than as a TypeError in the middle of a turn, which would fail it.
+
+    Raises:
+        DefinitionError: A reserved or unknown setting; `hint` says where unknown ones go.
+    """
+    taken = sorted(set(reserved) & settings.keys())
+    if taken:
+        raise DefinitionError(f"{owner} sets {taken} itself; they cannot be given as settings")
+    unknown = sorted(set(settings) - set(known) - {"self"}) if known is not None else []
+    if unknown:
+        raise DefinitionError(f"{owner} got unknown settings {unknown}; {hint}")
+
+
+def relay_stream(
+    chunks: Iterable[T],
+    read: Callable[[T], str | None],
+    on_delta: Callable[[str], None] | None,
+    failure: Callable[[Exception], Exception | None],
+) -> None:
+    """Read every chunk of a stream with `read`, passing each text delta it returns to `on_delta`.
+
+    Only reading is guarded: an error raised by `on_delta` belongs to the caller and reaches
+    it unchanged. An error of reading goes through `failure`, which returns what to raise
+    instead (None: raise it as it is).
+    """
+    iterator = iter(chunks)
+    while True:
+        try:
+            text = read(next(iterator))
+        except StopIteration:
+            return
+        except Exception as exc:
+            translated = failure(exc)
+            if translated is None:
+                raise
+            raise translated from exc
+        if text and on_delta is not None:
+            on_delta(text)
+
+
+class SdkChatModel(ProviderChatModel):
+    """A provider adapter over an SDK client it may have built (then `close()` closes it) or was given."""
+
+    _client: Any
+    _owns_client: bool = False
+    model: str
+    stream: bool
+    price: tuple[float, float] | None
+    limits: InputLimits
+
+    def _init_adapter(
+        self,
+        model: str,
+        stream: bool,
+        price: tuple[float, float] | None,
+        rate_limit_key: str | None,
+        limits: InputLimits | None,
+    ) -> None:
+        check_price(price)
+        self._init_rate_limit_key(model, rate_limit_key)
+        self.model = model
+        self.stream = stream
+        self.price = price
+        self.limits = limits if limits is not None else DEFAULT_LIMITS
+
+    def close(self) -> None:
+        """Close the HTTP connections of the client built here (an injected client is left open)."""
+        if self._owns_client:
+            self._client.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+def stream_cut(where: str) -> RecoverableError:
+    """A stream that ended before its final event.
+
+    A connection closed early can look like a normal end of the body; saving the partial
+    answer as final would be wrong, and asking again usually succeeds.
+    """
+    return RecoverableError(f"{where} ended the stream before finishing")

@@ -27,21 +27,24 @@ from typing import Any, Final
 import anthropic
 from anthropic.resources.messages import Messages
 
-from agent_runner.errors import AgentRunnerError, DefinitionError, RecoverableError
-from agent_runner.limits import DEFAULT_LIMITS, InputLimits
+from agent_runner.errors import AgentRunnerError, RecoverableError
+from agent_runner.limits import InputLimits
 from agent_runner.messages import AiMessage, ModelMessage, ProviderPart, SystemMessage, ToolMessage, UserMessage
-from agent_runner.models import ChatRequest, ChatResponse, ProviderChatModel, ToolSpec
+from agent_runner.models import ChatRequest, ChatResponse, ToolSpec
 from agent_runner.models._adapter import (
-    CONNECT_TIMEOUT,
-    DEFAULT_TIMEOUT,
     ModelAPIError,
-    check_price,
+    SdkChatModel,
+    check_settings,
     model_text,
     model_tool_call,
     priced,
     redact,
+    refuse_with_client,
+    relay_stream,
     short_detail,
     status_failure,
+    stream_cut,
+    timeouts,
 )
 from agent_runner.usage import Usage
 
@@ -54,7 +57,7 @@ _TRANSIENT_STREAM_ERRORS: Final = frozenset({"overloaded_error", "api_error", "r
 _CACHE: Final[dict[str, Any]] = {"type": "ephemeral"}
 
 
-class AnthropicChatModel(ProviderChatModel):
+class AnthropicChatModel(SdkChatModel):
     """A `ChatModel` that calls Anthropic's Messages API.
 
     Args:
@@ -96,33 +99,27 @@ class AnthropicChatModel(ProviderChatModel):
         limits: InputLimits | None = None,
         **settings: Any,
     ) -> None:
-        _check_settings(settings)
-        check_price(price)
-        self._init_rate_limit_key(model, rate_limit_key)
+        check_settings(
+            "AnthropicChatModel",
+            settings,
+            _RESERVED_SETTINGS,
+            inspect.signature(Messages.create).parameters,
+            "pass fields the SDK does not know in extra_body={...}",
+        )
+        self._init_adapter(model, stream, price, rate_limit_key, limits)
         if client is not None:
-            given = [
-                name
-                for name, value in (("api_key", api_key), ("base_url", base_url), ("timeout", timeout))
-                if value is not None
-            ]
-            if given:
-                raise DefinitionError(f"AnthropicChatModel got a client and {given}; configure the client instead")
+            refuse_with_client("AnthropicChatModel", {"api_key": api_key, "base_url": base_url, "timeout": timeout})
             self._client = client.with_options(max_retries=max_retries)
-            self._owns_client = False
         else:
-            read = DEFAULT_TIMEOUT if timeout is None else timeout
+            read, connect = timeouts(timeout)
             self._client = anthropic.Anthropic(
                 api_key=api_key,
                 base_url=base_url,
                 max_retries=max_retries,
-                timeout=anthropic.Timeout(read, connect=min(read, CONNECT_TIMEOUT)),
+                timeout=anthropic.Timeout(read, connect=connect),
             )
             self._owns_client = True
-        self.model = model
-        self.stream = stream
         self.cache = cache
-        self.price = price
-        self.limits = limits if limits is not None else DEFAULT_LIMITS
         self.settings: dict[str, Any] = {"max_tokens": DEFAULT_MAX_TOKENS, **settings}
         self._base_url = str(self._client.base_url)
 
@@ -175,40 +172,14 @@ class AnthropicChatModel(ProviderChatModel):
             arguments["tools"] = tools
         return arguments
 
-    def close(self) -> None:
-        """Close the HTTP connections of the client built here (an injected client is left open)."""
-        if self._owns_client:
-            self._client.close()
-
-    def __enter__(self) -> AnthropicChatModel:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
-
     def __repr__(self) -> str:
         return f"AnthropicChatModel(model={self.model!r}, base_url={self._base_url!r}, stream={self.stream})"
 
     def _collect_stream(self, events: Iterable[Any], on_delta: Callable[[str], None] | None) -> ChatResponse:
         assembly = _Assembly()
-        iterator = iter(events)
-        while True:
-            # Only reading the stream is guarded: an error raised by `on_delta` belongs to
-            # the caller and must reach it unchanged.
-            try:
-                text = assembly.add_event(next(iterator).to_dict())
-            except StopIteration:
-                break
-            except anthropic.AnthropicError as exc:
-                raise self._translate_error(exc) from exc
-            except (AttributeError, KeyError, TypeError, ValueError) as exc:
-                raise self._unreadable(exc) from exc
-            if text and on_delta is not None:
-                on_delta(text)
+        relay_stream(events, lambda event: assembly.add_event(event.to_dict()), on_delta, self._reading_failure)
         if not assembly.finished:
-            # A connection closed early can look like a normal end of the body; the
-            # partial answer is not final, and asking again usually succeeds.
-            raise RecoverableError(f"model {self.model!r} at {self._base_url} ended the stream before finishing")
+            raise stream_cut(f"model {self.model!r} at {self._base_url}")
         return self._response(assembly)
 
     def _response(self, assembly: _Assembly) -> ChatResponse:
@@ -246,6 +217,13 @@ class AnthropicChatModel(ProviderChatModel):
                 exc.status_code, f"{where} answered HTTP {exc.status_code}: {detail}", exc.response.headers
             )
         return ModelAPIError(None, f"{where} failed: {self._redact(exc)}")
+
+    def _reading_failure(self, exc: Exception) -> Exception | None:
+        if isinstance(exc, anthropic.AnthropicError):
+            return self._translate_error(exc)
+        if isinstance(exc, AttributeError | KeyError | TypeError | ValueError):
+            return self._unreadable(exc)
+        return None
 
     def _unreadable(self, exc: Exception) -> ModelAPIError:
         return ModelAPIError(
@@ -341,18 +319,6 @@ class _Assembly:
             case "citations_delta":
                 block.setdefault("citations", []).append(delta["citation"])
         return None
-
-
-def _check_settings(settings: Mapping[str, Any]) -> None:
-    reserved = sorted(_RESERVED_SETTINGS & settings.keys())
-    if reserved:
-        raise DefinitionError(f"AnthropicChatModel sets {reserved} itself; they cannot be given as settings")
-    parameters = inspect.signature(Messages.create).parameters
-    unknown = sorted(set(settings) - set(parameters) - {"self"})
-    if unknown:
-        raise DefinitionError(
-            f"AnthropicChatModel got unknown settings {unknown}; pass fields the SDK does not know in extra_body={{...}}"
-        )
 
 
 def _to_anthropic_tool(spec: ToolSpec) -> dict[str, Any]:

@@ -28,18 +28,22 @@ from google.genai import errors as genai_errors
 from google.genai import types
 
 from agent_runner.errors import AgentRunnerError, DefinitionError, RecoverableError
-from agent_runner.limits import DEFAULT_LIMITS, InputLimits
+from agent_runner.limits import InputLimits
 from agent_runner.messages import AiMessage, ModelMessage, ProviderPart, SystemMessage, ToolMessage, UserMessage
-from agent_runner.models import ChatRequest, ChatResponse, ProviderChatModel, ToolSpec
+from agent_runner.models import ChatRequest, ChatResponse, ToolSpec
 from agent_runner.models._adapter import (
     ModelAPIError,
-    check_price,
+    SdkChatModel,
+    check_settings,
     model_text,
     model_tool_call,
     priced,
     redact,
+    refuse_with_client,
+    relay_stream,
     short_detail,
     status_failure,
+    stream_cut,
 )
 from agent_runner.usage import Usage
 
@@ -64,7 +68,7 @@ def _transport_errors() -> tuple[type[Exception], ...]:
 _TRANSPORT_ERRORS: Final = _transport_errors()
 
 
-class GeminiChatModel(ProviderChatModel):
+class GeminiChatModel(SdkChatModel):
     """A `ChatModel` that calls the Gemini API (`generateContent`), keeping thought signatures.
 
     Args:
@@ -100,24 +104,23 @@ class GeminiChatModel(ProviderChatModel):
         limits: InputLimits | None = None,
         **settings: Any,
     ) -> None:
-        _check_settings(settings)
-        check_price(price)
-        self._init_rate_limit_key(model, rate_limit_key)
+        check_settings(
+            "GeminiChatModel",
+            settings,
+            _RESERVED_SETTINGS,
+            types.GenerateContentConfig.model_fields,
+            "give fields of GenerateContentConfig",
+        )
+        self._init_adapter(model, stream, price, rate_limit_key, limits)
         if client is not None:
-            if api_key is not None:
-                raise DefinitionError("GeminiChatModel got a client and an api_key; configure the client instead")
+            refuse_with_client("GeminiChatModel", {"api_key": api_key})
             self._client = client
-            self._owns_client = False
         else:
             try:
                 self._client = genai.Client(api_key=api_key, http_options={"timeout": DEFAULT_TIMEOUT_MS})
             except ValueError as exc:
                 raise DefinitionError("GeminiChatModel needs an API key: pass api_key or set GEMINI_API_KEY") from exc
         self._api_key = api_key or ""
-        self.model = model
-        self.stream = stream
-        self.price = price
-        self.limits = limits if limits is not None else DEFAULT_LIMITS
         self.settings: dict[str, Any] = settings
 
     def output_allowance(self) -> int | None:
@@ -146,20 +149,13 @@ class GeminiChatModel(ProviderChatModel):
                     [self._client.models.generate_content(model=self.model, contents=contents, config=config)]
                 )
         except Exception as exc:
-            raise self._translate_error(exc) from exc
-        while True:
-            # Only reading the answer is guarded: an error raised by `on_delta` belongs to the caller.
-            try:
-                text = answer.add(next(chunks))
-            except StopIteration:
-                break
-            except Exception as exc:
-                raise self._translate_error(exc) from exc
-            if text and self.stream and request.on_delta is not None:
-                request.on_delta(text)
+            translated = self._translate_error(exc)
+            if translated is None:
+                raise
+            raise translated from exc
+        relay_stream(chunks, answer.add, request.on_delta if self.stream else None, self._translate_error)
         if not answer.finished:
-            # A connection closed early can look like a normal end of the body; asking again usually succeeds.
-            raise RecoverableError(f"model {self.model!r} ended the stream before finishing")
+            raise stream_cut(f"model {self.model!r}")
         return self._response(answer)
 
     def request_arguments(self, request: ChatRequest) -> tuple[list[dict[str, Any]], dict[str, Any]]:
@@ -172,17 +168,6 @@ class GeminiChatModel(ProviderChatModel):
             config["tools"] = [{"function_declarations": [_to_declaration(spec) for spec in request.tools]}]
         contents = _to_contents((m for m in request.messages if not isinstance(m, SystemMessage)), self.part_provider)
         return contents, config
-
-    def close(self) -> None:
-        """Close the HTTP connections of the client built here (an injected client is left open)."""
-        if self._owns_client:
-            self._client.close()
-
-    def __enter__(self) -> GeminiChatModel:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         return f"GeminiChatModel(model={self.model!r}, stream={self.stream})"
@@ -208,7 +193,8 @@ class GeminiChatModel(ProviderChatModel):
         )
         return ChatResponse(message=message, usage=priced(usage, self.price, self.provider, self.model))
 
-    def _translate_error(self, exc: Exception) -> AgentRunnerError:
+    def _translate_error(self, exc: Exception) -> AgentRunnerError | None:
+        """The failure to raise for `exc` (None: not the API's, raise it as it is)."""
         where = f"model {self.model!r}"
         if isinstance(exc, genai_errors.APIError):
             detail = redact(short_detail(str(exc.message or exc)), self._api_key)
@@ -224,7 +210,7 @@ class GeminiChatModel(ProviderChatModel):
             return RecoverableError(f"{where} could not be reached or dropped the connection: {exc!r}")
         if isinstance(exc, AttributeError | KeyError | TypeError | ValueError):
             return ModelAPIError(None, f"{where} sent a response that is not a Gemini answer ({exc})")
-        raise exc
+        return None
 
 
 @dataclass
@@ -290,15 +276,6 @@ def _retry_delay(details: Any) -> float | None:
             if match:
                 return float(match.group(1))
     return None
-
-
-def _check_settings(settings: Mapping[str, Any]) -> None:
-    reserved = sorted(_RESERVED_SETTINGS & settings.keys())
-    if reserved:
-        raise DefinitionError(f"GeminiChatModel sets {reserved} itself; they cannot be given as settings")
-    unknown = sorted(set(settings) - set(types.GenerateContentConfig.model_fields))
-    if unknown:
-        raise DefinitionError(f"GeminiChatModel got settings {unknown} that GenerateContentConfig does not know")
 
 
 def _to_declaration(spec: ToolSpec) -> dict[str, Any]:

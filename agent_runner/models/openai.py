@@ -21,30 +21,32 @@ importable from here too; it lives in `agent_runner.models.openai_responses`.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
 import openai
 from openai.resources.chat import Completions
 
-from agent_runner.errors import AgentRunnerError, DefinitionError, RecoverableError
-from agent_runner.limits import DEFAULT_LIMITS, InputLimits
+from agent_runner.errors import AgentRunnerError
+from agent_runner.limits import InputLimits
 from agent_runner.messages import AiMessage, SystemMessage, ToolCall, ToolMessage, UserMessage
-from agent_runner.models import ChatRequest, ChatResponse, ProviderChatModel, ToolSpec
+from agent_runner.models import ChatRequest, ChatResponse, ToolSpec
 from agent_runner.models._adapter import (
-    CONNECT_TIMEOUT,
     DEFAULT_TIMEOUT,
     ModelAPIError,
-    check_price,
+    SdkChatModel,
+    check_settings,
     model_text,
     model_tool_call,
     parse_retry_after,
     parse_tool_arguments,
     priced,
+    relay_stream,
     sent_arguments,
+    stream_cut,
 )
-from agent_runner.models._openai_failures import openai_failure, unreadable_answer
+from agent_runner.models._openai_common import openai_client, openai_failure, reading_failure, unreadable_answer
 from agent_runner.models.openai_responses import OpenAIResponsesModel
 from agent_runner.tools import INVALID_ARGUMENTS_KEY
 from agent_runner.usage import Usage
@@ -61,9 +63,10 @@ if TYPE_CHECKING:
 
 # Keyword arguments of `chat.completions.create` that the adapter fills from the request.
 _RESERVED_SETTINGS: Final = frozenset({"model", "messages", "tools", "stream"})
+_ANSWER: Final = "a chat completion"
 
 
-class OpenAIChatModel(ProviderChatModel):
+class OpenAIChatModel(SdkChatModel):
     """A `ChatModel` that calls the chat-completions endpoint of an OpenAI-compatible server.
 
     Args:
@@ -109,39 +112,17 @@ class OpenAIChatModel(ProviderChatModel):
         rate_limit_key: str | None = None,
         **settings: Any,
     ) -> None:
-        _check_settings(settings)
-        self._init_rate_limit_key(model, rate_limit_key)
-        check_price(price)
-        if client is not None:
-            given = [
-                name
-                for name, value in (("base_url", base_url), ("api_key", api_key), ("timeout", timeout))
-                if value is not None
-            ]
-            if given:
-                raise DefinitionError(f"OpenAIChatModel got a client and {given}; configure the client instead")
-            # A copy that shares the caller's connection pool, with our retry setting.
-            self._client = client.with_options(max_retries=max_retries)
-            self._owns_client = False
-        else:
-            read = DEFAULT_TIMEOUT if timeout is None else timeout
-            try:
-                self._client = openai.OpenAI(
-                    api_key=api_key,
-                    base_url=base_url,
-                    max_retries=max_retries,
-                    timeout=openai.Timeout(read, connect=min(read, CONNECT_TIMEOUT)),
-                )
-            except openai.OpenAIError as exc:
-                raise DefinitionError(
-                    "OpenAIChatModel needs an API key: pass api_key (any non-empty string for a server "
-                    "that checks none) or set OPENAI_API_KEY"
-                ) from exc
-            self._owns_client = True
-        self.model = model
-        self.stream = stream
-        self.price = price
-        self.limits = limits if limits is not None else DEFAULT_LIMITS
+        check_settings(
+            "OpenAIChatModel",
+            settings,
+            _RESERVED_SETTINGS,
+            _known_settings(),
+            "pass parameters that only some servers understand in extra_body={...}",
+        )
+        self._init_adapter(model, stream, price, rate_limit_key, limits)
+        self._client, self._owns_client = openai_client(
+            "OpenAIChatModel", client, api_key, base_url, timeout, max_retries
+        )
         self.settings: dict[str, Any] = settings
         self._base_url = str(self._client.base_url)
 
@@ -180,17 +161,6 @@ class OpenAIChatModel(ProviderChatModel):
             # A body that is not a chat completion, typically an HTML page from a wrong base_url.
             raise self._unreadable(exc) from exc
 
-    def close(self) -> None:
-        """Close the HTTP connections of the client built here (an injected client is left open)."""
-        if self._owns_client:
-            self._client.close()
-
-    def __enter__(self) -> OpenAIChatModel:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
-
     def __repr__(self) -> str:
         return f"OpenAIChatModel(model={self.model!r}, base_url={self._base_url!r}, stream={self.stream})"
 
@@ -215,24 +185,9 @@ class OpenAIChatModel(ProviderChatModel):
         self, chunks: openai.Stream[ChatCompletionChunk], on_delta: Callable[[str], None] | None
     ) -> ChatResponse:
         assembly = _StreamAssembly()
-        iterator = iter(chunks)
-        while True:
-            # Only reading the stream is guarded: an error raised by `on_delta` belongs to
-            # the caller and must reach it unchanged.
-            try:
-                text = assembly.add(next(iterator))
-            except StopIteration:
-                break
-            except openai.OpenAIError as exc:
-                raise self._translate_error(exc) from exc
-            except (AttributeError, TypeError, ValueError) as exc:
-                raise self._unreadable(exc) from exc
-            if text and on_delta is not None:
-                on_delta(text)
+        relay_stream(chunks, assembly.add, on_delta, self._reading_failure)
         if not assembly.finished:
-            # A connection closed early can look like a normal end of the body; saving the
-            # partial answer as final would be wrong, and asking again usually succeeds.
-            raise RecoverableError(f"model {self.model!r} at {self._base_url} ended the stream before finishing")
+            raise stream_cut(self._where)
         return ChatResponse(message=assembly.message(self.limits), usage=self._usage(assembly.usage))
 
     def _usage(self, usage: CompletionUsage | None) -> Usage:
@@ -252,15 +207,18 @@ class OpenAIChatModel(ProviderChatModel):
         )
         return priced(counted, self.price, self.provider, self.model)
 
+    @property
+    def _where(self) -> str:
+        return f"model {self.model!r} at {self._base_url}"
+
     def _translate_error(self, exc: openai.OpenAIError) -> AgentRunnerError:
-        return openai_failure(
-            exc, f"model {self.model!r} at {self._base_url}", self._client.api_key, "a chat completion"
-        )
+        return openai_failure(exc, self._where, self._client.api_key, _ANSWER)
 
     def _unreadable(self, exc: Exception) -> ModelAPIError:
-        return unreadable_answer(
-            exc, f"model {self.model!r} at {self._base_url}", self._client.api_key, "a chat completion"
-        )
+        return unreadable_answer(exc, self._where, self._client.api_key, _ANSWER)
+
+    def _reading_failure(self, exc: Exception) -> Exception | None:
+        return reading_failure(exc, self._where, self._client.api_key, _ANSWER)
 
 
 @dataclass
@@ -320,20 +278,12 @@ class _StreamAssembly:
         return AiMessage(content=content, tool_calls=calls)
 
 
-def _check_settings(settings: Mapping[str, Any]) -> None:
-    reserved = sorted(_RESERVED_SETTINGS & settings.keys())
-    if reserved:
-        raise DefinitionError(f"OpenAIChatModel sets {reserved} itself; they cannot be given as settings")
-    # Caught here rather than as a TypeError in the middle of a turn, which would fail it.
+def _known_settings() -> frozenset[str] | None:
     parameters = inspect.signature(Completions.create).parameters
+    # An SDK whose `create` takes **kwargs accepts anything: nothing to check then.
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
-        return
-    unknown = sorted(set(settings) - set(parameters) - {"self"})
-    if unknown:
-        raise DefinitionError(
-            f"OpenAIChatModel got unknown settings {unknown}; pass parameters that only some servers "
-            "understand in extra_body={...}"
-        )
+        return None
+    return frozenset(parameters)
 
 
 def _answer_text(content: str | None, refusal: str | None) -> str | None:

@@ -20,21 +20,28 @@ from typing import Any, Final
 import openai
 from openai.resources.responses import Responses
 
-from agent_runner.errors import AgentRunnerError, DefinitionError, RecoverableError
-from agent_runner.limits import DEFAULT_LIMITS, InputLimits
+from agent_runner.errors import AgentRunnerError, DefinitionError
+from agent_runner.limits import InputLimits
 from agent_runner.messages import AiMessage, ModelMessage, ProviderPart, SystemMessage, ToolMessage, UserMessage
-from agent_runner.models import ChatRequest, ChatResponse, ProviderChatModel, ToolSpec
+from agent_runner.models import ChatRequest, ChatResponse, ToolSpec
 from agent_runner.models._adapter import (
-    CONNECT_TIMEOUT,
-    DEFAULT_TIMEOUT,
     ModelAPIError,
-    check_price,
+    SdkChatModel,
+    check_settings,
     model_text,
     model_tool_call,
     priced,
+    relay_stream,
     sent_arguments,
+    stream_cut,
 )
-from agent_runner.models._openai_failures import openai_failure, stream_failure, unreadable_answer
+from agent_runner.models._openai_common import (
+    openai_client,
+    openai_failure,
+    reading_failure,
+    stream_failure,
+    unreadable_answer,
+)
 from agent_runner.usage import Usage
 
 _RESERVED_SETTINGS: Final = frozenset({"model", "input", "tools", "stream", "background"})
@@ -44,7 +51,7 @@ _ANSWER: Final = "a Responses API answer"
 _FINAL_EVENTS: Final = frozenset({"response.completed", "response.incomplete"})
 
 
-class OpenAIResponsesModel(ProviderChatModel):
+class OpenAIResponsesModel(SdkChatModel):
     """A `ChatModel` that calls the OpenAI Responses API, keeping reasoning items across calls.
 
     Args:
@@ -96,38 +103,18 @@ class OpenAIResponsesModel(ProviderChatModel):
                 "OpenAIResponsesModel(background=True) is not available yet: background calls need a durable "
                 "wait that holds no thread; leave background=False"
             )
-        _check_settings(settings)
-        check_price(price)
-        self._init_rate_limit_key(model, rate_limit_key)
-        if client is not None:
-            given = [
-                name
-                for name, value in (("api_key", api_key), ("base_url", base_url), ("timeout", timeout))
-                if value is not None
-            ]
-            if given:
-                raise DefinitionError(f"OpenAIResponsesModel got a client and {given}; configure the client instead")
-            self._client = client.with_options(max_retries=max_retries)
-            self._owns_client = False
-        else:
-            read = DEFAULT_TIMEOUT if timeout is None else timeout
-            try:
-                self._client = openai.OpenAI(
-                    api_key=api_key,
-                    base_url=base_url,
-                    max_retries=max_retries,
-                    timeout=openai.Timeout(read, connect=min(read, CONNECT_TIMEOUT)),
-                )
-            except openai.OpenAIError as exc:
-                raise DefinitionError(
-                    "OpenAIResponsesModel needs an API key: pass api_key or set OPENAI_API_KEY"
-                ) from exc
-            self._owns_client = True
-        self.model = model
-        self.stream = stream
+        check_settings(
+            "OpenAIResponsesModel",
+            settings,
+            _RESERVED_SETTINGS,
+            inspect.signature(Responses.create).parameters,
+            "pass fields the SDK does not know in extra_body={...}",
+        )
+        self._init_adapter(model, stream, price, rate_limit_key, limits)
+        self._client, self._owns_client = openai_client(
+            "OpenAIResponsesModel", client, api_key, base_url, timeout, max_retries
+        )
         self.background = background
-        self.price = price
-        self.limits = limits if limits is not None else DEFAULT_LIMITS
         include = list(settings.pop("include", None) or [])
         if _ENCRYPTED_REASONING not in include:
             include.append(_ENCRYPTED_REASONING)
@@ -169,45 +156,28 @@ class OpenAIResponsesModel(ProviderChatModel):
             arguments["tools"] = [_to_function_tool(spec) for spec in request.tools]
         return arguments
 
-    def close(self) -> None:
-        """Close the HTTP connections of the client built here (an injected client is left open)."""
-        if self._owns_client:
-            self._client.close()
-
-    def __enter__(self) -> OpenAIResponsesModel:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
-
     def __repr__(self) -> str:
         return f"OpenAIResponsesModel(model={self.model!r}, base_url={self._base_url!r}, stream={self.stream})"
 
     def _collect_stream(self, events: Iterable[Any], on_delta: Callable[[str], None] | None) -> ChatResponse:
-        iterator = iter(events)
-        final: dict[str, Any] | None = None
-        while final is None:
-            # Only reading the stream is guarded: an error raised by `on_delta` belongs to the caller.
-            try:
-                event = next(iterator).to_dict()
-            except StopIteration:
-                break
-            except openai.OpenAIError as exc:
-                raise self._translate_error(exc) from exc
-            except (AttributeError, TypeError, ValueError) as exc:
-                raise self._unreadable(exc) from exc
-            kind = event.get("type")
-            if kind == "response.output_text.delta" and event.get("delta") and on_delta is not None:
-                on_delta(event["delta"])
-            elif kind in _FINAL_EVENTS or kind == "response.failed":
-                final = event["response"]
+        final: list[dict[str, Any]] = []
+
+        def read(event: Any) -> str | None:
+            data = event.to_dict()
+            kind = data.get("type")
+            if kind in _FINAL_EVENTS or kind == "response.failed":
+                final.append(data["response"])
             elif kind == "error":
-                raise self._failed(event)
-        if final is None:
-            # A connection closed early can look like a normal end of the body; asking again usually succeeds.
-            raise RecoverableError(f"model {self.model!r} at {self._base_url} ended the stream before finishing")
+                raise self._failed(data)
+            elif kind == "response.output_text.delta":
+                return str(data.get("delta") or "")
+            return None
+
+        relay_stream(events, read, on_delta, self._reading_failure)
+        if not final:
+            raise stream_cut(self._where)
         try:
-            return self._read(final)
+            return self._read(final[-1])
         except (AttributeError, KeyError, TypeError, ValueError) as exc:
             raise self._unreadable(exc) from exc
 
@@ -231,16 +201,23 @@ class OpenAIResponsesModel(ProviderChatModel):
         )
         return ChatResponse(message=message, usage=priced(counted, self.price, self.provider, self.model))
 
+    @property
+    def _where(self) -> str:
+        return f"model {self.model!r} at {self._base_url}"
+
     def _failed(self, error: Mapping[str, Any]) -> AgentRunnerError:
         detail = str(error.get("message") or "the response failed")
         kind = f"{error.get('type') or ''} {error.get('code') or ''}"
-        return stream_failure(f"model {self.model!r} at {self._base_url}", detail, kind, self._client.api_key)
+        return stream_failure(self._where, detail, kind, self._client.api_key)
 
     def _translate_error(self, exc: openai.OpenAIError) -> AgentRunnerError:
-        return openai_failure(exc, f"model {self.model!r} at {self._base_url}", self._client.api_key, _ANSWER)
+        return openai_failure(exc, self._where, self._client.api_key, _ANSWER)
 
     def _unreadable(self, exc: Exception) -> ModelAPIError:
-        return unreadable_answer(exc, f"model {self.model!r} at {self._base_url}", self._client.api_key, _ANSWER)
+        return unreadable_answer(exc, self._where, self._client.api_key, _ANSWER)
+
+    def _reading_failure(self, exc: Exception) -> Exception | None:
+        return reading_failure(exc, self._where, self._client.api_key, _ANSWER)
 
 
 @dataclass
@@ -265,18 +242,6 @@ class _Answer:
             case _:
                 # Reasoning items (and built-in tool items) go back as they came.
                 self.parts.append(item)
-
-
-def _check_settings(settings: Mapping[str, Any]) -> None:
-    reserved = sorted(_RESERVED_SETTINGS & settings.keys())
-    if reserved:
-        raise DefinitionError(f"OpenAIResponsesModel sets {reserved} itself; they cannot be given as settings")
-    unknown = sorted(set(settings) - set(inspect.signature(Responses.create).parameters) - {"self"})
-    if unknown:
-        raise DefinitionError(
-            f"OpenAIResponsesModel got unknown settings {unknown}; pass fields the SDK does not know in "
-            "extra_body={...}"
-        )
 
 
 def _to_function_tool(spec: ToolSpec) -> dict[str, Any]:

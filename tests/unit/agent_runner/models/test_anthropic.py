@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -18,32 +18,17 @@ from tests.helpers.fake_openai import FakeChatServer, Reply
 WEATHER = ToolSpec("weather", "The weather in a city.", {"type": "object", "properties": {"city": {"type": "string"}}})
 
 
-@pytest.fixture
-def server() -> Iterator[FakeChatServer]:
-    fake = FakeChatServer()
-    try:
-        yield fake
-    finally:
-        fake.close()
-
-
 ModelFactory = Callable[..., AnthropicChatModel]
 
 
 @pytest.fixture
-def make_model(server: FakeChatServer) -> Iterator[ModelFactory]:
-    models: list[AnthropicChatModel] = []
-
+def make_model(server: FakeChatServer, closing: Callable[[AnthropicChatModel], AnthropicChatModel]) -> ModelFactory:
     def make(model: str = "claude-test", **kwargs: Any) -> AnthropicChatModel:
         kwargs.setdefault("base_url", server.root_url)
         kwargs.setdefault("api_key", "sk-ant-test")
-        built = AnthropicChatModel(model, **kwargs)
-        models.append(built)
-        return built
+        return closing(AnthropicChatModel(model, **kwargs))
 
-    yield make
-    for built in models:
-        built.close()
+    return make
 
 
 def ask(*messages: ModelMessage, tools: list[ToolSpec] | None = None) -> ChatRequest:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -26,22 +26,13 @@ USAGE = {
 }
 
 
-@pytest.fixture
-def server() -> Iterator[FakeChatServer]:
-    fake = FakeChatServer()
-    try:
-        yield fake
-    finally:
-        fake.close()
-
-
 ModelFactory = Callable[..., GeminiChatModel]
 
 
 @pytest.fixture
-def make_model(server: FakeChatServer) -> ModelFactory:
+def make_model(server: FakeChatServer, closing: Callable[[genai.Client], genai.Client]) -> ModelFactory:
     def make(model: str = "gemini-test", **kwargs: Any) -> GeminiChatModel:
-        client = genai.Client(api_key="g-test-key", http_options=types.HttpOptions(base_url=server.root_url))
+        client = closing(genai.Client(api_key="g-test-key", http_options=types.HttpOptions(base_url=server.root_url)))
         return GeminiChatModel(model, client=client, **kwargs)
 
     return make

@@ -1,4 +1,4 @@
-"""How the OpenAI adapters (chat completions, Responses) sort the SDK's failures."""
+"""What the OpenAI adapters (chat completions, Responses) share: their client, and how they sort the SDK's failures."""
 
 from __future__ import annotations
 
@@ -7,8 +7,15 @@ from typing import Final
 
 import openai
 
-from agent_runner.errors import AgentRunnerError, RecoverableError
-from agent_runner.models._adapter import ModelAPIError, redact, short_detail, status_failure
+from agent_runner.errors import AgentRunnerError, DefinitionError, RecoverableError
+from agent_runner.models._adapter import (
+    ModelAPIError,
+    redact,
+    refuse_with_client,
+    short_detail,
+    status_failure,
+    timeouts,
+)
 
 # Error types or codes of an error reported inside a stream that a later call may not hit again.
 TRANSIENT_STREAM_ERRORS: Final = ("server_error", "rate_limit", "overloaded", "timeout", "unavailable")
@@ -68,3 +75,42 @@ def _error_detail(exc: openai.APIError) -> str:
     else:
         detail = exc.message
     return short_detail(detail)
+
+
+def openai_client(
+    owner: str,
+    client: openai.OpenAI | None,
+    api_key: str | None,
+    base_url: str | None,
+    timeout: float | None,
+    max_retries: int,
+) -> tuple[openai.OpenAI, bool]:
+    """The client an OpenAI adapter calls through, and whether it built it (and so closes it).
+
+    Raises:
+        DefinitionError: A client and client options together, or no API key anywhere.
+    """
+    if client is not None:
+        refuse_with_client(owner, {"api_key": api_key, "base_url": base_url, "timeout": timeout})
+        # A copy that shares the caller's connection pool, with our retry setting.
+        return client.with_options(max_retries=max_retries), False
+    read, connect = timeouts(timeout)
+    try:
+        built = openai.OpenAI(
+            api_key=api_key, base_url=base_url, max_retries=max_retries, timeout=openai.Timeout(read, connect=connect)
+        )
+    except openai.OpenAIError as exc:
+        raise DefinitionError(
+            f"{owner} needs an API key: pass api_key (any non-empty string for a server that checks none) "
+            "or set OPENAI_API_KEY"
+        ) from exc
+    return built, True
+
+
+def reading_failure(exc: Exception, where: str, api_key: str | None, answer: str) -> Exception | None:
+    """What to raise for an error met while reading an answer: sorted SDK failures, unreadable bodies, else None."""
+    if isinstance(exc, openai.OpenAIError):
+        return openai_failure(exc, where, api_key, answer)
+    if isinstance(exc, AttributeError | KeyError | TypeError | ValueError):
+        return unreadable_answer(exc, where, api_key, answer)
+    return None
