@@ -123,11 +123,6 @@ class GeminiChatModel(SdkChatModel):
         self._api_key = api_key or ""
         self.settings: dict[str, Any] = settings
 
-    def output_allowance(self) -> int | None:
-        """The `max_output_tokens` setting, if one is set."""
-        value = self.settings.get("max_output_tokens")
-        return value if isinstance(value, int) and value > 0 else None
-
     def generate(self, request: ChatRequest) -> ChatResponse:
         """Call the model once and return its message and usage.
 
