@@ -218,11 +218,19 @@ def priced(usage: Usage, price: tuple[float, float] | None, provider: str, model
         cache_read_tokens=usage.cache_read_tokens or None,
         cache_write_tokens=usage.cache_write_tokens or None,
     )
+    if (provider, model) in _UNLISTED:
+        return usage
     try:
         calculation = calc_price(counted, model, provider_id=provider)
     except LookupError:
+        # The search through the list costs more than the call's other bookkeeping: do it once.
+        _UNLISTED.add((provider, model))
         return usage
     return usage.model_copy(update={"cost": float(calculation.total_price)})
+
+
+_UNLISTED: set[tuple[str, str]] = set()
+"""(provider, model) pairs the price list does not know (a local model, say): they cost 0.0 without a search."""
 
 
 def timeouts(timeout: float | None) -> tuple[float, float]:

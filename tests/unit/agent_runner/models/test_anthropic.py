@@ -219,3 +219,32 @@ def test_settings_the_adapter_owns_or_the_sdk_does_not_know_are_refused() -> Non
         AnthropicChatModel("m", api_key="k", messages=[])
     with pytest.raises(DefinitionError, match="temprature"):
         AnthropicChatModel("m", api_key="k", temprature=0.2)
+
+
+def test_parts_another_provider_wrote_are_not_sent_and_other_adapters_do_not_send_these(
+    server: FakeChatServer, make_model: ModelFactory
+) -> None:
+    from agent_runner.messages import ProviderPart
+    from agent_runner.models.openai import OpenAIChatModel
+    from tests.helpers.fake_openai import completion
+
+    # Given an answer that carries a reasoning item of the Responses API and a thinking block of Claude
+    reasoning = {"type": "reasoning", "id": "rs_1", "encrypted_content": "gAAA"}
+    answer = AiMessage(
+        "Earlier answer.",
+        provider_parts=[ProviderPart("openai_responses", reasoning), ProviderPart("anthropic", wire.THINKING)],
+    )
+    server.add(Reply(body=wire.message(wire.text("ok"))), Reply(body=completion("ok")))
+    # When Claude and a chat-completions model each get it in their history
+    make_model().generate(ask(UserMessage("hi"), answer, UserMessage("again")))
+    chat = OpenAIChatModel("gpt-4o-mini", base_url=server.base_url, api_key="k")
+    try:
+        chat.generate(ask(UserMessage("hi"), answer, UserMessage("again")))
+    finally:
+        chat.close()
+    # Then Claude gets its own thinking block only, and the chat-completions model gets neither
+    claude_body, chat_body = server.requests[0].body, server.requests[1].body
+    assert claude_body["messages"][1]["content"] == [wire.THINKING, {"type": "text", "text": "Earlier answer."}]
+    assert "gAAA" not in str(claude_body)
+    assert chat_body["messages"][2] == {"role": "assistant", "content": "Earlier answer."}
+    assert "signature" not in str(chat_body) and "gAAA" not in str(chat_body)
