@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from agent_runner import AiMessage, ProviderPart, ToolCall, Usage
 from agent_runner.messages import AnyMessageAdapter, ModelMessagesAdapter
 from workers.views import message_view
@@ -53,3 +55,14 @@ def test_usage_detail_counts_add_up_and_are_left_out_of_the_json_while_zero() ->
     )
     assert Usage(1, 2).model_dump() == {"input_tokens": 1, "output_tokens": 2, "cost": 0.0}
     assert Usage.model_validate(total.model_dump(mode="json")) == total
+
+
+def test_history_a_caller_gives_is_refused_when_its_provider_parts_are_over_the_limits() -> None:
+    from agent_runner import InputLimitError, InputLimits
+    from agent_runner.limits import check_message
+
+    limits = InputLimits(max_message_bytes=1024)
+    check_message(limits, AiMessage("ok", provider_parts=[ProviderPart("anthropic", THINKING)]), "history[0]")
+    huge = AiMessage("ok", provider_parts=[ProviderPart("anthropic", {**THINKING, "thinking": "x" * 2000})])
+    with pytest.raises(InputLimitError, match=r"history\[0\]\.provider_parts\[0\]\.data"):
+        check_message(limits, huge, "history[0]")
