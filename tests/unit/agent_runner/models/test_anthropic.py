@@ -248,3 +248,32 @@ def test_parts_another_provider_wrote_are_not_sent_and_other_adapters_do_not_sen
     assert "gAAA" not in str(claude_body)
     assert chat_body["messages"][2] == {"role": "assistant", "content": "Earlier answer."}
     assert "signature" not in str(chat_body) and "gAAA" not in str(chat_body)
+
+
+def test_a_streamed_claude_turn_emits_deltas_and_keeps_its_thinking_in_the_snapshot(
+    server: FakeChatServer, make_model: ModelFactory
+) -> None:
+    from agent_runner import Agent, AgentEventType, AgentRunner, AgentTurnStatus
+    from tests.unit.agent_runner.turn_kit import EventLog
+
+    thinking = wire.streamed_block(
+        0,
+        {"type": "thinking", "thinking": "", "signature": ""},
+        {"type": "thinking_delta", "thinking": wire.THINKING["thinking"]},
+        {"type": "signature_delta", "signature": wire.THINKING["signature"]},
+    )
+    text = wire.streamed_block(
+        1, {"type": "text", "text": ""}, *({"type": "text_delta", "text": t} for t in ("Hel", "lo"))
+    )
+    server.add(Reply(sse=wire.stream(thinking, text), done=False))
+    runner = AgentRunner()
+    events = EventLog()
+    runner.add_event_listener(events)
+    turn = runner.run(Agent(id="claude", chat_model=make_model(stream=True)), "hi")
+    assert turn.status is AgentTurnStatus.COMPLETED and turn.final_output == "Hello"
+    assert [e.data["delta"] for e in events.of_type(AgentEventType.MODEL_DELTA)] == ["Hel", "lo"]
+    answer = turn.messages[-1]
+    assert isinstance(answer, AiMessage) and answer.parts_of("anthropic") == [wire.THINKING]
+    # The event a page reads carries the text, never the signed thinking
+    [response] = events.of_type(AgentEventType.MODEL_RESPONSE)
+    assert "signature" not in str(response.data)
