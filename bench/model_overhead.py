@@ -6,7 +6,8 @@ Bare: the SDK's `create` with the request already built, the answer left as the 
 object. Adapter: `generate(ChatRequest)`, which builds the request, reads the answer into
 an `AiMessage` with its provider parts, and prices the usage from the genai-prices list.
 Blocks of calls alternate between the two so that drift of the machine hits both; the
-median wall time per call of each is reported, with their ratio.
+median wall time per call of each is reported, with their ratio, and the median CPU time
+of the calling thread (the client's own work: the fake server runs on other threads).
 
 Run: `python bench/model_overhead.py [--quick] [--json PATH]`.
 """
@@ -101,18 +102,30 @@ def measure(provider: str, blocks: int, calls: int) -> dict[str, Any]:
             model.generate(request)
             bare()
         times: dict[str, list[float]] = {"adapter": [], "bare": []}
+        cpu: dict[str, list[float]] = {"adapter": [], "bare": []}
         for _ in range(blocks):
             for name, call in (("bare", bare), ("adapter", lambda: model.generate(request))):
                 for _ in range(calls):
-                    started = time.perf_counter()
+                    started, started_cpu = time.perf_counter(), time.thread_time()
                     call()
+                    cpu[name].append(time.thread_time() - started_cpu)
                     times[name].append(time.perf_counter() - started)
         getattr(model, "close", lambda: None)()
     finally:
         server.close()
     adapter_ms = statistics.median(times["adapter"]) * 1000
     bare_ms = statistics.median(times["bare"]) * 1000
-    return {"adapter_ms": adapter_ms, "bare_ms": bare_ms, "ratio": adapter_ms / bare_ms, "calls": blocks * calls}
+    adapter_cpu_ms = statistics.median(cpu["adapter"]) * 1000
+    bare_cpu_ms = statistics.median(cpu["bare"]) * 1000
+    return {
+        "adapter_ms": adapter_ms,
+        "bare_ms": bare_ms,
+        "ratio": adapter_ms / bare_ms,
+        "adapter_cpu_ms": adapter_cpu_ms,
+        "bare_cpu_ms": bare_cpu_ms,
+        "cpu_ratio": adapter_cpu_ms / bare_cpu_ms,
+        "calls": blocks * calls,
+    }
 
 
 def main() -> None:
@@ -123,8 +136,9 @@ def main() -> None:
         results[provider] = measure(provider, blocks, calls)
         r = results[provider]
         log(
-            f"{provider}: adapter {r['adapter_ms']:.3f} ms, bare SDK {r['bare_ms']:.3f} ms per call, "
-            f"ratio {r['ratio']:.3f} ({r['calls']} calls each)"
+            f"{provider}: wall {r['adapter_ms']:.3f} ms (adapter) vs {r['bare_ms']:.3f} ms (bare SDK), "
+            f"ratio {r['ratio']:.3f}; calling thread's CPU {r['adapter_cpu_ms']:.3f} vs {r['bare_cpu_ms']:.3f} ms, "
+            f"ratio {r['cpu_ratio']:.3f} ({r['calls']} calls each)"
         )
     write_results(args.json, results)
 
