@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Collection, Iterable, Mapping
+from collections.abc import AsyncIterable, Callable, Collection, Iterable, Mapping
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from typing import Any, Final, Self, TypeVar
@@ -285,6 +285,28 @@ def relay_stream(
         try:
             text = read(next(iterator))
         except StopIteration:
+            return
+        except Exception as exc:
+            translated = failure(exc)
+            if translated is None:
+                raise
+            raise translated from exc
+        if text and on_delta is not None:
+            on_delta(text)
+
+
+async def arelay_stream(
+    chunks: AsyncIterable[T],
+    read: Callable[[T], str | None],
+    on_delta: Callable[[str], None] | None,
+    failure: Callable[[Exception], Exception | None],
+) -> None:
+    """`relay_stream` for a stream read on an event loop."""
+    iterator = aiter(chunks)
+    while True:
+        try:
+            text = read(await anext(iterator))
+        except StopAsyncIteration:
             return
         except Exception as exc:
             translated = failure(exc)

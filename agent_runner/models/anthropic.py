@@ -34,6 +34,7 @@ from agent_runner.models import ChatRequest, ChatResponse, ToolSpec
 from agent_runner.models._adapter import (
     ModelAPIError,
     SdkChatModel,
+    arelay_stream,
     check_settings,
     model_text,
     model_tool_call,
@@ -68,6 +69,8 @@ class AnthropicChatModel(SdkChatModel):
             `api_key`, `base_url` and `timeout` must be left unset. It is not closed by `close()`.
         stream: Stream the answer and pass each text delta to `ChatRequest.on_delta`.
         cache: Put prompt-cache breakpoints on the instructions, the tools and the history.
+        async_client: A ready `anthropic.AsyncAnthropic` for `agenerate` (by default one is
+            built on first use from the sync client's key, URL and timeouts).
         timeout: Read timeout in seconds of the client built here.
         max_retries: SDK-level retries; keep 0 so that the runner's retry policy is the only one.
         price: `(input, output)` price per million tokens for `Usage.cost`; when None, the
@@ -92,6 +95,7 @@ class AnthropicChatModel(SdkChatModel):
         client: anthropic.Anthropic | None = None,
         stream: bool = False,
         cache: bool = True,
+        async_client: anthropic.AsyncAnthropic | None = None,
         timeout: float | None = None,
         max_retries: int = 0,
         price: tuple[float, float] | None = None,
@@ -120,6 +124,8 @@ class AnthropicChatModel(SdkChatModel):
             )
             self._owns_client = True
         self.cache = cache
+        self._async_client = async_client.with_options(max_retries=max_retries) if async_client is not None else None
+        self._owns_async_client = False
         self.settings: dict[str, Any] = {"max_tokens": DEFAULT_MAX_TOKENS, **settings}
         self._base_url = str(self._client.base_url)
 
@@ -140,16 +146,43 @@ class AnthropicChatModel(SdkChatModel):
             with events:
                 return self._collect_stream(events, request.on_delta)
         try:
-            message = self._client.messages.create(stream=False, **arguments)
-            assembly = _Assembly()
-            for block in message.content:
-                assembly.add_block(block.to_dict())
-            assembly.add_usage(message.usage.to_dict())
-            return self._response(assembly)
+            return self._answered(self._client.messages.create(stream=False, **arguments))
         except anthropic.AnthropicError as exc:
             raise self._translate_error(exc) from exc
         except (AttributeError, KeyError, TypeError, ValueError) as exc:
             raise self._unreadable(exc) from exc
+
+    async def agenerate(self, request: ChatRequest) -> ChatResponse:
+        """`generate` on the SDK's async client, for callers on an event loop.
+
+        The async client is built on first use from the same key, URL and timeouts (or is
+        the `async_client` given); `aclose()` closes it.
+        """
+        arguments = self.request_arguments(request)
+        client = self._async()
+        if self.stream:
+            try:
+                events = await client.messages.create(stream=True, **arguments)
+            except anthropic.AnthropicError as exc:
+                raise self._translate_error(exc) from exc
+            async with events:
+                assembly = _Assembly()
+                await arelay_stream(
+                    events, lambda event: assembly.add_event(event.to_dict()), request.on_delta, self._reading_failure
+                )
+            return self._streamed(assembly)
+        try:
+            return self._answered(await client.messages.create(stream=False, **arguments))
+        except anthropic.AnthropicError as exc:
+            raise self._translate_error(exc) from exc
+        except (AttributeError, KeyError, TypeError, ValueError) as exc:
+            raise self._unreadable(exc) from exc
+
+    async def aclose(self) -> None:
+        """Close the async client built here, and the sync one (`close()`)."""
+        if self._async_client is not None and self._owns_async_client:
+            await self._async_client.close()
+        self.close()
 
     def request_arguments(self, request: ChatRequest) -> dict[str, Any]:
         """The keyword arguments of `messages.create` for `request` (without `stream`)."""
@@ -178,9 +211,30 @@ class AnthropicChatModel(SdkChatModel):
     def _collect_stream(self, events: Iterable[Any], on_delta: Callable[[str], None] | None) -> ChatResponse:
         assembly = _Assembly()
         relay_stream(events, lambda event: assembly.add_event(event.to_dict()), on_delta, self._reading_failure)
+        return self._streamed(assembly)
+
+    def _streamed(self, assembly: _Assembly) -> ChatResponse:
         if not assembly.finished:
             raise stream_cut(f"model {self.model!r} at {self._base_url}")
         return self._response(assembly)
+
+    def _answered(self, message: Any) -> ChatResponse:
+        assembly = _Assembly()
+        for block in message.content:
+            assembly.add_block(block.to_dict())
+        assembly.add_usage(message.usage.to_dict())
+        return self._response(assembly)
+
+    def _async(self) -> anthropic.AsyncAnthropic:
+        if self._async_client is None:
+            self._async_client = anthropic.AsyncAnthropic(
+                api_key=self._client.api_key,
+                base_url=self._client.base_url,
+                max_retries=self._client.max_retries,
+                timeout=self._client.timeout,
+            )
+            self._owns_async_client = True
+        return self._async_client
 
     def _response(self, assembly: _Assembly) -> ChatResponse:
         calls = [model_tool_call(c.id, c.name, c.arguments, self.limits) for c in assembly.calls]

@@ -277,3 +277,38 @@ def test_a_streamed_claude_turn_emits_deltas_and_keeps_its_thinking_in_the_snaps
     # The event a page reads carries the text, never the signed thinking
     [response] = events.of_type(AgentEventType.MODEL_RESPONSE)
     assert "signature" not in str(response.data)
+
+
+def test_the_async_call_reads_the_same_answers_and_sorts_the_same_failures(
+    server: FakeChatServer, make_model: ModelFactory
+) -> None:
+    import asyncio
+
+    text = wire.streamed_block(
+        1, {"type": "text", "text": ""}, *({"type": "text_delta", "text": t} for t in ("Hi", "!"))
+    )
+    server.add(
+        Reply(body=wire.message(wire.THINKING, wire.tool_use("toolu_9", "weather", {"city": "Rome"}))),
+        Reply(sse=wire.stream(text), done=False),
+        Reply(529, wire.error("overloaded_error", "Overloaded"), headers={"retry-after": "4"}),
+    )
+    plain, streaming = make_model(), make_model(stream=True)
+    deltas: list[str] = []
+
+    async def calls() -> None:
+        try:
+            first = await plain.agenerate(ask(UserMessage("Rome?")))
+            assert first.message.parts_of("anthropic") == [wire.THINKING]
+            assert [(c.id, c.arguments) for c in first.message.tool_calls] == [("toolu_9", {"city": "Rome"})]
+            second = await streaming.agenerate(ChatRequest([UserMessage("hi")], on_delta=deltas.append))
+            assert second.message.content == "Hi!"
+            with pytest.raises(RecoverableError) as raised:
+                await plain.agenerate(ask(UserMessage("again")))
+            assert raised.value.retry_after == 4.0
+        finally:
+            await plain.aclose()
+            await streaming.aclose()
+
+    asyncio.run(calls())
+    assert deltas == ["Hi", "!"]
+    assert server.requests[2].body["messages"][0]["content"][0]["cache_control"] == {"type": "ephemeral"}
