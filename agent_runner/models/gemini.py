@@ -19,7 +19,7 @@ import base64
 import importlib
 import json
 import re
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, cast
 
@@ -34,6 +34,7 @@ from agent_runner.models import ChatRequest, ChatResponse, ToolSpec
 from agent_runner.models._adapter import (
     ModelAPIError,
     SdkChatModel,
+    arelay_stream,
     check_settings,
     model_text,
     model_tool_call,
@@ -149,8 +150,25 @@ class GeminiChatModel(SdkChatModel):
                 raise
             raise translated from exc
         relay_stream(chunks, answer.add, request.on_delta if self.stream else None, self._translate_error)
-        if not answer.finished:
-            raise stream_cut(f"model {self.model!r}")
+        return self._response(answer)
+
+    async def agenerate(self, request: ChatRequest) -> ChatResponse:
+        """`generate` on the client's async side (`client.aio`), for callers on an event loop."""
+        contents, settings = self.request_arguments(request)
+        config = cast(types.GenerateContentConfigDict, settings)
+        answer = _Answer()
+        models = self._client.aio.models
+        try:
+            if self.stream:
+                chunks = await models.generate_content_stream(model=self.model, contents=contents, config=config)
+            else:
+                chunks = _one(await models.generate_content(model=self.model, contents=contents, config=config))
+        except Exception as exc:
+            translated = self._translate_error(exc)
+            if translated is None:
+                raise
+            raise translated from exc
+        await arelay_stream(chunks, answer.add, request.on_delta if self.stream else None, self._translate_error)
         return self._response(answer)
 
     def request_arguments(self, request: ChatRequest) -> tuple[list[dict[str, Any]], dict[str, Any]]:
@@ -168,6 +186,8 @@ class GeminiChatModel(SdkChatModel):
         return f"GeminiChatModel(model={self.model!r}, stream={self.stream})"
 
     def _response(self, answer: _Answer) -> ChatResponse:
+        if not answer.finished:
+            raise stream_cut(f"model {self.model!r}")
         calls = [model_tool_call(c.id, c.name, c.arguments, self.limits) for c in answer.calls]
         parts: list[ProviderPart] = []
         for pending, call in zip(answer.calls, calls, strict=True):
@@ -260,6 +280,10 @@ class _Answer:
                     self.text_signatures.append(signature)
         self.text.extend(text)
         return "".join(text) or None
+
+
+async def _one(response: types.GenerateContentResponse) -> AsyncIterator[types.GenerateContentResponse]:
+    yield response
 
 
 def _retry_delay(details: Any) -> float | None:

@@ -27,6 +27,7 @@ from agent_runner.models import ChatRequest, ChatResponse, ToolSpec
 from agent_runner.models._adapter import (
     ModelAPIError,
     SdkChatModel,
+    arelay_stream,
     check_settings,
     model_text,
     model_tool_call,
@@ -64,6 +65,8 @@ class OpenAIResponsesModel(SdkChatModel):
         background: Not available yet: a background response would be started, its id saved
             in the snapshot, and the turn would wait for it without holding a thread. Passing
             True raises `DefinitionError`.
+        async_client: A ready `openai.AsyncOpenAI` for `agenerate` (by default one is built
+            on first use from the sync client's key, URL and timeouts).
         timeout: Read timeout in seconds of the client built here.
         max_retries: SDK-level retries; keep 0 so that the runner's retry policy is the only one.
         price: `(input, output)` price per million tokens for `Usage.cost`; when None, the
@@ -91,6 +94,7 @@ class OpenAIResponsesModel(SdkChatModel):
         client: openai.OpenAI | None = None,
         stream: bool = False,
         background: bool = False,
+        async_client: openai.AsyncOpenAI | None = None,
         timeout: float | None = None,
         max_retries: int = 0,
         price: tuple[float, float] | None = None,
@@ -115,6 +119,8 @@ class OpenAIResponsesModel(SdkChatModel):
             "OpenAIResponsesModel", client, api_key, base_url, timeout, max_retries
         )
         self.background = background
+        self._async_client = async_client.with_options(max_retries=max_retries) if async_client is not None else None
+        self._owns_async_client = False
         include = list(settings.pop("include", None) or [])
         if _ENCRYPTED_REASONING not in include:
             include.append(_ENCRYPTED_REASONING)
@@ -145,6 +151,39 @@ class OpenAIResponsesModel(SdkChatModel):
         except (AttributeError, KeyError, TypeError, ValueError) as exc:
             raise self._unreadable(exc) from exc
 
+    async def agenerate(self, request: ChatRequest) -> ChatResponse:
+        """`generate` on the SDK's async client, for callers on an event loop.
+
+        The async client is built on first use from the same key, URL and timeouts (or is
+        the `async_client` given); `aclose()` closes it.
+        """
+        arguments = self.request_arguments(request)
+        client = self._async()
+        if self.stream:
+            try:
+                events = await client.responses.create(stream=True, **arguments)
+            except openai.OpenAIError as exc:
+                raise self._translate_error(exc) from exc
+            final: list[dict[str, Any]] = []
+            async with events:
+                await arelay_stream(
+                    events, lambda event: self._read_event(event, final), request.on_delta, self._reading_failure
+                )
+            return self._streamed(final)
+        try:
+            response = await client.responses.create(stream=False, **arguments)
+            return self._read(response.to_dict())
+        except openai.OpenAIError as exc:
+            raise self._translate_error(exc) from exc
+        except (AttributeError, KeyError, TypeError, ValueError) as exc:
+            raise self._unreadable(exc) from exc
+
+    async def aclose(self) -> None:
+        """Close the async client built here, and the sync one (`close()`)."""
+        if self._async_client is not None and self._owns_async_client:
+            await self._async_client.close()
+        self.close()
+
     def request_arguments(self, request: ChatRequest) -> dict[str, Any]:
         """The keyword arguments of `responses.create` for `request` (without `stream`)."""
         arguments: dict[str, Any] = {
@@ -161,25 +200,39 @@ class OpenAIResponsesModel(SdkChatModel):
 
     def _collect_stream(self, events: Iterable[Any], on_delta: Callable[[str], None] | None) -> ChatResponse:
         final: list[dict[str, Any]] = []
+        relay_stream(events, lambda event: self._read_event(event, final), on_delta, self._reading_failure)
+        return self._streamed(final)
 
-        def read(event: Any) -> str | None:
-            data = event.to_dict()
-            kind = data.get("type")
-            if kind in _FINAL_EVENTS or kind == "response.failed":
-                final.append(data["response"])
-            elif kind == "error":
-                raise self._failed(data)
-            elif kind == "response.output_text.delta":
-                return str(data.get("delta") or "")
-            return None
+    def _read_event(self, event: Any, final: list[dict[str, Any]]) -> str | None:
+        """Take one stream event: its text delta is returned, the finished response kept in `final`."""
+        data = event.to_dict()
+        kind = data.get("type")
+        if kind in _FINAL_EVENTS or kind == "response.failed":
+            final.append(data["response"])
+        elif kind == "error":
+            raise self._failed(data)
+        elif kind == "response.output_text.delta":
+            return str(data.get("delta") or "")
+        return None
 
-        relay_stream(events, read, on_delta, self._reading_failure)
+    def _streamed(self, final: list[dict[str, Any]]) -> ChatResponse:
         if not final:
             raise stream_cut(self._where)
         try:
             return self._read(final[-1])
         except (AttributeError, KeyError, TypeError, ValueError) as exc:
             raise self._unreadable(exc) from exc
+
+    def _async(self) -> openai.AsyncOpenAI:
+        if self._async_client is None:
+            self._async_client = openai.AsyncOpenAI(
+                api_key=self._client.api_key,
+                base_url=self._client.base_url,
+                max_retries=self._client.max_retries,
+                timeout=self._client.timeout,
+            )
+            self._owns_async_client = True
+        return self._async_client
 
     def _read(self, response: Mapping[str, Any]) -> ChatResponse:
         if response.get("status") == "failed":

@@ -149,3 +149,32 @@ def test_settings_the_adapter_owns_or_the_config_does_not_know_are_refused() -> 
         GeminiChatModel("gemini-test", api_key="k", tools=[])
     with pytest.raises(DefinitionError, match="temprature"):
         GeminiChatModel("gemini-test", api_key="k", temprature=0.1)
+
+
+def test_the_async_call_reads_the_same_answers_and_sorts_the_same_failures(
+    server: FakeChatServer, make_model: ModelFactory
+) -> None:
+    import asyncio
+
+    server.add(
+        Reply(body=wire.response(wire.function_call("weather", {"city": "Oslo"}, "fc_7", wire.SIGNATURE))),
+        Reply(sse=[wire.response({"text": "Hi"}, finish=None), wire.response({"text": "!"})], done=False),
+        Reply(sse=[wire.response({"text": "Hal"}, finish=None)], done=False),
+        Reply(503, wire.error(503, "UNAVAILABLE", "The model is overloaded")),
+    )
+    plain, streaming = make_model(), make_model(stream=True)
+    deltas: list[str] = []
+
+    async def calls() -> None:
+        first = await plain.agenerate(ask(UserMessage("Oslo?")))
+        assert [(c.id, c.arguments) for c in first.message.tool_calls] == [("fc_7", {"city": "Oslo"})]
+        assert first.message.parts_of("gemini") == [{"tool_call_id": "fc_7", "signature": wire.SIGNATURE}]
+        second = await streaming.agenerate(ChatRequest([UserMessage("hi")], on_delta=deltas.append))
+        assert second.message.content == "Hi!"
+        with pytest.raises(RecoverableError, match="ended the stream before finishing"):
+            await streaming.agenerate(ask(UserMessage("again")))
+        with pytest.raises(RecoverableError, match="HTTP 503"):
+            await plain.agenerate(ask(UserMessage("again")))
+
+    asyncio.run(calls())
+    assert deltas == ["Hi", "!"]

@@ -150,3 +150,33 @@ def test_settings_the_adapter_owns_or_the_sdk_does_not_know_are_refused() -> Non
         OpenAIResponsesModel("o4-mini", api_key="k", input=[])
     with pytest.raises(DefinitionError, match="max_tokenz"):
         OpenAIResponsesModel("o4-mini", api_key="k", max_tokenz=5)
+
+
+def test_the_async_call_reads_the_same_answers_and_sorts_the_same_failures(
+    server: FakeChatServer, make_model: ModelFactory
+) -> None:
+    import asyncio
+
+    server.add(
+        Reply(body=wire.response(wire.REASONING, wire.function_call("call_5", "weather", '{"city": "Oslo"}'))),
+        Reply(sse=wire.stream(wire.response(wire.text("Hi!")), "Hi", "!"), done=False),
+        Reply(429, {"error": {"message": "slow down", "code": "rate_limit_exceeded"}}, headers={"retry-after": "6"}),
+    )
+    plain, streaming = make_model(), make_model(stream=True)
+    deltas: list[str] = []
+
+    async def calls() -> None:
+        try:
+            first = await plain.agenerate(ask(UserMessage("Oslo?")))
+            assert first.message.parts_of("openai_responses") == [wire.REASONING]
+            second = await streaming.agenerate(ChatRequest([UserMessage("hi")], on_delta=deltas.append))
+            assert second.message.content == "Hi!"
+            with pytest.raises(RecoverableError) as raised:
+                await plain.agenerate(ask(UserMessage("again")))
+            assert raised.value.retry_after == 6.0 and raised.value.rate_limited
+        finally:
+            await plain.aclose()
+            await streaming.aclose()
+
+    asyncio.run(calls())
+    assert deltas == ["Hi", "!"]
