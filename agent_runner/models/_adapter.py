@@ -12,7 +12,7 @@ import math
 from collections.abc import AsyncIterable, Callable, Collection, Iterable, Mapping
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
-from typing import Any, Final, Self, TypeVar
+from typing import Any, Final, NoReturn, Self, TypeVar
 
 from agent_runner.errors import AgentRunnerError, DefinitionError, InputLimitError, RecoverableError
 from agent_runner.ids import new_id
@@ -26,7 +26,7 @@ from agent_runner.limits import (
     storable_text,
 )
 from agent_runner.messages import ToolCall
-from agent_runner.models import ProviderChatModel
+from agent_runner.models import ChatRequest, ChatResponse, ProviderChatModel
 from agent_runner.tools import INVALID_ARGUMENTS_KEY
 from agent_runner.usage import Usage
 
@@ -287,10 +287,7 @@ def relay_stream(
         except StopIteration:
             return
         except Exception as exc:
-            translated = failure(exc)
-            if translated is None:
-                raise
-            raise translated from exc
+            raise_translated(exc, failure)
         if text and on_delta is not None:
             on_delta(text)
 
@@ -309,12 +306,17 @@ async def arelay_stream(
         except StopAsyncIteration:
             return
         except Exception as exc:
-            translated = failure(exc)
-            if translated is None:
-                raise
-            raise translated from exc
+            raise_translated(exc, failure)
         if text and on_delta is not None:
             on_delta(text)
+
+
+def raise_translated(exc: Exception, failure: Callable[[Exception], Exception | None]) -> NoReturn:
+    """Raise what `failure` makes of `exc` (chained to it), or `exc` itself when it makes nothing."""
+    translated = failure(exc)
+    if translated is None:
+        raise exc
+    raise translated from exc
 
 
 class SdkChatModel(ProviderChatModel):
@@ -322,6 +324,8 @@ class SdkChatModel(ProviderChatModel):
 
     _client: Any
     _owns_client: bool = False
+    _async_client: Any = None
+    _owns_async_client: bool = False
     model: str
     stream: bool
     price: tuple[float, float] | None
@@ -347,6 +351,24 @@ class SdkChatModel(ProviderChatModel):
         if self._owns_client:
             self._client.close()
 
+    async def aclose(self) -> None:
+        """Close the async client built here for `agenerate`, and the sync one (`close()`)."""
+        if self._async_client is not None and self._owns_async_client:
+            await self._async_client.close()
+        self.close()
+
+    def _async_twin(self, client_class: Callable[..., Any]) -> Any:
+        """The async client for `agenerate`: the one given, or one built like the sync client (same key, URL, timeouts)."""
+        if self._async_client is None:
+            self._async_client = client_class(
+                api_key=self._client.api_key,
+                base_url=self._client.base_url,
+                max_retries=self._client.max_retries,
+                timeout=self._client.timeout,
+            )
+            self._owns_async_client = True
+        return self._async_client
+
     def __enter__(self) -> Self:
         return self
 
@@ -361,3 +383,70 @@ def stream_cut(where: str) -> RecoverableError:
     answer as final would be wrong, and asking again usually succeeds.
     """
     return RecoverableError(f"{where} ended the stream before finishing")
+
+
+class OneCallChatModel(SdkChatModel):
+    """An adapter whose answer comes from one SDK call, whole or as a stream of events, sync or async.
+
+    A subclass says how to make the call (`_create`), read a whole answer (`_read_answer`),
+    read a stream (`_stream_reader`), sort a failure (`_reading_failure`) and get its async
+    client (`_async`); `generate` and `agenerate` are the same steps around them.
+    """
+
+    def request_arguments(self, request: ChatRequest) -> dict[str, Any]:
+        """The keyword arguments of the SDK call for `request`."""
+        raise NotImplementedError
+
+    def _create(self, client: Any, arguments: dict[str, Any], stream: bool) -> Any:
+        raise NotImplementedError
+
+    def _read_answer(self, answer: Any) -> ChatResponse:
+        raise NotImplementedError
+
+    def _stream_reader(self) -> tuple[Callable[[Any], str | None], Callable[[], ChatResponse]]:
+        """A function taking each event (returning its text delta) and one giving the answer at the end."""
+        raise NotImplementedError
+
+    def _reading_failure(self, exc: Exception) -> Exception | None:
+        raise NotImplementedError
+
+    def _async(self) -> Any:
+        raise NotImplementedError
+
+    def generate(self, request: ChatRequest) -> ChatResponse:
+        """Call the model once and return its message and usage.
+
+        Raises:
+            RecoverableError: Timeout, connection failure, 408, 409, 429, 5xx (529 too), or a
+                transient failure reported in the answer; `retry_after` carries the server's delay.
+            ModelAPIError: Any other failure of the API, or an answer that cannot be read.
+        """
+        arguments = self.request_arguments(request)
+        try:
+            answer = self._create(self._client, arguments, self.stream)
+            if not self.stream:
+                return self._read_answer(answer)
+        except Exception as exc:
+            raise_translated(exc, self._reading_failure)
+        read, finish = self._stream_reader()
+        with answer:
+            relay_stream(answer, read, request.on_delta, self._reading_failure)
+        return finish()
+
+    async def agenerate(self, request: ChatRequest) -> ChatResponse:
+        """`generate` on the SDK's async client, for callers on an event loop.
+
+        The async client is the one given, or one built on first use like the sync client
+        (same key, URL and timeouts); `aclose()` closes it.
+        """
+        arguments = self.request_arguments(request)
+        try:
+            answer = await self._create(self._async(), arguments, self.stream)
+            if not self.stream:
+                return self._read_answer(answer)
+        except Exception as exc:
+            raise_translated(exc, self._reading_failure)
+        read, finish = self._stream_reader()
+        async with answer:
+            await arelay_stream(answer, read, request.on_delta, self._reading_failure)
+        return finish()

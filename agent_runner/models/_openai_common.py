@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Final
+from typing import ClassVar, Final
 
 import openai
 
@@ -114,3 +114,25 @@ def reading_failure(exc: Exception, where: str, api_key: str | None, answer: str
     if isinstance(exc, AttributeError | KeyError | TypeError | ValueError):
         return unreadable_answer(exc, where, api_key, answer)
     return None
+
+
+class OpenAIFailures:
+    """How both OpenAI adapters sort what goes wrong; `_answer` names what they read (`"a chat completion"`)."""
+
+    _answer: ClassVar[str]
+    model: str
+    _base_url: str
+    _client: openai.OpenAI
+
+    @property
+    def _where(self) -> str:
+        return f"model {self.model!r} at {self._base_url}"
+
+    def _translate_error(self, exc: openai.OpenAIError) -> AgentRunnerError:
+        return openai_failure(exc, self._where, self._client.api_key, self._answer)
+
+    def _unreadable(self, exc: Exception) -> ModelAPIError:
+        return unreadable_answer(exc, self._where, self._client.api_key, self._answer)
+
+    def _reading_failure(self, exc: Exception) -> Exception | None:
+        return reading_failure(exc, self._where, self._client.api_key, self._answer)

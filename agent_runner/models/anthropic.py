@@ -33,15 +33,13 @@ from agent_runner.messages import AiMessage, ModelMessage, ProviderPart, SystemM
 from agent_runner.models import ChatRequest, ChatResponse, ToolSpec
 from agent_runner.models._adapter import (
     ModelAPIError,
-    SdkChatModel,
-    arelay_stream,
+    OneCallChatModel,
     check_settings,
     model_text,
     model_tool_call,
     priced,
     redact,
     refuse_with_client,
-    relay_stream,
     short_detail,
     status_failure,
     stream_cut,
@@ -58,7 +56,7 @@ _TRANSIENT_STREAM_ERRORS: Final = frozenset({"overloaded_error", "api_error", "r
 _CACHE: Final[dict[str, Any]] = {"type": "ephemeral"}
 
 
-class AnthropicChatModel(SdkChatModel):
+class AnthropicChatModel(OneCallChatModel):
     """A `ChatModel` that calls Anthropic's Messages API.
 
     Args:
@@ -125,64 +123,8 @@ class AnthropicChatModel(SdkChatModel):
             self._owns_client = True
         self.cache = cache
         self._async_client = async_client.with_options(max_retries=max_retries) if async_client is not None else None
-        self._owns_async_client = False
         self.settings: dict[str, Any] = {"max_tokens": DEFAULT_MAX_TOKENS, **settings}
         self._base_url = str(self._client.base_url)
-
-    def generate(self, request: ChatRequest) -> ChatResponse:
-        """Call the model once and return its message and usage.
-
-        Raises:
-            RecoverableError: Timeout, connection failure, 408, 409, 429, 5xx or 529, with
-                the server's Retry-After in `retry_after`.
-            ModelAPIError: Any other failure of the API.
-        """
-        arguments = self.request_arguments(request)
-        if self.stream:
-            try:
-                events = self._client.messages.create(stream=True, **arguments)
-            except anthropic.AnthropicError as exc:
-                raise self._translate_error(exc) from exc
-            with events:
-                return self._collect_stream(events, request.on_delta)
-        try:
-            return self._answered(self._client.messages.create(stream=False, **arguments))
-        except anthropic.AnthropicError as exc:
-            raise self._translate_error(exc) from exc
-        except (AttributeError, KeyError, TypeError, ValueError) as exc:
-            raise self._unreadable(exc) from exc
-
-    async def agenerate(self, request: ChatRequest) -> ChatResponse:
-        """`generate` on the SDK's async client, for callers on an event loop.
-
-        The async client is built on first use from the same key, URL and timeouts (or is
-        the `async_client` given); `aclose()` closes it.
-        """
-        arguments = self.request_arguments(request)
-        client = self._async()
-        if self.stream:
-            try:
-                events = await client.messages.create(stream=True, **arguments)
-            except anthropic.AnthropicError as exc:
-                raise self._translate_error(exc) from exc
-            async with events:
-                assembly = _Assembly()
-                await arelay_stream(
-                    events, lambda event: assembly.add_event(event.to_dict()), request.on_delta, self._reading_failure
-                )
-            return self._streamed(assembly)
-        try:
-            return self._answered(await client.messages.create(stream=False, **arguments))
-        except anthropic.AnthropicError as exc:
-            raise self._translate_error(exc) from exc
-        except (AttributeError, KeyError, TypeError, ValueError) as exc:
-            raise self._unreadable(exc) from exc
-
-    async def aclose(self) -> None:
-        """Close the async client built here, and the sync one (`close()`)."""
-        if self._async_client is not None and self._owns_async_client:
-            await self._async_client.close()
-        self.close()
 
     def request_arguments(self, request: ChatRequest) -> dict[str, Any]:
         """The keyword arguments of `messages.create` for `request` (without `stream`)."""
@@ -208,33 +150,29 @@ class AnthropicChatModel(SdkChatModel):
     def __repr__(self) -> str:
         return f"AnthropicChatModel(model={self.model!r}, base_url={self._base_url!r}, stream={self.stream})"
 
-    def _collect_stream(self, events: Iterable[Any], on_delta: Callable[[str], None] | None) -> ChatResponse:
-        assembly = _Assembly()
-        relay_stream(events, lambda event: assembly.add_event(event.to_dict()), on_delta, self._reading_failure)
-        return self._streamed(assembly)
+    def _create(self, client: Any, arguments: dict[str, Any], stream: bool) -> Any:
+        return client.messages.create(stream=stream, **arguments)
 
-    def _streamed(self, assembly: _Assembly) -> ChatResponse:
-        if not assembly.finished:
-            raise stream_cut(f"model {self.model!r} at {self._base_url}")
-        return self._response(assembly)
-
-    def _answered(self, message: Any) -> ChatResponse:
+    def _read_answer(self, answer: Any) -> ChatResponse:
         assembly = _Assembly()
-        for block in message.content:
+        for block in answer.content:
             assembly.add_block(block.to_dict())
-        assembly.add_usage(message.usage.to_dict())
+        assembly.add_usage(answer.usage.to_dict())
         return self._response(assembly)
+
+    def _stream_reader(self) -> tuple[Callable[[Any], str | None], Callable[[], ChatResponse]]:
+        assembly = _Assembly()
+
+        def finish() -> ChatResponse:
+            if not assembly.finished:
+                raise stream_cut(f"model {self.model!r} at {self._base_url}")
+            return self._response(assembly)
+
+        return lambda event: assembly.add_event(event.to_dict()), finish
 
     def _async(self) -> anthropic.AsyncAnthropic:
-        if self._async_client is None:
-            self._async_client = anthropic.AsyncAnthropic(
-                api_key=self._client.api_key,
-                base_url=self._client.base_url,
-                max_retries=self._client.max_retries,
-                timeout=self._client.timeout,
-            )
-            self._owns_async_client = True
-        return self._async_client
+        client: anthropic.AsyncAnthropic = self._async_twin(anthropic.AsyncAnthropic)
+        return client
 
     def _response(self, assembly: _Assembly) -> ChatResponse:
         calls = [model_tool_call(c.id, c.name, c.arguments, self.limits) for c in assembly.calls]

@@ -39,6 +39,7 @@ from agent_runner.models._adapter import (
     model_text,
     model_tool_call,
     priced,
+    raise_translated,
     redact,
     refuse_with_client,
     relay_stream,
@@ -145,10 +146,7 @@ class GeminiChatModel(SdkChatModel):
                     [self._client.models.generate_content(model=self.model, contents=contents, config=config)]
                 )
         except Exception as exc:
-            translated = self._translate_error(exc)
-            if translated is None:
-                raise
-            raise translated from exc
+            raise_translated(exc, self._translate_error)
         relay_stream(chunks, answer.add, request.on_delta if self.stream else None, self._translate_error)
         return self._response(answer)
 
@@ -164,10 +162,7 @@ class GeminiChatModel(SdkChatModel):
             else:
                 chunks = _one(await models.generate_content(model=self.model, contents=contents, config=config))
         except Exception as exc:
-            translated = self._translate_error(exc)
-            if translated is None:
-                raise
-            raise translated from exc
+            raise_translated(exc, self._translate_error)
         await arelay_stream(chunks, answer.add, request.on_delta if self.stream else None, self._translate_error)
         return self._response(answer)
 

@@ -28,7 +28,6 @@ from typing import TYPE_CHECKING, Any, Final
 import openai
 from openai.resources.chat import Completions
 
-from agent_runner.errors import AgentRunnerError
 from agent_runner.limits import InputLimits
 from agent_runner.messages import AiMessage, SystemMessage, ToolCall, ToolMessage, UserMessage
 from agent_runner.models import ChatRequest, ChatResponse, ToolSpec
@@ -46,7 +45,7 @@ from agent_runner.models._adapter import (
     sent_arguments,
     stream_cut,
 )
-from agent_runner.models._openai_common import openai_client, openai_failure, reading_failure, unreadable_answer
+from agent_runner.models._openai_common import OpenAIFailures, openai_client
 from agent_runner.models.openai_responses import OpenAIResponsesModel
 from agent_runner.tools import INVALID_ARGUMENTS_KEY
 from agent_runner.usage import Usage
@@ -66,7 +65,7 @@ _RESERVED_SETTINGS: Final = frozenset({"model", "messages", "tools", "stream"})
 _ANSWER: Final = "a chat completion"
 
 
-class OpenAIChatModel(SdkChatModel):
+class OpenAIChatModel(OpenAIFailures, SdkChatModel):
     """A `ChatModel` that calls the chat-completions endpoint of an OpenAI-compatible server.
 
     Args:
@@ -96,6 +95,7 @@ class OpenAIChatModel(SdkChatModel):
     """
 
     provider = "openai"
+    _answer = _ANSWER
 
     def __init__(
         self,
@@ -206,19 +206,6 @@ class OpenAIChatModel(SdkChatModel):
             reasoning_tokens=reasoning,
         )
         return priced(counted, self.price, self.provider, self.model)
-
-    @property
-    def _where(self) -> str:
-        return f"model {self.model!r} at {self._base_url}"
-
-    def _translate_error(self, exc: openai.OpenAIError) -> AgentRunnerError:
-        return openai_failure(exc, self._where, self._client.api_key, _ANSWER)
-
-    def _unreadable(self, exc: Exception) -> ModelAPIError:
-        return unreadable_answer(exc, self._where, self._client.api_key, _ANSWER)
-
-    def _reading_failure(self, exc: Exception) -> Exception | None:
-        return reading_failure(exc, self._where, self._client.api_key, _ANSWER)
 
 
 @dataclass

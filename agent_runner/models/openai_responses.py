@@ -25,24 +25,15 @@ from agent_runner.limits import InputLimits
 from agent_runner.messages import AiMessage, ModelMessage, ProviderPart, SystemMessage, ToolMessage, UserMessage
 from agent_runner.models import ChatRequest, ChatResponse, ToolSpec
 from agent_runner.models._adapter import (
-    ModelAPIError,
-    SdkChatModel,
-    arelay_stream,
+    OneCallChatModel,
     check_settings,
     model_text,
     model_tool_call,
     priced,
-    relay_stream,
     sent_arguments,
     stream_cut,
 )
-from agent_runner.models._openai_common import (
-    openai_client,
-    openai_failure,
-    reading_failure,
-    stream_failure,
-    unreadable_answer,
-)
+from agent_runner.models._openai_common import OpenAIFailures, openai_client, stream_failure
 from agent_runner.usage import Usage
 
 _RESERVED_SETTINGS: Final = frozenset({"model", "input", "tools", "stream", "background"})
@@ -52,7 +43,7 @@ _ANSWER: Final = "a Responses API answer"
 _FINAL_EVENTS: Final = frozenset({"response.completed", "response.incomplete"})
 
 
-class OpenAIResponsesModel(SdkChatModel):
+class OpenAIResponsesModel(OpenAIFailures, OneCallChatModel):
     """A `ChatModel` that calls the OpenAI Responses API, keeping reasoning items across calls.
 
     Args:
@@ -82,6 +73,7 @@ class OpenAIResponsesModel(SdkChatModel):
     """
 
     provider = "openai"
+    _answer = _ANSWER
     part_provider: Final = "openai_responses"
     """The `ProviderPart.provider` of the reasoning items this adapter keeps."""
 
@@ -120,69 +112,11 @@ class OpenAIResponsesModel(SdkChatModel):
         )
         self.background = background
         self._async_client = async_client.with_options(max_retries=max_retries) if async_client is not None else None
-        self._owns_async_client = False
         include = list(settings.pop("include", None) or [])
         if _ENCRYPTED_REASONING not in include:
             include.append(_ENCRYPTED_REASONING)
         self.settings: dict[str, Any] = {"store": False, **settings, "include": include}
         self._base_url = str(self._client.base_url)
-
-    def generate(self, request: ChatRequest) -> ChatResponse:
-        """Call the model once and return its message and usage.
-
-        Raises:
-            RecoverableError: Timeout, connection failure, 408, 409, 429, 5xx, or a transient
-                failure reported by the response; `retry_after` carries the server's Retry-After.
-            ModelAPIError: Any other failure of the API.
-        """
-        arguments = self.request_arguments(request)
-        if self.stream:
-            try:
-                events = self._client.responses.create(stream=True, **arguments)
-            except openai.OpenAIError as exc:
-                raise self._translate_error(exc) from exc
-            with events:
-                return self._collect_stream(events, request.on_delta)
-        try:
-            response = self._client.responses.create(stream=False, **arguments)
-            return self._read(response.to_dict())
-        except openai.OpenAIError as exc:
-            raise self._translate_error(exc) from exc
-        except (AttributeError, KeyError, TypeError, ValueError) as exc:
-            raise self._unreadable(exc) from exc
-
-    async def agenerate(self, request: ChatRequest) -> ChatResponse:
-        """`generate` on the SDK's async client, for callers on an event loop.
-
-        The async client is built on first use from the same key, URL and timeouts (or is
-        the `async_client` given); `aclose()` closes it.
-        """
-        arguments = self.request_arguments(request)
-        client = self._async()
-        if self.stream:
-            try:
-                events = await client.responses.create(stream=True, **arguments)
-            except openai.OpenAIError as exc:
-                raise self._translate_error(exc) from exc
-            final: list[dict[str, Any]] = []
-            async with events:
-                await arelay_stream(
-                    events, lambda event: self._read_event(event, final), request.on_delta, self._reading_failure
-                )
-            return self._streamed(final)
-        try:
-            response = await client.responses.create(stream=False, **arguments)
-            return self._read(response.to_dict())
-        except openai.OpenAIError as exc:
-            raise self._translate_error(exc) from exc
-        except (AttributeError, KeyError, TypeError, ValueError) as exc:
-            raise self._unreadable(exc) from exc
-
-    async def aclose(self) -> None:
-        """Close the async client built here, and the sync one (`close()`)."""
-        if self._async_client is not None and self._owns_async_client:
-            await self._async_client.close()
-        self.close()
 
     def request_arguments(self, request: ChatRequest) -> dict[str, Any]:
         """The keyword arguments of `responses.create` for `request` (without `stream`)."""
@@ -198,41 +132,39 @@ class OpenAIResponsesModel(SdkChatModel):
     def __repr__(self) -> str:
         return f"OpenAIResponsesModel(model={self.model!r}, base_url={self._base_url!r}, stream={self.stream})"
 
-    def _collect_stream(self, events: Iterable[Any], on_delta: Callable[[str], None] | None) -> ChatResponse:
+    def _create(self, client: Any, arguments: dict[str, Any], stream: bool) -> Any:
+        return client.responses.create(stream=stream, **arguments)
+
+    def _read_answer(self, answer: Any) -> ChatResponse:
+        return self._read(answer.to_dict())
+
+    def _stream_reader(self) -> tuple[Callable[[Any], str | None], Callable[[], ChatResponse]]:
         final: list[dict[str, Any]] = []
-        relay_stream(events, lambda event: self._read_event(event, final), on_delta, self._reading_failure)
-        return self._streamed(final)
 
-    def _read_event(self, event: Any, final: list[dict[str, Any]]) -> str | None:
-        """Take one stream event: its text delta is returned, the finished response kept in `final`."""
-        data = event.to_dict()
-        kind = data.get("type")
-        if kind in _FINAL_EVENTS or kind == "response.failed":
-            final.append(data["response"])
-        elif kind == "error":
-            raise self._failed(data)
-        elif kind == "response.output_text.delta":
-            return str(data.get("delta") or "")
-        return None
+        def read(event: Any) -> str | None:
+            data = event.to_dict()
+            kind = data.get("type")
+            if kind in _FINAL_EVENTS or kind == "response.failed":
+                final.append(data["response"])
+            elif kind == "error":
+                raise self._failed(data)
+            elif kind == "response.output_text.delta":
+                return str(data.get("delta") or "")
+            return None
 
-    def _streamed(self, final: list[dict[str, Any]]) -> ChatResponse:
-        if not final:
-            raise stream_cut(self._where)
-        try:
-            return self._read(final[-1])
-        except (AttributeError, KeyError, TypeError, ValueError) as exc:
-            raise self._unreadable(exc) from exc
+        def finish() -> ChatResponse:
+            if not final:
+                raise stream_cut(self._where)
+            try:
+                return self._read(final[-1])
+            except (AttributeError, KeyError, TypeError, ValueError) as exc:
+                raise self._unreadable(exc) from exc
+
+        return read, finish
 
     def _async(self) -> openai.AsyncOpenAI:
-        if self._async_client is None:
-            self._async_client = openai.AsyncOpenAI(
-                api_key=self._client.api_key,
-                base_url=self._client.base_url,
-                max_retries=self._client.max_retries,
-                timeout=self._client.timeout,
-            )
-            self._owns_async_client = True
-        return self._async_client
+        client: openai.AsyncOpenAI = self._async_twin(openai.AsyncOpenAI)
+        return client
 
     def _read(self, response: Mapping[str, Any]) -> ChatResponse:
         if response.get("status") == "failed":
@@ -254,23 +186,10 @@ class OpenAIResponsesModel(SdkChatModel):
         )
         return ChatResponse(message=message, usage=priced(counted, self.price, self.provider, self.model))
 
-    @property
-    def _where(self) -> str:
-        return f"model {self.model!r} at {self._base_url}"
-
     def _failed(self, error: Mapping[str, Any]) -> AgentRunnerError:
         detail = str(error.get("message") or "the response failed")
         kind = f"{error.get('type') or ''} {error.get('code') or ''}"
         return stream_failure(self._where, detail, kind, self._client.api_key)
-
-    def _translate_error(self, exc: openai.OpenAIError) -> AgentRunnerError:
-        return openai_failure(exc, self._where, self._client.api_key, _ANSWER)
-
-    def _unreadable(self, exc: Exception) -> ModelAPIError:
-        return unreadable_answer(exc, self._where, self._client.api_key, _ANSWER)
-
-    def _reading_failure(self, exc: Exception) -> Exception | None:
-        return reading_failure(exc, self._where, self._client.api_key, _ANSWER)
 
 
 @dataclass
