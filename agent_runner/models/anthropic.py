@@ -198,12 +198,14 @@ class AnthropicChatModel(OneCallChatModel):
         if isinstance(exc, anthropic.APIResponseValidationError):
             return self._unreadable(exc)
         if isinstance(exc, anthropic.APIStatusError):
-            detail = self._redact(exc.api_message or exc.message)
+            error = _error_of(exc.body)
+            detail = self._redact(str(error.get("message") or exc.message))
+            kind = str(error.get("type") or "")
             if exc.status_code < 400:
                 # An `error` event inside a stream that had started well (HTTP 200).
-                message = f"{where} reported {exc.type or 'an error'} while streaming: {detail}"
-                if exc.type in _TRANSIENT_STREAM_ERRORS:
-                    return RecoverableError(message, rate_limited=exc.type == "rate_limit_error")
+                message = f"{where} reported {kind or 'an error'} while streaming: {detail}"
+                if kind in _TRANSIENT_STREAM_ERRORS:
+                    return RecoverableError(message, rate_limited=kind == "rate_limit_error")
                 return ModelAPIError(None, message)
             return status_failure(
                 exc.status_code, f"{where} answered HTTP {exc.status_code}: {detail}", exc.response.headers
@@ -311,6 +313,13 @@ class _Assembly:
             case "citations_delta":
                 block.setdefault("citations", []).append(delta["citation"])
         return None
+
+
+def _error_of(body: object) -> Mapping[str, Any]:
+    # `{"type": "error", "error": {"type": ..., "message": ...}}`, read from the body so
+    # that SDK releases with and without parsed error attributes sort alike.
+    error = body.get("error") if isinstance(body, Mapping) else None
+    return error if isinstance(error, Mapping) else {}
 
 
 def _to_anthropic_tool(spec: ToolSpec) -> dict[str, Any]:
