@@ -108,7 +108,8 @@ def message_view(mask: ArgumentMask, message: AnyMessage) -> dict[str, Any]:
 
     Page messages already hold masked arguments (they were masked when the card was made).
     """
-    data = message.model_dump(mode="json")
+    # A provider's opaque parts (signed thinking, encrypted reasoning) are for that provider only.
+    data = message.model_dump(mode="json", exclude={"provider_parts"})
     if isinstance(message, AiMessage) and message.tool_calls:
         data["tool_calls"] = [tool_call_view(mask, call) for call in message.tool_calls]
     return data

@@ -163,10 +163,17 @@ def _call_model(
         sink.close()
     limiting.settle(admission, response.usage)
     updated, message = machine.apply_model_response(turn, response, ctx.clock())
-    response = trusted(ChatResponse, _RESPONSE_GIVEN, {"message": message, "usage": response.usage})
+    response = trusted(
+        ChatResponse, _RESPONSE_GIVEN, {"message": message, "usage": response.usage, "model": response.model}
+    )
     usage = response.usage
     event = payloads.model_response(
-        message.id, message.content, [c.name for c in message.tool_calls], usage.input_tokens, usage.output_tokens
+        message.id,
+        message.content,
+        [c.name for c in message.tool_calls],
+        usage.input_tokens,
+        usage.output_tokens,
+        response.model,
     )
     saved = save(ctx, updated, expected, event, terminal_event(updated))
     if saved.is_terminal:
