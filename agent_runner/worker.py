@@ -37,12 +37,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from agent_runner._runtime import pickup
-from agent_runner.errors import AgentRunnerError, TurnNotFound, log_failure
+from agent_runner.errors import AgentRunnerError, log_failure
 from agent_runner.ids import new_id
 from agent_runner.in_memory import InMemoryTurnLease
-from agent_runner.leasing import HeldLease, LeaseKeeper
+from agent_runner.leasing import HeldLease, LeaseKeeper, TurnHolder
 from agent_runner.persistence import AgentTurnStore, DeadlineSource, TurnLease
-from agent_runner.results import AdvanceResult, StopReason
+from agent_runner.results import Delivery, DeliveryOutcome, StopReason
 from agent_runner.runner import AgentRunner
 from agent_runner.snapshot import AgentTurn, AgentTurnStatus
 
@@ -421,45 +421,28 @@ class AgentWorker:
 
     def _advance(self, turn_id: str, seen: pickup.Sighting | None, stop: threading.Event | None) -> int:
         """Step one turn, `seen` at a version, under its lease until it blocks, ends, or used its share of steps."""
-        with self._claim(turn_id) as claim:
-            if claim is None or claim.held is None:
-                return 0
-            held = claim.held
-            try:
-                # Taken after the lease: loaded, unless the store's cached snapshot is the
-                # version seen moments ago and no other holder came in between (see `pickup`).
-                turn, cached = pickup.under_lease(
-                    self.runner.turn_store, turn_id, seen, held.fence, self.runner.clock()
-                )
-            except TurnNotFound:
-                return 0
 
-            def advance(start: AgentTurn) -> AdvanceResult:
-                return self.runner.advance(
-                    start,
-                    fence=held.fence,
-                    max_steps=self.max_steps_per_claim,
-                    may_continue=lambda: (stop is None or not stop.is_set()) and self.keeper.may_step(held),
-                )
+        def may_step(held: HeldLease) -> bool:
+            return (stop is None or not stop.is_set()) and self.keeper.may_step(held)
 
-            result = pickup.continue_after_stale(advance(turn), cached, advance)
-            if result.stopped is StopReason.FAILED:
-                log_failure(
-                    logger,
-                    result.error,
-                    "worker %s: a step of turn %s raised; the turn stays runnable and is tried again later",
-                    self.owner,
-                    turn_id,
-                )
-                self._back_off(turn_id)
-                return result.steps
-            self._forgive(turn_id)
-            if result.stopped is StopReason.BUDGET:
-                # Its share is used up, not its work: queue it behind every turn dispatched
-                # meanwhile, new ones included (that is what the share is for), rather than
-                # leave it to the next poll.
-                self._enqueue(turn_id, pickup.seen_now(result.turn.version))
-            return result.steps
+        holder = TurnHolder(self._held, may_step, max_steps=self.max_steps_per_claim, then=self._after_delivery)
+        result = self.runner.deliver(turn_id, holder, seen=seen).result
+        return 0 if result is None else result.steps
+
+    def _after_delivery(self, delivery: Delivery) -> None:
+        """Once the lease is released: back off from a turn whose step raised, or queue one whose share ran out."""
+        result = delivery.result
+        if delivery.outcome is DeliveryOutcome.NOT_FOUND or delivery.outcome is DeliveryOutcome.LEASE_HELD:
+            return
+        if result is not None and result.stopped is StopReason.FAILED:
+            self._back_off(delivery.turn_id)
+            return
+        self._forgive(delivery.turn_id)
+        if result is not None and result.stopped is StopReason.BUDGET:
+            # Its share is used up, not its work: queue it behind every turn dispatched
+            # meanwhile, new ones included (that is what the share is for), rather than
+            # leave it to the next poll.
+            self._enqueue(delivery.turn_id, pickup.seen_now(result.turn.version))
 
     # --- Leases -------------------------------------------------------------------------------
 
@@ -490,6 +473,12 @@ class AgentWorker:
                 yield None
                 return
             time.sleep(min(self.poll_interval, _FOREGROUND_WAIT_S))
+
+    @contextmanager
+    def _held(self, turn_id: str) -> Iterator[HeldLease | None]:
+        """The turn's lease for a delivery, once this worker has claimed the turn (None: taken here or elsewhere)."""
+        with self._claim(turn_id) as claim:
+            yield None if claim is None else claim.held
 
     @contextmanager
     def _claim(self, turn_id: str, *, quiet: bool = True) -> Iterator[_Claim | None]:
