@@ -4,10 +4,12 @@ It steps the turns handed to it by the runner's dispatch first, and polls the tu
 for READY, RUNNING and due RETRY_SCHEDULED turns as the safety net (turns made runnable by
 other processes, dispatches it did not keep). Either way a turn under way (resumed, retried,
 a child, one that used its share of steps) goes before a turn that has not started, so a
-backlog of new turns does not hold back the turns already running. Every `deadline_interval` it also runs the
-deadline sweep (`AgentRunner.apply_due_deadlines`, the one Celery beat runs in distributed
-deployments): reminders of approvals and forms near their deadline, and the defaults of
-those past it, whose turns it then steps like any resumed turn. It takes each turn's lease
+backlog of new turns does not hold back the turns already running. On a thread of its own it
+runs its periodic sweeps (`agent_runner.periodic`): by default the deadline sweep
+(`AgentRunner.apply_due_deadlines`, the one Celery beat runs in distributed deployments):
+reminders of approvals and forms near their deadline, and the defaults of those past it,
+whose turns it then steps like any resumed turn; an embedded deployment gives it the rows
+of its sweep table instead. It takes each turn's lease
 before touching it, stamps the lease's fencing number on every save, renews the lease on a
 heartbeat while a long model or tool call runs, and releases it when the turn blocks or ends. A
 worker that dies leaves its turns RUNNING with a lease that simply expires; any other
@@ -32,7 +34,7 @@ import threading
 import time
 import weakref
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -41,6 +43,7 @@ from agent_runner.errors import AgentRunnerError, log_failure
 from agent_runner.ids import new_id
 from agent_runner.in_memory import InMemoryTurnLease
 from agent_runner.leasing import HeldLease, LeaseKeeper, TurnHolder
+from agent_runner.periodic import DEADLINE_SWEEP, PeriodicSweep, SweepThread, deadline_sweep
 from agent_runner.persistence import AgentTurnStore, DeadlineSource, TurnLease
 from agent_runner.results import Delivery, DeliveryOutcome, StopReason
 from agent_runner.runner import AgentRunner
@@ -119,12 +122,14 @@ class AgentWorker:
         batch_size: Runnable turns fetched per poll.
         owner: The lease owner token; unique per worker (default: host, pid and a random part).
         deadline_interval: Seconds between deadline sweeps: DEADLINE_APPROACHING reminders,
-            and the `on_timeout` defaults of approvals and forms whose deadline passed. One
-            of the threads sweeps at `start` and then every `deadline_interval`; `run_once`
-            sweeps on every call. Several workers may sweep the same store: each reminder and
-            default is applied once. None turns the sweep off (something else sweeps, such
-            as Celery beat); so does a turn store that cannot list deadlines (not a
-            `DeadlineSource`).
+            and the `on_timeout` defaults of approvals and forms whose deadline passed.
+            Several workers may sweep the same store: each reminder and default is applied
+            once. None turns the sweep off (something else sweeps, such as Celery beat); so
+            does a turn store that cannot list deadlines (not a `DeadlineSource`). Ignored
+            when `sweeps` is given.
+        sweeps: The periodic sweeps this worker runs (default: the deadline sweep every
+            `deadline_interval`). Each runs at `start` and then once per its interval, on a
+            thread beside the stepping threads; `run_once` runs them all on every call.
 
     Raises:
         ValueError: A count or duration is not positive.
@@ -142,6 +147,7 @@ class AgentWorker:
         batch_size: int = 50,
         owner: str | None = None,
         deadline_interval: float | None = 10.0,
+        sweeps: Sequence[PeriodicSweep] | None = None,
     ) -> None:
         if concurrency < 1 or max_steps_per_claim < 1 or batch_size < 1:
             raise ValueError(
@@ -160,7 +166,11 @@ class AgentWorker:
         self.max_steps_per_claim = max_steps_per_claim
         self.batch_size = batch_size
         self.owner = owner or f"{socket.gethostname()}:{os.getpid()}:{new_id()[:8]}"
-        self.deadline_interval = deadline_interval if isinstance(runner.turn_store, DeadlineSource) else None
+        if sweeps is None:
+            sweeps = ()
+            if deadline_interval is not None and isinstance(runner.turn_store, DeadlineSource):
+                sweeps = (deadline_sweep(runner, deadline_interval),)
+        self.sweeps = SweepThread(sweeps)
         if runner.dispatcher is None:
             runner.dispatcher = self
         if runner.lease_scope is None:
@@ -176,10 +186,14 @@ class AgentWorker:
         self._continuing: OrderedDict[str, pickup.Sighting] = OrderedDict()
         self._dispatched: OrderedDict[str, pickup.Sighting] = OrderedDict()
         self._wake = threading.Event()
-        self._next_deadline_sweep = 0.0  # time.monotonic() at which a thread runs the deadline sweep next
         self._next_poll = 0.0  # time.monotonic() at which a thread of this worker polls the store next
         self._stop: threading.Event | None = None
         self._threads: list[threading.Thread] = []
+
+    @property
+    def deadline_interval(self) -> float | None:
+        """Seconds between the deadline sweeps of this worker; None when it runs none."""
+        return self.sweeps.intervals.get(DEADLINE_SWEEP)
 
     # --- Dispatcher ---------------------------------------------------------------------------
 
@@ -223,7 +237,7 @@ class AgentWorker:
     def run_once(self) -> int:
         """Make one pass in this thread over the runnable turns; return the steps made.
 
-        The pass starts with the deadline sweep (unless `deadline_interval` is None), so a
+        The pass starts with the worker's sweeps (the deadline sweep by default), so a
         turn resumed by its deadline's default is stepped in the same pass. Then each
         runnable turn this worker can lease is stepped until it blocks, ends, or used
         `max_steps_per_claim` steps: first the turns dispatched to it, then those the store
@@ -234,8 +248,7 @@ class AgentWorker:
         Raises:
             StoreError: The store could not list the runnable turns or the due deadlines.
         """
-        if self.deadline_interval is not None:
-            self.runner.apply_due_deadlines()
+        self.sweeps.run_all()
         seen: set[str] = set()
         steps = self._run_dispatched(None, seen)
         return steps + self._run_polled(None, seen)
@@ -249,13 +262,13 @@ class AgentWorker:
             # out keep theirs set and finish, instead of being revived by this start.
             stop = threading.Event()
             self._stop = stop
-            self._next_deadline_sweep = 0.0  # deadlines that passed while nothing ran are applied at once
             self._next_poll = 0.0
             self._threads = [t for t in self._threads if t.is_alive()]
             for index in range(self.concurrency):
                 thread = threading.Thread(target=self._loop, args=(stop,), name=f"agent-worker-{index}", daemon=True)
                 thread.start()
                 self._threads.append(thread)
+            self.sweeps.start()
 
     def stop(self, timeout: float = 30.0) -> bool:
         """Stop the stepping threads; return whether they all ended within `timeout` seconds.
@@ -271,6 +284,7 @@ class AgentWorker:
             stop.set()
         self._wake.set()
         deadline = time.monotonic() + max(0.0, timeout)
+        sweeps_stopped = self.sweeps.stop(timeout)
         current = threading.current_thread()
         for thread in threads:
             if thread is not current:
@@ -281,7 +295,7 @@ class AgentWorker:
         if not alive and not self.keeper.held:
             # Nothing is held any more: let the heartbeat thread end now rather than a beat later.
             self.keeper.stop(max(0.0, min(1.0, deadline - time.monotonic())))
-        return not alive
+        return not alive and sweeps_stopped
 
     def __enter__(self) -> AgentWorker:
         self.start()
@@ -295,7 +309,6 @@ class AgentWorker:
             # Clear before looking, not after: a dispatch that arrives during the pass then
             # makes the wait below return at once instead of being forgotten.
             self._wake.clear()
-            self._sweep_deadlines_if_due()
             seen: set[str] = set()
             try:
                 steps = self._run_dispatched(stop, seen)
@@ -318,9 +331,7 @@ class AgentWorker:
                 )
                 steps = 0
             if steps == 0 and not stop.is_set():
-                next_poll = self._next_poll
-                wake_at = next_poll if self.deadline_interval is None else min(next_poll, self._next_deadline_sweep)
-                self._wake.wait(max(0.0, wake_at - time.monotonic()))
+                self._wake.wait(max(0.0, self._next_poll - time.monotonic()))
 
     def _take_poll(self) -> bool:
         """Whether this thread polls the store now; if so, the next poll of the worker is an interval away."""
@@ -334,27 +345,6 @@ class AgentWorker:
     def _poll_again(self) -> None:
         with self._lock:
             self._next_poll = 0.0
-
-    def _sweep_deadlines_if_due(self) -> None:
-        """Run the deadline sweep if its time has come; one thread of the worker does, the others go on stepping."""
-        if self.deadline_interval is None:
-            return
-        with self._lock:
-            now = time.monotonic()
-            if now < self._next_deadline_sweep:
-                return
-            self._next_deadline_sweep = now + self.deadline_interval
-        try:
-            self.runner.apply_due_deadlines()
-        except Exception as exc:
-            # The store is down or the sweep hit a bug: stepping goes on, the next sweep tries again.
-            log_failure(
-                logger,
-                exc,
-                "worker %s: the deadline sweep failed; trying again in %ss",
-                self.owner,
-                self.deadline_interval,
-            )
 
     def _run_dispatched(self, stop: threading.Event | None, seen: set[str]) -> int:
         """Advance as many dispatched turns as were waiting at this call, under way first; add them to `seen`.

@@ -30,7 +30,8 @@ deliveries and nothing else.
 
 `SWEEPS` is the only list of them: Celery beat's schedule and the registered tasks
 (`workers.celery_app`), the `sweep` label of the metrics (`workers.telemetry`) and the
-timers of the embedded processes (`workers.embedded_timers.SweepTimers`) are made from it.
+sweeps the `AgentWorker` of an embedded process runs (`embedded_sweeps`) are made from it,
+at the same intervals.
 """
 
 from __future__ import annotations
@@ -41,9 +42,11 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from functools import partial
 from typing import TYPE_CHECKING
 
 from agent_runner import AgentRunner, AgentRunnerError, AgentTurnStatus, TurnRef
+from agent_runner.periodic import DEADLINE_SWEEP, PeriodicSweep
 from workers.celery_app.names import (
     DELIVER_WEBHOOKS,
     SWEEP_ADMISSION,
@@ -232,8 +235,9 @@ class Sweep:
     interval: Callable[[WorkerSettings], float | None]
     """Seconds between two runs under these settings; None: it does not run."""
     embedded: EmbeddedRun | None
-    """What an embedded process runs on its timer; None when that process needs no timer for it
-    (its `AgentWorker` finds stale and due turns when it polls the store, its `InboxPump` sweeps the inbox)."""
+    """What the `AgentWorker` of an embedded process runs for it, at the same interval; None when
+    that process does its job otherwise (its `AgentWorker` finds stale and due turns when it polls
+    the store, its `InboxPump` sweeps the inbox, and it has no admission)."""
 
     @property
     def counted(self) -> bool:
@@ -280,7 +284,7 @@ SWEEPS: tuple[Sweep, ...] = (
         embedded=None,
     ),
     Sweep(
-        "deadlines",
+        DEADLINE_SWEEP,
         SWEEP_DEADLINES,
         sweep_deadlines,
         "AGENT_RUNNER_DEADLINE_SWEEP_INTERVAL_S",
@@ -305,3 +309,18 @@ SWEEPS: tuple[Sweep, ...] = (
     ),
 )
 """Every periodic sweep, in the order beat lists them."""
+
+
+def embedded_sweeps(
+    runner: AgentRunner, settings: WorkerSettings, deliverer: WebhookDeliverer | None
+) -> tuple[PeriodicSweep, ...]:
+    """The sweeps of `SWEEPS` an embedded process's `AgentWorker` runs under `settings`, each at its interval there.
+
+    Those with an embedded run that runs under these settings (the webhooks only when some are configured).
+    """
+    chosen: list[PeriodicSweep] = []
+    for sweep in SWEEPS:
+        interval = sweep.interval(settings)
+        if sweep.embedded is not None and interval is not None:
+            chosen.append(PeriodicSweep(sweep.name, interval, partial(sweep.embedded, runner, deliverer)))
+    return tuple(chosen)
