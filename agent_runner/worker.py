@@ -9,9 +9,10 @@ runs its periodic sweeps (`agent_runner.periodic`): by default the deadline swee
 (`AgentRunner.apply_due_deadlines`, the one Celery beat runs in distributed deployments):
 reminders of approvals and forms near their deadline, and the defaults of those past it,
 whose turns it then steps like any resumed turn; an embedded deployment gives it the rows
-of its sweep table instead. It takes each turn's lease
-before touching it, stamps the lease's fencing number on every save, renews the lease on a
-heartbeat while a long model or tool call runs, and releases it when the turn blocks or ends. A
+of its sweep table instead. Each turn goes through `AgentRunner.deliver`, as in a Celery
+task: it takes the turn's lease before touching it, stamps the lease's fencing number on
+every save, renews the lease on a heartbeat while a long model or tool call runs, and
+releases it when the turn blocks or ends. A
 worker that dies leaves its turns RUNNING with a lease that simply expires; any other
 worker then picks them up. With the SQL store and the SQL lease this runs a whole
 deployment in one process with SQLite and no Redis or Celery.
@@ -273,6 +274,7 @@ class AgentWorker:
     def stop(self, timeout: float = 30.0) -> bool:
         """Stop the stepping threads; return whether they all ended within `timeout` seconds.
 
+        The sweeps' thread stops too (a sweep being run is waited for within `timeout`).
         A step in flight (a model or tool call) is not interrupted: its thread ends after it,
         and its lease keeps being renewed until then, so no other worker takes the turn over
         while it runs. A thread still busy after `timeout` goes on to the end of its step.
