@@ -13,8 +13,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
-from contextlib import AbstractContextManager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 
 from agent_runner.persistence import Lease, TurnLease
@@ -115,6 +115,22 @@ class LeaseKeeper:
                 self._thread = threading.Thread(target=self._beat, name=f"{self.name}-heartbeat", daemon=True)
                 self._thread.start()
         return held
+
+    @contextmanager
+    def holding(self, turn_id: str, owner: str) -> Iterator[HeldLease | None]:
+        """`acquire` for a `with` block, released at its end; yields None when another owner holds the lease.
+
+        Raises:
+            StoreError: The lease backend failed while acquiring (typically `StoreUnavailableError`).
+        """
+        held = self.acquire(turn_id, owner)
+        if held is None:
+            yield None
+            return
+        try:
+            yield held
+        finally:
+            self.release(held)
 
     def release(self, held: HeldLease) -> None:
         """Stop renewing the lease and give it up; a failure is logged (the lease then expires by itself)."""

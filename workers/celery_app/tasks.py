@@ -25,8 +25,7 @@ import logging
 import os
 import socket
 import uuid
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from functools import partial
 
@@ -39,7 +38,7 @@ from agent_runner import (
     StopReason,
     StoreUnavailableError,
 )
-from agent_runner.leasing import HeldLease, LeaseKeeper, TurnHolder
+from agent_runner.leasing import TurnHolder
 from agent_runner.limits import ConversationId
 from agent_runner.results import Delivery, DeliveryOutcome
 from agent_runner.snapshot import RUNNABLE_STATUSES
@@ -73,11 +72,11 @@ def advance(wiring: Wiring, turn_id: str, version: int) -> StepOutcome:
         StoreUnavailableError: The lease backend or the database could not be reached
             before anything was done; the delivery may be retried.
     """
-    settings = wiring.settings
+    settings, keeper = wiring.settings, wiring.keeper
     admission = wiring.admission if version == 0 else None
     holder = TurnHolder(
-        hold=partial(_lease, wiring.keeper),
-        may_step=wiring.keeper.may_step,
+        hold=lambda turn_id: keeper.holding(turn_id, _owner()),
+        may_step=keeper.may_step,
         max_steps=settings.steps_per_task,
         seconds=settings.step_time_budget_s,
         picked_up=None if admission is None else partial(_report_start, admission, wiring.runner.clock),
@@ -86,19 +85,13 @@ def advance(wiring: Wiring, turn_id: str, version: int) -> StepOutcome:
     return wiring.runner.deliver(turn_id, holder, version=version).outcome
 
 
-@contextmanager
-def _lease(keeper: LeaseKeeper, turn_id: str) -> Iterator[HeldLease | None]:
-    """The turn's lease under an owner of this delivery alone, renewed by the process's heartbeat."""
-    # A fresh owner per delivery: two deliveries of one turn in one process (a thread pool)
-    # exclude each other like two processes would.
-    held = keeper.acquire(turn_id, f"{_OWNER_PREFIX}:{uuid.uuid4().hex[:12]}")
-    if held is None:
-        yield None
-        return
-    try:
-        yield held
-    finally:
-        keeper.release(held)
+def _owner() -> str:
+    """A lease owner of one delivery alone.
+
+    Two deliveries of one turn in one process (a thread pool) then exclude each other like
+    two processes would.
+    """
+    return f"{_OWNER_PREFIX}:{uuid.uuid4().hex[:12]}"
 
 
 def _report_start(admission: TurnAdmission, clock: Callable[[], datetime], turn: AgentTurn) -> None:

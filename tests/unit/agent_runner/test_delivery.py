@@ -6,9 +6,9 @@ lease is released, and the holder's values (budget, `may_step`, the pick-up hook
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from datetime import timedelta
+from functools import partial
 
 import pytest
 
@@ -42,17 +42,6 @@ class Holding:
         self.picked: list[AgentTurn] = []
         self.followed: list[tuple[Delivery, int]] = []
 
-    @contextmanager
-    def hold(self, turn_id: str) -> Iterator[HeldLease | None]:
-        held = self.keeper.acquire(turn_id, "holder")
-        if held is None:
-            yield None
-            return
-        try:
-            yield held
-        finally:
-            self.keeper.release(held)
-
     def then(self, delivery: Delivery) -> None:
         self.followed.append((delivery, self.keeper.held))
 
@@ -60,7 +49,7 @@ class Holding:
         self, *, max_steps: int | None = None, may_step: Callable[[HeldLease], bool] | None = None
     ) -> TurnHolder:
         return TurnHolder(
-            self.hold,
+            partial(self.keeper.holding, owner="holder"),
             may_step or self.keeper.may_step,
             max_steps=max_steps,
             picked_up=self.picked.append,
