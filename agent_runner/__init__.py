@@ -81,7 +81,7 @@ from agent_runner.persistence import (
 from agent_runner.policy import AgentExecutionPolicy, Budget, RetryPolicy
 from agent_runner.results import AdvanceResult, AgentStepResult, StopReason
 from agent_runner.runner import AgentRunner
-from agent_runner.snapshot import AgentTurn, AgentTurnStatus, ChildLink, PageAction
+from agent_runner.snapshot import AgentTurn, AgentTurnStatus, ChildLink, ListedTool, PageAction
 from agent_runner.suspensions import (
     AgentResumeCommand,
     AgentSuspension,
@@ -91,6 +91,7 @@ from agent_runner.suspensions import (
     TimeoutAction,
 )
 from agent_runner.tools import AgentToolContext, AgentUserInputTool, Tool, ToolApproval, ToolOutcome, tool
+from agent_runner.toolsets import Toolset
 from agent_runner.usage import Usage
 from agent_runner.worker import AgentWorker
 
@@ -103,6 +104,8 @@ __all__ = [
     "Tool",
     "ToolApproval",
     "ToolOutcome",
+    "Toolset",
+    "ListedTool",
     "tool",
     # Messages
     "ActionStatus",

@@ -398,6 +398,10 @@ class AgentToolContext:
         """The form data the user submitted for this call, or `{}` when none was submitted."""
         return dict(self._scope.submitted_form_data)
 
+    def get_tool_state(self) -> dict[str, Any]:
+        """The state this call kept when it last asked for a form (see `AgentFormRequiredException`), or `{}`."""
+        return copy.deepcopy(self._scope.turn.tool_state.get(self._scope.tool_call.id, {}))
+
     def report_progress(self, data: Any) -> None:
         """Emit a TOOL_PROGRESS event with `data` (JSON-serializable)."""
         self._scope.progress(data)

@@ -40,6 +40,7 @@ from agent_runner.results import AgentStepResult
 from agent_runner.snapshot import AgentTurn, AgentTurnStatus
 from agent_runner.suspensions import AgentSuspension
 from agent_runner.tools import Tool, encode_tool_result, tool_scope
+from agent_runner.toolsets import list_turn_tools, listed_specs
 
 logger = logging.getLogger("agent_runner")
 
@@ -126,11 +127,18 @@ def _call_model(
     if agent.chat_model is None:
         raise DefinitionError(f"agent {agent.id!r} has no chat_model")
     chat_model = agent.chat_model
+    if agent.toolsets and turn.listed_tools is None:
+        try:
+            taken = [spec.name for spec in agent.tool_specs()]
+            turn = turn.model_copy(update={"listed_tools": list_turn_tools(agent.toolsets, taken, turn)})
+        except Exception as exc:  # a server that cannot list now: on the retry schedule when transient
+            return failed_call(ctx, turn, exc, expected, ctx.policy.retry_for(agent))
+    tools = [*agent.tool_specs(), *listed_specs(turn.listed_tools)] if turn.listed_tools else agent.tool_specs()
     sink = DeltaSink(ctx, turn)
     request = trusted(
         ChatRequest,
         _REQUEST_GIVEN,
-        {"messages": _request_messages(turn, agent), "tools": agent.tool_specs(), "on_delta": sink},
+        {"messages": _request_messages(turn, agent), "tools": tools, "on_delta": sink},
     )
     admission = limiting.admit(ctx, turn, chat_model, request, previous)
     if isinstance(admission, LimitWait):
@@ -211,10 +219,12 @@ def _execute_tool(
     except ToolError as exc:
         content, is_error = _tool_text(ctx, str(exc)), True
     except AgentFormRequiredException as exc:
-        if call.id in turn.form_data:
+        if call.id in turn.form_data and exc.state is None:
             error = FormProtocolError(turn.id, call.id, exc.form.key)
             failed = finish(ctx, turn, S.FAILED, str(error), expected_version=expected)
             return AgentStepResult(turn=failed, error=error)
+        if exc.state is not None:
+            turn = turn.model_copy(update={"tool_state": {**turn.tool_state, call.id: exc.state}})
         plan = machine.form_suspension(turn, call, exc.form, machine.FORM_SOURCE_TOOL, exc.message)
         suspended = machine.apply_suspension(turn, plan, ctx.clock(), reminder=ctx.policy.deadline_reminder)
         return AgentStepResult(turn=save(ctx, suspended, expected, suspended_event(ctx, suspended)))

@@ -135,6 +135,7 @@ def apply_tool_result(
         approved_call_ids=[c for c in turn.approved_call_ids if c != call.id],
         started_call_ids=[c for c in turn.started_call_ids if c != call.id],
         form_data=form_data,
+        tool_state={k: v for k, v in turn.tool_state.items() if k != call.id} if turn.tool_state else turn.tool_state,
         attempt=0,
         steps=turn.steps + 1,
     )
