@@ -17,3 +17,13 @@ def mcp_server(tmp_path: Path) -> Iterator[MCPServerProcess]:
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="module")
+def module_mcp_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MCPServerProcess]:
+    """One server for a whole test module, for tests that never stop or restart it."""
+    server = MCPServerProcess(tmp_path_factory.mktemp("mcp")).start()
+    try:
+        yield server
+    finally:
+        server.stop()

@@ -18,7 +18,7 @@ from agent_runner import (
 from agent_runner.mcp import MCPToolset
 from store import SqlAgentTurnStore
 from tests.helpers.mcp_server import DATES_FORM, DESTINATION_FORM, MCPServerProcess
-from tests.integration.mcp.test_mcp_toolset import Model, agent_with, runner_for, tool_results
+from tests.integration.mcp.mcp_kit import Model, agent_with, runner_for, tool_results
 
 S = AgentTurnStatus
 

@@ -9,68 +9,29 @@ from typing import Any
 import pytest
 
 from agent_runner import (
-    Agent,
     AgentEvent,
     AgentEventType,
-    AgentExecutionPolicy,
     AgentResumeCommand,
-    AgentRunner,
     AgentToolContext,
     AgentTurn,
     AgentTurnStatus,
-    AgentTurnStore,
-    AiMessage,
-    ChatRequest,
-    InMemoryAgentLoader,
     InMemoryAgentTurnStore,
-    RetryPolicy,
     ScriptedChatModel,
     SuspensionType,
-    ToolCall,
-    ToolMessage,
 )
 from agent_runner.mcp import MCPToolset
 from agent_runner.mcp._toolset import MCPTool
 from tests.helpers.mcp_server import MCPServerProcess
+from tests.integration.mcp.mcp_kit import Model, agent_with, runner_for, tool_results
 
 S = AgentTurnStatus
 
 
-class Model:
-    """Calls the tools it is given, one response each, then answers with what the last tool said."""
-
-    def __init__(self, *calls: tuple[str, dict[str, Any]]) -> None:
-        self.calls = list(calls)
-        self.requests: list[ChatRequest] = []
-
-    def __call__(self, request: ChatRequest) -> AiMessage:
-        self.requests.append(request)
-        if self.calls:
-            name, arguments = self.calls.pop(0)
-            number = sum(1 for m in request.messages if isinstance(m, AiMessage) and m.tool_calls) + 1
-            return AiMessage(tool_calls=[ToolCall(id=f"call-{number}", name=name, arguments=arguments)])
-        last = next(m for m in reversed(request.messages) if isinstance(m, ToolMessage))
-        return AiMessage(content=f"done: {last.content}")
-
-
-def agent_with(model: Model, *toolsets: MCPToolset, agent_id: str = "mcp-agent") -> Agent:
-    return Agent(id=agent_id, chat_model=ScriptedChatModel(model), tools=list(toolsets))
-
-
-def tool_results(turn: AgentTurn) -> list[ToolMessage]:
-    return [m for m in turn.messages if isinstance(m, ToolMessage)]
-
-
-def runner_for(*agents: Agent, store: AgentTurnStore | None = None) -> AgentRunner:
-    policy = AgentExecutionPolicy(retry=RetryPolicy(max_attempts=3, initial_backoff=0.01, jitter=0.0))
-    return AgentRunner(
-        turn_store=store or InMemoryAgentTurnStore(), agent_loader=InMemoryAgentLoader(agents), policy=policy
-    )
-
-
-def test_the_model_sees_the_servers_schemas_filtered_and_prefixed(mcp_server: MCPServerProcess) -> None:
+def test_the_model_sees_the_servers_schemas_filtered_and_prefixed(module_mcp_server: MCPServerProcess) -> None:
     model = Model(("crm_add", {"a": 2, "b": 3}))
-    toolset = MCPToolset(mcp_server.url, prefix="crm_", include=["add", "delete_record", "huge"], exclude=["huge"])
+    toolset = MCPToolset(
+        module_mcp_server.url, prefix="crm_", include=["add", "delete_record", "huge"], exclude=["huge"]
+    )
     agent = agent_with(model, toolset)
 
     turn = runner_for(agent).run(agent, "add 2 and 3")
@@ -90,9 +51,9 @@ def test_the_model_sees_the_servers_schemas_filtered_and_prefixed(mcp_server: MC
     assert next(t for t in turn.listed_tools or [] if t.name == "crm_add").annotations == {"readOnlyHint": True}
 
 
-def test_arguments_that_fail_the_servers_schema_are_answered_for_the_model(mcp_server: MCPServerProcess) -> None:
+def test_arguments_that_fail_the_servers_schema_are_answered_for_the_model(module_mcp_server: MCPServerProcess) -> None:
     model = Model(("add", {"a": "two", "b": 3}))
-    agent = agent_with(model, MCPToolset(mcp_server.url))
+    agent = agent_with(model, MCPToolset(module_mcp_server.url))
 
     turn = runner_for(agent).run(agent, "add")
 
@@ -129,11 +90,13 @@ def test_a_turn_calls_the_tools_it_was_shown_and_a_vanished_tool_answers_an_erro
     assert "whoami" in [spec.name for spec in model_after.requests[-1].tools]
 
 
-def test_headers_come_from_the_turns_tenant(mcp_server: MCPServerProcess) -> None:
+def test_headers_come_from_the_turns_tenant(module_mcp_server: MCPServerProcess) -> None:
     def credentials(context: AgentToolContext) -> dict[str, str]:
         return {"Authorization": f"Bearer key-of-{context.tenant_id}", "X-Tenant": str(context.tenant_id)}
 
-    agent = agent_with(Model(("whoami", {})), MCPToolset(mcp_server.url, headers=credentials, include=["whoami"]))
+    agent = agent_with(
+        Model(("whoami", {})), MCPToolset(module_mcp_server.url, headers=credentials, include=["whoami"])
+    )
     runner = runner_for(agent)
 
     seen = {}
@@ -161,10 +124,12 @@ class RecordingStore(InMemoryAgentTurnStore):
         return super().save(turn, expected_version, *args, **kwargs)
 
 
-def test_a_destructive_tool_saves_its_start_first_and_sends_the_idempotency_key(mcp_server: MCPServerProcess) -> None:
+def test_a_destructive_tool_saves_its_start_first_and_sends_the_idempotency_key(
+    module_mcp_server: MCPServerProcess,
+) -> None:
     store = RecordingStore()
     model = Model(("delete_record", {"record_id": "r-7"}))
-    toolset = MCPToolset(mcp_server.url)
+    toolset = MCPToolset(module_mcp_server.url)
     agent = agent_with(model, toolset)
 
     turn = runner_for(agent, store=store).run(agent, "delete r-7")
@@ -172,16 +137,16 @@ def test_a_destructive_tool_saves_its_start_first_and_sends_the_idempotency_key(
     assert turn.status is S.COMPLETED, turn.error
     assert tool_results(turn)[0].content == "deleted r-7"
     assert ["call-1"] in store.started, "the start of a non-idempotent call is saved before it runs"
-    assert mcp_server.executions() == {f"{turn.id}:call-1": 1}
+    assert module_mcp_server.executions() == {f"{turn.id}:call-1": 1}
     listed = next(t for t in turn.listed_tools or [] if t.name == "delete_record")
     assert toolset.tool(listed).idempotent is False
     add = next(t for t in turn.listed_tools or [] if t.name == "add")
     assert toolset.tool(add).idempotent is True
 
 
-def test_a_call_cut_short_by_a_timeout_is_put_to_a_person_not_run_again(mcp_server: MCPServerProcess) -> None:
+def test_a_call_cut_short_by_a_timeout_is_put_to_a_person_not_run_again(module_mcp_server: MCPServerProcess) -> None:
     model = Model(("delete_record", {"record_id": "r-8", "hold": 2.0}))
-    agent = agent_with(model, MCPToolset(mcp_server.url, timeout=0.5))
+    agent = agent_with(model, MCPToolset(module_mcp_server.url, timeout=0.5))
     runner = runner_for(agent)
 
     turn = runner.run(agent, "delete r-8")
@@ -191,10 +156,10 @@ def test_a_call_cut_short_by_a_timeout_is_put_to_a_person_not_run_again(mcp_serv
     assert "the call may have acted" in (turn.suspension.message or "")
 
 
-def test_errors_are_sorted(mcp_server: MCPServerProcess) -> None:
+def test_errors_are_sorted(module_mcp_server: MCPServerProcess) -> None:
     events: list[AgentEvent] = []
     model = Model(("flaky", {"key": "k1"}), ("broken", {}), ("huge", {"size": 2048}))
-    agent = agent_with(model, MCPToolset(mcp_server.url, max_result_bytes=1024))
+    agent = agent_with(model, MCPToolset(module_mcp_server.url, max_result_bytes=1024))
     runner = runner_for(agent)
     runner.add_event_listener(events.append)
 
@@ -225,9 +190,9 @@ def test_an_unreachable_server_puts_the_turn_on_the_retry_schedule(mcp_server: M
     ) or "could not be reached" in str(turn.model_dump())
 
 
-def test_progress_notifications_become_tool_progress_events(mcp_server: MCPServerProcess) -> None:
+def test_progress_notifications_become_tool_progress_events(module_mcp_server: MCPServerProcess) -> None:
     events: list[AgentEvent] = []
-    agent = agent_with(Model(("progress", {})), MCPToolset(mcp_server.url))
+    agent = agent_with(Model(("progress", {})), MCPToolset(module_mcp_server.url))
     runner = runner_for(agent)
     runner.add_event_listener(events.append)
 
