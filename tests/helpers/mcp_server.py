@@ -4,8 +4,9 @@
 streamable HTTP at `http://127.0.0.1:N/mcp`. Its tools:
 
 - `add` (read-only), `whoami` (read-only: the `Authorization` and `X-Tenant` headers it got);
-- `delete_record` (destructive): counts its executions per idempotency key (the request's
-  `_meta`) in `DIR/executions.json`, and sleeps `hold` seconds before it acts;
+- `delete_record` (destructive): appends the idempotency key of each call (the request's
+  `_meta`) to `DIR/started`, sleeps `hold` seconds, then acts once per key (a call with a key
+  it has done already is answered as before) and counts its executions in `DIR/executions.json`;
 - `executions` (read-only): those counts;
 - `flaky` (read-only): answers HTTP 503 with `Retry-After: 1` to its first `fail_times` calls
   per `key`, then succeeds;
@@ -31,6 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import anyio
 import uvicorn
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.request_state import RequestStateSecurity
@@ -85,17 +87,16 @@ def build_server(state_dir: Path, state_key: bytes | None) -> MCPServer:
 
     @server.tool(annotations=ToolAnnotations(destructive_hint=True))
     async def delete_record(record_id: str, ctx: Context, hold: float = 0.0) -> str:
-        """Delete a record for good."""
-        import anyio
-
-        meta = ctx.request_context.meta
-        key = dict(meta or {}).get(IDEMPOTENCY_META_KEY)
-        (state_dir / "started").write_text(str(key))
+        """Delete a record for good (a call with a key that was already done is answered as before, not run again)."""
+        key = str(dict(ctx.request_context.meta or {}).get(IDEMPOTENCY_META_KEY))
+        with (state_dir / "started").open("a") as started:
+            started.write(key + "\n")
         await anyio.sleep(hold)
         with lock:
             seen = counts()
-            seen[str(key)] = seen.get(str(key), 0) + 1
-            executions_file.write_text(json.dumps(seen))
+            if key not in seen or key == "None":
+                seen[key] = seen.get(key, 0) + 1
+                executions_file.write_text(json.dumps(seen))
         return f"deleted {record_id}"
 
     @server.tool(annotations=ToolAnnotations(read_only_hint=True))
@@ -268,6 +269,11 @@ class MCPServerProcess:
         if new_key:
             self.state_key = os.urandom(32).hex()
         self.start()
+
+    def started(self) -> list[str]:
+        """The idempotency keys of the `delete_record` calls that reached the server, in order."""
+        path = self.state_dir / "started"
+        return path.read_text().split() if path.exists() else []
 
     def executions(self) -> dict[str, int]:
         """How many times `delete_record` ran, per idempotency key."""
