@@ -63,6 +63,7 @@ from agent_runner.messages import (
 from agent_runner.middleware import Middleware
 from agent_runner.model_limits import InProcessModelLimiter, ModelLimit, ModelLimiter
 from agent_runner.models import ChatModel, ChatRequest, ChatResponse, ScriptedChatModel, ToolSpec
+from agent_runner.operations import OperationPending
 from agent_runner.persistence import (
     AgentLoader,
     AgentTurnStore,
@@ -104,6 +105,7 @@ __all__ = [
     "Tool",
     "ToolApproval",
     "ToolOutcome",
+    "OperationPending",
     "Toolset",
     "ListedTool",
     "tool",

@@ -142,6 +142,13 @@ class Tool:
             )
         return result
 
+    def cancel_operation(self, handle: dict[str, Any]) -> None:
+        """Cancel the work a call of this tool started elsewhere (see `agent_runner.operations`); by default nothing.
+
+        Called when a turn ends (cancelled, say) while such work runs; `handle` is the one
+        the tool raised `OperationPending` with.
+        """
+
     def masked_arguments(self, arguments: Mapping[str, Any]) -> dict[str, Any]:
         """Return the arguments with sensitive values replaced, for display on a page."""
         return {k: ("***" if k in self.sensitive else v) for k, v in arguments.items()}

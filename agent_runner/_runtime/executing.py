@@ -15,7 +15,7 @@ from pydantic import ValidationError
 from agent_runner import event_payloads as payloads
 from agent_runner import machine
 from agent_runner._base import trusted
-from agent_runner._runtime import children, limiting
+from agent_runner._runtime import children, limiting, waiting
 from agent_runner._runtime.cancelling import stored_cancel_reason
 from agent_runner._runtime.context import RunnerContext
 from agent_runner._runtime.endings import after_terminal, failed_call, finish
@@ -35,6 +35,7 @@ from agent_runner.messages import AiMessage, ModelMessage, SystemMessage, ToolCa
 from agent_runner.middleware import chain
 from agent_runner.model_limits import WAIT_OVER_REASON, LimitWait
 from agent_runner.models import ChatRequest, ChatResponse
+from agent_runner.operations import OperationPending
 from agent_runner.policy import RetryPolicy
 from agent_runner.results import AgentStepResult
 from agent_runner.snapshot import AgentTurn, AgentTurnStatus
@@ -77,6 +78,7 @@ def step_once(ctx: RunnerContext, turn: AgentTurn) -> AgentStepResult:
     carried_events(ctx, turn.id).clear()  # nothing carries over from a step that raised
     if turn.status is S.RETRY_SCHEDULED:
         reason = WAIT_OVER_REASON if limiting.is_limit_wait(turn.suspension) else "retry due"
+        reason = "poll due" if waiting.is_operation_wait(turn.suspension) else reason
         carry(ctx, payloads.turn_resumed(command=None, reason=reason, attempt=turn.attempt), turn)
     agent = ctx.agent_for(turn)
     running = machine.start_running(turn, now)
@@ -189,7 +191,7 @@ def _execute_tool(
 ) -> AgentStepResult:
     carry(ctx, payloads.tool_started(call), turn)
     started = turn
-    if not tool.idempotent:
+    if not tool.idempotent and not waiting.is_polling(turn, call):
         # Saved before the body runs: after a crash, the call is known to have started and
         # is reconciled instead of being run again. The saves after the body forget the mark.
         started = save(ctx, machine.mark_started(turn, call.id, ctx.clock()), expected)
@@ -216,6 +218,8 @@ def _execute_tool(
     is_error = False
     try:
         content = _tool_text(ctx, encode_tool_result(chain(ctx.middleware, "wrap_tool", invoke)(call)))
+    except OperationPending as pending:
+        return waiting.wait(ctx, turn, call, pending, expected)
     except ToolError as exc:
         content, is_error = _tool_text(ctx, str(exc)), True
     except AgentFormRequiredException as exc:

@@ -257,6 +257,25 @@ def schedule_limit_wait(
     )
 
 
+OPERATION_WAIT_REASON = "operation"
+"""`metadata["reason"]` of a RETRY suspension that waits for work a tool started elsewhere (see `agent_runner.operations`)."""
+
+
+def schedule_operation_wait(
+    turn: AgentTurn, message: str, until: datetime, metadata: dict[str, Any], now: datetime
+) -> AgentTurn:
+    """Wait as RETRY_SCHEDULED until the next poll of work a tool started elsewhere; no retry attempt is used."""
+    suspension = AgentSuspension(
+        type=SuspensionType.RETRY,
+        message=message,
+        resume_phase=turn.phase,
+        metadata={"reason": OPERATION_WAIT_REASON, **metadata},
+    )
+    return transition(
+        turn, S.RETRY_SCHEDULED, now, next_retry_at=until, suspension=suspension, error=None, steps=turn.steps + 1
+    )
+
+
 def close_out(
     turn: AgentTurn,
     status: AgentTurnStatus,

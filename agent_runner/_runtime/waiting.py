@@ -1,0 +1,63 @@
+"""Waits on work that runs elsewhere (see `agent_runner.operations`): saved RETRY_SCHEDULED, polled, cancelled with the turn."""
+
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+
+from agent_runner import event_payloads as payloads
+from agent_runner import machine
+from agent_runner._runtime.context import RunnerContext
+from agent_runner._runtime.saving import save
+from agent_runner.messages import ToolCall
+from agent_runner.operations import OPERATION_KEY, POLLS_KEY, OperationPending, next_poll
+from agent_runner.results import AgentStepResult
+from agent_runner.snapshot import AgentTurn
+from agent_runner.suspensions import AgentSuspension
+from agent_runner.tools import Tool
+
+logger = logging.getLogger("agent_runner")
+
+
+def is_polling(turn: AgentTurn, call: ToolCall) -> bool:
+    """Whether the call started work elsewhere and its run is a poll of that work."""
+    return OPERATION_KEY in turn.tool_state.get(call.id, {})
+
+
+def is_operation_wait(suspension: AgentSuspension | None) -> bool:
+    """Whether `suspension` is a wait for work elsewhere (not a retry after a failure)."""
+    return suspension is not None and suspension.metadata.get("reason") == machine.OPERATION_WAIT_REASON
+
+
+def wait(
+    ctx: RunnerContext, turn: AgentTurn, call: ToolCall, pending: OperationPending, expected: int
+) -> AgentStepResult:
+    """Save the turn RETRY_SCHEDULED until the next poll (no retry attempt used), the handle in its tool state."""
+    now = ctx.clock()
+    state = turn.tool_state.get(call.id, {})
+    polls = int(state.get(POLLS_KEY, 0))
+    due = now + timedelta(seconds=next_poll(polls, pending.poll_after))
+    message = f"waiting for {call.name} ({pending.status}); next look at {due.isoformat()}"
+    kept = {**state, OPERATION_KEY: pending.handle, POLLS_KEY: polls + 1}
+    metadata = {"tool_call_id": call.id, "status": pending.status, "polls": polls + 1}
+    waiting = machine.schedule_operation_wait(
+        turn.model_copy(update={"tool_state": {**turn.tool_state, call.id: kept}}), message, due, metadata, now
+    )
+    saved = save(ctx, waiting, expected, payloads.retry_scheduled(waiting, message))
+    ctx.execution.dispatch(saved)
+    return AgentStepResult(turn=saved)
+
+
+def cancel_operations(ctx: RunnerContext, turn: AgentTurn) -> None:
+    """Ask each tool whose work still runs for this ended turn to cancel it; a failure is logged, never raised."""
+    for call_id, state in turn.tool_state.items():
+        if OPERATION_KEY not in state:
+            continue
+        try:
+            agent = ctx.agent_for(turn)
+            name = next((c.name for m in turn.messages for c in getattr(m, "tool_calls", ()) if c.id == call_id), None)
+            tool = None if name is None else agent.tool(name) or agent.listed_tool(turn, name)
+            if isinstance(tool, Tool):
+                tool.cancel_operation(state[OPERATION_KEY])
+        except Exception:
+            logger.exception("turn %s: the work of call %s could not be cancelled", turn.id, call_id)
