@@ -9,12 +9,12 @@ from agent_runner import event_payloads as payloads
 from agent_runner import machine
 from agent_runner._runtime.context import RunnerContext
 from agent_runner._runtime.saving import save
-from agent_runner.messages import ToolCall
+from agent_runner.messages import AiMessage, ToolCall
 from agent_runner.operations import OPERATION_KEY, POLLS_KEY, OperationPending, next_poll
 from agent_runner.results import AgentStepResult
 from agent_runner.snapshot import AgentTurn
 from agent_runner.suspensions import AgentSuspension
-from agent_runner.tools import Tool
+from agent_runner.tools import Tool, tool_scope
 
 logger = logging.getLogger("agent_runner")
 
@@ -55,9 +55,11 @@ def cancel_operations(ctx: RunnerContext, turn: AgentTurn) -> None:
             continue
         try:
             agent = ctx.agent_for(turn)
-            name = next((c.name for m in turn.messages for c in getattr(m, "tool_calls", ()) if c.id == call_id), None)
-            tool = None if name is None else agent.tool(name) or agent.listed_tool(turn, name)
-            if isinstance(tool, Tool):
-                tool.cancel_operation(state[OPERATION_KEY])
+            calls = (c for m in turn.messages if isinstance(m, AiMessage) for c in m.tool_calls)
+            call = next((c for c in calls if c.id == call_id), None)
+            tool = None if call is None else agent.tool(call.name) or agent.listed_tool(turn, call.name)
+            if isinstance(tool, Tool) and call is not None:
+                with tool_scope(turn, call, {}, lambda _: None):
+                    tool.cancel_operation(state[OPERATION_KEY])
         except Exception:
             logger.exception("turn %s: the work of call %s could not be cancelled", turn.id, call_id)

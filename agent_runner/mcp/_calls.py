@@ -27,12 +27,14 @@ from mcp_types import (
     InputResponses,
     RequestParamsMeta,
     ResourceLink,
+    Result,
     TextContent,
     TextResourceContents,
 )
 
 from agent_runner.errors import RecoverableError, ToolError
 from agent_runner.forms import FORM_KEY_PATTERN, AgentFormDefinition, AgentFormRequiredException
+from agent_runner.mcp import _tasks as tasks
 from agent_runner.mcp._connection import (
     MCPProtocolError,
     MCPServerError,
@@ -41,6 +43,7 @@ from agent_runner.mcp._connection import (
     connected,
     is_rejected_state,
 )
+from agent_runner.operations import OPERATION_KEY
 from agent_runner.snapshot import ListedTool
 from agent_runner.tools import AgentToolContext
 
@@ -83,6 +86,8 @@ async def call_tool(target: CallTarget, arguments: dict[str, Any], context: Agen
         MCPProtocolError: The server broke the protocol.
     """
     state = context.get_tool_state()
+    if OPERATION_KEY in state:
+        return await _poll_task(target, state[OPERATION_KEY])
     responses, request_state = _answers(state, context.get_submitted_form_data())
     meta = cast(RequestParamsMeta, {IDEMPOTENCY_META_KEY: context.get_idempotency_key()})
     note = ""
@@ -91,11 +96,9 @@ async def call_tool(target: CallTarget, arguments: dict[str, Any], context: Agen
         context.report_progress({"progress": progress, "total": total, "message": message})
 
     try:
-        async with connected(target.address, target.headers, target.timeout) as client:
+        async with connected(target.address, target.headers, target.timeout, [tasks.TasksExtension()]) as client:
 
-            async def send(
-                answers: InputResponses | None, sent_state: str | None
-            ) -> CallToolResult | InputRequiredResult:
+            async def send(answers: InputResponses | None, sent_state: str | None) -> Result:
                 return await client.session.call_tool(
                     target.listed.remote_name,
                     arguments,
@@ -105,6 +108,7 @@ async def call_tool(target: CallTarget, arguments: dict[str, Any], context: Agen
                     request_state=sent_state,
                     meta=meta,
                     allow_input_required=True,
+                    allow_claimed=True,
                 )
 
             try:
@@ -132,7 +136,24 @@ async def call_tool(target: CallTarget, arguments: dict[str, Any], context: Agen
         raise ToolError(f"The MCP server refused the call: {exc.message}") from exc
     if isinstance(result, InputRequiredResult):
         raise _question(target.listed, result, int(state.get("round", 0)) + 1, note)
+    if isinstance(result, tasks.TaskCreated):
+        raise tasks.pending(result)
+    if not isinstance(result, CallToolResult):
+        raise MCPProtocolError(f"the MCP server answered tools/call with a {type(result).__name__}")
     return _text(result, target.max_result_bytes)
+
+
+async def _poll_task(target: CallTarget, handle: Mapping[str, Any]) -> str:
+    """Ask how the call's task goes (safe to repeat whatever the tool: it only reads)."""
+    async with connected(target.address, target.headers, target.timeout) as client:
+        result = await tasks.poll(client.session, handle, target.timeout)
+    return _text(result, target.max_result_bytes)
+
+
+async def cancel_task(target: CallTarget, handle: Mapping[str, Any]) -> None:
+    """Cancel the call's task on the server."""
+    async with connected(target.address, target.headers, target.timeout) as client:
+        await tasks.cancel(client.session, handle, target.timeout)
 
 
 def _answers(state: Mapping[str, Any], data: dict[str, Any]) -> tuple[InputResponses | None, str | None]:

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-from collections.abc import AsyncIterator, Coroutine, Mapping
+from collections.abc import AsyncIterator, Coroutine, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import httpx2
 from mcp import Client, MCPError, StdioServerParameters
+from mcp.client.extension import ClientExtension
 from mcp.client.streamable_http import streamable_http_client
 from mcp_types import INTERNAL_ERROR, INVALID_PARAMS, REQUEST_TIMEOUT
 from pydantic import ValidationError
@@ -40,8 +41,10 @@ class _HttpRefusal:
 
 
 @asynccontextmanager
-async def connected(address: ServerAddress, headers: Mapping[str, str], timeout: float) -> AsyncIterator[Client]:
-    """A client session with the server for the block; errors come out sorted (see `sorted_error`)."""
+async def connected(
+    address: ServerAddress, headers: Mapping[str, str], timeout: float, extensions: Sequence[ClientExtension] = ()
+) -> AsyncIterator[Client]:
+    """A client session with the server for the block; errors come out sorted (see `_sorted`)."""
     refusal = _HttpRefusal()
 
     async def note(response: httpx2.Response) -> None:
@@ -51,18 +54,14 @@ async def connected(address: ServerAddress, headers: Mapping[str, str], timeout:
 
     try:
         if isinstance(address, StdioServerParameters):
-            async with Client(address, read_timeout_seconds=timeout, cache=None) as client:
+            async with Client(address, read_timeout_seconds=timeout, cache=None, extensions=extensions) as client:
                 yield client
             return
         http = httpx2.AsyncClient(
             headers=dict(headers), timeout=httpx2.Timeout(timeout), event_hooks={"response": [note]}
         )
-        async with (
-            http,
-            Client(
-                streamable_http_client(address, http_client=http), read_timeout_seconds=timeout, cache=None
-            ) as client,
-        ):
+        transport = streamable_http_client(address, http_client=http)
+        async with http, Client(transport, read_timeout_seconds=timeout, cache=None, extensions=extensions) as client:
             yield client
     except BaseException as exc:
         raise _sorted(exc, refusal) from exc

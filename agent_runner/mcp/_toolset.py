@@ -19,7 +19,7 @@ from mcp_types import Tool as MCPToolDescription
 
 from agent_runner.errors import DefinitionError, ToolArgumentsError
 from agent_runner.limits import DEFAULT_LIMITS
-from agent_runner.mcp._calls import CallTarget, call_tool
+from agent_runner.mcp._calls import CallTarget, call_tool, cancel_task
 from agent_runner.mcp._connection import ServerAddress, connected, run_sync
 from agent_runner.snapshot import ListedTool
 from agent_runner.tools import TOOL_NAME_PATTERN, AgentToolContext, Tool
@@ -231,16 +231,18 @@ class MCPTool(Tool):
         """Call the tool on the server (see `call_tool`)."""
         checked = self.validate_arguments(arguments)
         context = AgentToolContext.current()
+        return run_sync(call_tool(self._target(context), checked, context))
+
+    def cancel_operation(self, handle: dict[str, Any]) -> None:
+        """Cancel the task a call of this tool started on the server (`tasks/cancel`)."""
+        run_sync(cancel_task(self._target(AgentToolContext.current()), handle))
+
+    def _target(self, context: AgentToolContext) -> CallTarget:
         toolset = self.toolset
-        target = CallTarget(
-            toolset.address,
-            toolset.request_headers(context),
-            toolset.timeout,
-            toolset.max_result_bytes,
-            self.listed,
-            self.idempotent,
+        headers = toolset.request_headers(context)
+        return CallTarget(
+            toolset.address, headers, toolset.timeout, toolset.max_result_bytes, self.listed, self.idempotent
         )
-        return run_sync(call_tool(target, checked, context))
 
     def __repr__(self) -> str:
         return f"MCPTool(name={self.name!r}, toolset={self.toolset.name!r})"

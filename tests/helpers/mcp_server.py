@@ -13,6 +13,8 @@ streamable HTTP at `http://127.0.0.1:N/mcp`. Its tools:
 - `book_trip`: asks two forms, one after the other (an `InputRequiredResult` each), then books;
 - `link_account`: asks the person to open a link (a URL elicitation), then answers;
 - `progress`: reports progress twice, then answers;
+- `long_job` (with the tasks extension): answers a task at once, done `seconds` later
+  (polled with `tasks/get`, cancelled with `tasks/cancel`; kept in `DIR/tasks.json`);
 - `broken` and `huge`: a tool whose result is an error (`isError`), one whose result is large.
 
 The request state is sealed with `--state-key` (hex; a fresh key when absent), so a server
@@ -34,15 +36,19 @@ from typing import Any
 
 import anyio
 import uvicorn
+from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
+from mcp.server.extension import Extension, MethodBinding
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.request_state import RequestStateSecurity
 from mcp_types import (
+    CallToolRequestParams,
     CallToolResult,
     ElicitRequest,
     ElicitRequestFormParams,
     ElicitRequestURLParams,
     ElicitResult,
     InputRequiredResult,
+    RequestParams,
     TextContent,
     ToolAnnotations,
 )
@@ -67,7 +73,7 @@ DATES_FORM: dict[str, Any] = {
 
 def build_server(state_dir: Path, state_key: bytes | None) -> MCPServer:
     security = RequestStateSecurity(keys=[state_key]) if state_key else RequestStateSecurity.ephemeral()
-    server = MCPServer("test-tools", request_state_security=security)
+    server = MCPServer("test-tools", request_state_security=security, extensions=[Tasks(state_dir)])
     lock = threading.Lock()
     executions_file = state_dir / "executions.json"
 
@@ -123,6 +129,11 @@ def build_server(state_dir: Path, state_key: bytes | None) -> MCPServer:
         """Always fails."""
         return CallToolResult(content=[TextContent(text="the backend said no")], is_error=True)
 
+    @server.tool()
+    def long_job(name: str, seconds: float) -> str:
+        """Run a job that takes a while (as a task, for a client that takes tasks)."""
+        return f"job {name} done"
+
     @server.tool(annotations=ToolAnnotations(read_only_hint=True))
     def huge(size: int) -> str:
         """Answer `size` bytes."""
@@ -172,6 +183,79 @@ def _add_questions(server: MCPServer) -> None:
             return CallToolResult(content=[TextContent(text=f"sign-in {answer.action}")], is_error=True)
         ask = ElicitRequestURLParams(message="Sign in to link your account", url="https://example.test/signin?s=1")
         return InputRequiredResult(input_requests={"signin": ElicitRequest(params=ask)}, request_state="{}")
+
+
+TASKS_EXTENSION = "io.modelcontextprotocol/tasks"
+
+
+class TaskParams(RequestParams):
+    task_id: str
+
+
+class Tasks(Extension):
+    """The tasks extension for `long_job`: its calls answer a task at once, done `seconds` later.
+
+    Tasks are kept in `DIR/tasks.json`, so they outlive a restart of the server, and a
+    cancelled task is listed in `DIR/cancelled`.
+    """
+
+    identifier = TASKS_EXTENSION
+
+    def __init__(self, state_dir: Path) -> None:
+        self.file = state_dir / "tasks.json"
+        self.cancelled = state_dir / "cancelled"
+
+    def methods(self) -> list[MethodBinding]:
+        return [
+            MethodBinding("tasks/get", TaskParams, self.get),
+            MethodBinding("tasks/cancel", TaskParams, self.cancel),
+        ]
+
+    def _tasks(self) -> dict[str, dict[str, Any]]:
+        return json.loads(self.file.read_text()) if self.file.exists() else {}
+
+    async def intercept_tool_call(
+        self, params: CallToolRequestParams, ctx: ServerRequestContext[Any, Any], call_next: CallNext
+    ) -> HandlerResult:
+        if params.name != "long_job":
+            return await call_next(ctx)
+        arguments = params.arguments or {}
+        task_id = os.urandom(8).hex()
+        tasks = self._tasks()
+        tasks[task_id] = {
+            "ready_at": time.time() + float(arguments.get("seconds", 1)),
+            "text": f"job {arguments.get('name')} done",
+            "status": "working",
+        }
+        self.file.write_text(json.dumps(tasks))
+        return {"resultType": "task", **self._shape(task_id, tasks[task_id])}
+
+    def _shape(self, task_id: str, task: dict[str, Any]) -> dict[str, Any]:
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        return {
+            "taskId": task_id,
+            "status": task["status"],
+            "createdAt": now,
+            "lastUpdatedAt": now,
+            "ttlMs": 600_000,
+            "pollIntervalMs": 200,
+        }
+
+    async def get(self, ctx: ServerRequestContext[Any, Any], params: TaskParams) -> HandlerResult:
+        task = self._tasks()[params.task_id]
+        shape = self._shape(params.task_id, task)
+        if task["status"] == "working" and time.time() >= task["ready_at"]:
+            shape["status"] = "completed"
+            shape["result"] = {"content": [{"type": "text", "text": task["text"]}], "isError": False}
+        return shape
+
+    async def cancel(self, ctx: ServerRequestContext[Any, Any], params: TaskParams) -> HandlerResult:
+        tasks = self._tasks()
+        tasks[params.task_id]["status"] = "cancelled"
+        self.file.write_text(json.dumps(tasks))
+        with self.cancelled.open("a") as cancelled:
+            cancelled.write(params.task_id + "\n")
+        return {}
 
 
 class RefuseFlakyCalls:
@@ -269,6 +353,11 @@ class MCPServerProcess:
         if new_key:
             self.state_key = os.urandom(32).hex()
         self.start()
+
+    def cancelled_tasks(self) -> list[str]:
+        """The ids of the tasks a client cancelled."""
+        path = self.state_dir / "cancelled"
+        return path.read_text().split() if path.exists() else []
 
     def started(self) -> list[str]:
         """The idempotency keys of the `delete_record` calls that reached the server, in order."""
