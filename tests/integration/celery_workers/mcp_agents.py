@@ -34,5 +34,5 @@ def answer(request: ChatRequest) -> AiMessage:
 
 
 def build_loader() -> InMemoryAgentLoader:
-    toolset = MCPToolset(os.environ[URL_ENV], include=["delete_record", "book_trip"], timeout=20)
+    toolset = MCPToolset(os.environ[URL_ENV], include=["delete_record", "book_trip", "long_job"], timeout=20)
     return InMemoryAgentLoader([Agent(id="mcp-agent", chat_model=ScriptedChatModel(answer), tools=[toolset])])

@@ -92,3 +92,27 @@ def test_a_worker_killed_between_a_question_and_its_answer_loses_nothing(
     done = cluster.load(turn.id)
     assert done.status is S.COMPLETED, done.error
     assert done.final_output == "done: booked 5 nights in Quito for cy"
+
+
+def test_a_worker_killed_while_a_task_runs_loses_nothing(
+    make_cluster: Callable[..., Cluster], mcp_server: MCPServerProcess
+) -> None:
+    cluster = make_cluster(AGENT_RUNNER_AGENT_LOADER=LOADER, **{URL_ENV: mcp_server.url})
+    first = cluster.start_worker("first", pool="threads", concurrency=2)
+    turn = cluster.runner.start("mcp-agent", ask("long_job", name="export", seconds=3.0))
+
+    def waits_on_the_task() -> bool:
+        return "operation" in cluster.load(turn.id).tool_state.get("call-1", {})
+
+    cluster.wait_for(waits_on_the_task, TIMEOUT_S, "the task to start")
+    task_id = cluster.load(turn.id).tool_state["call-1"]["operation"]["task_id"]
+    first.kill()
+    cluster.start_worker("second", pool="threads", concurrency=2)
+    cluster.start_beat()  # its due-retry sweep sends the turn again when its next poll is due
+    cluster.wait_for(lambda: cluster.load(turn.id).is_terminal, TIMEOUT_S, "the turn to end")
+
+    done = cluster.load(turn.id)
+    assert done.status is S.COMPLETED, done.error
+    assert done.final_output == "done: job export done"
+    assert done.attempt == 0 and mcp_server.cancelled_tasks() == []
+    assert task_id in (mcp_server.state_dir / "tasks.json").read_text()
