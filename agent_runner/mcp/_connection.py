@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
+import ssl
 from collections.abc import AsyncIterator, Coroutine, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -13,7 +15,8 @@ import httpx2
 from mcp import Client, MCPError, StdioServerParameters
 from mcp.client.extension import ClientExtension
 from mcp.client.streamable_http import streamable_http_client
-from mcp_types import INTERNAL_ERROR, INVALID_PARAMS, REQUEST_TIMEOUT
+from mcp_types import INTERNAL_ERROR, INVALID_PARAMS, REQUEST_TIMEOUT, DiscoverResult
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import ValidationError
 
 from agent_runner.errors import AgentRunnerError, RecoverableError, ToolError
@@ -58,13 +61,40 @@ async def connected(
                 yield client
             return
         http = httpx2.AsyncClient(
-            headers=dict(headers), timeout=httpx2.Timeout(timeout), event_hooks={"response": [note]}
+            headers=dict(headers),
+            timeout=httpx2.Timeout(timeout),
+            event_hooks={"response": [note]},
+            verify=_tls_context(),
         )
         transport = streamable_http_client(address, http_client=http)
-        async with http, Client(transport, read_timeout_seconds=timeout, cache=None, extensions=extensions) as client:
-            yield client
+        known = _discovered.get(address)
+        # A server seen before is not probed again: its protocol version is pinned from the first answer.
+        mode: Any = known[0] if known is not None else "auto"
+        prior = known[1] if known is not None else None
+        client = Client(
+            transport, read_timeout_seconds=timeout, cache=None, extensions=extensions, mode=mode, prior_discover=prior
+        )
+        try:
+            async with http, client:
+                found = client.session.discover_result
+                if known is None and found is not None and client.protocol_version in MODERN_PROTOCOL_VERSIONS:
+                    _discovered[address] = (client.protocol_version, found)
+                yield client
+        except BaseException:
+            _discovered.pop(address, None)  # the server may have changed: probe it next time
+            raise
     except BaseException as exc:
         raise _sorted(exc, refusal) from exc
+
+
+_discovered: dict[str, tuple[str, DiscoverResult]] = {}
+"""What each streamable HTTP server said of itself when first probed, by URL (per process)."""
+
+
+@functools.cache
+def _tls_context() -> ssl.SSLContext:
+    # Loading the certificate store takes ~90 ms: once per process, not once per call.
+    return ssl.create_default_context()
 
 
 def run_sync(work: Coroutine[Any, Any, T]) -> T:
