@@ -174,6 +174,13 @@ def _add_questions(server: MCPServer) -> None:
         return CallToolResult(content=[TextContent(text=text)])
 
     @server.tool()
+    def ask_nested(ctx: Context) -> CallToolResult | InputRequiredResult:
+        """Ask for an address as a nested object, which MCP forms do not allow."""
+        schema = {"type": "object", "properties": {"address": {"type": "object", "properties": {}}}}
+        ask = ElicitRequestFormParams(message="Your address?", requested_schema=schema)
+        return InputRequiredResult(input_requests={"address": ElicitRequest(params=ask)}, request_state="{}")
+
+    @server.tool()
     def link_account(ctx: Context) -> CallToolResult | InputRequiredResult:
         """Link the user's account; the user signs in on a page of ours."""
         answer = (ctx.input_responses or {}).get("signin")

@@ -2,22 +2,20 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from agent_runner import AgentResumeCommand, AgentTurnStatus, SuspensionType, ToolMessage
+from tests.helpers.mcp_agents import LOADER, URL_ENV, ask
 from tests.helpers.mcp_server import DATES_FORM, MCPServerProcess
 from tests.integration.celery_workers.celery_cluster import Cluster
-from tests.integration.celery_workers.mcp_agents import URL_ENV
 
 pytestmark = pytest.mark.integration
 
 S = AgentTurnStatus
 TIMEOUT_S = 60.0
-LOADER = "tests.integration.celery_workers.mcp_agents:build_loader"
 
 
 @pytest.fixture
@@ -31,10 +29,6 @@ def mcp_server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[MCPS
         yield server
     finally:
         server.stop()
-
-
-def ask(tool: str, **arguments: object) -> str:
-    return json.dumps({"tool": tool, "arguments": arguments})
 
 
 def test_a_worker_killed_inside_a_destructive_call_never_runs_it_twice(

@@ -105,3 +105,17 @@ def test_a_url_request_shows_the_link_and_goes_on_when_the_person_is_done(mcp_se
     linked, declined = tool_results(turn)
     assert (linked.content, linked.is_error) == ("account linked", False)
     assert (declined.content, declined.is_error) == ("sign-in decline", True)
+
+
+def test_a_question_no_form_can_show_fails_the_call_with_a_clear_message(module_mcp_server: MCPServerProcess) -> None:
+    runner = runner_for(agent_with(Model(("ask_nested", {})), MCPToolset(module_mcp_server.url)))
+
+    turn = runner.run("mcp-agent", "where do I live")
+
+    assert turn.status is S.COMPLETED, turn.error
+    [message] = tool_results(turn)
+    assert message.is_error
+    assert message.content == (
+        "The MCP tool 'ask_nested' asked a question no form can show "
+        "(field 'address' is not a plain string, number, boolean or choice), so it failed."
+    )

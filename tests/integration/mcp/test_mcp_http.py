@@ -13,6 +13,7 @@ from langgraph_sdk import get_sync_client
 from langgraph_sdk.client import SyncLangGraphClient
 
 from tests.helpers.api_server import ApiServer, running_server
+from tests.helpers.mcp_agents import LOADER, ask
 from tests.helpers.mcp_server import DATES_FORM, DESTINATION_FORM, MCPServerProcess
 
 pytestmark = pytest.mark.integration
@@ -24,7 +25,7 @@ KEY_B = "key-of-tenant-b"
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory, module_mcp_server: MCPServerProcess) -> Iterator[ApiServer]:
     yield from running_server(
-        "tests.integration.mcp.mcp_agents:build_loader",
+        LOADER,
         tmp_path_factory.mktemp("api"),
         AGENT_RUNNER_API_KEYS=f"tenant-a:{KEY_A},tenant-b:{KEY_B}",
         MCP_TEST_URL=module_mcp_server.url,
@@ -44,26 +45,26 @@ def settled(client: httpx.Client, turn_id: str, version: int = -1, timeout: floa
 
 def test_a_two_round_form_is_answered_through_the_http_api_across_a_restart(server: ApiServer) -> None:
     with server.client(KEY_A) as client:
-        created = client.post("/v1/turns", json={"agent_id": "travel", "input": "book_trip for ann"}).json()
+        created = client.post(
+            "/v1/turns", json={"agent_id": "mcp-agent", "input": ask("book_trip", traveller="ann")}
+        ).json()
         waiting = settled(client, created["id"])
         assert waiting["status"] == "WAITING_FOR_USER"
         suspension = waiting["suspension"]
         assert suspension["form"]["schema"] == DESTINATION_FORM and suspension["message"] == "Where to?"
         assert suspension["tool_call"]["name"] == "book_trip"
         resume = f"/v1/turns/{created['id']}/resume"
-        refused = client.post(resume, json={"action": "form", "tool_call_id": "call-book_trip", "data": {}})
+        refused = client.post(resume, json={"action": "form", "tool_call_id": "call-1", "data": {}})
         assert refused.status_code == 422, refused.text
 
     server.restart()  # the question was asked by one process, the answer is taken by the next
 
     with server.client(KEY_A) as client:
-        answered = client.post(
-            resume, json={"action": "form", "tool_call_id": "call-book_trip", "data": {"city": "Oslo"}}
-        )
+        answered = client.post(resume, json={"action": "form", "tool_call_id": "call-1", "data": {"city": "Oslo"}})
         assert answered.status_code == 202, answered.text
         second = settled(client, created["id"], answered.json()["version"])
         assert second["suspension"]["form"]["schema"] == DATES_FORM
-        answered = client.post(resume, json={"action": "form", "tool_call_id": "call-book_trip", "data": {"nights": 4}})
+        answered = client.post(resume, json={"action": "form", "tool_call_id": "call-1", "data": {"nights": 4}})
         done = settled(client, created["id"], answered.json()["version"])
 
     assert done["status"] == "COMPLETED", done
@@ -77,16 +78,16 @@ def test_the_langgraph_sdk_answers_each_round_as_an_interrupt(server: ApiServer)
 
 def answer_three_rounds(client: SyncLangGraphClient) -> None:
     thread_id = client.threads.create()["thread_id"]
-    start: dict[str, Any] = {"messages": [{"role": "user", "content": "book_trip for bo"}]}
-    first: Any = client.runs.wait(thread_id, "travel", input=start)
+    start: dict[str, Any] = {"messages": [{"role": "user", "content": ask("book_trip", traveller="bo")}]}
+    first: Any = client.runs.wait(thread_id, "mcp-agent", input=start)
     (interrupt,) = first["__interrupt__"]
     assert interrupt["value"]["type"] == "form" and interrupt["value"]["response_schema"] == DESTINATION_FORM
 
-    second: Any = client.runs.wait(thread_id, "travel", command={"resume": {"city": "Lima"}})
+    second: Any = client.runs.wait(thread_id, "mcp-agent", command={"resume": {"city": "Lima"}})
     (interrupt,) = second["__interrupt__"]
     assert interrupt["value"]["response_schema"] == DATES_FORM
 
-    final: Any = client.runs.wait(thread_id, "travel", command={"resume": {"nights": 2}})
+    final: Any = client.runs.wait(thread_id, "mcp-agent", command={"resume": {"nights": 2}})
     assert final["messages"][-1]["content"] == "done: booked 2 nights in Lima for bo"
 
 
@@ -94,7 +95,7 @@ def test_each_tenants_calls_carry_its_own_credentials(server: ApiServer) -> None
     seen = {}
     for tenant, key in (("tenant-a", KEY_A), ("tenant-b", KEY_B)):
         with server.client(key) as client:
-            created = client.post("/v1/turns", json={"agent_id": "travel", "input": "whoami"}).json()
+            created = client.post("/v1/turns", json={"agent_id": "mcp-agent", "input": ask("whoami")}).json()
             output = settled(client, created["id"])["final_output"]
         seen[tenant] = json.loads(output.removeprefix("done: "))
     assert seen == {
