@@ -240,21 +240,17 @@ def schedule_limit_wait(
 
     `called`: the model was called (and answered 429), which counts as a step.
     """
+    return _wait(turn, LIMIT_WAIT_REASON, message, until, metadata, now, turn.steps + (1 if called else 0))
+
+
+def _wait(
+    turn: AgentTurn, reason: str, message: str, until: datetime, metadata: dict[str, Any], now: datetime, steps: int
+) -> AgentTurn:
+    """RETRY_SCHEDULED until `until` for `reason`, not after a failure: the attempt count stays."""
     suspension = AgentSuspension(
-        type=SuspensionType.RETRY,
-        message=message,
-        resume_phase=turn.phase,
-        metadata={"reason": LIMIT_WAIT_REASON, **metadata},
+        type=SuspensionType.RETRY, message=message, resume_phase=turn.phase, metadata={"reason": reason, **metadata}
     )
-    return transition(
-        turn,
-        S.RETRY_SCHEDULED,
-        now,
-        next_retry_at=until,
-        suspension=suspension,
-        error=None,
-        steps=turn.steps + (1 if called else 0),
-    )
+    return transition(turn, S.RETRY_SCHEDULED, now, next_retry_at=until, suspension=suspension, error=None, steps=steps)
 
 
 OPERATION_WAIT_REASON = "operation"
@@ -265,15 +261,7 @@ def schedule_operation_wait(
     turn: AgentTurn, message: str, until: datetime, metadata: dict[str, Any], now: datetime
 ) -> AgentTurn:
     """Wait as RETRY_SCHEDULED until the next poll of work a tool started elsewhere; no retry attempt is used."""
-    suspension = AgentSuspension(
-        type=SuspensionType.RETRY,
-        message=message,
-        resume_phase=turn.phase,
-        metadata={"reason": OPERATION_WAIT_REASON, **metadata},
-    )
-    return transition(
-        turn, S.RETRY_SCHEDULED, now, next_retry_at=until, suspension=suspension, error=None, steps=turn.steps + 1
-    )
+    return _wait(turn, OPERATION_WAIT_REASON, message, until, metadata, now, turn.steps + 1)
 
 
 def close_out(
