@@ -48,11 +48,9 @@ def wait(
     return AgentStepResult(turn=saved)
 
 
-def cancel_operations(ctx: RunnerContext, turn: AgentTurn) -> None:
-    """Ask each tool whose work still runs for this ended turn to cancel it; a failure is logged, never raised."""
+def abandon_calls(ctx: RunnerContext, turn: AgentTurn) -> None:
+    """Tell each tool whose call kept state (work elsewhere, a question) that the turn ended; failures are logged."""
     for call_id, state in turn.tool_state.items():
-        if OPERATION_KEY not in state:
-            continue
         try:
             agent = ctx.agent_for(turn)
             calls = (c for m in turn.messages if isinstance(m, AiMessage) for c in m.tool_calls)
@@ -60,6 +58,6 @@ def cancel_operations(ctx: RunnerContext, turn: AgentTurn) -> None:
             tool = None if call is None else agent.tool(call.name) or agent.listed_tool(turn, call.name)
             if isinstance(tool, Tool) and call is not None:
                 with tool_scope(turn, call, {}, lambda _: None):
-                    tool.cancel_operation(state[OPERATION_KEY])
+                    tool.call_abandoned(state)
         except Exception:
-            logger.exception("turn %s: the work of call %s could not be cancelled", turn.id, call_id)
+            logger.exception("turn %s: the tool of call %s could not be told that the turn ended", turn.id, call_id)

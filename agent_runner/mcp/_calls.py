@@ -248,3 +248,18 @@ def _text(result: CallToolResult, max_bytes: int) -> str:
     if result.is_error:
         raise ToolError(text or "The tool failed without saying why.")
     return text
+
+
+async def cancel_question(target: CallTarget, arguments: dict[str, Any], state: Mapping[str, Any]) -> None:
+    """Answer the server's pending question with `cancel` (the turn ended before anyone answered); its reply is not read."""
+    request_state = state.get("request_state")
+    answers: InputResponses = {str(state["input_key"]): ElicitResult(action="cancel")}
+    async with connected(target.address, target.headers, target.timeout) as client:
+        await client.session.call_tool(
+            target.listed.remote_name,
+            arguments,
+            read_timeout_seconds=target.timeout,
+            input_responses=answers,
+            request_state=request_state if isinstance(request_state, str) else None,
+            allow_input_required=True,
+        )

@@ -19,7 +19,7 @@ from mcp_types import Tool as MCPToolDescription
 
 from agent_runner.errors import DefinitionError, ToolArgumentsError
 from agent_runner.limits import DEFAULT_LIMITS
-from agent_runner.mcp._calls import CallTarget, call_tool, cancel_task
+from agent_runner.mcp._calls import CallTarget, call_tool, cancel_question, cancel_task
 from agent_runner.mcp._connection import ServerAddress, connected, run_sync
 from agent_runner.snapshot import ListedTool
 from agent_runner.tools import TOOL_NAME_PATTERN, AgentToolContext, Tool
@@ -236,6 +236,13 @@ class MCPTool(Tool):
     def cancel_operation(self, handle: dict[str, Any]) -> None:
         """Cancel the task a call of this tool started on the server (`tasks/cancel`)."""
         run_sync(cancel_task(self._target(AgentToolContext.current()), handle))
+
+    def call_abandoned(self, state: dict[str, Any]) -> None:
+        """Cancel the call's task, or tell the server the person will not answer its question (`cancel`)."""
+        super().call_abandoned(state)
+        if "input_key" in state:
+            context = AgentToolContext.current()
+            run_sync(cancel_question(self._target(context), context.tool_call.arguments, state))
 
     def _target(self, context: AgentToolContext) -> CallTarget:
         toolset = self.toolset

@@ -115,7 +115,7 @@ def build_server(state_dir: Path, state_key: bytes | None) -> MCPServer:
         """Succeed once the HTTP layer stopped refusing the call."""
         return f"ok {key}"
 
-    _add_questions(server)
+    _add_questions(server, state_dir)
 
     @server.tool(annotations=ToolAnnotations(read_only_hint=True))
     async def progress(ctx: Context) -> str:
@@ -142,8 +142,8 @@ def build_server(state_dir: Path, state_key: bytes | None) -> MCPServer:
     return server
 
 
-def _add_questions(server: MCPServer) -> None:
-    """The tools that ask the user something before they answer."""
+def _add_questions(server: MCPServer, state_dir: Path) -> None:
+    """The tools that ask the user something before they answer (a refusal is noted in `DIR/refused`)."""
 
     @server.tool()
     def book_trip(ctx: Context, traveller: str) -> CallToolResult | InputRequiredResult:
@@ -154,6 +154,8 @@ def _add_questions(server: MCPServer) -> None:
             if not isinstance(answer, ElicitResult):
                 continue
             if answer.action != "accept":
+                with (state_dir / "refused").open("a") as refused:
+                    refused.write(f"{key}:{answer.action}\n")
                 return CallToolResult(
                     content=[TextContent(text=f"booking {answer.action}d by the user")], is_error=True
                 )
@@ -360,6 +362,11 @@ class MCPServerProcess:
         if new_key:
             self.state_key = os.urandom(32).hex()
         self.start()
+
+    def refused_questions(self) -> list[str]:
+        """`<question>:<decline or cancel>` for each question of `book_trip` the client refused."""
+        path = self.state_dir / "refused"
+        return path.read_text().split() if path.exists() else []
 
     def cancelled_tasks(self) -> list[str]:
         """The ids of the tasks a client cancelled."""

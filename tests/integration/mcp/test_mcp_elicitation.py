@@ -119,3 +119,15 @@ def test_a_question_no_form_can_show_fails_the_call_with_a_clear_message(module_
         "The MCP tool 'ask_nested' asked a question no form can show "
         "(field 'address' is not a plain string, number, boolean or choice), so it failed."
     )
+
+
+def test_a_turn_cancelled_while_a_question_waits_tells_the_server(mcp_server: MCPServerProcess) -> None:
+    runner = runner_for(agent_with(Model(("book_trip", {"traveller": "di"})), MCPToolset(mcp_server.url)))
+    turn = runner.run("mcp-agent", "book")
+    turn = runner.resume(turn.id, AgentResumeCommand.user_input("call-1", {"city": "Bern"}))
+    assert turn.status is S.WAITING_FOR_USER
+
+    cancelled = runner.cancel(turn.id, "changed my mind")
+
+    assert cancelled.status is S.CANCELLED
+    assert mcp_server.refused_questions() == ["dates:cancel"]
