@@ -26,7 +26,8 @@ class OperationPending(Exception):
     Args:
         handle: What the tool needs to ask about the work again (JSON), saved in the snapshot.
         status: What the work is doing, in a few words (shown on the turn while it waits).
-        poll_after: Seconds until the next poll, when the work says (else the runner backs off).
+        poll_after: Seconds the work asks to be left alone before the next poll; the runner's
+            backoff (1 s doubling up to 60 s) is kept to when it is longer.
     """
 
     def __init__(self, handle: dict[str, Any], *, status: str = "running", poll_after: float | None = None) -> None:
@@ -37,7 +38,8 @@ class OperationPending(Exception):
 
 
 def next_poll(polls: int, poll_after: float | None) -> float:
-    """Seconds until poll number `polls + 1`: the work's own hint, else 1 s doubling up to 60 s."""
+    """Seconds until poll number `polls + 1`: 1 s doubling up to 60 s, never sooner than the work asks."""
+    backoff = FIRST_POLL_S * 2.0**polls
     if poll_after is not None and poll_after >= 0:
-        return min(poll_after, LAST_POLL_S)
-    return float(min(FIRST_POLL_S * 2.0**polls, LAST_POLL_S))
+        backoff = max(backoff, poll_after)
+    return float(min(backoff, LAST_POLL_S))

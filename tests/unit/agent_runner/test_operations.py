@@ -133,6 +133,6 @@ def test_a_cancelled_turn_cancels_the_work() -> None:
     assert jobs.cancelled == [{"job": "job-1", "report": "q3"}]
 
 
-def test_polls_take_the_works_hint_and_back_off_to_a_minute() -> None:
+def test_polls_back_off_to_a_minute_and_never_come_sooner_than_the_work_asks() -> None:
     assert [next_poll(n, None) for n in range(8)] == [1, 2, 4, 8, 16, 32, 60, 60]
-    assert next_poll(3, 0.5) == 0.5 and next_poll(0, 3600) == 60
+    assert next_poll(3, 0.5) == 8 and next_poll(0, 5) == 5 and next_poll(0, 3600) == 60
