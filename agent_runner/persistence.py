@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
 
-from agent_runner.errors import InvalidCursor, InvalidEventQuery
+from agent_runner.errors import InvalidCursorError, InvalidEventQueryError
 from agent_runner.events import AgentEvent
 from agent_runner.messages import AnyMessage, ModelMessage
 from agent_runner.snapshot import AgentTurn, AgentTurnStatus, is_runnable
@@ -215,7 +215,7 @@ class EventScope:
     hashable, so it can key what is kept per scope.
 
     Raises:
-        InvalidEventQuery: The id is empty (or not a string), or `kind` is neither kind.
+        InvalidEventQueryError: The id is empty (or not a string), or `kind` is neither kind.
     """
 
     kind: EventScopeKind
@@ -223,10 +223,10 @@ class EventScope:
 
     def __post_init__(self) -> None:
         if self.kind not in ("tree", "conversation"):
-            raise InvalidEventQuery(f"an event scope is a 'tree' or a 'conversation', got {self.kind!r}")
+            raise InvalidEventQueryError(f"an event scope is a 'tree' or a 'conversation', got {self.kind!r}")
         if not isinstance(self.id, str) or not self.id:
             name = "root_turn_id" if self.kind == "tree" else "conversation_id"
-            raise InvalidEventQuery(f"{name} must be a non-empty string to read events, got {self.id!r}")
+            raise InvalidEventQueryError(f"{name} must be a non-empty string to read events, got {self.id!r}")
 
     @classmethod
     def tree(cls, root_turn_id: str) -> EventScope:
@@ -262,7 +262,7 @@ class EventLog(Protocol):
         """Return up to `limit` durable events of the scope after the cursor `after` (None: from the first), in order.
 
         Raises:
-            InvalidCursor: `after` is not a cursor this log issued.
+            InvalidCursorError: `after` is not a cursor this log issued.
         """
         ...
 
@@ -288,7 +288,7 @@ class LiveEventChannel(Protocol):
         Each event carries its `cursor` in this channel.
 
         Raises:
-            InvalidCursor: `after` is not a cursor of this channel.
+            InvalidCursorError: `after` is not a cursor of this channel.
         """
         ...
 
@@ -298,7 +298,7 @@ class LiveEventChannel(Protocol):
         Returns an empty list when the time ran out first.
 
         Raises:
-            InvalidCursor: `after` is not a cursor of this channel.
+            InvalidCursorError: `after` is not a cursor of this channel.
         """
         ...
 
@@ -315,14 +315,14 @@ def parse_position(cursor: str, parts: int) -> tuple[int, ...]:
     """Return the `parts` integers of a cursor written by `format_position`.
 
     Raises:
-        InvalidCursor: The cursor has another shape, or a number out of range.
+        InvalidCursorError: The cursor has another shape, or a number out of range.
     """
     pieces = cursor.split(".")
     if len(pieces) != parts or not all(piece.isascii() and piece.isdigit() and len(piece) <= 19 for piece in pieces):
-        raise InvalidCursor(cursor, f"expected {parts} dot-separated non-negative integer(s)")
+        raise InvalidCursorError(cursor, f"expected {parts} dot-separated non-negative integer(s)")
     numbers = tuple(int(piece) for piece in pieces)
     if any(number > _MAX_POSITION for number in numbers):
-        raise InvalidCursor(cursor, "a position is out of range")
+        raise InvalidCursorError(cursor, "a position is out of range")
     return numbers
 
 

@@ -38,8 +38,8 @@ from agent_runner.mcp import _tasks as tasks
 from agent_runner.mcp._connection import (
     MCPProtocolError,
     MCPServerError,
+    MCPUnreachableError,
     ServerAddress,
-    Unreachable,
     connected,
     is_rejected_state,
 )
@@ -129,7 +129,7 @@ async def call_tool(target: CallTarget, arguments: dict[str, Any], context: Agen
                 await anyio.sleep(min(0.05 * 2**rounds, 1.0))
                 result = await send(None, result.request_state)
     except RecoverableError as exc:
-        if target.idempotent or exc.rate_limited or isinstance(exc, Unreachable):
+        if target.idempotent or exc.rate_limited or isinstance(exc, MCPUnreachableError):
             raise
         raise MCPServerError(f"{exc}; the call may have acted before it failed") from exc
     except MCPError as exc:

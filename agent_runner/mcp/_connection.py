@@ -108,11 +108,11 @@ def run_sync(work: Coroutine[Any, Any, T]) -> T:
         return pool.submit(asyncio.run, work).result()
 
 
-class Unreachable(RecoverableError):
+class MCPUnreachableError(RecoverableError):
     """The server could not be reached: nothing was sent, so trying again later is safe."""
 
 
-class _Transient(RecoverableError):
+class _TransientError(RecoverableError):
     """The server timed out or failed (5xx) or refused for a rate limit (429)."""
 
 
@@ -121,20 +121,20 @@ def _sorted(exc: BaseException, refusal: _HttpRefusal) -> BaseException:
     if isinstance(leaf, AgentRunnerError | asyncio.CancelledError | KeyboardInterrupt | SystemExit):
         return leaf
     if isinstance(leaf, httpx2.ConnectError | ConnectionError | FileNotFoundError):
-        return Unreachable(f"the MCP server could not be reached: {leaf}")
+        return MCPUnreachableError(f"the MCP server could not be reached: {leaf}")
     if isinstance(leaf, httpx2.TimeoutException) or (isinstance(leaf, MCPError) and leaf.code == REQUEST_TIMEOUT):
-        return _Transient(f"the MCP server did not answer in time: {leaf}")
+        return _TransientError(f"the MCP server did not answer in time: {leaf}")
     if isinstance(leaf, MCPError) and leaf.code == INTERNAL_ERROR and refusal.status is not None:
         status = refusal.status
         if status == 429:
-            return _Transient(
+            return _TransientError(
                 "the MCP server refused the call for a rate limit (HTTP 429)", refusal.retry_after, rate_limited=True
             )
         if status >= 500 or status == 408:
-            return _Transient(f"the MCP server failed (HTTP {status})", refusal.retry_after)
+            return _TransientError(f"the MCP server failed (HTTP {status})", refusal.retry_after)
         return ToolError(f"the MCP server refused the call (HTTP {status})")
     if isinstance(leaf, httpx2.HTTPError):
-        return _Transient(f"the connection to the MCP server failed: {leaf}")
+        return _TransientError(f"the connection to the MCP server failed: {leaf}")
     if isinstance(leaf, ValidationError):
         return MCPProtocolError(f"the MCP server sent a result the protocol does not allow: {leaf}")
     return leaf

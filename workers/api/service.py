@@ -26,8 +26,8 @@ from agent_runner import (
 )
 from agent_runner.limits import check_start_delay
 from agent_runner.machine import DECIDER_METADATA_KEYS
-from workers.api.errors import ApiError, InvalidRequest, TurnEndedError
-from workers.api.models import CancelRequest, ResumeRequest, StartTurnRequest, resume_fields
+from workers.api.bodies import CancelRequest, ResumeRequest, StartTurnRequest, resume_fields
+from workers.api.errors import ApiError, InvalidRequestError, TurnEndedError
 from workers.api.runtime import Runtime
 from workers.api.tenancy import Tenant
 from workers.live import announce
@@ -38,7 +38,7 @@ _INTERRUPT_ATTEMPTS = 3
 _INTERRUPT_POLL_S = 0.05
 
 
-class ConversationBusy(ApiError):
+class ConversationBusyError(ApiError):
     """The conversation has an active turn (409), told with the conversation id the tenant knows."""
 
     def __init__(self, conversation_id: str, busy: AgentConversationBusyException) -> None:
@@ -112,7 +112,7 @@ def start_turn(
             if busy.active_turn_id == turn_id:
                 return get_turn(runtime, tenant, turn_id)
             if request.if_busy == "reject":
-                raise ConversationBusy(request.conversation_id, busy) from None
+                raise ConversationBusyError(request.conversation_id, busy) from None
             if request.if_busy == "enqueue" or not _interrupt(runtime, busy.active_turn_id):
                 return _enqueue(runtime, tenant, request, conversation, message_id)
     # Each interrupted turn was followed at once by another (queued messages starting):
@@ -163,7 +163,7 @@ def start_time(runtime: Runtime, delay_s: float | None, field: str) -> datetime 
 def _enqueue(runtime: Runtime, tenant: Tenant, request: StartTurnRequest, conversation: str, message_id: str) -> Queued:
     if request.start_after_seconds:
         # The inbox starts a queued message as soon as the conversation frees; it keeps no start time.
-        raise InvalidRequest(
+        raise InvalidRequestError(
             "a delayed start cannot be queued behind the conversation's active turn; retry once it has ended",
             path="/start_after_seconds",
         )
@@ -263,16 +263,16 @@ def decode_cursor(cursor: str) -> tuple[datetime, str]:
     """The `(created_at, id)` position of a cursor from `encode_cursor`.
 
     Raises:
-        InvalidRequest: The cursor was not made by this server.
+        InvalidRequestError: The cursor was not made by this server.
     """
     try:
         raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
         created, turn_id = json.loads(raw)
         position = (datetime.fromisoformat(created), str(turn_id))
     except (binascii.Error, ValueError, TypeError, UnicodeDecodeError):
-        raise InvalidRequest("cursor is not a cursor from a previous page", path="/cursor") from None
+        raise InvalidRequestError("cursor is not a cursor from a previous page", path="/cursor") from None
     if position[0].tzinfo is None:
-        raise InvalidRequest("cursor is not a cursor from a previous page", path="/cursor")
+        raise InvalidRequestError("cursor is not a cursor from a previous page", path="/cursor")
     return position
 
 
@@ -309,7 +309,7 @@ def conversation_messages(
     """The newest `limit` messages of the tenant's conversation (before message `before`), oldest first.
 
     Raises:
-        InvalidRequest: `before` is not a message of the conversation.
+        InvalidRequestError: `before` is not a message of the conversation.
         ConversationNotFound: The request's token is limited to another conversation.
     """
     memory = runtime.memories(tenant.reaches(conversation_id))
@@ -317,7 +317,7 @@ def conversation_messages(
         return memory.get_messages(limit)
     found = memory.get_messages_before(before, limit)
     if found is None:
-        raise InvalidRequest(f"message {before!r} is not in conversation {conversation_id!r}", path="/before")
+        raise InvalidRequestError(f"message {before!r} is not in conversation {conversation_id!r}", path="/before")
     return found
 
 
