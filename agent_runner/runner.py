@@ -17,7 +17,7 @@ from datetime import datetime
 from functools import partial
 from typing import Any
 
-from agent_runner._runtime import children, creation, endings, executing, resuming, saving, stepping
+from agent_runner._runtime import children, creation, endings, executing, resuming, saving, steering, stepping
 from agent_runner._runtime.context import LeaseScope, RunnerContext
 from agent_runner._runtime.conversations import ConversationGate
 from agent_runner._runtime.execution import Dispatching, execution_mode
@@ -330,6 +330,22 @@ class AgentRunner:
             InvalidTextError: `reason` holds text no store can keep; nothing changed.
         """
         return endings.cancel(self._ctx, turn_id, reason, cancelled_by)
+
+    def steer(self, turn_id: str, text: str, *, message_id: str | None = None) -> AgentTurn:
+        """Add a user message to a turn while it works: it joins the history before the turn's next model call.
+
+        Stored at once, from any process, without the turn's lease; applied in the order accepted,
+        never between a tool call and its result (a waiting turn applies it when it runs again). A
+        turn that ends first hands it to its conversation's active or next turn; a cancelled turn,
+        or one outside a conversation, drops it (STEERING_NOT_APPLIED). `message_id`: sending the
+        same id again changes nothing. Returns the turn that will read the message.
+
+        Raises:
+            TurnNotFound, InputLimitError: No such turn; an id or the text over the policy's limits.
+            SteeringRefusedError: The turn had ended, cancelled or outside a conversation, before the message came.
+            DefinitionError: The turn store keeps no steering messages.
+        """
+        return steering.steer(self._ctx, turn_id, text, message_id)
 
     def suspend(self, turn: AgentTurn, suspension: AgentSuspension) -> AgentTurn:
         """Suspend a READY or RUNNING turn with a custom suspension (normally a plain-text question).

@@ -161,6 +161,8 @@ class AgentTurn(FrozenModel):
     """Fencing number of the lease under which this snapshot was saved, if any."""
     started_call_ids: list[str] = Field(default_factory=list)
     """Calls of non-idempotent tools whose body started and whose outcome is not recorded yet."""
+    steered_message_ids: list[str] = Field(default_factory=list)
+    """Ids of the steering messages (`AgentRunner.steer`) this turn applied, in the order they joined its history."""
     step_failures: int = 0
     """Consecutive steps that raised an unexpected exception (reset by any step that saves)."""
     root_conversation_id: str | None = None

@@ -15,7 +15,7 @@ from pydantic import ValidationError
 from agent_runner import event_payloads as payloads
 from agent_runner import machine
 from agent_runner._base import trusted
-from agent_runner._runtime import children, limiting
+from agent_runner._runtime import children, limiting, steering
 from agent_runner._runtime.cancelling import stored_cancel_reason
 from agent_runner._runtime.context import RunnerContext
 from agent_runner._runtime.endings import after_terminal, failed_call, finish
@@ -86,6 +86,10 @@ def step_once(ctx: RunnerContext, turn: AgentTurn) -> AgentStepResult:
             # while, so that clients can tell a queued turn from a running one.
             running = save(ctx, running, expected, payloads.turn_running())
             expected = running.version
+        if isinstance(plan, machine.CallModel):
+            steered = steering.apply_pending(ctx, running, expected)
+            if steered is not running:
+                running, expected = steered, steered.version
         match plan:
             case machine.Terminate(status=status, reason=reason):
                 if status is S.CANCELLED:
@@ -156,13 +160,18 @@ def _call_model(
     finally:
         sink.close()
     limiting.settle(admission, response.usage)
-    updated, message = machine.apply_model_response(turn, response, ctx.clock())
+    # Messages that came while the model answered: a final answer does not end the turn then.
+    late = [] if response.message.tool_calls else steering.pending(ctx, turn)
+    updated, message = machine.apply_model_response(
+        turn, response, ctx.clock(), steering=steering.as_user_messages(late)
+    )
     response = trusted(ChatResponse, _RESPONSE_GIVEN, {"message": message, "usage": response.usage})
     usage = response.usage
     event = payloads.model_response(
         message.id, message.content, [c.name for c in message.tool_calls], usage.input_tokens, usage.output_tokens
     )
-    saved = save(ctx, updated, expected, event, terminal_event(updated))
+    applied = payloads.steering_applied([m.message_id for m in late]) if late else None
+    saved = save(ctx, updated, expected, event, applied, terminal_event(updated))
     if saved.is_terminal:
         after_terminal(ctx, saved)
     return AgentStepResult(turn=saved, response=response)

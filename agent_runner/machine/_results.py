@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -21,7 +22,7 @@ from agent_runner.machine._decisions import SYSTEM_DECIDER, decision
 from agent_runner.machine._ids import next_message_id
 from agent_runner.machine._plans import Suspend
 from agent_runner.machine._transitions import SUSPENSION_STATUS, S, touch, transition
-from agent_runner.messages import ActionStatus, AiMessage, ModelMessage, ToolCall, ToolMessage
+from agent_runner.messages import ActionStatus, AiMessage, ModelMessage, ToolCall, ToolMessage, UserMessage
 from agent_runner.models import ChatResponse
 from agent_runner.policy import AgentExecutionPolicy, RetryPolicy
 from agent_runner.snapshot import AgentTurn, AgentTurnStatus, ChildLink
@@ -40,9 +41,16 @@ def start_running(turn: AgentTurn, now: datetime) -> AgentTurn:
 
 
 def apply_model_response(
-    turn: AgentTurn, response: ChatResponse, now: datetime, limits: InputLimits | None = None
+    turn: AgentTurn,
+    response: ChatResponse,
+    now: datetime,
+    limits: InputLimits | None = None,
+    steering: Sequence[UserMessage] = (),
 ) -> tuple[AgentTurn, AiMessage]:
     """Record a model response: tool calls become pending (TOOLS), a final answer completes the turn.
+
+    With `steering` (messages that came while the model answered), a final answer does not
+    complete the turn: the messages follow it and the turn goes on to another model call.
 
     The message is made storable first, and bounded by `limits` when they are given (see
     `storable_message`), whatever model produced it.
@@ -57,7 +65,22 @@ def apply_model_response(
     }
     if message.tool_calls:
         return touch(turn, now, phase=Phase.TOOLS, pending_tool_calls=list(message.tool_calls), **changes), message
+    if steering:
+        # The user spoke while the model answered: the answer stays, and the model answers them next.
+        answered = turn.model_copy(update=changes)
+        return apply_steering(answered, steering, now), message
     return transition(turn, S.COMPLETED, now, final_output=message.content or "", **changes), message
+
+
+def apply_steering(turn: AgentTurn, messages: Sequence[UserMessage], now: datetime) -> AgentTurn:
+    """Add steering messages (`AgentRunner.steer`) to the history before the next model call, and record them applied."""
+    return touch(
+        turn,
+        now,
+        phase=Phase.MODEL,
+        messages=[*turn.messages, *messages],
+        steered_message_ids=[*turn.steered_message_ids, *(m.id for m in messages)],
+    )
 
 
 def storable_message(message: AiMessage, limits: InputLimits | None = None) -> AiMessage:
