@@ -293,9 +293,7 @@ turn_steering = sa.Table(
     sa.Column("accepted_at", UtcDateTime, nullable=False),
     sa.Column("forwarded", sa.Boolean, nullable=False),
     # The order of a turn's messages; INTEGER on SQLite, so that it is the rowid.
-    sa.Column(
-        "sequence", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), primary_key=True, autoincrement=True
-    ),
+    sa.Column("sequence", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), primary_key=True, autoincrement=True),
     sa.UniqueConstraint("turn_id", "message_id", name="uq_agent_turn_steering_turn_message"),
     sqlite_autoincrement=True,
 )

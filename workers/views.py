@@ -27,6 +27,7 @@ from agent_runner import (
     InvalidEventQuery,
     InvalidResumeCommand,
     InvalidTransitionError,
+    SteeringRefusedError,
     ToolCall,
     TurnNotFound,
     VersionConflictError,
@@ -363,7 +364,9 @@ def classify_error(error: BaseException) -> ErrorKind:
         return ErrorKind.INVALID if error.errors else ErrorKind.CONFLICT
     if isinstance(error, ResumeRequestError | InvalidEventQuery | InputLimitError):
         return ErrorKind.INVALID
-    if isinstance(error, AgentConversationBusyException | InvalidTransitionError | VersionConflictError):
+    if isinstance(
+        error, AgentConversationBusyException | InvalidTransitionError | VersionConflictError | SteeringRefusedError
+    ):
         return ErrorKind.CONFLICT
     if isinstance(error, AgentRunnerError) and error.retryable:
         return ErrorKind.UNAVAILABLE

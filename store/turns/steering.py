@@ -20,6 +20,7 @@ from store._backend import SqlBackend
 from store._engine import AnyRow, dialect_insert, translated_errors
 from store.schema import turn_steering, turns
 
+
 def _message(row: AnyRow) -> SteeringMessage:
     # The table's columns are the record's fields.
     return SteeringMessage(**row._asdict())

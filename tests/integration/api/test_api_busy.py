@@ -222,3 +222,32 @@ def test_a_follower_of_the_conversation_sees_the_message_queued_then_its_turn_st
         )
         expected = [e["data"]["event_id"] for e in events[index + 1 :]]
         assert [e["data"]["event_id"] for e in rest] == expected
+
+
+def test_steer_gives_the_message_to_the_active_turn_after_its_tool_call(client: httpx.Client) -> None:
+    chat = f"c-{uuid.uuid4().hex[:8]}"
+    created = post(client, "sleep 1.5", chat).json()
+    wait_for(client, created["id"], lambda v: v["steps"] >= 1, what="the pause call to start")
+    # While the worker is inside the tool call, two messages for the same turn
+    first = post(client, "use staging", chat, if_busy="steer", message_id_hint="ignored")
+    assert first.status_code == 422  # unknown fields are refused, as everywhere
+    steered = post(client, "use staging", chat, if_busy="steer")
+    assert steered.status_code == 202, steered.text
+    assert steered.json()["id"] == created["id"] and steered.json()["status"] == "RUNNING"
+    again = post(client, "and be quick", chat, if_busy="steer")
+    assert again.status_code == 202 and again.json()["id"] == created["id"]
+    # The model's next call reads both, in order, after the tool's result: it answers the last
+    ended = wait_for(client, created["id"], blocked, timeout=15)
+    assert (ended["status"], ended["final_output"]) == ("COMPLETED", "echo: and be quick")
+    messages = client.get(f"/v1/turns/{created['id']}", params={"messages": "true"}).json()["messages"]
+    roles = [(m["role"], m.get("content")) for m in messages]
+    assert roles[-4:] == [
+        ("tool", "paused"),
+        ("user", "use staging"),
+        ("user", "and be quick"),
+        ("assistant", ended["final_output"]),
+    ]
+    # A conversation with no active turn: the message starts one, as without steer
+    fresh = post(client, "hello", chat, if_busy="steer")
+    assert fresh.status_code == 201 and fresh.json()["id"] != created["id"]
+    assert wait_for(client, fresh.json()["id"], blocked)["final_output"] == "echo: hello"
