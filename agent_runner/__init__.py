@@ -81,7 +81,7 @@ from agent_runner.persistence import (
     TurnLease,
     TurnRef,
 )
-from agent_runner.policy import AgentExecutionPolicy, Budget, RetryPolicy
+from agent_runner.policy import AgentExecutionPolicy, Budget, FinalAnswer, RetryPolicy
 from agent_runner.results import AdvanceResult, AgentStepResult, StopReason
 from agent_runner.runner import AgentRunner
 from agent_runner.snapshot import AgentTurn, AgentTurnStatus, ChildLink, PageAction
@@ -159,6 +159,7 @@ __all__ = [
     "EventFeed",
     "EventLog",
     "EventScope",
+    "FinalAnswer",
     "InMemoryLiveEvents",
     "LiveEventChannel",
     # Backends

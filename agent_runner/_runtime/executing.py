@@ -8,6 +8,7 @@ The step's first save expects the version it started from; a newer snapshot in t
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from pydantic import ValidationError
@@ -31,7 +32,7 @@ from agent_runner.errors import (
 )
 from agent_runner.forms import AgentFormRequiredException
 from agent_runner.limits import bounded_text, storable_text
-from agent_runner.messages import AiMessage, ModelMessage, SystemMessage, ToolCall
+from agent_runner.messages import AiMessage, ModelMessage, SystemMessage, ToolCall, UserMessage
 from agent_runner.middleware import chain
 from agent_runner.model_limits import WAIT_OVER_REASON, LimitWait
 from agent_runner.models import ChatRequest, ChatResponse
@@ -44,6 +45,9 @@ from agent_runner.tools import Tool, encode_tool_result, tool_scope
 logger = logging.getLogger("agent_runner")
 
 S = AgentTurnStatus
+
+FINAL_ANSWER_STATUSES = frozenset({S.BUDGET_EXCEEDED, S.MAX_ITERATIONS_REACHED, S.MAX_STEPS_REACHED})
+"""The limits after which an agent with a `FinalAnswer` asks its model for one."""
 
 # The fields set here when these models are built from validated data (see `trusted`).
 _REQUEST_GIVEN = frozenset(ChatRequest.model_fields)
@@ -92,9 +96,7 @@ def step_once(ctx: RunnerContext, turn: AgentTurn) -> AgentStepResult:
                 running, expected = steered, steered.version
         match plan:
             case machine.Terminate(status=status, reason=reason):
-                if status is S.CANCELLED:
-                    reason = stored_cancel_reason(ctx.turn_store, running) or reason
-                return AgentStepResult(turn=finish(ctx, running, status, reason, expected_version=expected))
+                return _terminate(ctx, running, agent, status, reason, expected, turn.suspension)
             case machine.CallModel():
                 return _call_model(ctx, running, agent, expected, turn.suspension)
             case machine.ExecuteTool(call=call, tool=tool):
@@ -124,18 +126,71 @@ def step_once(ctx: RunnerContext, turn: AgentTurn) -> AgentStepResult:
     raise AssertionError(f"unhandled plan {plan!r}")  # pragma: no cover
 
 
-def _call_model(
-    ctx: RunnerContext, turn: AgentTurn, agent: Agent, expected: int, previous: AgentSuspension | None
+def _terminate(
+    ctx: RunnerContext,
+    turn: AgentTurn,
+    agent: Agent,
+    status: AgentTurnStatus,
+    reason: str,
+    expected: int,
+    previous: AgentSuspension | None,
 ) -> AgentStepResult:
+    """End the turn as the plan says; after a limit, with the model's last answer when the agent asks for one.
+
+    The last answer (see `FinalAnswer`) is asked for without tools. Waiting for a shared
+    limit, it waits like any call; when it is due, the same limit stops the turn and asks
+    again. A call that raises ends the turn with the close-out.
+    """
+    if status is S.CANCELLED:
+        reason = stored_cancel_reason(ctx.turn_store, turn) or reason
+    final = agent.final_answer
+    if status not in FINAL_ANSWER_STATUSES or final is None:
+        return AgentStepResult(turn=finish(ctx, turn, status, reason, expected_version=expected))
+
+    def failed(_: limiting.Admission | None, exc: Exception) -> AgentStepResult:
+        logger.warning("turn %s: the final answer failed, it ends with the close-out: %s", turn.id, exc)
+        return AgentStepResult(turn=finish(ctx, turn, status, reason, expected_version=expected), error=exc)
+
+    closed = turn.model_copy(update={"messages": machine.closed_calls(turn, reason, ctx.policy)})
+    ask = UserMessage(id=f"{turn.id}-final-answer", content=final.prompt(reason))
+    fields = {"messages": [*_request_messages(closed, agent), ask], "tools": []}
+    response = _ask_model(ctx, turn, agent, fields, expected, previous, failed)
+    if isinstance(response, AgentStepResult):
+        return response
+    message = machine.storable_message(response.message, ctx.policy.limits)
+    answer = trusted(ChatResponse, _RESPONSE_GIVEN, {"message": message, "usage": response.usage})
+    ended = machine.close_out(turn, status, reason, ctx.policy, ctx.clock(), answer=answer)
+    usage = answer.usage
+    text = ended.final_output or ""
+    event = payloads.model_response(ended.messages[-1].id, text, [], usage.input_tokens, usage.output_tokens)
+    saved = save(ctx, ended, expected, event, terminal_event(ended))
+    after_terminal(ctx, saved)
+    return AgentStepResult(turn=saved, response=answer)
+
+
+ModelFailed = Callable[[limiting.Admission | None, Exception], AgentStepResult]
+"""What a model call that raised comes to (given the limiter's grant, which was settled)."""
+
+
+def _ask_model(
+    ctx: RunnerContext,
+    turn: AgentTurn,
+    agent: Agent,
+    request_fields: dict[str, Any],
+    expected: int,
+    previous: AgentSuspension | None,
+    failed: ModelFailed,
+) -> ChatResponse | AgentStepResult:
+    """One model call under the shared limits, through the `wrap_model` middleware; or the step's outcome without one.
+
+    `request_fields`: the request's messages and tools. Without capacity the turn waits; a
+    cancel while the answer streams in ends it; an exception is `failed`'s to handle.
+    """
     if agent.chat_model is None:
         raise DefinitionError(f"agent {agent.id!r} has no chat_model")
     chat_model = agent.chat_model
     sink = DeltaSink(ctx, turn)
-    request = trusted(
-        ChatRequest,
-        _REQUEST_GIVEN,
-        {"messages": _request_messages(turn, agent), "tools": agent.tool_specs(), "on_delta": sink},
-    )
+    request = trusted(ChatRequest, _REQUEST_GIVEN, {**request_fields, "on_delta": sink})
     admission = limiting.admit(ctx, turn, chat_model, request, previous)
     if isinstance(admission, LimitWait):
         sink.close()
@@ -154,12 +209,25 @@ def _call_model(
         return AgentStepResult(turn=finish(ctx, turn, S.CANCELLED, reason, expected_version=expected))
     except Exception as exc:
         limiting.settle(admission, None)
-        retry = ctx.policy.retry_for(agent)
-        refused = limiting.provider_refused(ctx, turn, admission, exc, expected, retry, previous)
-        return refused if refused is not None else failed_call(ctx, turn, exc, expected, retry)
+        return failed(admission, exc)
     finally:
         sink.close()
     limiting.settle(admission, response.usage)
+    return response
+
+
+def _call_model(
+    ctx: RunnerContext, turn: AgentTurn, agent: Agent, expected: int, previous: AgentSuspension | None
+) -> AgentStepResult:
+    def failed(admission: limiting.Admission | None, exc: Exception) -> AgentStepResult:
+        retry = ctx.policy.retry_for(agent)
+        refused = limiting.provider_refused(ctx, turn, admission, exc, expected, retry, previous)
+        return refused if refused is not None else failed_call(ctx, turn, exc, expected, retry)
+
+    fields = {"messages": _request_messages(turn, agent), "tools": agent.tool_specs()}
+    response = _ask_model(ctx, turn, agent, fields, expected, previous, failed)
+    if isinstance(response, AgentStepResult):
+        return response
     # Messages that came while the model answered: a final answer does not end the turn then.
     late = [] if response.message.tool_calls else steering.pending(ctx, turn)
     updated, message = machine.apply_model_response(

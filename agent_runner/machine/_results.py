@@ -286,33 +286,25 @@ def close_out(
     policy: AgentExecutionPolicy,
     now: datetime,
     decided_by: str | None = None,
+    answer: ChatResponse | None = None,
 ) -> AgentTurn:
     """End the turn abnormally and keep the model history protocol-valid.
 
     Every pending tool call gets a ToolMessage with the reason, then one assistant
     message says the turn did not finish, so the next turn of the conversation can
     build on this history. Pending page actions are settled as decided by `decided_by`
-    (the person who cancelled), else by `SYSTEM_DECIDER`.
+    (the person who cancelled), else by `SYSTEM_DECIDER`. With `answer` (a final answer
+    asked for, see `FinalAnswer`), its text is that message and the turn's `final_output`,
+    and its usage counts as a model call.
     """
-    messages: list[ModelMessage] = list(turn.messages)
-    for call in turn.pending_tool_calls:
-        content = policy.render(
-            policy.interrupted_tool_message_template,
-            reason=reason,
-            turn_id=turn.id,
-            tool_call_id=call.id,
-            tool_name=call.name,
-        )
-        messages.append(
-            ToolMessage(
-                id=f"{turn.id}-{len(messages)}",
-                tool_call_id=call.id,
-                tool_name=call.name,
-                content=content,
-                is_error=True,
-            )
-        )
+    messages = closed_calls(turn, reason, policy)
     closing = policy.render(policy.interrupted_turn_message_template, reason=reason, turn_id=turn.id)
+    changes: dict[str, Any] = {}
+    if answer is not None:
+        called = {"usage": turn.usage + answer.usage, "model_iterations": turn.model_iterations + 1}
+        changes = {**called, "steps": turn.steps + 1}
+        if answer.message.content:
+            closing = changes["final_output"] = answer.message.content
     messages.append(AiMessage(id=f"{turn.id}-{len(messages)}", content=closing))
     ended = decision(decided_by or SYSTEM_DECIDER, now, reason)
     actions = [
@@ -331,7 +323,31 @@ def close_out(
         next_retry_at=None,
         error=reason,
         page_actions=actions,
+        **changes,
     )
+
+
+def closed_calls(turn: AgentTurn, reason: str, policy: AgentExecutionPolicy) -> list[ModelMessage]:
+    """The turn's history with a ToolMessage saying `reason` for each pending call (protocol-valid again)."""
+    messages: list[ModelMessage] = list(turn.messages)
+    for call in turn.pending_tool_calls:
+        content = policy.render(
+            policy.interrupted_tool_message_template,
+            reason=reason,
+            turn_id=turn.id,
+            tool_call_id=call.id,
+            tool_name=call.name,
+        )
+        messages.append(
+            ToolMessage(
+                id=f"{turn.id}-{len(messages)}",
+                tool_call_id=call.id,
+                tool_name=call.name,
+                content=content,
+                is_error=True,
+            )
+        )
+    return messages
 
 
 def mark_started(turn: AgentTurn, call_id: str, now: datetime) -> AgentTurn:
