@@ -233,6 +233,15 @@ class TurnQueuedFields(_Payload):
     tenant_waiting: int = Field(description="New turns of its tenant waiting for admission then, itself included.")
 
 
+class TurnRecoveringFields(_Payload):
+    """Fields of TURN_RECOVERING."""
+
+    recoveries: int = Field(ge=1, description="Takeovers in a row without progress, this one included.")
+    max_recoveries: int = Field(
+        ge=1, description="The policy's bound: one more takeover without progress ends the turn."
+    )
+
+
 class SteeringAcceptedFields(_Payload):
     """Fields of STEERING_ACCEPTED."""
 
@@ -289,6 +298,10 @@ class TurnStartedPayload(EventStamp, TurnStartedFields):
 
 class TurnQueuedPayload(EventStamp, TurnQueuedFields):
     """TURN_QUEUED: a new turn waits for fair admission between tenants (live only)."""
+
+
+class TurnRecoveringPayload(EventStamp, TurnRecoveringFields):
+    """TURN_RECOVERING: a worker took the turn over from one that died without saving anything."""
 
 
 class SteeringAcceptedPayload(EventStamp, SteeringAcceptedFields):
@@ -375,6 +388,7 @@ PAYLOAD_MODELS: Mapping[AgentEventType, type[BaseModel]] = {
     E.MESSAGE_QUEUED: MessageQueuedPayload,
     E.MESSAGE_FAILED: MessageFailedPayload,
     E.TURN_QUEUED: TurnQueuedPayload,
+    E.TURN_RECOVERING: TurnRecoveringPayload,
     E.STEERING_ACCEPTED: SteeringAcceptedPayload,
     E.STEERING_APPLIED: SteeringAppliedPayload,
     E.STEERING_NOT_APPLIED: SteeringNotAppliedPayload,
@@ -431,6 +445,11 @@ def turn_queued(place: int, tenant_waiting: int) -> EventBody:
 def turn_running() -> EventBody:
     """TURN_RUNNING: the turn left the queue."""
     return EventBody(E.TURN_RUNNING, TurnRunningFields())
+
+
+def turn_recovering(recoveries: int, max_recoveries: int) -> EventBody:
+    """TURN_RECOVERING: the `recoveries`-th takeover in a row without progress."""
+    return EventBody(E.TURN_RECOVERING, TurnRecoveringFields(recoveries=recoveries, max_recoveries=max_recoveries))
 
 
 def steering_accepted(message_id: str, text: str) -> EventBody:

@@ -56,6 +56,11 @@ class AgentEventType(StrEnum):
     """A new turn waits for fair admission between tenants before its first step is sent (live only).
 
     `data` holds `place` (in its tenant's line, 1 = next) and `tenant_waiting`."""
+    TURN_RECOVERING = "TURN_RECOVERING"
+    """A worker took the turn over from one that died (or lost its lease) without saving anything.
+
+    `data` holds `recoveries` (takeovers in a row without progress, this one included) and
+    `max_recoveries` (past it, the turn ends FAILED)."""
     STEERING_ACCEPTED = "STEERING_ACCEPTED"
     """A steering message for the turn was stored (live only: any process accepts one, without a save).
 

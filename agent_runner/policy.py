@@ -172,6 +172,10 @@ class AgentExecutionPolicy(PositionalModel):
     """Consecutive steps that may raise an unexpected exception (a bug, a poison model response
     that cannot be saved) before the turn ends FAILED, instead of being retried for ever.
     Transient infrastructure errors (an unreachable store or lease backend) do not count."""
+    max_recoveries: int = Field(default=3, ge=1)
+    """Lease takeovers of a turn in a row without progress (each after a holder died, or lost its lease,
+    without saving anything) after which the turn ends FAILED, keeping its output so far, instead
+    of being taken over, and crashing its workers, for ever. See `agent_runner._runtime.recovery`."""
     limits: InputLimits = Field(default_factory=InputLimits)
     """Size and depth limits on caller input and model output."""
     deadline_reminder: float | None = Field(default=0.8, gt=0, lt=1)

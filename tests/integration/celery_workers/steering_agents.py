@@ -8,13 +8,16 @@ tool call lasts until the test opens it: model call n waits for the file
 and a slow tool whose length the test decides). Every request is written to
 `steer_requests` in the test's schema (`AGENT_RUNNER_TEST_LEDGER_URL`) before the wait, so
 the test sees when a call is under way and what it held. With `TEST_PAUSE_AT=steer-model`
-the first call of each turn is held there for the test to kill its process.
+the first call of each turn is held there for the test to kill its process. With
+`"crash": true` the model's first answer has some text and calls `crash_worker`, which
+SIGKILLs the process that runs it, every time.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import time
 from typing import Any
 
@@ -78,6 +81,13 @@ def work(gate: str) -> str:
     return "worked"
 
 
+@tool
+def crash_worker() -> str:
+    """Take the worker down, like a tool that runs it out of memory."""
+    os.kill(os.getpid(), signal.SIGKILL)
+    return "never"
+
+
 class RecordingModel:
     """Plays the script of the turn's first user message, slowly, recording each request."""
 
@@ -92,6 +102,8 @@ class RecordingModel:
         with ledger_engine().begin() as connection:
             connection.execute(_RECORD, row)
         pause_this_process_once(PAUSE_POINT, f"{label}-{answered}")
+        if spec.get("crash"):
+            return ChatResponse(message=AiMessage("Checked 3 of 5 servers.", [fresh_call("crash_worker")]))
         gates = spec.get("gates")
         if gates:
             wait_for_gate(os.path.join(gates, f"{label}-model-{answered}"))
@@ -103,4 +115,6 @@ class RecordingModel:
 
 def build_loader() -> InMemoryAgentLoader:
     """Entry point for `AGENT_RUNNER_AGENT_LOADER=tests.integration.celery_workers.steering_agents:build_loader`."""
-    return InMemoryAgentLoader([Agent(id="steered", chat_model=RecordingModel(), tools=[work], max_iterations=10)])
+    return InMemoryAgentLoader(
+        [Agent(id="steered", chat_model=RecordingModel(), tools=[work, crash_worker], max_iterations=10)]
+    )

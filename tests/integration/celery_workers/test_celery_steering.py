@@ -1,4 +1,4 @@
-"""Steering turns that real Celery workers run, on PostgreSQL: messages from two processes, and a worker SIGKILLed.
+"""Steering and recovery with real Celery workers on PostgreSQL: messages from two processes, workers SIGKILLed.
 
 The turn's model and tool calls last until the test opens their gates (see
 `steering_agents`), so each message is sent while the call the test names is under way.
@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from agent_runner import AgentTurn, AgentTurnStatus
+from agent_runner import AgentEventType, AgentTurn, AgentTurnStatus, EventScope
 from tests.helpers.crash import CRASH_DIR_ENV, PAUSE_AT_ENV, paused_processes
 from tests.integration.celery_workers import steering_agents
 from tests.integration.celery_workers.celery_cluster import Cluster
@@ -157,3 +157,23 @@ def test_a_message_accepted_before_its_worker_was_killed_is_applied_once_by_the_
     assert _trailing_user_texts(requests[1][1])[-2:] == ["first", "second"]
     users = [m for m in ended.messages if m.id in ("m1", "m2")]
     assert [m.id for m in users] == ["m1", "m2"]
+
+
+def test_a_tool_that_kills_its_worker_every_time_ends_the_turn_after_the_recovery_budget(
+    make_cluster: Callable[..., Cluster],
+) -> None:
+    cluster = _cluster(make_cluster)
+    cluster.start_worker("w1", concurrency=2)
+    cluster.start_beat()
+    doomed = cluster.runner.start("steered", json.dumps({"label": "r", "crash": True}))
+    other = cluster.runner.start("steered", json.dumps({"label": "o", "rounds": 1}))
+    # The fleet keeps serving the other turn while this one crash-loops
+    assert _wait(cluster, other.id, lambda t: t.is_terminal, "the other turn").status is AgentTurnStatus.COMPLETED
+    ended = _wait(cluster, doomed.id, lambda t: t.is_terminal, "the crash-looping turn to end")
+    # Ended FAILED after the budget (three takeovers allowed by default), its output so far kept
+    assert ended.status is AgentTurnStatus.FAILED and ended.final_output == "Checked 3 of 5 servers."
+    assert ended.error is not None and "recovery budget 3" in ended.error
+    assert ended.recoveries == 4
+    events = cluster.turn_store.read_events(EventScope.tree(doomed.id))
+    recovering = [e.data["recoveries"] for e in events if e.type is AgentEventType.TURN_RECOVERING]
+    assert recovering == [1, 2, 3]

@@ -294,6 +294,10 @@ class _Events:
                 return [{"type": "RUN_ERROR", "message": f"the turn ended with {status}", "code": status}]
             case steps.TurnFailed(status=status, error=error):
                 return [{"type": "RUN_ERROR", "message": error, "code": status}]
+            case steps.Recovering(recoveries=recoveries, max_recoveries=most):
+                return [
+                    {"type": "CUSTOM", "name": "recovering", "value": {"recoveries": recoveries, "maxRecoveries": most}}
+                ]
         return []
 
 

@@ -259,6 +259,10 @@ class _Chunks:
                 return [{"type": "data-form", "id": call_id, "data": {**form, "message": message}}]
             case steps.QuestionAsked(message=message):
                 return [{"type": "data-question", "data": {"message": message}}]
+            case steps.Recovering(recoveries=recoveries, max_recoveries=most):
+                # Transient: a status to show while it lasts, not a part of the message.
+                data = {"recoveries": recoveries, "maxRecoveries": most}
+                return [{"type": "data-recovering", "data": data, "transient": True}]
         return []
 
     def _meta(self, step: steps.TurnFinished | steps.TurnFailed) -> dict[str, Any]:
