@@ -19,6 +19,19 @@ from agent_runner.persistence import SteeringMessage
 from store._backend import SqlBackend
 from store._engine import AnyRow, dialect_insert, translated_errors
 from store.schema import turn_steering, turns
+from store.turns import postgres
+
+# Built once: the per-model-call read runs from SQLAlchemy's compiled cache (SQLite), or
+# prepared on the driver (PostgreSQL, the same SQL as text).
+_UNFORWARDED_ON_DRIVER = (
+    "SELECT turn_id, message_id, text, accepted_at, sequence, forwarded FROM agent_turn_steering"
+    " WHERE turn_id = %(turn_id)s::text AND NOT forwarded ORDER BY sequence"
+)
+_UNFORWARDED = (
+    sa.select(turn_steering)
+    .where((turn_steering.c.turn_id == sa.bindparam("turn_id")) & sa.not_(turn_steering.c.forwarded))
+    .order_by(turn_steering.c.sequence)
+)
 
 
 def _message(row: AnyRow) -> SteeringMessage:
@@ -58,14 +71,17 @@ class SqlSteering(SqlBackend):
 
     def steering_messages(self, turn_id: str) -> list[SteeringMessage]:
         """The turn's steering messages not forwarded, in order; see `SteeringQueue`."""
-        query = (
-            sa.select(turn_steering)
-            .where((turn_steering.c.turn_id == turn_id) & sa.not_(turn_steering.c.forwarded))
-            .order_by(turn_steering.c.sequence)
-        )
         with translated_errors(self._engine, f"reading the steering messages of turn {turn_id!r}"):
+            if self._direct():
+                with self._driver.connection() as lent:
+                    found = postgres.cursor(lent).execute(_UNFORWARDED_ON_DRIVER, {"turn_id": turn_id}, prepare=True)
+                    rows = found.fetchall()
+                return [
+                    SteeringMessage(turn, message_id, text, postgres.utc(at) or at, sequence, forwarded)
+                    for turn, message_id, text, at, sequence, forwarded in rows
+                ]
             with self._reader.connect() as connection:
-                return [_message(row) for row in connection.execute(query)]
+                return [_message(row) for row in connection.execute(_UNFORWARDED, {"turn_id": turn_id})]
 
     def take_unapplied_steering(self, turn_id: str, applied: Collection[str]) -> list[SteeringMessage]:
         """Mark and return the turn's steering messages neither applied nor forwarded; see `SteeringQueue`."""
