@@ -125,6 +125,9 @@ def hand_on(ctx: RunnerContext, turn: AgentTurn) -> AgentTurn | None:
     if queue is None:
         return None
     try:
+        # A read first: most turns end with nothing left, and the take is a write.
+        if not pending(ctx, turn):
+            return None
         left = queue.take_unapplied_steering(turn.id, turn.steered_message_ids)
         if not left:
             return None
