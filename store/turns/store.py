@@ -45,7 +45,7 @@ from store.turns.queries import (
     turns_matching,
 )
 from store.turns.rows import ref, snapshot, snapshot_of
-from store.turns.steering import SqlSteering
+from store.turns.steering_messages import SqlSteering
 
 
 class SqlAgentTurnStore(OneStatementSaves, SqlSteering):
@@ -58,7 +58,7 @@ class SqlAgentTurnStore(OneStatementSaves, SqlSteering):
     prepared statements on the driver (`store.turns.postgres`). A partial unique index over the
     non-terminal turns of a conversation makes the one-active-turn rule hold across
     processes; a violation is reported as `AgentConversationBusyException`. It keeps the
-    turns' steering messages too (`SteeringQueue`, see `store.turns.steering`).
+    turns' steering messages too (`SteeringQueue`, see `store.turns.steering_messages`).
 
     A SQLite database is created and migrated on first use (the embedded default);
     PostgreSQL is migrated with `store.migrate` at deploy time.

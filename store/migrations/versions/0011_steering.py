@@ -1,7 +1,7 @@
 """Steering messages: the user messages accepted for a running turn, until it applies them.
 
 One row per message, unique per turn and message id, ordered by `sequence`; `forwarded` marks the
-messages an ended turn handed on (see `store.turns.steering`).
+messages an ended turn handed on (see `store.turns.steering_messages`).
 """
 
 from __future__ import annotations
