@@ -22,6 +22,7 @@ from agent_runner.errors import (
     LeaseHeldError,
     LeaseLostError,
     RecoverableError,
+    SteeringRefusedError,
     StoreError,
     StoreUnavailableError,
     ToolArgumentsError,
@@ -76,11 +77,13 @@ from agent_runner.persistence import (
     EventScope,
     Lease,
     LiveEventChannel,
+    SteeringMessage,
+    SteeringQueue,
     TurnDispatcher,
     TurnLease,
     TurnRef,
 )
-from agent_runner.policy import AgentExecutionPolicy, Budget, RetryPolicy
+from agent_runner.policy import AgentExecutionPolicy, Budget, FinalAnswer, RetryPolicy
 from agent_runner.results import AdvanceResult, AgentStepResult, StopReason
 from agent_runner.runner import AgentRunner
 from agent_runner.snapshot import AgentTurn, AgentTurnStatus, ChildLink, ListedTool, PageAction
@@ -163,6 +166,7 @@ __all__ = [
     "EventFeed",
     "EventLog",
     "EventScope",
+    "FinalAnswer",
     "InMemoryLiveEvents",
     "LiveEventChannel",
     # Backends
@@ -199,6 +203,9 @@ __all__ = [
     "LeaseHeldError",
     "LeaseLostError",
     "RecoverableError",
+    "SteeringMessage",
+    "SteeringQueue",
+    "SteeringRefusedError",
     "StoreError",
     "StoreUnavailableError",
     "ToolArgumentsError",
