@@ -40,7 +40,7 @@ from agent_runner.forms import AgentFormRequiredException
 from agent_runner.limits import bounded_text, storable_text
 from agent_runner.messages import AiMessage, ModelMessage, SystemMessage, ToolCall
 from agent_runner.middleware import chain
-from agent_runner.model_limits import WAIT_OVER_REASON, LimitWait
+from agent_runner.model_limits import WAIT_OVER_REASON
 from agent_runner.models import ChatRequest, ChatResponse
 from agent_runner.policy import RetryPolicy
 from agent_runner.results import AgentStepResult
@@ -133,35 +133,39 @@ def _call_model(
         raise DefinitionError(f"agent {agent.id!r} has no chat_model")
     chat_model = agent.chat_model
     sink = DeltaSink(ctx, turn)
+    messages, tools = _request_messages(turn, agent), agent.tool_specs()
+    retry = ctx.policy.retry_for(agent)
+    limits = limiting.gate(ctx, turn, messages, tools, previous, retry)
     request = trusted(
-        ChatRequest,
-        _REQUEST_GIVEN,
-        {"messages": _request_messages(turn, agent), "tools": agent.tool_specs(), "on_delta": sink},
+        ChatRequest, _REQUEST_GIVEN, {"messages": messages, "tools": tools, "on_delta": sink, "limits": limits}
     )
-    admission = limiting.admit(ctx, turn, chat_model, request, previous)
-    if isinstance(admission, LimitWait):
-        sink.close()
-        waits = limiting.provider_waits(previous, admission.key)
-        return limiting.wait(ctx, turn, admission, expected, provider_waits=waits)
     try:
+        if limits is not None:
+            limits.admit(chat_model)
         raw: object = chain(ctx.middleware, "wrap_model", chat_model.generate)(request)
         # Lenient with hand-written models and middleware that return a bare AiMessage.
         response = ChatResponse(message=raw) if isinstance(raw, AiMessage) else raw
         if not isinstance(response, ChatResponse):
             raise DefinitionError(f"chat model returned {type(response).__name__}, expected ChatResponse")
+    except limiting.LimitWaitError as waiting:
+        if limits is not None:
+            limits.done(chat_model, None, waiting)
+        return limiting.must_wait(ctx, turn, limits, waiting, expected)
     except CancelledMidCall:
-        limiting.settle(admission, None)
+        if limits is not None:
+            limits.done(chat_model, None, None)
         # Cancelled while the answer streamed in: stop paying for it and end the turn now.
         reason = stored_cancel_reason(ctx.turn_store, turn) or ctx.policy.cancellation_reason
         return AgentStepResult(turn=finish(ctx, turn, AgentTurnStatus.CANCELLED, reason, expected_version=expected))
     except Exception as exc:
-        limiting.settle(admission, None)
-        retry = ctx.policy.retry_for(agent)
-        refused = limiting.provider_refused(ctx, turn, admission, exc, expected, retry, previous)
+        if limits is not None:
+            limits.done(chat_model, None, exc)
+        refused = limiting.provider_refused(ctx, turn, limits, exc, expected, retry)
         return refused if refused is not None else failed_call(ctx, turn, exc, expected, retry)
     finally:
         sink.close()
-    limiting.settle(admission, response.usage)
+    if limits is not None:
+        limits.done(chat_model, response.usage, None)
     updated, message = machine.apply_model_response(turn, response, ctx.clock())
     response = trusted(
         ChatResponse, _RESPONSE_GIVEN, {"message": message, "usage": response.usage, "model": response.model}
