@@ -29,6 +29,10 @@ from agent_runner.models import ChatModel, ChatRequest, ToolSpec
 from tests.helpers import anthropic_wire, gemini_wire, responses_wire
 from tests.helpers.fake_openai import FakeChatServer, Reply
 
+SECTION_TITLE = "## 13. Model adapters: the cost of a call against the bare SDK"
+"""The heading of this section in docs/benchmarks.md."""
+GOAL_CPU_RATIO = 1.1
+"""The calling thread's CPU of an adapter call, at most this many times the bare SDK call's."""
 WEATHER = ToolSpec("weather", "The weather in a city.", {"type": "object", "properties": {"city": {"type": "string"}}})
 
 
@@ -126,6 +130,46 @@ def measure(provider: str, blocks: int, calls: int) -> dict[str, Any]:
         "cpu_ratio": adapter_cpu_ms / bare_cpu_ms,
         "calls": blocks * calls,
     }
+
+
+def goals(data: dict[str, Any] | None) -> list[tuple[str, str, str, bool | None]]:
+    """The goals of this section (name, target, measured, met), one per provider, for the report."""
+    found = []
+    for provider in PAIRS:
+        run = (data or {}).get(provider)
+        ratio = None if run is None else run["cpu_ratio"]
+        found.append(
+            (
+                f"Model adapter {provider}: calling thread's CPU per call / bare SDK call",
+                f"<= {GOAL_CPU_RATIO:g}x",
+                "not measured" if ratio is None else f"{ratio:.2f}x",
+                None if ratio is None else ratio <= GOAL_CPU_RATIO,
+            )
+        )
+    return found
+
+
+def section(results: dict[str, Any]) -> str:
+    """This section of docs/benchmarks.md."""
+    lines = [
+        "Each adapter and its bare SDK call (the request built beforehand, the answer left as the SDK's object) "
+        "call the same local fake provider speaking its wire format, with a 12-message history and one tool; the "
+        "answer holds a reasoning part and a tool call. Blocks of calls alternate between the two in the same run; "
+        "the median per call is shown, wall clock and the calling thread's CPU (the client's own work: the fake "
+        "server runs on other threads). `bench/model_overhead.py`.",
+        "",
+        "| provider | adapter wall ms | bare wall ms | ratio | adapter CPU ms | bare CPU ms | CPU ratio | calls |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for provider in PAIRS:
+        r = results.get(provider)
+        if r is None:
+            continue
+        lines.append(
+            f"| {provider} | {r['adapter_ms']:.3f} | {r['bare_ms']:.3f} | {r['ratio']:.2f}x | "
+            f"{r['adapter_cpu_ms']:.3f} | {r['bare_cpu_ms']:.3f} | {r['cpu_ratio']:.2f}x | {r['calls']} |"
+        )
+    return "\n".join(lines)
 
 
 def main() -> None:

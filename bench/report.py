@@ -182,9 +182,11 @@ def goals(sections: dict[str, Any]) -> list[Goal]:
         )
     import admission
     import model_limits
+    import model_overhead
 
     found += [Goal(*goal) for goal in model_limits.goals(sections.get("model_limits"))]
     found += [Goal(*goal) for goal in admission.goals(sections.get("admission"))]
+    found += [Goal(*goal) for goal in model_overhead.goals(sections.get("model_overhead"))]
     return found
 
 
@@ -895,6 +897,7 @@ def render(everything: dict[str, Any], docs: Path) -> None:
         parts += ["## 5. Peers: LangGraph", peers_section(sections.get("durable"), sections.get("resume"))]
     import admission
     import model_limits
+    import model_overhead
     from latency import SECTION_TITLE, section
 
     for name, title, render_section in (
@@ -905,6 +908,7 @@ def render(everything: dict[str, Any], docs: Path) -> None:
         ("latency", SECTION_TITLE, section),
         ("model_limits", model_limits.SECTION_TITLE, model_limits.section),
         ("admission", admission.SECTION_TITLE, admission.section),
+        ("model_overhead", model_overhead.SECTION_TITLE, model_overhead.section),
     ):
         if name in sections:
             parts += [title, render_section(sections[name])]

@@ -40,6 +40,7 @@ SECTIONS = (
     "latency",
     "model_limits",
     "admission",
+    "model_overhead",
 )
 SECTION_TIMEOUT_S = 900
 

@@ -41,7 +41,7 @@ from agent_runner.forms import AgentFormRequiredException
 from agent_runner.limits import bounded_text, storable_text
 from agent_runner.messages import AiMessage, ModelMessage, SystemMessage, ToolCall, UserMessage
 from agent_runner.middleware import chain
-from agent_runner.model_limits import WAIT_OVER_REASON, LimitWait
+from agent_runner.model_limits import WAIT_OVER_REASON
 from agent_runner.models import ChatRequest, ChatResponse
 from agent_runner.operations import OperationPending
 from agent_runner.policy import RetryPolicy
@@ -158,7 +158,7 @@ def _terminate(
     if status not in FINAL_ANSWER_STATUSES or final is None:
         return AgentStepResult(turn=finish(ctx, turn, status, reason, expected_version=expected))
 
-    def failed(_: limiting.Admission | None, exc: Exception) -> AgentStepResult:
+    def failed(_: limiting.CallGate | None, exc: Exception) -> AgentStepResult:
         logger.warning("turn %s: the final answer failed, it ends with the close-out: %s", turn.id, exc)
         return AgentStepResult(turn=finish(ctx, turn, status, reason, expected_version=expected), error=exc)
 
@@ -183,8 +183,8 @@ def _terminate(
     return AgentStepResult(turn=saved, response=answer)
 
 
-ModelFailed = Callable[[limiting.Admission | None, Exception], AgentStepResult]
-"""What a model call that raised comes to (given the limiter's grant, which was settled)."""
+ModelFailed = Callable[[limiting.CallGate | None, Exception], AgentStepResult]
+"""What a model call that raised comes to (given the call's gate to the shared limits, already told)."""
 
 
 def _ask_model(
@@ -205,38 +205,44 @@ def _ask_model(
         raise DefinitionError(f"agent {agent.id!r} has no chat_model")
     chat_model = agent.chat_model
     sink = DeltaSink(ctx, turn)
-    request = trusted(ChatRequest, _REQUEST_GIVEN, {**request_fields, "on_delta": sink})
-    admission = limiting.admit(ctx, turn, chat_model, request, previous)
-    if isinstance(admission, LimitWait):
-        sink.close()
-        waits = limiting.provider_waits(previous, admission.key)
-        return limiting.wait(ctx, turn, admission, expected, provider_waits=waits)
+    retry = ctx.policy.retry_for(agent)
+    limits = limiting.gate(ctx, turn, request_fields["messages"], request_fields["tools"], previous, retry)
+    request = trusted(ChatRequest, _REQUEST_GIVEN, {**request_fields, "on_delta": sink, "limits": limits})
     try:
+        if limits is not None:
+            limits.admit(chat_model)
         raw: object = chain(ctx.middleware, "wrap_model", chat_model.generate)(request)
         # Lenient with hand-written models and middleware that return a bare AiMessage.
         response = ChatResponse(message=raw) if isinstance(raw, AiMessage) else raw
         if not isinstance(response, ChatResponse):
             raise DefinitionError(f"chat model returned {type(response).__name__}, expected ChatResponse")
+    except limiting.LimitWaitError as waiting:
+        if limits is not None:
+            limits.done(chat_model, None, waiting)
+        return limiting.must_wait(ctx, turn, limits, waiting, expected)
     except CancelledMidCall:
-        limiting.settle(admission, None)
+        if limits is not None:
+            limits.done(chat_model, None, None)
         # Cancelled while the answer streamed in: stop paying for it and end the turn now.
         reason = stored_cancel_reason(ctx.turn_store, turn) or ctx.policy.cancellation_reason
         return AgentStepResult(turn=finish(ctx, turn, AgentTurnStatus.CANCELLED, reason, expected_version=expected))
     except Exception as exc:
-        limiting.settle(admission, None)
-        return failed(admission, exc)
+        if limits is not None:
+            limits.done(chat_model, None, exc)
+        return failed(limits, exc)
     finally:
         sink.close()
-    limiting.settle(admission, response.usage)
+    if limits is not None:
+        limits.done(chat_model, response.usage, None)
     return response
 
 
 def _call_model(
     ctx: RunnerContext, turn: AgentTurn, agent: Agent, expected: int, previous: AgentSuspension | None
 ) -> AgentStepResult:
-    def failed(admission: limiting.Admission | None, exc: Exception) -> AgentStepResult:
+    def failed(limits: limiting.CallGate | None, exc: Exception) -> AgentStepResult:
         retry = ctx.policy.retry_for(agent)
-        refused = limiting.provider_refused(ctx, turn, admission, exc, expected, retry, previous)
+        refused = limiting.provider_refused(ctx, turn, limits, exc, expected, retry)
         return refused if refused is not None else failed_call(ctx, turn, exc, expected, retry)
 
     if agent.toolsets and turn.listed_tools is None:

@@ -9,6 +9,10 @@ every process and the turn waits the same way, up to `RetryPolicy.max_provider_l
 429s in a row; past them (and once the call has failed an attempt for any reason) a 429 is an
 ordinary failed attempt, so a key the provider refuses for good (an exhausted quota answers
 429 too) still ends its turns.
+
+The runner gates the call through a `CallGate` (`ChatRequest.limits`), which a chat model
+that calls other models (`FallbackChatModel`) uses for each of them, so each is counted and
+paused under its own key.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from __future__ import annotations
 import logging
 import random
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from agent_runner import event_payloads as payloads
@@ -26,7 +30,6 @@ from agent_runner._runtime.saving import save
 from agent_runner.errors import RecoverableError, StoreError
 from agent_runner.ids import new_id
 from agent_runner.model_limits import LimitGrant, LimitReason, LimitWait, ModelLimiter, estimate_tokens
-from agent_runner.models import ChatRequest
 from agent_runner.policy import RetryPolicy
 from agent_runner.results import AgentStepResult
 from agent_runner.snapshot import AgentTurn
@@ -52,27 +55,121 @@ class Admission:
     grant: LimitGrant
 
 
-def admit(
-    ctx: RunnerContext, turn: AgentTurn, model: object, request: ChatRequest, previous: AgentSuspension | None
-) -> Admission | LimitWait | None:
-    """Ask the limiter for capacity for one call of `turn` (counted for its tenant); None when it is not limited.
+class LimitWaitError(Exception):
+    """Raised through a chat model call that must wait for a shared limit: the runner saves the turn waiting."""
 
-    `previous`: the suspension the turn resumed from, whose booking (a slot kept for this
-    call) is handed back.
+    def __init__(self, limit_wait: LimitWait) -> None:
+        super().__init__(f"waiting for model limit {limit_wait.key!r}")
+        self.limit_wait = limit_wait
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """A limited call that answered 429: its key is paused until `until`, the `waits`-th 429 in a row."""
+
+    key: str
+    until: datetime
+    waits: int
+    error: BaseException
+
+
+class CallGate:
+    """`ChatRequest.limits` of one step's model call: each model called is admitted, settled and paused under its own key.
+
+    Made by `gate`; see `agent_runner.models.ModelCallGate` for the contract.
+    """
+
+    def __init__(
+        self,
+        ctx: RunnerContext,
+        turn: AgentTurn,
+        limiter: ModelLimiter,
+        parts: list[Any],
+        previous: AgentSuspension | None,
+        retry: RetryPolicy,
+    ) -> None:
+        self._ctx, self._turn, self._limiter, self._parts = ctx, turn, limiter, parts
+        self.previous, self._retry = previous, retry
+        """The suspension the turn resumed from."""
+        self._admitted: dict[int, Admission] = {}
+        self._skipped: list[LimitWait] = []
+        self.called = False
+        """Whether a model was called in this step (a wait after that counts as a step)."""
+        self.refusal: Refusal | None = None
+        """The latest 429 met on a limited key, its key already paused."""
+
+    def admit(self, model: object, *, fall_over_after: float | None = None) -> bool:
+        """Ask `model`'s limit for capacity; False to skip it, `LimitWaitError` to wait (see `ModelCallGate.admit`)."""
+        answer = admit(self._ctx, self._turn, model, self._limiter, self._parts, self.previous)
+        if answer is None:
+            return True
+        if isinstance(answer, Admission):
+            self._admitted[id(model)] = answer
+            return True
+        wait_s = (answer.until - self._ctx.clock()).total_seconds()
+        if fall_over_after is not None and wait_s > fall_over_after:
+            self._skipped.append(answer)
+            return False
+        # The soonest of the limits met (on a tie, the earlier model's, whose booking the turn then keeps).
+        raise LimitWaitError(min([*self._skipped, answer], key=lambda waiting: waiting.until))
+
+    def done(self, model: object, usage: Usage | None, error: BaseException | None) -> None:
+        """Settle `model`'s call; a 429 on its key pauses the key in every process (see `ModelCallGate.done`)."""
+        if not isinstance(error, LimitWaitError):
+            self.called = True
+        admission = self._admitted.pop(id(model), None)
+        settle(admission, usage)
+        if admission is None or not isinstance(error, RecoverableError) or not error.rate_limited:
+            return
+        key = admission.grant.key
+        waits = provider_waits(self.previous, key) + 1
+        delay = error.retry_after if error.retry_after is not None else self._retry.backoff(waits)
+        until = self._ctx.clock() + timedelta(seconds=delay)
+        try:
+            admission.limiter.pause(key, until)
+        except StoreError as failure:
+            logger.warning("could not pause model limit %r for every process: %s", key, failure)
+        self.refusal = Refusal(key, until, waits, error)
+
+
+def gate(
+    ctx: RunnerContext,
+    turn: AgentTurn,
+    messages: list[Any],
+    tools: list[Any],
+    previous: AgentSuspension | None,
+    retry: RetryPolicy,
+) -> CallGate | None:
+    """The limits of one step's model call (`previous`: the suspension the turn resumed from); None without a limiter."""
+    limiter = ctx.model_limiter
+    if limiter is None:
+        return None
+    return CallGate(ctx, turn, limiter, _request_parts(messages, tools), previous, retry)
+
+
+def admit(
+    ctx: RunnerContext,
+    turn: AgentTurn,
+    model: object,
+    limiter: ModelLimiter,
+    parts: list[Any],
+    previous: AgentSuspension | None,
+) -> Admission | LimitWait | None:
+    """Ask the limiter for capacity for one call of `model` for `turn` (counted for its tenant); None when it is not limited.
+
+    `parts`: the request's text, to estimate its tokens. `previous`: the suspension the turn
+    resumed from, whose booking (a slot kept for this call) is handed back.
 
     Raises:
         StoreError: The limiter's state refused the request for good (not merely unreachable).
     """
-    limiter = ctx.model_limiter
-    if limiter is None:
-        return None
     # Read as attributes rather than by isinstance on the protocol, which costs far more per call.
     key = getattr(model, "rate_limit_key", None)
     if not isinstance(key, str) or limiter.limit_for(key) is None:
         return None
     output_allowance = getattr(model, "output_allowance", None)
     allowance = (output_allowance() if callable(output_allowance) else None) or limiter.default_output_tokens
-    tokens = estimate_tokens(_request_parts(request), allowance)
+    tokens = estimate_tokens(parts, allowance)
     booking = _previous(previous, key).get("limit_booking")
     try:
         held = booking if isinstance(booking, str) else None
@@ -101,6 +198,17 @@ def settle(admission: Admission | None, usage: Usage | None) -> None:
     except StoreError as exc:
         # The slot expires by itself and the reservation stays counted: the limit errs on the safe side.
         logger.warning("could not settle a call against model limit %r: %s", admission.grant.key, exc)
+
+
+def must_wait(
+    ctx: RunnerContext, turn: AgentTurn, limits: CallGate | None, waiting: LimitWaitError, expected: int
+) -> AgentStepResult:
+    """Save the turn waiting for the limit `waiting` names, with the 429s in a row its key met so far."""
+    limit_wait = waiting.limit_wait
+    previous = limits.previous if limits is not None else None
+    waits = provider_waits(previous, limit_wait.key)
+    called = limits is not None and limits.called
+    return wait(ctx, turn, limit_wait, expected, called=called, provider_waits=waits)
 
 
 def wait(
@@ -138,35 +246,22 @@ def wait(
 
 
 def provider_refused(
-    ctx: RunnerContext,
-    turn: AgentTurn,
-    admission: Admission | None,
-    exc: Exception,
-    expected: int,
-    retry: RetryPolicy,
-    previous: AgentSuspension | None,
+    ctx: RunnerContext, turn: AgentTurn, limits: CallGate | None, exc: Exception, expected: int, retry: RetryPolicy
 ) -> AgentStepResult | None:
-    """A limited call answered 429: pause its key everywhere and wait; None when it counts as a failed attempt.
+    """The call failed with `exc`: when it was a 429 on a limited key (already paused), wait; None when it counts as a failed attempt.
 
     It waits without an attempt up to `max_provider_limit_waits` times in a row, and only
     while the call has no failed attempt yet: past the bound the call's attempts begin, and
     from then on each 429 is one of them, so the number of calls stays bounded.
     """
-    if admission is None or not isinstance(exc, RecoverableError) or not exc.rate_limited:
+    refusal = limits.refusal if limits is not None else None
+    if refusal is None or refusal.error is not exc:
         return None
-    key = admission.grant.key
-    waits = provider_waits(previous, key) + 1
-    delay = exc.retry_after if exc.retry_after is not None else retry.backoff(waits)
-    until = ctx.clock() + timedelta(seconds=delay)
-    try:
-        admission.limiter.pause(key, until)
-    except StoreError as error:
-        logger.warning("could not pause model limit %r for every process: %s", key, error)
-    if waits > retry.max_provider_limit_waits or turn.attempt > 0:
+    if refusal.waits > retry.max_provider_limit_waits or turn.attempt > 0:
         return None
     description = f"{type(exc).__name__}: {exc}"
-    limit_wait = LimitWait(key, until, LimitReason.PROVIDER)
-    return wait(ctx, turn, limit_wait, expected, called=True, provider_waits=waits, error=description)
+    limit_wait = LimitWait(refusal.key, refusal.until, LimitReason.PROVIDER)
+    return wait(ctx, turn, limit_wait, expected, called=True, provider_waits=refusal.waits, error=description)
 
 
 def provider_waits(previous: AgentSuspension | None, key: str) -> int:
@@ -187,10 +282,10 @@ def _previous(suspension: AgentSuspension | None, key: str) -> dict[str, Any]:
     return suspension.metadata
 
 
-def _request_parts(request: ChatRequest) -> list[Any]:
+def _request_parts(messages: list[Any], tools: list[Any]) -> list[Any]:
     parts: list[Any] = []
-    for message in request.messages:
+    for message in messages:
         parts.append(message.content or "")
         parts.extend(call.arguments for call in getattr(message, "tool_calls", ()))
-    parts.extend(spec.model_dump(mode="json") for spec in request.tools)
+    parts.extend(spec.model_dump(mode="json") for spec in tools)
     return parts

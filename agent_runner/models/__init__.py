@@ -31,6 +31,31 @@ class ToolSpec(PositionalModel):
         def __init__(self, name: str, description: str = "", parameters: dict[str, Any] = ...) -> None: ...
 
 
+@runtime_checkable
+class ModelCallGate(Protocol):
+    """The runner's shared model limits around each model call made inside one chat model call.
+
+    It comes with the request (`ChatRequest.limits`) when the runner has a `ModelLimiter`. The
+    runner gates the chat model it calls itself when that model has a `rate_limit_key`. A chat
+    model that calls other models (as `FallbackChatModel` does) has no key of its own and
+    gates each of its models instead: `admit` before calling it, `done` once it returned or
+    failed, so every call counts against the key of the model that makes it.
+    """
+
+    def admit(self, model: object, *, fall_over_after: float | None = None) -> bool:
+        """Whether to call `model` now.
+
+        False: its shared limit would hold the call more than `fall_over_after` seconds, so the
+        caller moves on to its next model (None: never skip). Any other wait for capacity
+        raises an exception the caller lets through: the runner saves the turn waiting.
+        """
+        ...
+
+    def done(self, model: object, usage: Usage | None, error: BaseException | None) -> None:
+        """`model` returned `usage` (or failed with `error`): settle its limit; a 429 pauses its key everywhere."""
+        ...
+
+
 class ChatRequest(PositionalModel):
     """One request to a chat model: the model-visible messages (instructions first) and the tools."""
 
@@ -42,6 +67,8 @@ class ChatRequest(PositionalModel):
     tools: list[ToolSpec] = Field(default_factory=list)
     on_delta: Callable[[str], None] | None = Field(default=None, exclude=True)
     """Called by streaming models with each text delta; the runner turns it into MODEL_DELTA events."""
+    limits: ModelCallGate | None = Field(default=None, exclude=True)
+    """The runner's shared model limits, for a chat model that calls other models (see `ModelCallGate`)."""
 
     if TYPE_CHECKING:
 
@@ -51,6 +78,7 @@ class ChatRequest(PositionalModel):
             tools: list[ToolSpec] = ...,
             *,
             on_delta: Callable[[str], None] | None = None,
+            limits: ModelCallGate | None = None,
         ) -> None: ...
 
 
@@ -126,6 +154,9 @@ class ProviderChatModel:
 
 FallbackPredicate = Callable[[Exception], bool]
 
+DEFAULT_FALL_OVER_AFTER_S = 2.0
+"""The longest wait of `FallbackChatModel` for one model's shared limit before it asks the next model."""
+
 
 def falls_over_on_recoverable(error: Exception) -> bool:
     """The default of `FallbackChatModel`: any `RecoverableError` (timeout, 429, 5xx, overloaded, cut stream)."""
@@ -143,13 +174,19 @@ class FallbackChatModel:
     `ChatResponse.model` names the model that answered, and the runner records it on the
     MODEL_RESPONSE event.
 
-    Each model keeps its own `rate_limit_key`; the runner's shared limits count the
-    calls of the first model (this model's `rate_limit_key` is the first model's).
+    Under the runner's shared limits (`agent_runner.model_limits`) each call counts against
+    the `rate_limit_key` of the model that makes it, and a 429 that falls over still pauses
+    that model's key in every process. A model whose limit has no capacity now is waited
+    for, as a single model would be, unless the wait is longer than `fall_over_after_s`
+    and a next model exists: then the next model is asked at once. When the last model
+    must wait, the turn waits for the soonest of the limits met.
 
     Args:
         models: Two or more chat models, in the order to try them.
         fall_over_on: Which failures move on to the next model: a predicate on the
             exception, or a tuple of exception classes.
+        fall_over_after_s: The longest wait for a model's shared limit before its turn goes to
+            the next model instead (None: always wait for it).
 
     Raises:
         DefinitionError: Fewer than two models, or one that is not a `ChatModel`.
@@ -160,6 +197,7 @@ class FallbackChatModel:
         models: Sequence[ChatModel],
         *,
         fall_over_on: FallbackPredicate | tuple[type[Exception], ...] = falls_over_on_recoverable,
+        fall_over_after_s: float | None = DEFAULT_FALL_OVER_AFTER_S,
     ) -> None:
         if isinstance(models, ChatModel) or len(models) < 2:
             raise DefinitionError("FallbackChatModel needs a list of at least two chat models")
@@ -173,30 +211,39 @@ class FallbackChatModel:
             self._falls_over: FallbackPredicate = lambda error: isinstance(error, classes)
         else:
             self._falls_over = fall_over_on
-        self.rate_limit_key: str | None = getattr(self.models[0], "rate_limit_key", None)
-
-    def output_allowance(self) -> int | None:
-        """The first model's `max_tokens`, which its shared limit reserves."""
-        allowance = getattr(self.models[0], "output_allowance", None)
-        value = allowance() if callable(allowance) else None
-        return value if isinstance(value, int) else None
+        if fall_over_after_s is not None and not fall_over_after_s >= 0:
+            raise DefinitionError(f"FallbackChatModel fall_over_after_s must be >= 0 or None, got {fall_over_after_s}")
+        self.fall_over_after_s = fall_over_after_s
+        # Its models' calls are gated one by one (`ChatRequest.limits`), so none is counted for the pair.
+        self.rate_limit_key: str | None = None
 
     def generate(self, request: ChatRequest) -> ChatResponse:
         """Ask each model in turn until one answers or fails in a way that does not fall over."""
+        gate = request.limits
         last = len(self.models) - 1
         for index, model in enumerate(self.models):
+            fall_over_after = None if index == last else self.fall_over_after_s
+            if gate is not None and not gate.admit(model, fall_over_after=fall_over_after):
+                logger.info("%s is held by its shared limit; asking %s", self.names[index], self.names[index + 1])
+                continue
             try:
                 raw: object = model.generate(request)
             except Exception as error:
+                if gate is not None:
+                    gate.done(model, None, error)
                 if index == last or not self._falls_over(error):
                     raise
                 logger.warning("%s failed (%s); asking %s", self.names[index], error, self.names[index + 1])
                 continue
             response = ChatResponse(message=raw) if isinstance(raw, AiMessage) else raw
             if not isinstance(response, ChatResponse):
+                if gate is not None:
+                    gate.done(model, None, None)
                 raise DefinitionError(f"{self.names[index]} returned {type(raw).__name__}, expected ChatResponse")
+            if gate is not None:
+                gate.done(model, response.usage, None)
             return response.model_copy(update={"model": self.names[index]})
-        raise AssertionError("unreachable: the last model's failure is raised")  # pragma: no cover
+        raise AssertionError("unreachable: the last model is never skipped")  # pragma: no cover
 
     def __repr__(self) -> str:
         return f"FallbackChatModel({self.names!r})"
@@ -287,6 +334,7 @@ __all__ = [
     "ChatResponse",
     "FallbackChatModel",
     "LimitedChatModel",
+    "ModelCallGate",
     "ProviderChatModel",
     "ScriptedChatModel",
     "ToolSpec",

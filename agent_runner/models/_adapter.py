@@ -11,8 +11,9 @@ import json
 import math
 from collections.abc import AsyncIterable, Callable, Collection, Iterable, Mapping
 from datetime import UTC, datetime
+from decimal import Decimal
 from email.utils import parsedate_to_datetime
-from typing import Any, Final, NoReturn, Self, TypeVar
+from typing import Any, Final, Literal, NoReturn, Self, TypeVar
 
 from agent_runner.errors import AgentRunnerError, DefinitionError, InputLimitError, RecoverableError
 from agent_runner.ids import new_id
@@ -210,27 +211,74 @@ def priced(usage: Usage, price: tuple[float, float] | None, provider: str, model
     try:
         from genai_prices import Usage as PriceUsage
         from genai_prices import calc_price
+        from genai_prices.data_snapshot import get_snapshot
     except ImportError:
         return usage
+    snapshot = get_snapshot()
+    known = _RATES.get((provider, model))
+    if known is not None and known[0] is snapshot:
+        rates = known[1]
+    else:
+        try:
+            rates = _flat_rates(snapshot, provider, model)
+        except LookupError:
+            rates = False
+        _RATES[(provider, model)] = (snapshot, rates)
+    if rates is False:
+        return usage
+    if rates is not None and (rates[1] is None or max(usage.input_tokens, usage.output_tokens) < rates[1]):
+        uncached = usage.input_tokens - usage.cache_read_tokens - usage.cache_write_tokens
+        counts = (uncached, usage.cache_read_tokens, usage.cache_write_tokens, usage.output_tokens)
+        total = sum((rate * count for rate, count in zip(rates[0], counts, strict=True)), Decimal(0))
+        return usage.model_copy(update={"cost": float(total)})
     counted = PriceUsage(
         input_tokens=usage.input_tokens,
         output_tokens=usage.output_tokens,
         cache_read_tokens=usage.cache_read_tokens or None,
         cache_write_tokens=usage.cache_write_tokens or None,
     )
-    if (provider, model) in _UNLISTED:
-        return usage
-    try:
-        calculation = calc_price(counted, model, provider_id=provider)
-    except LookupError:
-        # The search through the list costs more than the call's other bookkeeping: do it once.
-        _UNLISTED.add((provider, model))
-        return usage
-    return usage.model_copy(update={"cost": float(calculation.total_price)})
+    return usage.model_copy(update={"cost": float(calc_price(counted, model, provider_id=provider).total_price)})
 
 
-_UNLISTED: set[tuple[str, str]] = set()
-"""(provider, model) pairs the price list does not know (a local model, say): they cost 0.0 without a search."""
+def _flat_rates(snapshot: Any, provider: str, model: str) -> _Rates | None:
+    """The price per token of uncached input, cache reads, cache writes and output, and the count they hold below.
+
+    Below the first tier of a model priced by tiers (None: no tiers) the price is one rate per
+    kind of token, read from the list's own calculation once: that calculation costs more than
+    the call's other bookkeeping. None for a model priced by date, whose rate changes.
+
+    Raises:
+        LookupError: The list does not know the model.
+    """
+    from genai_prices import Usage as PriceUsage
+    from genai_prices.types import ModelPrice, TieredPrices
+
+    # Variants apply only to a request context, which these calls never give.
+    _, info = snapshot.find_provider_model(model, None, provider, None)
+    prices = info.prices
+    if not isinstance(prices, ModelPrice):
+        return None
+    starts = [tier.start for value in vars(prices).values() if isinstance(value, TieredPrices) for tier in value.tiers]
+    below = min(starts, default=None)
+    sample = 1000 if below is None else min(1000, below // 4)
+    if sample < 1:
+        return None
+    basis = (
+        PriceUsage(input_tokens=sample),
+        PriceUsage(input_tokens=sample, cache_read_tokens=sample),
+        PriceUsage(input_tokens=sample, cache_write_tokens=sample),
+        PriceUsage(output_tokens=sample),
+    )
+    return tuple(Decimal(prices.calc_price(counted)["total_price"]) / sample for counted in basis), below
+
+
+_Rates = tuple[tuple[Decimal, ...], int | None]
+_RATES: dict[tuple[str, str], tuple[object, _Rates | None | Literal[False]]] = {}
+"""(provider, model) -> (the price list read, the model's rates; None: priced by date; False: not listed).
+
+Kept for as long as that list is read: a model the list does not know (a local model, say)
+costs 0.0 without a search.
+"""
 
 
 def timeouts(timeout: float | None) -> tuple[float, float]:

@@ -77,15 +77,16 @@ def test_which_failures_fall_over_is_configurable() -> None:
         model.generate(ChatRequest([]))
 
 
-def test_the_shared_limit_counts_the_first_models_key_and_each_model_keeps_its_own() -> None:
+def test_the_pair_has_no_key_of_its_own_and_each_model_keeps_its_own() -> None:
     first = ScriptedChatModel([], rate_limit_key="anthropic:claude", output_allowance=512)
     second = ScriptedChatModel([], rate_limit_key="openai:o4-mini")
     model = FallbackChatModel([first, second])
-    assert (model.rate_limit_key, model.output_allowance(), model.names) == (
-        "anthropic:claude",
-        512,
-        ["anthropic:claude", "openai:o4-mini"],
-    )
+    assert (model.rate_limit_key, model.names) == (None, ["anthropic:claude", "openai:o4-mini"])
+
+
+def test_a_negative_limit_wait_bound_is_a_definition_error() -> None:
+    with pytest.raises(DefinitionError, match="fall_over_after_s"):
+        FallbackChatModel([ScriptedChatModel([]), ScriptedChatModel([])], fall_over_after_s=-1)
 
 
 def test_fewer_than_two_models_is_a_definition_error() -> None:

@@ -77,3 +77,39 @@ def test_a_cost_budget_ends_a_turn_priced_from_the_list() -> None:
     assert turn.status is AgentTurnStatus.BUDGET_EXCEEDED
     assert turn.usage.cost > 0.05
     assert turn.usage.cache_read_tokens == 30_000 * len(server.requests)
+
+
+@pytest.mark.parametrize(
+    ("provider", "model"),
+    [
+        ("anthropic", "claude-sonnet-4-5"),
+        ("anthropic", "claude-haiku-4-5"),
+        ("openai", "gpt-4o-mini"),
+        ("openai", "o4-mini"),
+        ("google", "gemini-2.5-flash"),
+        ("google", "gemini-2.5-pro"),  # tiered: dearer past 200k input tokens
+    ],
+)
+@pytest.mark.parametrize(
+    "usage",
+    [
+        Usage(1200, 40),
+        Usage(1200, 40, cache_read_tokens=900),
+        Usage(5000, 300, cache_read_tokens=1000, cache_write_tokens=2500),
+        Usage(199_999, 2000, cache_read_tokens=100_000),
+        Usage(350_000, 2000, cache_read_tokens=100_000),
+    ],
+    ids=["plain", "cache-read", "cache-read-and-write", "below-a-tier", "long"],
+)
+def test_the_price_read_once_per_model_is_the_lists_own_calculation(provider: str, model: str, usage: Usage) -> None:
+    # Priced twice: the first call reads the model's rates, the second uses them
+    priced(usage, None, provider, model)
+    cost = priced(usage, None, provider, model).cost
+    counted = PriceUsage(
+        input_tokens=usage.input_tokens,
+        output_tokens=usage.output_tokens,
+        cache_read_tokens=usage.cache_read_tokens or None,
+        cache_write_tokens=usage.cache_write_tokens or None,
+    )
+    expected = calc_price(counted, model, provider_id=provider).total_price
+    assert cost == pytest.approx(float(expected), rel=1e-12) and cost > 0
