@@ -69,6 +69,7 @@ from agent_runner.persistence import (
     ChatMemory,
     ChatMemoryProvider,
     ConversationGuard,
+    ConversationKey,
     DeadlineSource,
     EventLog,
     EventScope,
@@ -156,6 +157,7 @@ __all__ = [
     "EventFeed",
     "EventLog",
     "EventScope",
+    "ConversationKey",
     "InMemoryLiveEvents",
     "LiveEventChannel",
     # Backends

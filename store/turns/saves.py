@@ -23,7 +23,7 @@ from store._backend import SqlBackend
 from store._engine import UrlOrEngine, dialect_insert, translated_errors
 from store._event_log import SqlEventLog, needs_root_conversation
 from store.chat_memory import SqlChatMemoryProvider
-from store.schema import NON_TERMINAL_STATUSES, turn_messages, turns
+from store.schema import NON_TERMINAL_STATUSES, tenant_key, turn_messages, turns
 from store.turns.cache import TurnCache
 from store.turns.queries import GUARDED_UPDATE
 from store.turns.rows import header, message_rows, new_row
@@ -206,6 +206,7 @@ class TurnSaves(SqlBackend):
             sa.select(turns.c.id, turns.c.status)
             .where(
                 turns.c.conversation_id == turn.conversation_id,
+                turns.c.tenant_id == tenant_key(turn.tenant_id),
                 turns.c.status.in_(NON_TERMINAL_STATUSES),
                 turns.c.id != turn.id,
             )

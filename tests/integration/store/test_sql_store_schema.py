@@ -19,7 +19,7 @@ from sqlalchemy.engine import Connection
 
 import store
 from agent_runner import AgentTurn, AgentTurnStatus
-from agent_runner.persistence import EventScope
+from agent_runner.persistence import ConversationKey, EventScope
 from store.migrations import current_revision, head_revision
 from store.schema import VERSION_TABLE, metadata
 
@@ -78,7 +78,7 @@ def test_the_migrated_schema_equals_the_models(database: str, request: pytest.Fi
     engine = store.make_engine(url)
     try:
         with engine.connect() as connection:
-            assert current_revision(connection) == head_revision() == "0009"
+            assert current_revision(connection) == head_revision() == "0010"
         # And the partial unique index covers exactly the non-terminal statuses
         index = next(
             i
@@ -205,7 +205,7 @@ def test_worker_queries_use_indexes(pg_url: str) -> None:
         turns.list_turns(parent_turn_id="p-1")
         turns.list_turns(statuses=[AgentTurnStatus.RUNNING])
         inbox.conversations_ready()
-        inbox.claim_next("c-1")
+        inbox.claim_next(ConversationKey("c-1"))
         with turns.engine.connect() as connection:
             connection.exec_driver_sql("SET enable_seqscan = off")
             plans = {
@@ -256,7 +256,8 @@ def test_upgrading_from_0001_moves_the_tenant_from_the_state_into_its_column(
             stored: dict[str, str | None] = {
                 row[0]: row[1] for row in connection.execute(sa.text("SELECT id, tenant_id FROM agent_turns"))
             }
-        assert stored == {"t-1": "tenant-a", "t-2": None}
+        # (no tenant is "" in the column since 0010: it keys conversations with their id)
+        assert stored == {"t-1": "tenant-a", "t-2": ""}
     assert schema_differences(url) == []
 
 
