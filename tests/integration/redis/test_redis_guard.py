@@ -35,6 +35,19 @@ def test_the_first_claim_wins_and_later_claims_see_the_holder(guard: RedisConver
     assert guard.holder(ConversationKey("conv-2")) is None
 
 
+def test_two_tenants_using_one_conversation_id_hold_two_marks(guard: RedisConversationGuard) -> None:
+    # Given tenant acme's conversation conv-1 held by its turn
+    assert guard.claim(ConversationKey("conv-1", "acme"), "turn-a") == "turn-a"
+    # When tenant globex, and a caller without a tenant, claim their own conv-1
+    # Then each gets its own mark, and a release of one leaves the others
+    assert guard.claim(ConversationKey("conv-1", "globex"), "turn-g") == "turn-g"
+    assert guard.claim(ConversationKey("conv-1"), "turn-n") == "turn-n"
+    assert guard.release(ConversationKey("conv-1", "globex"), "turn-g")
+    assert guard.holder(ConversationKey("conv-1", "acme")) == "turn-a"
+    assert guard.holder(ConversationKey("conv-1")) == "turn-n"
+    assert guard.holder(ConversationKey("conv-1", "globex")) is None
+
+
 def test_replace_moves_the_mark_only_from_the_expected_holder(guard: RedisConversationGuard) -> None:
     # Given turn-a holds the conversation
     guard.claim(ConversationKey("conv-1"), "turn-a")

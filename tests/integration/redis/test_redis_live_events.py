@@ -119,6 +119,30 @@ def test_a_cursor_of_another_shape_is_refused(live: LiveEventChannel, cursor: st
 def test_a_scope_reads_the_stream_its_key_names(keys: RedisKeys) -> None:
     assert keys.events(EventScope.tree("r-1")) == keys.turn_events("r-1")
     assert keys.events(EventScope.conversation("c-1")) == keys.conversation_events(ConversationKey("c-1"))
+    # A tenant's conversation has a stream of its own, named as earlier versions named it
+    tenants = keys.events(EventScope.conversation("c-1", "acme"))
+    assert (
+        tenants
+        == keys.conversation_events(ConversationKey("c-1", "acme"))
+        == f"{keys.prefix}:conversation:{{acme/c-1}}:events"
+    )
+    assert tenants != keys.events(EventScope.conversation("c-1")) != keys.events(EventScope.conversation("c-1", "b"))
+
+
+def test_two_tenants_using_one_conversation_id_read_their_own_live_events(live: LiveEventChannel) -> None:
+    for tenant in ("acme", "globex"):
+        live.publish(
+            AgentEvent(
+                event_id=f"e-{tenant}",
+                type=AgentEventType.MODEL_DELTA,
+                turn_id=f"t-{tenant}",
+                conversation_id="c-1",
+                tenant_id=tenant,
+            )
+        )
+    assert [e.event_id for e in live.read(EventScope.conversation("c-1", "acme"))] == ["e-acme"]
+    assert [e.event_id for e in live.read(EventScope.conversation("c-1", "globex"))] == ["e-globex"]
+    assert live.read(EventScope.conversation("c-1")) == []
 
 
 def test_a_feed_merges_the_redis_channel_with_the_durable_log(redis_url: str, keys: RedisKeys) -> None:
