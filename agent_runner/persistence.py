@@ -234,12 +234,6 @@ class ConversationKey:
         if self.tenant_id is not None and (not isinstance(self.tenant_id, str) or not self.tenant_id):
             raise InvalidEventQuery(f"tenant_id must be None or a non-empty string, got {self.tenant_id!r}")
 
-    @classmethod
-    def of(cls, turn: AgentTurn) -> ConversationKey | None:
-        """The conversation of a turn (a child turn's, its root's), or None for a turn outside one."""
-        conversation_id = turn.conversation_id or turn.root_conversation_id
-        return None if conversation_id is None else cls(conversation_id, turn.tenant_id)
-
     def __str__(self) -> str:
         return self.conversation_id if self.tenant_id is None else f"{self.conversation_id} of tenant {self.tenant_id}"
 
@@ -288,11 +282,6 @@ class EventScope:
     def of_conversation(cls, key: ConversationKey) -> EventScope:
         """The events of the conversation `key`."""
         return cls("conversation", key.conversation_id, key.tenant_id)
-
-    @property
-    def conversation_key(self) -> ConversationKey | None:
-        """The conversation of a conversation scope; None for a turn tree."""
-        return None if self.kind == "tree" else ConversationKey(self.id, self.tenant_id)
 
     def __str__(self) -> str:
         if self.kind == "tree":

@@ -51,11 +51,6 @@ class Tenant:
         """
         return ConversationKey(check_conversation_id(conversation_id), self.id)
 
-    @property
-    def bound_conversation(self) -> ConversationKey | None:
-        """The one conversation the request's token reaches, or None when it reaches all of the tenant's."""
-        return None if self.conversation is None else ConversationKey(self.conversation, self.id)
-
     def owns(self, turn: AgentTurn, root: AgentTurn | None = None) -> bool:
         """Whether this tenant may see and change `turn`.
 
