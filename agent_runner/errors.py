@@ -249,15 +249,15 @@ class LeaseLostError(LeaseError):
         super().__init__(f"the lease of turn {turn_id!r} (fence {fence}) was lost to another worker")
 
 
-class InvalidEventQuery(AgentRunnerError):
+class InvalidEventQueryError(AgentRunnerError):
     """A read of events that cannot be answered as asked.
 
     Raised when an `EventScope` is built with an empty id, or a read gives a cursor the
-    feed did not issue (see `InvalidCursor`). Nothing was read.
+    feed did not issue (see `InvalidCursorError`). Nothing was read.
     """
 
 
-class InvalidCursor(InvalidEventQuery):
+class InvalidCursorError(InvalidEventQueryError):
     """An event cursor that is malformed or was not issued by this kind of feed."""
 
     def __init__(self, cursor: str, reason: str = "it is not a cursor this feed issued") -> None:

@@ -178,6 +178,11 @@ class ModelResponseFields(_Payload):
     tool_calls: list[str] = Field(description="The names of the tools the model called.")
     input_tokens: int
     output_tokens: int
+    model: str | None = Field(
+        default=None,
+        exclude_if=lambda model: model is None,
+        description="The model that answered, when a `FallbackChatModel` chose among several.",
+    )
 
 
 class ToolStartedFields(_Payload):
@@ -471,15 +476,21 @@ def model_delta(delta: str, lease_fence: int | None) -> EventBody:
 
 
 def model_response(
-    message_id: str, content: str | None, tool_names: list[str], input_tokens: int, output_tokens: int
+    message_id: str,
+    content: str | None,
+    tool_names: list[str],
+    input_tokens: int,
+    output_tokens: int,
+    model: str | None = None,
 ) -> EventBody:
-    """MODEL_RESPONSE: the answer's message id, whole text, called tools and token counts."""
+    """MODEL_RESPONSE: the answer's message id, whole text, called tools, token counts and the model that answered."""
     fields = ModelResponseFields(
         message_id=message_id,
         content=content,
         tool_calls=tool_names,
         input_tokens=input_tokens,
         output_tokens=output_tokens,
+        model=model,
     )
     return EventBody(E.MODEL_RESPONSE, fields)
 

@@ -36,7 +36,7 @@ from collections import OrderedDict
 from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 
-from agent_runner.errors import InvalidCursor, StoreError
+from agent_runner.errors import InvalidCursorError, StoreError
 from agent_runner.events import AgentEvent
 from agent_runner.persistence import DEFAULT_EVENT_PAGE, EventLog, EventScope, LiveEventChannel
 
@@ -74,12 +74,12 @@ class FeedPosition:
         """Return the position a feed cursor stands for; None is the start of both sources.
 
         Raises:
-            InvalidCursor: The text is not a feed cursor.
+            InvalidCursorError: The text is not a feed cursor.
         """
         if cursor is None:
             return cls()
         if len(cursor) > _MAX_CURSOR_LENGTH or not _CURSOR.fullmatch(cursor):
-            raise InvalidCursor(cursor, "expected '<log cursor>:<live cursor>' of URL-safe characters")
+            raise InvalidCursorError(cursor, "expected '<log cursor>:<live cursor>' of URL-safe characters")
         log, _, live = cursor.partition(":")
         return cls(log or None, live or None)
 
@@ -112,7 +112,7 @@ class EventFeed:
         """Return up to `limit` events of the scope after the cursor `after` (None: from the start), each with its `cursor`.
 
         Raises:
-            InvalidCursor: `after` is not a cursor of this feed.
+            InvalidCursorError: `after` is not a cursor of this feed.
             StoreError: The durable log could not be read. (A failing live channel is
                 logged and its events are left for a later read.)
         """
@@ -129,7 +129,7 @@ class EventFeed:
         channel are gone through but not returned.
 
         Raises:
-            InvalidCursor: `after` is not a cursor of this feed.
+            InvalidCursorError: `after` is not a cursor of this feed.
             StoreError: The durable log could not be read.
         """
         start = after if isinstance(after, FeedPosition) else FeedPosition.parse(after)
@@ -148,7 +148,7 @@ class EventFeed:
         lost. Without a live channel it polls the log. See `FeedFollower`.
 
         Raises:
-            InvalidCursor: `after` is not a cursor of this feed.
+            InvalidCursorError: `after` is not a cursor of this feed.
             StoreError: The durable log could not be read.
         """
         follower = FeedFollower(self, scope, after=after, poll_interval=poll_interval)
@@ -267,7 +267,7 @@ class FeedReader:
         after: Start after this feed cursor or position (None: from the start).
 
     Raises:
-        InvalidCursor: `after` is not a cursor of this feed.
+        InvalidCursorError: `after` is not a cursor of this feed.
     """
 
     def __init__(self, feed: EventFeed, scope: EventScope, *, after: FeedPosition | str | None = None) -> None:
@@ -335,7 +335,7 @@ class FeedFollower(FeedReader):
         poll_interval: Longest time between two reads of the log, in seconds.
 
     Raises:
-        InvalidCursor: `after` is not a cursor of this feed.
+        InvalidCursorError: `after` is not a cursor of this feed.
         ValueError: `poll_interval` is not positive.
     """
 

@@ -384,8 +384,8 @@ def check_message(limits: InputLimits, message: object, field: str) -> None:
     """Check a message a caller supplies (the new user message, or explicit history).
 
     Raises:
-        InputLimitError: Text over `max_message_bytes`, an over-long id, or tool-call
-            arguments over their limits.
+        InputLimitError: Text over `max_message_bytes`, an over-long id, tool-call
+            arguments over their limits, or provider parts over `max_message_bytes`.
         InvalidTextError: Text that cannot be stored.
     """
     from agent_runner.messages import AiMessage, ToolMessage
@@ -402,6 +402,10 @@ def check_message(limits: InputLimits, message: object, field: str) -> None:
     if isinstance(message, AiMessage):
         for index, call in enumerate(message.tool_calls):
             check_tool_call(limits, call, f"{field}.tool_calls[{index}]")
+        for index, part in enumerate(message.provider_parts):
+            where = f"{field}.provider_parts[{index}]"
+            check_text(part.provider, f"{where}.provider", limits.max_id_length)
+            check_json(part.data, f"{where}.data", max_bytes=limits.max_message_bytes, max_depth=limits.max_json_depth)
 
 
 def check_tool_call(limits: InputLimits, call: ToolCall, field: str = "tool call") -> None:

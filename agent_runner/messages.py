@@ -67,6 +67,28 @@ class UserMessage(_MessageBase):
         def __init__(self, content: str, *, id: str = ..., role: Literal["user"] = "user") -> None: ...
 
 
+class ProviderPart(PositionalModel):
+    """A part of a model's answer that only the provider that wrote it reads, kept verbatim.
+
+    Anthropic's thinking blocks (with their signatures), the OpenAI Responses API's
+    reasoning items (with their encrypted content) and Gemini's thought signatures must be
+    sent back unchanged on the next call of the same turn. The adapter of `provider` puts
+    them back where they belong; every other adapter, the page timeline and the client
+    protocols ignore them.
+    """
+
+    _positional: ClassVar[tuple[str, ...]] = ("provider", "data")
+
+    provider: str
+    """The adapter's `provider` name (`"anthropic"`, `"openai_responses"`, `"gemini"`)."""
+    data: dict[str, Any]
+    """The part as the provider sent it (JSON), and where it goes in the message."""
+
+    if TYPE_CHECKING:
+
+        def __init__(self, provider: str, data: dict[str, Any]) -> None: ...
+
+
 class AiMessage(_MessageBase):
     """A model response: text, tool calls, or both."""
 
@@ -74,6 +96,9 @@ class AiMessage(_MessageBase):
     role: Literal["assistant"] = "assistant"
     content: str | None = None
     tool_calls: list[ToolCall] = Field(default_factory=list)
+    # Left out of the JSON when empty, so the messages of other models serialize as before.
+    provider_parts: list[ProviderPart] = Field(default_factory=list, exclude_if=lambda parts: not parts)
+    """Opaque parts its provider needs back verbatim (see `ProviderPart`); empty for most models."""
 
     if TYPE_CHECKING:
 
@@ -82,9 +107,14 @@ class AiMessage(_MessageBase):
             content: str | None = None,
             tool_calls: list[ToolCall] = ...,
             *,
+            provider_parts: list[ProviderPart] = ...,
             id: str = ...,
             role: Literal["assistant"] = "assistant",
         ) -> None: ...
+
+    def parts_of(self, provider: str) -> list[dict[str, Any]]:
+        """The data of the provider parts written by `provider`, in order."""
+        return [part.data for part in self.provider_parts if part.provider == provider]
 
 
 class ToolMessage(_MessageBase):

@@ -34,11 +34,12 @@ import json
 import math
 import threading
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import StrEnum
-from typing import Any, Final, Protocol
+from typing import Any, Final, Protocol, TypedDict, Unpack
 
 from agent_runner.errors import DefinitionError
 
@@ -254,21 +255,32 @@ class Decision:
     booking_id: str | None = None
 
 
+@dataclass(frozen=True)
+class LimitedCall:
+    """One call asking for capacity against a limited key."""
+
+    key: str
+    tokens: int
+    """The tokens it reserves (estimated input plus the output allowance)."""
+    reservation_id: str
+    booking_id: str | None
+    lane: str
+    """Its tenant (`""` for none): tenants with calls queued share the key by their weights."""
+    weight: int
+
+
 def decide(
     state: KeyState,
     limit: ModelLimit,
     now: float,
+    call: LimitedCall,
     *,
-    reservation_id: str,
-    tokens: int,
-    booking_id: str | None,
     lease_ms: float,
     grace_ms: float,
     poll_ms: float,
-    tenant: str = "",
-    weight: int = 1,
 ) -> Decision:
     """Grant a call or book it a slot, updating `state` (see the module docstring)."""
+    reservation_id, tokens, booking_id = call.reservation_id, call.tokens, call.booking_id
     state.calls = {rid: expiry for rid, expiry in state.calls.items() if expiry > now}
     state.bookings = {bid: slot for bid, slot in state.bookings.items() if slot + grace_ms > now}
     state.tags = {bid: tag for bid, tag in state.tags.items() if bid in state.bookings}
@@ -280,7 +292,7 @@ def decide(
     if held is not None:
         refused = _claim(state, limit, now, held)
     else:
-        refused = _book(state, limit, now, reservation_id, tokens, (tenant, weight))
+        refused = _book(state, limit, now, reservation_id, tokens, (call.lane, call.weight))
     if refused is not None:
         return refused
     if limit.rpm is not None:
@@ -372,18 +384,27 @@ def to_datetime(ms: float) -> datetime:
     return datetime.fromtimestamp(ms / 1000, UTC)
 
 
-class InProcessModelLimiter:
-    """A `ModelLimiter` in this process's memory: the embedded default, for one process.
+class LimiterOptions(TypedDict, total=False):
+    """The options both limiters take, with `KeyedModelLimiter`'s defaults."""
 
-    Args:
-        limits: The limits by key; keys not named are not limited.
-        default_output_tokens: Output tokens reserved when the model sets no `max_tokens`.
-        call_lease_s: How long a granted call holds its concurrency slot unless settled.
-        booking_grace_s: How long after its slot a booking may still be claimed.
-        concurrency_poll_s: How long a call that found every slot taken waits before asking again.
-        tenant_weights: The share of each tenant while several have calls queued (a tenant
-            not named weighs 1; calls without a tenant share one lane).
-        clock: Seconds since the epoch (tests may pass a fake clock).
+    default_output_tokens: int
+    """Output tokens reserved when the model sets no `max_tokens`."""
+    call_lease_s: float
+    """How long a granted call holds its concurrency slot unless settled."""
+    booking_grace_s: float
+    """How long after its slot a booking may still be claimed."""
+    concurrency_poll_s: float
+    """How long a call that found every slot taken waits before asking again."""
+    tenant_weights: Mapping[str, int] | None
+    """The share of each tenant while several have calls queued (a tenant not named weighs 1;
+    calls without a tenant share one lane)."""
+
+
+class KeyedModelLimiter(ABC):
+    """What both limiters share: the limits by key, the tenants' weights and the timing of slots.
+
+    A key without a limit is granted here, at no cost; a subclass decides the calls against a
+    limited key (`_decide`) and keeps their state (`settle`, `pause`).
     """
 
     def __init__(
@@ -395,7 +416,6 @@ class InProcessModelLimiter:
         booking_grace_s: float = DEFAULT_BOOKING_GRACE_S,
         concurrency_poll_s: float = DEFAULT_CONCURRENCY_POLL_S,
         tenant_weights: Mapping[str, int] | None = None,
-        clock: Callable[[], float] = time.time,
     ) -> None:
         self.limits = dict(limits)
         self.tenant_weights = check_weights(tenant_weights or {})
@@ -403,9 +423,6 @@ class InProcessModelLimiter:
         self._lease_ms = call_lease_s * 1000
         self._grace_ms = booking_grace_s * 1000
         self._poll_ms = concurrency_poll_s * 1000
-        self._clock = clock
-        self._lock = threading.Lock()
-        self._states: dict[str, KeyState] = {}
 
     def limit_for(self, key: str) -> ModelLimit | None:
         """The limits of `key`, or None when calls against it are not limited."""
@@ -419,26 +436,63 @@ class InProcessModelLimiter:
         booking_id: str | None = None,
         tenant: str | None = None,
     ) -> LimitGrant | LimitWait:
-        """Grant a call now, or say until when there is no capacity (see `ModelLimiter.acquire`)."""
+        """Grant a call now, or say until when there is no capacity (see `ModelLimiter.acquire`).
+
+        Raises:
+            StoreUnavailableError: The shared state could not be reached in time.
+        """
         limit = self.limits.get(key)
         if limit is None:
             return LimitGrant(key, reservation_id, estimated_tokens)
         lane = tenant or ""
+        call = LimitedCall(key, estimated_tokens, reservation_id, booking_id, lane, self.tenant_weights.get(lane, 1))
+        return answer(key, reservation_id, estimated_tokens, self._decide(limit, call))
+
+    @abstractmethod
+    def _decide(self, limit: ModelLimit, call: LimitedCall) -> Decision:
+        """The decision on one call against a limited key."""
+
+    @abstractmethod
+    def settle(self, grant: LimitGrant, actual_tokens: int | None) -> None:
+        """Count the call's actual tokens and free its slot."""
+
+    def release(self, grant: LimitGrant) -> None:
+        """Free the call's slot, keeping its reservation."""
+        self.settle(grant, None)
+
+    @abstractmethod
+    def pause(self, key: str, until: datetime) -> None:
+        """No call against `key` may go before `until`."""
+
+
+class InProcessModelLimiter(KeyedModelLimiter):
+    """A `ModelLimiter` in this process's memory: the embedded default, for one process.
+
+    Args:
+        limits: The limits by key; keys not named are not limited.
+        clock: Seconds since the epoch (tests may pass a fake clock).
+        **options: The options of every limiter (`LimiterOptions`).
+    """
+
+    def __init__(
+        self,
+        limits: Mapping[str, ModelLimit],
+        *,
+        clock: Callable[[], float] = time.time,
+        **options: Unpack[LimiterOptions],
+    ) -> None:
+        super().__init__(limits, **options)
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._states: dict[str, KeyState] = {}
+
+    def _decide(self, limit: ModelLimit, call: LimitedCall) -> Decision:
         with self._lock:
-            decision = decide(
-                self._states.setdefault(key, KeyState()),
-                limit,
-                _ms(self._clock()),
-                reservation_id=reservation_id,
-                tokens=estimated_tokens,
-                booking_id=booking_id,
-                lease_ms=self._lease_ms,
-                grace_ms=self._grace_ms,
-                poll_ms=self._poll_ms,
-                tenant=lane,
-                weight=self.tenant_weights.get(lane, 1),
+            state = self._states.setdefault(call.key, KeyState())
+            now = _ms(self._clock())
+            return decide(
+                state, limit, now, call, lease_ms=self._lease_ms, grace_ms=self._grace_ms, poll_ms=self._poll_ms
             )
-        return answer(key, reservation_id, estimated_tokens, decision)
 
     def settle(self, grant: LimitGrant, actual_tokens: int | None) -> None:
         """Count the call's actual tokens and free its slot."""
@@ -448,10 +502,6 @@ class InProcessModelLimiter:
         with self._lock:
             state = self._states.setdefault(grant.key, KeyState())
             settle_state(state, limit, grant.reservation_id, grant.tokens, actual_tokens)
-
-    def release(self, grant: LimitGrant) -> None:
-        """Free the call's slot, keeping its reservation."""
-        self.settle(grant, None)
 
     def pause(self, key: str, until: datetime) -> None:
         """No call against `key` may go before `until`."""

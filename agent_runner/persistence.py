@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
 
-from agent_runner.errors import DefinitionError, InvalidCursor, InvalidEventQuery
+from agent_runner.errors import DefinitionError, InvalidCursorError, InvalidEventQueryError
 from agent_runner.events import AgentEvent
 from agent_runner.messages import AnyMessage, ModelMessage
 from agent_runner.snapshot import AgentTurn, AgentTurnStatus, is_runnable
@@ -221,7 +221,7 @@ class ConversationKey:
     keyed by both. Build it once where a request names a conversation and carry it as it is.
 
     Raises:
-        InvalidEventQuery: The conversation id is empty or not a string, or the tenant is
+        InvalidEventQueryError: The conversation id is empty or not a string, or the tenant is
             neither None nor a non-empty string.
     """
 
@@ -230,9 +230,9 @@ class ConversationKey:
 
     def __post_init__(self) -> None:
         if not isinstance(self.conversation_id, str) or not self.conversation_id:
-            raise InvalidEventQuery(f"conversation_id must be a non-empty string, got {self.conversation_id!r}")
+            raise InvalidEventQueryError(f"conversation_id must be a non-empty string, got {self.conversation_id!r}")
         if self.tenant_id is not None and (not isinstance(self.tenant_id, str) or not self.tenant_id):
-            raise InvalidEventQuery(f"tenant_id must be None or a non-empty string, got {self.tenant_id!r}")
+            raise InvalidEventQueryError(f"tenant_id must be None or a non-empty string, got {self.tenant_id!r}")
 
     def __str__(self) -> str:
         return self.conversation_id if self.tenant_id is None else f"{self.conversation_id} of tenant {self.tenant_id}"
@@ -248,7 +248,7 @@ class EventScope:
     tenant: the same conversation id of two tenants names two scopes.
 
     Raises:
-        InvalidEventQuery: The id is empty (or not a string), `kind` is neither kind, or a
+        InvalidEventQueryError: The id is empty (or not a string), `kind` is neither kind, or a
             tree scope names a tenant.
     """
 
@@ -258,15 +258,15 @@ class EventScope:
 
     def __post_init__(self) -> None:
         if self.kind not in ("tree", "conversation"):
-            raise InvalidEventQuery(f"an event scope is a 'tree' or a 'conversation', got {self.kind!r}")
+            raise InvalidEventQueryError(f"an event scope is a 'tree' or a 'conversation', got {self.kind!r}")
         if not isinstance(self.id, str) or not self.id:
             name = "root_turn_id" if self.kind == "tree" else "conversation_id"
-            raise InvalidEventQuery(f"{name} must be a non-empty string to read events, got {self.id!r}")
+            raise InvalidEventQueryError(f"{name} must be a non-empty string to read events, got {self.id!r}")
         if self.tenant_id is not None:
             if self.kind == "tree":
-                raise InvalidEventQuery(f"a turn tree's scope names no tenant, got {self.tenant_id!r}")
+                raise InvalidEventQueryError(f"a turn tree's scope names no tenant, got {self.tenant_id!r}")
             if not isinstance(self.tenant_id, str) or not self.tenant_id:
-                raise InvalidEventQuery(f"tenant_id must be None or a non-empty string, got {self.tenant_id!r}")
+                raise InvalidEventQueryError(f"tenant_id must be None or a non-empty string, got {self.tenant_id!r}")
 
     @classmethod
     def tree(cls, root_turn_id: str) -> EventScope:
@@ -311,7 +311,7 @@ class EventLog(Protocol):
         """Return up to `limit` durable events of the scope after the cursor `after` (None: from the first), in order.
 
         Raises:
-            InvalidCursor: `after` is not a cursor this log issued.
+            InvalidCursorError: `after` is not a cursor this log issued.
         """
         ...
 
@@ -337,7 +337,7 @@ class LiveEventChannel(Protocol):
         Each event carries its `cursor` in this channel.
 
         Raises:
-            InvalidCursor: `after` is not a cursor of this channel.
+            InvalidCursorError: `after` is not a cursor of this channel.
         """
         ...
 
@@ -347,7 +347,7 @@ class LiveEventChannel(Protocol):
         Returns an empty list when the time ran out first.
 
         Raises:
-            InvalidCursor: `after` is not a cursor of this channel.
+            InvalidCursorError: `after` is not a cursor of this channel.
         """
         ...
 
@@ -364,14 +364,14 @@ def parse_position(cursor: str, parts: int) -> tuple[int, ...]:
     """Return the `parts` integers of a cursor written by `format_position`.
 
     Raises:
-        InvalidCursor: The cursor has another shape, or a number out of range.
+        InvalidCursorError: The cursor has another shape, or a number out of range.
     """
     pieces = cursor.split(".")
     if len(pieces) != parts or not all(piece.isascii() and piece.isdigit() and len(piece) <= 19 for piece in pieces):
-        raise InvalidCursor(cursor, f"expected {parts} dot-separated non-negative integer(s)")
+        raise InvalidCursorError(cursor, f"expected {parts} dot-separated non-negative integer(s)")
     numbers = tuple(int(piece) for piece in pieces)
     if any(number > _MAX_POSITION for number in numbers):
-        raise InvalidCursor(cursor, "a position is out of range")
+        raise InvalidCursorError(cursor, "a position is out of range")
     return numbers
 
 

@@ -281,7 +281,7 @@ class AgentRunner:
             deadline: `time.monotonic()` after which no further step starts (the first always may).
             may_continue: Asked before each step; False stops (a lost lease, a stopping worker).
         """
-        return stepping.advance(
+        return stepping.step_until_stopped(
             self._ctx, turn, fence=fence, max_steps=max_steps, deadline=deadline, may_continue=may_continue
         )
 

@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from types import MappingProxyType
-from typing import Any, ClassVar, overload
+from typing import Any, ClassVar, TypedDict, Unpack, overload
 
 import pydantic
 from pydantic import ConfigDict, ValidationError, create_model
@@ -170,36 +170,29 @@ def _arguments_model(function: Callable[..., Any], tool_name: str) -> type[pydan
     return create_model(f"{tool_name}_arguments", __config__=config, **fields)
 
 
+class ToolOptions(TypedDict, total=False):
+    """The keywords of `@tool(...)`: those of `Tool` besides the function, with its defaults."""
+
+    name: str | None
+    description: str | None
+    requires_approval: bool
+    sensitive: Sequence[str]
+    retry_on: Sequence[type[BaseException]]
+    idempotent: bool
+    approval_timeout: timedelta | float | None
+    on_timeout: str
+
+
 @overload
 def tool(function: Callable[..., Any], /) -> Tool: ...
 
 
 @overload
-def tool(
-    *,
-    name: str | None = None,
-    description: str | None = None,
-    requires_approval: bool = False,
-    sensitive: Sequence[str] = (),
-    retry_on: Sequence[type[BaseException]] = (),
-    idempotent: bool = True,
-    approval_timeout: timedelta | float | None = None,
-    on_timeout: str = "reject",
-) -> Callable[[Callable[..., Any]], Tool]: ...
+def tool(**options: Unpack[ToolOptions]) -> Callable[[Callable[..., Any]], Tool]: ...
 
 
 def tool(
-    function: Callable[..., Any] | None = None,
-    /,
-    *,
-    name: str | None = None,
-    description: str | None = None,
-    requires_approval: bool = False,
-    sensitive: Sequence[str] = (),
-    retry_on: Sequence[type[BaseException]] = (),
-    idempotent: bool = True,
-    approval_timeout: timedelta | float | None = None,
-    on_timeout: str = "reject",
+    function: Callable[..., Any] | None = None, /, **options: Unpack[ToolOptions]
 ) -> Tool | Callable[[Callable[..., Any]], Tool]:
     """Turn a function into a `Tool`; usable bare (`@tool`) or with keywords.
 
@@ -230,17 +223,7 @@ def tool(
     """
 
     def wrap(fn: Callable[..., Any]) -> Tool:
-        return Tool(
-            fn,
-            name=name,
-            description=description,
-            requires_approval=requires_approval,
-            sensitive=sensitive,
-            retry_on=retry_on,
-            idempotent=idempotent,
-            approval_timeout=approval_timeout,
-            on_timeout=on_timeout,
-        )
+        return Tool(fn, **options)
 
     return wrap(function) if function is not None else wrap
 

@@ -40,7 +40,7 @@ import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import Connection, Engine
 
-from agent_runner.errors import InvalidCursor, StoreError
+from agent_runner.errors import InvalidCursorError, StoreError
 from agent_runner.events import AgentEvent
 from agent_runner.persistence import EventScope, EventScopeKind, format_position, parse_position
 from agent_runner.snapshot import AgentTurn
@@ -192,7 +192,7 @@ class SqlEventLog:
         """Up to `limit` events of a scope after the cursor `after`, each with its cursor.
 
         Raises:
-            InvalidCursor: `after` is not a cursor of this log.
+            InvalidCursorError: `after` is not a cursor of this log.
         """
         start = 0
         if after is not None:
@@ -224,7 +224,7 @@ class SqlEventLog:
         ]
 
     def check_cursor(self, cursor: str) -> None:
-        """Raise `InvalidCursor` unless `cursor` is one this log issues (or issued before positions)."""
+        """Raise `InvalidCursorError` unless `cursor` is one this log issues (or issued before positions)."""
         self._parse(cursor)
 
     def _parse(self, cursor: str) -> tuple[int, tuple[int, int] | None]:
@@ -233,10 +233,12 @@ class SqlEventLog:
         if dots == 0:
             return parse_position(cursor, 1)[0], None
         if dots != 1:
-            raise InvalidCursor(cursor, "expected an event position (or an `<xid>.<id>` cursor of an earlier version)")
+            raise InvalidCursorError(
+                cursor, "expected an event position (or an `<xid>.<id>` cursor of an earlier version)"
+            )
         xid, row_id = parse_position(cursor, 2)
         if xid != 0 and not self._postgres:
-            raise InvalidCursor(cursor, "an earlier SQLite event cursor starts with 0.")
+            raise InvalidCursorError(cursor, "an earlier SQLite event cursor starts with 0.")
         return 0, (xid, row_id)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -45,6 +46,19 @@ _UNAVAILABLE: tuple[type[RedisError], ...] = (
 _REFUSED: tuple[type[RedisError], ...] = (AuthenticationError, NoPermissionError)
 
 
+_INCLUDE = re.compile(r"^-- include: (_\w+)$", re.MULTILINE)
+
+
+def script_source(name: str) -> str:
+    """The text of the script `name` as sent to Redis.
+
+    Its file, with each line `-- include: _<part>` replaced by `store/lua/_<part>.lua`:
+    Redis scripts cannot load one another, so a part several scripts use is written once.
+    """
+    text = (_LUA_DIR / f"{name}.lua").read_text(encoding="utf-8")
+    return _INCLUDE.sub(lambda found: (_LUA_DIR / f"{found[1]}.lua").read_text(encoding="utf-8").rstrip("\n"), text)
+
+
 def _decode(reply: Any) -> Any:
     # Clients built here return bytes; a client passed in may decode responses itself.
     if isinstance(reply, bytes):
@@ -73,7 +87,7 @@ class RedisScripts:
     """
 
     def __init__(self, redis_url: str | None, client: Redis[Any] | None, names: Iterable[str]) -> None:
-        self._sources = {name: (_LUA_DIR / f"{name}.lua").read_text(encoding="utf-8") for name in names}
+        self._sources = {name: script_source(name) for name in names}
         self._shas: dict[str, str] = {}
         if client is not None:
             self._client = client

@@ -10,7 +10,7 @@ different request.
 Recording the answer is a write of its own, after the action: a key can stay IN_PROGRESS
 although its action happened (the connection dropped while recording, the process died).
 The caller then tells what happened from what the action saved (see
-`workers.api.idempotency`); this store only keeps the first answer recorded.
+`workers.api.idempotency_header`); this store only keeps the first answer recorded.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ from typing import Any
 from redis import Redis
 from redis.exceptions import RedisError
 
-from agent_runner.errors import InvalidCursor, StoreError, StoreUnavailableError
+from agent_runner.errors import InvalidCursorError, StoreError, StoreUnavailableError
 from agent_runner.events import AgentEvent
 from agent_runner.persistence import DEFAULT_EVENT_PAGE, EventScope
 from agent_runner.store_rules import live_scopes
@@ -139,7 +139,7 @@ class RedisLiveEvents(ClosesOnExit):
         """Return up to `limit` kept events of the scope after the stream id `after`, oldest first.
 
         Raises:
-            InvalidCursor: `after` is not a stream id.
+            InvalidCursorError: `after` is not a stream id.
             StoreUnavailableError: Redis could not be reached in time.
         """
         key = self._keys.events(scope)
@@ -152,7 +152,7 @@ class RedisLiveEvents(ClosesOnExit):
         """Return the kept events after `after`, blocking up to `timeout` seconds for one (XREAD BLOCK).
 
         Raises:
-            InvalidCursor: `after` is not a stream id.
+            InvalidCursorError: `after` is not a stream id.
             StoreUnavailableError: Redis could not be reached in time.
         """
         key = self._keys.events(scope)
@@ -242,5 +242,5 @@ def _stream_id(cursor: str | None) -> str:
     if cursor is None:
         return "0-0"
     if not _STREAM_ID.fullmatch(cursor):
-        raise InvalidCursor(cursor, "expected a Redis stream id such as '1700000000000-0'")
+        raise InvalidCursorError(cursor, "expected a Redis stream id such as '1700000000000-0'")
     return cursor

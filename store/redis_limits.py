@@ -5,23 +5,19 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 from datetime import datetime
-from typing import Any
+from typing import Any, Unpack
 
 from redis import Redis
 
 from agent_runner.model_limits import (
-    DEFAULT_BOOKING_GRACE_S,
-    DEFAULT_CALL_LEASE_S,
-    DEFAULT_CONCURRENCY_POLL_S,
-    DEFAULT_OUTPUT_TOKENS,
     PERIOD_MS,
     Decision,
+    KeyedModelLimiter,
+    LimitedCall,
+    LimiterOptions,
     LimitGrant,
     LimitReason,
-    LimitWait,
     ModelLimit,
-    answer,
-    check_weights,
 )
 from store._closing import ClosesOnExit
 from store._scripts import RedisScripts
@@ -30,7 +26,7 @@ from store.keys import DEFAULT_PREFIX, RedisKeys
 _SCRIPTS = ("model_limit_acquire", "model_limit_settle", "model_limit_pause")
 
 
-class RedisModelLimiter(ClosesOnExit):
+class RedisModelLimiter(KeyedModelLimiter, ClosesOnExit):
     """A `ModelLimiter` kept in Redis, shared by every process that reaches the same server.
 
     Each decision is one Lua script (`store/lua/model_limit_*.lua`), which mirrors the
@@ -42,14 +38,9 @@ class RedisModelLimiter(ClosesOnExit):
         redis_url: URL of the Redis server, such as `redis://127.0.0.1:6379/0`.
         prefix: Namespace of the keys (see `store.keys`).
         client: A client to use instead of one built from `redis_url`; left open by `close()`.
-        default_output_tokens: Output tokens reserved when the model sets no `max_tokens`.
-        call_lease_s: How long a granted call holds its concurrency slot unless settled.
-        booking_grace_s: How long after its slot a booking may still be claimed.
-        concurrency_poll_s: How long a call that found every slot taken waits before asking again.
-        tenant_weights: The share of each tenant while several have calls queued (a tenant
-            not named weighs 1; calls without a tenant share one lane).
         clock: Seconds since the epoch to decide with, instead of the Redis clock (for tests
             that walk time; every process of a fleet must then share it).
+        **options: The options of every limiter (`LimiterOptions`).
     """
 
     def __init__(
@@ -59,61 +50,38 @@ class RedisModelLimiter(ClosesOnExit):
         *,
         prefix: str = DEFAULT_PREFIX,
         client: Redis[Any] | None = None,
-        default_output_tokens: int = DEFAULT_OUTPUT_TOKENS,
-        call_lease_s: float = DEFAULT_CALL_LEASE_S,
-        booking_grace_s: float = DEFAULT_BOOKING_GRACE_S,
-        concurrency_poll_s: float = DEFAULT_CONCURRENCY_POLL_S,
-        tenant_weights: Mapping[str, int] | None = None,
         clock: Callable[[], float] | None = None,
+        **options: Unpack[LimiterOptions],
     ) -> None:
-        self.limits = dict(limits)
-        self.tenant_weights = check_weights(tenant_weights or {})
-        self.default_output_tokens = default_output_tokens
+        super().__init__(limits, **options)
         self._keys = RedisKeys(prefix)
         self._scripts = RedisScripts(redis_url, client, _SCRIPTS)
-        self._lease_ms = call_lease_s * 1000
-        self._grace_ms = booking_grace_s * 1000
-        self._poll_ms = concurrency_poll_s * 1000
         self._clock = clock
         self._encodings: dict[str, tuple[tuple[str, str, str, str, str], str]] = {}
 
-    def limit_for(self, key: str) -> ModelLimit | None:
-        """The limits of `key`, or None when calls against it are not limited."""
-        return self.limits.get(key)
-
-    def acquire(
-        self,
-        key: str,
-        estimated_tokens: int,
-        reservation_id: str,
-        booking_id: str | None = None,
-        tenant: str | None = None,
-    ) -> LimitGrant | LimitWait:
-        """Grant a call now, or say until when there is no capacity (see `ModelLimiter.acquire`).
-
-        Raises:
-            StoreUnavailableError: Redis could not be reached in time.
-        """
-        limit = self.limits.get(key)
-        if limit is None:
-            return LimitGrant(key, reservation_id, estimated_tokens)
-        keys, spec = self._encoded(key, limit)
+    def _decide(self, limit: ModelLimit, call: LimitedCall) -> Decision:
+        keys, spec = self._encoded(call.key, limit)
         now = "" if self._clock is None else _ms(self._clock() * 1000)
-        lane = tenant or ""
-        weight = self.tenant_weights.get(lane, 1)
-        args: list[str | int] = [reservation_id, estimated_tokens, spec, booking_id or "", now, lane, weight]
+        args: list[str | int] = [
+            call.reservation_id,
+            call.tokens,
+            spec,
+            call.booking_id or "",
+            now,
+            call.lane,
+            call.weight,
+        ]
         reply = self._scripts.run("model_limit_acquire", keys, args)
         granted, until, reason, booking, server_now = reply
         # The wait is measured on the server's clock and carried over to this process's, so
         # a difference between the two clocks neither shortens nor lengthens it.
         local_now = self._clock() * 1000 if self._clock is not None else time.time() * 1000
-        decision = Decision(
+        return Decision(
             granted=int(granted) == 1,
             until_ms=local_now + float(until) - float(server_now),
             reason=LimitReason(reason) if reason else None,
             booking_id=booking or None,
         )
-        return answer(key, reservation_id, estimated_tokens, decision)
 
     def _encoded(self, key: str, limit: ModelLimit) -> tuple[tuple[str, str, str, str, str], str]:
         # Encoded once per key: the acquire script is on every model call's path.
@@ -137,14 +105,6 @@ class RedisModelLimiter(ClosesOnExit):
         (state, calls, *_), _ = self._encoded(grant.key, limit)
         delta = "" if actual_tokens is None else actual_tokens - grant.tokens
         self._scripts.run("model_limit_settle", [state, calls], [grant.reservation_id, delta, limit.tpm or 0])
-
-    def release(self, grant: LimitGrant) -> None:
-        """Free the call's slot, keeping its reservation.
-
-        Raises:
-            StoreUnavailableError: Redis could not be reached in time.
-        """
-        self.settle(grant, None)
 
     def pause(self, key: str, until: datetime) -> None:
         """No call against `key` may go before `until`, in any process.

@@ -58,7 +58,8 @@ def pytest_runtest_makereport(
 @pytest.fixture(autouse=True)
 def _no_real_model_keys(monkeypatch: pytest.MonkeyPatch) -> None:
     # Tests never talk to a hosted model: an accidental real call fails for lack of a key.
-    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    for name in ("OPENAI_API_KEY", "ANTHROPIC_API_KEY", "GEMINI_API_KEY", "GOOGLE_API_KEY"):
+        monkeypatch.delenv(name, raising=False)
 
 
 @pytest.fixture(autouse=True)

@@ -169,3 +169,83 @@ def test_each_change_recipe_names_paths_that_exist_and_touches_at_most_five_file
             assert (ROOT / concrete).exists(), f"{title!r} names {path!r}, which is not in the repository"
         changed = [step for step in steps if not step.startswith("tests/")]
         assert steps and len(changed) <= 5, f"{title!r} changes {len(changed)} files: {changed}"
+
+
+EXCEPTIONS_NOT_ENDING_IN_ERROR = {
+    # The names DESIGN.md fixes: code outside the project catches them by these names.
+    "AgentConversationBusyException": "fixed by DESIGN.md",
+    "AgentFormRequiredException": "fixed by DESIGN.md",
+    "AgentNotFound": "fixed by DESIGN.md",
+    "InvalidResumeCommand": "fixed by DESIGN.md",
+    "TurnNotFound": "fixed by DESIGN.md",
+    # Control-flow signals are named for the condition (STYLE.md), not as errors.
+    "CancelledMidCall": "a signal that stops a streaming model call whose turn was cancelled",
+}
+"""Exception classes that keep a name without the `Error` suffix, each with its reason; it only shrinks."""
+
+
+def test_exception_classes_end_in_error_unless_a_reason_keeps_their_name() -> None:
+    found = shape.exception_classes()
+    assert len(found) > 40  # the scan sees the error tree
+    unsuffixed = {name for name in found if not name.endswith("Error")}
+    assert unsuffixed == set(EXCEPTIONS_NOT_ENDING_IN_ERROR)
+
+
+def test_the_name_checks_see_what_they_look_for(tmp_path: Path) -> None:
+    # Given a package with exceptions by inheritance through another module, and a reused module name
+    (tmp_path / "pkg" / "sub").mkdir(parents=True)
+    for init in ("pkg/__init__.py", "pkg/sub/__init__.py"):
+        (tmp_path / init).write_text("")
+    (tmp_path / "pkg" / "errors.py").write_text("class BaseProblem(ValueError): ...\nclass Plain: ...\n")
+    (tmp_path / "pkg" / "sub" / "errors.py").write_text(
+        "from pkg import errors\nclass Missing(errors.BaseProblem): ...\nclass GoneError(Missing): ...\n"
+    )
+    # Then each check finds them
+    assert shape.exception_classes(("pkg",), tmp_path) == {
+        "BaseProblem": "pkg.errors",
+        "GoneError": "pkg.sub.errors",
+        "Missing": "pkg.sub.errors",
+    }
+    assert shape.reused_module_names(("pkg",), tmp_path) == {"errors": ["pkg.errors", "pkg.sub.errors"]}
+
+
+MODULE_NAMES_FOR_ONE_JOB_IN_TWO_LAYERS = {
+    "app": (
+        ["workers.api.app", "workers.app"],
+        "the application object of a process: the HTTP server's `create_app`, the `celery -A workers.app` entry",
+    ),
+    "context": (
+        ["agent_runner._runtime.context", "workers.cli.context"],
+        "what the functions of one layer share: the runner's `RunnerContext`, the commands' context",
+    ),
+    "crons": (["store.crons", "workers.api.langgraph.crons"], "the LangGraph API's crons: their records, their routes"),
+    "errors": (["agent_runner.errors", "workers.api.errors"], "the core's error tree, and the HTTP answers to it"),
+    "inbox": (
+        ["store.inbox", "workers.inbox"],
+        "the inbox: its queued messages (DESIGN.md's `store.Inbox`), and the starting of turns from them",
+    ),
+    "middleware": (
+        ["agent_runner.middleware", "workers.celery_app.middleware", "workers.telemetry.middleware"],
+        "the core's `Middleware` extension point, and the middleware the workers and the telemetry add",
+    ),
+    "schedules": (
+        ["workers.cli.schedules", "workers.schedules"],
+        "scheduled turns, and the `agent-runner schedules` command over them (a CLI module is named for its command)",
+    ),
+    "threads": (
+        ["store.threads", "workers.api.langgraph.threads"],
+        "the LangGraph API's threads: their records, their routes",
+    ),
+    "turns": (
+        ["store.turns", "workers.cli.turns"],
+        "the SQL turn store, and the `agent-runner turns` command over turns (a CLI module is named for its command)",
+    ),
+}
+"""Module names that stand in two places for one job, each with its reason; any other name means one module."""
+
+
+def test_a_module_name_means_one_job_in_the_whole_repository() -> None:
+    # `inbox` in two packages for two jobs makes a reader open both to know which is meant.
+    reused = shape.reused_module_names()
+    allowed = {name: places for name, (places, _) in MODULE_NAMES_FOR_ONE_JOB_IN_TWO_LAYERS.items()}
+    assert reused == allowed

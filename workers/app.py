@@ -1,13 +1,13 @@
 """The entry point of the `celery` command: `celery -A workers.app worker` and `celery -A workers.app beat`.
 
 Importing it reads the environment (see `workers.settings`) and builds the app with
-`workers.celery_app.worker.create_worker_app`. Code that has settings of its own builds an
+`workers.celery_app.worker_app.create_worker_app`. Code that has settings of its own builds an
 app from them instead, without importing this module.
 """
 
 from __future__ import annotations
 
-from workers.celery_app.worker import create_worker_app
+from workers.celery_app.worker_app import create_worker_app
 from workers.settings import WorkerSettings
 
 settings = WorkerSettings.from_env()

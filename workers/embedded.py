@@ -27,7 +27,7 @@ from workers.database import Database
 from workers.inbox import INBOX_SWEEP_INTERVAL_S, InboxPump
 from workers.settings import WorkerSettings
 from workers.telemetry import instrument
-from workers.webhooks import WebhookDeliverer, build_deliverer
+from workers.webhook_deliverer import WebhookDeliverer, build_deliverer
 
 if TYPE_CHECKING:
     from workers.embedded_timers import Scheduler, SweepTimers

@@ -39,7 +39,7 @@ from store import Inbox
 from workers.schedules import MIN_EXPIRY, Schedule, ScheduleOutcome, fire_schedule, load_schedules
 from workers.settings import WorkerSettings
 from workers.sweeps import SWEEPS, Sweep
-from workers.webhooks import WebhookDeliverer
+from workers.webhook_deliverer import WebhookDeliverer
 
 logger = logging.getLogger("workers.scheduler")
 

@@ -42,7 +42,7 @@ misconfigured deployment fails at start-up rather than on the first turn.
 | `AGENT_RUNNER_METRICS_PORT` | none | a worker serves Prometheus `/metrics` on this port (main process, prefork-safe) |
 | `AGENT_RUNNER_METRICS_ADDR` | `0.0.0.0` | address the worker's metrics port binds to |
 | `AGENT_RUNNER_LOG_FORMAT` | `text` | `json`: one JSON object per log line, with the turn of the step being run |
-| `AGENT_RUNNER_WEBHOOKS` | none | webhook URLs per kind, with `AGENT_RUNNER_WEBHOOK_*` (see `workers.webhooks`) |
+| `AGENT_RUNNER_WEBHOOKS` | none | webhook URLs per kind, with `AGENT_RUNNER_WEBHOOK_*` (see `workers.webhook_deliverer`) |
 | `AGENT_RUNNER_DB_POOL_SIZE` | from the worker's concurrency (15 in the HTTP server) | database connections a process keeps open (see `workers.capacity`) |
 | `AGENT_RUNNER_DB_MAX_OVERFLOW` | `10` | database connections a process opens on demand beyond those |
 """

@@ -55,7 +55,7 @@ from workers.celery_app.names import (
 )
 from workers.inbox import settle_stale_claims
 from workers.settings import WorkerSettings
-from workers.webhooks import WebhookDeliverer, build_deliverer
+from workers.webhook_deliverer import WebhookDeliverer, build_deliverer
 
 if TYPE_CHECKING:
     from workers.wiring import Wiring

@@ -24,7 +24,7 @@ from agent_runner import (
     AiMessage,
     AnyMessage,
     InputLimitError,
-    InvalidEventQuery,
+    InvalidEventQueryError,
     InvalidResumeCommand,
     InvalidTransitionError,
     ToolCall,
@@ -115,7 +115,8 @@ def message_view(mask: ArgumentMask, message: AnyMessage) -> dict[str, Any]:
 
     Page messages already hold masked arguments (they were masked when the card was made).
     """
-    data = message.model_dump(mode="json")
+    # A provider's opaque parts (signed thinking, encrypted reasoning) are for that provider only.
+    data = message.model_dump(mode="json", exclude={"provider_parts"})
     if isinstance(message, AiMessage) and message.tool_calls:
         data["tool_calls"] = [tool_call_view(mask, call) for call in message.tool_calls]
     return data
@@ -368,7 +369,7 @@ def classify_error(error: BaseException) -> ErrorKind:
         return ErrorKind.NOT_FOUND
     if isinstance(error, InvalidResumeCommand):
         return ErrorKind.INVALID if error.errors else ErrorKind.CONFLICT
-    if isinstance(error, ResumeRequestError | InvalidEventQuery | InputLimitError):
+    if isinstance(error, ResumeRequestError | InvalidEventQueryError | InputLimitError):
         return ErrorKind.INVALID
     if isinstance(error, AgentConversationBusyException | InvalidTransitionError | VersionConflictError):
         return ErrorKind.CONFLICT

@@ -9,7 +9,7 @@ the parent runnable, exactly once.
 from __future__ import annotations
 
 from agent_runner import event_payloads as payloads
-from agent_runner import machine, telemetry
+from agent_runner import machine, telemetry_hooks
 from agent_runner._cas import retry_on_conflict
 from agent_runner._runtime.context import RunnerContext
 from agent_runner._runtime.saving import save, suspended_event
@@ -18,8 +18,6 @@ from agent_runner.errors import VersionConflictError
 from agent_runner.messages import ToolCall, UserMessage
 from agent_runner.snapshot import AgentTurn, AgentTurnStatus, ChildLink
 from agent_runner.suspensions import AgentResumeCommand, ResumeType
-
-S = AgentTurnStatus
 
 
 def spawn(
@@ -46,7 +44,7 @@ def spawn(
             created_at=now,
             updated_at=now,
         )
-        child = telemetry.stamp_new_turn(ctx.telemetry_key, child)  # trace context of the child turn
+        child = telemetry_hooks.stamp_new_turn(ctx.telemetry_key, child)  # trace context of the child turn
         try:
             child = save(ctx, child, -1, payloads.turn_started(child, child.messages[0].id))
         except VersionConflictError:
@@ -70,17 +68,17 @@ def record(ctx: RunnerContext, parent_id: str, child: AgentTurn) -> AgentTurn | 
     def attempt() -> AgentTurn | None | object:
         parent = ctx.turn_store.load(parent_id)
         link = next((c for c in parent.children if c.child_turn_id == child.id), None)
-        if parent.status is not S.WAITING_FOR_CHILD or link is None or link.status is not None:
+        if parent.status is not AgentTurnStatus.WAITING_FOR_CHILD or link is None or link.status is not None:
             # Not waiting yet (its own save will reconcile), or already recorded by someone else.
             return None
         resumed = machine.apply_resume(parent, command, ctx.clock(), child=child)
         event = (
             payloads.turn_resumed(command=ResumeType.CHILD_COMPLETED, child_turn_id=child.id)
-            if resumed.status is S.RUNNING
+            if resumed.status is AgentTurnStatus.RUNNING
             else None
         )
         saved = save(ctx, resumed, parent.version, event)
-        return saved if saved.status is S.RUNNING else None
+        return saved if saved.status is AgentTurnStatus.RUNNING else None
 
     result = retry_on_conflict(parent_id, attempt)
     return result if isinstance(result, AgentTurn) else None

@@ -47,7 +47,7 @@ class RunnerContext:
 
     Attributes:
         telemetry_key: The object telemetry hooks are registered under (the runner; see
-            `agent_runner.telemetry.set_new_turn_hook`).
+            `agent_runner.telemetry_hooks.set_new_turn_hook`).
         local: Per-thread state: events carried to the next save, turns being driven.
         model_limiter: Decides when calls against shared model limits may go (None: no limits).
     """

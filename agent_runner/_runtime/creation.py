@@ -8,7 +8,7 @@ from datetime import datetime
 from typing import Any
 
 from agent_runner import event_payloads as payloads
-from agent_runner import telemetry
+from agent_runner import telemetry_hooks
 from agent_runner._runtime.context import RunnerContext
 from agent_runner._runtime.saving import deliver, event, save_turn
 from agent_runner.agent import Agent
@@ -77,7 +77,7 @@ def create(
         updated_at=now,
         next_retry_at=starts_at,
     )
-    turn = telemetry.stamp_new_turn(ctx.telemetry_key, turn)  # trace context of the new turn
+    turn = telemetry_hooks.stamp_new_turn(ctx.telemetry_key, turn)  # trace context of the new turn
     started = event(ctx, payloads.turn_started(turn, user.id), turn, 0, 0)
     saved = ctx.gate.create(turn, [started], lambda t, v, e: save_turn(ctx, t, v, e))
     deliver(ctx, started)

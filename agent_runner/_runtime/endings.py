@@ -25,8 +25,6 @@ from agent_runner.snapshot import AgentTurn, AgentTurnStatus
 
 logger = logging.getLogger("agent_runner")
 
-S = AgentTurnStatus
-
 
 def finish(
     ctx: RunnerContext,
@@ -84,13 +82,13 @@ def cancel(ctx: RunnerContext, turn_id: str, reason: str | None, cancelled_by: s
         turn = ctx.turn_store.load(turn_id)
         if turn.is_terminal:
             return turn
-        if turn.status is S.RUNNING:
+        if turn.status is AgentTurnStatus.RUNNING:
             flagged = request_cancel(ctx.turn_store, turn_id, given)
             # It blocked or ended meanwhile: cancel that state instead.
-            return flagged if flagged.status is S.RUNNING else AGAIN
+            return flagged if flagged.status is AgentTurnStatus.RUNNING else AGAIN
         # A turn flagged while it ran and then suspended ends with the flag's reason.
         reason = given or turn.cancel_reason or ctx.policy.cancellation_reason
-        return finish(ctx, turn, S.CANCELLED, reason, decided_by=cancelled_by)
+        return finish(ctx, turn, AgentTurnStatus.CANCELLED, reason, decided_by=cancelled_by)
 
     return retry_on_conflict(turn_id, attempt)  # type: ignore[return-value]
 
@@ -125,7 +123,7 @@ def failed_call(
             ctx.execution.dispatch(saved)
             return AgentStepResult(turn=saved, error=exc)
         description = f"gave up after {turn.attempt + 1} attempts: {description}"
-    failed = finish(ctx, turn, S.FAILED, description, expected_version=expected, steps=turn.steps + 1)
+    failed = finish(ctx, turn, AgentTurnStatus.FAILED, description, expected_version=expected, steps=turn.steps + 1)
     return AgentStepResult(turn=failed, error=exc)
 
 
@@ -149,7 +147,7 @@ def step_failed(ctx: RunnerContext, turn: AgentTurn, exc: Exception) -> AgentTur
         if failures >= ctx.policy.max_step_failures:
             logger.error("turn %s failed %d steps in a row; ending it: %s", turn.id, failures, description)
             reason = f"a step failed {failures} times in a row: {description}"
-            return finish(ctx, current, S.FAILED, reason[:2000])
+            return finish(ctx, current, AgentTurnStatus.FAILED, reason[:2000])
         return ctx.turn_store.save(current.model_copy(update={"step_failures": failures}), current.version)
     except AgentRunnerError as error:
         logger.warning("could not count the failed step of turn %s: %s", turn.id, error)

@@ -20,7 +20,14 @@ from agent_runner._runtime.cancelling import stored_cancel_reason
 from agent_runner._runtime.context import RunnerContext
 from agent_runner._runtime.endings import after_terminal, failed_call, finish
 from agent_runner._runtime.outcomes import BodyWatch, find_outcome, outcome_unknown_suspension
-from agent_runner._runtime.saving import carried_events, carry, emit, save, suspended_event, terminal_event
+from agent_runner._runtime.saving import (
+    carried_events,
+    deliver_with_next_save,
+    emit,
+    save,
+    suspended_event,
+    terminal_event,
+)
 from agent_runner._runtime.streaming import CancelledMidCall, DeltaSink
 from agent_runner.agent import Agent
 from agent_runner.errors import (
@@ -43,7 +50,6 @@ from agent_runner.tools import Tool, encode_tool_result, tool_scope
 
 logger = logging.getLogger("agent_runner")
 
-S = AgentTurnStatus
 
 # The fields set here when these models are built from validated data (see `trusted`).
 _REQUEST_GIVEN = frozenset(ChatRequest.model_fields)
@@ -74,21 +80,21 @@ def step_once(ctx: RunnerContext, turn: AgentTurn) -> AgentStepResult:
         return AgentStepResult(turn=turn)
     expected = turn.version
     carried_events(ctx, turn.id).clear()  # nothing carries over from a step that raised
-    if turn.status is S.RETRY_SCHEDULED:
+    if turn.status is AgentTurnStatus.RETRY_SCHEDULED:
         reason = WAIT_OVER_REASON if limiting.is_limit_wait(turn.suspension) else "retry due"
-        carry(ctx, payloads.turn_resumed(command=None, reason=reason, attempt=turn.attempt), turn)
+        deliver_with_next_save(ctx, payloads.turn_resumed(command=None, reason=reason, attempt=turn.attempt), turn)
     agent = ctx.agent_for(turn)
     running = machine.start_running(turn, now)
     plan = machine.plan_step(running, agent, ctx.policy)
     try:
-        if turn.status is S.READY and isinstance(plan, machine.CallModel):
+        if turn.status is AgentTurnStatus.READY and isinstance(plan, machine.CallModel):
             # Taken off the queue: say so durably before the model call, which may take a
             # while, so that clients can tell a queued turn from a running one.
             running = save(ctx, running, expected, payloads.turn_running())
             expected = running.version
         match plan:
             case machine.Terminate(status=status, reason=reason):
-                if status is S.CANCELLED:
+                if status is AgentTurnStatus.CANCELLED:
                     reason = stored_cancel_reason(ctx.turn_store, running) or reason
                 return AgentStepResult(turn=finish(ctx, running, status, reason, expected_version=expected))
             case machine.CallModel():
@@ -147,7 +153,7 @@ def _call_model(
         limiting.settle(admission, None)
         # Cancelled while the answer streamed in: stop paying for it and end the turn now.
         reason = stored_cancel_reason(ctx.turn_store, turn) or ctx.policy.cancellation_reason
-        return AgentStepResult(turn=finish(ctx, turn, S.CANCELLED, reason, expected_version=expected))
+        return AgentStepResult(turn=finish(ctx, turn, AgentTurnStatus.CANCELLED, reason, expected_version=expected))
     except Exception as exc:
         limiting.settle(admission, None)
         retry = ctx.policy.retry_for(agent)
@@ -157,10 +163,17 @@ def _call_model(
         sink.close()
     limiting.settle(admission, response.usage)
     updated, message = machine.apply_model_response(turn, response, ctx.clock())
-    response = trusted(ChatResponse, _RESPONSE_GIVEN, {"message": message, "usage": response.usage})
+    response = trusted(
+        ChatResponse, _RESPONSE_GIVEN, {"message": message, "usage": response.usage, "model": response.model}
+    )
     usage = response.usage
     event = payloads.model_response(
-        message.id, message.content, [c.name for c in message.tool_calls], usage.input_tokens, usage.output_tokens
+        message.id,
+        message.content,
+        [c.name for c in message.tool_calls],
+        usage.input_tokens,
+        usage.output_tokens,
+        response.model,
     )
     saved = save(ctx, updated, expected, event, terminal_event(updated))
     if saved.is_terminal:
@@ -179,7 +192,7 @@ def _request_messages(turn: AgentTurn, agent: Agent) -> list[ModelMessage]:
 def _execute_tool(
     ctx: RunnerContext, turn: AgentTurn, call: ToolCall, tool: Tool, expected: int, retry: RetryPolicy
 ) -> AgentStepResult:
-    carry(ctx, payloads.tool_started(call), turn)
+    deliver_with_next_save(ctx, payloads.tool_started(call), turn)
     started = turn
     if not tool.idempotent:
         # Saved before the body runs: after a crash, the call is known to have started and
@@ -213,7 +226,7 @@ def _execute_tool(
     except AgentFormRequiredException as exc:
         if call.id in turn.form_data:
             error = FormProtocolError(turn.id, call.id, exc.form.key)
-            failed = finish(ctx, turn, S.FAILED, str(error), expected_version=expected)
+            failed = finish(ctx, turn, AgentTurnStatus.FAILED, str(error), expected_version=expected)
             return AgentStepResult(turn=failed, error=error)
         plan = machine.form_suspension(turn, call, exc.form, machine.FORM_SOURCE_TOOL, exc.message)
         suspended = machine.apply_suspension(turn, plan, ctx.clock(), reminder=ctx.policy.deadline_reminder)

@@ -26,7 +26,6 @@ from agent_runner.suspensions import AgentResumeCommand, AgentSuspension, Resume
 
 logger = logging.getLogger("agent_runner")
 
-S = AgentTurnStatus
 
 DEADLINE_BATCH = 500
 """Most turns one deadline sweep handles (`AgentRunner.apply_due_deadlines`)."""
@@ -39,8 +38,10 @@ def suspend(ctx: RunnerContext, turn: AgentTurn, suspension: AgentSuspension) ->
         InvalidTransitionError: The turn is not READY or RUNNING.
         TurnError: A tool call of the turn is unanswered.
     """
-    if turn.status not in (S.READY, S.RUNNING):
-        raise InvalidTransitionError(turn.status, machine.SUSPENSION_STATUS[suspension.type], {S.READY, S.RUNNING})
+    if turn.status not in (AgentTurnStatus.READY, AgentTurnStatus.RUNNING):
+        raise InvalidTransitionError(
+            turn.status, machine.SUSPENSION_STATUS[suspension.type], {AgentTurnStatus.READY, AgentTurnStatus.RUNNING}
+        )
     if turn.pending_tool_calls:
         # A user message cannot sit between a tool call and its result: the model API
         # would reject the history. Suspend before the model step or after the tools ran.

@@ -21,7 +21,6 @@ from agent_runner.snapshot import AgentTurn, AgentTurnStatus
 
 logger = logging.getLogger("agent_runner")
 
-S = AgentTurnStatus
 
 PendingEvent = payloads.EventBody | None
 """An event a save causes: its type and fields, from `agent_runner.event_payloads` (None: no event)."""
@@ -32,12 +31,12 @@ _EVENT_GIVEN = frozenset(AgentEvent.model_fields) - {"cursor"}
 _UNSAVED_GIVEN = frozenset({"type", "turn_id", "root_turn_id", "conversation_id", "data"})
 
 TERMINAL_EVENTS: dict[AgentTurnStatus, AgentEventType] = {
-    S.COMPLETED: AgentEventType.TURN_COMPLETED,
-    S.FAILED: AgentEventType.TURN_FAILED,
-    S.CANCELLED: AgentEventType.TURN_CANCELLED,
-    S.MAX_ITERATIONS_REACHED: AgentEventType.MAX_ITERATIONS_REACHED,
-    S.MAX_STEPS_REACHED: AgentEventType.MAX_STEPS_REACHED,
-    S.BUDGET_EXCEEDED: AgentEventType.BUDGET_EXCEEDED,
+    AgentTurnStatus.COMPLETED: AgentEventType.TURN_COMPLETED,
+    AgentTurnStatus.FAILED: AgentEventType.TURN_FAILED,
+    AgentTurnStatus.CANCELLED: AgentEventType.TURN_CANCELLED,
+    AgentTurnStatus.MAX_ITERATIONS_REACHED: AgentEventType.MAX_ITERATIONS_REACHED,
+    AgentTurnStatus.MAX_STEPS_REACHED: AgentEventType.MAX_STEPS_REACHED,
+    AgentTurnStatus.BUDGET_EXCEEDED: AgentEventType.BUDGET_EXCEEDED,
 }
 
 
@@ -99,7 +98,7 @@ def carried_events(ctx: RunnerContext, turn_id: str) -> list[AgentEvent]:
     return carried.setdefault(turn_id, [])
 
 
-def carry(ctx: RunnerContext, body: payloads.EventBody, turn: AgentTurn) -> None:
+def deliver_with_next_save(ctx: RunnerContext, body: payloads.EventBody, turn: AgentTurn) -> None:
     """Deliver a durable event now and save it with the turn's next save (it precedes any save)."""
     carried = carried_events(ctx, turn.id)
     built = event(ctx, body, turn, turn.version + 1, len(carried))

@@ -1,6 +1,6 @@
 """The stepping core: advance one turn under a lease until it blocks or a budget runs out.
 
-Every path that moves a turn forward comes through `advance`: `run_until_blocked` (and so
+Every path that moves a turn forward comes through `step_until_stopped`: `run_until_blocked` (and so
 `AgentRunner.run` and `resume`), the embedded `AgentWorker`, and the Celery `step_turn` task.
 The rules live here once:
 
@@ -48,7 +48,7 @@ def _fenced(turn: AgentTurn, fence: int | None) -> AgentTurn:
     return turn.model_copy(update={"lease_fence": fence})
 
 
-def advance(
+def step_until_stopped(
     ctx: RunnerContext,
     turn: AgentTurn,
     *,
@@ -111,7 +111,7 @@ def run_until_blocked(ctx: RunnerContext, turn: AgentTurn) -> AgentTurn:
     """Step the turn in this thread until it waits or ends (see `AgentRunner.run_until_blocked`)."""
     scope = ctx.lease_scope
     if scope is None or not turn.is_runnable(ctx.clock()):
-        return _raise_failure(advance(ctx, turn))
+        return _raise_failure(step_until_stopped(ctx, turn))
     # Workers poll the store for READY and RUNNING turns: stepping here without the
     # lease could call the model or a tool twice, once here and once on a worker.
     with scope(turn.id) as held:
@@ -121,7 +121,7 @@ def run_until_blocked(ctx: RunnerContext, turn: AgentTurn) -> AgentTurn:
         # thread waited for the lease, or a cancel requested meanwhile (it keeps the
         # version): continue from the stored one, under our fence.
         current = ctx.turn_store.load(turn.id)
-        return _raise_failure(advance(ctx, current, fence=held.fence))
+        return _raise_failure(step_until_stopped(ctx, current, fence=held.fence))
 
 
 def _raise_failure(result: AdvanceResult) -> AgentTurn:

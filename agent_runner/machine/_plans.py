@@ -11,7 +11,6 @@ from agent_runner.errors import InputLimitError, ToolArgumentsError
 from agent_runner.forms import AgentFormDefinition
 from agent_runner.limits import InputLimits, check_tool_arguments, preview
 from agent_runner.machine._ids import page_message_id
-from agent_runner.machine._transitions import S
 from agent_runner.messages import ToolCall
 from agent_runner.policy import AgentExecutionPolicy
 from agent_runner.snapshot import AgentTurn, AgentTurnStatus, PageAction
@@ -84,16 +83,17 @@ StepPlan = Terminate | CallModel | ExecuteTool | ReconcileTool | WriteToolResult
 def plan_step(turn: AgentTurn, agent: Agent, policy: AgentExecutionPolicy) -> StepPlan:
     """Decide what the next step of a runnable turn does. Limits are checked first."""
     if turn.cancel_requested:
-        return Terminate(S.CANCELLED, turn.cancel_reason or policy.cancellation_reason)
+        return Terminate(AgentTurnStatus.CANCELLED, turn.cancel_reason or policy.cancellation_reason)
     if turn.steps >= policy.max_steps:
-        return Terminate(S.MAX_STEPS_REACHED, f"the turn reached its limit of {policy.max_steps} steps")
+        return Terminate(AgentTurnStatus.MAX_STEPS_REACHED, f"the turn reached its limit of {policy.max_steps} steps")
     budget_reason = budget_exceeded(turn, agent)
     if budget_reason:
-        return Terminate(S.BUDGET_EXCEEDED, budget_reason)
+        return Terminate(AgentTurnStatus.BUDGET_EXCEEDED, budget_reason)
     if turn.phase is Phase.MODEL or not turn.pending_tool_calls:
         if turn.model_iterations >= agent.max_iterations:
             return Terminate(
-                S.MAX_ITERATIONS_REACHED, f"the turn reached its limit of {agent.max_iterations} model calls"
+                AgentTurnStatus.MAX_ITERATIONS_REACHED,
+                f"the turn reached its limit of {agent.max_iterations} model calls",
             )
         return CallModel()
     return _plan_tool(turn, agent, turn.pending_tool_calls[0], policy.limits)
@@ -214,7 +214,7 @@ def form_suspension(turn: AgentTurn, call: ToolCall, form: AgentFormDefinition, 
 def _plan_delegation(turn: AgentTurn, agent: Agent, call: ToolCall) -> StepPlan:
     link = turn.child(call.id)
     if link is not None and link.status is not None:
-        completed = link.status is S.COMPLETED
+        completed = link.status is AgentTurnStatus.COMPLETED
         content = link.output or ""
         if not completed:
             content = f"The {link.agent_id} agent did not complete ({link.status}): {content}"

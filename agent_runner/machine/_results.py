@@ -20,7 +20,7 @@ from agent_runner.limits import (
 from agent_runner.machine._decisions import SYSTEM_DECIDER, decision
 from agent_runner.machine._ids import next_message_id
 from agent_runner.machine._plans import Suspend
-from agent_runner.machine._transitions import SUSPENSION_STATUS, S, touch, transition
+from agent_runner.machine._transitions import SUSPENSION_STATUS, touch, transition
 from agent_runner.messages import ActionStatus, AiMessage, ModelMessage, ToolCall, ToolMessage
 from agent_runner.models import ChatResponse
 from agent_runner.policy import AgentExecutionPolicy, RetryPolicy
@@ -34,9 +34,9 @@ def start_running(turn: AgentTurn, now: datetime) -> AgentTurn:
 
     A step that gets as far as saving has not failed: the count of failed steps restarts.
     """
-    if turn.status is S.RUNNING:
+    if turn.status is AgentTurnStatus.RUNNING:
         return turn if turn.step_failures == 0 else turn.model_copy(update={"step_failures": 0})
-    return transition(turn, S.RUNNING, now, suspension=None, next_retry_at=None, step_failures=0)
+    return transition(turn, AgentTurnStatus.RUNNING, now, suspension=None, next_retry_at=None, step_failures=0)
 
 
 def apply_model_response(
@@ -57,7 +57,7 @@ def apply_model_response(
     }
     if message.tool_calls:
         return touch(turn, now, phase=Phase.TOOLS, pending_tool_calls=list(message.tool_calls), **changes), message
-    return transition(turn, S.COMPLETED, now, final_output=message.content or "", **changes), message
+    return transition(turn, AgentTurnStatus.COMPLETED, now, final_output=message.content or "", **changes), message
 
 
 def storable_message(message: AiMessage, limits: InputLimits | None = None) -> AiMessage:
@@ -201,7 +201,9 @@ def apply_children_spawned(turn: AgentTurn, links: list[ChildLink], now: datetim
         resume_phase=Phase.TOOLS,
         metadata={"child_turn_ids": waiting},
     )
-    return transition(turn, S.WAITING_FOR_CHILD, now, children=children, suspension=suspension, steps=turn.steps + 1)
+    return transition(
+        turn, AgentTurnStatus.WAITING_FOR_CHILD, now, children=children, suspension=suspension, steps=turn.steps + 1
+    )
 
 
 def schedule_retry(turn: AgentTurn, error: str, delay: float, retry: RetryPolicy, now: datetime) -> AgentTurn | None:
@@ -218,7 +220,7 @@ def schedule_retry(turn: AgentTurn, error: str, delay: float, retry: RetryPolicy
     )
     return transition(
         turn,
-        S.RETRY_SCHEDULED,
+        AgentTurnStatus.RETRY_SCHEDULED,
         now,
         attempt=attempt,
         next_retry_at=due,
@@ -247,7 +249,7 @@ def schedule_limit_wait(
     )
     return transition(
         turn,
-        S.RETRY_SCHEDULED,
+        AgentTurnStatus.RETRY_SCHEDULED,
         now,
         next_retry_at=until,
         suspension=suspension,

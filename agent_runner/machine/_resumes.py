@@ -15,9 +15,9 @@ from agent_runner.machine._decisions import decide_action, noted_reason
 from agent_runner.machine._ids import next_message_id
 from agent_runner.machine._plans import FORM_SOURCE_TOOL
 from agent_runner.machine._results import apply_tool_result
-from agent_runner.machine._transitions import TRANSITIONS, S, transition
+from agent_runner.machine._transitions import TRANSITIONS, transition
 from agent_runner.messages import ActionStatus, ToolCall, UserMessage
-from agent_runner.snapshot import AgentTurn, PageAction
+from agent_runner.snapshot import AgentTurn, AgentTurnStatus, PageAction
 from agent_runner.suspensions import (
     AgentResumeCommand,
     AgentSuspension,
@@ -123,7 +123,7 @@ def _user_input(r: _Resume) -> AgentTurn:
             )
         message = UserMessage(id=next_message_id(turn), content=command.content)
         return transition(
-            turn, S.RUNNING, r.now, suspension=None, phase=Phase.MODEL, messages=[*turn.messages, message]
+            turn, AgentTurnStatus.RUNNING, r.now, suspension=None, phase=Phase.MODEL, messages=[*turn.messages, message]
         )
     if command.data is None:
         raise InvalidResumeCommand(
@@ -176,7 +176,9 @@ def _tool_result(r: _Resume) -> AgentTurn:
 
 def _run_call(turn: AgentTurn, now: datetime, actions: list[PageAction], **changes: Any) -> AgentTurn:
     """Resume `turn` in the tools phase, where the waiting call runs (again, from its start)."""
-    return transition(turn, S.RUNNING, now, suspension=None, phase=Phase.TOOLS, page_actions=actions, **changes)
+    return transition(
+        turn, AgentTurnStatus.RUNNING, now, suspension=None, phase=Phase.TOOLS, page_actions=actions, **changes
+    )
 
 
 def _answer_call(
@@ -189,7 +191,7 @@ def _answer_call(
     **changes: Any,
 ) -> AgentTurn:
     """Resume `turn` with `content` as the result of the waiting `call`."""
-    resumed = transition(turn, S.RUNNING, now, suspension=None, page_actions=actions, **changes)
+    resumed = transition(turn, AgentTurnStatus.RUNNING, now, suspension=None, page_actions=actions, **changes)
     resumed, _ = apply_tool_result(resumed, call, content, is_error, now)
     # Writing the answer is part of the resume, not a step of the turn.
     return resumed.model_copy(update={"steps": turn.steps})
@@ -285,7 +287,7 @@ def _child_completed(r: _Resume) -> AgentTurn:
     if child is None or child.id != child_id or not child.status.is_terminal:
         shown = "missing" if child is None else str(child.status)
         raise InvalidResumeCommand(f"child turn {child_id!r} has not ended (it is {shown})", turn_id=turn.id)
-    output = child.final_output if child.status is S.COMPLETED else (child.error or str(child.status))
+    output = child.final_output if child.status is AgentTurnStatus.COMPLETED else (child.error or str(child.status))
     children = [
         c.model_copy(update={"status": child.status, "output": output}) if c.child_turn_id == child_id else c
         for c in turn.children
@@ -299,13 +301,17 @@ def _child_completed(r: _Resume) -> AgentTurn:
                 "message": f"waiting for {len(still_running)} child turn(s)",
             }
         )
-        return transition(turn, S.WAITING_FOR_CHILD, now, children=children, usage=usage, suspension=suspension)
-    return transition(turn, S.RUNNING, now, children=children, usage=usage, suspension=None, phase=Phase.TOOLS)
+        return transition(
+            turn, AgentTurnStatus.WAITING_FOR_CHILD, now, children=children, usage=usage, suspension=suspension
+        )
+    return transition(
+        turn, AgentTurnStatus.RUNNING, now, children=children, usage=usage, suspension=None, phase=Phase.TOOLS
+    )
 
 
 def _retry(r: _Resume) -> AgentTurn:
     """Retry a RETRY_SCHEDULED turn now, even before its retry is due."""
-    return transition(r.turn, S.RUNNING, r.now, suspension=None, next_retry_at=None)
+    return transition(r.turn, AgentTurnStatus.RUNNING, r.now, suspension=None, next_retry_at=None)
 
 
 _APPLY: dict[ResumeType, Callable[[_Resume], AgentTurn]] = {

@@ -9,29 +9,36 @@ from agent_runner.errors import InvalidTransitionError
 from agent_runner.snapshot import AgentTurn, AgentTurnStatus
 from agent_runner.suspensions import SuspensionType
 
-S = AgentTurnStatus
-_TERMINAL = frozenset(s for s in S if s.is_terminal)
+_TERMINAL = frozenset(s for s in AgentTurnStatus if s.is_terminal)
 _ACTIVE_TARGETS = frozenset(
-    {S.RUNNING, S.WAITING_FOR_USER, S.WAITING_FOR_APPROVAL, S.WAITING_FOR_CHILD, S.RETRY_SCHEDULED}
+    {
+        AgentTurnStatus.RUNNING,
+        AgentTurnStatus.WAITING_FOR_USER,
+        AgentTurnStatus.WAITING_FOR_APPROVAL,
+        AgentTurnStatus.WAITING_FOR_CHILD,
+        AgentTurnStatus.RETRY_SCHEDULED,
+    }
 )
 
 TRANSITIONS: dict[AgentTurnStatus, frozenset[AgentTurnStatus]] = {
-    S.READY: frozenset({S.RUNNING, S.WAITING_FOR_USER} | _TERMINAL),
-    S.RUNNING: _ACTIVE_TARGETS | _TERMINAL,
-    S.WAITING_FOR_USER: frozenset({S.RUNNING, S.CANCELLED}),
-    S.WAITING_FOR_APPROVAL: frozenset({S.RUNNING, S.CANCELLED}),
-    S.WAITING_FOR_CHILD: frozenset({S.WAITING_FOR_CHILD, S.RUNNING, S.CANCELLED}),
-    S.RETRY_SCHEDULED: frozenset({S.RUNNING, S.CANCELLED}),
+    AgentTurnStatus.READY: frozenset({AgentTurnStatus.RUNNING, AgentTurnStatus.WAITING_FOR_USER} | _TERMINAL),
+    AgentTurnStatus.RUNNING: _ACTIVE_TARGETS | _TERMINAL,
+    AgentTurnStatus.WAITING_FOR_USER: frozenset({AgentTurnStatus.RUNNING, AgentTurnStatus.CANCELLED}),
+    AgentTurnStatus.WAITING_FOR_APPROVAL: frozenset({AgentTurnStatus.RUNNING, AgentTurnStatus.CANCELLED}),
+    AgentTurnStatus.WAITING_FOR_CHILD: frozenset(
+        {AgentTurnStatus.WAITING_FOR_CHILD, AgentTurnStatus.RUNNING, AgentTurnStatus.CANCELLED}
+    ),
+    AgentTurnStatus.RETRY_SCHEDULED: frozenset({AgentTurnStatus.RUNNING, AgentTurnStatus.CANCELLED}),
     **{status: frozenset() for status in _TERMINAL},
 }
 """Every status change the machine may make; terminal statuses are final."""
 
 SUSPENSION_STATUS: dict[SuspensionType, AgentTurnStatus] = {
-    SuspensionType.USER_INPUT: S.WAITING_FOR_USER,
-    SuspensionType.TOOL_APPROVAL: S.WAITING_FOR_APPROVAL,
-    SuspensionType.TOOL_OUTCOME_UNKNOWN: S.WAITING_FOR_APPROVAL,
-    SuspensionType.CHILD_AGENT: S.WAITING_FOR_CHILD,
-    SuspensionType.RETRY: S.RETRY_SCHEDULED,
+    SuspensionType.USER_INPUT: AgentTurnStatus.WAITING_FOR_USER,
+    SuspensionType.TOOL_APPROVAL: AgentTurnStatus.WAITING_FOR_APPROVAL,
+    SuspensionType.TOOL_OUTCOME_UNKNOWN: AgentTurnStatus.WAITING_FOR_APPROVAL,
+    SuspensionType.CHILD_AGENT: AgentTurnStatus.WAITING_FOR_CHILD,
+    SuspensionType.RETRY: AgentTurnStatus.RETRY_SCHEDULED,
 }
 """The status of a turn waiting with each suspension type: a person settles an unknown outcome as an approval."""
 
@@ -40,7 +47,7 @@ def transition(turn: AgentTurn, target: AgentTurnStatus, now: datetime, **change
     """Return `turn` moved to `target` with `changes`, if the move is allowed."""
     if target is not turn.status:
         InvalidTransitionError.check(turn.status, target, TRANSITIONS[turn.status])
-    elif target not in (S.RUNNING, S.WAITING_FOR_CHILD):
+    elif target not in (AgentTurnStatus.RUNNING, AgentTurnStatus.WAITING_FOR_CHILD):
         InvalidTransitionError.check(turn.status, target, TRANSITIONS[turn.status])
     return turn.model_copy(update={"status": target, "updated_at": now, **changes})
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
@@ -9,9 +10,11 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 from pydantic import ConfigDict, Field
 
 from agent_runner._base import PositionalModel
-from agent_runner.errors import DefinitionError
+from agent_runner.errors import DefinitionError, RecoverableError
 from agent_runner.messages import AiMessage, ModelMessage
 from agent_runner.usage import Usage
+
+logger = logging.getLogger("agent_runner")
 
 
 class ToolSpec(PositionalModel):
@@ -58,10 +61,12 @@ class ChatResponse(PositionalModel):
 
     message: AiMessage
     usage: Usage = Field(default_factory=Usage)
+    model: str | None = None
+    """The model that answered (`"<provider>:<model>"`), set when one of several did (`FallbackChatModel`)."""
 
     if TYPE_CHECKING:
 
-        def __init__(self, message: AiMessage, usage: Usage = ...) -> None: ...
+        def __init__(self, message: AiMessage, usage: Usage = ..., *, model: str | None = None) -> None: ...
 
 
 @runtime_checkable
@@ -117,6 +122,94 @@ class ProviderChatModel:
             if isinstance(value, int) and not isinstance(value, bool) and value > 0:
                 return value
         return None
+
+
+FallbackPredicate = Callable[[Exception], bool]
+
+
+def falls_over_on_recoverable(error: Exception) -> bool:
+    """The default of `FallbackChatModel`: any `RecoverableError` (timeout, 429, 5xx, overloaded, cut stream)."""
+    return isinstance(error, RecoverableError)
+
+
+class FallbackChatModel:
+    """A chat model that calls the next of its models when a call fails in a way worth trying elsewhere.
+
+    The first model is asked first on every call. When it fails with an error that
+    `fall_over_on` accepts (by default a `RecoverableError`, which the retry schedule
+    would otherwise wait on: a rate limit, an overloaded or unreachable provider), the
+    next one is asked at once, and so on; the last model's error, or an error not
+    accepted, is raised as it came, and the retry policy handles it. The answer's
+    `ChatResponse.model` names the model that answered, and the runner records it on the
+    MODEL_RESPONSE event.
+
+    Each model keeps its own `rate_limit_key`; the runner's shared limits count the
+    calls of the first model (this model's `rate_limit_key` is the first model's).
+
+    Args:
+        models: Two or more chat models, in the order to try them.
+        fall_over_on: Which failures move on to the next model: a predicate on the
+            exception, or a tuple of exception classes.
+
+    Raises:
+        DefinitionError: Fewer than two models, or one that is not a `ChatModel`.
+    """
+
+    def __init__(
+        self,
+        models: Sequence[ChatModel],
+        *,
+        fall_over_on: FallbackPredicate | tuple[type[Exception], ...] = falls_over_on_recoverable,
+    ) -> None:
+        if isinstance(models, ChatModel) or len(models) < 2:
+            raise DefinitionError("FallbackChatModel needs a list of at least two chat models")
+        for model in models:
+            if not callable(getattr(model, "generate", None)):
+                raise DefinitionError(f"FallbackChatModel got {type(model).__name__}, which has no generate()")
+        self.models = list(models)
+        self.names = [model_name(model, index) for index, model in enumerate(self.models)]
+        if isinstance(fall_over_on, tuple):
+            classes = fall_over_on
+            self._falls_over: FallbackPredicate = lambda error: isinstance(error, classes)
+        else:
+            self._falls_over = fall_over_on
+        self.rate_limit_key: str | None = getattr(self.models[0], "rate_limit_key", None)
+
+    def output_allowance(self) -> int | None:
+        """The first model's `max_tokens`, which its shared limit reserves."""
+        allowance = getattr(self.models[0], "output_allowance", None)
+        value = allowance() if callable(allowance) else None
+        return value if isinstance(value, int) else None
+
+    def generate(self, request: ChatRequest) -> ChatResponse:
+        """Ask each model in turn until one answers or fails in a way that does not fall over."""
+        last = len(self.models) - 1
+        for index, model in enumerate(self.models):
+            try:
+                raw: object = model.generate(request)
+            except Exception as error:
+                if index == last or not self._falls_over(error):
+                    raise
+                logger.warning("%s failed (%s); asking %s", self.names[index], error, self.names[index + 1])
+                continue
+            response = ChatResponse(message=raw) if isinstance(raw, AiMessage) else raw
+            if not isinstance(response, ChatResponse):
+                raise DefinitionError(f"{self.names[index]} returned {type(raw).__name__}, expected ChatResponse")
+            return response.model_copy(update={"model": self.names[index]})
+        raise AssertionError("unreachable: the last model's failure is raised")  # pragma: no cover
+
+    def __repr__(self) -> str:
+        return f"FallbackChatModel({self.names!r})"
+
+
+def model_name(model: object, index: int) -> str:
+    """`"<provider>:<model>"` for a provider adapter, else its `rate_limit_key`, else its class and place in the list."""
+    provider = getattr(model, "provider", None)
+    name = getattr(model, "model", None)
+    if isinstance(provider, str) and provider and isinstance(name, str):
+        return f"{provider}:{name}"
+    key = getattr(model, "rate_limit_key", None)
+    return key if isinstance(key, str) and key else f"{type(model).__name__}[{index}]"
 
 
 ScriptItem = AiMessage | ChatResponse | BaseException
@@ -192,6 +285,7 @@ __all__ = [
     "ChatModel",
     "ChatRequest",
     "ChatResponse",
+    "FallbackChatModel",
     "LimitedChatModel",
     "ProviderChatModel",
     "ScriptedChatModel",

@@ -13,35 +13,40 @@ Tool-call arguments that are not a JSON object do not raise: the call is kept wi
 `arguments == {INVALID_ARGUMENTS_KEY: {"raw": <text>, "error": <what is wrong>}}`, which no
 tool schema accepts, so the runner answers it with an error `ToolMessage` and the model
 can correct itself on its next call.
+
+`OpenAIResponsesModel`, for the Responses API (reasoning kept across tool calls), is
+importable from here too; it lives in `agent_runner.models.openai_responses`.
 """
 
 from __future__ import annotations
 
 import inspect
-import json
-import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
-from email.utils import parsedate_to_datetime
 from typing import TYPE_CHECKING, Any, Final
 
 import openai
 from openai.resources.chat import Completions
 
-from agent_runner.errors import AgentRunnerError, DefinitionError, InputLimitError, RecoverableError
-from agent_runner.ids import new_id
-from agent_runner.limits import (
-    DEFAULT_LIMITS,
-    InputLimits,
-    bounded_text,
-    check_reference,
-    check_tool_arguments,
-    preview,
-    storable_text,
-)
+from agent_runner.limits import InputLimits
 from agent_runner.messages import AiMessage, SystemMessage, ToolCall, ToolMessage, UserMessage
-from agent_runner.models import ChatRequest, ChatResponse, ProviderChatModel, ToolSpec
+from agent_runner.models import ChatRequest, ChatResponse, ToolSpec
+from agent_runner.models._adapter import (
+    DEFAULT_TIMEOUT,
+    ModelAPIError,
+    SdkChatModel,
+    check_settings,
+    model_text,
+    model_tool_call,
+    parse_retry_after,
+    parse_tool_arguments,
+    priced,
+    relay_stream,
+    sent_arguments,
+    stream_cut,
+)
+from agent_runner.models._openai_common import OpenAIFailures, openai_client
+from agent_runner.models.openai_responses import OpenAIResponsesModel
 from agent_runner.tools import INVALID_ARGUMENTS_KEY
 from agent_runner.usage import Usage
 
@@ -55,36 +60,12 @@ if TYPE_CHECKING:
     )
     from openai.types.completion_usage import CompletionUsage
 
-DEFAULT_TIMEOUT: Final = 120.0
-"""Seconds to wait for a response (or, when streaming, between two chunks)."""
-
-_CONNECT_TIMEOUT: Final = 10.0
-_RETRYABLE_STATUS: Final = frozenset({408, 409, 429})
 # Keyword arguments of `chat.completions.create` that the adapter fills from the request.
 _RESERVED_SETTINGS: Final = frozenset({"model", "messages", "tools", "stream"})
-_DETAIL_LIMIT: Final = 500
-# Error types of an `error` event inside a stream that a later call may not hit again.
-_TRANSIENT_STREAM_ERRORS: Final = ("server_error", "rate_limit", "overloaded", "timeout", "unavailable")
+_ANSWER: Final = "a chat completion"
 
 
-class ModelAPIError(AgentRunnerError):
-    """The model API rejected the request in a way that repeating it will not fix.
-
-    Raised for 400, 401, 403, 404, 422 and other non-retryable statuses, for an error
-    reported inside a stream that is not transient, and for a response the adapter cannot
-    read. The runner fails the turn instead of scheduling a retry.
-
-    Args:
-        status_code: The HTTP status, or None when the failure had none (stream error, bad body).
-        message: What went wrong, without credentials.
-    """
-
-    def __init__(self, status_code: int | None, message: str) -> None:
-        self.status_code = status_code
-        super().__init__(message)
-
-
-class OpenAIChatModel(ProviderChatModel):
+class OpenAIChatModel(OpenAIFailures, SdkChatModel):
     """A `ChatModel` that calls the chat-completions endpoint of an OpenAI-compatible server.
 
     Args:
@@ -114,6 +95,7 @@ class OpenAIChatModel(ProviderChatModel):
     """
 
     provider = "openai"
+    _answer = _ANSWER
 
     def __init__(
         self,
@@ -130,40 +112,17 @@ class OpenAIChatModel(ProviderChatModel):
         rate_limit_key: str | None = None,
         **settings: Any,
     ) -> None:
-        _check_settings(settings)
-        self._init_rate_limit_key(model, rate_limit_key)
-        if price is not None and (len(price) != 2 or min(price) < 0):
-            raise DefinitionError(f"price must be (input, output) per million tokens, both >= 0, got {price!r}")
-        if client is not None:
-            given = [
-                name
-                for name, value in (("base_url", base_url), ("api_key", api_key), ("timeout", timeout))
-                if value is not None
-            ]
-            if given:
-                raise DefinitionError(f"OpenAIChatModel got a client and {given}; configure the client instead")
-            # A copy that shares the caller's connection pool, with our retry setting.
-            self._client = client.with_options(max_retries=max_retries)
-            self._owns_client = False
-        else:
-            read = DEFAULT_TIMEOUT if timeout is None else timeout
-            try:
-                self._client = openai.OpenAI(
-                    api_key=api_key,
-                    base_url=base_url,
-                    max_retries=max_retries,
-                    timeout=openai.Timeout(read, connect=min(read, _CONNECT_TIMEOUT)),
-                )
-            except openai.OpenAIError as exc:
-                raise DefinitionError(
-                    "OpenAIChatModel needs an API key: pass api_key (any non-empty string for a server "
-                    "that checks none) or set OPENAI_API_KEY"
-                ) from exc
-            self._owns_client = True
-        self.model = model
-        self.stream = stream
-        self.price = price
-        self.limits = limits if limits is not None else DEFAULT_LIMITS
+        check_settings(
+            "OpenAIChatModel",
+            settings,
+            _RESERVED_SETTINGS,
+            _known_settings(),
+            "pass parameters that only some servers understand in extra_body={...}",
+        )
+        self._init_adapter(model, stream, price, rate_limit_key, limits)
+        self._client, self._owns_client = openai_client(
+            "OpenAIChatModel", client, api_key, base_url, timeout, max_retries
+        )
         self.settings: dict[str, Any] = settings
         self._base_url = str(self._client.base_url)
 
@@ -202,17 +161,6 @@ class OpenAIChatModel(ProviderChatModel):
             # A body that is not a chat completion, typically an HTML page from a wrong base_url.
             raise self._unreadable(exc) from exc
 
-    def close(self) -> None:
-        """Close the HTTP connections of the client built here (an injected client is left open)."""
-        if self._owns_client:
-            self._client.close()
-
-    def __enter__(self) -> OpenAIChatModel:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
-
     def __repr__(self) -> str:
         return f"OpenAIChatModel(model={self.model!r}, base_url={self._base_url!r}, stream={self.stream})"
 
@@ -225,9 +173,11 @@ class OpenAIChatModel(ProviderChatModel):
             if call.type != "function":
                 # Only function tools are ever offered, so anything else is a server bug.
                 raise ModelAPIError(None, f"model {self.model!r} returned an unsupported {call.type!r} tool call")
-            calls.append(_tool_call(call.id, call.function.name, call.function.arguments, self.limits))
+            calls.append(model_tool_call(call.id, call.function.name, call.function.arguments, self.limits))
         return ChatResponse(
-            message=AiMessage(content=_text(message.content, message.refusal, self.limits), tool_calls=calls),
+            message=AiMessage(
+                content=model_text(_answer_text(message.content, message.refusal), self.limits), tool_calls=calls
+            ),
             usage=self._usage(completion.usage),
         )
 
@@ -235,24 +185,9 @@ class OpenAIChatModel(ProviderChatModel):
         self, chunks: openai.Stream[ChatCompletionChunk], on_delta: Callable[[str], None] | None
     ) -> ChatResponse:
         assembly = _StreamAssembly()
-        iterator = iter(chunks)
-        while True:
-            # Only reading the stream is guarded: an error raised by `on_delta` belongs to
-            # the caller and must reach it unchanged.
-            try:
-                text = assembly.add(next(iterator))
-            except StopIteration:
-                break
-            except openai.OpenAIError as exc:
-                raise self._translate_error(exc) from exc
-            except (AttributeError, TypeError, ValueError) as exc:
-                raise self._unreadable(exc) from exc
-            if text and on_delta is not None:
-                on_delta(text)
+        relay_stream(chunks, assembly.add, on_delta, self._reading_failure)
         if not assembly.finished:
-            # A connection closed early can look like a normal end of the body; saving the
-            # partial answer as final would be wrong, and asking again usually succeeds.
-            raise RecoverableError(f"model {self.model!r} at {self._base_url} ended the stream before finishing")
+            raise stream_cut(self._where)
         return ChatResponse(message=assembly.message(self.limits), usage=self._usage(assembly.usage))
 
     def _usage(self, usage: CompletionUsage | None) -> Usage:
@@ -260,52 +195,17 @@ class OpenAIChatModel(ProviderChatModel):
             return Usage()
         input_tokens = usage.prompt_tokens or 0
         output_tokens = usage.completion_tokens or 0
-        cost = 0.0
-        if self.price is not None:
-            cost = (input_tokens * self.price[0] + output_tokens * self.price[1]) / 1_000_000
-        return Usage(input_tokens=input_tokens, output_tokens=output_tokens, cost=cost)
-
-    def _translate_error(self, exc: openai.OpenAIError) -> AgentRunnerError:
-        where = f"model {self.model!r} at {self._base_url}"
-        if isinstance(exc, openai.APITimeoutError):
-            return RecoverableError(f"{where} did not answer in time")
-        if isinstance(exc, openai.APIConnectionError):
-            # The SDK's own message is a constant; the transport error under it says what failed.
-            cause = exc.__cause__ or exc
-            return RecoverableError(
-                f"{where} could not be reached or dropped the connection: {self._redact(str(cause))}"
-            )
-        if isinstance(exc, openai.APIResponseValidationError):
-            return self._unreadable(exc)
-        if isinstance(exc, openai.APIStatusError):
-            status = exc.status_code
-            message = f"{where} answered HTTP {status}: {self._redact(_error_detail(exc))}"
-            if status in _RETRYABLE_STATUS or status >= 500:
-                retry_after = parse_retry_after(exc.response.headers)
-                return RecoverableError(message, retry_after=retry_after, rate_limited=status == 429)
-            return ModelAPIError(status, message)
-        if isinstance(exc, openai.APIError):
-            # An `error` event in the middle of a stream: no status, only the error's type.
-            message = f"{where} reported an error while streaming: {self._redact(_error_detail(exc))}"
-            kind = f"{exc.type or ''} {exc.code or ''}".lower()
-            if any(marker in kind for marker in _TRANSIENT_STREAM_ERRORS):
-                return RecoverableError(message, rate_limited="rate_limit" in kind)
-            return ModelAPIError(None, message)
-        return ModelAPIError(None, f"{where} failed: {self._redact(str(exc))}")
-
-    def _unreadable(self, exc: Exception) -> ModelAPIError:
-        return ModelAPIError(
-            None,
-            f"model {self.model!r} at {self._base_url} sent a response that is not a chat completion "
-            f"({self._redact(str(exc))}); check base_url",
+        details = usage.prompt_tokens_details
+        cached = (details.cached_tokens or 0) if details is not None else 0
+        output_details = usage.completion_tokens_details
+        reasoning = (output_details.reasoning_tokens or 0) if output_details is not None else 0
+        counted = Usage(
+            input_tokens=input_tokens,
+            output_tokens=output_tokens,
+            cache_read_tokens=cached,
+            reasoning_tokens=reasoning,
         )
-
-    def _redact(self, text: str) -> str:
-        # Some proxies echo the key they rejected; error messages end up in snapshots and logs.
-        key = self._client.api_key
-        if key and len(key) >= 4:
-            text = text.replace(key, "***")
-        return text
+        return priced(counted, self.price, self.provider, self.model)
 
 
 @dataclass
@@ -360,133 +260,22 @@ class _StreamAssembly:
 
     def message(self, limits: InputLimits) -> AiMessage:
         """The assembled answer, tool calls in index order."""
-        calls = [_tool_call(p.id, p.name, "".join(p.arguments), limits) for _, p in sorted(self.calls.items())]
-        content = _text("".join(self.content) or None, "".join(self.refusal) or None, limits)
+        calls = [model_tool_call(p.id, p.name, "".join(p.arguments), limits) for _, p in sorted(self.calls.items())]
+        content = model_text(_answer_text("".join(self.content) or None, "".join(self.refusal) or None), limits)
         return AiMessage(content=content, tool_calls=calls)
 
 
-def _check_settings(settings: Mapping[str, Any]) -> None:
-    reserved = sorted(_RESERVED_SETTINGS & settings.keys())
-    if reserved:
-        raise DefinitionError(f"OpenAIChatModel sets {reserved} itself; they cannot be given as settings")
-    # Caught here rather than as a TypeError in the middle of a turn, which would fail it.
+def _known_settings() -> frozenset[str] | None:
     parameters = inspect.signature(Completions.create).parameters
+    # An SDK whose `create` takes **kwargs accepts anything: nothing to check then.
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
-        return
-    unknown = sorted(set(settings) - set(parameters) - {"self"})
-    if unknown:
-        raise DefinitionError(
-            f"OpenAIChatModel got unknown settings {unknown}; pass parameters that only some servers "
-            "understand in extra_body={...}"
-        )
-
-
-def parse_tool_arguments(text: str, limits: InputLimits = DEFAULT_LIMITS) -> dict[str, Any]:
-    """Parse a model's tool-call arguments, never raising.
-
-    Empty text means no arguments. Text that is not a JSON object, or one over `limits`
-    (bigger than `max_tool_arguments_bytes`, nested deeper than `max_json_depth`, or holding
-    text that cannot be stored), becomes `{INVALID_ARGUMENTS_KEY: {"raw": text, "error": reason}}`;
-    `raw` keeps only the start of arguments over the size limit.
-    """
-    if not text.strip():
-        return {}
-    size = len(text.encode("utf-8", "surrogatepass"))
-    if size > limits.max_tool_arguments_bytes:
-        reason = f"{size} bytes, over the limit of {limits.max_tool_arguments_bytes} bytes"
-        return _invalid_arguments(preview(text), reason)
-    try:
-        # NaN and Infinity are not JSON, and PostgreSQL refuses them in a JSON column.
-        value = json.loads(text, parse_constant=_reject_constant)
-    except RecursionError:
-        return _invalid_arguments(text, f"nested more than {limits.max_json_depth} levels deep")
-    except ValueError as exc:
-        return _invalid_arguments(text, f"not valid JSON: {exc}")
-    if not isinstance(value, dict):
-        return _invalid_arguments(text, f"a JSON object was expected, got {type(value).__name__}")
-    try:
-        check_tool_arguments(limits, value, "arguments")
-    except InputLimitError as exc:
-        return _invalid_arguments(text, str(exc))
-    return value
-
-
-def _invalid_arguments(raw: str, error: str) -> dict[str, Any]:
-    # The raw text goes into the snapshot: a NUL or lone surrogate there would fail the save.
-    return {INVALID_ARGUMENTS_KEY: {"raw": storable_text(raw), "error": error}}
-
-
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not a JSON value")
-
-
-def parse_retry_after(headers: Mapping[str, str], now: datetime | None = None) -> float | None:
-    """Return the wait a response asks for, in seconds, or None when it asks for none.
-
-    Reads `retry-after-ms` (sent by OpenAI) and then `Retry-After`, which holds either
-    seconds or an HTTP date. A date in the past means no wait (0.0); an unreadable value
-    is ignored.
-    """
-    milliseconds = _non_negative_float(headers.get("retry-after-ms"))
-    if milliseconds is not None:
-        return milliseconds / 1000
-    value = headers.get("retry-after")
-    if value is None:
         return None
-    seconds = _non_negative_float(value)
-    if seconds is not None:
-        return seconds
-    try:
-        when = parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return None
-    if when.tzinfo is None:
-        # RFC 9110 dates are always GMT; the parser leaves "-0000" dates naive.
-        when = when.replace(tzinfo=UTC)
-    return max(0.0, (when - (now or datetime.now(UTC))).total_seconds())
+    return frozenset(parameters)
 
 
-def _non_negative_float(value: str | None) -> float | None:
-    if value is None:
-        return None
-    try:
-        number = float(value)
-    except ValueError:
-        return None
-    return number if math.isfinite(number) and number >= 0 else None
-
-
-def _tool_call(call_id: str | None, name: str, arguments: str, limits: InputLimits) -> ToolCall:
-    # Some OpenAI-compatible servers omit call ids; the runner needs one to pair the ToolMessage.
-    # An id that could not be stored is replaced too: the runner writes the result, so any id pairs.
-    try:
-        call_id = check_reference(call_id, "id", limits) if call_id else None
-    except InputLimitError:
-        call_id = None
-    if len(name) > limits.max_id_length or storable_text(name) != name:
-        # No tool has such a name: keep a bounded, storable one for the "unknown tool" answer.
-        name = preview(name, limits.max_id_length)
-    return ToolCall(id=call_id or f"call_{new_id()}", name=name, arguments=parse_tool_arguments(arguments, limits))
-
-
-def _text(content: str | None, refusal: str | None, limits: InputLimits) -> str | None:
+def _answer_text(content: str | None, refusal: str | None) -> str | None:
     # A refusal replaces the content, and the person reading the turn should see why.
-    text = content if content is not None else refusal
-    if text is None:
-        return None
-    return bounded_text(storable_text(text), limits.max_message_bytes)
-
-
-def _error_detail(exc: openai.APIError) -> str:
-    body = exc.body
-    if isinstance(body, Mapping) and isinstance(body.get("message"), str):
-        detail: str = body["message"]
-    elif isinstance(body, str) and body.strip():
-        detail = body
-    else:
-        detail = exc.message
-    detail = " ".join(detail.split())
-    return detail if len(detail) <= _DETAIL_LIMIT else detail[: _DETAIL_LIMIT - 3] + "..."
+    return content if content is not None else refusal
 
 
 def _to_openai_tool(spec: ToolSpec) -> ChatCompletionFunctionToolParam:
@@ -507,13 +296,11 @@ def _to_openai_message(message: SystemMessage | UserMessage | AiMessage | ToolMe
         case AiMessage():
             if not message.tool_calls:
                 return {"role": "assistant", "content": message.content or ""}
-            # Arguments are always re-encoded as valid JSON, also for a call kept under
-            # INVALID_ARGUMENTS_KEY: several servers parse them and answer 400 otherwise.
             calls: list[ChatCompletionMessageFunctionToolCallParam] = [
                 {
                     "id": call.id,
                     "type": "function",
-                    "function": {"name": call.name, "arguments": json.dumps(call.arguments, ensure_ascii=False)},
+                    "function": {"name": call.name, "arguments": sent_arguments(call)},
                 }
                 for call in message.tool_calls
             ]
@@ -525,6 +312,7 @@ __all__ = [
     "INVALID_ARGUMENTS_KEY",
     "ModelAPIError",
     "OpenAIChatModel",
+    "OpenAIResponsesModel",
     "parse_retry_after",
     "parse_tool_arguments",
 ]

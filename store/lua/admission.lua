@@ -35,13 +35,8 @@
 -- kept when nobody waits: a tenant whose turns were admitted a moment ago still goes after a
 -- newcomer. KEYS[3] holds one field per tenant ever seen.
 
-local now
-if ARGV[4] ~= '' then
-    now = tonumber(ARGV[4])
-else
-    local t = redis.call('TIME')
-    now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
-end
+-- include: _clock
+local now = now_ms(ARGV[4])
 local op, turn, tenant = ARGV[1], ARGV[2], ARGV[3]
 local window, cap = tonumber(ARGV[5]), tonumber(ARGV[6])
 local slot_ms, active_ms = tonumber(ARGV[7]), tonumber(ARGV[8])

@@ -23,13 +23,8 @@
 -- KEYS[5] (HSET, DEL); all five PEXPIRE a minute plus the lease and grace after the furthest
 -- time they hold, so an idle limit leaves nothing behind.
 
-local now
-if ARGV[5] ~= '' then
-    now = tonumber(ARGV[5])
-else
-    local t = redis.call('TIME')
-    now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
-end
+-- include: _clock
+local now = now_ms(ARGV[5])
 local id, tokens = ARGV[1], tonumber(ARGV[2])
 local limit = {}
 for number in string.gmatch(ARGV[3], '%S+') do

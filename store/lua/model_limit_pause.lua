@@ -13,13 +13,8 @@
 -- end of the pause, so the calls that waited for it are spread out again instead of
 -- arriving together.
 
-local now
-if ARGV[5] ~= '' then
-    now = tonumber(ARGV[5])
-else
-    local t = redis.call('TIME')
-    now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
-end
+-- include: _clock
+local now = now_ms(ARGV[5])
 local until_ms = now + tonumber(ARGV[1])
 local rpm, burst = tonumber(ARGV[2]), tonumber(ARGV[3])
 local paused = tonumber(redis.call('HGET', KEYS[1], 'paused_until')) or 0

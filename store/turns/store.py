@@ -345,7 +345,7 @@ class SqlAgentTurnStore(OneStatementSaves):
         their saves committed. An event is readable as soon as its save has returned.
 
         Raises:
-            InvalidCursor: `after` is not a cursor of this log.
+            InvalidCursorError: `after` is not a cursor of this log.
         """
         if limit <= 0:
             if after is not None:

@@ -17,8 +17,8 @@ from agent_runner import (
     AgentTurnStatus,
     EventFeed,
     InMemoryLiveEvents,
-    InvalidCursor,
-    InvalidEventQuery,
+    InvalidCursorError,
+    InvalidEventQueryError,
     LeaseLostError,
     TurnNotFound,
     UserMessage,
@@ -260,9 +260,9 @@ def test_a_cursor_keeps_its_place_as_events_are_added(turn_store: AgentTurnStore
 @pytest.mark.parametrize("cursor", ["", "abc", "-1", "1.2.3", "1 ", "١", "99999999999999999999999", "1:2", "0.x"])
 def test_a_cursor_the_log_did_not_issue_is_refused(turn_store: AgentTurnStore, cursor: str) -> None:
     turn_store.save(make_turn("r-1"), -1, [event(make_turn("r-1"), 0)])
-    with pytest.raises(InvalidCursor) as raised:
+    with pytest.raises(InvalidCursorError) as raised:
         log_of(turn_store).read_events(EventScope.tree("r-1"), after=cursor)
-    assert isinstance(raised.value, InvalidEventQuery) and raised.value.cursor == cursor
+    assert isinstance(raised.value, InvalidEventQueryError) and raised.value.cursor == cursor
 
 
 def test_concurrent_writers_lose_no_event_for_a_polling_reader(

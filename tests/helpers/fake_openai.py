@@ -1,4 +1,4 @@
-"""A chat-completions server on 127.0.0.1 speaking the OpenAI wire format, for the adapter and limit tests.
+"""A model server on 127.0.0.1 answering scripted replies in a provider's wire format, for the adapter and limit tests.
 
 It answers each POST with the next scripted `Reply`, or, once the script is used up, with
 `answer` (when given). With a `ProviderLimit` it behaves as a provider account does: past
@@ -20,7 +20,10 @@ from typing import Any
 
 @dataclass
 class Reply:
-    """One scripted answer: a JSON body, or a list of SSE events when `sse` is set."""
+    """One scripted answer: a JSON body, or a list of SSE events when `sse` is set.
+
+    An event is its data (JSON, or a string sent as is), or a `(name, data)` pair for a named event.
+    """
 
     status: int = 200
     body: Any = None
@@ -65,8 +68,10 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header("Content-Type", "text/event-stream")
             self.end_headers()
             for event in [*reply.sse, "[DONE]"] if reply.done else reply.sse:
-                data = event if isinstance(event, str) else json.dumps(event)
-                self.wfile.write(f"data: {data}\n\n".encode())
+                # A (name, data) pair is sent with an `event:` line, as Anthropic and the Responses API do.
+                name, data = event if isinstance(event, tuple) else (None, event)
+                line = data if isinstance(data, str) else json.dumps(data)
+                self.wfile.write((f"event: {name}\n" if name else "").encode() + f"data: {line}\n\n".encode())
                 self.wfile.flush()
             return
         payload = reply.body if isinstance(reply.body, bytes) else json.dumps(reply.body).encode()
@@ -131,8 +136,13 @@ class FakeChatServer:
 
     @property
     def base_url(self) -> str:
+        return f"{self.root_url}/v1"
+
+    @property
+    def root_url(self) -> str:
+        """The server without a path, for SDKs that add their API version themselves (Anthropic, Gemini)."""
         host, port = self._httpd.server_address[:2]
-        return f"http://{host!s}:{port}/v1"
+        return f"http://{host!s}:{port}"
 
     def add(self, *replies: Reply) -> None:
         with self._lock:

@@ -7,6 +7,7 @@ the code stands against them.
 from __future__ import annotations
 
 import ast
+import builtins
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -164,6 +165,46 @@ def private_core_imports(
                     out.append((name, imported))
                     break
     return sorted(set(out))
+
+
+_BUILTIN_EXCEPTIONS = {
+    name for name, value in vars(builtins).items() if isinstance(value, type) and issubclass(value, BaseException)
+}
+
+
+def exception_classes(packages: tuple[str, ...] = PACKAGES, root: Path = ROOT) -> dict[str, str]:
+    """Every exception class defined in the packages (migrations aside) -> its module.
+
+    Read from the source: a class is an exception when one of its bases is a built-in exception
+    or a class found so to be (by its last name, so `errors.ApiError` counts as `ApiError`).
+    """
+    bases: dict[str, tuple[str, set[str]]] = {}
+    for name, path in modules(packages, root).items():
+        if path.relative_to(root).as_posix().startswith(EXEMPT_FROM_SIZE):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.ClassDef):
+                named = {ast.unparse(base).split(".")[-1].split("[")[0] for base in node.bases}
+                bases[node.name] = (name, named)
+    found: dict[str, str] = {}
+    grew = True
+    while grew:
+        grew = False
+        for cls, (module, named) in bases.items():
+            if cls not in found and named & (_BUILTIN_EXCEPTIONS | set(found)):
+                found[cls] = module
+                grew = True
+    return dict(sorted(found.items()))
+
+
+def reused_module_names(packages: tuple[str, ...] = PACKAGES, root: Path = ROOT) -> dict[str, list[str]]:
+    """Module and package names that stand in more than one place (migrations aside) -> those places."""
+    places: dict[str, list[str]] = {}
+    for name, path in modules(packages, root).items():
+        if "." not in name or path.relative_to(root).as_posix().startswith(EXEMPT_FROM_SIZE):
+            continue
+        places.setdefault(name.rsplit(".", 1)[1], []).append(name)
+    return {short: sorted(names) for short, names in sorted(places.items()) if len(names) > 1}
 
 
 def main() -> None:

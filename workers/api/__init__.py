@@ -10,7 +10,7 @@ from workers.api.app import create_app
 from workers.api.auth import HandleDep, RuntimeDep, TenantDep, get_runtime, get_tenant, runtime_handle
 from workers.api.embedding import include_api
 from workers.api.runtime import RuntimeHandle
-from workers.api.settings import ApiKeys, ApiSettings, WorkerMode
+from workers.api.server_settings import ApiKeys, ApiSettings, WorkerMode
 
 __all__ = [
     "ApiKeys",

@@ -13,17 +13,17 @@ from fastapi.staticfiles import StaticFiles
 from agent_runner import AgentLoader
 from workers.api.access_log import redact_access_log
 from workers.api.auth import HANDLE_STATE, get_handle
+from workers.api.bodies import ErrorResponse, HealthView, ReadyView
 from workers.api.contract import CONTRACT_PATH, console_contract
 from workers.api.cors import add_cors
 from workers.api.docs import add_offline_docs
 from workers.api.embedding import API_ROUTERS, prepare_settings
-from workers.api.errors import ApiError, Unauthorized, install_error_handlers
-from workers.api.events import document_event_schemas
+from workers.api.errors import ApiError, UnauthorizedError, install_error_handlers
+from workers.api.event_streams import document_event_schemas
 from workers.api.guard import RequestGuard
-from workers.api.models import ErrorResponse, HealthView, ReadyView
 from workers.api.openapi import error_responses
 from workers.api.runtime import RuntimeHandle
-from workers.api.settings import ApiSettings, MetricsAccess, WorkerMode
+from workers.api.server_settings import ApiSettings, MetricsAccess, WorkerMode
 from workers.telemetry import TelemetryError, render_metrics
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
@@ -52,7 +52,7 @@ def create_app(
     With no arguments everything is read from the environment, like the command line and
     the workers: `AGENT_RUNNER_DATABASE_URL`, `AGENT_RUNNER_AGENT_LOADER`,
     `AGENT_RUNNER_API_KEYS`, `AGENT_RUNNER_API_WORKER`, `AGENT_RUNNER_CORS_ORIGINS` (see
-    `workers.api.settings`). The backends are built, and the embedded worker started, when
+    `workers.api.server_settings`). The backends are built, and the embedded worker started, when
     the application starts (its lifespan), and stopped with it; mounted inside another
     application, which runs no lifespan of it, on the first request (see
     `workers.api.embedding`).
@@ -153,7 +153,9 @@ def _add_probes(app: FastAPI) -> None:
         scheme, _, bearer = request.headers.get("authorization", "").partition(" ")
         access = request.app.state.settings.metrics_access(bearer.strip() if scheme.lower() == "bearer" else None)
         if access is MetricsAccess.UNAUTHORIZED:
-            raise Unauthorized("send the metrics token (AGENT_RUNNER_METRICS_TOKEN) as Authorization: Bearer <token>")
+            raise UnauthorizedError(
+                "send the metrics token (AGENT_RUNNER_METRICS_TOKEN) as Authorization: Bearer <token>"
+            )
         if access is MetricsAccess.CLOSED:
             raise ApiError(
                 403, "the metrics span every tenant: set AGENT_RUNNER_METRICS_TOKEN to read them", type_name="Forbidden"

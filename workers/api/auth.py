@@ -28,8 +28,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 
-from workers.api.errors import Unauthorized
-from workers.api.models import ErrorResponse, Identifier, WholeNumber
+from workers.api.bodies import ErrorResponse, Identifier, WholeNumber
+from workers.api.errors import UnauthorizedError
 from workers.api.openapi import error_responses
 from workers.api.runtime import Runtime, RuntimeHandle
 from workers.api.tenancy import Tenant
@@ -37,9 +37,9 @@ from workers.api.tokens import (
     DEFAULT_TTL_S,
     MAX_TTL_S,
     TOKEN_SECRET_VARIABLE,
-    InvalidToken,
-    TokenNotAllowed,
-    TokensDisabled,
+    InvalidTokenError,
+    TokenNotAllowedError,
+    TokensDisabledError,
     issue_token,
     looks_like_token,
     verify_token,
@@ -129,9 +129,9 @@ async def get_tenant(
     clients send it (the bearer header wins when both are sent).
 
     Raises:
-        Unauthorized: Keys are configured and the request has none, or an unknown one; or
+        UnauthorizedError: Keys are configured and the request has none, or an unknown one; or
             `access_token` holds something else than a token.
-        InvalidToken: The token is forged, damaged or expired, or its tenant is gone (401).
+        InvalidTokenError: The token is forged, damaged or expired, or its tenant is gone (401).
     """
     settings = get_handle(request).settings
     keys = settings.keys
@@ -146,14 +146,14 @@ async def get_tenant(
         if looks_like_token(presented):
             return _token_tenant(settings.token_secret, presented, keys.tenants if keys.enabled else None)
         if keys.enabled:
-            raise Unauthorized("the API key is not valid")
+            raise UnauthorizedError("the API key is not valid")
         return Tenant()
     if access_token is not None:
         if not looks_like_token(access_token):
-            raise Unauthorized("access_token takes a token from POST /v1/tokens; send API keys in the header")
+            raise UnauthorizedError("access_token takes a token from POST /v1/tokens; send API keys in the header")
         return _token_tenant(settings.token_secret, access_token, keys.tenants if keys.enabled else None)
     if keys.enabled:
-        raise Unauthorized()
+        raise UnauthorizedError()
     return Tenant()
 
 
@@ -162,7 +162,7 @@ def _token_tenant(secret: bytes | None, token: str, tenants: frozenset[str] | No
     # A tenant whose key was removed loses its tokens at once; a single-tenant server
     # accepts only its own (tenant-less) tokens.
     if (claims.tenant is None) != (tenants is None) or (tenants is not None and claims.tenant not in tenants):
-        raise InvalidToken("the token is not valid on this server")
+        raise InvalidTokenError("the token is not valid on this server")
     return Tenant(claims.tenant, user=claims.user, conversation=claims.conversation_id)
 
 
@@ -220,10 +220,10 @@ def create_token(body: TokenRequest, tenant: TenantDep, handle: HandleDep) -> JS
     made with it records `user` as the decider.
     """
     if tenant.user is not None:
-        raise TokenNotAllowed()
+        raise TokenNotAllowedError()
     secret = handle.settings.token_secret
     if secret is None:
-        raise TokensDisabled()
+        raise TokensDisabledError()
     token, claims = issue_token(
         secret, tenant=tenant.id, user=body.user, conversation_id=body.conversation_id, ttl_s=body.expires_in
     )

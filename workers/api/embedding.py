@@ -35,16 +35,16 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 
 from agent_runner import AgentLoader, AgentRunnerError
-from workers.api import auth, events, routes
+from workers.api import auth, event_streams, routes
 from workers.api.auth import HANDLE_STATE
 from workers.api.errors import ApiError, api_error_of, render, validation_response
 from workers.api.guard import RequestGuard
 from workers.api.langgraph import router as langgraph_router
 from workers.api.protocols import ag_ui, ai_sdk
 from workers.api.runtime import RuntimeHandle
-from workers.api.settings import ApiSettings, WorkerMode, default_worker_mode
+from workers.api.server_settings import ApiSettings, WorkerMode, default_worker_mode
 
-API_ROUTERS = (routes.router, events.router, auth.router, ai_sdk.router, ag_ui.router, langgraph_router)
+API_ROUTERS = (routes.router, event_streams.router, auth.router, ai_sdk.router, ag_ui.router, langgraph_router)
 """The routers of the API, in the order they are added (a new router of the API goes here).
 
 All are under `/v1` except the LangGraph API's (`/assistants`, `/threads`, `/runs`), which
@@ -122,7 +122,7 @@ def include_api(
     for router in API_ROUTERS:
         api.include_router(router)
     host.include_router(api, prefix=prefix)
-    events.document_event_schemas(host)
+    event_streams.document_event_schemas(host)
     host.add_middleware(RequestGuard, path_prefix=f"{prefix}/v1/")
     _render_api_errors(host)
     return handle

@@ -1,9 +1,10 @@
 """Errors of the HTTP API and the handlers that give every one the same JSON shape.
 
 Every error answer is `{"error": {"type", "message", "details": [...]}}` (plus
-`active_turn_id` for a busy conversation). `type` is the name of the exception class, so
-clients can tell `TurnNotFound` from `AgentNotFound` without parsing messages. Runner
-errors are mapped by `workers.views.classify_error`: unknown turn or agent 404, a command
+`active_turn_id` for a busy conversation). `type` is the name of the exception class (or the
+name it had before it took the `Error` suffix: `wire_type`), so clients can tell `TurnNotFound`
+from `AgentNotFound` without parsing messages. Runner errors are mapped by
+`workers.views.classify_error`: unknown turn or agent 404, a command
 that does not fit the turn or a busy conversation 409, malformed input 422 (also input over
 a limit of the runner or text no store can keep, `InputLimitError`), a database or
 Redis that did not answer 503. Anything unexpected is a 500 that names nothing internal.
@@ -12,14 +13,21 @@ Redis that did not answer 503. Anything unexpected is a 500 that names nothing i
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, ClassVar
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from agent_runner import AgentConversationBusyException, AgentRunnerError, InputLimitError, InvalidResumeCommand
+from agent_runner import (
+    AgentConversationBusyException,
+    AgentRunnerError,
+    InputLimitError,
+    InvalidCursorError,
+    InvalidEventQueryError,
+    InvalidResumeCommand,
+)
 from workers.api.openapi import app_path, documented_methods
 from workers.views import ErrorKind, classify_error, schema_error_details
 
@@ -56,10 +64,14 @@ class ApiError(Exception):
         status: The HTTP status.
         message: What went wrong, for a person.
         details: Structured items, for example `{"path": "/field", "message": "..."}`.
-        type_name: The `type` of the answer (default: the class name).
+        type_name: The `type` of the answer (default: the class's `wire_type`, else its name).
         headers: Extra response headers.
         extra: More members of the `error` object (for example `active_turn_id`).
     """
+
+    wire_type: ClassVar[str | None] = None
+    """The `type` of this class's answers when it is not the class name: clients read it, so a
+    class renamed to end in `Error` keeps the name it was answered with."""
 
     def __init__(
         self,
@@ -75,27 +87,33 @@ class ApiError(Exception):
         self.status = status
         self.message = message
         self.details = list(details or [])
-        self.type_name = type_name or type(self).__name__
+        self.type_name = type_name or self.wire_type or type(self).__name__
         self.headers = dict(headers or {})
         self.extra = extra
 
 
-class Unauthorized(ApiError):
+class UnauthorizedError(ApiError):
     """The request has no valid API key."""
+
+    wire_type = "Unauthorized"
 
     def __init__(self, message: str = "a valid API key is required: send Authorization: Bearer <key>") -> None:
         super().__init__(401, message, headers={"WWW-Authenticate": "Bearer"})
 
 
-class InvalidRequest(ApiError):
+class InvalidRequestError(ApiError):
     """The request is malformed (a 422 raised by the server's own checks)."""
+
+    wire_type = "InvalidRequest"
 
     def __init__(self, message: str, *, path: str = "", details: list[dict[str, Any]] | None = None) -> None:
         super().__init__(422, message, details=details if details is not None else [{"path": path, "message": message}])
 
 
-class PayloadTooLarge(ApiError):
+class PayloadTooLargeError(ApiError):
     """The request body is larger than the server accepts."""
+
+    wire_type = "PayloadTooLarge"
 
     def __init__(self, limit: int) -> None:
         super().__init__(413, f"the request body is larger than {limit} bytes")
@@ -108,8 +126,10 @@ class TurnEndedError(ApiError):
         super().__init__(409, f"turn {turn_id!r} has already ended ({status})", turn_status=status)
 
 
-class IdempotencyKeyReused(ApiError):
+class IdempotencyKeyReusedError(ApiError):
     """An idempotency key sent again with a different request."""
+
+    wire_type = "IdempotencyKeyReused"
 
     def __init__(self, key: str) -> None:
         super().__init__(
@@ -118,6 +138,27 @@ class IdempotencyKeyReused(ApiError):
             "use a new key for a new request",
             details=[{"path": "Idempotency-Key", "message": "already used for a different request"}],
         )
+
+
+class RecordNotFoundError(ApiError):
+    """No record of this kind and id for this tenant (404); the `type` names the kind (`CronNotFound`)."""
+
+    def __init__(self, kind: str, record_id: str) -> None:
+        super().__init__(404, f"{kind} {record_id!r} not found", type_name=f"{kind.capitalize()}NotFound")
+        self.kind = kind
+        self.record_id = record_id
+
+
+_RENAMED_RUNNER_ERRORS: dict[type[AgentRunnerError], str] = {
+    InvalidCursorError: "InvalidCursor",
+    InvalidEventQueryError: "InvalidEventQuery",
+}
+"""The `type` of runner errors whose class took the `Error` suffix after clients had read their old name."""
+
+
+def runner_error_type(error: AgentRunnerError) -> str:
+    """The `type` of an answer to a runner error: its class name, or the name a renamed class is known by."""
+    return _RENAMED_RUNNER_ERRORS.get(type(error), type(error).__name__)
 
 
 def error_body(
@@ -157,7 +198,9 @@ def api_error_of(error: BaseException) -> ApiError:
         if isinstance(error, AgentConversationBusyException):
             extra = {"active_turn_id": error.active_turn_id, "active_turn_status": str(error.status)}
         headers = {"Retry-After": "1"} if status == 503 else None
-        return ApiError(status, str(error), details=details, type_name=type(error).__name__, headers=headers, **extra)
+        return ApiError(
+            status, str(error), details=details, type_name=runner_error_type(error), headers=headers, **extra
+        )
     logger.error("unexpected error while serving a request", exc_info=error)
     return ApiError(500, "the server could not complete the request", type_name="InternalError")
 

@@ -50,7 +50,7 @@ _BATCH_WAIT_S = 1.0
 """Longest wait of a shared follower before it looks whether it still has streams."""
 
 
-class Detached(Exception):
+class DetachedError(Exception):
     """The subscription lost its place: its stream fell behind the ring, or the shared follower stopped."""
 
 
@@ -225,10 +225,10 @@ class _SharedFollower:
         """The kept events after `index` (call with the lock held).
 
         Raises:
-            Detached: Events after `index` are no longer kept, or the follower stopped.
+            DetachedError: Events after `index` are no longer kept, or the follower stopped.
         """
         if index + 1 < self.first_index or (self.closed and index + 1 >= self.first_index + len(self.events)):
-            raise Detached()
+            raise DetachedError()
         start = index + 1 - self.first_index
         return [self.events[i] for i in range(start, len(self.events))]
 
@@ -303,7 +303,7 @@ class Subscription:
         """The events after the last ones taken, waiting up to `timeout` seconds; empty when none came.
 
         Raises:
-            Detached: The events after this subscription's place are gone (it fell more than
+            DetachedError: The events after this subscription's place are gone (it fell more than
                 the ring behind) or the follower stopped; `position` is where it stands.
         """
         deadline = self._loop.time() + timeout
@@ -312,7 +312,7 @@ class Subscription:
             with follower.lock:
                 try:
                     events = follower.after(self._index)
-                except Detached:
+                except DetachedError:
                     follower.subscribers.discard(self)
                     raise
                 # Cleared under the lock: a batch kept after this check sets it again.

@@ -19,7 +19,7 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from workers.api.errors import ApiError, InvalidRequest, PayloadTooLarge, render
+from workers.api.errors import ApiError, InvalidRequestError, PayloadTooLargeError, render
 from workers.api.openapi import app_path
 
 MAX_BODY_BYTES = 1024 * 1024
@@ -67,17 +67,17 @@ def _finite_float(text: str) -> float:
 
 
 def check_json(body: bytes, max_depth: int = MAX_JSON_DEPTH) -> None:
-    """Raise `InvalidRequest` unless `body` is UTF-8 JSON fit for the routes (see the module docstring)."""
+    """Raise `InvalidRequestError` unless `body` is UTF-8 JSON fit for the routes (see the module docstring)."""
     try:
         text = body.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise InvalidRequest(f"the request body is not valid UTF-8 (byte {exc.start})") from None
+        raise InvalidRequestError(f"the request body is not valid UTF-8 (byte {exc.start})") from None
     if text.count("[") + text.count("{") > max_depth and json_depth(text) > max_depth:
-        raise InvalidRequest(f"the request body nests arrays and objects deeper than {max_depth} levels")
+        raise InvalidRequestError(f"the request body nests arrays and objects deeper than {max_depth} levels")
     try:
         value = json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float)
     except ValueError as exc:
-        raise InvalidRequest(f"the request body is not valid JSON: {exc}") from None
+        raise InvalidRequestError(f"the request body is not valid JSON: {exc}") from None
     pending: list[Any] = [value]
     while pending:
         item = pending.pop()
@@ -95,7 +95,7 @@ def _check_string(value: str) -> None:
     found = _FORBIDDEN_CHARACTERS.search(value)
     if found is not None:
         what = "a NUL character" if found.group() == "\x00" else "a lone UTF-16 surrogate"
-        raise InvalidRequest(f"the request body holds a string with {what}, which cannot be stored")
+        raise InvalidRequestError(f"the request body holds a string with {what}, which cannot be stored")
 
 
 class RequestGuard:
@@ -150,9 +150,9 @@ class RequestGuard:
                 try:
                     declared = int(value)
                 except ValueError:
-                    raise InvalidRequest("the Content-Length header is not a number") from None
+                    raise InvalidRequestError("the Content-Length header is not a number") from None
                 if declared > self.max_body_bytes:
-                    raise PayloadTooLarge(self.max_body_bytes)
+                    raise PayloadTooLargeError(self.max_body_bytes)
         chunks: list[bytes] = []
         size = 0
         while True:
@@ -162,7 +162,7 @@ class RequestGuard:
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > self.max_body_bytes:
-                raise PayloadTooLarge(self.max_body_bytes)
+                raise PayloadTooLargeError(self.max_body_bytes)
             chunks.append(chunk)
             if not message.get("more_body", False):
                 break

@@ -15,7 +15,7 @@ from typing import Any
 from fastapi import FastAPI
 from starlette.types import Scope
 
-from workers.api.models import ErrorResponse
+from workers.api.bodies import ErrorResponse
 
 Responses = dict[int | str, dict[str, Any]]
 """The `responses` argument of a FastAPI route or router."""

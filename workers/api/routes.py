@@ -16,8 +16,7 @@ from store.idempotency import RESUME_MARK
 from workers.api import service
 from workers.api.auth import RuntimeDep, TenantDep, get_tenant
 from workers.api.auth import get_runtime as get_runtime  # importable from here as before
-from workers.api.idempotency import Answer, is_cancelled, request_id, run_once, turn_id_of
-from workers.api.models import (
+from workers.api.bodies import (
     ID_PATTERN,
     AgentList,
     CancelRequest,
@@ -28,6 +27,7 @@ from workers.api.models import (
     TurnList,
     TurnView,
 )
+from workers.api.idempotency_header import Answer, is_cancelled, request_id, run_once, turn_id_of
 from workers.api.openapi import error_responses
 from workers.api.runtime import Runtime
 from workers.api.tenancy import Tenant

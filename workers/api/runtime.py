@@ -33,7 +33,7 @@ from agent_runner import AgentLoader, AgentRunner, AgentRunnerError, EventFeed, 
 from agent_runner.persistence import ConversationKey
 from workers.agents import load_agent_loader
 from workers.api.fanout import EventFanout
-from workers.api.settings import ApiSettings, WorkerMode
+from workers.api.server_settings import ApiSettings, WorkerMode
 from workers.capacity import server_database_pool
 from workers.database import open_database
 from workers.embedded import Stepping, build_embedded

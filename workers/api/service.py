@@ -27,8 +27,8 @@ from agent_runner import (
 from agent_runner.limits import check_start_delay
 from agent_runner.machine import DECIDER_METADATA_KEYS
 from agent_runner.persistence import ConversationKey
-from workers.api.errors import ApiError, InvalidRequest, TurnEndedError
-from workers.api.models import CancelRequest, ResumeRequest, StartTurnRequest, resume_fields
+from workers.api.bodies import CancelRequest, ResumeRequest, StartTurnRequest, resume_fields
+from workers.api.errors import ApiError, InvalidRequestError, TurnEndedError
 from workers.api.runtime import Runtime
 from workers.api.tenancy import Tenant
 from workers.live import announce
@@ -39,7 +39,7 @@ _INTERRUPT_ATTEMPTS = 3
 _INTERRUPT_POLL_S = 0.05
 
 
-class ConversationBusy(ApiError):
+class ConversationBusyError(ApiError):
     """The conversation has an active turn (409), told with the conversation id the tenant knows."""
 
     def __init__(self, conversation_id: str, busy: AgentConversationBusyException) -> None:
@@ -80,7 +80,7 @@ def start_turn(
     Raises:
         AgentNotFound: No such agent (nothing is saved).
         AgentConversationBusyException: The conversation is busy and `if_busy` is `reject`.
-        ConversationNotFound: The request's token is limited to another conversation.
+        ConversationNotFoundError: The request's token is limited to another conversation.
     """
     not_before = start_time(runtime, request.start_after_seconds, "start_after_seconds")
     runtime.agent_loader.load(request.agent_id)
@@ -113,7 +113,7 @@ def start_turn(
             if busy.active_turn_id == turn_id:
                 return get_turn(runtime, tenant, turn_id)
             if request.if_busy == "reject":
-                raise ConversationBusy(request.conversation_id, busy) from None
+                raise ConversationBusyError(request.conversation_id, busy) from None
             if request.if_busy == "enqueue" or not _interrupt(runtime, busy.active_turn_id):
                 return _enqueue(runtime, tenant, request, conversation, message_id)
     # Each interrupted turn was followed at once by another (queued messages starting):
@@ -166,7 +166,7 @@ def _enqueue(
 ) -> Queued:
     if request.start_after_seconds:
         # The inbox starts a queued message as soon as the conversation frees; it keeps no start time.
-        raise InvalidRequest(
+        raise InvalidRequestError(
             "a delayed start cannot be queued behind the conversation's active turn; retry once it has ended",
             path="/start_after_seconds",
         )
@@ -266,16 +266,16 @@ def decode_cursor(cursor: str) -> tuple[datetime, str]:
     """The `(created_at, id)` position of a cursor from `encode_cursor`.
 
     Raises:
-        InvalidRequest: The cursor was not made by this server.
+        InvalidRequestError: The cursor was not made by this server.
     """
     try:
         raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
         created, turn_id = json.loads(raw)
         position = (datetime.fromisoformat(created), str(turn_id))
     except (binascii.Error, ValueError, TypeError, UnicodeDecodeError):
-        raise InvalidRequest("cursor is not a cursor from a previous page", path="/cursor") from None
+        raise InvalidRequestError("cursor is not a cursor from a previous page", path="/cursor") from None
     if position[0].tzinfo is None:
-        raise InvalidRequest("cursor is not a cursor from a previous page", path="/cursor")
+        raise InvalidRequestError("cursor is not a cursor from a previous page", path="/cursor")
     return position
 
 
@@ -314,15 +314,15 @@ def conversation_messages(
     """The newest `limit` messages of the tenant's conversation (before message `before`), oldest first.
 
     Raises:
-        InvalidRequest: `before` is not a message of the conversation.
-        ConversationNotFound: The request's token is limited to another conversation.
+        InvalidRequestError: `before` is not a message of the conversation.
+        ConversationNotFoundError: The request's token is limited to another conversation.
     """
     memory = runtime.memories.of(tenant.reaches(conversation_id))
     if before is None:
         return memory.get_messages(limit)
     found = memory.get_messages_before(before, limit)
     if found is None:
-        raise InvalidRequest(f"message {before!r} is not in conversation {conversation_id!r}", path="/before")
+        raise InvalidRequestError(f"message {before!r} is not in conversation {conversation_id!r}", path="/before")
     return found
 
 

@@ -22,8 +22,10 @@ from agent_runner.persistence import ConversationKey
 from workers.api.errors import ApiError
 
 
-class ConversationNotFound(ApiError):
+class ConversationNotFoundError(ApiError):
     """A conversation the request's token does not reach (404, like an unknown id)."""
+
+    wire_type = "ConversationNotFound"
 
     def __init__(self, conversation_id: str) -> None:
         super().__init__(404, f"conversation {conversation_id!r} not found")
@@ -83,9 +85,9 @@ class Tenant:
 
         Raises:
             InputLimitError: `conversation_id` breaks the id rules.
-            ConversationNotFound: The request's token is limited to another conversation.
+            ConversationNotFoundError: The request's token is limited to another conversation.
         """
         key = self.conversation_key(conversation_id)
         if self.conversation is not None and key.conversation_id != self.conversation:
-            raise ConversationNotFound(conversation_id)
+            raise ConversationNotFoundError(conversation_id)
         return key

@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from workers.api.errors import ApiError, Unauthorized
+from workers.api.errors import ApiError, UnauthorizedError
 from workers.settings import SettingsError
 
 TOKEN_SECRET_VARIABLE = "AGENT_RUNNER_TOKEN_SECRET"
@@ -75,12 +75,16 @@ class TokenClaims:
     expires_at: int
 
 
-class InvalidToken(Unauthorized):
+class InvalidTokenError(UnauthorizedError):
     """A token that is forged, damaged, expired, or from a tenant that no longer exists (401)."""
 
+    wire_type = "InvalidToken"
 
-class TokensDisabled(ApiError):
+
+class TokensDisabledError(ApiError):
     """The server has no token secret, so it issues no tokens (501)."""
+
+    wire_type = "TokensDisabled"
 
     def __init__(self) -> None:
         super().__init__(
@@ -89,8 +93,10 @@ class TokensDisabled(ApiError):
         )
 
 
-class TokenNotAllowed(ApiError):
+class TokenNotAllowedError(ApiError):
     """A token was used to mint a token; only a tenant key may (403)."""
+
+    wire_type = "TokenNotAllowed"
 
     def __init__(self) -> None:
         super().__init__(403, "tokens are minted with a tenant key, not with another token")
@@ -128,23 +134,23 @@ def verify_token(secret: bytes | None, token: str, now: float | None = None) -> 
     """The claims of a token signed with `secret` that has not expired.
 
     Raises:
-        InvalidToken: The server has no secret, or the token is damaged, forged or expired.
+        InvalidTokenError: The server has no secret, or the token is damaged, forged or expired.
     """
     if secret is None:
-        raise InvalidToken(f"this server accepts no tokens ({TOKEN_SECRET_VARIABLE} is not set)")
+        raise InvalidTokenError(f"this server accepts no tokens ({TOKEN_SECRET_VARIABLE} is not set)")
     if not looks_like_token(token):
-        raise InvalidToken("the token is not valid")
+        raise InvalidTokenError("the token is not valid")
     payload, signature = token.removeprefix(TOKEN_PREFIX).split(".")
     # The signature is checked before the payload is even decoded: a forged payload is never parsed.
     if not hmac.compare_digest(signature.encode(), _signature(secret, payload).encode()):
-        raise InvalidToken("the token is not valid")
+        raise InvalidTokenError("the token is not valid")
     try:
         body: Any = json.loads(_decode(payload))
         claims = TokenClaims(
             tenant=body["t"], user=body["u"], conversation_id=body["c"], issued_at=body["iat"], expires_at=body["exp"]
         )
     except (binascii.Error, ValueError, KeyError, TypeError):
-        raise InvalidToken("the token is not valid") from None
+        raise InvalidTokenError("the token is not valid") from None
     if (time.time() if now is None else now) >= claims.expires_at:
-        raise InvalidToken("the token has expired: ask for a new one")
+        raise InvalidTokenError("the token has expired: ask for a new one")
     return claims

@@ -1,6 +1,6 @@
 """The Celery configuration of agent-runner, built from explicit settings; nothing here reads the environment at import.
 
-`workers.celery_app.worker` builds the app of the `celery` command (`workers.app`) with these
+`workers.celery_app.worker_app` builds the app of the `celery` command (`workers.app`) with these
 functions; producers with settings of their own (`workers.build_runner(settings)`, the HTTP
 server) build theirs here, so the environment of their process never leaks in. Beat's
 schedule is made from the sweep table (`workers.sweeps.SWEEPS`) and the scheduled turns.
@@ -152,7 +152,7 @@ def create_app(settings: WorkerSettings | None = None) -> Celery:
 
     With settings given, nothing comes from the environment, the broker included. A
     producer sends tasks by name and needs neither the task functions nor the agents; the
-    app a worker runs registers them too (`workers.celery_app.worker.create_worker_app`).
+    app a worker runs registers them too (`workers.celery_app.worker_app.create_worker_app`).
     """
     # Imported here: the telemetry package loads the metrics and tracing modules, which a
     # module that only configures Celery should not pull in at import.

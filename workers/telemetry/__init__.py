@@ -20,7 +20,7 @@ import os
 from typing import TYPE_CHECKING
 
 from agent_runner import AgentRunner
-from agent_runner.telemetry import set_new_turn_hook
+from agent_runner.telemetry_hooks import set_new_turn_hook
 from workers.telemetry.logs import configure_logging
 from workers.telemetry.metrics import (
     TelemetryError,

@@ -1,6 +1,6 @@
 """Structured logs: the current turn on every log line, and one JSON object per line on request.
 
-`StepContextFilter` copies the step context (`agent_runner.telemetry.current_step`: turn id,
+`StepContextFilter` copies the step context (`agent_runner.telemetry_hooks.current_step`: turn id,
 root turn id, agent id, attempt) and the current trace and span ids onto each record. It
 is installed on handlers, so it sees the records of every logger that reaches them.
 Outside a step, inside a Celery task that names a turn, the record still gets the turn id.
@@ -23,7 +23,7 @@ from typing import Any
 
 from agent_runner.errors import InputLimitError
 from agent_runner.limits import check_id
-from agent_runner.telemetry import current_step
+from agent_runner.telemetry_hooks import current_step
 from workers.settings import SettingsError
 
 LOG_FORMAT_VARIABLE = "AGENT_RUNNER_LOG_FORMAT"

@@ -22,7 +22,7 @@ from agent_runner import (
 )
 from agent_runner.models import ChatRequest, ChatResponse
 from agent_runner.runner import AgentStepResult
-from agent_runner.telemetry import enter_step, exit_step
+from agent_runner.telemetry_hooks import enter_step, exit_step
 from workers.telemetry import metrics
 
 if TYPE_CHECKING:

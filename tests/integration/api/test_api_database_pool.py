@@ -11,7 +11,7 @@ from tests.conftest import TEST_REDIS_URL
 from tests.integration.api.api_server import AGENTS
 from tests.integration.celery_workers.celery_cluster import clusters
 from workers.api.runtime import build_runtime
-from workers.api.settings import ApiSettings
+from workers.api.server_settings import ApiSettings
 from workers.capacity import DEFAULT_POOL
 
 pytestmark = pytest.mark.integration

@@ -22,7 +22,7 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
 import store
-import workers.api.events
+import workers.api.event_streams
 from agent_runner import (
     AgentEvent,
     AgentEventType,
@@ -135,7 +135,7 @@ def test_a_replay_of_an_ended_turn_from_its_last_cursor_ends_at_once(app_client:
 def test_a_live_stream_never_ends_without_the_terminal_event_when_a_transaction_elsewhere_ends_between_its_reads(
     pg_url: str, admin: psycopg.Connection[Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(workers.api.events, "KEEPALIVE_S", 0.3)  # the stream looks at the turn's status often
+    monkeypatch.setattr(workers.api.event_streams, "KEEPALIVE_S", 0.3)  # the stream looks at the turn's status often
     app = create_app(agents=InMemoryAgentLoader([]), database_url=pg_url, worker="none")
     with ExitStack() as stack:
         client = stack.enter_context(TestClient(app))

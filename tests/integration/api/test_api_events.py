@@ -14,7 +14,7 @@ import pytest
 from tests.helpers.api_server import ApiServer
 from tests.integration.api.api_agents import SECRET_TOKEN
 from tests.integration.api.api_server import assert_error, blocked, ended, parse_sse, read_stream, wait_for
-from workers.api.events import KEEPALIVE_S
+from workers.api.event_streams import KEEPALIVE_S
 
 pytestmark = pytest.mark.integration
 

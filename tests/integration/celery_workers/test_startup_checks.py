@@ -17,7 +17,7 @@ from tests.helpers.celery_fleet import CeleryFleet
 from tests.helpers.processes import REPO_ROOT
 from tests.integration.celery_workers.celery_cluster import cluster_env
 from workers.api.runtime import build_runtime
-from workers.api.settings import ApiSettings, WorkerMode
+from workers.api.server_settings import ApiSettings, WorkerMode
 from workers.celery_app.config import create_app
 from workers.settings import WorkerSettings
 from workers.wiring import build_wiring

@@ -18,7 +18,7 @@ from agent_runner import (
     EventFeed,
     InMemoryAgentTurnStore,
     InMemoryLiveEvents,
-    InvalidCursor,
+    InvalidCursorError,
     StoreUnavailableError,
 )
 from agent_runner.feed import FeedFollower
@@ -112,7 +112,7 @@ def test_waiting_on_a_scope_nobody_published_to_times_out(live: LiveEventChannel
 
 @pytest.mark.parametrize("cursor", ["", "x", "1.2.3", "-1", "1-x", "a-1"])
 def test_a_cursor_of_another_shape_is_refused(live: LiveEventChannel, cursor: str) -> None:
-    with pytest.raises(InvalidCursor):
+    with pytest.raises(InvalidCursorError):
         live.read(EventScope.tree("r-1"), after=cursor)
 
 

@@ -21,8 +21,8 @@ from agent_runner import (
     EventFeed,
     InMemoryAgentTurnStore,
     InMemoryLiveEvents,
-    InvalidCursor,
-    InvalidEventQuery,
+    InvalidCursorError,
+    InvalidEventQueryError,
     StoreUnavailableError,
 )
 from agent_runner.feed import FeedFollower
@@ -171,18 +171,18 @@ def test_an_ephemeral_event_delivered_twice_is_served_once(store: InMemoryAgentT
     "cursor", ["plain", "a:b:c", "x" * 300, "1 2:3", "é:", "1.2:3-0", ":1-0", "0.1:"], ids=lambda c: repr(c)[:20]
 )
 def test_a_cursor_this_feed_did_not_issue_is_refused(tree: Tree, cursor: str) -> None:
-    with pytest.raises(InvalidCursor):
+    with pytest.raises(InvalidCursorError):
         EventFeed(tree.store, tree.live).read(EventScope.tree("r-1"), after=cursor)
 
 
 @pytest.mark.parametrize("make", [EventScope.tree, EventScope.conversation], ids=["tree", "conversation"])
 def test_a_scope_with_an_empty_id_is_refused_when_it_is_built(make: Callable[[str], EventScope]) -> None:
-    with pytest.raises(InvalidEventQuery, match="must be a non-empty string"):
+    with pytest.raises(InvalidEventQueryError, match="must be a non-empty string"):
         make("")
 
 
 def test_a_scope_of_another_kind_is_refused() -> None:
-    with pytest.raises(InvalidEventQuery, match="'tree' or a 'conversation'"):
+    with pytest.raises(InvalidEventQueryError, match="'tree' or a 'conversation'"):
         EventScope("root", "r-1")  # type: ignore[arg-type]
 
 
@@ -560,9 +560,9 @@ def test_publishing_never_raises(caplog: pytest.LogCaptureFixture) -> None:
 
 @pytest.mark.parametrize("cursor", ["", "x", "-1", "1.2", "1-0"])
 def test_a_live_cursor_of_another_shape_is_refused(live: InMemoryLiveEvents, cursor: str) -> None:
-    with pytest.raises(InvalidCursor):
+    with pytest.raises(InvalidCursorError):
         live.read(EventScope.tree("r-1"), after=cursor)
-    with pytest.raises(InvalidCursor):
+    with pytest.raises(InvalidCursorError):
         live.wait(EventScope.tree("r-1"), after=cursor, timeout=0)
 
 

@@ -23,7 +23,7 @@ from agent_runner import (
     Middleware,
     ScriptedChatModel,
 )
-from agent_runner.telemetry import current_step
+from agent_runner.telemetry_hooks import current_step
 from tests.unit.telemetry.telemetry_kit import Tracing
 from workers.app import app, settings  # the app of `celery -A workers.app`, its tasks registered
 from workers.celery_app.dispatch import CeleryDispatcher

@@ -34,7 +34,7 @@ from agent_runner.suspensions import TimeoutAction
 from tests.helpers.node import json_lines, run_node
 from tests.unit.agent_runner.turn_kit import EventLog
 from workers.api import create_app
-from workers.api.models import (
+from workers.api.bodies import (
     EVENT_VIEWS,
     RESUME_REQUESTS,
     AgentEventView,

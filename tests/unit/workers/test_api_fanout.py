@@ -24,7 +24,7 @@ from agent_runner import (
     StoreError,
 )
 from tests.unit.agent_runner.feed_kit import CountingLog, Tree
-from workers.api.events import _Stream
+from workers.api.event_streams import _Stream
 from workers.api.fanout import EventFanout
 
 E = AgentEventType

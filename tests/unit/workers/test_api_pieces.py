@@ -9,10 +9,10 @@ import pytest
 
 from agent_runner import Agent, AgentTurn, InputLimitError, ResumeType, ScriptedChatModel, ToolCall, TurnNotFound, tool
 from agent_runner.persistence import ConversationKey
-from workers.api.errors import InvalidRequest
+from workers.api.errors import InvalidRequestError
 from workers.api.guard import check_json, json_depth
-from workers.api.settings import ApiKeys, ApiSettings, WorkerMode
-from workers.api.tenancy import ConversationNotFound, Tenant
+from workers.api.server_settings import ApiKeys, ApiSettings, WorkerMode
+from workers.api.tenancy import ConversationNotFoundError, Tenant
 from workers.settings import SettingsError
 from workers.views import (
     ErrorKind,
@@ -79,7 +79,7 @@ def test_json_depth_skips_brackets_inside_strings(text: str, depth: int) -> None
     ],
 )
 def test_check_json_refuses_what_cannot_be_stored(body: bytes) -> None:
-    with pytest.raises(InvalidRequest) as raised:
+    with pytest.raises(InvalidRequestError) as raised:
         check_json(body)
     assert raised.value.status == 422
 
@@ -133,7 +133,7 @@ def test_tenants_name_conversations_beside_their_id_and_see_only_their_turns() -
     # A token limited to one conversation reaches that one of its own tenant only
     bound = Tenant("acme", user="u", conversation="c-1")
     assert bound.reaches("c-1") == ConversationKey("c-1", "acme")
-    with pytest.raises(ConversationNotFound):
+    with pytest.raises(ConversationNotFoundError):
         bound.reaches("c-2")
     assert not bound.owns(AgentTurn(id="t", agent_id="a", tenant_id="globex", conversation_id="c-1"))
     turn = AgentTurn(id="t", agent_id="a", tenant_id="globex")
@@ -168,7 +168,7 @@ def test_masks_hide_sensitive_arguments_and_everything_of_unknown_tools() -> Non
 
 def test_event_data_shows_the_tenants_conversation_and_masks_arguments() -> None:
     from agent_runner import AgentEvent, AgentEventType
-    from workers.api.events import format_event
+    from workers.api.event_streams import format_event
 
     agent = Agent(id="a", chat_model=ScriptedChatModel([]), tools=[call_api])
 
@@ -194,3 +194,43 @@ def test_event_data_shows_the_tenants_conversation_and_masks_arguments() -> None
     data = json.loads(lines[2].removeprefix("data: "))
     assert data["conversation_id"] == "c-1" and data["data"]["arguments"] == {"url": "u", "token": "***"}
     assert "tenant_id" not in data
+
+
+def test_errors_renamed_to_end_in_error_answer_with_the_type_clients_know() -> None:
+    # Given the API errors whose classes took the `Error` suffix
+    from agent_runner import InvalidCursorError, InvalidEventQueryError
+    from workers.api.errors import (
+        IdempotencyKeyReusedError,
+        PayloadTooLargeError,
+        RecordNotFoundError,
+        UnauthorizedError,
+        api_error_of,
+    )
+    from workers.api.langgraph.mapping import NotSupportedError
+    from workers.api.langgraph.runs import RollbackNotSupportedError
+    from workers.api.langgraph.threads import ThreadExistsError, ThreadNotFoundError
+    from workers.api.protocols.chat import NothingToAnswerError
+    from workers.api.tokens import InvalidTokenError, TokenNotAllowedError, TokensDisabledError
+
+    answers = {
+        "Unauthorized": UnauthorizedError(),
+        "InvalidRequest": InvalidRequestError("bad", path="/input"),
+        "PayloadTooLarge": PayloadTooLargeError(10),
+        "IdempotencyKeyReused": IdempotencyKeyReusedError("k-1"),
+        "InvalidToken": InvalidTokenError("expired"),
+        "TokensDisabled": TokensDisabledError(),
+        "TokenNotAllowed": TokenNotAllowedError(),
+        "NothingToAnswer": NothingToAnswerError("c-1", "nothing waits"),
+        "ThreadNotFound": ThreadNotFoundError("t-1"),
+        "ThreadExists": ThreadExistsError("t-1"),
+        "RunNotFound": RecordNotFoundError("run", "r-1"),
+        "CronNotFound": RecordNotFoundError("cron", "c-1"),
+        "NotSupported": NotSupportedError("stateless runs"),
+        "RollbackNotSupported": RollbackNotSupportedError("/multitask_strategy"),
+        "InvalidCursor": api_error_of(InvalidCursorError("x")),
+        "InvalidEventQuery": api_error_of(InvalidEventQueryError("an empty id")),
+        "ConversationNotFound": ConversationNotFoundError("c-1"),
+    }
+    # Then each answers with the `type` it had before, which clients read
+    assert {wire: error.type_name for wire, error in answers.items()} == {wire: wire for wire in answers}
+    assert ThreadNotFoundError("t-1").status == RecordNotFoundError("run", "r-1").status == 404

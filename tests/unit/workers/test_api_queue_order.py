@@ -10,10 +10,10 @@ import pytest
 from agent_runner import Agent, AgentEventType, AgentTurn, AiMessage, InMemoryAgentLoader, ScriptedChatModel
 from agent_runner.persistence import EventScope
 from store import InboxStatus
-from workers.api.models import StartTurnRequest
+from workers.api.bodies import StartTurnRequest
 from workers.api.runtime import Runtime, build_runtime
+from workers.api.server_settings import ApiSettings, WorkerMode
 from workers.api.service import Queued, start_turn
-from workers.api.settings import ApiSettings, WorkerMode
 from workers.api.tenancy import Tenant
 from workers.settings import WorkerSettings
 

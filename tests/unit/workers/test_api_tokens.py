@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from workers.api.settings import ApiSettings
-from workers.api.tokens import InvalidToken, issue_token, parse_secret, verify_token
+from workers.api.server_settings import ApiSettings
+from workers.api.tokens import InvalidTokenError, issue_token, parse_secret, verify_token
 from workers.settings import SettingsError
 
 SECRET = b"s" * 32
@@ -15,11 +15,11 @@ def test_a_token_verifies_with_its_secret_until_it_expires() -> None:
     token, claims = issue_token(SECRET, tenant="acme", user="u-1", conversation_id="c-1", ttl_s=60, now=1000)
     assert verify_token(SECRET, token, now=1059) == claims
     assert (claims.tenant, claims.user, claims.conversation_id, claims.expires_at) == ("acme", "u-1", "c-1", 1060)
-    with pytest.raises(InvalidToken, match="expired"):
+    with pytest.raises(InvalidTokenError, match="expired"):
         verify_token(SECRET, token, now=1060)
-    with pytest.raises(InvalidToken, match="not valid"):
+    with pytest.raises(InvalidTokenError, match="not valid"):
         verify_token(b"t" * 32, token, now=1000)
-    with pytest.raises(InvalidToken, match="accepts no tokens"):
+    with pytest.raises(InvalidTokenError, match="accepts no tokens"):
         verify_token(None, token, now=1000)
 
 

@@ -17,7 +17,7 @@ from celery import Celery
 from celery.bin.base import CLIContext
 from celery.bin.celery import celery as celery_cli
 
-from workers.api.settings import ApiSettings
+from workers.api.server_settings import ApiSettings
 from workers.settings import WorkerSettings
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -32,9 +32,11 @@ PLUGIN_SUBCOMMANDS = {"flower": "flower"}
 
 
 def _known_variables() -> set[str]:
-    source = (ROOT / "workers" / "settings.py").read_text() + (ROOT / "workers" / "webhooks.py").read_text()
+    source = (ROOT / "workers" / "settings.py").read_text() + (ROOT / "workers" / "webhook_deliverer.py").read_text()
     # The HTTP server's own settings (keys, worker mode, CORS origins, token secret).
-    source += "".join((ROOT / "workers" / "api" / name).read_text() for name in ("settings.py", "cors.py", "tokens.py"))
+    source += "".join(
+        (ROOT / "workers" / "api" / name).read_text() for name in ("server_settings.py", "cors.py", "tokens.py")
+    )
     # The telemetry modules read the standard OTEL_* variables (and their own) too.
     source += "".join(path.read_text() for path in sorted((ROOT / "workers" / "telemetry").glob("*.py")))
     return set(re.findall(r'"((?:AGENT_RUNNER|CELERY|OTEL)_[A-Z_]+)"', source))

@@ -17,7 +17,7 @@ from agent_runner import (
 )
 from store import SqlAgentTurnStore
 from workers.api.runtime import build_runtime
-from workers.api.settings import ApiSettings, WorkerMode
+from workers.api.server_settings import ApiSettings, WorkerMode
 
 RAN: list[str] = []
 

@@ -27,7 +27,7 @@ from agent_runner import (
     tool,
 )
 from agent_runner.persistence import EventScope
-from workers.api.errors import ApiError, InvalidRequest
+from workers.api.errors import ApiError, InvalidRequestError
 from workers.api.langgraph.mapping import (
     input_text,
     interrupt_of,
@@ -36,10 +36,10 @@ from workers.api.langgraph.mapping import (
     run_status,
     thread_status,
 )
-from workers.api.langgraph.streaming import RunTranslator
+from workers.api.langgraph.stream_parts import RunTranslator
 from workers.api.langgraph.threads import with_unprojected
 from workers.api.runtime import build_runtime
-from workers.api.settings import ApiSettings, WorkerMode
+from workers.api.server_settings import ApiSettings, WorkerMode
 from workers.settings import WorkerSettings
 from workers.views import agent_mask
 
@@ -75,7 +75,7 @@ def test_a_plain_question_is_an_interrupt_of_its_text_and_resumes_with_a_string(
         {"channel": "langgraph"},
     )
     assert resume_command(turn, agent, {turn.id: "O-2"}, {}).content == "O-2"
-    with pytest.raises(InvalidRequest):
+    with pytest.raises(InvalidRequestError):
         resume_command(turn, agent, {"data": 1}, {})
     assert run_status(turn) == "interrupted" and thread_status(turn, turn) == "interrupted"
 
@@ -89,7 +89,7 @@ def test_a_form_interrupt_carries_its_schema_and_resumes_with_the_data() -> None
     assert interrupt["value"]["response_schema"] == FORM.schema == interrupt["response_schema"]
     command = resume_command(turn, agent, {"x": "y"}, {})
     assert (command.type, command.tool_call_id, command.data) == (ResumeType.USER_INPUT, "f1", {"x": "y"})
-    with pytest.raises(InvalidRequest):
+    with pytest.raises(InvalidRequestError):
         resume_command(turn, agent, "text", {})
 
 
@@ -113,10 +113,10 @@ def test_an_approval_interrupt_has_the_hitl_shape_and_an_edit_keeps_masked_value
         {"decisions": [{"type": "approve"}, {"type": "approve"}]},
         {"decisions": [{"type": "x"}]},
     ):
-        with pytest.raises(InvalidRequest):
+        with pytest.raises(InvalidRequestError):
             resume_command(turn, agent, bad, {})
     renamed = {"type": "edit", "edited_action": {"name": "other", "args": {}}}
-    with pytest.raises(InvalidRequest):
+    with pytest.raises(InvalidRequestError):
         resume_command(turn, agent, {"decisions": [renamed]}, {})
 
 
@@ -149,7 +149,7 @@ def test_input_is_the_last_user_message_and_earlier_ones_must_be_the_history() -
         "x",
         {"messages": [{"content": "no type"}]},
     ):
-        with pytest.raises(InvalidRequest):
+        with pytest.raises(InvalidRequestError):
             input_text(bad, history)
     with pytest.raises(ApiError) as image:
         input_text({"messages": [{"type": "human", "content": [{"type": "image_url", "image_url": "x"}]}]}, [])

@@ -16,7 +16,7 @@ from workers.embedded_timers import SweepTimers
 from workers.settings import WorkerSettings
 from workers.sweeps import SWEEPS, Sweep
 from workers.telemetry.celery_signals import SWEEP_TASKS
-from workers.webhooks import WebhookDeliverer
+from workers.webhook_deliverer import WebhookDeliverer
 
 WITH_WEBHOOKS = {
     "AGENT_RUNNER_WEBHOOKS": "ended=https://hooks.example/ended",

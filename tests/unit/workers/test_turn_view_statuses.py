@@ -28,7 +28,7 @@ from agent_runner import (
     tool,
 )
 from tests.unit.agent_runner.turn_kit import FakeClock
-from workers.api.models import TurnView
+from workers.api.bodies import TurnView
 from workers.views import turn_view
 
 S = AgentTurnStatus

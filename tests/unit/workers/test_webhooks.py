@@ -13,7 +13,7 @@ from store import SqlAgentTurnStore
 from store.webhooks import DeliveryStatus, WebhookDeliveryLog, WebhookKind
 from tests.helpers.webhook_receiver import WebhookReceiver, webhook_env, webhook_receiver
 from workers.settings import SettingsError, WebhookSettings, WorkerSettings, parse_webhook_urls
-from workers.webhooks import WebhookDeliverer, sign
+from workers.webhook_deliverer import WebhookDeliverer, sign
 
 SECRET = "unit-secret"
 

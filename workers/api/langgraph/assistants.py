@@ -18,8 +18,8 @@ from fastapi.responses import JSONResponse
 
 from agent_runner import Agent
 from workers.api.auth import RuntimeDep, get_tenant
-from workers.api.langgraph.mapping import NotSupported
-from workers.api.langgraph.models import AssistantSearch
+from workers.api.langgraph.mapping import NotSupportedError
+from workers.api.langgraph.request_bodies import AssistantSearch
 from workers.api.openapi import error_responses
 from workers.api.runtime import Runtime
 
@@ -95,7 +95,7 @@ def _latest(runtime: Runtime) -> list[Agent]:
 def search(body: AssistantSearch, runtime: RuntimeDep) -> JSONResponse:
     """The assistants (one per agent), filtered by `graph_id`, `name` and metadata."""
     if body.sort_by not in (None, "assistant_id", "graph_id", "name") or body.sort_order not in (None, "asc"):
-        raise NotSupported("sorting assistants other than by id, ascending")
+        raise NotSupportedError("sorting assistants other than by id, ascending")
     views = [assistant_view(agent) for agent in _latest(runtime)]
     views = [
         view
@@ -160,13 +160,13 @@ def versions(assistant_id: AssistantId, runtime: RuntimeDep) -> JSONResponse:
 def graph(assistant_id: AssistantId, runtime: RuntimeDep) -> JSONResponse:
     """Not supported: an agent is a model-and-tools loop, not a graph of nodes."""
     load_assistant(runtime, assistant_id)
-    raise NotSupported("drawing an assistant's graph")
+    raise NotSupportedError("drawing an assistant's graph")
 
 
 @router.post("/assistants", summary="Create an assistant")
 def create() -> JSONResponse:
     """Not supported: assistants are the server's agents."""
-    raise NotSupported("creating assistants (they are the server's agents)")
+    raise NotSupportedError("creating assistants (they are the server's agents)")
 
 
 __all__ = ["assistant_view", "load_assistant", "router"]

@@ -24,10 +24,10 @@ from starlette.concurrency import run_in_threadpool
 import store
 from agent_runner.ids import new_id, utcnow
 from workers.api.auth import RuntimeDep, TenantDep, get_tenant
-from workers.api.errors import ApiError, InvalidRequest
-from workers.api.langgraph.mapping import NotSupported, input_text
-from workers.api.langgraph.models import CronCreate, CronPatch, CronSearch
-from workers.api.langgraph.runs import RollbackNotSupported
+from workers.api.errors import InvalidRequestError, RecordNotFoundError
+from workers.api.langgraph.mapping import NotSupportedError, input_text
+from workers.api.langgraph.request_bodies import CronCreate, CronPatch, CronSearch
+from workers.api.langgraph.runs import RollbackNotSupportedError
 from workers.api.langgraph.threads import RecordsDep, ThreadId, load_thread
 from workers.api.openapi import error_responses
 from workers.api.runtime import Runtime
@@ -40,13 +40,6 @@ logger = logging.getLogger("workers.api")
 CronId = Annotated[str, Path(pattern=r"^[A-Za-z0-9_.:-]{1,100}$", description="A cron id.")]
 
 router = APIRouter(tags=["langgraph"], dependencies=[Depends(get_tenant)], responses=error_responses(404, 413, 501))
-
-
-class CronNotFound(ApiError):
-    """No such cron for this tenant (404)."""
-
-    def __init__(self, cron_id: str) -> None:
-        super().__init__(404, f"cron {cron_id!r} not found", type_name="CronNotFound")
 
 
 def cron_records(runtime: RuntimeDep) -> store.CronRecords:
@@ -97,7 +90,7 @@ def _end_time(value: Any) -> datetime | None:
             moment = None
         if moment is not None and moment.tzinfo is not None:
             return moment
-    raise InvalidRequest("end_time must be an ISO 8601 time with a time zone", path="/end_time")
+    raise InvalidRequestError("end_time must be an ISO 8601 time with a time zone", path="/end_time")
 
 
 def create_cron(
@@ -111,18 +104,18 @@ def create_cron(
 
     Raises:
         AgentNotFound: No such assistant (404).
-        InvalidRequest: The schedule, time zone, input or end time cannot be used (422).
-        NotSupported: An option crons do not offer (501).
+        InvalidRequestError: The schedule, time zone, input or end time cannot be used (422).
+        NotSupportedError: An option crons do not offer (501).
     """
     if body.multitask_strategy == "rollback":
-        raise RollbackNotSupported("/multitask_strategy")
+        raise RollbackNotSupportedError("/multitask_strategy")
     if body.multitask_strategy == "interrupt":
-        raise NotSupported("multitask_strategy=interrupt for crons (reject or enqueue)")
+        raise NotSupportedError("multitask_strategy=interrupt for crons (reject or enqueue)")
     if body.multitask_strategy == "enqueue" and thread is None:
-        raise InvalidRequest("multitask_strategy=enqueue needs a thread", path="/multitask_strategy")
+        raise InvalidRequestError("multitask_strategy=enqueue needs a thread", path="/multitask_strategy")
     for name in ("interrupt_before", "interrupt_after", "webhook", "on_run_completed", "command"):
         if getattr(body, name) not in (None, [], {}):
-            raise NotSupported(f"the cron option {name}")
+            raise NotSupportedError(f"the cron option {name}")
     runtime.agent_loader.load(body.assistant_id)
     text = input_text(body.input, [])
     cron_id = new_id()
@@ -139,7 +132,7 @@ def create_cron(
             tenant_id=tenant.id,
         )
     except ScheduleError as exc:
-        raise InvalidRequest(str(exc).replace(f"schedule {cron_id!r}: ", ""), path="/schedule") from None
+        raise InvalidRequestError(str(exc).replace(f"schedule {cron_id!r}: ", ""), path="/schedule") from None
     return crons.create(
         cron_id,
         tenant_id=tenant.id,
@@ -155,7 +148,7 @@ def create_cron(
 def _own(crons: store.CronRecords, tenant: Tenant, cron_id: str) -> store.CronRecord:
     record = crons.get(cron_id)
     if record is None or record.tenant_id != tenant.id:
-        raise CronNotFound(cron_id)
+        raise RecordNotFoundError("cron", cron_id)
     return record
 
 
@@ -197,7 +190,7 @@ async def create(
 
 def _matching(crons: store.CronRecords, tenant: Tenant, body: CronSearch) -> list[store.CronRecord]:
     if body.sort_by not in (None, "created_at") or body.sort_order not in (None, "asc"):
-        raise NotSupported("sorting crons other than by created_at, oldest first")
+        raise NotSupportedError("sorting crons other than by created_at, oldest first")
     return [
         record
         for record in crons.list(tenant.id)
@@ -227,7 +220,7 @@ async def update(
     """Only `enabled` can change; anything else is a 501. A body without `enabled` answers the cron as it is."""
     unsupported = sorted(body.model_fields_set - {"enabled"})
     if unsupported:
-        raise NotSupported(f"changing {', '.join(unsupported)} of a cron (delete it and create another)")
+        raise NotSupportedError(f"changing {', '.join(unsupported)} of a cron (delete it and create another)")
     enabled = body.enabled
 
     def act() -> dict[str, Any]:
@@ -236,7 +229,7 @@ async def update(
             return cron_view(owned)
         record = crons.update(cron_id, enabled=enabled)
         if record is None:
-            raise CronNotFound(cron_id)
+            raise RecordNotFoundError("cron", cron_id)
         return cron_view(record)
 
     view = await run_in_threadpool(act)

@@ -34,10 +34,8 @@ from agent_runner import (
 )
 from agent_runner.snapshot import WAITING_FOR_A_PERSON
 from store.threads import FAILED_STATUSES
-from workers.api.errors import ApiError, InvalidRequest
+from workers.api.errors import ApiError, InvalidRequestError
 from workers.views import MASK, ArgumentMask, agent_mask
-
-S = AgentTurnStatus
 
 HUMAN_TYPES = frozenset({"human", "user"})
 AI_TYPES = frozenset({"ai", "assistant"})
@@ -46,7 +44,7 @@ APPROVAL_DECISIONS = ("approve", "edit", "reject")
 """The decisions an approval interrupt allows."""
 
 
-class NotSupported(ApiError):
+class NotSupportedError(ApiError):
     """A part of the LangGraph protocol this server does not implement (501), named in the message."""
 
     def __init__(self, what: str) -> None:
@@ -173,11 +171,11 @@ def build_interrupt(
 
 def run_status(turn: AgentTurn) -> str:
     """The run status of a turn: pending, running, interrupted (waiting for a person, or cancelled), success, error."""
-    if turn.status is S.READY:
+    if turn.status is AgentTurnStatus.READY:
         return "pending"
-    if turn.status in WAITING_FOR_A_PERSON or turn.status is S.CANCELLED:
+    if turn.status in WAITING_FOR_A_PERSON or turn.status is AgentTurnStatus.CANCELLED:
         return "interrupted"
-    if turn.status is S.COMPLETED:
+    if turn.status is AgentTurnStatus.COMPLETED:
         return "success"
     if turn.status in FAILED_STATUSES:
         return "error"
@@ -208,17 +206,17 @@ def _text_of(content: Any, path: str) -> str:
             elif isinstance(block, dict) and block.get("type") == "text" and isinstance(block.get("text"), str):
                 parts.append(block["text"])
             else:
-                raise NotSupported(f"message content blocks other than text ({path}/content/{index})")
+                raise NotSupportedError(f"message content blocks other than text ({path}/content/{index})")
         return "".join(parts)
-    raise InvalidRequest("a message's content must be a string or a list of text blocks", path=f"{path}/content")
+    raise InvalidRequestError("a message's content must be a string or a list of text blocks", path=f"{path}/content")
 
 
 def _kind_of(message: Any, path: str) -> str:
     if not isinstance(message, dict):
-        raise InvalidRequest("each message must be an object with `type` (or `role`) and `content`", path=path)
+        raise InvalidRequestError("each message must be an object with `type` (or `role`) and `content`", path=path)
     kind = message.get("type", message.get("role"))
     if not isinstance(kind, str):
-        raise InvalidRequest("a message needs `type` (human, ai, ...) or `role` (user, assistant, ...)", path=path)
+        raise InvalidRequestError("a message needs `type` (human, ai, ...) or `role` (user, assistant, ...)", path=path)
     return kind
 
 
@@ -229,22 +227,22 @@ def input_text(value: Any, history: Sequence[AnyMessage]) -> str:
     kind and text, in order), not appended: the conversation already holds them.
 
     Raises:
-        InvalidRequest: The input is not a list of messages ending with a user message, or
+        InvalidRequestError: The input is not a list of messages ending with a user message, or
             its earlier messages are not what the conversation holds (422).
     """
     if not isinstance(value, dict) or set(value) != {"messages"}:
-        raise InvalidRequest('input must be {"messages": [...]}', path="/input")
+        raise InvalidRequestError('input must be {"messages": [...]}', path="/input")
     messages = value["messages"]
     if isinstance(messages, dict):
         messages = [messages]
     if not isinstance(messages, list) or not messages:
-        raise InvalidRequest("input.messages must be a non-empty list of messages", path="/input/messages")
+        raise InvalidRequestError("input.messages must be a non-empty list of messages", path="/input/messages")
     last_path = f"/input/messages/{len(messages) - 1}"
     if _kind_of(messages[-1], last_path) not in HUMAN_TYPES:
-        raise InvalidRequest("the last message of the input must be the user's (type human)", path=last_path)
+        raise InvalidRequestError("the last message of the input must be the user's (type human)", path=last_path)
     text = _text_of(messages[-1].get("content"), last_path)
     if not text:
-        raise InvalidRequest("the user's message is empty", path=f"{last_path}/content")
+        raise InvalidRequestError("the user's message is empty", path=f"{last_path}/content")
     earlier = messages[:-1]
     visible = [m for m in history if isinstance(m, UserMessage | AiMessage)]
     if earlier:
@@ -254,7 +252,7 @@ def input_text(value: Any, history: Sequence[AnyMessage]) -> str:
         held = [("human" if isinstance(m, UserMessage) else "ai", m.content or "") for m in visible][-len(said) :]
         normalized = [("human" if kind in HUMAN_TYPES else "ai", text) for kind, text in said]
         if len(held) < len(normalized) or held != normalized:
-            raise InvalidRequest(
+            raise InvalidRequestError(
                 "the messages before the last one are not the thread's history; send only the new user message",
                 path="/input/messages",
             )
@@ -277,7 +275,7 @@ def resume_command(turn: AgentTurn, agent: Agent | None, resume: Any, metadata: 
     A value keyed by the interrupt id (`{interrupt_id: value}`) is accepted too.
 
     Raises:
-        InvalidRequest: The value does not fit the interrupt (422).
+        InvalidRequestError: The value does not fit the interrupt (422).
     """
     suspension = turn.suspension
     if suspension is None or turn.status not in WAITING_FOR_A_PERSON:
@@ -308,20 +306,24 @@ def _command_for(turn: AgentTurn, agent: Agent | None, resume: Any) -> AgentResu
         if kind == "reject":
             message = decision.get("message")
             if message is not None and (not isinstance(message, str) or not message):
-                raise InvalidRequest("a reject decision's message must be a non-empty string", path="/command/resume")
+                raise InvalidRequestError(
+                    "a reject decision's message must be a non-empty string", path="/command/resume"
+                )
             return AgentResumeCommand.reject_tool(call_id, message or "rejected by the user")
         if kind == "edit":
             return AgentResumeCommand.edit_tool(call_id, _edited_arguments(turn, agent, call_id, decision))
-        raise InvalidRequest(
+        raise InvalidRequestError(
             f"a decision's type must be one of {', '.join(APPROVAL_DECISIONS)}, not {kind!r}",
             path="/command/resume/decisions/0/type",
         )
     if call_id is not None:
         if not isinstance(resume, dict):
-            raise InvalidRequest("a form interrupt resumes with the form data (an object)", path="/command/resume")
+            raise InvalidRequestError("a form interrupt resumes with the form data (an object)", path="/command/resume")
         return AgentResumeCommand.user_input(call_id, resume)
     if not isinstance(resume, str) or not resume:
-        raise InvalidRequest("a question resumes with the answer text (a non-empty string)", path="/command/resume")
+        raise InvalidRequestError(
+            "a question resumes with the answer text (a non-empty string)", path="/command/resume"
+        )
     return AgentResumeCommand.user_input(resume)
 
 
@@ -329,12 +331,12 @@ def _edited_arguments(turn: AgentTurn, agent: Agent | None, call_id: str, decisi
     path = "/command/resume/decisions/0/edited_action"
     action = decision.get("edited_action")
     if not isinstance(action, dict) or not isinstance(action.get("args"), dict):
-        raise InvalidRequest('an edit decision needs edited_action {"name", "args": {...}}', path=path)
+        raise InvalidRequestError('an edit decision needs edited_action {"name", "args": {...}}', path=path)
     call = next((c for c in turn.pending_tool_calls if c.id == call_id), None)
     if call is None:
-        raise InvalidRequest(f"tool call {call_id!r} is no longer pending", path=path)
+        raise InvalidRequestError(f"tool call {call_id!r} is no longer pending", path=path)
     if action.get("name", call.name) != call.name:
-        raise InvalidRequest(
+        raise InvalidRequestError(
             f"an edit changes the arguments of {call.name!r}, not which tool is called", path=f"{path}/name"
         )
     tool = agent.tool(call.name) if agent is not None else None
@@ -349,7 +351,7 @@ def _edited_arguments(turn: AgentTurn, agent: Agent | None, call_id: str, decisi
 def _single_decision(resume: Any) -> dict[str, Any]:
     decisions = resume.get("decisions") if isinstance(resume, dict) else None
     if not isinstance(decisions, list) or len(decisions) != 1 or not isinstance(decisions[0], dict):
-        raise InvalidRequest(
+        raise InvalidRequestError(
             'an approval resumes with {"decisions": [one decision]} (one pending tool call per interrupt)',
             path="/command/resume/decisions",
         )

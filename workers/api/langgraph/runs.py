@@ -6,7 +6,7 @@ A run with `input` starts a turn with the input's last user message; one with
 `reject` (409), `enqueue` (the run is `pending` until the conversation frees; its id is
 the queued message's until the turn starts) and `interrupt` (the active turn is cancelled
 with close-out). A run with `after_seconds` is a turn saved READY that no worker starts
-before then: it is `pending` meanwhile, and it is the thread's active run. `rollback` is refused with a 422 `RollbackNotSupported`: a conversation's
+before then: it is `pending` meanwhile, and it is the thread's active run. `rollback` is refused with a 422 `RollbackNotSupportedError`: a conversation's
 messages are never deleted, so a cancelled run cannot be taken out of the thread's state.
 
 Every creation answers with `Content-Location: /threads/{thread_id}/runs/{run_id}`; a
@@ -34,28 +34,28 @@ from agent_runner.persistence import EventScope
 from agent_runner.snapshot import WAITING_FOR_A_PERSON
 from workers.api import service
 from workers.api.auth import RuntimeDep, TenantDep, get_tenant
-from workers.api.errors import ApiError, InvalidRequest
-from workers.api.events import LastEventId
+from workers.api.bodies import ID_PATTERN, CancelRequest, StartTurnRequest
+from workers.api.errors import ApiError, InvalidRequestError, RecordNotFoundError
+from workers.api.event_streams import LastEventId
 from workers.api.langgraph.mapping import (
-    NotSupported,
+    NotSupportedError,
     input_text,
     interrupt_of,
     resume_command,
     run_status,
 )
-from workers.api.langgraph.models import MAX_OFFSET, RunCreate
-from workers.api.langgraph.streaming import SUPPORTED_MODES, RunTranslator, run_stream
+from workers.api.langgraph.request_bodies import MAX_OFFSET, RunCreate
+from workers.api.langgraph.stream_parts import SUPPORTED_MODES, RunTranslator, run_stream
 from workers.api.langgraph.threads import (
     HISTORY_MESSAGES,
     RecordsDep,
     ThreadId,
-    ThreadNotFound,
+    ThreadNotFoundError,
     create_thread,
     load_thread,
     thread_records,
     thread_view,
 )
-from workers.api.models import ID_PATTERN, CancelRequest, StartTurnRequest
 from workers.api.openapi import error_responses, event_stream_response
 from workers.api.runtime import Runtime
 from workers.api.tenancy import Tenant
@@ -72,14 +72,7 @@ router = APIRouter(
 RUN_STREAM = event_stream_response("`text/event-stream` of the run's events in the stream modes asked for.")
 
 
-class RunNotFound(ApiError):
-    """No such run in this thread (404)."""
-
-    def __init__(self, run_id: str) -> None:
-        super().__init__(404, f"run {run_id!r} not found", type_name="RunNotFound")
-
-
-class RollbackNotSupported(ApiError):
+class RollbackNotSupportedError(ApiError):
     """`rollback` cannot be honoured: a cancelled run's messages stay in the conversation (422)."""
 
     def __init__(self, where: str) -> None:
@@ -136,7 +129,7 @@ def _check_supported(body: RunCreate) -> None:
     """Answer 501 for the options that would change the outcome and are not implemented."""
     unsupported = [mode for mode in body.modes() if mode not in SUPPORTED_MODES]
     if unsupported:
-        raise NotSupported(f"stream_mode {', '.join(unsupported)} (supported: {', '.join(SUPPORTED_MODES)})")
+        raise NotSupportedError(f"stream_mode {', '.join(unsupported)} (supported: {', '.join(SUPPORTED_MODES)})")
     options = {
         "interrupt_before": body.interrupt_before,
         "interrupt_after": body.interrupt_after,
@@ -147,13 +140,13 @@ def _check_supported(body: RunCreate) -> None:
     }
     for name, value in options.items():
         if value not in (None, [], {}):
-            raise NotSupported(f"the run option {name}")
+            raise NotSupportedError(f"the run option {name}")
     if body.on_completion == "delete":
-        raise NotSupported("on_completion=delete")
+        raise NotSupportedError("on_completion=delete")
     if body.command is not None and (body.command.update is not None or body.command.goto is not None):
-        raise NotSupported("command.update and command.goto (only command.resume)")
+        raise NotSupportedError("command.update and command.goto (only command.resume)")
     if body.after_seconds and body.command is not None:
-        raise NotSupported("after_seconds with command.resume (a resumed run continues at once)")
+        raise NotSupportedError("after_seconds with command.resume (a resumed run continues at once)")
 
 
 def tree_end(runtime: Runtime, root_turn_id: str) -> str:
@@ -171,23 +164,23 @@ def start_run(
     _check_supported(body)
     service.start_time(runtime, body.after_seconds, "after_seconds")  # refused before a thread is created
     if body.multitask_strategy == "rollback":
-        raise RollbackNotSupported("/multitask_strategy")
+        raise RollbackNotSupportedError("/multitask_strategy")
     runtime.agent_loader.load(body.assistant_id)
     if thread_id is None:
         thread = create_thread(records, tenant, None, {}, if_exists="raise")
     else:
         try:
             thread = load_thread(records, tenant, thread_id)
-        except ThreadNotFound:
+        except ThreadNotFoundError:
             if body.if_not_exists != "create":
                 raise
             thread = create_thread(records, tenant, thread_id, {}, if_exists="do_nothing")
     if body.command is not None and body.command.resume is not None:
         if body.input is not None:
-            raise InvalidRequest("send either input or command.resume, not both", path="/input")
+            raise InvalidRequestError("send either input or command.resume, not both", path="/input")
         return _resume(runtime, tenant, thread, body)
     if body.input is None:
-        raise InvalidRequest('a run needs input ({"messages": [...]}) or command.resume', path="/input")
+        raise InvalidRequestError('a run needs input ({"messages": [...]}) or command.resume', path="/input")
     history = runtime.memories.of(thread.conversation).get_model_messages(HISTORY_MESSAGES)
     text = input_text(body.input, history)
     request = StartTurnRequest(
@@ -212,7 +205,7 @@ def _resume(runtime: Runtime, tenant: Tenant, thread: store.ThreadRecord, body: 
             409, f"thread {thread.thread_id!r} has no interrupted run to resume", type_name="NoPendingInterrupt"
         )
     if active.agent_id != body.assistant_id:
-        raise InvalidRequest(
+        raise InvalidRequestError(
             f"the interrupted run belongs to assistant {active.agent_id!r}, not {body.assistant_id!r}",
             path="/assistant_id",
         )
@@ -227,7 +220,7 @@ def find_run(runtime: Runtime, thread: store.ThreadRecord, run_id: str) -> Agent
     """The run's turn, or its queued message while it has not started.
 
     Raises:
-        RunNotFound: No run of this id in the thread.
+        RecordNotFoundError: No run of this id in the thread (`RunNotFound`).
     """
     try:
         turn = runtime.turn_store.load(run_id)
@@ -235,11 +228,11 @@ def find_run(runtime: Runtime, thread: store.ThreadRecord, run_id: str) -> Agent
         turn = None
     if turn is not None:
         if turn.conversation_id != thread.conversation_id or turn.tenant_id != thread.tenant_id:
-            raise RunNotFound(run_id)
+            raise RecordNotFoundError("run", run_id)
         return turn
     message = runtime.inbox.get(run_id)
     if message is None or message.conversation != thread.conversation:
-        raise RunNotFound(run_id)
+        raise RecordNotFoundError("run", run_id)
     if message.turn_id is not None:
         return runtime.turn_store.load(message.turn_id)
     return message
@@ -504,7 +497,7 @@ async def join_stream(
     modes = list(dict.fromkeys(chosen or ["values", "updates", "messages-tuple", "custom"]))
     unsupported = [mode for mode in modes if mode not in SUPPORTED_MODES]
     if unsupported:
-        raise NotSupported(f"stream_mode {', '.join(unsupported)} (supported: {', '.join(SUPPORTED_MODES)})")
+        raise NotSupportedError(f"stream_mode {', '.join(unsupported)} (supported: {', '.join(SUPPORTED_MODES)})")
     thread, found = await run_in_threadpool(_run_of, runtime, records, tenant, thread_id, run_id)
     turn = found if isinstance(found, AgentTurn) else None
     location = _location(thread.thread_id, run_id)
@@ -534,7 +527,7 @@ async def cancel(
 ) -> Response:
     """Cancel the run (its turn ends CANCELLED, history closed out); `wait=1` answers once it has ended."""
     if action == "rollback":
-        raise RollbackNotSupported("action")
+        raise RollbackNotSupportedError("action")
     thread, found = await run_in_threadpool(_run_of, runtime, records, tenant, thread_id, run_id)
     if not isinstance(found, AgentTurn):
         raise ApiError(
@@ -557,7 +550,7 @@ async def delete(
     _, found = await run_in_threadpool(_run_of, runtime, records, tenant, thread_id, run_id)
     if isinstance(found, AgentTurn) and not found.is_terminal:
         raise ApiError(409, f"run {run_id!r} is still active; cancel it first", type_name="RunActive")
-    raise NotSupported("deleting a run (its turn stays as the conversation's record)")
+    raise NotSupportedError("deleting a run (its turn stays as the conversation's record)")
 
 
 __all__ = ["router", "run_view", "start_run", "thread_records"]

@@ -24,16 +24,16 @@ import store
 from agent_runner import AgentTurn, AnyMessage, SystemMessage
 from agent_runner.ids import new_id
 from workers.api.auth import RuntimeDep, TenantDep, get_tenant
-from workers.api.errors import ApiError
+from workers.api.bodies import ID_PATTERN
+from workers.api.errors import ApiError, RecordNotFoundError
 from workers.api.langgraph.mapping import (
-    NotSupported,
+    NotSupportedError,
     interrupt_of,
     langchain_messages,
     thread_status,
 )
-from workers.api.langgraph.models import ThreadCreate, ThreadHistoryQuery, ThreadPatch, ThreadSearch
+from workers.api.langgraph.request_bodies import ThreadCreate, ThreadHistoryQuery, ThreadPatch, ThreadSearch
 from workers.api.langgraph.run_events import next_node
-from workers.api.models import ID_PATTERN
 from workers.api.openapi import error_responses
 from workers.api.runtime import Runtime
 from workers.api.tenancy import Tenant
@@ -49,14 +49,14 @@ router = APIRouter(
 )
 
 
-class ThreadNotFound(ApiError):
+class ThreadNotFoundError(RecordNotFoundError):
     """No such thread for this tenant (404)."""
 
     def __init__(self, thread_id: str) -> None:
-        super().__init__(404, f"thread {thread_id!r} not found", type_name="ThreadNotFound")
+        super().__init__("thread", thread_id)
 
 
-class ThreadExists(ApiError):
+class ThreadExistsError(ApiError):
     """A thread with this id exists (or existed) already (409)."""
 
     def __init__(self, thread_id: str) -> None:
@@ -80,11 +80,11 @@ def load_thread(records: store.ThreadRecords, tenant: Tenant, thread_id: str) ->
     """The tenant's existing thread.
 
     Raises:
-        ThreadNotFound: No such thread, a deleted one, or another tenant's.
+        ThreadNotFoundError: No such thread, a deleted one, or another tenant's.
     """
     record = records.get(tenant.reaches(thread_id))
     if record is None or record.deleted_at is not None or record.tenant_id != tenant.id:
-        raise ThreadNotFound(thread_id)
+        raise ThreadNotFoundError(thread_id)
     return record
 
 
@@ -97,8 +97,8 @@ def create_thread(
     thread is the one meant (created, or returned when it exists).
 
     Raises:
-        ThreadExists: The id is taken (409), by a live thread with `raise`, or by a deleted one.
-        ConversationNotFound: The request's token is limited to another conversation (404).
+        ThreadExistsError: The id is taken (409), by a live thread with `raise`, or by a deleted one.
+        ConversationNotFoundError: The request's token is limited to another conversation (404).
     """
     if thread_id is None and tenant.conversation is not None:
         thread_id = tenant.conversation
@@ -109,7 +109,7 @@ def create_thread(
         return record
     if record.tenant_id == tenant.id and record.deleted_at is None and if_exists == "do_nothing":
         return record
-    raise ThreadExists(chosen)
+    raise ThreadExistsError(chosen)
 
 
 def _turns(runtime: Runtime, record: store.ThreadRecord, limit: int) -> list[AgentTurn]:
@@ -271,9 +271,9 @@ def thread_history(runtime: Runtime, record: store.ThreadRecord, limit: int) -> 
 async def create(body: ThreadCreate, runtime: RuntimeDep, tenant: TenantDep, records: RecordsDep) -> JSONResponse:
     """Create a thread (a conversation), with `thread_id` or a new id; `if_exists=do_nothing` returns an existing one."""
     if body.supersteps:
-        raise NotSupported("creating a thread from supersteps")
+        raise NotSupportedError("creating a thread from supersteps")
     if body.ttl is not None:
-        raise NotSupported("a thread TTL")
+        raise NotSupportedError("a thread TTL")
 
     def act() -> dict[str, Any]:
         record = create_thread(records, tenant, body.thread_id, body.metadata, if_exists=body.if_exists)
@@ -286,12 +286,12 @@ def _query(tenant: Tenant, body: ThreadSearch) -> store.ThreadQuery:
     """The store query of a search's filters and order.
 
     Raises:
-        NotSupported: A filter on values, or `extract`.
+        NotSupportedError: A filter on values, or `extract`.
     """
     if body.values:
-        raise NotSupported("searching threads by values")
+        raise NotSupportedError("searching threads by values")
     if body.extract is not None:
-        raise NotSupported("extract in a thread search")
+        raise NotSupportedError("extract in a thread search")
     return store.ThreadQuery(
         tenant_id=tenant.id,
         conversation_id=tenant.conversation,  # a token limited to one conversation sees that thread only
@@ -335,13 +335,13 @@ async def patch(
 ) -> JSONResponse:
     """Merge `metadata` into the thread's metadata."""
     if body.ttl is not None:
-        raise NotSupported("a thread TTL")
+        raise NotSupportedError("a thread TTL")
 
     def act() -> dict[str, Any]:
         record = load_thread(records, tenant, thread_id)
         updated = records.update_metadata(record.conversation, body.metadata)
         if updated is None:
-            raise ThreadNotFound(thread_id)
+            raise ThreadNotFoundError(thread_id)
         return thread_view(runtime, updated)
 
     return JSONResponse(await run_in_threadpool(act))
@@ -377,13 +377,13 @@ async def state(
 @router.get("/threads/{thread_id}/state/{checkpoint_id}", summary="Get a thread's state at a checkpoint")
 async def state_at(thread_id: ThreadId, checkpoint_id: str) -> JSONResponse:
     """Not supported: a thread keeps no checkpoints inside its turns (see `/history`)."""
-    raise NotSupported("reading a thread's state at a checkpoint")
+    raise NotSupportedError("reading a thread's state at a checkpoint")
 
 
 @router.post("/threads/{thread_id}/state", summary="Update a thread's state")
 async def update_state(thread_id: ThreadId) -> JSONResponse:
     """Not supported: a conversation's messages change only through its turns."""
-    raise NotSupported("updating a thread's state")
+    raise NotSupportedError("updating a thread's state")
 
 
 @router.get("/threads/{thread_id}/history", summary="A thread's history")
@@ -406,7 +406,7 @@ async def history_post(
 ) -> JSONResponse:
     """The thread's states, newest first; `before` and `checkpoint` filters are not supported."""
     if body.before is not None or body.checkpoint is not None:
-        raise NotSupported("filtering a thread's history by checkpoint")
+        raise NotSupportedError("filtering a thread's history by checkpoint")
     return JSONResponse(
         await run_in_threadpool(lambda: thread_history(runtime, load_thread(records, tenant, thread_id), body.limit))
     )

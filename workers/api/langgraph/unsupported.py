@@ -11,7 +11,7 @@ from collections.abc import Callable
 from fastapi import APIRouter, Depends
 
 from workers.api.auth import get_tenant
-from workers.api.langgraph.mapping import NotSupported
+from workers.api.langgraph.mapping import NotSupportedError
 
 UNSUPPORTED: tuple[tuple[str, str, str], ...] = (
     ("POST", "/runs/batch", "creating runs in a batch"),
@@ -38,7 +38,7 @@ router = APIRouter(tags=["langgraph"], dependencies=[Depends(get_tenant)], inclu
 
 def _refuse(what: str) -> Callable[[], None]:
     def refuse() -> None:
-        raise NotSupported(what)
+        raise NotSupportedError(what)
 
     return refuse
 

@@ -39,9 +39,9 @@ from agent_runner import AgentTurn, AiMessage, ToolMessage, UserMessage
 from agent_runner.feed import FeedPosition
 from workers.api import service
 from workers.api.auth import RuntimeDep, TenantDep, get_tenant
-from workers.api.errors import InvalidRequest
-from workers.api.events import KEEPALIVE_S
-from workers.api.models import ID_PATTERN, CancelRequest, Identifier
+from workers.api.bodies import ID_PATTERN, CancelRequest, Identifier
+from workers.api.errors import InvalidRequestError
+from workers.api.event_streams import KEEPALIVE_S
 from workers.api.openapi import error_responses as _errors
 from workers.api.openapi import event_stream_response
 from workers.api.protocols import chat, steps
@@ -116,26 +116,26 @@ def _resume(runtime: Runtime, tenant: Tenant, agent_id: str, body: RunAgentInput
     turn = chat.active_turn(runtime, tenant, agent_id, body.thread_id)
     suspension = None if turn is None else turn.suspension
     if turn is None or suspension is None:
-        raise chat.NothingToAnswer(body.thread_id, "no turn waits for an answer")
+        raise chat.NothingToAnswerError(body.thread_id, "no turn waits for an answer")
     wanted = suspension.correlation_id or QUESTION_INTERRUPT
     assert body.resume is not None
     number, entry = next(((n, e) for n, e in enumerate(body.resume) if e.interrupt_id == wanted), (-1, None))
     if entry is None:
-        raise chat.NothingToAnswer(
+        raise chat.NothingToAnswerError(
             body.thread_id, f"turn {turn.id!r} waits for interrupt {wanted!r}; no entry answers it"
         )
     path = f"/resume/{number}/payload"
     payload = entry.payload
     if suspension.correlation_id is None:
         if not isinstance(payload, str) or not payload.strip():
-            raise InvalidRequest("the answer to a question must be a non-empty string", path=path)
+            raise InvalidRequestError("the answer to a question must be a non-empty string", path=path)
         return chat.decide(runtime, tenant, turn, chat.Decision(wanted, "input", content=payload), CHANNEL, ids)
     if suspension.form is not None:
         if entry.status == "cancelled":
             after = chat.feed_position(runtime, turn.id)  # before the cancel, so the run shows it
             return chat.Started(service.cancel_turn(runtime, tenant, turn.id, CancelRequest(reason=STOP_REASON)), after)
         if not isinstance(payload, dict):
-            raise InvalidRequest("the form data must be a JSON object", path=path)
+            raise InvalidRequestError("the form data must be a JSON object", path=path)
         return chat.decide(runtime, tenant, turn, chat.Decision(wanted, "form", data=payload), CHANNEL, ids)
     approved, reason = _approval(payload, path)
     if entry.status == "cancelled":
@@ -150,10 +150,10 @@ def _approval(payload: Any, path: str) -> tuple[bool, str | None]:
     if payload is None:
         return False, None
     if not isinstance(payload, dict) or not isinstance(payload.get("approved"), bool):
-        raise InvalidRequest('an approval is answered with {"approved": true|false, "reason"?: "..."}', path=path)
+        raise InvalidRequestError('an approval is answered with {"approved": true|false, "reason"?: "..."}', path=path)
     reason = payload.get("reason")
     if reason is not None and not isinstance(reason, str):
-        raise InvalidRequest("the reason must be a string", path=f"{path}/reason")
+        raise InvalidRequestError("the reason must be a string", path=f"{path}/reason")
     return payload["approved"], reason or None
 
 
@@ -163,7 +163,7 @@ def _user_text(body: RunAgentInput, index: int) -> str:
         texts = [p.get("text") for p in content if isinstance(p, dict) and p.get("type") == "text"]
         content = "".join(t for t in texts if isinstance(t, str))
     if not isinstance(content, str) or not content.strip():
-        raise InvalidRequest("the user message has no text", path=f"/messages/{index}/content")
+        raise InvalidRequestError("the user message has no text", path=f"/messages/{index}/content")
     return content
 
 
@@ -419,7 +419,7 @@ def _is_reconnect(runtime: Runtime, tenant: Tenant, agent_id: str, body: RunAgen
 
 def _require(started: chat.Started | None) -> chat.Started:
     if started is None:
-        raise InvalidRequest("the input has no new user message and no resume entries", path="/messages")
+        raise InvalidRequestError("the input has no new user message and no resume entries", path="/messages")
     return started
 
 

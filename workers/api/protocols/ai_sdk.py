@@ -38,9 +38,9 @@ from starlette.concurrency import run_in_threadpool
 from agent_runner import AgentTurn
 from workers.api import service
 from workers.api.auth import RuntimeDep, TenantDep, get_tenant
-from workers.api.errors import InvalidRequest
-from workers.api.events import KEEPALIVE_S
-from workers.api.models import ID_PATTERN, Identifier, UIMessageView
+from workers.api.bodies import ID_PATTERN, Identifier, UIMessageView
+from workers.api.errors import InvalidRequestError
+from workers.api.event_streams import KEEPALIVE_S
 from workers.api.openapi import error_responses as _errors
 from workers.api.openapi import event_stream_response
 from workers.api.protocols import chat, steps, ui_messages
@@ -98,10 +98,10 @@ def _user_text(body: ChatRequest) -> str:
     index = len(body.messages) - 1
     texts = [p.get("text") for p in last.parts if p.get("type") == "text"]
     if any(not isinstance(t, str) for t in texts):
-        raise InvalidRequest("a text part has no text", path=f"/messages/{index}/parts")
+        raise InvalidRequestError("a text part has no text", path=f"/messages/{index}/parts")
     text = "".join(t for t in texts if isinstance(t, str))
     if not text.strip():
-        raise InvalidRequest("the user message has no text", path=f"/messages/{index}/parts")
+        raise InvalidRequestError("the user message has no text", path=f"/messages/{index}/parts")
     return text
 
 
@@ -110,7 +110,7 @@ def _decision(body: ChatRequest, turn: AgentTurn) -> chat.Decision:
     suspension = turn.suspension
     call_id = None if suspension is None else suspension.correlation_id
     if suspension is None or call_id is None:
-        raise chat.NothingToAnswer(body.id, f"turn {turn.id!r} does not wait for a tool call to be answered")
+        raise chat.NothingToAnswerError(body.id, f"turn {turn.id!r} does not wait for a tool call to be answered")
     index = len(body.messages) - 1
     for number, part in enumerate(body.messages[-1].parts):
         kind = part.get("type")
@@ -123,19 +123,19 @@ def _decision(body: ChatRequest, turn: AgentTurn) -> chat.Decision:
         if state == "approval-responded":
             approval = part.get("approval")
             if not isinstance(approval, dict) or not isinstance(approval.get("approved"), bool):
-                raise InvalidRequest("the approval has no `approved` boolean", path=f"{path}/approval")
+                raise InvalidRequestError("the approval has no `approved` boolean", path=f"{path}/approval")
             reason = approval.get("reason")
             reason = reason if isinstance(reason, str) and reason else None
             return chat.Decision(call_id, "approve" if approval["approved"] else "reject", reason=reason)
         if state == "output-available" and suspension.form is not None:
             output = part.get("output")
             if not isinstance(output, dict):
-                raise InvalidRequest("the form data must be a JSON object", path=f"{path}/output")
+                raise InvalidRequestError("the form data must be a JSON object", path=f"{path}/output")
             return chat.Decision(call_id, "form", data=output)
-        raise chat.NothingToAnswer(
+        raise chat.NothingToAnswerError(
             body.id, f"the part of call {call_id!r} is in state {state!r}, which answers nothing the turn waits for"
         )
-    raise chat.NothingToAnswer(
+    raise chat.NothingToAnswerError(
         body.id, f"turn {turn.id!r} waits for call {call_id!r}, and the last message does not answer it"
     )
 
@@ -158,7 +158,7 @@ def reads_approval_responses(body: ChatRequest) -> bool:
 
 def _act(runtime: Runtime, tenant: Tenant, agent_id: str, body: ChatRequest, ids: chat.RequestIds) -> chat.Started:
     if body.trigger == "regenerate-message":
-        raise InvalidRequest(
+        raise InvalidRequestError(
             "regenerating is not supported: a turn's answer is durable; send a new message instead", path="/trigger"
         )
     last = body.messages[-1]
@@ -167,11 +167,11 @@ def _act(runtime: Runtime, tenant: Tenant, agent_id: str, body: ChatRequest, ids
         message_id = chat.stored_message_id(tenant, body.id, last.id)
         return chat.send_message(runtime, tenant, agent_id, body.id, text, message_id, CHANNEL, ids)
     if last.role != "assistant":
-        raise InvalidRequest("the last message must be a user or an assistant message", path="/messages")
+        raise InvalidRequestError("the last message must be a user or an assistant message", path="/messages")
     runtime.agent_loader.load(agent_id)
     turn = chat.active_turn(runtime, tenant, agent_id, body.id)
     if turn is None:
-        raise chat.NothingToAnswer(body.id, "no turn is active, so there is nothing to answer")
+        raise chat.NothingToAnswerError(body.id, "no turn is active, so there is nothing to answer")
     return chat.decide(runtime, tenant, turn, _decision(body, turn), CHANNEL, ids)
 
 

@@ -41,10 +41,10 @@ from agent_runner.feed import FeedPosition, FeedReader
 from agent_runner.persistence import EventScope
 from store.idempotency import RESUME_MARK
 from workers.api import service
-from workers.api.errors import ApiError, InvalidRequest
-from workers.api.events import follow_tree
-from workers.api.idempotency import Answer, request_id, run_once, turn_id_of
-from workers.api.models import CancelRequest, ResumeRequest, StartTurnRequest
+from workers.api.bodies import CancelRequest, ResumeRequest, StartTurnRequest
+from workers.api.errors import ApiError, InvalidRequestError
+from workers.api.event_streams import follow_tree
+from workers.api.idempotency_header import Answer, request_id, run_once, turn_id_of
 from workers.api.protocols.steps import (
     ApprovalRequested,
     FormRequested,
@@ -64,8 +64,10 @@ CHANNEL_METADATA_KEY = "channel"
 """The resume metadata (and turn metadata) naming the client protocol a decision or a turn came through."""
 
 
-class NothingToAnswer(ApiError):
+class NothingToAnswerError(ApiError):
     """A decision for a conversation whose active turn does not wait for it (409)."""
+
+    wire_type = "NothingToAnswer"
 
     def __init__(self, conversation_id: str, message: str) -> None:
         super().__init__(409, f"conversation {conversation_id!r}: {message}")
@@ -127,7 +129,7 @@ def send_message(
 
     Raises:
         AgentNotFound: No such agent.
-        ConversationBusy: The conversation has an active turn that is not asking a question (409).
+        ConversationBusyError: The conversation has an active turn that is not asking a question (409).
     """
     conversation = tenant.reaches(conversation_id)
     for turn in runtime.turn_store.list_turns(
@@ -179,7 +181,7 @@ def decide(
         )
     except ValidationError as exc:
         # Only a call id the model made up outside the API's id alphabet gets here.
-        raise InvalidRequest(f"the decision cannot be expressed: {exc.errors()[0]['msg']}", path="/") from None
+        raise InvalidRequestError(f"the decision cannot be expressed: {exc.errors()[0]['msg']}", path="/") from None
     turn = service.resume_turn(runtime, tenant, turn.id, request, None if ids is None else ids.marks)
     return Started(turn, after)
 
@@ -270,7 +272,7 @@ async def act_once(
 
     A retry whose first answer was not recorded finds what the first attempt did from what
     it saved (the keyed turn it started, or the keyed decision in the conversation's
-    latest turn), see `workers.api.idempotency`. Returns the `Started` to stream, or the
+    latest turn), see `workers.api.idempotency_header`. Returns the `Started` to stream, or the
     error answer given for the key (a retry of a request that failed gets the same failure).
     """
     ids = RequestIds.of(tenant, idempotency_key)

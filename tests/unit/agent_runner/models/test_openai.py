@@ -10,7 +10,7 @@ import json
 import socket
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
 from typing import Any
@@ -31,34 +31,19 @@ from agent_runner.models.openai import (
 )
 from tests.helpers.fake_openai import FakeChatServer, Reply, completion
 
-
-@pytest.fixture
-def server() -> Iterator[FakeChatServer]:
-    fake = FakeChatServer()
-    try:
-        yield fake
-    finally:
-        fake.close()
-
-
 ModelFactory = Callable[..., OpenAIChatModel]
 
 
 @pytest.fixture
-def make_model(server: FakeChatServer) -> Iterator[ModelFactory]:
+def make_model(server: FakeChatServer, closing: Callable[[OpenAIChatModel], OpenAIChatModel]) -> ModelFactory:
     """Build models pointed at the server; all are closed before the server stops."""
-    models: list[OpenAIChatModel] = []
 
     def make(model: str = "m", **kwargs: Any) -> OpenAIChatModel:
         kwargs.setdefault("base_url", server.base_url)
         kwargs.setdefault("api_key", "k")
-        built = OpenAIChatModel(model, **kwargs)
-        models.append(built)
-        return built
+        return closing(OpenAIChatModel(model, **kwargs))
 
-    yield make
-    for built in models:
-        built.close()
+    return make
 
 
 # ---------------------------------------------------------------------------

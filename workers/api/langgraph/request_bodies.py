@@ -2,7 +2,7 @@
 
 Fields the clients send that this server does not act on are listed too: left at their
 defaults they are accepted, set to something that would change the outcome they are
-answered with 501 `NotSupported` naming them (see the routes). Unknown fields, and values
+answered with 501 `NotSupportedError` naming them (see the routes). Unknown fields, and values
 of another JSON type than the field's (`0` for a boolean, `"5"` for a number), are a 422.
 """
 
@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from workers.api.models import Identifier, JsonObject, WholeNumber
+from workers.api.bodies import Identifier, JsonObject, WholeNumber
 
 StreamMode = Literal[
     "values", "updates", "messages-tuple", "messages", "custom", "events", "debug", "tasks", "checkpoints"

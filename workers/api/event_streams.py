@@ -28,6 +28,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Annotated, Any
 
 import anyio
@@ -42,8 +43,8 @@ from agent_runner.feed import FeedFollower, FeedPage, FeedPosition, FeedReader
 from agent_runner.persistence import DEFAULT_EVENT_PAGE
 from workers.api import service
 from workers.api.auth import RuntimeDep, TenantDep, get_tenant
-from workers.api.fanout import Detached, EventFanout, Subscription
-from workers.api.models import AgentEventView
+from workers.api.bodies import AgentEventView
+from workers.api.fanout import DetachedError, EventFanout, Subscription
 from workers.api.openapi import error_responses as _errors
 from workers.api.openapi import event_stream_response
 from workers.api.routes import ConversationId, TurnId
@@ -92,6 +93,23 @@ LastEventId = Annotated[
 Follow = Annotated[
     bool, Query(description="Keep the stream open for new events (false: send what is stored and close).")
 ]
+
+
+@dataclass(frozen=True)
+class StreamStart:
+    """Where an event stream of the API starts, and whether it stays open for new events."""
+
+    cursor: str | None
+    """Send the events after this cursor (None: from the start)."""
+    follow: bool
+
+
+def stream_start(after: Cursor = None, follow: Follow = True, last_event_id: LastEventId = None) -> StreamStart:
+    """The start a request asks for: `Last-Event-ID` (a reconnecting browser's) wins over `after`."""
+    return StreamStart(last_event_id or after, follow)
+
+
+StartDep = Annotated[StreamStart, Depends(stream_start)]
 
 
 _SSE_RESPONSE = event_stream_response(
@@ -232,7 +250,7 @@ class _Stream(FeedReader):
             subscription = self._subscription
             try:
                 events = await subscription.next_batch(remaining)
-            except Detached:
+            except DetachedError:
                 self.leave()
                 continue
             self.position = subscription.position
@@ -406,16 +424,14 @@ def _response(body: AsyncIterator[str]) -> StreamingResponse:
     )
 
 
-async def _open(
-    runtime: Runtime, tenant: Tenant, scope: EventScope, cursor: str | None, follow: bool
-) -> StreamingResponse:
+async def _open(runtime: Runtime, tenant: Tenant, scope: EventScope, start: StreamStart) -> StreamingResponse:
     # A turn tree's stream ends after its root turn; a conversation's goes on.
     root_turn_id = scope.id if scope.kind == "tree" else None
-    stream = _Stream(runtime.events, runtime.fanout, scope, cursor)
+    stream = _Stream(runtime.events, runtime.fanout, scope, start.cursor)
     # The first page is read before answering, so a bad cursor is a 422 rather than a broken stream.
     first = await stream.read_more()
     write = _Writer(catalog_mask(runtime.agent_loader), root_turn_id)
-    if follow:
+    if start.follow:
         return _response(_follow(runtime, stream, first, write, root_turn_id))
 
     async def replay_and_close() -> AsyncIterator[str]:
@@ -435,17 +451,10 @@ async def _open(
     response_class=StreamingResponse,
     responses={**_SSE_RESPONSE, **_errors(401, 404, 422, 503)},
 )
-async def turn_events(
-    turn_id: TurnId,
-    runtime: RuntimeDep,
-    tenant: TenantDep,
-    after: Cursor = None,
-    follow: Follow = True,
-    last_event_id: LastEventId = None,
-) -> StreamingResponse:
+async def turn_events(turn_id: TurnId, runtime: RuntimeDep, tenant: TenantDep, start: StartDep) -> StreamingResponse:
     """The events of the turn and its child turns, as server-sent events; `event: end` after the root turn ends."""
     turn = await _in_thread(service.get_turn, runtime, tenant, turn_id)
-    return await _open(runtime, tenant, EventScope.tree(turn.root_turn_id), last_event_id or after, follow)
+    return await _open(runtime, tenant, EventScope.tree(turn.root_turn_id), start)
 
 
 @router.get(
@@ -455,16 +464,11 @@ async def turn_events(
     responses={**_SSE_RESPONSE, **_errors(401, 422, 503)},
 )
 async def conversation_events(
-    conversation_id: ConversationId,
-    runtime: RuntimeDep,
-    tenant: TenantDep,
-    after: Cursor = None,
-    follow: Follow = True,
-    last_event_id: LastEventId = None,
+    conversation_id: ConversationId, runtime: RuntimeDep, tenant: TenantDep, start: StartDep
 ) -> StreamingResponse:
     """Every event of the conversation's turns (and their child turns), as server-sent events."""
     scope = EventScope.of_conversation(tenant.reaches(conversation_id))
-    return await _open(runtime, tenant, scope, last_event_id or after, follow)
+    return await _open(runtime, tenant, scope, start)
 
 
 async def follow_tree(

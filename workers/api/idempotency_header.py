@@ -33,7 +33,7 @@ from fastapi.responses import JSONResponse
 from agent_runner import AgentTurn, AgentTurnStatus, StoreError
 from agent_runner.ids import new_id
 from store import IdempotencyStatus
-from workers.api.errors import IdempotencyKeyReused, api_error_of, error_body
+from workers.api.errors import IdempotencyKeyReusedError, api_error_of, error_body
 from workers.api.runtime import Runtime
 from workers.api.tenancy import Tenant
 
@@ -91,7 +91,7 @@ def run_once(
             saved, or None when it saved nothing.
 
     Raises:
-        IdempotencyKeyReused: The key came with a different request before.
+        IdempotencyKeyReusedError: The key came with a different request before.
         ApiError: The server could not complete the request (5xx); a retry is safe.
     """
     if key is None:
@@ -99,7 +99,7 @@ def run_once(
         return JSONResponse(body, status_code=status)
     record = runtime.idempotency.claim(tenant.id, key, fingerprint)
     if record is not None and record.fingerprint != fingerprint:
-        raise IdempotencyKeyReused(key)
+        raise IdempotencyKeyReusedError(key)
     if record is not None and record.status is IdempotencyStatus.COMPLETED and record.response_status is not None:
         return JSONResponse(record.response_body, status_code=record.response_status, headers=REPLAYED)
     unanswered = record is not None

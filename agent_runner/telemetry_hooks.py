@@ -26,7 +26,7 @@ from weakref import WeakKeyDictionary
 if TYPE_CHECKING:
     from agent_runner.snapshot import AgentTurn
 
-logger = logging.getLogger("agent_runner.telemetry")
+logger = logging.getLogger("agent_runner.telemetry_hooks")
 
 
 @dataclass(frozen=True, slots=True)

@@ -54,7 +54,7 @@ from agent_runner import (
 )
 from agent_runner.ids import utcnow
 from agent_runner.snapshot import WAITING_FOR_A_PERSON
-from workers.api.events import KEEPALIVE_S, follow_tree
+from workers.api.event_streams import KEEPALIVE_S, follow_tree
 from workers.api.langgraph.mapping import (
     build_interrupt,
     langchain_message,

@@ -41,7 +41,7 @@ if TYPE_CHECKING:
 
     from store.webhooks import WebhookDelivery, WebhookDeliveryLog, WebhookKind
 
-logger = logging.getLogger("workers.webhooks")
+logger = logging.getLogger("workers.webhook_deliverer")
 
 SIGNATURE_HEADER = "X-Agent-Runner-Signature"
 """`sha256=<hex HMAC-SHA256 of "<timestamp>.<body>">`, keyed by `AGENT_RUNNER_WEBHOOK_SECRET`."""
