@@ -56,6 +56,34 @@ def _earlier_queued_turn_id(stored_conversation: str, message_id: str) -> str:
 QUEUED_TURN = _earlier_queued_turn_id(ACME, "m-queued")
 
 
+def _earlier_turn(
+    turn_id: str,
+    conversation: str | None,
+    tenant: str | None,
+    status: AgentTurnStatus,
+    *,
+    root: str | None = None,
+    root_conversation: str | None = None,
+    **fields: Any,
+) -> AgentTurn:
+    """A turn as earlier versions kept it: `conversation` and `root_conversation` are stored ids."""
+    return AgentTurn.model_validate(
+        {
+            "id": turn_id,
+            "agent_id": "desk",
+            "root_turn_id": root or turn_id,
+            "parent_turn_id": root,
+            "conversation_id": conversation,
+            "root_conversation_id": root_conversation or conversation,
+            "tenant_id": tenant,
+            "status": status,
+            "created_at": NOW,
+            "updated_at": NOW,
+            **fields,
+        }
+    )
+
+
 def _turn_row(turn: AgentTurn) -> dict[str, Any]:
     """The header row earlier versions wrote: every column from the snapshot, NULL for no tenant."""
     row = {column.name: column.value(turn) for column in HEADER}
@@ -97,51 +125,19 @@ def _insert(connection: sa.Connection, table: str, rows: list[dict[str, Any]]) -
 
 
 def _write_as_earlier_versions(url: str) -> None:
-    acme = AgentTurn(
-        id="t-acme",
-        agent_id="desk",
-        root_turn_id="t-acme",
-        conversation_id=ACME,
-        root_conversation_id=ACME,
-        tenant_id="acme",
-        status=AgentTurnStatus.COMPLETED,
+    acme = _earlier_turn(
+        "t-acme",
+        ACME,
+        "acme",
+        AgentTurnStatus.COMPLETED,
         messages=[UserMessage(id="u-1", content="hello from acme"), AiMessage(id="a-1", content="hi acme")],
         projected_count=2,
-        created_at=NOW,
-        updated_at=NOW,
     )
-    child = AgentTurn(
-        id="t-acme-child",
-        agent_id="desk",
-        root_turn_id="t-acme",
-        parent_turn_id="t-acme",
-        root_conversation_id=ACME,
-        tenant_id="acme",
-        status=AgentTurnStatus.COMPLETED,
-        created_at=NOW,
-        updated_at=NOW,
+    child = _earlier_turn(
+        "t-acme-child", None, "acme", AgentTurnStatus.COMPLETED, root="t-acme", root_conversation=ACME
     )
-    globex = AgentTurn(
-        id="t-globex",
-        agent_id="desk",
-        root_turn_id="t-globex",
-        conversation_id="globex/c-1",
-        root_conversation_id="globex/c-1",
-        tenant_id="globex",
-        status=AgentTurnStatus.WAITING_FOR_USER,
-        created_at=NOW,
-        updated_at=NOW,
-    )
-    plain = AgentTurn(
-        id="t-plain",
-        agent_id="desk",
-        root_turn_id="t-plain",
-        conversation_id="c-1",
-        root_conversation_id="c-1",
-        status=AgentTurnStatus.READY,
-        created_at=NOW,
-        updated_at=NOW,
-    )
+    globex = _earlier_turn("t-globex", "globex/c-1", "globex", AgentTurnStatus.WAITING_FOR_USER)
+    plain = _earlier_turn("t-plain", "c-1", None, AgentTurnStatus.READY)
     engine = store.make_engine(url)
     try:
         migrated_to(engine, "0009")
