@@ -12,8 +12,6 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from alembic.autogenerate import compare_metadata
-from alembic.runtime.migration import MigrationContext
 from sqlalchemy import event
 from sqlalchemy.engine import Connection
 
@@ -22,6 +20,7 @@ from agent_runner import AgentTurn, AgentTurnStatus
 from agent_runner.persistence import ConversationKey, EventScope
 from store.migrations import current_revision, head_revision
 from store.schema import VERSION_TABLE, metadata
+from tests.integration.store.migration_kit import migrated_to, schema_differences
 
 ALL_TABLES = {table.name for table in metadata.sorted_tables}
 
@@ -33,29 +32,6 @@ EMPTY_DATABASES = pytest.mark.parametrize(
     ],
 )
 """Runs a test on an empty SQLite file and on an empty PostgreSQL schema (the fixture named by `database`)."""
-
-
-def migrated_to(engine: sa.Engine, revision: str) -> None:
-    """Migrate the database of `engine` up to `revision` only, as an older version left it."""
-    from alembic import command
-
-    from store._engine import writer
-    from store.migrations import alembic_config
-
-    with writer(engine).begin() as connection:
-        command.upgrade(alembic_config(connection), revision)
-
-
-def schema_differences(url: str) -> list[Any]:
-    engine = store.make_engine(url)
-    try:
-        with engine.connect() as connection:
-            context = MigrationContext.configure(
-                connection, opts={"version_table": VERSION_TABLE, "compare_type": True}
-            )
-            return list(compare_metadata(context, metadata))
-    finally:
-        engine.dispose()
 
 
 def table_names(url: str) -> set[str]:

@@ -33,7 +33,7 @@ from agent_runner import (
 )
 from agent_runner.ids import utcnow
 from store.turns.columns import HEADER
-from tests.integration.store.test_sql_store_schema import migrated_to, schema_differences
+from tests.integration.store.migration_kit import migrated_to, schema_differences
 from workers.api import create_app
 
 DATABASES = pytest.mark.parametrize(
