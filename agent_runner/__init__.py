@@ -64,6 +64,7 @@ from agent_runner.messages import (
 from agent_runner.middleware import Middleware
 from agent_runner.model_limits import InProcessModelLimiter, ModelLimit, ModelLimiter
 from agent_runner.models import ChatModel, ChatRequest, ChatResponse, ScriptedChatModel, ToolSpec
+from agent_runner.operations import OperationPending
 from agent_runner.persistence import (
     AgentLoader,
     AgentTurnStore,
@@ -83,7 +84,7 @@ from agent_runner.persistence import (
 from agent_runner.policy import AgentExecutionPolicy, Budget, RetryPolicy
 from agent_runner.results import AdvanceResult, AgentStepResult, StopReason
 from agent_runner.runner import AgentRunner
-from agent_runner.snapshot import AgentTurn, AgentTurnStatus, ChildLink, PageAction
+from agent_runner.snapshot import AgentTurn, AgentTurnStatus, ChildLink, ListedTool, PageAction
 from agent_runner.suspensions import (
     AgentResumeCommand,
     AgentSuspension,
@@ -93,6 +94,7 @@ from agent_runner.suspensions import (
     TimeoutAction,
 )
 from agent_runner.tools import AgentToolContext, AgentUserInputTool, Tool, ToolApproval, ToolOutcome, tool
+from agent_runner.toolsets import Toolset
 from agent_runner.usage import Usage
 from agent_runner.worker import AgentWorker
 
@@ -105,6 +107,9 @@ __all__ = [
     "Tool",
     "ToolApproval",
     "ToolOutcome",
+    "OperationPending",
+    "Toolset",
+    "ListedTool",
     "tool",
     # Messages
     "ActionStatus",

@@ -12,7 +12,9 @@ from agent_runner.errors import AgentNotFound, DefinitionError
 from agent_runner.messages import ToolCall
 from agent_runner.models import ChatModel, ToolSpec
 from agent_runner.policy import Budget, RetryPolicy
+from agent_runner.snapshot import AgentTurn
 from agent_runner.tools import AgentUserInputTool, AnyTool, Tool
+from agent_runner.toolsets import Toolset
 
 AGENT_ID_PATTERN = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
@@ -26,7 +28,8 @@ class Agent:
         version: Version of the definition; snapshots record it and `restore` asks for it.
         instructions: System message sent first in every model request.
         chat_model: The `ChatModel` to call.
-        tools: `@tool` functions and at most one `AgentUserInputTool`.
+        tools: `@tool` functions, at most one `AgentUserInputTool`, and toolsets (an MCP
+            server's `agent_runner.mcp.MCPToolset`), whose tools are listed when a turn starts.
         max_iterations: Model calls allowed per turn (MAX_ITERATIONS_REACHED beyond).
         max_attached_messages: Size of the history window read from ChatMemory.
         budget: Token and cost limits per turn, child turns included (BUDGET_EXCEEDED beyond).
@@ -40,7 +43,7 @@ class Agent:
     version: str = "1"
     instructions: str = ""
     chat_model: ChatModel | None = None
-    tools: Sequence[AnyTool] = field(default_factory=list)
+    tools: Sequence[AnyTool | Toolset] = field(default_factory=list)
     max_iterations: int = 10
     max_attached_messages: int = 50
     budget: Budget = field(default_factory=Budget)
@@ -56,24 +59,41 @@ class Agent:
             raise DefinitionError(f"agent {self.id!r}: max_iterations must be at least 1, got {self.max_iterations}")
         if self.max_attached_messages < 0:
             raise DefinitionError(f"agent {self.id!r}: max_attached_messages must be >= 0")
-        self.tools = list(self.tools)
-        self.sub_agents = list(self.sub_agents)
-        names: list[str] = []
+        self.toolsets: list[Toolset] = [t for t in self.tools if isinstance(t, Toolset)]
+        """The entries of `tools` that are toolsets (the rest stay in `tools`)."""
+        tools: list[AnyTool] = []
         for item in self.tools:
+            if isinstance(item, Toolset):
+                continue
             if not isinstance(item, Tool | AgentUserInputTool):
                 raise DefinitionError(f"agent {self.id!r}: {item!r} is not a tool; decorate the function with @tool")
-            names.append(item.name)
-        names += [sub.id for sub in self.sub_agents]
+            tools.append(item)
+        self.tools = tools
+        self.sub_agents = list(self.sub_agents)
+        toolset_names = [t.name for t in self.toolsets]
+        if len(set(toolset_names)) != len(toolset_names):
+            raise DefinitionError(f"agent {self.id!r} has several toolsets named alike: {sorted(toolset_names)}")
+        self._toolsets: dict[str, Toolset] = {t.name: t for t in self.toolsets}
+        names = [t.name for t in tools] + [sub.id for sub in self.sub_agents]
         duplicates = sorted({n for n in names if names.count(n) > 1})
         if duplicates:
             raise DefinitionError(f"agent {self.id!r} has several tools or sub-agents named {duplicates}")
-        self._tools: dict[str, AnyTool] = {t.name: t for t in self.tools}
+        self._tools: dict[str, AnyTool] = {t.name: t for t in tools}
         self._sub_agents: dict[str, Agent] = {a.id: a for a in self.sub_agents}
         self._specs: list[ToolSpec] | None = None
 
     def tool(self, name: str) -> AnyTool | None:
         """Return the tool with this name, or None."""
         return self._tools.get(name)
+
+    def listed_tool(self, turn: AgentTurn, name: str) -> Tool | None:
+        """The tool of one of the agent's toolsets that `turn` was shown under `name`, or None.
+
+        None too when the toolset that listed it is no longer one of the agent's.
+        """
+        listed = next((t for t in turn.listed_tools or () if t.name == name), None)
+        toolset = None if listed is None else self._toolsets.get(listed.toolset)
+        return None if toolset is None or listed is None else toolset.tool(listed)
 
     def masked_arguments(self, call: ToolCall) -> dict[str, Any]:
         """The call's arguments as a page may show them: values its tool marks sensitive replaced by `"***"`.
@@ -97,7 +117,7 @@ class Agent:
         """Specs of every tool and sub-agent, as sent to the model (computed once)."""
         if self._specs is not None:
             return self._specs
-        specs = [t.spec for t in self.tools]
+        specs = [t.spec for t in self._tools.values()]
         for sub in self.sub_agents:
             specs.append(
                 ToolSpec(

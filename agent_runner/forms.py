@@ -147,9 +147,17 @@ class AgentFormRequiredException(AgentRunnerError):
 
     The runner suspends the turn for user input; when the data is submitted the tool runs
     again from its start and reads it with `AgentToolContext.current().get_submitted_form_data()`.
+
+    A tool that asks in several rounds passes `state` (JSON): it is saved in the snapshot
+    with the suspension and read back with `AgentToolContext.current().get_tool_state()` when
+    the tool runs again with the answer, and it may then ask for the next form. Without
+    `state`, a second request for the same call is a `FormProtocolError`.
     """
 
-    def __init__(self, form: AgentFormDefinition, message: str | None = None) -> None:
+    def __init__(
+        self, form: AgentFormDefinition, message: str | None = None, *, state: dict[str, Any] | None = None
+    ) -> None:
         self.form = form
+        self.state = state
         self.message = message or form.description or f"please fill in the form {form.key!r}"
         super().__init__(f"the tool needs the form {form.key!r} to be filled in")

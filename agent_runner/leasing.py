@@ -1,6 +1,6 @@
-"""`LeaseKeeper`: holds turn leases for a process and renews them while steps run.
+"""`LeaseKeeper`: holds turn leases for a process and renews them while steps run; `TurnHolder`: how a process steps a turn delivered to it.
 
-Both workers use it: the embedded `AgentWorker` and the Celery `step_turn` task. A step may
+Both workers use them: the embedded `AgentWorker` and the Celery `step_turn` task. A step may
 outlast the lease TTL (a slow model call), so one heartbeat thread renews every held lease
 every third of the TTL. A lease whose renewal is refused is marked lost; a lease whose
 renewals keep failing (the backend is down) grows old. Either way `may_step` says no, and
@@ -13,9 +13,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 
 from agent_runner.persistence import Lease, TurnLease
+from agent_runner.results import Delivery
+from agent_runner.snapshot import AgentTurn
 
 logger = logging.getLogger("agent_runner.leasing")
 
@@ -42,6 +46,29 @@ class HeldLease:
     def fence(self) -> int:
         """The lease's fencing number, stamped on every save made under it."""
         return self.lease.fence
+
+
+@dataclass(frozen=True)
+class TurnHolder:
+    """How one kind of process holds and steps the turns delivered to it (`AgentRunner.deliver`).
+
+    The delivery itself (lease, pick-up, the version and runnable checks, `advance`, release)
+    is the same for every holder; these values are what differs between them.
+    """
+
+    hold: Callable[[str], AbstractContextManager[HeldLease | None]]
+    """Holds the turn's lease for a `with` block, renewed meanwhile; yields None when it is held elsewhere."""
+    may_step: Callable[[HeldLease], bool]
+    """Whether the held lease (and the holder: a stopping worker) allows one more step."""
+    max_steps: int | None = None
+    """Most steps one delivery makes."""
+    seconds: float | None = None
+    """Seconds after which one delivery starts no further step (the first always may)."""
+    picked_up: Callable[[AgentTurn], None] | None = None
+    """Told the snapshot a delivery steps from, at its delivered version, before any step."""
+    then: Callable[[Delivery], None] | None = None
+    """The follow-up, told what the delivery did once the lease is released: a continuation is
+    sent from here, since one sent while the lease is held could arrive at once and find it held."""
 
 
 class LeaseKeeper:
@@ -88,6 +115,22 @@ class LeaseKeeper:
                 self._thread = threading.Thread(target=self._beat, name=f"{self.name}-heartbeat", daemon=True)
                 self._thread.start()
         return held
+
+    @contextmanager
+    def holding(self, turn_id: str, owner: str) -> Iterator[HeldLease | None]:
+        """`acquire` for a `with` block, released at its end; yields None when another owner holds the lease.
+
+        Raises:
+            StoreError: The lease backend failed while acquiring (typically `StoreUnavailableError`).
+        """
+        held = self.acquire(turn_id, owner)
+        if held is None:
+            yield None
+            return
+        try:
+            yield held
+        finally:
+            self.release(held)
 
     def release(self, held: HeldLease) -> None:
         """Stop renewing the lease and give it up; a failure is logged (the lease then expires by itself)."""

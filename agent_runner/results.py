@@ -63,3 +63,41 @@ class AdvanceResult:
     steps: int
     stopped: StopReason
     error: Exception | None = None
+
+
+class DeliveryOutcome(StrEnum):
+    """What one delivery of a turn to a holder did (`AgentRunner.deliver`)."""
+
+    STEPPED = "stepped"
+    """The turn was advanced; `Delivery.result` says how far."""
+    LEASE_HELD = "lease-held"
+    """Someone else holds the turn's lease; that holder checks the turn again once it lets go."""
+    STALE = "stale"
+    """The stored version is not the one delivered: a duplicate or late delivery."""
+    NOT_FOUND = "not-found"
+    """No turn has this id."""
+    NOT_RUNNABLE = "not-runnable"
+    """The turn waits or has ended."""
+    NOT_DUE = "not-due"
+    """A retry or a delayed start whose time has not come."""
+    REJECTED = "rejected"
+    """The delivery's arguments did not fit (a forged or corrupted message); it was dropped unread."""
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """What one delivery of a turn did, handed to the holder's follow-up once the lease is released.
+
+    Attributes:
+        turn_id: The delivered turn.
+        outcome: What happened.
+        turn: The newest snapshot the delivery saw (None when it read none).
+        result: The `advance` of a STEPPED delivery, else None.
+        lease_lost: The lease was taken over while the turn was stepped.
+    """
+
+    turn_id: str
+    outcome: DeliveryOutcome
+    turn: AgentTurn | None = None
+    result: AdvanceResult | None = None
+    lease_lost: bool = False

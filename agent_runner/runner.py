@@ -17,23 +17,25 @@ from datetime import datetime
 from functools import partial
 from typing import Any
 
-from agent_runner._runtime import children, creation, endings, executing, resuming, saving, stepping
+from agent_runner._runtime import children, creation, delivery, endings, executing, resuming, saving, stepping
 from agent_runner._runtime.context import LeaseScope, RunnerContext
 from agent_runner._runtime.conversations import ConversationGate
 from agent_runner._runtime.execution import Dispatching, execution_mode
+from agent_runner._runtime.pickup import Sighting
 from agent_runner._runtime.projection import Projection
 from agent_runner.agent import Agent, InMemoryAgentLoader
 from agent_runner.errors import DefinitionError
 from agent_runner.events import AgentEventListener
 from agent_runner.ids import utcnow
 from agent_runner.in_memory import InMemoryAgentTurnStore
+from agent_runner.leasing import TurnHolder
 from agent_runner.limits import check_id
 from agent_runner.messages import ModelMessage, UserMessage
 from agent_runner.middleware import Middleware
 from agent_runner.model_limits import ModelLimiter
 from agent_runner.persistence import AgentLoader, AgentTurnStore, ChatMemoryProvider, ConversationGuard, TurnDispatcher
 from agent_runner.policy import AgentExecutionPolicy
-from agent_runner.results import AdvanceResult, AgentStepResult
+from agent_runner.results import AdvanceResult, AgentStepResult, Delivery
 from agent_runner.snapshot import AgentTurn, AgentTurnStatus
 from agent_runner.suspensions import AgentResumeCommand, AgentSuspension
 
@@ -284,6 +286,19 @@ class AgentRunner:
         return stepping.step_until_stopped(
             self._ctx, turn, fence=fence, max_steps=max_steps, deadline=deadline, may_continue=may_continue
         )
+
+    def deliver(
+        self, turn_id: str, holder: TurnHolder, *, version: int | None = None, seen: Sighting | None = None
+    ) -> Delivery:
+        """Deliver a turn to a worker: its lease, the snapshot, the checks, `advance`, release, the follow-up.
+
+        The one delivery of `AgentWorker` and the Celery task; `holder` is what differs between them.
+        `version` is the only version to step (a message's; None: any), `seen` when the dispatch or poll saw it.
+
+        Raises:
+            StoreError: The lease backend or the store failed before a step; the lease is released.
+        """
+        return delivery.deliver(self._ctx, turn_id, holder, version=version, seen=seen)
 
     def run_until_blocked(self, turn: AgentTurn) -> AgentTurn:
         """Step the turn until it waits or ends, and return the last snapshot.

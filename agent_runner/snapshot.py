@@ -109,6 +109,26 @@ class PageAction(FrozenModel):
     """`decided_by`, `decided_at` and `reason` of the decision, once there is one (shown on the page message)."""
 
 
+class ListedTool(FrozenModel):
+    """A tool a toolset (an MCP server, say) offered when the turn first called its model.
+
+    The turn keeps the list it was shown: a turn resumed after the server changed calls its
+    tools with the schemas its model saw.
+    """
+
+    toolset: str
+    """Name of the toolset that listed it (see `Toolset.name`)."""
+    name: str
+    """The name the model knows it by (the toolset's prefix included)."""
+    remote_name: str
+    """The name the toolset calls it by."""
+    description: str = ""
+    parameters: dict[str, Any] = Field(default_factory=dict)
+    """The JSON Schema of its arguments, as the toolset gave it."""
+    annotations: dict[str, Any] = Field(default_factory=dict)
+    """What the toolset said about its effects (for MCP: `readOnlyHint`, `idempotentHint`, ...)."""
+
+
 class AgentTurn(FrozenModel):
     """Snapshot of one agent turn. Immutable: the runner derives a new snapshot for every change.
 
@@ -171,6 +191,11 @@ class AgentTurn(FrozenModel):
     child turns inherit it. None in a single-tenant deployment."""
     metadata: dict[str, Any] = Field(default_factory=dict)
     """Caller-supplied JSON data kept with the turn (for example a request or user id)."""
+    listed_tools: list[ListedTool] | None = None
+    """The tools of the agent's toolsets shown to the model in this turn; None before they are listed."""
+    tool_state: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    """What a tool keeps across the rounds of one call (for example an MCP server's request
+    state between two questions to the user), by call id; dropped once the call is answered."""
     trace_context: dict[str, str] = Field(default_factory=dict)
     """Trace context (W3C `traceparent`, `tracestate`) under which the turn was created, so that
     every step, in any process, continues one trace; empty when no tracing was set up."""

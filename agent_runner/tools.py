@@ -21,6 +21,7 @@ from agent_runner.errors import AgentRunnerError, DefinitionError, ToolArguments
 from agent_runner.forms import AgentFormDefinition, timeout_delta
 from agent_runner.messages import ActionStatus, ToolCall
 from agent_runner.models import ToolSpec
+from agent_runner.operations import OPERATION_KEY
 from agent_runner.snapshot import AgentTurn
 
 TOOL_NAME_PATTERN = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
@@ -140,6 +141,23 @@ class Tool:
                 "run the AgentRunner in a worker thread (for example with asyncio.to_thread)"
             )
         return result
+
+    def cancel_operation(self, handle: dict[str, Any]) -> None:
+        """Cancel the work a call of this tool started elsewhere (see `agent_runner.operations`); by default nothing.
+
+        Called when a turn ends (cancelled, say) while such work runs; `handle` is the one
+        the tool raised `OperationPending` with.
+        """
+
+    def call_abandoned(self, state: dict[str, Any]) -> None:
+        """The turn ended while a call of this tool kept `state` (see `AgentToolContext.get_tool_state`).
+
+        The call waited for work elsewhere (then `cancel_operation` is called with its
+        handle, the default) or for a person's answer to a question it asked; a tool that
+        must tell the other side overrides this. Runs with the call's `AgentToolContext`.
+        """
+        if OPERATION_KEY in state:
+            self.cancel_operation(state[OPERATION_KEY])
 
     def masked_arguments(self, arguments: Mapping[str, Any]) -> dict[str, Any]:
         """Return the arguments with sensitive values replaced, for display on a page."""
@@ -379,6 +397,10 @@ class AgentToolContext:
     def get_submitted_form_data(self) -> dict[str, Any]:
         """The form data the user submitted for this call, or `{}` when none was submitted."""
         return dict(self._scope.submitted_form_data)
+
+    def get_tool_state(self) -> dict[str, Any]:
+        """The state this call kept when it last asked for a form (see `AgentFormRequiredException`), or `{}`."""
+        return copy.deepcopy(self._scope.turn.tool_state.get(self._scope.tool_call.id, {}))
 
     def report_progress(self, data: Any) -> None:
         """Emit a TOOL_PROGRESS event with `data` (JSON-serializable)."""

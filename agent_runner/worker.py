@@ -4,12 +4,15 @@ It steps the turns handed to it by the runner's dispatch first, and polls the tu
 for READY, RUNNING and due RETRY_SCHEDULED turns as the safety net (turns made runnable by
 other processes, dispatches it did not keep). Either way a turn under way (resumed, retried,
 a child, one that used its share of steps) goes before a turn that has not started, so a
-backlog of new turns does not hold back the turns already running. Every `deadline_interval` it also runs the
-deadline sweep (`AgentRunner.apply_due_deadlines`, the one Celery beat runs in distributed
-deployments): reminders of approvals and forms near their deadline, and the defaults of
-those past it, whose turns it then steps like any resumed turn. It takes each turn's lease
-before touching it, stamps the lease's fencing number on every save, renews the lease on a
-heartbeat while a long model or tool call runs, and releases it when the turn blocks or ends. A
+backlog of new turns does not hold back the turns already running. On a thread of its own it
+runs its periodic sweeps (`agent_runner.periodic`): by default the deadline sweep
+(`AgentRunner.apply_due_deadlines`, the one Celery beat runs in distributed deployments):
+reminders of approvals and forms near their deadline, and the defaults of those past it,
+whose turns it then steps like any resumed turn; an embedded deployment gives it the rows
+of its sweep table instead. Each turn goes through `AgentRunner.deliver`, as in a Celery
+task: it takes the turn's lease before touching it, stamps the lease's fencing number on
+every save, renews the lease on a heartbeat while a long model or tool call runs, and
+releases it when the turn blocks or ends. A
 worker that dies leaves its turns RUNNING with a lease that simply expires; any other
 worker then picks them up. With the SQL store and the SQL lease this runs a whole
 deployment in one process with SQLite and no Redis or Celery.
@@ -32,17 +35,18 @@ import threading
 import time
 import weakref
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
 from agent_runner._runtime import pickup
-from agent_runner.errors import AgentRunnerError, TurnNotFound, log_failure
+from agent_runner.errors import AgentRunnerError, log_failure
 from agent_runner.ids import new_id
 from agent_runner.in_memory import InMemoryTurnLease
-from agent_runner.leasing import HeldLease, LeaseKeeper
+from agent_runner.leasing import HeldLease, LeaseKeeper, TurnHolder
+from agent_runner.periodic import DEADLINE_SWEEP, PeriodicSweep, SweepThread, deadline_sweep
 from agent_runner.persistence import AgentTurnStore, DeadlineSource, TurnLease
-from agent_runner.results import AdvanceResult, StopReason
+from agent_runner.results import Delivery, DeliveryOutcome, StopReason
 from agent_runner.runner import AgentRunner
 from agent_runner.snapshot import AgentTurn, AgentTurnStatus
 
@@ -119,12 +123,14 @@ class AgentWorker:
         batch_size: Runnable turns fetched per poll.
         owner: The lease owner token; unique per worker (default: host, pid and a random part).
         deadline_interval: Seconds between deadline sweeps: DEADLINE_APPROACHING reminders,
-            and the `on_timeout` defaults of approvals and forms whose deadline passed. One
-            of the threads sweeps at `start` and then every `deadline_interval`; `run_once`
-            sweeps on every call. Several workers may sweep the same store: each reminder and
-            default is applied once. None turns the sweep off (something else sweeps, such
-            as Celery beat); so does a turn store that cannot list deadlines (not a
-            `DeadlineSource`).
+            and the `on_timeout` defaults of approvals and forms whose deadline passed.
+            Several workers may sweep the same store: each reminder and default is applied
+            once. None turns the sweep off (something else sweeps, such as Celery beat); so
+            does a turn store that cannot list deadlines (not a `DeadlineSource`). Ignored
+            when `sweeps` is given.
+        sweeps: The periodic sweeps this worker runs (default: the deadline sweep every
+            `deadline_interval`). Each runs at `start` and then once per its interval, on a
+            thread beside the stepping threads; `run_once` runs them all on every call.
 
     Raises:
         ValueError: A count or duration is not positive.
@@ -142,6 +148,7 @@ class AgentWorker:
         batch_size: int = 50,
         owner: str | None = None,
         deadline_interval: float | None = 10.0,
+        sweeps: Sequence[PeriodicSweep] | None = None,
     ) -> None:
         if concurrency < 1 or max_steps_per_claim < 1 or batch_size < 1:
             raise ValueError(
@@ -160,7 +167,11 @@ class AgentWorker:
         self.max_steps_per_claim = max_steps_per_claim
         self.batch_size = batch_size
         self.owner = owner or f"{socket.gethostname()}:{os.getpid()}:{new_id()[:8]}"
-        self.deadline_interval = deadline_interval if isinstance(runner.turn_store, DeadlineSource) else None
+        if sweeps is None:
+            sweeps = ()
+            if deadline_interval is not None and isinstance(runner.turn_store, DeadlineSource):
+                sweeps = (deadline_sweep(runner, deadline_interval),)
+        self.sweeps = SweepThread(sweeps)
         if runner.dispatcher is None:
             runner.dispatcher = self
         if runner.lease_scope is None:
@@ -176,10 +187,14 @@ class AgentWorker:
         self._continuing: OrderedDict[str, pickup.Sighting] = OrderedDict()
         self._dispatched: OrderedDict[str, pickup.Sighting] = OrderedDict()
         self._wake = threading.Event()
-        self._next_deadline_sweep = 0.0  # time.monotonic() at which a thread runs the deadline sweep next
         self._next_poll = 0.0  # time.monotonic() at which a thread of this worker polls the store next
         self._stop: threading.Event | None = None
         self._threads: list[threading.Thread] = []
+
+    @property
+    def deadline_interval(self) -> float | None:
+        """Seconds between the deadline sweeps of this worker; None when it runs none."""
+        return self.sweeps.intervals.get(DEADLINE_SWEEP)
 
     # --- Dispatcher ---------------------------------------------------------------------------
 
@@ -223,7 +238,7 @@ class AgentWorker:
     def run_once(self) -> int:
         """Make one pass in this thread over the runnable turns; return the steps made.
 
-        The pass starts with the deadline sweep (unless `deadline_interval` is None), so a
+        The pass starts with the worker's sweeps (the deadline sweep by default), so a
         turn resumed by its deadline's default is stepped in the same pass. Then each
         runnable turn this worker can lease is stepped until it blocks, ends, or used
         `max_steps_per_claim` steps: first the turns dispatched to it, then those the store
@@ -234,8 +249,7 @@ class AgentWorker:
         Raises:
             StoreError: The store could not list the runnable turns or the due deadlines.
         """
-        if self.deadline_interval is not None:
-            self.runner.apply_due_deadlines()
+        self.sweeps.run_all()
         seen: set[str] = set()
         steps = self._run_dispatched(None, seen)
         return steps + self._run_polled(None, seen)
@@ -249,17 +263,18 @@ class AgentWorker:
             # out keep theirs set and finish, instead of being revived by this start.
             stop = threading.Event()
             self._stop = stop
-            self._next_deadline_sweep = 0.0  # deadlines that passed while nothing ran are applied at once
             self._next_poll = 0.0
             self._threads = [t for t in self._threads if t.is_alive()]
             for index in range(self.concurrency):
                 thread = threading.Thread(target=self._loop, args=(stop,), name=f"agent-worker-{index}", daemon=True)
                 thread.start()
                 self._threads.append(thread)
+            self.sweeps.start()
 
     def stop(self, timeout: float = 30.0) -> bool:
         """Stop the stepping threads; return whether they all ended within `timeout` seconds.
 
+        The sweeps' thread stops too (a sweep being run is waited for within `timeout`).
         A step in flight (a model or tool call) is not interrupted: its thread ends after it,
         and its lease keeps being renewed until then, so no other worker takes the turn over
         while it runs. A thread still busy after `timeout` goes on to the end of its step.
@@ -271,6 +286,7 @@ class AgentWorker:
             stop.set()
         self._wake.set()
         deadline = time.monotonic() + max(0.0, timeout)
+        sweeps_stopped = self.sweeps.stop(timeout)
         current = threading.current_thread()
         for thread in threads:
             if thread is not current:
@@ -281,7 +297,7 @@ class AgentWorker:
         if not alive and not self.keeper.held:
             # Nothing is held any more: let the heartbeat thread end now rather than a beat later.
             self.keeper.stop(max(0.0, min(1.0, deadline - time.monotonic())))
-        return not alive
+        return not alive and sweeps_stopped
 
     def __enter__(self) -> AgentWorker:
         self.start()
@@ -295,7 +311,6 @@ class AgentWorker:
             # Clear before looking, not after: a dispatch that arrives during the pass then
             # makes the wait below return at once instead of being forgotten.
             self._wake.clear()
-            self._sweep_deadlines_if_due()
             seen: set[str] = set()
             try:
                 steps = self._run_dispatched(stop, seen)
@@ -318,9 +333,7 @@ class AgentWorker:
                 )
                 steps = 0
             if steps == 0 and not stop.is_set():
-                next_poll = self._next_poll
-                wake_at = next_poll if self.deadline_interval is None else min(next_poll, self._next_deadline_sweep)
-                self._wake.wait(max(0.0, wake_at - time.monotonic()))
+                self._wake.wait(max(0.0, self._next_poll - time.monotonic()))
 
     def _take_poll(self) -> bool:
         """Whether this thread polls the store now; if so, the next poll of the worker is an interval away."""
@@ -334,27 +347,6 @@ class AgentWorker:
     def _poll_again(self) -> None:
         with self._lock:
             self._next_poll = 0.0
-
-    def _sweep_deadlines_if_due(self) -> None:
-        """Run the deadline sweep if its time has come; one thread of the worker does, the others go on stepping."""
-        if self.deadline_interval is None:
-            return
-        with self._lock:
-            now = time.monotonic()
-            if now < self._next_deadline_sweep:
-                return
-            self._next_deadline_sweep = now + self.deadline_interval
-        try:
-            self.runner.apply_due_deadlines()
-        except Exception as exc:
-            # The store is down or the sweep hit a bug: stepping goes on, the next sweep tries again.
-            log_failure(
-                logger,
-                exc,
-                "worker %s: the deadline sweep failed; trying again in %ss",
-                self.owner,
-                self.deadline_interval,
-            )
 
     def _run_dispatched(self, stop: threading.Event | None, seen: set[str]) -> int:
         """Advance as many dispatched turns as were waiting at this call, under way first; add them to `seen`.
@@ -421,45 +413,28 @@ class AgentWorker:
 
     def _advance(self, turn_id: str, seen: pickup.Sighting | None, stop: threading.Event | None) -> int:
         """Step one turn, `seen` at a version, under its lease until it blocks, ends, or used its share of steps."""
-        with self._claim(turn_id) as claim:
-            if claim is None or claim.held is None:
-                return 0
-            held = claim.held
-            try:
-                # Taken after the lease: loaded, unless the store's cached snapshot is the
-                # version seen moments ago and no other holder came in between (see `pickup`).
-                turn, cached = pickup.under_lease(
-                    self.runner.turn_store, turn_id, seen, held.fence, self.runner.clock()
-                )
-            except TurnNotFound:
-                return 0
 
-            def advance(start: AgentTurn) -> AdvanceResult:
-                return self.runner.advance(
-                    start,
-                    fence=held.fence,
-                    max_steps=self.max_steps_per_claim,
-                    may_continue=lambda: (stop is None or not stop.is_set()) and self.keeper.may_step(held),
-                )
+        def may_step(held: HeldLease) -> bool:
+            return (stop is None or not stop.is_set()) and self.keeper.may_step(held)
 
-            result = pickup.continue_after_stale(advance(turn), cached, advance)
-            if result.stopped is StopReason.FAILED:
-                log_failure(
-                    logger,
-                    result.error,
-                    "worker %s: a step of turn %s raised; the turn stays runnable and is tried again later",
-                    self.owner,
-                    turn_id,
-                )
-                self._back_off(turn_id)
-                return result.steps
-            self._forgive(turn_id)
-            if result.stopped is StopReason.BUDGET:
-                # Its share is used up, not its work: queue it behind every turn dispatched
-                # meanwhile, new ones included (that is what the share is for), rather than
-                # leave it to the next poll.
-                self._enqueue(turn_id, pickup.seen_now(result.turn.version))
-            return result.steps
+        holder = TurnHolder(self._held, may_step, max_steps=self.max_steps_per_claim, then=self._after_delivery)
+        result = self.runner.deliver(turn_id, holder, seen=seen).result
+        return 0 if result is None else result.steps
+
+    def _after_delivery(self, delivery: Delivery) -> None:
+        """Once the lease is released: back off from a turn whose step raised, or queue one whose share ran out."""
+        result = delivery.result
+        if delivery.outcome is DeliveryOutcome.NOT_FOUND or delivery.outcome is DeliveryOutcome.LEASE_HELD:
+            return
+        if result is not None and result.stopped is StopReason.FAILED:
+            self._back_off(delivery.turn_id)
+            return
+        self._clear_backoff(delivery.turn_id)
+        if result is not None and result.stopped is StopReason.BUDGET:
+            # Its share is used up, not its work: queue it behind every turn dispatched
+            # meanwhile, new ones included (that is what the share is for), rather than
+            # leave it to the next poll.
+            self._enqueue(delivery.turn_id, pickup.seen_now(result.turn.version))
 
     # --- Leases -------------------------------------------------------------------------------
 
@@ -490,6 +465,12 @@ class AgentWorker:
                 yield None
                 return
             time.sleep(min(self.poll_interval, _FOREGROUND_WAIT_S))
+
+    @contextmanager
+    def _held(self, turn_id: str) -> Iterator[HeldLease | None]:
+        """The turn's lease for a delivery, once this worker has claimed the turn (None: taken here or elsewhere)."""
+        with self._claim(turn_id) as claim:
+            yield None if claim is None else claim.held
 
     @contextmanager
     def _claim(self, turn_id: str, *, quiet: bool = True) -> Iterator[_Claim | None]:
@@ -538,7 +519,7 @@ class AgentWorker:
             delay = min(delay * 2, _MAX_BACKOFF_S)
             self._backoff[turn_id] = (time.monotonic() + delay, delay)
 
-    def _forgive(self, turn_id: str) -> None:
+    def _clear_backoff(self, turn_id: str) -> None:
         with self._lock:
             self._backoff.pop(turn_id, None)
 

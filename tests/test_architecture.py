@@ -180,6 +180,7 @@ EXCEPTIONS_NOT_ENDING_IN_ERROR = {
     "TurnNotFound": "fixed by DESIGN.md",
     # Control-flow signals are named for the condition (STYLE.md), not as errors.
     "CancelledMidCall": "a signal that stops a streaming model call whose turn was cancelled",
+    "OperationPending": "a signal from a tool: its call started work elsewhere that is not done yet",
 }
 """Exception classes that keep a name without the `Error` suffix, each with its reason; it only shrinks."""
 

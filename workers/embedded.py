@@ -5,10 +5,10 @@ it here, so both run the same pieces, started and stopped in the same order:
 
 - an `AgentRunner` on the SQL store, instrumented, with `AGENT_RUNNER_SETUP` applied;
 - an `InboxPump` that starts queued messages when their conversation frees;
-- when stepping: an `AgentWorker` (SQL leases), the sweep timers of `workers.sweeps.SWEEPS`
-  that an embedded process times itself (approval and form deadlines, the webhooks of
-  `AGENT_RUNNER_WEBHOOKS`), and the scheduler firing the turns of `AGENT_RUNNER_SCHEDULES`
-  (each tick starts one turn, however many processes fire it).
+- when stepping: an `AgentWorker` (SQL leases) that also runs the sweeps of
+  `workers.sweeps.SWEEPS` an embedded process runs (approval and form deadlines, the webhooks
+  of `AGENT_RUNNER_WEBHOOKS`) at the table's intervals, and the scheduler firing the turns of
+  `AGENT_RUNNER_SCHEDULES` (each tick starts one turn, however many processes fire it).
 
 In a Celery deployment beat and the Celery tasks do the sweeping and firing instead.
 """
@@ -26,11 +26,12 @@ from workers.agents import apply_runner_setup
 from workers.database import Database
 from workers.inbox import INBOX_SWEEP_INTERVAL_S, InboxPump
 from workers.settings import WorkerSettings
+from workers.sweeps import embedded_sweeps
 from workers.telemetry import instrument
 from workers.webhook_deliverer import WebhookDeliverer, build_deliverer
 
 if TYPE_CHECKING:
-    from workers.embedded_timers import Scheduler, SweepTimers
+    from workers.embedded_timers import Scheduler
 
 logger = logging.getLogger("workers.embedded")
 
@@ -39,9 +40,6 @@ WORKER_STOP_TIMEOUT_S = 30.0
 
 SCHEDULER_STOP_TIMEOUT_S = 10.0
 """How long stopping waits for a scheduled tick being fired."""
-
-SWEEPS_STOP_TIMEOUT_S = 10.0
-"""How long stopping waits for a sweep being run."""
 
 
 @dataclass(frozen=True)
@@ -69,9 +67,8 @@ class EmbeddedDeployment:
         database: The database every piece works on.
         runner: Starts, resumes and cancels turns, and steps them in `worker`.
         pump: Starts queued inbox messages when their conversation frees.
-        worker: Steps turns; None when turns are stepped elsewhere.
-        deliverer: Delivers the webhooks (run by `sweeps`); None without webhooks or without a worker.
-        sweeps: Times the deadline and webhook sweeps; None without a worker.
+        worker: Steps turns and runs the deadline and webhook sweeps; None when turns are stepped elsewhere.
+        deliverer: Delivers the webhooks (a sweep of `worker`); None without webhooks or without a worker.
         scheduler: Fires the scheduled turns; None without schedules or without a worker.
     """
 
@@ -80,15 +77,12 @@ class EmbeddedDeployment:
     pump: InboxPump
     worker: AgentWorker | None = None
     deliverer: WebhookDeliverer | None = None
-    sweeps: SweepTimers | None = None
     scheduler: Scheduler | None = None
 
     def start(self) -> None:
         """Start stepping, delivering, pumping the inbox and firing schedules."""
         if self.worker is not None:
             self.worker.start()
-        if self.sweeps is not None:
-            self.sweeps.start()
         self.pump.start()
         if self.scheduler is not None:
             self.scheduler.start()
@@ -100,8 +94,6 @@ class EmbeddedDeployment:
                 "the scheduler was still firing a tick after %.0f s; stopping without it", SCHEDULER_STOP_TIMEOUT_S
             )
         self.pump.stop()
-        if self.sweeps is not None and not self.sweeps.stop(timeout=SWEEPS_STOP_TIMEOUT_S):
-            logger.warning("a sweep was still running after %.0f s; stopping without it", SWEEPS_STOP_TIMEOUT_S)
         if self.worker is not None and not self.worker.stop(timeout=WORKER_STOP_TIMEOUT_S):
             logger.warning(
                 "the embedded worker still had steps in flight after %.0f s; their leases expire",
@@ -160,19 +152,18 @@ def build_embedded(
     if stepping is None:
         return deployment
     # Imported here: the schedules read cron fields with Celery's parser.
-    from workers.embedded_timers import SweepTimers, build_scheduler
+    from workers.embedded_timers import build_scheduler
 
     if settings.schedules is not None:
         deployment.scheduler = build_scheduler(runner, database.inbox, settings.schedules, notify_inbox=pump.notify)
+    deployment.deliverer = build_deliverer(settings.webhooks, database.engine)
     deployment.worker = AgentWorker(
         runner,
         lease=SqlTurnLease(database.engine),
         concurrency=stepping.concurrency,
         lease_ttl=settings.lease_ttl_s if stepping.lease_ttl is None else stepping.lease_ttl,
         poll_interval=stepping.poll_interval,
-        # No beat here: the sweep timers below apply approval and form deadlines.
-        deadline_interval=None,
+        # No beat here: the worker runs the sweep table's embedded sweeps.
+        sweeps=embedded_sweeps(runner, settings, deployment.deliverer),
     )
-    deployment.deliverer = build_deliverer(settings.webhooks, database.engine)
-    deployment.sweeps = SweepTimers(runner, settings, deliverer=deployment.deliverer)
     return deployment

@@ -1,8 +1,7 @@
-"""The timers of the embedded processes, which do without Celery beat what beat does for a Celery deployment.
+"""The scheduler of the embedded processes, which fires without Celery beat what beat fires for a Celery deployment.
 
-- `Scheduler` fires the ticks of the scheduled turns (`workers.schedules`).
-- `SweepTimers` runs the sweeps of the sweep table (`workers.sweeps.SWEEPS`) that an
-  embedded process needs a timer for, each at the interval the table gives it.
+`Scheduler` fires the ticks of the scheduled turns (`workers.schedules`). The sweeps of the
+sweep table are run by the embedded `AgentWorker` (`workers.sweeps.embedded_sweeps`).
 
 Scheduled turns. `agent-runner serve` (worker mode `embedded`) and `agent-runner worker` run
 a `Scheduler` over the schedules of `AGENT_RUNNER_SCHEDULES`; Celery deployments keep
@@ -28,7 +27,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 
@@ -37,9 +35,6 @@ from agent_runner.ids import utcnow
 from agent_runner.persistence import ConversationKey
 from store import Inbox
 from workers.schedules import MIN_EXPIRY, Schedule, ScheduleOutcome, fire_schedule, load_schedules
-from workers.settings import WorkerSettings
-from workers.sweeps import SWEEPS, Sweep
-from workers.webhook_deliverer import WebhookDeliverer
 
 logger = logging.getLogger("workers.scheduler")
 
@@ -199,91 +194,3 @@ def build_scheduler(
         ScheduleError: The schedules cannot be loaded; the error names `AGENT_RUNNER_SCHEDULES`.
     """
     return Scheduler(runner, inbox, load_schedules(spec), notify_inbox=notify_inbox)
-
-
-class SweepTimers:
-    """Runs, on one thread, the sweeps of `workers.sweeps.SWEEPS` that an embedded process times itself.
-
-    Those are the sweeps with an `embedded` run whose interval under `settings` is set: the
-    deadline sweep, and the webhook deliveries when webhooks are configured. The others
-    need no timer in an embedded process (its `AgentWorker` finds stale and due turns when
-    it polls the store; its `InboxPump` sweeps the inbox). Each sweep runs at `start`, then
-    once per interval; one that fails is logged and runs again at its next time. A process
-    that runs these timers gives its `AgentWorker` `deadline_interval=None` and does not
-    `start()` its deliverer, or those sweeps would run twice as often.
-
-    Args:
-        runner: The runner of the process; its store is swept.
-        settings: The intervals (`Sweep.interval`).
-        deliverer: Delivers the webhooks (None when none is configured).
-        clock: Monotonic seconds; tests pass their own.
-    """
-
-    def __init__(
-        self,
-        runner: AgentRunner,
-        settings: WorkerSettings,
-        *,
-        deliverer: WebhookDeliverer | None = None,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self.runner = runner
-        self.deliverer = deliverer
-        self.clock = clock
-        self.intervals: dict[str, float] = {}
-        self._sweeps: dict[str, Sweep] = {}
-        for sweep in SWEEPS:
-            interval = sweep.interval(settings)
-            if sweep.embedded is not None and interval is not None:
-                self.intervals[sweep.name] = interval
-                self._sweeps[sweep.name] = sweep
-        self._next: dict[str, float] = {}
-        self._stopping = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def run_due(self) -> dict[str, int]:
-        """Run every sweep whose time has come; return sweep name -> what it handled, for those that ran."""
-        now = self.clock()
-        ran: dict[str, int] = {}
-        for name, sweep in self._sweeps.items():
-            if self._next.get(name, now) > now:
-                continue
-            self._next[name] = now + self.intervals[name]
-            run = sweep.embedded
-            assert run is not None  # only sweeps with an embedded run are kept
-            try:
-                ran[name] = run(self.runner, self.deliverer)
-            except AgentRunnerError as exc:
-                logger.warning("the %s sweep failed, it runs again in %gs: %s", name, self.intervals[name], exc)
-            except Exception:
-                logger.exception("the %s sweep failed; it runs again in %gs", name, self.intervals[name])
-        return ran
-
-    @property
-    def is_running(self) -> bool:
-        """Whether the timers' thread runs."""
-        return self._thread is not None and self._thread.is_alive()
-
-    def start(self) -> None:
-        """Start the thread (none when no sweep has a timer here)."""
-        if not self._sweeps or self._thread is not None:
-            return
-        self._stopping.clear()
-        self._next.clear()  # what came due while nothing ran is swept at once
-        self._thread = threading.Thread(target=self._loop, name="agent-runner-sweeps", daemon=True)
-        self._thread.start()
-
-    def stop(self, timeout: float = 10.0) -> bool:
-        """Stop the thread, waiting up to `timeout` seconds for a sweep being run; True when it stopped."""
-        self._stopping.set()
-        thread, self._thread = self._thread, None
-        if thread is None:
-            return True
-        thread.join(timeout)
-        return not thread.is_alive()
-
-    def _loop(self) -> None:
-        while not self._stopping.is_set():
-            self.run_due()
-            wait = min(self._next.values(), default=self.clock()) - self.clock()
-            self._stopping.wait(max(wait, 0.01))

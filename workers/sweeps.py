@@ -30,7 +30,8 @@ deliveries and nothing else.
 
 `SWEEPS` is the only list of them: Celery beat's schedule and the registered tasks
 (`workers.celery_app`), the `sweep` label of the metrics (`workers.telemetry`) and the
-timers of the embedded processes (`workers.embedded_timers.SweepTimers`) are made from it.
+sweeps the `AgentWorker` of an embedded process runs (`embedded_sweeps`) are made from it,
+at the same intervals.
 """
 
 from __future__ import annotations
@@ -41,9 +42,11 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from functools import partial
 from typing import TYPE_CHECKING
 
 from agent_runner import AgentRunner, AgentRunnerError, AgentTurnStatus, TurnRef
+from agent_runner.periodic import DEADLINE_SWEEP, PeriodicSweep
 from workers.celery_app.names import (
     DELIVER_WEBHOOKS,
     SWEEP_ADMISSION,
@@ -58,7 +61,7 @@ from workers.settings import WorkerSettings
 from workers.webhook_deliverer import WebhookDeliverer, build_deliverer
 
 if TYPE_CHECKING:
-    from workers.wiring import Wiring
+    from workers.wiring import ProcessBackends
 
 logger = logging.getLogger("workers.beat")  # the name operators filter the sweeps by
 
@@ -66,7 +69,7 @@ SWEEP_BATCH = 500
 """Most items one sweep handles; the rest waits for the next sweep, oldest first."""
 
 
-def sweep_inbox(wiring: Wiring) -> int:
+def sweep_inbox(wiring: ProcessBackends) -> int:
     """Settle stuck inbox claims, then request a dispatch for every idle conversation with a PENDING message.
 
     Returns the number of conversations a `dispatch_inbox` was sent for.
@@ -78,7 +81,7 @@ def sweep_inbox(wiring: Wiring) -> int:
     return len(conversations)
 
 
-def _settle_stuck_claims(wiring: Wiring) -> int:
+def _settle_stuck_claims(wiring: ProcessBackends) -> int:
     """Finish or undo inbox claims older than two lease TTLs (the claimer died between claim and mark).
 
     See `workers.inbox.settle_stale_claims`, which the HTTP server's inbox pump calls too.
@@ -87,7 +90,7 @@ def _settle_stuck_claims(wiring: Wiring) -> int:
     return settle_stale_claims(wiring.runner, wiring.inbox, cutoff, SWEEP_BATCH)
 
 
-def sweep_stale_turns(wiring: Wiring) -> int:
+def sweep_stale_turns(wiring: ProcessBackends) -> int:
     """Re-enqueue RUNNING and READY turns idle for a lease TTL whose lease is free; return how many."""
     now = wiring.runner.clock()
     cutoff = now - timedelta(seconds=wiring.settings.lease_ttl_s)
@@ -107,7 +110,7 @@ def _is_new(ref: TurnRef) -> bool:
     return ref.version == 0 and ref.status is AgentTurnStatus.READY
 
 
-def sweep_due_retries(wiring: Wiring) -> int:
+def sweep_due_retries(wiring: ProcessBackends) -> int:
     """Re-enqueue due retries and delayed starts the broker will not deliver, and reconcile stuck parents; return the turns sent."""
     settings = wiring.settings
     now = wiring.runner.clock()
@@ -126,7 +129,7 @@ def sweep_due_retries(wiring: Wiring) -> int:
     return sent
 
 
-def _reconcile_parents(wiring: Wiring, updated_before: datetime) -> int:
+def _reconcile_parents(wiring: ProcessBackends, updated_before: datetime) -> int:
     """Record ended children in parents that have waited since `updated_before`; resumed parents are dispatched."""
     # Parents saved recently most likely still have running children, the last of which
     # resumes them; only those waiting longer than a lease TTL are checked.
@@ -141,7 +144,7 @@ def _reconcile_parents(wiring: Wiring, updated_before: datetime) -> int:
     return reconciled
 
 
-def sweep_deadlines(wiring: Wiring) -> int:
+def sweep_deadlines(wiring: ProcessBackends) -> int:
     """Send due deadline reminders and apply the defaults of passed deadlines; return the turns handled.
 
     The sweep is `AgentRunner.apply_due_deadlines`, the one the embedded `AgentWorker`
@@ -150,7 +153,7 @@ def sweep_deadlines(wiring: Wiring) -> int:
     return wiring.runner.apply_due_deadlines(SWEEP_BATCH)
 
 
-def _resend(wiring: Wiring, ref: TurnRef) -> int:
+def _resend(wiring: ProcessBackends, ref: TurnRef) -> int:
     """Send a step for `ref` unless a live worker holds its lease; 1 if sent."""
     try:
         if wiring.lease.holder(ref.turn_id) is not None:
@@ -162,7 +165,7 @@ def _resend(wiring: Wiring, ref: TurnRef) -> int:
     return int(wiring.dispatcher.send_step(ref.turn_id, ref.version))
 
 
-def _line_up_again(wiring: Wiring, ref: TurnRef) -> int:
+def _line_up_again(wiring: ProcessBackends, ref: TurnRef) -> int:
     """Line a new turn up for admission again (a no-op if it waits or is admitted); 1 if it was sent at once."""
     assert wiring.admission is not None
     try:
@@ -175,7 +178,7 @@ def _line_up_again(wiring: Wiring, ref: TurnRef) -> int:
     return int(wiring.dispatcher.send_step(ref.turn_id, ref.version))
 
 
-def sweep_admission(wiring: Wiring) -> int:
+def sweep_admission(wiring: ProcessBackends) -> int:
     """Give back the slots of admitted turns that never started and fill the window again; return the turns sent."""
     return 0 if wiring.admission is None else wiring.admission.pump()
 
@@ -188,7 +191,7 @@ _deliverers: dict[int, WebhookDeliverer] = {}
 _deliverers_lock = threading.Lock()
 
 
-def deliver_webhooks(wiring: Wiring) -> int:
+def deliver_webhooks(wiring: ProcessBackends) -> int:
     """Find new events owed to webhooks and make the due attempts; return how many were delivered.
 
     Retries and backoff live in the delivery log (`store.webhooks`), not in Celery: a failed
@@ -225,15 +228,16 @@ class Sweep:
     """Its `sweep` label in the metrics; its beat entry is named after its task."""
     task: str
     """The name of its Celery task. Messages in queues carry it, so it is never renamed."""
-    run: Callable[[Wiring], int]
+    run: Callable[[ProcessBackends], int]
     """What a Celery worker runs; it returns how many items it sent on (the metrics count them)."""
     setting: str
     """The environment variable of its interval."""
     interval: Callable[[WorkerSettings], float | None]
     """Seconds between two runs under these settings; None: it does not run."""
     embedded: EmbeddedRun | None
-    """What an embedded process runs on its timer; None when that process needs no timer for it
-    (its `AgentWorker` finds stale and due turns when it polls the store, its `InboxPump` sweeps the inbox)."""
+    """What the `AgentWorker` of an embedded process runs for it, at the same interval; None when
+    that process does its job otherwise (its `AgentWorker` finds stale and due turns when it polls
+    the store, its `InboxPump` sweeps the inbox, and it has no admission)."""
 
     @property
     def counted(self) -> bool:
@@ -280,7 +284,7 @@ SWEEPS: tuple[Sweep, ...] = (
         embedded=None,
     ),
     Sweep(
-        "deadlines",
+        DEADLINE_SWEEP,
         SWEEP_DEADLINES,
         sweep_deadlines,
         "AGENT_RUNNER_DEADLINE_SWEEP_INTERVAL_S",
@@ -305,3 +309,18 @@ SWEEPS: tuple[Sweep, ...] = (
     ),
 )
 """Every periodic sweep, in the order beat lists them."""
+
+
+def embedded_sweeps(
+    runner: AgentRunner, settings: WorkerSettings, deliverer: WebhookDeliverer | None
+) -> tuple[PeriodicSweep, ...]:
+    """The sweeps of `SWEEPS` an embedded process's `AgentWorker` runs under `settings`, each at its interval there.
+
+    Those with an embedded run that runs under these settings (the webhooks only when some are configured).
+    """
+    chosen: list[PeriodicSweep] = []
+    for sweep in SWEEPS:
+        interval = sweep.interval(settings)
+        if sweep.embedded is not None and interval is not None:
+            chosen.append(PeriodicSweep(sweep.name, interval, partial(sweep.embedded, runner, deliverer)))
+    return tuple(chosen)

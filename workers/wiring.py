@@ -1,6 +1,6 @@
 """Builds the runner and its backends from `WorkerSettings`, once per process.
 
-A worker process gets one `Wiring` (SQL store, chat memory, inbox, Redis lease and guard,
+A worker process gets one `ProcessBackends` (SQL store, chat memory, inbox, Redis lease and guard,
 agent loader, and a runner whose dispatcher sends Celery messages), built lazily on first
 use. Lazily matters: Celery's prefork pool forks its children after the app is imported,
 and a database connection pool or Redis socket inherited across a fork would be shared by
@@ -38,11 +38,11 @@ from workers.telemetry import instrument
 logger = logging.getLogger("workers")
 
 
-# --- Wiring -----------------------------------------------------------------------------------
+# --- ProcessBackends -----------------------------------------------------------------------------------
 
 
 @dataclass
-class Wiring:
+class ProcessBackends:
     """Everything a worker process (or a web app) needs to run or enqueue turns."""
 
     settings: WorkerSettings
@@ -90,7 +90,7 @@ def build_wiring(
     tasks_in_flight: int = 1,
     background_dispatch: bool = False,
     pool: PoolSize | None = None,
-) -> Wiring:
+) -> ProcessBackends:
     """Build the backends and a dispatching runner from `settings`.
 
     Args:
@@ -102,7 +102,7 @@ def build_wiring(
             thread pool); sizes the database pool unless the settings fix it.
         background_dispatch: Send the dispatcher's messages from a thread of their own,
             several per round trip (`MessageOutbox`), instead of in the thread that saves
-            the turn; `Wiring.close` sends what is still queued.
+            the turn; `ProcessBackends.close` sends what is still queued.
         pool: The database pool (default: sized from `tasks_in_flight`, see
             `workers.capacity.database_pool`).
 
@@ -147,7 +147,7 @@ def build_wiring(
         # A turn that ends or waits frees its place under the tenant's cap for the next one.
         runner.add_event_listener(admission)
     apply_runner_setup(runner, settings.runner_setup)
-    return Wiring(
+    return ProcessBackends(
         settings=settings,
         celery_app=celery_app,
         runner=runner,

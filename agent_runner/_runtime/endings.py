@@ -17,6 +17,7 @@ from agent_runner._runtime.cancelling import request_cancel
 from agent_runner._runtime.context import RunnerContext
 from agent_runner._runtime.reentry import is_driving
 from agent_runner._runtime.saving import save, terminal_event
+from agent_runner._runtime.waiting import abandon_calls
 from agent_runner.errors import AgentRunnerError, RecoverableError, VersionConflictError
 from agent_runner.limits import check_id, check_text
 from agent_runner.policy import RetryPolicy
@@ -49,6 +50,8 @@ def finish(
 def after_terminal(ctx: RunnerContext, turn: AgentTurn) -> None:
     """The cascade of a turn that has just been saved ended."""
     cancel_unfinished_children(ctx, turn)
+    if turn.tool_state:
+        abandon_calls(ctx, turn)
     ctx.gate.release(turn)
     if turn.parent_turn_id is not None and not is_driving(ctx, turn.id):
         # A child that ended outside a stepping loop (cancelled, resumed elsewhere) tells its parent now.

@@ -15,7 +15,7 @@ from pydantic import ValidationError
 from agent_runner import event_payloads as payloads
 from agent_runner import machine
 from agent_runner._base import trusted
-from agent_runner._runtime import children, limiting
+from agent_runner._runtime import children, limiting, waiting
 from agent_runner._runtime.cancelling import stored_cancel_reason
 from agent_runner._runtime.context import RunnerContext
 from agent_runner._runtime.endings import after_terminal, failed_call, finish
@@ -42,11 +42,13 @@ from agent_runner.messages import AiMessage, ModelMessage, SystemMessage, ToolCa
 from agent_runner.middleware import chain
 from agent_runner.model_limits import WAIT_OVER_REASON, LimitWait
 from agent_runner.models import ChatRequest, ChatResponse
+from agent_runner.operations import OperationPending
 from agent_runner.policy import RetryPolicy
 from agent_runner.results import AgentStepResult
 from agent_runner.snapshot import AgentTurn, AgentTurnStatus
 from agent_runner.suspensions import AgentSuspension
 from agent_runner.tools import Tool, encode_tool_result, tool_scope
+from agent_runner.toolsets import list_turn_tools, listed_specs
 
 logger = logging.getLogger("agent_runner")
 
@@ -82,6 +84,7 @@ def step_once(ctx: RunnerContext, turn: AgentTurn) -> AgentStepResult:
     carried_events(ctx, turn.id).clear()  # nothing carries over from a step that raised
     if turn.status is AgentTurnStatus.RETRY_SCHEDULED:
         reason = WAIT_OVER_REASON if limiting.is_limit_wait(turn.suspension) else "retry due"
+        reason = "poll due" if waiting.is_operation_wait(turn.suspension) else reason
         deliver_with_next_save(ctx, payloads.turn_resumed(command=None, reason=reason, attempt=turn.attempt), turn)
     agent = ctx.agent_for(turn)
     running = machine.start_running(turn, now)
@@ -132,11 +135,18 @@ def _call_model(
     if agent.chat_model is None:
         raise DefinitionError(f"agent {agent.id!r} has no chat_model")
     chat_model = agent.chat_model
+    if agent.toolsets and turn.listed_tools is None:
+        try:
+            taken = [spec.name for spec in agent.tool_specs()]
+            turn = turn.model_copy(update={"listed_tools": list_turn_tools(agent.toolsets, taken, turn)})
+        except Exception as exc:  # a server that cannot list now: on the retry schedule when transient
+            return failed_call(ctx, turn, exc, expected, ctx.policy.retry_for(agent))
+    tools = [*agent.tool_specs(), *listed_specs(turn.listed_tools)] if turn.listed_tools else agent.tool_specs()
     sink = DeltaSink(ctx, turn)
     request = trusted(
         ChatRequest,
         _REQUEST_GIVEN,
-        {"messages": _request_messages(turn, agent), "tools": agent.tool_specs(), "on_delta": sink},
+        {"messages": _request_messages(turn, agent), "tools": tools, "on_delta": sink},
     )
     admission = limiting.admit(ctx, turn, chat_model, request, previous)
     if isinstance(admission, LimitWait):
@@ -194,7 +204,7 @@ def _execute_tool(
 ) -> AgentStepResult:
     deliver_with_next_save(ctx, payloads.tool_started(call), turn)
     started = turn
-    if not tool.idempotent:
+    if not tool.idempotent and not waiting.is_polling(turn, call):
         # Saved before the body runs: after a crash, the call is known to have started and
         # is reconciled instead of being run again. The saves after the body forget the mark.
         started = save(ctx, machine.mark_started(turn, call.id, ctx.clock()), expected)
@@ -221,13 +231,17 @@ def _execute_tool(
     is_error = False
     try:
         content = _tool_text(ctx, encode_tool_result(chain(ctx.middleware, "wrap_tool", invoke)(call)))
+    except OperationPending as pending:
+        return waiting.wait(ctx, turn, call, pending, expected)
     except ToolError as exc:
         content, is_error = _tool_text(ctx, str(exc)), True
     except AgentFormRequiredException as exc:
-        if call.id in turn.form_data:
+        if call.id in turn.form_data and exc.state is None:
             error = FormProtocolError(turn.id, call.id, exc.form.key)
             failed = finish(ctx, turn, AgentTurnStatus.FAILED, str(error), expected_version=expected)
             return AgentStepResult(turn=failed, error=error)
+        if exc.state is not None:
+            turn = turn.model_copy(update={"tool_state": {**turn.tool_state, call.id: exc.state}})
         plan = machine.form_suspension(turn, call, exc.form, machine.FORM_SOURCE_TOOL, exc.message)
         suspended = machine.apply_suspension(turn, plan, ctx.clock(), reminder=ctx.policy.deadline_reminder)
         return AgentStepResult(turn=save(ctx, suspended, expected, suspended_event(ctx, suspended)))

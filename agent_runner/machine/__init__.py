@@ -28,6 +28,7 @@ from agent_runner.machine._plans import (
 )
 from agent_runner.machine._results import (
     LIMIT_WAIT_REASON,
+    OPERATION_WAIT_REASON,
     apply_children_spawned,
     apply_model_response,
     apply_reminder,
@@ -36,6 +37,7 @@ from agent_runner.machine._results import (
     close_out,
     mark_started,
     schedule_limit_wait,
+    schedule_operation_wait,
     schedule_retry,
     start_running,
     storable_message,
@@ -48,6 +50,7 @@ __all__ = [
     "DECIDER_METADATA_KEYS",
     "FORM_SOURCE_TOOL",
     "LIMIT_WAIT_REASON",
+    "OPERATION_WAIT_REASON",
     "SUSPENSION_STATUS",
     "SYSTEM_DECIDER",
     "TRANSITIONS",
@@ -72,6 +75,7 @@ __all__ = [
     "page_message_id",
     "plan_step",
     "schedule_limit_wait",
+    "schedule_operation_wait",
     "schedule_retry",
     "start_running",
     "storable_message",

@@ -131,9 +131,10 @@ def _plan_tool(turn: AgentTurn, agent: Agent, call: ToolCall, limits: InputLimit
     sub_agent = agent.sub_agent(call.name)
     if sub_agent is not None:
         return _plan_delegation(turn, agent, call)
-    tool = agent.tool(call.name)
+    tool = agent.tool(call.name) or agent.listed_tool(turn, call.name)
     if tool is None:
-        known = sorted([t.name for t in agent.tools] + [a.id for a in agent.sub_agents])
+        listed = [t.name for t in turn.listed_tools or ()]
+        known = sorted([t.name for t in agent.tools] + [a.id for a in agent.sub_agents] + listed)
         return WriteToolResult(
             call, f"Unknown tool {preview(call.name, 64)!r}. Available tools: {', '.join(known) or 'none'}.", True
         )

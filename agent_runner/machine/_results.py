@@ -135,6 +135,7 @@ def apply_tool_result(
         approved_call_ids=[c for c in turn.approved_call_ids if c != call.id],
         started_call_ids=[c for c in turn.started_call_ids if c != call.id],
         form_data=form_data,
+        tool_state={k: v for k, v in turn.tool_state.items() if k != call.id} if turn.tool_state else turn.tool_state,
         attempt=0,
         steps=turn.steps + 1,
     )
@@ -241,21 +242,30 @@ def schedule_limit_wait(
 
     `called`: the model was called (and answered 429), which counts as a step.
     """
+    return _wait(turn, LIMIT_WAIT_REASON, message, until, metadata, now, turn.steps + (1 if called else 0))
+
+
+def _wait(
+    turn: AgentTurn, reason: str, message: str, until: datetime, metadata: dict[str, Any], now: datetime, steps: int
+) -> AgentTurn:
+    """RETRY_SCHEDULED until `until` for `reason`, not after a failure: the attempt count stays."""
     suspension = AgentSuspension(
-        type=SuspensionType.RETRY,
-        message=message,
-        resume_phase=turn.phase,
-        metadata={"reason": LIMIT_WAIT_REASON, **metadata},
+        type=SuspensionType.RETRY, message=message, resume_phase=turn.phase, metadata={"reason": reason, **metadata}
     )
     return transition(
-        turn,
-        AgentTurnStatus.RETRY_SCHEDULED,
-        now,
-        next_retry_at=until,
-        suspension=suspension,
-        error=None,
-        steps=turn.steps + (1 if called else 0),
+        turn, AgentTurnStatus.RETRY_SCHEDULED, now, next_retry_at=until, suspension=suspension, error=None, steps=steps
     )
+
+
+OPERATION_WAIT_REASON = "operation"
+"""`metadata["reason"]` of a RETRY suspension that waits for work a tool started elsewhere (see `agent_runner.operations`)."""
+
+
+def schedule_operation_wait(
+    turn: AgentTurn, message: str, until: datetime, metadata: dict[str, Any], now: datetime
+) -> AgentTurn:
+    """Wait as RETRY_SCHEDULED until the next poll of work a tool started elsewhere; no retry attempt is used."""
+    return _wait(turn, OPERATION_WAIT_REASON, message, until, metadata, now, turn.steps + 1)
 
 
 def close_out(

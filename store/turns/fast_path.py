@@ -4,62 +4,80 @@ A statement is atomic on its own, so no BEGIN and COMMIT round trips are needed:
 a turn this store last saw at the expected version (it knows the stored message count)
 costs one round trip, and runs prepared on the driver (`store.turns.postgres`). The other
 saves (a turn this store has not seen, a snapshot that cuts its history, a child's events
-whose conversation is its root's) take the transaction of `TurnSaves`, as does every save
-on SQLite: the paths are chosen when the store is built, by dialect.
+whose conversation is its root's) go to the `TransactionSaves` it holds. A store on
+SQLite has no `OneStatementSaves`: the saves are chosen when the store is built, by dialect
+(`SqlAgentTurnStore._create_saves`).
 
 When the one statement is refused although the stored version and fence allow the save
 (its guard found another message count than the remembered one), the save falls back to
-the transaction; each such fallback is counted in `fast_path_fallbacks` and logged at
+the transaction; each such fallback is counted in the store's `fast_path_fallbacks` and logged at
 WARNING, so a broken fast path cannot hide behind the other.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
+from sqlalchemy.engine import Engine
 
 from agent_runner.errors import VersionConflictError
 from agent_runner.events import AgentEvent
 from agent_runner.snapshot import AgentTurn
 from agent_runner.store_rules import kept_events, saved_snapshot, stored_snapshot
-from store._engine import UrlOrEngine
+from store._engine import DriverConnections
 from store._event_log import needs_root_conversation, raise_if_no_tree
 from store.schema import tenant_key, turns
 from store.turns import postgres
+from store.turns.cache import TurnCache
 from store.turns.columns import STATE_EXCLUDED
-from store.turns.saves import TurnSaves, logger
+from store.turns.saves import SaveCounts, TransactionSaves, logger
 
 
-class OneStatementSaves(TurnSaves):
-    """`TurnSaves` with the one-statement save on PostgreSQL."""
+class OneStatementSaves:
+    """The saves of a store on PostgreSQL: one statement where it can, else the `transaction`'s.
 
-    def __init__(self, url_or_engine: UrlOrEngine) -> None:
-        super().__init__(url_or_engine)
-        self._one_statement = self._postgres
-        """Whether saves over a remembered message count take the one statement: on PostgreSQL."""
-        self.fast_path_fallbacks = 0
-        """One-statement saves refused for a wrong remembered count and saved in a transaction instead."""
+    Args:
+        transaction: The saves one statement cannot do.
+        driver: The connections kept for statements run on the driver.
+        reader: The store's autocommitting engine.
+        direct: Whether statements may run on the driver now (nothing watches the engine's statements).
+        cache: What the store remembers of the turns it saw (the message counts decide the path).
+        counts: Where fallbacks are counted.
+    """
 
-    def _create(self, turn: AgentTurn, events: Sequence[AgentEvent], project: bool) -> AgentTurn | None:
+    def __init__(
+        self,
+        transaction: TransactionSaves,
+        driver: DriverConnections,
+        reader: Engine,
+        direct: Callable[[], bool],
+        cache: TurnCache,
+        counts: SaveCounts,
+    ) -> None:
+        self._transaction = transaction
+        self._driver = driver
+        self._reader = reader
+        self._direct = direct
+        self._cache = cache
+        self._counts = counts
+
+    def create(self, turn: AgentTurn, events: Sequence[AgentEvent], project: bool) -> AgentTurn | None:
+        """Insert a new turn in one statement, or in a transaction when its statements are watched or its events need its root's conversation."""
         # Watched statements (`_direct`) go through SQLAlchemy's transaction, where listeners see each.
-        if self._one_statement and self._direct() and not (events and needs_root_conversation(turn, events)):
+        if self._direct() and not (events and needs_root_conversation(turn, events)):
             return self._create_in_one_statement(stored_snapshot(turn, None, -1), events, project)
-        return super()._create(turn, events, project)
+        return self._transaction.create(turn, events, project)
 
-    def _update(
+    def update(
         self, turn: AgentTurn, expected_version: int, events: Sequence[AgentEvent], project: bool
     ) -> AgentTurn | None:
+        """Compare-and-swap a turn in one statement when the stored message count is known, else in a transaction."""
         known = self._cache.count(turn.id, expected_version)
-        if (
-            self._one_statement
-            and known is not None
-            and known <= len(turn.messages)
-            and not (events and needs_root_conversation(turn, events))
-        ):
+        if known is not None and known <= len(turn.messages) and not (events and needs_root_conversation(turn, events)):
             return self._update_in_one_statement(turn, expected_version, known, events, project)
-        return super()._update(turn, expected_version, events, project)
+        return self._transaction.update(turn, expected_version, events, project)
 
     def _create_in_one_statement(
         self, stored: AgentTurn, events: Sequence[AgentEvent], project: bool
@@ -98,7 +116,7 @@ class OneStatementSaves(TurnSaves):
             existing = connection.execute(sa.select(turns.c.version).where(turns.c.id == stored.id)).scalar()
             if existing is not None:
                 raise VersionConflictError(stored.id, -1, existing)
-            self._raise_if_busy(connection, stored)
+            self._transaction.raise_if_busy(connection, stored)
         return None
 
     def _update_in_one_statement(
@@ -140,22 +158,22 @@ class OneStatementSaves(TurnSaves):
                     stored = connection.exec_driver_sql(postgres.save_statement(parameters), parameters).first()
         except sa_exc.IntegrityError as exc:
             raise_if_no_tree(exc, turn)
-            with self._engine.connect() as connection:
-                self._raise_if_busy(connection, turn)
+            with self._transaction.engine.connect() as connection:
+                self._transaction.raise_if_busy(connection, turn)
             return None
         if stored is None:
             with self._reader.connect() as connection:
-                self._raise_conflict(connection, turn, expected_version)
+                self._transaction.raise_conflict(connection, turn, expected_version)
             # The stored version and fence allow this save, so the remembered count was wrong.
             self._cache.forget_count(turn.id)
-            self.fast_path_fallbacks += 1
+            self._counts.fast_path_fallbacks += 1
             logger.warning(
                 "the one-statement save of turn %s at version %d matched no row though its version and fence "
                 "are current; saving it in a transaction instead",
                 turn.id,
                 expected_version,
             )
-            return super()._update(unprojected, expected_version, events, project)
+            return self._transaction.update(unprojected, expected_version, events, project)
         saved = saved_snapshot(
             turn, expected_version, cancel_requested=stored[0], cancel_reason=stored[1], lease_fence=stored[2]
         )

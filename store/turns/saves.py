@@ -1,28 +1,32 @@
-"""The saves of `SqlAgentTurnStore` in a transaction through SQLAlchemy: the path on SQLite, and on PostgreSQL when one statement cannot do.
+"""How `SqlAgentTurnStore` writes a save (`TurnSaves`), and the save in a transaction through SQLAlchemy.
 
-A save is a compare-and-swap UPDATE of the header (`store.turns.queries.GUARDED_UPDATE`)
-guarded by `version`, the message count and the lease fence, plus INSERTs of the new
-messages and events only, by the rules of `agent_runner.store_rules`. The PostgreSQL
-one-statement save (`store.turns.fast_path`) builds on this class.
+A store picks its `TurnSaves` once, by dialect, when it is built
+(`SqlAgentTurnStore._create_saves`): `TransactionSaves` on SQLite, and on PostgreSQL the
+one-statement save (`store.turns.fast_path.OneStatementSaves`), which hands the saves one
+statement cannot do to a `TransactionSaves` it holds.
+
+A save in a transaction is a compare-and-swap UPDATE of the header
+(`store.turns.queries.GUARDED_UPDATE`) guarded by `version`, the message count and the
+lease fence, plus INSERTs of the new messages and events only, by the rules of
+`agent_runner.store_rules`.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from typing import Protocol
 
 import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
-from sqlalchemy.engine import Connection
+from sqlalchemy.engine import Connection, Engine
 
-from agent_runner.errors import AgentConversationBusyException, StoreUnavailableError, VersionConflictError
+from agent_runner.errors import AgentConversationBusyException, VersionConflictError
 from agent_runner.events import AgentEvent
 from agent_runner.snapshot import AgentTurn, AgentTurnStatus
 from agent_runner.store_rules import check_fence, kept_events, stored_snapshot
-from store._backend import SqlBackend
-from store._engine import UrlOrEngine, dialect_insert, translated_errors
+from store._engine import dialect_insert, writer
 from store._event_log import SqlEventLog, needs_root_conversation
-from store.chat_memory import SqlChatMemoryProvider
 from store.schema import NON_TERMINAL_STATUSES, tenant_key, turn_messages, turns
 from store.turns.cache import TurnCache
 from store.turns.queries import GUARDED_UPDATE
@@ -30,80 +34,47 @@ from store.turns.rows import header, message_rows, new_row
 
 logger = logging.getLogger("store.turns")
 
-_SAVE_ATTEMPTS = 5
+
+class SaveCounts(Protocol):
+    """Where the saves that could not take the path they were meant for are counted (each is also logged): the store."""
+
+    projection_fallbacks: int
+    """Saves asked to project into ChatMemory that could not, and left it to the caller."""
+    fast_path_fallbacks: int
+    """One-statement saves refused for a wrong remembered count and saved in a transaction instead."""
 
 
-class TurnSaves(SqlBackend):
-    """The save of a turn store, with what it remembers of the turns it saw (`TurnCache`)."""
+class TurnSaves(Protocol):
+    """How a turn store writes a save; each returns the stored snapshot, or None when it raced and may be tried again.
 
-    def __init__(self, url_or_engine: UrlOrEngine) -> None:
-        super().__init__(url_or_engine)
-        self._cache = TurnCache()
-        self._event_log = SqlEventLog(self._engine)
-        self.projection_fallbacks = 0
-        """Saves asked to project into ChatMemory that could not, and left it to the caller."""
+    Both raise what `SqlAgentTurnStore.save` documents, inside its `translated_errors`.
+    """
 
-    def save(self, turn: AgentTurn, expected_version: int, events: Sequence[AgentEvent] = ()) -> AgentTurn:
-        """Store `turn` if the stored version equals `expected_version` (-1: create it).
+    def create(self, turn: AgentTurn, events: Sequence[AgentEvent], project: bool) -> AgentTurn | None:
+        """Store a new turn; None when a conflicting active turn ended meanwhile."""
 
-        Returns the stored snapshot: `version` is `expected_version + 1`, `cancel_requested`
-        is the stored flag or'ed with the new one, and the lease fence never goes down.
+    def update(
+        self, turn: AgentTurn, expected_version: int, events: Sequence[AgentEvent], project: bool
+    ) -> AgentTurn | None:
+        """Compare-and-swap a stored turn at `expected_version`; None when a remembered count was stale."""
 
-        Messages are append-only: the stored snapshot's messages must be a prefix of
-        `turn.messages` (the runner only ever adds messages).
 
-        The durable ones among `events` are written in the same transaction, so they exist
-        exactly when the snapshot was saved; an event id already stored is skipped.
-        Ephemeral events (MODEL_DELTA, TOOL_PROGRESS) are not stored.
+class TransactionSaves:
+    """The saves in a transaction through SQLAlchemy: every save on SQLite, and on PostgreSQL those one statement cannot do.
 
-        Raises:
-            VersionConflictError: The stored version differs, or the turn exists when creating.
-            AgentConversationBusyException: The save would give the conversation a second
-                non-terminal turn.
-            LeaseLostError: `turn.lease_fence` is lower than the stored fence.
-            StoreError: `turn` is a child turn with events whose root turn is not stored
-                (a tree's event positions are counted on its root's row); nothing was written.
-            StoreUnavailableError: The database failed mid-save; nothing was written.
-        """
-        return self._save(turn, expected_version, events, project=False)
+    Args:
+        engine: The store's engine.
+        cache: What the store remembers of the turns it saw (the message counts are used and kept).
+        event_log: Where a save's events are placed.
+        counts: Where fallbacks are counted.
+    """
 
-    def projects_into(self, provider: object) -> bool:
-        """Whether `save_projected` writes the ChatMemory projection in the save: a `SqlChatMemoryProvider` here.
-
-        True when `provider` is a `SqlChatMemoryProvider` of this store's PostgreSQL database.
-        """
-        return (
-            self._postgres
-            and isinstance(provider, SqlChatMemoryProvider)
-            and (provider.engine is self._engine or provider.engine.url == self._engine.url)
-        )
-
-    def save_projected(self, turn: AgentTurn, expected_version: int, events: Sequence[AgentEvent] = ()) -> AgentTurn:
-        """`save`, which also appends the turn's unprojected messages to its conversation's ChatMemory.
-
-        When the save is the one-statement save, the messages go in with it and the stored
-        snapshot's `projected_count` covers them; so do the page messages of its unsynced
-        page actions (read first, then inserted or changed by compare-and-swap in the same
-        statement), and the returned snapshot marks those that now show their state
-        synced. Otherwise the snapshot is saved alone (counted in `projection_fallbacks`
-        and logged) and the caller projects it.
-        """
-        return self._save(turn, expected_version, events, project=turn.conversation_id is not None)
-
-    def _save(
-        self, turn: AgentTurn, expected_version: int, events: Sequence[AgentEvent], *, project: bool
-    ) -> AgentTurn:
-        with translated_errors(self._engine, f"saving turn {turn.id!r}"):
-            for _ in range(_SAVE_ATTEMPTS):
-                stored = (
-                    self._create(turn, events, project)
-                    if expected_version == -1
-                    else self._update(turn, expected_version, events, project)
-                )
-                if stored is not None:
-                    self._cache.remember(stored)
-                    return stored
-        raise StoreUnavailableError(f"saving turn {turn.id!r} kept racing with concurrent writers; try again")
+    def __init__(self, engine: Engine, cache: TurnCache, event_log: SqlEventLog, counts: SaveCounts) -> None:
+        self.engine = engine
+        self._writer = writer(engine)
+        self._cache = cache
+        self._event_log = event_log
+        self._counts = counts
 
     def _write_events(self, connection: Connection, turn: AgentTurn, events: Sequence[AgentEvent]) -> None:
         """Insert the event rows of a save inside its transaction."""
@@ -114,7 +85,7 @@ class TurnSaves(SqlBackend):
             ).scalar()
         self._event_log.write(connection, turn, kept_events(turn, events, root_conversation))
 
-    def _create(self, turn: AgentTurn, events: Sequence[AgentEvent], project: bool) -> AgentTurn | None:
+    def create(self, turn: AgentTurn, events: Sequence[AgentEvent], project: bool) -> AgentTurn | None:
         """Insert a new turn in a transaction; None when a conflicting active turn ended meanwhile (try again)."""
         stored = stored_snapshot(turn, None, -1)
         if project:
@@ -123,7 +94,7 @@ class TurnSaves(SqlBackend):
         # alike and, unlike a failed INSERT, leaves the PostgreSQL transaction usable for
         # finding out which of the two it was.
         insert = (
-            dialect_insert(self._engine, turns).values(new_row(stored)).on_conflict_do_nothing().returning(turns.c.id)
+            dialect_insert(self.engine, turns).values(new_row(stored)).on_conflict_do_nothing().returning(turns.c.id)
         )
         with self._writer.begin() as connection:
             if connection.execute(insert).first() is not None:
@@ -136,14 +107,14 @@ class TurnSaves(SqlBackend):
             existing = connection.execute(sa.select(turns.c.version).where(turns.c.id == turn.id)).scalar()
             if existing is not None:
                 raise VersionConflictError(turn.id, -1, existing)
-            self._raise_if_busy(connection, turn)
+            self.raise_if_busy(connection, turn)
         return None
 
     def _projection_fallback(self, turn: AgentTurn) -> None:
-        self.projection_fallbacks += 1
+        self._counts.projection_fallbacks += 1
         logger.info("turn %s saved without its ChatMemory projection, which follows separately", turn.id)
 
-    def _update(
+    def update(
         self, turn: AgentTurn, expected_version: int, events: Sequence[AgentEvent], project: bool
     ) -> AgentTurn | None:
         """Compare-and-swap an existing turn in a transaction; None when a remembered count was stale (try again)."""
@@ -165,12 +136,12 @@ class TurnSaves(SqlBackend):
                         )
                     ).scalar()
                     if known is None:
-                        self._raise_conflict(connection, turn, expected_version)
+                        self.raise_conflict(connection, turn, expected_version)
                         return None
                 parameters["match_count"] = known
                 row = connection.execute(GUARDED_UPDATE, parameters).first()
                 if row is None:
-                    self._raise_conflict(connection, turn, expected_version)
+                    self.raise_conflict(connection, turn, expected_version)
                     self._cache.forget_count(turn.id)
                     return None
                 count = len(turn.messages)
@@ -185,12 +156,12 @@ class TurnSaves(SqlBackend):
         except sa_exc.IntegrityError:
             # Only the active-conversation index can refuse this UPDATE. PostgreSQL has
             # aborted the transaction, so look for the other turn on a fresh one.
-            with self._engine.connect() as connection:
-                self._raise_if_busy(connection, turn)
+            with self.engine.connect() as connection:
+                self.raise_if_busy(connection, turn)
             return None
         return stored_snapshot(turn, row, expected_version)
 
-    def _raise_conflict(self, connection: Connection, turn: AgentTurn, expected_version: int) -> None:
+    def raise_conflict(self, connection: Connection, turn: AgentTurn, expected_version: int) -> None:
         """Raise why a guarded UPDATE matched no row; return when only the remembered count was wrong."""
         current = connection.execute(
             sa.select(turns.c.version, turns.c.lease_fence).where(turns.c.id == turn.id)
@@ -199,7 +170,8 @@ class TurnSaves(SqlBackend):
             raise VersionConflictError(turn.id, expected_version, None if current is None else current.version)
         check_fence(turn, current.lease_fence)
 
-    def _raise_if_busy(self, connection: Connection, turn: AgentTurn) -> None:
+    def raise_if_busy(self, connection: Connection, turn: AgentTurn) -> None:
+        """Raise `AgentConversationBusyException` if another turn is active in the conversation of a non-terminal `turn`."""
         if turn.conversation_id is None or turn.status.is_terminal:
             return
         active = connection.execute(

@@ -22,15 +22,18 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from agent_runner.errors import TurnNotFound
+from agent_runner.errors import StoreUnavailableError, TurnNotFound
 from agent_runner.events import AgentEvent
 from agent_runner.messages import ModelMessage, ModelMessagesAdapter
 from agent_runner.persistence import DEFAULT_EVENT_PAGE, EventScope, TurnRef
 from agent_runner.snapshot import AgentTurn, AgentTurnStatus
-from store._backend import retention_cutoff
-from store._engine import AnyRow, translated_errors
+from store._backend import SqlBackend, retention_cutoff
+from store._engine import AnyRow, UrlOrEngine, translated_errors
+from store._event_log import SqlEventLog
+from store.chat_memory import SqlChatMemoryProvider
 from store.schema import NON_TERMINAL_STATUSES, tenant_key, turn_events, turn_leases, turn_messages, turns
 from store.turns import postgres
+from store.turns.cache import TurnCache
 from store.turns.fast_path import OneStatementSaves
 from store.turns.queries import (
     CANCELLED_AMONG,
@@ -45,9 +48,12 @@ from store.turns.queries import (
     turns_matching,
 )
 from store.turns.rows import ref, snapshot, snapshot_of
+from store.turns.saves import TransactionSaves, TurnSaves
+
+_SAVE_ATTEMPTS = 5
 
 
-class SqlAgentTurnStore(OneStatementSaves):
+class SqlAgentTurnStore(SqlBackend):
     """An `AgentTurnStore` and `EventLog` in PostgreSQL (psycopg 3) or SQLite, with the same behaviour as the in-memory store.
 
     Every save is one transaction: a compare-and-swap UPDATE of the header guarded by
@@ -70,6 +76,87 @@ class SqlAgentTurnStore(OneStatementSaves):
         StoreUnavailableError: From any method, when the database could not complete the
             operation (connection lost, serialization failure, locked); nothing was written.
     """
+
+    def __init__(self, url_or_engine: UrlOrEngine) -> None:
+        super().__init__(url_or_engine)
+        self._cache = TurnCache()
+        self._event_log = SqlEventLog(self._engine)
+        self.projection_fallbacks = 0
+        """Saves asked to project into ChatMemory that could not, and left it to the caller (each logged)."""
+        self.fast_path_fallbacks = 0
+        """One-statement saves refused for a wrong remembered count and saved in a transaction instead (each logged)."""
+        self._saves = self._create_saves()
+
+    def _create_saves(self) -> TurnSaves:
+        """The saves of this store, chosen once by its dialect: one statement where it can on PostgreSQL, else a transaction."""
+        transaction = TransactionSaves(self._engine, self._cache, self._event_log, self)
+        if not self._postgres:
+            return transaction
+        return OneStatementSaves(transaction, self._driver, self._reader, self._direct, self._cache, self)
+
+    # --- Saves -------------------------------------------------------------------------------
+
+    def save(self, turn: AgentTurn, expected_version: int, events: Sequence[AgentEvent] = ()) -> AgentTurn:
+        """Store `turn` if the stored version equals `expected_version` (-1: create it).
+
+        Returns the stored snapshot: `version` is `expected_version + 1`, `cancel_requested`
+        is the stored flag or'ed with the new one, and the lease fence never goes down.
+
+        Messages are append-only: the stored snapshot's messages must be a prefix of
+        `turn.messages` (the runner only ever adds messages).
+
+        The durable ones among `events` are written in the same transaction, so they exist
+        exactly when the snapshot was saved; an event id already stored is skipped.
+        Ephemeral events (MODEL_DELTA, TOOL_PROGRESS) are not stored.
+
+        Raises:
+            VersionConflictError: The stored version differs, or the turn exists when creating.
+            AgentConversationBusyException: The save would give the conversation a second
+                non-terminal turn.
+            LeaseLostError: `turn.lease_fence` is lower than the stored fence.
+            StoreError: `turn` is a child turn with events whose root turn is not stored
+                (a tree's event positions are counted on its root's row); nothing was written.
+            StoreUnavailableError: The database failed mid-save; nothing was written.
+        """
+        return self._save(turn, expected_version, events, project=False)
+
+    def projects_into(self, provider: object) -> bool:
+        """Whether `save_projected` writes the ChatMemory projection in the save: a `SqlChatMemoryProvider` here.
+
+        True when `provider` is a `SqlChatMemoryProvider` of this store's PostgreSQL database.
+        """
+        return (
+            self._postgres
+            and isinstance(provider, SqlChatMemoryProvider)
+            and (provider.engine is self._engine or provider.engine.url == self._engine.url)
+        )
+
+    def save_projected(self, turn: AgentTurn, expected_version: int, events: Sequence[AgentEvent] = ()) -> AgentTurn:
+        """`save`, which also appends the turn's unprojected messages to its conversation's ChatMemory.
+
+        When the save is the one-statement save, the messages go in with it and the stored
+        snapshot's `projected_count` covers them; so do the page messages of its unsynced
+        page actions (read first, then inserted or changed by compare-and-swap in the same
+        statement), and the returned snapshot marks those that now show their state
+        synced. Otherwise the snapshot is saved alone (counted in `projection_fallbacks`
+        and logged) and the caller projects it.
+        """
+        return self._save(turn, expected_version, events, project=turn.conversation_id is not None)
+
+    def _save(
+        self, turn: AgentTurn, expected_version: int, events: Sequence[AgentEvent], *, project: bool
+    ) -> AgentTurn:
+        with translated_errors(self._engine, f"saving turn {turn.id!r}"):
+            for _ in range(_SAVE_ATTEMPTS):
+                stored = (
+                    self._saves.create(turn, events, project)
+                    if expected_version == -1
+                    else self._saves.update(turn, expected_version, events, project)
+                )
+                if stored is not None:
+                    self._cache.remember(stored)
+                    return stored
+        raise StoreUnavailableError(f"saving turn {turn.id!r} kept racing with concurrent writers; try again")
 
     # --- Reads -------------------------------------------------------------------------------
 

@@ -21,7 +21,7 @@ from workers.celery_app.process import current
 from workers.celery_app.task_arguments import checked_arguments
 from workers.schedules import Schedule, ScheduleError, ScheduleOutcome, fire_schedule
 from workers.sweeps import SWEEPS, Sweep
-from workers.wiring import Wiring
+from workers.wiring import ProcessBackends
 
 logger = logging.getLogger("workers.beat")
 
@@ -50,7 +50,7 @@ SWEEP_ENTRIES: dict[str, Callable[[], int]] = {sweep.name: _sweep_entry(sweep) f
 """Sweep name -> the function its Celery task runs."""
 
 
-def run_schedule(wiring: Wiring, schedule: Schedule, tick: datetime) -> ScheduleOutcome:
+def run_schedule(wiring: ProcessBackends, schedule: Schedule, tick: datetime) -> ScheduleOutcome:
     """Start (or queue) the turn of one tick of `schedule`; a repeated tick does nothing."""
     return fire_schedule(wiring.runner, wiring.inbox, schedule, tick, notify_inbox=wiring.dispatcher.send_inbox)
 

@@ -3,7 +3,7 @@
 `install_process_hooks(app, settings)` connects the handlers of the worker signals for one
 app: a worker of that app that could not run any turn refuses to start, records how many
 tasks a process runs at once, and closes its connections on the way out. `current()` is
-the `Wiring` the tasks of that worker run with.
+the `ProcessBackends` the tasks of that worker run with.
 
 Built lazily, per process: Celery's prefork pool forks its children after the app is
 created, and a database connection pool or Redis socket inherited across a fork would be
@@ -21,7 +21,7 @@ from typing import Any
 from celery import Celery, signals
 
 from workers.settings import SettingsError, WorkerSettings
-from workers.wiring import Wiring, build_wiring
+from workers.wiring import ProcessBackends, build_wiring
 
 logger = logging.getLogger("workers")
 
@@ -36,11 +36,11 @@ class _Served:
 
 
 _served: _Served | None = None
-_current: tuple[int, Wiring] | None = None
+_current: tuple[int, ProcessBackends] | None = None
 _current_lock = threading.Lock()
 
 
-def current() -> Wiring:
+def current() -> ProcessBackends:
     """The wiring of this worker process, built on first use from the settings of the app the worker serves.
 
     Raises:

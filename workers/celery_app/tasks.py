@@ -4,22 +4,19 @@ Both are thin: they take a lease or a claim, call the runner, and let the runner
 dispatcher enqueue whatever became runnable. Both are idempotent, because every broker
 here delivers at least once: a message may arrive twice, late, or after its turn moved on.
 
-`step_turn(turn_id, version)` follows the lease-and-fence protocol of the embedded
-`AgentWorker`:
+`step_turn(turn_id, version)` is one delivery of `AgentRunner.deliver`, the one the embedded
+`AgentWorker` makes too (lease, load, the version and runnable checks, `advance` under the
+lease's fence, release). What is the task's own comes in its `TurnHolder`:
 
-1. Take the turn's lease. Held by someone else: do nothing (that holder re-checks the
-   turn after it releases, and a dead holder's lease expires into the stale-turn sweep).
-2. Load the snapshot. A different version (a stale or duplicate delivery), a status that
-   is not runnable, or a retry that is not due yet: do nothing.
-3. Step the turn up to `AGENT_RUNNER_STEPS_PER_TASK` times while it is READY or RUNNING,
-   each save stamped with the lease's fence so that a worker whose lease was taken over
-   cannot overwrite newer work.
-4. Release the lease, then enqueue exactly one follow-up if the turn is runnable: when the
-   step budget ran out, for the version this task saved last; when the turn stopped
-   waiting, after reading its header again (status, version and retry time; no
-   messages), since someone may have resumed it while the lease was held and their
-   message was dropped in step 1. Releasing first matters: a follow-up sent while the
-   lease is still held could be delivered at once and dropped in step 1.
+- the lease is taken under an owner of this delivery alone and renewed by the process's
+  `LeaseKeeper`; the step budget is `AGENT_RUNNER_STEPS_PER_TASK` steps and half
+  the task's soft time limit;
+- a new turn's first delivery tells the admission it started (or will never run);
+- after the lease is released, exactly one follow-up is enqueued if the turn is runnable:
+  when the step budget ran out, for the version this task saved last; when the turn stopped
+  waiting, after reading its header again (status, version and retry time; no messages),
+  since someone may have resumed it while the lease was held and their message was dropped
+  as lease-held. A retry delivered before its time gets its ETA message back.
 """
 
 from __future__ import annotations
@@ -27,10 +24,10 @@ from __future__ import annotations
 import logging
 import os
 import socket
-import time
 import uuid
+from collections.abc import Callable
 from datetime import datetime, timedelta
-from enum import StrEnum
+from functools import partial
 
 from celery import Celery
 
@@ -40,12 +37,12 @@ from agent_runner import (
     AgentTurnStatus,
     StopReason,
     StoreUnavailableError,
-    TurnNotFound,
 )
-from agent_runner.errors import log_failure
+from agent_runner.leasing import TurnHolder
 from agent_runner.limits import ConversationId
 from agent_runner.persistence import ConversationKey
-from agent_runner.snapshot import RUNNABLE_STATUSES, SCHEDULED_STATUSES
+from agent_runner.results import Delivery, DeliveryOutcome
+from agent_runner.snapshot import RUNNABLE_STATUSES
 from workers import inbox
 from workers.celery_app.admission import TurnAdmission
 from workers.celery_app.names import DISPATCH_INBOX, STEP_TURN
@@ -53,7 +50,7 @@ from workers.celery_app.process import current
 from workers.celery_app.task_arguments import TenantId, checked_arguments
 from workers.inbox import InboxOutcome
 from workers.telemetry import record_lease_takeover
-from workers.wiring import Wiring
+from workers.wiring import ProcessBackends
 
 logger = logging.getLogger("workers.tasks")
 
@@ -62,87 +59,68 @@ _RELEASE_MARGIN = timedelta(seconds=0.25)
 _TRANSIENT_RETRY_DELAY = timedelta(seconds=1)
 
 
-class StepOutcome(StrEnum):
-    """What one `step_turn` delivery did (the task's return value, shown in the worker log)."""
-
-    STEPPED = "stepped"
-    LEASE_HELD = "lease-held"
-    STALE = "stale"
-    NOT_FOUND = "not-found"
-    NOT_RUNNABLE = "not-runnable"
-    NOT_DUE = "not-due"
-    REJECTED = "rejected"
-    """The message's arguments did not fit the task (forged or corrupted); it was dropped."""
+StepOutcome = DeliveryOutcome
+"""What one `step_turn` delivery did (the task's return value, shown in the worker log)."""
 
 
 # --- step_turn --------------------------------------------------------------------------------
 
 
-def advance(wiring: Wiring, turn_id: str, version: int) -> StepOutcome:
+def deliver_step_turn(wiring: ProcessBackends, turn_id: str, version: int) -> StepOutcome:
     """Run one `step_turn` delivery against `wiring` (see the module docstring).
 
     Raises:
         StoreUnavailableError: The lease backend or the database could not be reached
             before anything was done; the delivery may be retried.
     """
-    keeper = wiring.keeper
-    # A fresh owner per delivery: two deliveries of one turn in one process (a thread pool)
-    # exclude each other like two processes would.
-    held = keeper.acquire(turn_id, f"{_OWNER_PREFIX}:{uuid.uuid4().hex[:12]}")
-    if held is None:
-        return StepOutcome.LEASE_HELD
-    last: AgentTurn | None = None
-    error: Exception | None = None
-    try:
-        try:
-            turn = wiring.turn_store.load(turn_id)
-        except TurnNotFound:
-            if version == 0 and wiring.admission is not None:
-                wiring.admission.release(turn_id)
-            return StepOutcome.NOT_FOUND
-        if turn.version != version:
-            return StepOutcome.STALE
-        if version == 0 and wiring.admission is not None:
-            _report_start(wiring.admission, turn, wiring.runner.clock())
-        if not turn.is_runnable(wiring.runner.clock()):
-            if turn.status in SCHEDULED_STATUSES:
-                # A retry or a delayed start delivered early (clock skew between machines,
-                # a duplicate): put the ETA back so it is not left to the slower sweep.
-                wiring.dispatcher.dispatch(turn)
-                return StepOutcome.NOT_DUE
-            return StepOutcome.NOT_RUNNABLE
-        settings = wiring.settings
-        result = wiring.runner.advance(
-            turn,
-            fence=held.fence,
-            max_steps=settings.steps_per_task,
-            deadline=time.monotonic() + settings.step_time_budget_s,
-            may_continue=lambda: keeper.may_step(held),
-        )
-        last = result.turn
-        if held.lost:
-            record_lease_takeover()  # another worker took this turn's lease over mid-task
-        if result.stopped is StopReason.FAILED:
-            # The snapshot in the store is intact (every save is atomic): the turn stays as
-            # last saved, and the follow-up decides when to try again.
-            log_failure(logger, result.error, "step of turn %s failed; it stays as last saved", turn_id)
-            error = result.error
-    finally:
-        keeper.release(held)
-    if last is not None:
-        _follow_up(wiring, last, error)
-    return StepOutcome.STEPPED
+    settings, keeper = wiring.settings, wiring.keeper
+    admission = wiring.admission if version == 0 else None
+    holder = TurnHolder(
+        hold=lambda turn_id: keeper.holding(turn_id, _owner()),
+        may_step=keeper.may_step,
+        max_steps=settings.steps_per_task,
+        seconds=settings.step_time_budget_s,
+        picked_up=None if admission is None else partial(_report_start, admission, wiring.runner.clock),
+        then=partial(_after_delivery, wiring, admission),
+    )
+    return wiring.runner.deliver(turn_id, holder, version=version).outcome
 
 
-def _report_start(admission: TurnAdmission, turn: AgentTurn, now: datetime) -> None:
+def _owner() -> str:
+    """A lease owner of one delivery alone.
+
+    Two deliveries of one turn in one process (a thread pool) then exclude each other like
+    two processes would.
+    """
+    return f"{_OWNER_PREFIX}:{uuid.uuid4().hex[:12]}"
+
+
+def _report_start(admission: TurnAdmission, clock: Callable[[], datetime], turn: AgentTurn) -> None:
     """A new turn's first step was delivered: its admission slot frees, and it counts as active if it runs now."""
-    if turn.is_runnable(now) and turn.starts_at is None:
+    if turn.is_runnable(clock()) and turn.starts_at is None:
         admission.start(turn.id, turn.tenant_id)
     elif turn.status is not AgentTurnStatus.READY:
         admission.release(turn.id)  # cancelled before it started: it will never run
 
 
-def _follow_up(wiring: Wiring, last: AgentTurn, error: Exception | None) -> None:
+def _after_delivery(wiring: ProcessBackends, admission: TurnAdmission | None, delivery: Delivery) -> None:
+    """What follows a delivery once the lease is released: a follow-up step, or telemetry."""
+    if delivery.outcome is DeliveryOutcome.NOT_FOUND and admission is not None:
+        admission.release(delivery.turn_id)
+    elif delivery.outcome is DeliveryOutcome.NOT_DUE and delivery.turn is not None:
+        # A retry or a delayed start delivered early (clock skew between machines, a
+        # duplicate): put the ETA back so it is not left to the slower sweep.
+        wiring.dispatcher.dispatch(delivery.turn)
+    elif delivery.result is not None:
+        if delivery.lease_lost:
+            record_lease_takeover()  # another worker took this turn's lease over mid-task
+        result = delivery.result
+        # After a failed step the snapshot in the store is intact (every save is atomic): the
+        # turn stays as last saved, and the follow-up decides when to try again.
+        _follow_up(wiring, result.turn, result.error if result.stopped is StopReason.FAILED else None)
+
+
+def _follow_up(wiring: ProcessBackends, last: AgentTurn, error: Exception | None) -> None:
     """After the lease is released, enqueue one more step if the turn is runnable now."""
     now = wiring.runner.clock()
     if error is not None:
@@ -186,13 +164,13 @@ def _step_turn(turn_id: str, version: int) -> str:
 
     A no-op for stale and duplicate deliveries.
     """
-    return advance(current(), turn_id, version).value
+    return deliver_step_turn(current(), turn_id, version).value
 
 
 # --- dispatch_inbox ---------------------------------------------------------------------------
 
 
-def start_next_message(wiring: Wiring, conversation: ConversationKey) -> InboxOutcome:
+def start_next_message(wiring: ProcessBackends, conversation: ConversationKey) -> InboxOutcome:
     """Start a turn from the conversation's next PENDING inbox message, if the conversation is free.
 
     See `workers.inbox.start_next_message`; messages queued without an agent are answered

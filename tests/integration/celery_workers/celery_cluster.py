@@ -34,7 +34,7 @@ from tests.integration.celery_workers.celery_agents import DETAILS_FORM, LEDGER_
 from workers.celery_app.config import create_app, task_queues
 from workers.celery_app.names import STEP_TURN
 from workers.settings import WorkerSettings
-from workers.wiring import Wiring, build_wiring
+from workers.wiring import ProcessBackends, build_wiring
 
 DEFAULT_DATABASE_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/15"
@@ -47,7 +47,7 @@ class Cluster(CeleryFleet):
 
     redis_url: str
     settings: WorkerSettings = field(init=False)
-    wiring: Wiring = field(init=False)
+    wiring: ProcessBackends = field(init=False)
 
     def __post_init__(self) -> None:
         self.settings = WorkerSettings.from_env(self.env)

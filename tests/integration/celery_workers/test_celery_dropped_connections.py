@@ -68,14 +68,14 @@ def test_a_connection_dropped_mid_step_logs_one_warning_and_the_next_delivery_re
         turn = wiring.runner.start("steady", "hello")
         with caplog.at_level(logging.DEBUG):
             # When a delivery steps the turn and its connections are dropped mid-step
-            first = tasks.advance(wiring, turn.id, turn.version)
+            first = tasks.deliver_step_turn(wiring, turn.id, turn.version)
             assert terminated and terminated[0] > 0, "no connection was terminated: the test proved nothing"
             after_drop = wiring.turn_store.get_ref(turn.id)
             # Then the turn is as last saved, still runnable
             assert first is StepOutcome.STEPPED
             assert after_drop.status in (AgentTurnStatus.READY, AgentTurnStatus.RUNNING)
             # And the next delivery (the follow-up the task sent) runs on a new connection
-            second = tasks.advance(wiring, after_drop.turn_id, after_drop.version)
+            second = tasks.deliver_step_turn(wiring, after_drop.turn_id, after_drop.version)
         assert second is StepOutcome.STEPPED
         finished = wiring.turn_store.load(turn.id)
         assert finished.status is AgentTurnStatus.COMPLETED and finished.final_output == "done"

@@ -106,7 +106,7 @@ def test_the_embedded_worker_stops_retrying_a_poison_turn() -> None:
     worker = AgentWorker(runner, poll_interval=0.01)
     turn = runner.start(Agent(id="poisoned", chat_model=model), "hi")
     for _ in range(20):
-        worker._forgive(turn.id)  # skip the back-off between attempts
+        worker._clear_backoff(turn.id)  # skip the back-off between attempts
         worker.run_once()
     assert runner.turn_store.load(turn.id).status is S.FAILED
     assert model.calls == 2

@@ -40,6 +40,7 @@ from agent_runner import (
     UserMessage,
     tool,
 )
+from agent_runner.periodic import PeriodicSweep
 from agent_runner.persistence import AgentTurnStore
 from agent_runner.worker import _DISPATCHED_TURNS, AgentWorker
 from tests.helpers.scenarios import looping_model
@@ -833,3 +834,41 @@ def test_a_worker_can_be_stopped_without_starting_restarted_and_used_after_a_sto
 def test_invalid_settings_are_rejected(kwargs: dict[str, Any]) -> None:
     with pytest.raises(ValueError):
         AgentWorker(AgentRunner(), **kwargs)
+
+
+def test_a_worker_runs_the_sweeps_it_is_given_on_a_thread_beside_its_stepping_threads() -> None:
+    # Given a worker given two sweeps instead of its default deadline sweep
+    runs: dict[str, int] = defaultdict(int)
+
+    def counting(name: str) -> Callable[[], int]:
+        def run() -> int:
+            runs[name] += 1
+            return 0
+
+        return run
+
+    runner = AgentRunner()
+    sweeps = [PeriodicSweep("fast", 0.02, counting("fast")), PeriodicSweep("slow", 60.0, counting("slow"))]
+    worker = AgentWorker(runner, sweeps=sweeps, deadline_interval=1.0)
+    assert worker.sweeps.intervals == {"fast": 0.02, "slow": 60.0} and worker.deadline_interval is None
+    # When it runs a pass in this thread, every sweep runs once
+    worker.run_once()
+    assert dict(runs) == {"fast": 1, "slow": 1}
+    # When it is started, each runs at once and then once per its interval, until it is stopped
+    worker.start()
+    deadline = time.monotonic() + 5.0
+    while runs["fast"] < 5 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert worker.stop(timeout=5.0)
+    assert runs["fast"] >= 5 and runs["slow"] == 2
+    assert not worker.sweeps.is_running
+
+
+def test_a_worker_given_no_sweeps_runs_the_deadline_sweep_every_deadline_interval() -> None:
+    worker = AgentWorker(AgentRunner(), deadline_interval=3.0)
+    assert worker.sweeps.intervals == {"deadlines": 3.0} and worker.deadline_interval == 3.0
+    assert AgentWorker(AgentRunner(), deadline_interval=None).sweeps.intervals == {}
+    with pytest.raises(ValueError, match="each sweep needs a name of its own"):
+        AgentWorker(AgentRunner(), sweeps=[PeriodicSweep("a", 1.0, lambda: 0), PeriodicSweep("a", 2.0, lambda: 0)])
+    with pytest.raises(ValueError, match="interval of sweep 'b' must be positive"):
+        PeriodicSweep("b", 0.0, lambda: 0)

@@ -27,11 +27,11 @@ from agent_runner.telemetry_hooks import current_step
 from tests.unit.telemetry.telemetry_kit import Tracing
 from workers.app import app, settings  # the app of `celery -A workers.app`, its tasks registered
 from workers.celery_app.dispatch import CeleryDispatcher
-from workers.celery_app.tasks import advance
+from workers.celery_app.tasks import deliver_step_turn
 from workers.settings import WorkerSettings
 from workers.telemetry import celery_signals, logs
 from workers.telemetry.celery_signals import ENQUEUED_AT_HEADER, SWEEP_TASKS, TRACE_HEADER, CeleryTelemetry
-from workers.wiring import Wiring
+from workers.wiring import ProcessBackends
 
 
 @pytest.fixture
@@ -173,7 +173,7 @@ def test_a_task_that_finds_its_lease_taken_over_counts_a_takeover_and_stops() ->
     runner = AgentRunner(turn_store=store, middleware=[SlowStep()])
     agent = Agent(id="looker", chat_model=ScriptedChatModel([AiMessage(content="done")] * 3))
     turn = runner.start(agent, "hi")
-    wiring = Wiring(
+    wiring = ProcessBackends(
         settings=settings,
         celery_app=None,
         runner=runner,
@@ -189,7 +189,7 @@ def test_a_task_that_finds_its_lease_taken_over_counts_a_takeover_and_stops() ->
     before = _sample("agent_runner_lease_takeovers_total")
 
     # When the task runs
-    advance(wiring, turn.id, turn.version)
+    deliver_step_turn(wiring, turn.id, turn.version)
 
     # Then it stopped at the next boundary and counted one takeover
     assert _sample("agent_runner_lease_takeovers_total") - before == 1

@@ -56,16 +56,15 @@ def test_a_stepping_deployment_runs_the_worker_the_sweeps_and_the_scheduler(
     assert deployment.worker is not None and deployment.worker.runner is runner
     assert (deployment.worker.concurrency, deployment.worker.poll_interval) == (3, 0.05)
     assert deployment.worker.lease_ttl_ms == 7000  # AGENT_RUNNER_LEASE_TTL_S
-    # The deadline and webhook sweeps run on the sweep timers, at the intervals of the settings
-    assert deployment.worker.deadline_interval is None
-    assert deployment.deliverer is not None and deployment.sweeps is not None
-    assert deployment.sweeps.deliverer is deployment.deliverer
-    assert deployment.sweeps.intervals == {
+    # The worker runs the deadline and webhook sweeps of the table, at the intervals of the settings
+    assert deployment.deliverer is not None
+    worker, sweeps = deployment.worker, deployment.worker.sweeps
+    assert sweeps.intervals == {
         "deadlines": settings.deadline_sweep_interval_s,
         "webhooks": settings.webhooks.interval_s if settings.webhooks else None,
     }
+    assert worker.deadline_interval == settings.deadline_sweep_interval_s
     assert deployment.scheduler is not None and [s.name for s in deployment.scheduler.schedules] == ["tick"]
-    worker, sweeps = deployment.worker, deployment.sweeps
     deployment.start()
     try:
         started = worker.is_running and sweeps.is_running

@@ -26,9 +26,9 @@ from agent_runner import (
 from agent_runner.persistence import TurnRef
 from workers.celery_app.dispatch import CeleryDispatcher
 from workers.celery_app.names import STEP_TURN
-from workers.celery_app.tasks import StepOutcome, advance
+from workers.celery_app.tasks import StepOutcome, deliver_step_turn
 from workers.settings import WorkerSettings
-from workers.wiring import Wiring
+from workers.wiring import ProcessBackends
 
 
 class RecordingApp:
@@ -99,13 +99,13 @@ class ApprovedWhileTheLeaseIsHeld(Middleware):
 
 def wiring(
     steps_per_task: int, middleware: list[Middleware] | None = None
-) -> tuple[Wiring, CountingReads, RecordingApp]:
+) -> tuple[ProcessBackends, CountingReads, RecordingApp]:
     settings = WorkerSettings.from_env({"AGENT_RUNNER_QUEUE": "q", "AGENT_RUNNER_STEPS_PER_TASK": str(steps_per_task)})
     app = RecordingApp()
     store = CountingReads()
     dispatcher = CeleryDispatcher(app, settings)
     runner = AgentRunner(turn_store=store, dispatcher=dispatcher, middleware=middleware or [])
-    built = Wiring(
+    built = ProcessBackends(
         settings=settings,
         celery_app=app,
         runner=runner,
@@ -131,7 +131,7 @@ def test_each_delivery_loads_the_turn_once_and_its_follow_up_reads_nothing_more(
         # When each message is delivered in turn
         _, (turn_id, version), _ = app.sent.pop(0)
         store.loads = store.refs = 0
-        assert advance(built, turn_id, version) is StepOutcome.STEPPED
+        assert deliver_step_turn(built, turn_id, version) is StepOutcome.STEPPED
         deliveries += 1
         # Then the snapshot was loaded once, under the lease, and the follow-up needed no other read:
         # the turn was still running (its budget ran out) or had ended
@@ -148,9 +148,9 @@ def test_a_stale_delivery_changes_nothing_and_enqueues_nothing() -> None:
     built, store, app = wiring(steps_per_task=2)
     turn = built.runner.start(Agent(id="a", chat_model=ScriptedChatModel(two_lookups), tools=[lookup]), "go")
     app.sent.clear()
-    assert advance(built, turn.id, 0) is StepOutcome.STEPPED
+    assert deliver_step_turn(built, turn.id, 0) is StepOutcome.STEPPED
     app.sent.clear()
-    assert advance(built, turn.id, 0) is StepOutcome.STALE
+    assert deliver_step_turn(built, turn.id, 0) is StepOutcome.STALE
     assert app.sent == []
     assert store.load(turn.id).version == 3  # taken off the queue, then two steps
 
@@ -164,7 +164,7 @@ def test_a_turn_resumed_while_the_lease_was_held_gets_a_follow_up_from_one_heade
     app.sent.clear()
     store.loads = store.refs = 0
     # When the delivery steps the turn into its suspension
-    assert advance(built, turn.id, 0) is StepOutcome.STEPPED
+    assert deliver_step_turn(built, turn.id, 0) is StepOutcome.STEPPED
     # Then the follow-up read the header once and enqueued the resumed version (the resume's own
     # message arrived while the lease was held, so a worker would have dropped it)
     resumed = store.load(turn.id)

@@ -1,20 +1,24 @@
-"""One sweep table: beat's schedule, the Celery tasks, the metric labels and the embedded timers all come from it."""
+"""One sweep table: beat's schedule, the Celery tasks, the metric labels and the embedded worker's sweeps all come from it."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
-from agent_runner import AgentRunner, InMemoryAgentTurnStore
+from agent_runner import AgentRunner, InMemoryAgentLoader, InMemoryAgentTurnStore
+from agent_runner.periodic import SweepThread
 from store.webhooks import WebhookDeliveryLog
 from workers.app import app
 from workers.celery_app.beat import SWEEP_ENTRIES
 from workers.celery_app.config import celery_config
 from workers.celery_app.names import DISPATCH_INBOX, RUN_SCHEDULE, STEP_TURN, SWEEP_LABELS
-from workers.embedded_timers import SweepTimers
+from workers.database import Database, open_database
+from workers.embedded import Stepping, build_embedded
 from workers.settings import WorkerSettings
-from workers.sweeps import SWEEPS, Sweep
+from workers.sweeps import SWEEPS, Sweep, embedded_sweeps
 from workers.telemetry.celery_signals import SWEEP_TASKS
 from workers.webhook_deliverer import WebhookDeliverer
 
@@ -81,13 +85,49 @@ def test_the_metrics_label_the_counted_sweeps_of_the_table() -> None:
     assert SWEEP_LABELS <= {sweep.name for sweep in SWEEPS}  # each label names a sweep of the table
 
 
-def test_the_embedded_timers_run_the_sweeps_of_the_table_that_have_an_embedded_run() -> None:
+def test_the_embedded_worker_runs_the_sweeps_of_the_table_that_have_an_embedded_run() -> None:
     runner = AgentRunner(turn_store=InMemoryAgentTurnStore())
-    timers = SweepTimers(runner, WorkerSettings.from_env(WITH_WEBHOOKS))
+    timers = SweepThread(embedded_sweeps(runner, WorkerSettings.from_env(WITH_WEBHOOKS), None))
     assert set(timers.intervals) == {sweep.name for sweep in SWEEPS if sweep.embedded is not None}
     assert timers.intervals == {"deadlines": 5.0, "webhooks": 3.0}
-    # Without webhooks their timer is off, as beat's entry is
-    assert set(SweepTimers(runner, WorkerSettings.from_env({})).intervals) == {"deadlines"}
+    # Without webhooks their sweep is off, as beat's entry is
+    assert set(SweepThread(embedded_sweeps(runner, WorkerSettings.from_env({}), None)).intervals) == {"deadlines"}
+
+
+EMBEDDED_OTHERWISE = {
+    "inbox": "the InboxPump settles stuck claims and starts queued messages on a timer of its own",
+    "stale_turns": "the AgentWorker's poll lists the RUNNING and READY turns whose lease is free",
+    "due_retries": "the AgentWorker's poll lists the due retries and delayed starts",
+    "admission": "an embedded process admits new turns at once: it has no admission window",
+}
+"""The sweeps an embedded process does not run from the table, and what does their job there."""
+
+
+@pytest.fixture
+def database(tmp_path: Path) -> Iterator[Database]:
+    opened = open_database(f"sqlite:///{tmp_path / 'sweeps.db'}")
+    yield opened
+    opened.close()
+
+
+@pytest.mark.parametrize("sweep", SWEEPS, ids=lambda sweep: sweep.name)
+def test_every_sweep_of_the_table_runs_in_both_modes(sweep: Sweep, database: Database) -> None:
+    settings = WorkerSettings.from_env({**WITH_WEBHOOKS, "AGENT_RUNNER_DATABASE_URL": str(database.engine.url)})
+    interval = sweep.interval(settings)
+    # Celery: beat sends the sweep's task at the table's interval, and the worker app runs it
+    entry = celery_config(settings)["beat_schedule"][sweep.beat_entry]
+    assert (entry["task"], entry["schedule"]) == (sweep.task, interval)
+    assert sweep.task in app.tasks
+    # Embedded: the deployment's worker runs it at the same interval, or the process does its job otherwise
+    deployment = build_embedded(settings, database, InMemoryAgentLoader([]), Stepping(1))
+    assert deployment.worker is not None
+    timers = deployment.worker.sweeps
+    if sweep.embedded is None:
+        assert sweep.name in EMBEDDED_OTHERWISE and sweep.name not in timers.sweeps
+        return
+    assert sweep.name not in EMBEDDED_OTHERWISE
+    assert timers.intervals[sweep.name] == interval
+    assert timers.sweeps[sweep.name].run() == 0  # it runs against the deployment's store: nothing is due
 
 
 class CountingDeliverer(WebhookDeliverer):
@@ -118,12 +158,14 @@ class CountingRunner(AgentRunner):
         return 1
 
 
-def test_each_embedded_timer_runs_its_sweep_at_start_then_once_per_interval_and_outlives_a_failure(
+def test_each_embedded_sweep_runs_at_start_then_once_per_interval_and_outlives_a_failure(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     now = [100.0]
     runner, deliverer = CountingRunner(), CountingDeliverer()
-    timers = SweepTimers(runner, WorkerSettings.from_env(WITH_WEBHOOKS), deliverer=deliverer, clock=lambda: now[0])
+    timers = SweepThread(
+        embedded_sweeps(runner, WorkerSettings.from_env(WITH_WEBHOOKS), deliverer), clock=lambda: now[0]
+    )
 
     ran = [timers.run_due()]
     for moment in (102.0, 103.0, 105.0, 106.0, 110.0):
@@ -143,9 +185,11 @@ def test_each_embedded_timer_runs_its_sweep_at_start_then_once_per_interval_and_
     assert any("the deadlines sweep failed" in record.getMessage() for record in caplog.records)
 
 
-def test_the_embedded_timers_thread_starts_and_stops() -> None:
+def test_the_embedded_sweeps_thread_starts_and_stops() -> None:
     runner = CountingRunner()
-    timers = SweepTimers(runner, WorkerSettings.from_env({"AGENT_RUNNER_DEADLINE_SWEEP_INTERVAL_S": "0.1"}))
+    timers = SweepThread(
+        embedded_sweeps(runner, WorkerSettings.from_env({"AGENT_RUNNER_DEADLINE_SWEEP_INTERVAL_S": "0.1"}), None)
+    )
     timers.start()
     deadline = time.monotonic() + 5.0
     while runner.sweeps < 3 and time.monotonic() < deadline:
