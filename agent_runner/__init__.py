@@ -22,6 +22,7 @@ from agent_runner.errors import (
     LeaseHeldError,
     LeaseLostError,
     RecoverableError,
+    SteeringRefusedError,
     StoreError,
     StoreUnavailableError,
     ToolArgumentsError,
@@ -77,11 +78,13 @@ from agent_runner.persistence import (
     EventScope,
     Lease,
     LiveEventChannel,
+    SteeringMessage,
+    SteeringQueue,
     TurnDispatcher,
     TurnLease,
     TurnRef,
 )
-from agent_runner.policy import AgentExecutionPolicy, Budget, RetryPolicy
+from agent_runner.policy import AgentExecutionPolicy, Budget, FinalAnswer, RetryPolicy
 from agent_runner.results import AdvanceResult, AgentStepResult, StopReason
 from agent_runner.runner import AgentRunner
 from agent_runner.snapshot import AgentTurn, AgentTurnStatus, ChildLink, ListedTool, PageAction
@@ -165,6 +168,7 @@ __all__ = [
     "EventLog",
     "EventScope",
     "ConversationKey",
+    "FinalAnswer",
     "InMemoryLiveEvents",
     "LiveEventChannel",
     # Backends
@@ -201,6 +205,9 @@ __all__ = [
     "LeaseHeldError",
     "LeaseLostError",
     "RecoverableError",
+    "SteeringMessage",
+    "SteeringQueue",
+    "SteeringRefusedError",
     "StoreError",
     "StoreUnavailableError",
     "ToolArgumentsError",

@@ -11,7 +11,7 @@ from typing import Any
 from agent_runner.errors import AgentNotFound, DefinitionError
 from agent_runner.messages import ToolCall
 from agent_runner.models import ChatModel, ToolSpec
-from agent_runner.policy import Budget, RetryPolicy
+from agent_runner.policy import Budget, FinalAnswer, RetryPolicy
 from agent_runner.snapshot import AgentTurn
 from agent_runner.tools import AgentUserInputTool, AnyTool, Tool
 from agent_runner.toolsets import Toolset
@@ -37,6 +37,8 @@ class Agent:
         description: What the agent does; shown to a parent model when this agent is a sub-agent.
         retry: The retry schedule and transient error types of this agent's model and tool
             calls (default: the runner's `AgentExecutionPolicy.retry`).
+        final_answer: Ask the model for a last answer, without tools, when a turn stops for
+            its budget, iterations or steps (None: such a turn ends with the close-out line only).
     """
 
     id: str
@@ -50,6 +52,7 @@ class Agent:
     sub_agents: Sequence[Agent] = field(default_factory=list)
     description: str = ""
     retry: RetryPolicy | None = None
+    final_answer: FinalAnswer | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.id, str) or not AGENT_ID_PATTERN.match(self.id):
@@ -59,6 +62,13 @@ class Agent:
             raise DefinitionError(f"agent {self.id!r}: max_iterations must be at least 1, got {self.max_iterations}")
         if self.max_attached_messages < 0:
             raise DefinitionError(f"agent {self.id!r}: max_attached_messages must be >= 0")
+        reserve = self.final_answer
+        budget = self.budget
+        if reserve is not None and (
+            (budget.max_total_tokens is not None and reserve.reserved_tokens > budget.max_total_tokens)
+            or (budget.max_cost is not None and reserve.reserved_cost > budget.max_cost)
+        ):
+            raise DefinitionError(f"agent {self.id!r}: the final answer reserves more than the budget holds")
         self.toolsets: list[Toolset] = [t for t in self.tools if isinstance(t, Toolset)]
         """The entries of `tools` that are toolsets (the rest stay in `tools`)."""
         tools: list[AnyTool] = []

@@ -121,6 +121,15 @@ class InvalidTransitionError(TurnError):
             raise cls(current, target, allowed)
 
 
+class SteeringRefusedError(TurnError):
+    """A steering message for a turn that has ended and belongs to no conversation: there is nowhere for it to go."""
+
+    def __init__(self, turn_id: str, status: str) -> None:
+        self.turn_id = turn_id
+        self.status = status
+        super().__init__(f"turn {turn_id!r} has already ended ({status}) and has no conversation to take the message")
+
+
 class InvalidResumeCommand(TurnError):
     """A resume command that does not fit the turn's current suspension.
 

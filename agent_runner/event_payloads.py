@@ -12,7 +12,7 @@ that only some occurrences have are present and null on the others.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Annotated, Any, Literal, NamedTuple, Union
 
@@ -238,6 +238,38 @@ class TurnQueuedFields(_Payload):
     tenant_waiting: int = Field(description="New turns of its tenant waiting for admission then, itself included.")
 
 
+class TurnRecoveringFields(_Payload):
+    """Fields of TURN_RECOVERING."""
+
+    recoveries: int = Field(ge=1, description="Takeovers in a row without progress, this one included.")
+    max_recoveries: int = Field(
+        ge=1, description="The policy's bound: one more takeover without progress ends the turn."
+    )
+
+
+class SteeringAcceptedFields(_Payload):
+    """Fields of STEERING_ACCEPTED."""
+
+    message_id: str
+    text: str
+
+
+class SteeringAppliedFields(_Payload):
+    """Fields of STEERING_APPLIED."""
+
+    message_ids: list[str] = Field(description="The steering messages that joined the history, in order.")
+
+
+class SteeringNotAppliedFields(_Payload):
+    """Fields of STEERING_NOT_APPLIED."""
+
+    message_ids: list[str] = Field(description="The steering messages the turn ended without, in order.")
+    reason: str
+    next_turn_id: str | None = Field(
+        description="The conversation's turn that took them (a new turn or the active one); null when none did."
+    )
+
+
 # --- Message events: a queued message has no turn yet, so no stamp -------------------------------
 
 
@@ -271,6 +303,22 @@ class TurnStartedPayload(EventStamp, TurnStartedFields):
 
 class TurnQueuedPayload(EventStamp, TurnQueuedFields):
     """TURN_QUEUED: a new turn waits for fair admission between tenants (live only)."""
+
+
+class TurnRecoveringPayload(EventStamp, TurnRecoveringFields):
+    """TURN_RECOVERING: a worker took the turn over from one that died without saving anything."""
+
+
+class SteeringAcceptedPayload(EventStamp, SteeringAcceptedFields):
+    """STEERING_ACCEPTED: a steering message was stored for the turn (live only)."""
+
+
+class SteeringAppliedPayload(EventStamp, SteeringAppliedFields):
+    """STEERING_APPLIED: steering messages joined the turn's history before a model call."""
+
+
+class SteeringNotAppliedPayload(EventStamp, SteeringNotAppliedFields):
+    """STEERING_NOT_APPLIED: the turn ended before applying steering messages (live only)."""
 
 
 class TurnRunningPayload(EventStamp, TurnRunningFields):
@@ -345,6 +393,10 @@ PAYLOAD_MODELS: Mapping[AgentEventType, type[BaseModel]] = {
     E.MESSAGE_QUEUED: MessageQueuedPayload,
     E.MESSAGE_FAILED: MessageFailedPayload,
     E.TURN_QUEUED: TurnQueuedPayload,
+    E.TURN_RECOVERING: TurnRecoveringPayload,
+    E.STEERING_ACCEPTED: SteeringAcceptedPayload,
+    E.STEERING_APPLIED: SteeringAppliedPayload,
+    E.STEERING_NOT_APPLIED: SteeringNotAppliedPayload,
 }
 """The model of `AgentEvent.data` for each event type (an `EventStamp` for every type but the message events)."""
 
@@ -400,6 +452,27 @@ def turn_queued(place: int, tenant_waiting: int) -> EventBody:
 def turn_running() -> EventBody:
     """TURN_RUNNING: the turn left the queue."""
     return EventBody(E.TURN_RUNNING, TurnRunningFields())
+
+
+def turn_recovering(recoveries: int, max_recoveries: int) -> EventBody:
+    """TURN_RECOVERING: the `recoveries`-th takeover in a row without progress."""
+    return EventBody(E.TURN_RECOVERING, TurnRecoveringFields(recoveries=recoveries, max_recoveries=max_recoveries))
+
+
+def steering_accepted(message_id: str, text: str) -> EventBody:
+    """STEERING_ACCEPTED: the steering message `message_id` was stored."""
+    return EventBody(E.STEERING_ACCEPTED, SteeringAcceptedFields(message_id=message_id, text=text))
+
+
+def steering_applied(message_ids: Sequence[str]) -> EventBody:
+    """STEERING_APPLIED: these steering messages joined the history, in this order."""
+    return EventBody(E.STEERING_APPLIED, SteeringAppliedFields(message_ids=list(message_ids)))
+
+
+def steering_not_applied(message_ids: Sequence[str], reason: str, next_turn_id: str | None) -> EventBody:
+    """STEERING_NOT_APPLIED: the turn ended without these steering messages; `next_turn_id` took them, if any."""
+    fields = SteeringNotAppliedFields(message_ids=list(message_ids), reason=reason, next_turn_id=next_turn_id)
+    return EventBody(E.STEERING_NOT_APPLIED, fields)
 
 
 ArgumentMask = Callable[[ToolCall], Mapping[str, Any]]

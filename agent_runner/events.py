@@ -56,6 +56,24 @@ class AgentEventType(StrEnum):
     """A new turn waits for fair admission between tenants before its first step is sent (live only).
 
     `data` holds `place` (in its tenant's line, 1 = next) and `tenant_waiting`."""
+    TURN_RECOVERING = "TURN_RECOVERING"
+    """A worker took the turn over from one that died (or lost its lease) without saving anything.
+
+    `data` holds `recoveries` (takeovers in a row without progress, this one included) and
+    `max_recoveries` (past it, the turn ends FAILED)."""
+    STEERING_ACCEPTED = "STEERING_ACCEPTED"
+    """A steering message for the turn was stored (live only: any process accepts one, without a save).
+
+    `data` holds `message_id` and `text`; the message joins the history before the turn's next model call."""
+    STEERING_APPLIED = "STEERING_APPLIED"
+    """Steering messages joined the turn's history as user messages, saved before the model call that reads them.
+
+    `data` holds `message_ids`, in the order they were applied."""
+    STEERING_NOT_APPLIED = "STEERING_NOT_APPLIED"
+    """The turn ended before applying steering messages (live only: the turn's last save came first).
+
+    `data` holds `message_ids`, `reason` and `next_turn_id`: the conversation's turn that took them, or
+    null when none could (a cancelled turn, or one outside a conversation)."""
 
     @property
     def is_terminal(self) -> bool:
@@ -66,7 +84,7 @@ class AgentEventType(StrEnum):
     def is_durable(self) -> bool:
         """Whether events of this type are stored with the save that caused them.
 
-        Only MODEL_DELTA, TOOL_PROGRESS and CHAT_MEMORY_ERROR are ephemeral: they stream
+        Only the types of `EPHEMERAL_EVENT_TYPES` are ephemeral: they stream
         through the live channel and are not kept beyond its retention. A client that missed
         deltas resynchronizes from MODEL_RESPONSE, which carries the whole text.
         """
@@ -90,6 +108,8 @@ EPHEMERAL_EVENT_TYPES = frozenset(
         AgentEventType.TOOL_PROGRESS,
         AgentEventType.CHAT_MEMORY_ERROR,
         AgentEventType.TURN_QUEUED,
+        AgentEventType.STEERING_ACCEPTED,
+        AgentEventType.STEERING_NOT_APPLIED,
     }
 )
 """Event types that go only through the live channel.
@@ -97,7 +117,9 @@ EPHEMERAL_EVENT_TYPES = frozenset(
 CHAT_MEMORY_ERROR reports a projection that failed after the snapshot was saved, so there is
 no save to write it with; it is an operator's signal, live only, like the deltas. TURN_QUEUED
 is decided by the admission after the turn was saved, so it has no save either; the turn's
-TURN_RUNNING marks the end of the wait in the log."""
+TURN_RUNNING marks the end of the wait in the log. STEERING_ACCEPTED is written by any process
+without the turn's lease and STEERING_NOT_APPLIED after its last save; the steering messages
+themselves are durable in the turn store, and STEERING_APPLIED is saved with the history they join."""
 
 MESSAGE_EVENT_TYPES = frozenset({AgentEventType.MESSAGE_QUEUED, AgentEventType.MESSAGE_FAILED})
 """Event types of a queued message rather than of a turn: written by the inbox, not by a runner's save.

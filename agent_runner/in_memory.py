@@ -13,7 +13,7 @@ import time
 from bisect import bisect_right
 from collections import deque
 from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 
 from agent_runner.errors import (
@@ -30,6 +30,7 @@ from agent_runner.persistence import (
     ConversationKey,
     EventScope,
     Lease,
+    SteeringMessage,
     TurnRef,
     format_position,
     parse_position,
@@ -89,6 +90,7 @@ class InMemoryAgentTurnStore:
         # The event log, per scope (a conversation's outlives pruning, so no position is used twice).
         self._logs: dict[EventScope, _ScopeLog] = {}
         self._event_ids: set[str] = set()
+        self._steering: dict[str, list[SteeringMessage]] = {}
 
     def load(self, turn_id: str) -> AgentTurn:
         """Return the stored snapshot or raise `TurnNotFound`."""
@@ -189,6 +191,7 @@ class InMemoryAgentTurnStore:
             doomed = [t.id for t in self._turns.values() if t.root_turn_id in roots]
             for turn_id in doomed:
                 del self._turns[turn_id]
+                self._steering.pop(turn_id, None)
             for scope, log in list(self._logs.items()):
                 self._event_ids.difference_update(e.event_id for _, e in log.entries if e.root_turn_id in roots)
                 # As in the SQL store: a pruned tree's counter goes with it, a conversation's stays.
@@ -217,6 +220,34 @@ class InMemoryAgentTurnStore:
                 turn = turn.model_copy(update=update)
                 self._turns[turn_id] = turn
             return turn
+
+    def accept_steering(
+        self, turn_id: str, message_id: str, text: str, accepted_at: datetime
+    ) -> tuple[SteeringMessage, bool]:
+        """Store a steering message unless the turn has its id already; see `SteeringQueue`."""
+        with self._lock:
+            if turn_id not in self._turns:
+                raise TurnNotFound(turn_id)
+            queue = self._steering.setdefault(turn_id, [])
+            stored = next((m for m in queue if m.message_id == message_id), None)
+            if stored is not None:
+                return stored, False
+            message = SteeringMessage(turn_id, message_id, text, accepted_at, len(queue) + 1)
+            queue.append(message)
+            return message, True
+
+    def steering_messages(self, turn_id: str) -> list[SteeringMessage]:
+        """The turn's steering messages not forwarded, in order; see `SteeringQueue`."""
+        with self._lock:
+            return [m for m in self._steering.get(turn_id, ()) if not m.forwarded]
+
+    def take_unapplied_steering(self, turn_id: str, applied: Collection[str]) -> list[SteeringMessage]:
+        """Mark and return the turn's steering messages neither applied nor forwarded; see `SteeringQueue`."""
+        with self._lock:
+            queue = self._steering.get(turn_id, [])
+            taken = [m for m in queue if not m.forwarded and m.message_id not in applied]
+            self._steering[turn_id] = [replace(m, forwarded=True) if m in taken else m for m in queue]
+            return taken
 
     def list_turns(
         self,

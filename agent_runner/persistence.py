@@ -205,6 +205,63 @@ class CachedSnapshots(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class SteeringMessage:
+    """A user message accepted for a running turn, to join its history before its next model call.
+
+    Attributes:
+        turn_id: The turn it steers.
+        message_id: The caller's id (unique per turn): accepting it again changes nothing,
+            and the user message it becomes in the history has this id.
+        text: The message text.
+        accepted_at: When it was stored.
+        sequence: Increases in the order the turn's messages were stored; they are applied in this order.
+        forwarded: Whether the turn ended without applying it and it was handed on (see
+            `SteeringQueue.take_unapplied_steering`).
+    """
+
+    turn_id: str
+    message_id: str
+    text: str
+    accepted_at: datetime
+    sequence: int
+    forwarded: bool = False
+
+
+@runtime_checkable
+class SteeringQueue(Protocol):
+    """A turn store that keeps the steering messages of its turns (`AgentRunner.steer`).
+
+    Any process writes here without the turn's lease; the process that holds the lease
+    reads them before each model call and records the ones it applied in the snapshot
+    (`AgentTurn.steered_message_ids`), so a message is applied once, and none is lost when
+    that process dies between the two. The in-memory and the SQL turn stores implement it.
+    """
+
+    def accept_steering(
+        self, turn_id: str, message_id: str, text: str, accepted_at: datetime
+    ) -> tuple[SteeringMessage, bool]:
+        """Store a steering message of a stored turn; return the stored record and whether this call stored it.
+
+        A `message_id` the turn already has is not stored again: its first record is returned.
+
+        Raises:
+            TurnNotFound: No turn has this id.
+        """
+        ...
+
+    def steering_messages(self, turn_id: str) -> list[SteeringMessage]:
+        """Return the turn's steering messages that were not forwarded, in the order they were accepted."""
+        ...
+
+    def take_unapplied_steering(self, turn_id: str, applied: Collection[str]) -> list[SteeringMessage]:
+        """Mark the turn's steering messages whose id is not in `applied` as forwarded, and return them in order.
+
+        For a turn that ended: of two callers at once, each message goes to one only.
+        """
+        ...
+
+
 DEFAULT_EVENT_PAGE = 500
 """Events one read returns at most unless told otherwise."""
 

@@ -91,6 +91,41 @@ class Budget(PositionalModel):
     max_cost: float | None = Field(default=None, ge=0)
 
 
+class FinalAnswer(PositionalModel):
+    """Ask the model for a last answer, without tools, when a turn stops for its budget, iterations or steps.
+
+    Instead of ending with only a close-out line, the turn makes one more model call with no
+    tools offered, `instruction` sent after its history (not saved), and the model's text
+    becomes the turn's `final_output` and its last assistant message. The terminal status
+    stays the one of the limit (BUDGET_EXCEEDED, MAX_ITERATIONS_REACHED, MAX_STEPS_REACHED),
+    so callers still know why it stopped. The call is one beyond `max_iterations` and
+    `max_steps`; for the budget, `reserved_tokens` and `reserved_cost` are kept for it: the
+    turn's own work stops that much below `Budget`'s limits. A final answer that fails (the
+    model raises, a shared provider limit has no room) leaves the usual close-out.
+    """
+
+    _positional: ClassVar[tuple[str, ...]] = ("reserved_tokens", "reserved_cost", "instruction")
+
+    reserved_tokens: int = Field(default=0, ge=0)
+    """Tokens of `Budget.max_total_tokens` kept for the final answer."""
+    reserved_cost: float = Field(default=0.0, ge=0)
+    """Cost of `Budget.max_cost` kept for the final answer."""
+    instruction: str = (
+        "This turn has to stop now ({reason}). Do not call tools. Answer the user in a few sentences: "
+        "what you did and found, and what is left to do."
+    )
+    """Sent as a user message after the history; `{reason}` is why the turn stops."""
+
+    @field_validator("instruction")
+    @classmethod
+    def _instruction_template(cls, value: str) -> str:
+        return _check_template(value, frozenset({"reason"}), "FinalAnswer.instruction")
+
+    def prompt(self, reason: str) -> str:
+        """The instruction for a turn that stops for `reason`."""
+        return self.instruction.format_map({"reason": reason})
+
+
 def _check_template(value: str, allowed: frozenset[str], what: str) -> str:
     names = {name for _, name, _, _ in string.Formatter().parse(value) if name}
     unknown = names - allowed
@@ -137,6 +172,10 @@ class AgentExecutionPolicy(PositionalModel):
     """Consecutive steps that may raise an unexpected exception (a bug, a poison model response
     that cannot be saved) before the turn ends FAILED, instead of being retried for ever.
     Transient infrastructure errors (an unreachable store or lease backend) do not count."""
+    max_recoveries: int = Field(default=3, ge=1)
+    """Lease takeovers of a turn in a row without progress (each after a holder died, or lost its lease,
+    without saving anything) after which the turn ends FAILED, keeping its output so far, instead
+    of being taken over, and crashing its workers, for ever. See `agent_runner._runtime.recovery`."""
     limits: InputLimits = Field(default_factory=InputLimits)
     """Size and depth limits on caller input and model output."""
     deadline_reminder: float | None = Field(default=0.8, gt=0, lt=1)

@@ -17,7 +17,7 @@ from datetime import datetime
 from functools import partial
 from typing import Any
 
-from agent_runner._runtime import children, creation, delivery, endings, executing, resuming, saving, stepping
+from agent_runner._runtime import children, creation, delivery, endings, executing, resuming, saving, steering, stepping
 from agent_runner._runtime.context import LeaseScope, RunnerContext
 from agent_runner._runtime.conversations import ConversationGate
 from agent_runner._runtime.execution import Dispatching, execution_mode
@@ -59,10 +59,8 @@ class AgentRunner:
         conversation_guard: A shared fast marker of active conversation turns (for example
             Redis); the turn store remains the truth.
         clock: Returns the current UTC time (tests may pass a fake clock).
-        lease_scope: When set, `run`, `resume` and `run_until_blocked` step a turn only while holding its
-            lease from this scope, and stamp the lease's fence on every save. An `AgentWorker` sets it on
-            the runner it serves, so a turn run in the caller's thread is never stepped at the same time
-            by the worker's polling threads.
+        lease_scope: When set, `run`, `resume` and `run_until_blocked` step a turn only under its lease from
+            this scope, its fence on every save (an `AgentWorker` sets it on the runner it serves).
         model_limiter: Decides when calls against shared provider limits may go; a call without capacity
             waits RETRY_SCHEDULED without using an attempt (see `agent_runner.model_limits`).
     """
@@ -273,8 +271,7 @@ class AgentRunner:
     ) -> AdvanceResult:
         """Step `turn` until it blocks or ends, or a budget or the caller's lease runs out.
 
-        The one stepping loop behind `run_until_blocked`, `AgentWorker` and the Celery task; it does not
-        take a lease itself. A step that raises stops the loop and is reported in the result, not raised.
+        The stepping loop of `run_until_blocked` and `deliver`; it takes no lease. A step that raises is reported.
 
         Args:
             turn: The snapshot to continue from (load it after taking the lease).
@@ -290,10 +287,9 @@ class AgentRunner:
     def deliver(
         self, turn_id: str, holder: TurnHolder, *, version: int | None = None, seen: Sighting | None = None
     ) -> Delivery:
-        """Deliver a turn to a worker: its lease, the snapshot, the checks, `advance`, release, the follow-up.
+        """Deliver a turn to a worker (`AgentWorker`, the Celery task): lease, snapshot, checks, `advance`, release.
 
-        The one delivery of `AgentWorker` and the Celery task; `holder` is what differs between them.
-        `version` is the only version to step (a message's; None: any), `seen` when the dispatch or poll saw it.
+        `holder` is what differs between workers; `version`: the only version to step (None: any).
 
         Raises:
             StoreError: The lease backend or the store failed before a step; the lease is released.
@@ -303,12 +299,10 @@ class AgentRunner:
     def run_until_blocked(self, turn: AgentTurn) -> AgentTurn:
         """Step the turn until it waits or ends, and return the last snapshot.
 
-        A RETRY_SCHEDULED turn that is due is retried once; a retry scheduled during the run ends the run
-        (the thread is not held while waiting), and so does a READY turn whose delayed start has not come.
-
-        With a `lease_scope`, the turn is stepped under its lease, taken from the newest
-        stored snapshot; when another holder ran the turn until it blocked meanwhile, that
-        snapshot is returned as it is.
+        A due RETRY_SCHEDULED turn is retried once; a retry scheduled during the run ends it (no thread is
+        held while waiting), as does a READY turn whose delayed start has not come. With a `lease_scope`,
+        the turn is stepped under its lease from the newest snapshot (returned as it is when another
+        holder ran the turn until it blocked meanwhile).
         """
         return stepping.run_until_blocked(self._ctx, turn)
 
@@ -346,6 +340,20 @@ class AgentRunner:
         """
         return endings.cancel(self._ctx, turn_id, reason, cancelled_by)
 
+    def steer(self, turn_id: str, text: str, *, message_id: str | None = None) -> AgentTurn:
+        """Add a user message to a working turn, before its next model call; return the turn that will read it.
+
+        Stored at once by any process without the lease, applied in order, never between a tool call and
+        its result. A turn that ends first hands it to its conversation's active or next turn (see
+        `agent_runner._runtime.steering`). The same `message_id` again changes nothing.
+
+        Raises:
+            TurnNotFound, InputLimitError: No such turn; an id or the text over the policy's limits.
+            SteeringRefusedError: The turn had ended, cancelled or outside a conversation, before the message came.
+            DefinitionError: The turn store keeps no steering messages.
+        """
+        return steering.steer(self._ctx, turn_id, text, message_id)
+
     def suspend(self, turn: AgentTurn, suspension: AgentSuspension) -> AgentTurn:
         """Suspend a READY or RUNNING turn with a custom suspension (normally a plain-text question).
 
@@ -370,12 +378,9 @@ class AgentRunner:
     def apply_due_deadlines(self, limit: int = resuming.DEADLINE_BATCH) -> int:
         """Send due deadline reminders and apply passed deadlines' defaults; return how many turns were handled.
 
-        The deadline sweep of every deployment (Celery beat, the embedded `AgentWorker`). Each due turn
-        goes through `apply_deadline`, a compare-and-swap decision, so two sweeps at once remind once and
-        apply a default once. A turn resumed by its default is handed on like any resume.
-
-        Args:
-            limit: Most turns handled; the rest wait for the next sweep, earliest first.
+        The deadline sweep of every deployment. Each due turn goes through `apply_deadline`, a compare-and-swap
+        decision, so two sweeps at once remind and apply a default once. `limit`: most turns handled; the rest
+        wait for the next sweep, earliest first.
 
         Raises:
             DefinitionError: The turn store cannot list due deadlines (it is not a `DeadlineSource`).

@@ -181,6 +181,14 @@ class AgentTurn(FrozenModel):
     """Fencing number of the lease under which this snapshot was saved, if any."""
     started_call_ids: list[str] = Field(default_factory=list)
     """Calls of non-idempotent tools whose body started and whose outcome is not recorded yet."""
+    recoveries: int = 0
+    """Lease takeovers in a row without progress (see `AgentExecutionPolicy.max_recoveries`)."""
+    recovery_fence: int | None = None
+    """The fence of the holder that recorded the last takeover, and `recovery_steps` the turn's steps then:
+    a next holder that finds the turn saved by nobody since knows that holder died too."""
+    recovery_steps: int = 0
+    steered_message_ids: list[str] = Field(default_factory=list)
+    """Ids of the steering messages (`AgentRunner.steer`) this turn applied, in the order they joined its history."""
     step_failures: int = 0
     """Consecutive steps that raised an unexpected exception (reset by any step that saves)."""
     root_conversation_id: str | None = None

@@ -145,11 +145,15 @@ class Inbox(SqlBackend):
     Args:
         url_or_engine: A database URL or an engine to share. An engine made from a URL is
             disposed of by `close()`; one passed in is left open.
+        coalesce: Whether a turn started from this inbox takes all the conversation's
+            waiting messages, the first as its message and the others as steering messages
+            (`workers.inbox.start_next_message`); off (the default), one turn per message.
     """
 
-    def __init__(self, url_or_engine: UrlOrEngine) -> None:
+    def __init__(self, url_or_engine: UrlOrEngine, *, coalesce: bool = False) -> None:
         super().__init__(url_or_engine)
         self._events = SqlEventLog(self._engine)
+        self.coalesce = coalesce
 
     def enqueue(
         self,

@@ -48,6 +48,9 @@ Tables:
     agent_webhook_deliveries: one row per event owed to a webhook, keyed by the event id:
         its attempts, the next one, and the outcome (DEAD rows are the dead letters; see
         `store.webhooks`).
+    agent_turn_steering: the steering messages of turns (`AgentRunner.steer`), one row each,
+        unique per turn and message id, ordered by `sequence`. Whether one was applied is in the
+        turn's snapshot; `forwarded` marks those an ended turn handed on.
 """
 
 from __future__ import annotations
@@ -313,6 +316,20 @@ turn_leases = sa.Table(
     sa.Column("owner", sa.String, nullable=True),
     sa.Column("fence", sa.BigInteger, nullable=False),
     sa.Column("expires_at_ms", sa.BigInteger, nullable=False),
+)
+
+turn_steering = sa.Table(
+    "agent_turn_steering",
+    metadata,
+    sa.Column("turn_id", sa.String, nullable=False),
+    sa.Column("message_id", sa.String, nullable=False),
+    sa.Column("text", sa.Text, nullable=False),
+    sa.Column("accepted_at", UtcDateTime, nullable=False),
+    sa.Column("forwarded", sa.Boolean, nullable=False),
+    # The order of a turn's messages; INTEGER on SQLite, so that it is the rowid.
+    sa.Column("sequence", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), primary_key=True, autoincrement=True),
+    sa.UniqueConstraint("turn_id", "message_id", name="uq_agent_turn_steering_turn_message"),
+    sqlite_autoincrement=True,
 )
 
 idempotency_keys = sa.Table(

@@ -54,8 +54,10 @@ def open_engine(database_url: str, pool: PoolSize = DEFAULT_POOL) -> Engine:
     return engine
 
 
-def open_database(database_url: str, pool: PoolSize = DEFAULT_POOL) -> Database:
+def open_database(database_url: str, pool: PoolSize = DEFAULT_POOL, *, coalesce_inbox: bool = False) -> Database:
     """Open the database (see `open_engine`) and the turn store, chat memories and inbox on it.
+
+    `coalesce_inbox`: a turn started from the inbox takes all the conversation's waiting messages.
 
     Raises:
         SchemaVersionError: The tables are missing or at another revision.
@@ -67,7 +69,7 @@ def open_database(database_url: str, pool: PoolSize = DEFAULT_POOL) -> Database:
             engine=engine,
             turn_store=store.SqlAgentTurnStore(engine),
             memories=store.SqlChatMemoryProvider(engine),
-            inbox=store.Inbox(engine),
+            inbox=store.Inbox(engine, coalesce=coalesce_inbox),
         )
     except BaseException:
         engine.dispose()

@@ -223,7 +223,33 @@ def _start_claimed(
         inbox.mark_failed(message.message_id, f"{type(exc).__name__}: {exc}")
         return InboxOutcome.FAILED
     inbox.mark_completed(message.message_id, turn.id)
+    if inbox.coalesce:
+        _coalesce(runner, inbox, message, turn.id)
     return InboxOutcome.STARTED
+
+
+def _coalesce(runner: AgentRunner, inbox: Inbox, first: InboxMessage, turn_id: str) -> None:
+    """Give the conversation's other waiting messages to the turn just started from `first`, in order.
+
+    Each joins it as a steering message, read before its first model call (or handed on
+    if it has ended); a message for another agent or tenant stops the run and waits for
+    a turn of its own. A claimer that dies between the steer and the mark leaves a claim
+    that `settle_stale_claims` puts back: the message may then also start a turn later.
+    """
+    while True:
+        message = inbox.claim_next(first.conversation)
+        if message is None:
+            return
+        if (message.agent_id, message.tenant_id) != (first.agent_id, first.tenant_id):
+            inbox.release_for_retry(message.message_id)
+            return
+        try:
+            taken = runner.steer(turn_id, message.content, message_id=message.message_id)
+        except AgentRunnerError as exc:
+            inbox.release_for_retry(message.message_id)
+            log_failure(logger, exc, "could not add inbox message %s to turn %s", message.message_id, turn_id)
+            return
+        inbox.mark_completed(message.message_id, taken.id)
 
 
 def settle_stale_claims(runner: AgentRunner, inbox: Inbox, claimed_before: datetime, limit: int = 100) -> int:

@@ -204,6 +204,8 @@ class WorkerSettings:
     time_limit_s: float = 720.0
     agent_loader: str | None = None
     inbox_agent: str | None = None
+    inbox_coalesce: bool = False
+    """Whether a turn started from queued messages takes all of its conversation's waiting ones (`AGENT_RUNNER_INBOX_COALESCE`)."""
     runner_setup: str | None = None
     max_steps: int = 200
     retry_max_attempts: int = 3
@@ -260,6 +262,7 @@ class WorkerSettings:
             time_limit_s=_number(env, "AGENT_RUNNER_TASK_TIME_LIMIT_S", 720.0, float, minimum=1.0),
             agent_loader=_import_path(env, "AGENT_RUNNER_AGENT_LOADER"),
             inbox_agent=_optional_text(env, "AGENT_RUNNER_INBOX_AGENT"),
+            inbox_coalesce=_choice(env, "AGENT_RUNNER_INBOX_COALESCE", ("off", "on")) == "on",
             runner_setup=_import_path(env, "AGENT_RUNNER_SETUP"),
             max_steps=_number(env, "AGENT_RUNNER_MAX_STEPS", 200, int, minimum=1),
             retry_max_attempts=_number(env, "AGENT_RUNNER_RETRY_MAX_ATTEMPTS", 3, int, minimum=1),

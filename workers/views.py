@@ -27,6 +27,7 @@ from agent_runner import (
     InvalidEventQueryError,
     InvalidResumeCommand,
     InvalidTransitionError,
+    SteeringRefusedError,
     ToolCall,
     TurnNotFound,
     VersionConflictError,
@@ -371,7 +372,9 @@ def classify_error(error: BaseException) -> ErrorKind:
         return ErrorKind.INVALID if error.errors else ErrorKind.CONFLICT
     if isinstance(error, ResumeRequestError | InvalidEventQueryError | InputLimitError):
         return ErrorKind.INVALID
-    if isinstance(error, AgentConversationBusyException | InvalidTransitionError | VersionConflictError):
+    if isinstance(
+        error, AgentConversationBusyException | InvalidTransitionError | VersionConflictError | SteeringRefusedError
+    ):
         return ErrorKind.CONFLICT
     if isinstance(error, AgentRunnerError) and error.retryable:
         return ErrorKind.UNAVAILABLE

@@ -113,7 +113,8 @@ def build_wiring(
         StoreUnavailableError: The database could not be reached to check its schema.
     """
     loader = agent_loader if agent_loader is not None else load_agent_loader(settings.agent_loader)
-    database = open_database(settings.database_url, pool or database_pool(settings, tasks_in_flight))
+    pool = pool or database_pool(settings, tasks_in_flight)
+    database = open_database(settings.database_url, pool, coalesce_inbox=settings.inbox_coalesce)
     lease = store.RedisTurnLease(settings.redis_url, prefix=settings.redis_prefix)
     guard = store.RedisConversationGuard(settings.redis_url, prefix=settings.redis_prefix)
     outbox = MessageOutbox(celery_app) if background_dispatch else None

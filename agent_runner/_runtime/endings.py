@@ -12,7 +12,7 @@ import logging
 from agent_runner import event_payloads as payloads
 from agent_runner import machine
 from agent_runner._cas import AGAIN, retry_on_conflict
-from agent_runner._runtime import children
+from agent_runner._runtime import children, steering
 from agent_runner._runtime.cancelling import request_cancel
 from agent_runner._runtime.context import RunnerContext
 from agent_runner._runtime.reentry import is_driving
@@ -53,6 +53,8 @@ def after_terminal(ctx: RunnerContext, turn: AgentTurn) -> None:
     if turn.tool_state:
         abandon_calls(ctx, turn)
     ctx.gate.release(turn)
+    # After the release: messages the turn ended without may start the conversation's next turn.
+    steering.hand_on(ctx, turn)
     if turn.parent_turn_id is not None and not is_driving(ctx, turn.id):
         # A child that ended outside a stepping loop (cancelled, resumed elsewhere) tells its parent now.
         child_ended(ctx, turn)

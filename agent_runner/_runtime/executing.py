@@ -8,6 +8,7 @@ The step's first save expects the version it started from; a newer snapshot in t
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from pydantic import ValidationError
@@ -15,7 +16,7 @@ from pydantic import ValidationError
 from agent_runner import event_payloads as payloads
 from agent_runner import machine
 from agent_runner._base import trusted
-from agent_runner._runtime import children, limiting, waiting
+from agent_runner._runtime import children, limiting, steering, waiting
 from agent_runner._runtime.cancelling import stored_cancel_reason
 from agent_runner._runtime.context import RunnerContext
 from agent_runner._runtime.endings import after_terminal, failed_call, finish
@@ -38,7 +39,7 @@ from agent_runner.errors import (
 )
 from agent_runner.forms import AgentFormRequiredException
 from agent_runner.limits import bounded_text, storable_text
-from agent_runner.messages import AiMessage, ModelMessage, SystemMessage, ToolCall
+from agent_runner.messages import AiMessage, ModelMessage, SystemMessage, ToolCall, UserMessage
 from agent_runner.middleware import chain
 from agent_runner.model_limits import WAIT_OVER_REASON, LimitWait
 from agent_runner.models import ChatRequest, ChatResponse
@@ -52,6 +53,11 @@ from agent_runner.toolsets import list_turn_tools, listed_specs
 
 logger = logging.getLogger("agent_runner")
 
+
+FINAL_ANSWER_STATUSES = frozenset(
+    {AgentTurnStatus.BUDGET_EXCEEDED, AgentTurnStatus.MAX_ITERATIONS_REACHED, AgentTurnStatus.MAX_STEPS_REACHED}
+)
+"""The limits after which an agent with a `FinalAnswer` asks its model for one."""
 
 # The fields set here when these models are built from validated data (see `trusted`).
 _REQUEST_GIVEN = frozenset(ChatRequest.model_fields)
@@ -95,11 +101,13 @@ def step_once(ctx: RunnerContext, turn: AgentTurn) -> AgentStepResult:
             # while, so that clients can tell a queued turn from a running one.
             running = save(ctx, running, expected, payloads.turn_running())
             expected = running.version
+        if isinstance(plan, machine.CallModel):
+            steered = steering.apply_pending(ctx, running, expected)
+            if steered is not running:
+                running, expected = steered, steered.version
         match plan:
             case machine.Terminate(status=status, reason=reason):
-                if status is AgentTurnStatus.CANCELLED:
-                    reason = stored_cancel_reason(ctx.turn_store, running) or reason
-                return AgentStepResult(turn=finish(ctx, running, status, reason, expected_version=expected))
+                return _terminate(ctx, running, agent, status, reason, expected, turn.suspension)
             case machine.CallModel():
                 return _call_model(ctx, running, agent, expected, turn.suspension)
             case machine.ExecuteTool(call=call, tool=tool):
@@ -129,25 +137,75 @@ def step_once(ctx: RunnerContext, turn: AgentTurn) -> AgentStepResult:
     raise AssertionError(f"unhandled plan {plan!r}")  # pragma: no cover
 
 
-def _call_model(
-    ctx: RunnerContext, turn: AgentTurn, agent: Agent, expected: int, previous: AgentSuspension | None
+def _terminate(
+    ctx: RunnerContext,
+    turn: AgentTurn,
+    agent: Agent,
+    status: AgentTurnStatus,
+    reason: str,
+    expected: int,
+    previous: AgentSuspension | None,
 ) -> AgentStepResult:
+    """End the turn as the plan says; after a limit, with the model's last answer when the agent asks for one.
+
+    The last answer (see `FinalAnswer`) is asked for without tools. Waiting for a shared
+    limit, it waits like any call; when it is due, the same limit stops the turn and asks
+    again. A call that raises ends the turn with the close-out.
+    """
+    if status is AgentTurnStatus.CANCELLED:
+        reason = stored_cancel_reason(ctx.turn_store, turn) or reason
+    final = agent.final_answer
+    if status not in FINAL_ANSWER_STATUSES or final is None:
+        return AgentStepResult(turn=finish(ctx, turn, status, reason, expected_version=expected))
+
+    def failed(_: limiting.Admission | None, exc: Exception) -> AgentStepResult:
+        logger.warning("turn %s: the final answer failed, it ends with the close-out: %s", turn.id, exc)
+        return AgentStepResult(turn=finish(ctx, turn, status, reason, expected_version=expected), error=exc)
+
+    closed = turn.model_copy(update={"messages": machine.closed_calls(turn, reason, ctx.policy)})
+    ask = UserMessage(id=f"{turn.id}-final-answer", content=final.prompt(reason))
+    fields = {"messages": [*_request_messages(closed, agent), ask], "tools": []}
+    response = _ask_model(ctx, turn, agent, fields, expected, previous, failed)
+    if isinstance(response, AgentStepResult):
+        return response
+    message = machine.storable_message(response.message, ctx.policy.limits)
+    answer = trusted(
+        ChatResponse, _RESPONSE_GIVEN, {"message": message, "usage": response.usage, "model": response.model}
+    )
+    ended = machine.close_out(turn, status, reason, ctx.policy, ctx.clock(), answer=answer)
+    usage = answer.usage
+    text = ended.final_output or ""
+    event = payloads.model_response(
+        ended.messages[-1].id, text, [], usage.input_tokens, usage.output_tokens, answer.model
+    )
+    saved = save(ctx, ended, expected, event, terminal_event(ended))
+    after_terminal(ctx, saved)
+    return AgentStepResult(turn=saved, response=answer)
+
+
+ModelFailed = Callable[[limiting.Admission | None, Exception], AgentStepResult]
+"""What a model call that raised comes to (given the limiter's grant, which was settled)."""
+
+
+def _ask_model(
+    ctx: RunnerContext,
+    turn: AgentTurn,
+    agent: Agent,
+    request_fields: dict[str, Any],
+    expected: int,
+    previous: AgentSuspension | None,
+    failed: ModelFailed,
+) -> ChatResponse | AgentStepResult:
+    """One model call under the shared limits, through the `wrap_model` middleware; or the step's outcome without one.
+
+    `request_fields`: the request's messages and tools. Without capacity the turn waits; a
+    cancel while the answer streams in ends it; an exception is `failed`'s to handle.
+    """
     if agent.chat_model is None:
         raise DefinitionError(f"agent {agent.id!r} has no chat_model")
     chat_model = agent.chat_model
-    if agent.toolsets and turn.listed_tools is None:
-        try:
-            taken = [spec.name for spec in agent.tool_specs()]
-            turn = turn.model_copy(update={"listed_tools": list_turn_tools(agent.toolsets, taken, turn)})
-        except Exception as exc:  # a server that cannot list now: on the retry schedule when transient
-            return failed_call(ctx, turn, exc, expected, ctx.policy.retry_for(agent))
-    tools = [*agent.tool_specs(), *listed_specs(turn.listed_tools)] if turn.listed_tools else agent.tool_specs()
     sink = DeltaSink(ctx, turn)
-    request = trusted(
-        ChatRequest,
-        _REQUEST_GIVEN,
-        {"messages": _request_messages(turn, agent), "tools": tools, "on_delta": sink},
-    )
+    request = trusted(ChatRequest, _REQUEST_GIVEN, {**request_fields, "on_delta": sink})
     admission = limiting.admit(ctx, turn, chat_model, request, previous)
     if isinstance(admission, LimitWait):
         sink.close()
@@ -166,13 +224,37 @@ def _call_model(
         return AgentStepResult(turn=finish(ctx, turn, AgentTurnStatus.CANCELLED, reason, expected_version=expected))
     except Exception as exc:
         limiting.settle(admission, None)
-        retry = ctx.policy.retry_for(agent)
-        refused = limiting.provider_refused(ctx, turn, admission, exc, expected, retry, previous)
-        return refused if refused is not None else failed_call(ctx, turn, exc, expected, retry)
+        return failed(admission, exc)
     finally:
         sink.close()
     limiting.settle(admission, response.usage)
-    updated, message = machine.apply_model_response(turn, response, ctx.clock())
+    return response
+
+
+def _call_model(
+    ctx: RunnerContext, turn: AgentTurn, agent: Agent, expected: int, previous: AgentSuspension | None
+) -> AgentStepResult:
+    def failed(admission: limiting.Admission | None, exc: Exception) -> AgentStepResult:
+        retry = ctx.policy.retry_for(agent)
+        refused = limiting.provider_refused(ctx, turn, admission, exc, expected, retry, previous)
+        return refused if refused is not None else failed_call(ctx, turn, exc, expected, retry)
+
+    if agent.toolsets and turn.listed_tools is None:
+        try:
+            taken = [spec.name for spec in agent.tool_specs()]
+            turn = turn.model_copy(update={"listed_tools": list_turn_tools(agent.toolsets, taken, turn)})
+        except Exception as exc:  # a server that cannot list now: on the retry schedule when transient
+            return failed_call(ctx, turn, exc, expected, ctx.policy.retry_for(agent))
+    tools = [*agent.tool_specs(), *listed_specs(turn.listed_tools)] if turn.listed_tools else agent.tool_specs()
+    fields = {"messages": _request_messages(turn, agent), "tools": tools}
+    response = _ask_model(ctx, turn, agent, fields, expected, previous, failed)
+    if isinstance(response, AgentStepResult):
+        return response
+    # Messages that came while the model answered: a final answer does not end the turn then.
+    late = [] if response.message.tool_calls else steering.pending(ctx, turn)
+    updated, message = machine.apply_model_response(
+        turn, response, ctx.clock(), steering=steering.as_user_messages(late)
+    )
     response = trusted(
         ChatResponse, _RESPONSE_GIVEN, {"message": message, "usage": response.usage, "model": response.model}
     )
@@ -185,7 +267,8 @@ def _call_model(
         usage.output_tokens,
         response.model,
     )
-    saved = save(ctx, updated, expected, event, terminal_event(updated))
+    applied = payloads.steering_applied([m.message_id for m in late]) if late else None
+    saved = save(ctx, updated, expected, event, applied, terminal_event(updated))
     if saved.is_terminal:
         after_terminal(ctx, saved)
     return AgentStepResult(turn=saved, response=response)

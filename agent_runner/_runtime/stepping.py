@@ -17,6 +17,9 @@ The rules live here once:
   (a bug, a model response that cannot be saved) is not retried, and billed, for ever;
 - a cancel flag found on a turn that blocked (the cancel came while its last step ran) ends
   it here, since no poll would find a waiting turn again;
+- a holder that takes a RUNNING turn over from holders that died without saving anything
+  records it (TURN_RECOVERING), and past `AgentExecutionPolicy.max_recoveries` such
+  takeovers in a row the turn ends FAILED (see `agent_runner._runtime.recovery`);
 - a child turn that ended tells its parent once the loop is over.
 """
 
@@ -26,6 +29,7 @@ import logging
 import time
 from collections.abc import Callable
 
+from agent_runner._runtime import recovery
 from agent_runner._runtime.context import RunnerContext
 from agent_runner._runtime.endings import cancel_quietly, child_ended, step_failed
 from agent_runner._runtime.executing import step
@@ -64,6 +68,13 @@ def step_until_stopped(
     first = True
     error: Exception | None = None
     with driving(ctx, turn.id):
+        if fence is not None and recovery.is_takeover(turn, fence):
+            try:
+                turn = recovery.take_over(ctx, turn, fence)
+            except LeaseLostError as exc:
+                return AdvanceResult(turn=turn, steps=0, stopped=StopReason.LEASE_LOST, error=exc)
+            except VersionConflictError as exc:
+                return AdvanceResult(turn=ctx.turn_store.load(turn.id), steps=0, stopped=StopReason.CONFLICT, error=exc)
         while True:
             if turn.cancel_requested and not turn.is_terminal and not turn.is_runnable(clock()):
                 turn = cancel_quietly(ctx, turn.id) or turn

@@ -102,10 +102,19 @@ def plan_step(turn: AgentTurn, agent: Agent, policy: AgentExecutionPolicy) -> St
 def budget_exceeded(turn: AgentTurn, agent: Agent) -> str | None:
     """Return why the turn is over its budget, or None."""
     budget = agent.budget
-    if budget.max_total_tokens is not None and turn.usage.total_tokens > budget.max_total_tokens:
-        return f"the turn used {turn.usage.total_tokens} tokens, over its budget of {budget.max_total_tokens}"
-    if budget.max_cost is not None and turn.usage.cost > budget.max_cost:
-        return f"the turn cost {turn.usage.cost:.6g}, over its budget of {budget.max_cost:.6g}"
+    # A final answer's reserve is kept out of what the turn's own work may spend.
+    reserve = agent.final_answer
+    tokens = budget.max_total_tokens
+    if tokens is not None and reserve is not None:
+        tokens -= reserve.reserved_tokens
+    cost = budget.max_cost
+    if cost is not None and reserve is not None:
+        cost -= reserve.reserved_cost
+    kept = " (less the final answer's reserve)" if reserve is not None else ""
+    if tokens is not None and turn.usage.total_tokens > tokens:
+        return f"the turn used {turn.usage.total_tokens} tokens, over its budget of {tokens}{kept}"
+    if cost is not None and turn.usage.cost > cost:
+        return f"the turn cost {turn.usage.cost:.6g}, over its budget of {cost:.6g}{kept}"
     return None
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -21,7 +22,7 @@ from agent_runner.machine._decisions import SYSTEM_DECIDER, decision
 from agent_runner.machine._ids import next_message_id
 from agent_runner.machine._plans import Suspend
 from agent_runner.machine._transitions import SUSPENSION_STATUS, touch, transition
-from agent_runner.messages import ActionStatus, AiMessage, ModelMessage, ToolCall, ToolMessage
+from agent_runner.messages import ActionStatus, AiMessage, ModelMessage, ToolCall, ToolMessage, UserMessage
 from agent_runner.models import ChatResponse
 from agent_runner.policy import AgentExecutionPolicy, RetryPolicy
 from agent_runner.snapshot import AgentTurn, AgentTurnStatus, ChildLink
@@ -40,9 +41,16 @@ def start_running(turn: AgentTurn, now: datetime) -> AgentTurn:
 
 
 def apply_model_response(
-    turn: AgentTurn, response: ChatResponse, now: datetime, limits: InputLimits | None = None
+    turn: AgentTurn,
+    response: ChatResponse,
+    now: datetime,
+    limits: InputLimits | None = None,
+    steering: Sequence[UserMessage] = (),
 ) -> tuple[AgentTurn, AiMessage]:
     """Record a model response: tool calls become pending (TOOLS), a final answer completes the turn.
+
+    With `steering` (messages that came while the model answered), a final answer does not
+    complete the turn: the messages follow it and the turn goes on to another model call.
 
     The message is made storable first, and bounded by `limits` when they are given (see
     `storable_message`), whatever model produced it.
@@ -57,7 +65,22 @@ def apply_model_response(
     }
     if message.tool_calls:
         return touch(turn, now, phase=Phase.TOOLS, pending_tool_calls=list(message.tool_calls), **changes), message
+    if steering:
+        # The user spoke while the model answered: the answer stays, and the model answers them next.
+        answered = turn.model_copy(update=changes)
+        return apply_steering(answered, steering, now), message
     return transition(turn, AgentTurnStatus.COMPLETED, now, final_output=message.content or "", **changes), message
+
+
+def apply_steering(turn: AgentTurn, messages: Sequence[UserMessage], now: datetime) -> AgentTurn:
+    """Add steering messages (`AgentRunner.steer`) to the history before the next model call, and record them applied."""
+    return touch(
+        turn,
+        now,
+        phase=Phase.MODEL,
+        messages=[*turn.messages, *messages],
+        steered_message_ids=[*turn.steered_message_ids, *(m.id for m in messages)],
+    )
 
 
 def storable_message(message: AiMessage, limits: InputLimits | None = None) -> AiMessage:
@@ -275,33 +298,25 @@ def close_out(
     policy: AgentExecutionPolicy,
     now: datetime,
     decided_by: str | None = None,
+    answer: ChatResponse | None = None,
 ) -> AgentTurn:
     """End the turn abnormally and keep the model history protocol-valid.
 
     Every pending tool call gets a ToolMessage with the reason, then one assistant
     message says the turn did not finish, so the next turn of the conversation can
     build on this history. Pending page actions are settled as decided by `decided_by`
-    (the person who cancelled), else by `SYSTEM_DECIDER`.
+    (the person who cancelled), else by `SYSTEM_DECIDER`. With `answer` (a final answer
+    asked for, see `FinalAnswer`), its text is that message and the turn's `final_output`,
+    and its usage counts as a model call.
     """
-    messages: list[ModelMessage] = list(turn.messages)
-    for call in turn.pending_tool_calls:
-        content = policy.render(
-            policy.interrupted_tool_message_template,
-            reason=reason,
-            turn_id=turn.id,
-            tool_call_id=call.id,
-            tool_name=call.name,
-        )
-        messages.append(
-            ToolMessage(
-                id=f"{turn.id}-{len(messages)}",
-                tool_call_id=call.id,
-                tool_name=call.name,
-                content=content,
-                is_error=True,
-            )
-        )
+    messages = closed_calls(turn, reason, policy)
     closing = policy.render(policy.interrupted_turn_message_template, reason=reason, turn_id=turn.id)
+    changes: dict[str, Any] = {}
+    if answer is not None:
+        called = {"usage": turn.usage + answer.usage, "model_iterations": turn.model_iterations + 1}
+        changes = {**called, "steps": turn.steps + 1}
+        if answer.message.content:
+            closing = changes["final_output"] = answer.message.content
     messages.append(AiMessage(id=f"{turn.id}-{len(messages)}", content=closing))
     ended = decision(decided_by or SYSTEM_DECIDER, now, reason)
     actions = [
@@ -320,7 +335,31 @@ def close_out(
         next_retry_at=None,
         error=reason,
         page_actions=actions,
+        **changes,
     )
+
+
+def closed_calls(turn: AgentTurn, reason: str, policy: AgentExecutionPolicy) -> list[ModelMessage]:
+    """The turn's history with a ToolMessage saying `reason` for each pending call (protocol-valid again)."""
+    messages: list[ModelMessage] = list(turn.messages)
+    for call in turn.pending_tool_calls:
+        content = policy.render(
+            policy.interrupted_tool_message_template,
+            reason=reason,
+            turn_id=turn.id,
+            tool_call_id=call.id,
+            tool_name=call.name,
+        )
+        messages.append(
+            ToolMessage(
+                id=f"{turn.id}-{len(messages)}",
+                tool_call_id=call.id,
+                tool_name=call.name,
+                content=content,
+                is_error=True,
+            )
+        )
+    return messages
 
 
 def mark_started(turn: AgentTurn, call_id: str, now: datetime) -> AgentTurn:

@@ -27,11 +27,19 @@ from agent_runner.events import AgentEvent
 from agent_runner.messages import ModelMessage, ModelMessagesAdapter
 from agent_runner.persistence import DEFAULT_EVENT_PAGE, EventScope, TurnRef
 from agent_runner.snapshot import AgentTurn, AgentTurnStatus
-from store._backend import SqlBackend, retention_cutoff
+from store._backend import retention_cutoff
 from store._engine import AnyRow, UrlOrEngine, translated_errors
 from store._event_log import SqlEventLog
 from store.chat_memory import SqlChatMemoryProvider
-from store.schema import NON_TERMINAL_STATUSES, tenant_key, turn_events, turn_leases, turn_messages, turns
+from store.schema import (
+    NON_TERMINAL_STATUSES,
+    tenant_key,
+    turn_events,
+    turn_leases,
+    turn_messages,
+    turn_steering,
+    turns,
+)
 from store.turns import postgres
 from store.turns.cache import TurnCache
 from store.turns.fast_path import OneStatementSaves
@@ -49,11 +57,12 @@ from store.turns.queries import (
 )
 from store.turns.rows import ref, snapshot, snapshot_of
 from store.turns.saves import TransactionSaves, TurnSaves
+from store.turns.steering_messages import SqlSteering
 
 _SAVE_ATTEMPTS = 5
 
 
-class SqlAgentTurnStore(SqlBackend):
+class SqlAgentTurnStore(SqlSteering):
     """An `AgentTurnStore` and `EventLog` in PostgreSQL (psycopg 3) or SQLite, with the same behaviour as the in-memory store.
 
     Every save is one transaction: a compare-and-swap UPDATE of the header guarded by
@@ -62,7 +71,8 @@ class SqlAgentTurnStore(SqlBackend):
     autocommitted statement, one round trip to the server, and so is a load; both run as
     prepared statements on the driver (`store.turns.postgres`). A partial unique index over the
     non-terminal turns of a conversation makes the one-active-turn rule hold across
-    processes; a violation is reported as `AgentConversationBusyException`.
+    processes; a violation is reported as `AgentConversationBusyException`. It keeps the
+    turns' steering messages too (`SteeringQueue`, see `store.turns.steering_messages`).
 
     A SQLite database is created and migrated on first use (the embedded default);
     PostgreSQL is migrated with `store.migrate` at deploy time.
@@ -506,6 +516,7 @@ class SqlAgentTurnStore(SqlBackend):
                     connection.execute(sa.delete(turn_events).where(turn_events.c.root_turn_id.in_(roots)))
                     connection.execute(sa.delete(turn_messages).where(turn_messages.c.turn_id.in_(tree)))
                     connection.execute(sa.delete(turn_leases).where(turn_leases.c.turn_id.in_(tree)))
+                    connection.execute(sa.delete(turn_steering).where(turn_steering.c.turn_id.in_(tree)))
                     removed += connection.execute(sa.delete(turns).where(turns.c.root_turn_id.in_(roots))).rowcount
             if len(roots) < batch_size:
                 return removed

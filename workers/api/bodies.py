@@ -71,11 +71,13 @@ class StartTurnRequest(_Request):
         description="Run inside this conversation: history comes from it, and it runs one turn at a time.",
     )
     metadata: JsonObject = Field(default_factory=dict, description="JSON kept with the turn (a user id, a request id).")
-    if_busy: Literal["reject", "enqueue", "interrupt"] = Field(
+    if_busy: Literal["reject", "enqueue", "interrupt", "steer"] = Field(
         default="reject",
         description=(
             "When the conversation has an active turn: `reject` answers 409; `enqueue` queues the message "
-            "(202, started when the conversation frees); `interrupt` cancels the active turn and starts this one."
+            "(202, started when the conversation frees); `interrupt` cancels the active turn and starts this one; "
+            "`steer` adds the message to the active turn, read before its next model call (202 with that turn; "
+            "if it ends first, the message starts the conversation's next turn)."
         ),
     )
     start_after_seconds: float | None = Field(

@@ -91,7 +91,13 @@ def _turn_command(command: str, summary: str) -> Callable[[_Route], _Route]:
     status_code=201,
     response_model=TurnView,
     responses={
-        202: {"model": QueuedView, "description": "Queued (`if_busy=enqueue`, or an interrupt that had to wait)."},
+        202: {
+            "model": QueuedView | TurnView,
+            "description": (
+                "Queued (`if_busy=enqueue`, or an interrupt that had to wait): the queued message; or given to the "
+                "conversation's active turn (`if_busy=steer`): the view of the turn that reads it."
+            ),
+        },
         **error_responses(404, 409, 422),
     },
 )
@@ -102,7 +108,7 @@ def start_turn(
     tenant: TenantDep,
     idempotency_key: IdempotencyKey = None,
 ) -> JSONResponse:
-    """Start a turn of an agent; a worker runs it. Answers 201 with the turn, or 202 when the message was queued."""
+    """Start a turn of an agent; a worker runs it. Answers 201 with the turn, or 202 when the message was queued or steered."""
     # With a key, the same key always names the same message and turn, so even a request
     # redone after a crash cannot start, queue or project a second copy.
     message_id = request_id(tenant, idempotency_key)
@@ -115,6 +121,8 @@ def start_turn(
         outcome = service.start_turn(runtime, tenant, body, message_id, turn_id)
         if isinstance(outcome, service.Queued):
             return queued(outcome.conversation_id)
+        if isinstance(outcome, service.Steered):
+            return 202, _view(runtime, tenant, outcome.turn)
         return 201, _view(runtime, tenant, outcome)
 
     def find_earlier() -> Answer | None:

@@ -191,7 +191,8 @@ def _sql_runtime(settings: ApiSettings, agent_loader: AgentLoader | None) -> Run
     loader = agent_loader if agent_loader is not None else load_agent_loader(worker_settings.agent_loader)
     stepping = Stepping(settings.worker_concurrency) if settings.worker_mode is WorkerMode.EMBEDDED else None
     threads = settings.worker_concurrency if stepping is not None else 0
-    database = open_database(worker_settings.database_url, server_database_pool(worker_settings, threads))
+    pool = server_database_pool(worker_settings, threads)
+    database = open_database(worker_settings.database_url, pool, coalesce_inbox=worker_settings.inbox_coalesce)
     try:
         idempotency = store.IdempotencyKeys(database.engine)
         embedded = build_embedded(worker_settings, database, loader, stepping)

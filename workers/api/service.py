@@ -54,6 +54,13 @@ class ConversationBusyError(ApiError):
 
 
 @dataclass(frozen=True)
+class Steered:
+    """A message given to the conversation's active turn (`if_busy=steer`): `turn` reads it before its next model call."""
+
+    turn: AgentTurn
+
+
+@dataclass(frozen=True)
 class Queued:
     """A message queued in the conversation's inbox instead of starting a turn now."""
 
@@ -63,11 +70,13 @@ class Queued:
 
 def start_turn(
     runtime: Runtime, tenant: Tenant, request: StartTurnRequest, message_id: str, turn_id: str | None = None
-) -> AgentTurn | Queued:
+) -> AgentTurn | Queued | Steered:
     """Start a turn, or handle a busy conversation as `request.if_busy` says.
 
     With `if_busy=enqueue` a message also queues while earlier queued messages of the
     conversation wait to start, so the conversation's messages start in the order accepted.
+    With `if_busy=steer` the message joins the active turn (`AgentRunner.steer`); the
+    request's agent and metadata only matter when no turn is active and one starts.
 
     Args:
         runtime: The server's backends.
@@ -114,12 +123,25 @@ def start_turn(
                 return get_turn(runtime, tenant, turn_id)
             if request.if_busy == "reject":
                 raise ConversationBusyError(request.conversation_id, busy) from None
+            if request.if_busy == "steer":
+                return _steer(runtime, request, busy.active_turn_id, message_id)
             if request.if_busy == "enqueue" or not _interrupt(runtime, busy.active_turn_id):
                 return _enqueue(runtime, tenant, request, conversation, message_id)
     # Each interrupted turn was followed at once by another (queued messages starting):
     # rather than cancel turns in a loop, this message waits its turn.
     assert conversation is not None
     return _enqueue(runtime, tenant, request, conversation, message_id)
+
+
+def _steer(runtime: Runtime, request: StartTurnRequest, turn_id: str, message_id: str) -> Steered:
+    if request.start_after_seconds:
+        raise InvalidRequestError(
+            "a message for the conversation's active turn cannot be delayed; send it without start_after_seconds",
+            path="/start_after_seconds",
+        )
+    # The active turn is of the conversation the tenant reached, so it is the tenant's. It
+    # may end before the message is read: then the conversation's next turn takes it.
+    return Steered(runtime.runner.steer(turn_id, request.input, message_id=message_id))
 
 
 def _started_before(runtime: Runtime, tenant: Tenant, turn_id: str | None) -> AgentTurn | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 import uuid
@@ -222,3 +223,71 @@ def test_a_follower_of_the_conversation_sees_the_message_queued_then_its_turn_st
         )
         expected = [e["data"]["event_id"] for e in events[index + 1 :]]
         assert [e["data"]["event_id"] for e in rest] == expected
+
+
+def test_steer_gives_the_message_to_the_active_turn_after_its_tool_call(client: httpx.Client) -> None:
+    chat = f"c-{uuid.uuid4().hex[:8]}"
+    created = post(client, "sleep 1.5", chat).json()
+    wait_for(client, created["id"], lambda v: v["steps"] >= 1, what="the pause call to start")
+    # While the worker is inside the tool call, two messages for the same turn
+    first = post(client, "use staging", chat, if_busy="steer", message_id_hint="ignored")
+    assert first.status_code == 422  # unknown fields are refused, as everywhere
+    steered = post(client, "use staging", chat, if_busy="steer")
+    assert steered.status_code == 202, steered.text
+    assert steered.json()["id"] == created["id"] and steered.json()["status"] == "RUNNING"
+    again = post(client, "and be quick", chat, if_busy="steer")
+    assert again.status_code == 202 and again.json()["id"] == created["id"]
+    # The model's next call reads both, in order, after the tool's result: it answers the last
+    ended = wait_for(client, created["id"], blocked, timeout=15)
+    assert (ended["status"], ended["final_output"]) == ("COMPLETED", "echo: and be quick")
+    messages = client.get(f"/v1/turns/{created['id']}", params={"messages": "true"}).json()["messages"]
+    roles = [(m["role"], m.get("content")) for m in messages]
+    assert roles[-4:] == [
+        ("tool", "paused"),
+        ("user", "use staging"),
+        ("user", "and be quick"),
+        ("assistant", ended["final_output"]),
+    ]
+    # A conversation with no active turn: the message starts one, as without steer
+    fresh = post(client, "hello", chat, if_busy="steer")
+    assert fresh.status_code == 201 and fresh.json()["id"] != created["id"]
+    assert wait_for(client, fresh.json()["id"], blocked)["final_output"] == "echo: hello"
+
+
+def _sse_data(response: httpx.Response) -> list[dict[str, Any]]:
+    return [json.loads(line[len("data: ") :]) for line in response.text.splitlines() if line.startswith("data: {")]
+
+
+def test_the_ai_sdk_and_ag_ui_routes_steer_the_active_turn_when_the_request_asks(client: httpx.Client) -> None:
+    # AI SDK: a message while the turn is inside a tool call is refused, unless the body says steer
+    chat = f"c-{uuid.uuid4().hex[:8]}"
+    created = post(client, "sleep 1.5", chat).json()
+    wait_for(client, created["id"], lambda v: v["steps"] >= 1, what="the pause call to start")
+    message = {"id": "u-1", "role": "user", "parts": [{"type": "text", "text": "use staging"}]}
+    body = {"id": chat, "messages": [message]}
+    assert client.post("/v1/agents/desk/ai-sdk/chat", json=body).status_code == 409
+    assert_error(client.post("/v1/agents/desk/ai-sdk/chat", json={**body, "ifBusy": "maybe"}), 422)
+    steered = client.post("/v1/agents/desk/ai-sdk/chat", json={**body, "ifBusy": "steer"}, timeout=30)
+    assert steered.status_code == 200, steered.text
+    chunks = _sse_data(steered)
+    # The stream is the active turn's, from the moment the message was accepted to its end
+    assert chunks[0]["type"] == "start" and chunks[0]["messageMetadata"]["turnId"] == created["id"]
+    text = "".join(c["delta"] for c in chunks if c["type"] == "text-delta")
+    assert text.endswith("echo: use staging") and chunks[-1]["type"] == "finish"
+    # AG-UI: the same through forwardedProps
+    thread = f"c-{uuid.uuid4().hex[:8]}"
+    other = post(client, "sleep 1.5", thread).json()
+    wait_for(client, other["id"], lambda v: v["steps"] >= 1, what="the pause call to start")
+    run = {
+        "threadId": thread,
+        "runId": "r-1",
+        "messages": [{"id": "u-2", "role": "user", "content": "use production"}],
+        "forwardedProps": {"ifBusy": "steer"},
+    }
+    answered = client.post("/v1/agents/desk/ag-ui", json=run, timeout=30)
+    assert answered.status_code == 200, answered.text
+    events = _sse_data(answered)
+    assert [e["type"] for e in events][0] == "RUN_STARTED" and events[-1]["type"] == "RUN_FINISHED"
+    content = "".join(e["delta"] for e in events if e["type"] == "TEXT_MESSAGE_CONTENT")
+    assert content.endswith("echo: use production")
+    assert client.get(f"/v1/turns/{other['id']}").json()["final_output"] == "echo: use production"

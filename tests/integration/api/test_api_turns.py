@@ -386,9 +386,11 @@ def test_metrics_count_the_steps_and_ends_of_the_turns_the_server_ran(client: ht
     assert wait_for(client, echo["id"], ended)["status"] == "COMPLETED"
 
     def counted() -> str | None:
+        # The end is counted from its event, during the last step; the step once it returned.
         text = client.get("/metrics").text
-        return text if _sample(text, "agent_runner_turns_ended_total", status="COMPLETED") > ended_before else None
+        ended_now = _sample(text, "agent_runner_turns_ended_total", status="COMPLETED") > ended_before
+        stepped = _sample(text, "agent_runner_steps_total", agent_id="desk") > steps_before
+        return text if ended_now and stepped else None
 
-    after: str = eventually(counted, what="the ended turn to be counted")
+    after: str = eventually(counted, what="the ended turn and its steps to be counted")
     assert _sample(after, "agent_runner_turns_ended_total", status="COMPLETED") == ended_before + 1
-    assert _sample(after, "agent_runner_steps_total", agent_id="desk") > steps_before

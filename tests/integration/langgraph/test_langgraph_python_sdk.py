@@ -346,6 +346,19 @@ def test_multitask_strategies_map_onto_the_busy_conversation_policies(client: Cl
     assert client.runs.get(thread_id, busy["run_id"])["status"] == "interrupted"
 
 
+def test_the_steer_strategy_gives_the_input_to_the_thread_active_run(client: Client) -> None:
+    thread_id = client.threads.create()["thread_id"]
+    slow = client.runs.create(thread_id, "desk", input=user("sleep 2"))
+    # steer (this server's strategy): no new run; the active one reads the input before its next model call
+    steered = client.runs.create(thread_id, "desk", input=user("then stop"), multitask_strategy="steer")
+    assert steered["run_id"] == slow["run_id"]
+    assert texts(client.runs.join(thread_id, slow["run_id"]))[-1] == ("ai", "echo: then stop")
+    assert [r["run_id"] for r in client.runs.list(thread_id)] == [slow["run_id"]]
+    # With no active run, steer starts one
+    fresh = client.runs.wait(thread_id, "desk", input=user("hello"), multitask_strategy="steer")
+    assert texts(fresh)[-1] == ("ai", "echo: hello")
+
+
 def test_cancel_ends_the_run_and_rollback_is_refused(client: Client) -> None:
     thread_id = client.threads.create()["thread_id"]
     run = client.runs.create(thread_id, "desk", input=user("sleep 5"))

@@ -66,8 +66,13 @@ def test_each_step_of_a_conversation_turn_is_one_statement_that_projects_it(engi
         done = runner.run_until_blocked(turn)
     assert done.status is AgentTurnStatus.COMPLETED
     saves = done.version - turn.version
-    # One autocommitted statement per save: snapshot, events and ChatMemory together
-    assert (recorded.statements, recorded.commits) == (["WITH"] * saves, 0)
+    # One autocommitted statement per save: snapshot, events and ChatMemory together; the
+    # only other statements are the reads of steering messages, one before each model call,
+    # one after the final answer and one once the turn has ended
+    model_calls = done.model_iterations
+    assert recorded.statements.count("WITH") == saves and recorded.commits == 0
+    assert sorted(set(recorded.statements)) == ["SELECT", "WITH"]
+    assert recorded.statements.count("SELECT") == model_calls + 2
     assert turns.projection_fallbacks == 0
     projected = [m.id for m in done.messages if not isinstance(m, SystemMessage)]
     assert [m.id for m in provider("c-1").get_messages(100)] == projected

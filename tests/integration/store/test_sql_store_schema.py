@@ -54,7 +54,7 @@ def test_the_migrated_schema_equals_the_models(database: str, request: pytest.Fi
     engine = store.make_engine(url)
     try:
         with engine.connect() as connection:
-            assert current_revision(connection) == head_revision() == "0010"
+            assert current_revision(connection) == head_revision() == "0012"
         # And the partial unique index covers exactly the non-terminal statuses
         index = next(
             i
@@ -232,7 +232,7 @@ def test_upgrading_from_0001_moves_the_tenant_from_the_state_into_its_column(
             stored: dict[str, str | None] = {
                 row[0]: row[1] for row in connection.execute(sa.text("SELECT id, tenant_id FROM agent_turns"))
             }
-        # (no tenant is "" in the column since 0010: it keys conversations with their id)
+        # (no tenant is "" in the column since 0012: it keys conversations with their id)
         assert stored == {"t-1": "tenant-a", "t-2": ""}
     assert schema_differences(url) == []
 

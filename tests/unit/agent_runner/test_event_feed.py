@@ -54,8 +54,15 @@ def ids(events: list[AgentEvent]) -> list[str]:
 # --- Event types ----------------------------------------------------------------------------------
 
 
-def test_only_deltas_progress_projection_errors_and_admission_waits_are_ephemeral() -> None:
-    ephemeral = {E.MODEL_DELTA, E.TOOL_PROGRESS, E.CHAT_MEMORY_ERROR, E.TURN_QUEUED}
+def test_only_deltas_progress_projection_errors_admission_waits_and_unsaved_steering_are_ephemeral() -> None:
+    ephemeral = {
+        E.MODEL_DELTA,
+        E.TOOL_PROGRESS,
+        E.CHAT_MEMORY_ERROR,
+        E.TURN_QUEUED,
+        E.STEERING_ACCEPTED,
+        E.STEERING_NOT_APPLIED,
+    }
     assert {t for t in E if not t.is_durable} == EPHEMERAL_EVENT_TYPES == ephemeral
     assert DURABLE_EVENT_TYPES | EPHEMERAL_EVENT_TYPES == set(E)
     assert not E.CHAT_MEMORY_ERROR.is_durable and E.TURN_COMPLETED.is_durable

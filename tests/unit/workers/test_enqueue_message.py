@@ -154,3 +154,31 @@ def test_the_turn_a_queued_message_starts_names_the_message_in_its_turn_started_
     started = [e for e in events if e.type is AgentEventType.TURN_STARTED]
     assert [e.data["message_id"] for e in started][-1] == "m-3"
     assert started[-1].turn_id != active.id and started[-1].conversation_id == "c3"
+
+
+@pytest.mark.parametrize("coalesce", [True, False], ids=["coalesced", "one-turn-each"])
+def test_messages_queued_together_start_one_turn_when_the_inbox_coalesces(runner: AgentRunner, coalesce: bool) -> None:
+    engine = runner.turn_store.engine  # type: ignore[attr-defined]
+    inbox = Inbox(engine, coalesce=coalesce)
+    active = runner.start("helper", "working on it", conversation_id="c-co")
+    for i in range(3):
+        enqueue_message(runner, "c-co", f"note {i}", message_id=f"m-co-{i}", agent_id="helper", inbox=inbox)
+    enqueue_message(runner, "c-co", "for another agent", message_id="m-other", agent_id="other", inbox=inbox)
+    runner.run_until_blocked(runner.turn_store.load(active.id))
+
+    start_next_message(runner, inbox, None, ConversationKey("c-co"))
+
+    first = runner.turn_store.find_active_turn("c-co")
+    assert first is not None and first.messages[-1].id == "m-co-0"
+    records = [inbox.get(f"m-co-{i}") for i in range(3)]
+    if not coalesce:
+        assert [r.status for r in records if r is not None] == [InboxStatus.COMPLETED, *[InboxStatus.PENDING] * 2]
+        return
+    # The three start one turn: the first as its message, the others joining it in order
+    assert all(r is not None and (r.status, r.turn_id) == (InboxStatus.COMPLETED, first.id) for r in records)
+    ended = runner.run_until_blocked(first)
+    users = [m.content for m in ended.messages if isinstance(m, UserMessage)]
+    assert users[-3:] == ["note 0", "note 1", "note 2"] and ended.steered_message_ids == ["m-co-1", "m-co-2"]
+    # A message for another agent waits for a turn of its own
+    other = inbox.get("m-other")
+    assert other is not None and other.status is InboxStatus.PENDING

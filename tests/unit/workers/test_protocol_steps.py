@@ -5,12 +5,19 @@ from __future__ import annotations
 from typing import Any
 
 from agent_runner import (
+    Agent,
     AgentEvent,
     AgentEventType,
     AgentResumeCommand,
     AgentRunner,
     AgentSuspension,
+    AiMessage,
+    ChatRequest,
+    FinalAnswer,
     InMemoryAgentTurnStore,
+    ScriptedChatModel,
+    ToolCall,
+    tool,
 )
 from tests.clients.chat_agents import build_agents
 from workers.api.protocols.steps import (
@@ -18,6 +25,7 @@ from workers.api.protocols.steps import (
     ApprovalRequested,
     FormRequested,
     QuestionAsked,
+    Recovering,
     Step,
     StepFinished,
     StepStarted,
@@ -232,3 +240,44 @@ def test_a_call_whose_outcome_is_unknown_is_shown_as_an_approval_as_in_older_eve
         requested = steps[-2]
         assert isinstance(requested, ApprovalRequested)
         assert (requested.call_id, requested.name, requested.arguments) == (call_id, "deploy", {"service": "billing"})
+
+
+def test_a_final_answer_after_a_limit_is_text_then_the_limit_status_with_it_as_output() -> None:
+    store = InMemoryAgentTurnStore()
+    runner = AgentRunner(turn_store=store)
+    events: list[AgentEvent] = []
+    runner.add_event_listener(events.append)
+
+    @tool
+    def look() -> str:
+        """Look."""
+        return "seen"
+
+    def model(request: ChatRequest) -> AiMessage:
+        if request.tools:
+            return AiMessage("", [ToolCall(f"c{len(request.messages)}", "look", {})])
+        return AiMessage("Looked once; the rest is left.")
+
+    agent = Agent(
+        "looker", chat_model=ScriptedChatModel(model), tools=[look], max_iterations=1, final_answer=FinalAnswer()
+    )
+    turn = runner.run(agent, "look around")
+    steps = [
+        s for e in events for s in TurnTranslator(turn.id, TurnContent(store.load, agent_mask(agent))).translate(e)
+    ]
+    assert text_of(steps) == "Looked once; the rest is left."
+    finished = steps[-1]
+    assert isinstance(finished, TurnFinished) and finished.status == "MAX_ITERATIONS_REACHED"
+    assert finished.final_output == "Looked once; the rest is left."
+
+
+def test_a_takeover_is_a_recovering_step() -> None:
+    recorded = Recorded()
+    turn = recorded.runner.start(recorded.agent, "hello world")
+    event = AgentEvent(
+        type=AgentEventType.TURN_RECOVERING,
+        turn_id=turn.id,
+        root_turn_id=turn.id,
+        data={"status": "RUNNING", "version": 3, "recoveries": 2, "max_recoveries": 3},
+    )
+    assert recorded.steps(turn.id, [event]) == [Recovering(recoveries=2, max_recoveries=3)]

@@ -109,8 +109,8 @@ def create_cron(
     """
     if body.multitask_strategy == "rollback":
         raise RollbackNotSupportedError("/multitask_strategy")
-    if body.multitask_strategy == "interrupt":
-        raise NotSupportedError("multitask_strategy=interrupt for crons (reject or enqueue)")
+    if body.multitask_strategy in ("interrupt", "steer"):
+        raise NotSupportedError(f"multitask_strategy={body.multitask_strategy} for crons (reject or enqueue)")
     if body.multitask_strategy == "enqueue" and thread is None:
         raise InvalidRequestError("multitask_strategy=enqueue needs a thread", path="/multitask_strategy")
     for name in ("interrupt_before", "interrupt_after", "webhook", "on_run_completed", "command"):

@@ -17,7 +17,8 @@ from workers.api.bodies import Identifier, JsonObject, WholeNumber
 StreamMode = Literal[
     "values", "updates", "messages-tuple", "messages", "custom", "events", "debug", "tasks", "checkpoints"
 ]
-MultitaskStrategy = Literal["reject", "enqueue", "interrupt", "rollback"]
+MultitaskStrategy = Literal["reject", "enqueue", "interrupt", "rollback", "steer"]
+"""LangGraph's four strategies, and `steer` (this server's: the input joins the thread's active run, `if_busy=steer`)."""
 MAX_OFFSET = 2**31 - 1
 """The largest page offset: past any page a store serves, and within the integers every database binds."""
 

@@ -194,6 +194,10 @@ def start_run(
     outcome = service.start_turn(runtime, tenant, request, new_id())
     if isinstance(outcome, service.Queued):
         return StartedRun(thread, outcome.message_id, None, None, body.multitask_strategy)
+    if isinstance(outcome, service.Steered):
+        # The input joined the active run: the answer is that run, streamed from here on.
+        turn = outcome.turn
+        return StartedRun(thread, turn.id, turn, tree_end(runtime, turn.root_turn_id), body.multitask_strategy)
     return StartedRun(thread, outcome.id, outcome, None, body.multitask_strategy)
 
 

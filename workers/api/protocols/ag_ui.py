@@ -11,14 +11,16 @@ it. What the run does depends on the input:
   against the frozen schema; 422 with a detail per field), `"status": "cancelled"` on a
   form stops the turn;
 - a last user message not seen before starts a turn (or answers the active turn's
-  plain-text question); a busy conversation is refused (409, `if_busy=reject`);
+  plain-text question); a busy conversation is refused (409, `if_busy=reject`), unless
+  `forwardedProps` holds `{"ifBusy": "steer"}`: the message then joins the active turn
+  before its next model call, and the run streams that turn from there on;
 - otherwise the client is reconnecting: it gets MESSAGES_SNAPSHOT of the conversation,
   then the active turn from where it is (the text streaming now again from its start).
 
 Events: RUN_STARTED, STEP_STARTED/STEP_FINISHED per model call, TEXT_MESSAGE_START/
 CONTENT/END, TOOL_CALL_START/ARGS/END/RESULT, then RUN_FINISHED (outcome `success`,
 `interrupt` with the approval or form the turn waits for, or `cancelled`) or RUN_ERROR.
-`forwardedProps`, `state`, `tools` and `context` are accepted and not used: the agent's
+`forwardedProps` (but its `ifBusy`), `state`, `tools` and `context` are accepted and not used: the agent's
 tools and instructions live on the server. Aborting the request does not stop the turn;
 `POST /v1/agents/{agent_id}/ag-ui/{thread_id}/stop` does. See docs/ag-ui.md.
 """
@@ -182,7 +184,9 @@ def _act(
         return None
     message_id = chat.stored_message_id(tenant, body.thread_id, body.messages[last].id)
     text = _user_text(body, last)
-    return chat.send_message(runtime, tenant, agent_id, body.thread_id, text, message_id, CHANNEL, ids)
+    props = body.forwarded_props if isinstance(body.forwarded_props, dict) else {}
+    steer = chat.steers(props.get(chat.IF_BUSY_FIELD), f"/forwardedProps/{chat.IF_BUSY_FIELD}")
+    return chat.send_message(runtime, tenant, agent_id, body.thread_id, text, message_id, CHANNEL, ids, steer=steer)
 
 
 def _is_stored(runtime: Runtime, tenant: Tenant, conversation_id: str, client_message_id: str) -> bool:
@@ -294,6 +298,10 @@ class _Events:
                 return [{"type": "RUN_ERROR", "message": f"the turn ended with {status}", "code": status}]
             case steps.TurnFailed(status=status, error=error):
                 return [{"type": "RUN_ERROR", "message": error, "code": status}]
+            case steps.Recovering(recoveries=recoveries, max_recoveries=most):
+                return [
+                    {"type": "CUSTOM", "name": "recovering", "value": {"recoveries": recoveries, "maxRecoveries": most}}
+                ]
         return []
 
 

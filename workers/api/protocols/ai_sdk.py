@@ -165,7 +165,8 @@ def _act(runtime: Runtime, tenant: Tenant, agent_id: str, body: ChatRequest, ids
     if last.role == "user":
         text = _user_text(body)
         message_id = chat.stored_message_id(tenant, body.id, last.id)
-        return chat.send_message(runtime, tenant, agent_id, body.id, text, message_id, CHANNEL, ids)
+        steer = chat.steers((body.model_extra or {}).get(chat.IF_BUSY_FIELD), f"/{chat.IF_BUSY_FIELD}")
+        return chat.send_message(runtime, tenant, agent_id, body.id, text, message_id, CHANNEL, ids, steer=steer)
     if last.role != "assistant":
         raise InvalidRequestError("the last message must be a user or an assistant message", path="/messages")
     runtime.agent_loader.load(agent_id)
@@ -259,6 +260,10 @@ class _Chunks:
                 return [{"type": "data-form", "id": call_id, "data": {**form, "message": message}}]
             case steps.QuestionAsked(message=message):
                 return [{"type": "data-question", "data": {"message": message}}]
+            case steps.Recovering(recoveries=recoveries, max_recoveries=most):
+                # Transient: a status to show while it lasts, not a part of the message.
+                data = {"recoveries": recoveries, "maxRecoveries": most}
+                return [{"type": "data-recovering", "data": data, "transient": True}]
         return []
 
     def _meta(self, step: steps.TurnFinished | steps.TurnFailed) -> dict[str, Any]:
@@ -330,7 +335,9 @@ async def ai_sdk_chat(
     """Start a turn from the new user message, or apply the approval or form in the last message; stream the turn.
 
     A busy conversation (a turn is active and not asking a question) answers 409, as
-    `if_busy=reject` does. Form data failing the frozen schema answers 422 with a detail
+    `if_busy=reject` does, unless the body holds `"ifBusy": "steer"` (the transport's
+    `body` option): the message then joins the active turn before its next model call, and
+    the stream continues that turn. Form data failing the frozen schema answers 422 with a detail
     per field; nothing changes.
     """
     started = await chat.act_once(

@@ -112,6 +112,23 @@ def active_turn(runtime: Runtime, tenant: Tenant, agent_id: str, conversation_id
     return turn
 
 
+IF_BUSY_FIELD = "ifBusy"
+"""Where a chat request says what a message for a busy conversation does: `reject` (the default) or `steer`."""
+
+
+def steers(value: Any, path: str) -> bool:
+    """Whether a chat request's `ifBusy` asks to steer the active turn.
+
+    Raises:
+        InvalidRequest: The value is neither `reject` nor `steer`.
+    """
+    if value is None or value == "reject":
+        return False
+    if value == "steer":
+        return True
+    raise InvalidRequestError(f"{IF_BUSY_FIELD} must be 'reject' or 'steer', got {value!r}", path=path)
+
+
 def send_message(
     runtime: Runtime,
     tenant: Tenant,
@@ -121,15 +138,19 @@ def send_message(
     message_id: str,
     channel: str,
     ids: RequestIds | None = None,
+    *,
+    steer: bool = False,
 ) -> Started:
     """Start a turn from a user message, or answer the active turn's plain-text question with it.
 
     A message already stored (the same request sent again) starts nothing: its turn is
-    streamed from the start.
+    streamed from the start. With `steer`, a message for a conversation whose active turn is
+    not asking a question joins that turn (`if_busy=steer`), and its stream continues.
 
     Raises:
         AgentNotFound: No such agent.
-        ConversationBusyError: The conversation has an active turn that is not asking a question (409).
+        ConversationBusyError: The conversation has an active turn that is not asking a question (409),
+            and `steer` is off.
     """
     conversation = tenant.reaches(conversation_id)
     for turn in runtime.turn_store.list_turns(
@@ -146,15 +167,21 @@ def send_message(
         and suspension.correlation_id is None
     ):
         return decide(runtime, tenant, waiting, Decision("", "input", content=text), channel, ids)
+    # Steering, the stream continues the active turn from here (it reads the message at its next model call).
+    busy = runtime.turn_store.find_active_turn(conversation.conversation_id, conversation.tenant_id) if steer else None
+    after = None if busy is None else feed_position(runtime, busy.id)
     request = StartTurnRequest(
         agent_id=agent_id,
         input=text,
         conversation_id=conversation_id,
         metadata={CHANNEL_METADATA_KEY: channel},
-        if_busy="reject",
+        if_busy="steer" if steer else "reject",
     )
     outcome = service.start_turn(runtime, tenant, request, message_id, None if ids is None else ids.turn_id)
-    assert isinstance(outcome, AgentTurn), "if_busy=reject never queues"
+    if isinstance(outcome, service.Steered):
+        taken = outcome.turn
+        return Started(taken, after if busy is not None and taken.id == busy.id else None)
+    assert isinstance(outcome, AgentTurn), "if_busy=reject and steer never queue"
     return Started(outcome, None)
 
 

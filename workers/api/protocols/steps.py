@@ -2,7 +2,8 @@
 
 Every client protocol (the AI SDK's UI message stream, AG-UI, the Agent Protocol) shows the
 same things: text that streams in, tool calls with their arguments and results, a call
-waiting for approval, a form to fill in, model steps, and how the turn ended. A
+waiting for approval, a form to fill in, model steps, a worker taking the turn over after
+another died ("recovering"), and how the turn ended. A
 `TurnTranslator` turns the events of one turn tree (in feed order, from the event log and
 the live channel) into those steps; each protocol module only writes them in its own words.
 
@@ -168,6 +169,17 @@ class TurnFailed:
     usage: dict[str, Any]
 
 
+@dataclass(frozen=True)
+class Recovering:
+    """A worker took the turn over from one that died without saving anything; the work goes on.
+
+    `recoveries` counts such takeovers in a row; past `max_recoveries` the turn fails.
+    """
+
+    recoveries: int
+    max_recoveries: int
+
+
 Step = (
     StepStarted
     | StepFinished
@@ -184,6 +196,7 @@ Step = (
     | QuestionAsked
     | TurnFinished
     | TurnFailed
+    | Recovering
 )
 """One protocol-neutral step of a turn."""
 
@@ -312,6 +325,8 @@ class TurnTranslator:
             return self._resumed(data)
         if kind is AgentEventType.TURN_SUSPENDED:
             return self._suspended(data)
+        if kind is AgentEventType.TURN_RECOVERING:
+            return [Recovering(int(data.get("recoveries") or 0), int(data.get("max_recoveries") or 0))]
         if kind.is_terminal:
             return self._ended(event)
         return []

@@ -136,6 +136,10 @@ export function mountTurn(main, turnId) {
       showsText: (text) => shown.some((m) => m.role === "assistant" && m.content === text),
       onEvent: (event) => {
         if (event.type !== "MODEL_DELTA" && event.type !== "TOOL_PROGRESS") refresher.request();
+        if (event.type === "TURN_RECOVERING") {
+          const { recoveries, max_recoveries: most } = event.payload.data || {};
+          streamStatus.textContent = `recovering: a worker stopped on this turn; another took it over (${recoveries} of ${most} in a row)`;
+        }
       },
       onStatus: (text) => {
         streamStatus.textContent = text;
