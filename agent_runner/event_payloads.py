@@ -430,7 +430,9 @@ def turn_started(turn: AgentTurn, message_id: str) -> EventBody:
     A turn whose id is the one `queued_turn_id` derives for the message was started from
     that queued message, and says so.
     """
-    queued = turn.conversation_id is not None and turn.id == queued_turn_id(turn.conversation_id, message_id)
+    queued = turn.conversation_id is not None and turn.id == queued_turn_id(
+        turn.conversation_id, message_id, turn.tenant_id
+    )
     fields = TurnStartedFields(
         agent_id=turn.agent_id,
         agent_version=turn.agent_version,

@@ -139,6 +139,8 @@ class AgentEvent(FrozenModel):
     turn_id: str
     root_turn_id: str | None = None
     conversation_id: str | None = None
+    tenant_id: str | None = None
+    """The tenant of the event's turn (None without tenants): with `conversation_id`, it names the conversation."""
     timestamp: datetime = Field(default_factory=utcnow)
     data: dict[str, Any] = Field(default_factory=dict)
     cursor: str | None = None

@@ -21,13 +21,16 @@ def utcnow() -> datetime:
     return datetime.now(UTC)
 
 
-def queued_turn_id(conversation_id: str, message_id: str) -> str:
+def queued_turn_id(conversation_id: str, message_id: str, tenant_id: str | None = None) -> str:
     """Return the id of the turn started from the queued message `message_id` of a conversation (32 hex characters).
 
-    Derived from both ids, so the message's events can name the turn before it exists and
-    a message can start at most one turn (a second start of the same id is refused).
-    Conversation ids are tenant-scoped where the server has tenants, so two tenants'
-    messages never share a turn id.
+    Derived from the conversation (its id and tenant) and the message id, so the message's
+    events can name the turn before it exists, a message can start at most one turn (a
+    second start of the same id is refused), and two tenants' messages never share a turn id.
     """
-    digest = hashlib.sha256(f"queued-message\x00{conversation_id}\x00{message_id}".encode())
+    # `<tenant>/<conversation>` is hashed for a tenant's conversation: neither part may hold
+    # a `/`, and the ids of messages queued by earlier versions, which stored that text as
+    # the conversation id, stay the same.
+    conversation = conversation_id if tenant_id is None else f"{tenant_id}/{conversation_id}"
+    digest = hashlib.sha256(f"queued-message\x00{conversation}\x00{message_id}".encode())
     return digest.hexdigest()[:32]

@@ -27,6 +27,7 @@ from agent_runner.ids import utcnow
 from agent_runner.messages import AnyMessage, ModelMessage
 from agent_runner.persistence import (
     DEFAULT_EVENT_PAGE,
+    ConversationKey,
     EventScope,
     Lease,
     SteeringMessage,
@@ -85,7 +86,7 @@ class InMemoryAgentTurnStore:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._turns: dict[str, AgentTurn] = {}
-        self._active: dict[str, str] = {}
+        self._active: dict[ConversationKey, str] = {}
         # The event log, per scope (a conversation's outlives pruning, so no position is used twice).
         self._logs: dict[EventScope, _ScopeLog] = {}
         self._event_ids: set[str] = set()
@@ -125,11 +126,15 @@ class InMemoryAgentTurnStore:
                 raise VersionConflictError(turn.id, expected_version, actual)
             if current is not None:
                 check_fence(turn, current.lease_fence)
-            conversation = turn.conversation_id
+            conversation = (
+                None if turn.conversation_id is None else ConversationKey(turn.conversation_id, turn.tenant_id)
+            )
             if conversation is not None and not turn.status.is_terminal:
                 active_id = self._active.get(conversation)
                 if active_id is not None and active_id != turn.id:
-                    raise AgentConversationBusyException(conversation, active_id, self._turns[active_id].status)
+                    raise AgentConversationBusyException(
+                        conversation.conversation_id, active_id, self._turns[active_id].status
+                    )
             stored = stored_snapshot(turn, current, expected_version)
             self._turns[turn.id] = stored
             if conversation is not None:
@@ -148,7 +153,7 @@ class InMemoryAgentTurnStore:
             if kept.event_id in self._event_ids:
                 continue
             self._event_ids.add(kept.event_id)
-            for scope in event_scopes(turn.root_turn_id, kept.conversation_id):
+            for scope in event_scopes(turn.root_turn_id, kept.conversation_id, kept.tenant_id):
                 log = self._logs.get(scope)
                 if log is None:
                     log = self._logs[scope] = _ScopeLog()
@@ -196,10 +201,10 @@ class InMemoryAgentTurnStore:
                     log.entries = [(p, e) for p, e in log.entries if e.root_turn_id not in roots]
             return len(doomed)
 
-    def find_active_turn(self, conversation_id: str) -> AgentTurn | None:
-        """Return the conversation's non-terminal turn, or None."""
+    def find_active_turn(self, conversation_id: str, tenant_id: str | None = None) -> AgentTurn | None:
+        """Return the non-terminal turn of the conversation `conversation_id` of `tenant_id`, or None."""
         with self._lock:
-            turn_id = self._active.get(conversation_id)
+            turn_id = self._active.get(ConversationKey(conversation_id, tenant_id))
             return None if turn_id is None else self._turns[turn_id]
 
     def request_cancel(self, turn_id: str, reason: str | None = None) -> AgentTurn:
@@ -251,8 +256,9 @@ class InMemoryAgentTurnStore:
         conversation_id: str | None = None,
         parent_turn_id: str | None = None,
         limit: int = 100,
+        tenant_id: str | None = None,
     ) -> list[AgentTurn]:
-        """Return matching turns, most recently updated first."""
+        """Return matching turns, most recently updated first (see `AgentTurnStore.list_turns`)."""
         with self._lock:
             turns = list(self._turns.values())
         wanted = None if statuses is None else set(statuses)
@@ -261,6 +267,7 @@ class InMemoryAgentTurnStore:
             for t in turns
             if (wanted is None or t.status in wanted)
             and (conversation_id is None or t.conversation_id == conversation_id)
+            and (tenant_id is None or t.tenant_id == tenant_id)
             and (parent_turn_id is None or t.parent_turn_id == parent_turn_id)
         ]
         found.sort(key=lambda t: t.updated_at, reverse=True)
@@ -355,18 +362,19 @@ class InMemoryChatMemory:
 
 
 class InMemoryChatMemoryProvider:
-    """A `ChatMemoryProvider` that keeps one `InMemoryChatMemory` per conversation id."""
+    """A `ChatMemoryProvider` that keeps one `InMemoryChatMemory` per conversation (id and tenant)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._memories: dict[str, InMemoryChatMemory] = {}
+        self._memories: dict[ConversationKey, InMemoryChatMemory] = {}
 
-    def __call__(self, conversation_id: str) -> InMemoryChatMemory:
-        """Return the conversation's memory, creating it on first use."""
+    def __call__(self, conversation_id: str, tenant_id: str | None = None) -> InMemoryChatMemory:
+        """Return the memory of the conversation `conversation_id` of `tenant_id`, creating it on first use."""
+        key = ConversationKey(conversation_id, tenant_id)
         with self._lock:
-            memory = self._memories.get(conversation_id)
+            memory = self._memories.get(key)
             if memory is None:
-                memory = self._memories[conversation_id] = InMemoryChatMemory(conversation_id)
+                memory = self._memories[key] = InMemoryChatMemory(conversation_id)
             return memory
 
 

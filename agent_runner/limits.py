@@ -36,13 +36,11 @@ ID_CHARACTERS = "A-Za-z0-9._:-"
 """The characters an id may use (conversation, tenant and turn ids)."""
 _ID = re.compile(f"[{ID_CHARACTERS}]+")
 TENANT_CHARACTERS = "A-Za-z0-9_-"
-"""The characters a tenant name may use: no `/`, so `<tenant>/<conversation>` splits one way only."""
+"""The characters a tenant name may use."""
 MAX_TENANT_LENGTH = 64
 """Longest tenant name, in characters."""
 TENANT_PATTERN = re.compile(f"^[{TENANT_CHARACTERS}]{{1,{MAX_TENANT_LENGTH}}}$")
-"""The whole rule for tenant names (the tenants of `AGENT_RUNNER_API_KEYS`, the tenant part of a scoped id)."""
-TENANT_SEPARATOR = "/"
-"""Joins a tenant name and the tenant's own conversation id into a scoped conversation id."""
+"""The whole rule for tenant names (the tenants of `AGENT_RUNNER_API_KEYS`)."""
 _NOT_ID = re.compile(f"[^{ID_CHARACTERS}]")
 _UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
 _MAX_INT_BITS = 4096
@@ -103,11 +101,10 @@ DEFAULT_LIMITS = InputLimits()
 """The limits of an `AgentExecutionPolicy()` built with no arguments."""
 
 ConversationId = NewType("ConversationId", str)
-"""A conversation id as stored: a plain id, or `<tenant>/<id>` for a tenant's conversation.
+"""A conversation id checked by `check_conversation_id`.
 
-The HTTP API keeps the equal conversation ids of two tenants apart by storing them under
-their tenant's name; everything that carries stored conversation ids (task messages, the
-inbox, sweeps, the command line) accepts both forms through `check_conversation_id`.
+It is the id as its tenant named it: the tenant travels beside it (`AgentTurn.tenant_id`,
+`ConversationKey`), so the equal conversation ids of two tenants never meet.
 """
 
 
@@ -152,56 +149,12 @@ def check_tenant_id(value: object, field: str = "tenant_id") -> str:
 def check_conversation_id(
     value: object, field: str = "conversation_id", limits: InputLimits = DEFAULT_LIMITS
 ) -> ConversationId:
-    """Check a stored conversation id: a plain id (`check_id`), or `<tenant>/<id>` (`scoped_conversation_id`).
+    """Check a conversation id: the id rules (`check_id`). Its tenant is named beside it, never inside.
 
     Raises:
-        InputLimitError: Not a string, more than one `/`, a tenant part outside the tenant
-            rules, or an id part outside the id rules.
+        InputLimitError: Not a string, or outside the id rules.
     """
-    text = _string(value, field, f"an id, or <tenant>{TENANT_SEPARATOR}<id>")
-    tenant_id, own = split_conversation_id(text)
-    if tenant_id is not None:
-        try:
-            check_tenant_id(tenant_id)
-        except InputLimitError as exc:
-            raise InputLimitError(field, f"a tenant part of {exc.limit}", f"{exc.found} in the tenant part") from None
-    check_id(own, field, limits)
-    return ConversationId(text)
-
-
-def scoped_conversation_id(
-    tenant_id: str | None, conversation_id: str, limits: InputLimits = DEFAULT_LIMITS
-) -> ConversationId:
-    """The stored id of a tenant's conversation: `<tenant>/<id>`, or `conversation_id` itself without a tenant.
-
-    Raises:
-        InputLimitError: The tenant breaks the tenant rules, or `conversation_id` the id rules.
-    """
-    check_id(conversation_id, "conversation_id", limits)
-    if tenant_id is None:
-        return ConversationId(conversation_id)
-    check_tenant_id(tenant_id)
-    return ConversationId(f"{tenant_id}{TENANT_SEPARATOR}{conversation_id}")
-
-
-def split_conversation_id(stored: str) -> tuple[str | None, str]:
-    """Split a stored conversation id into its tenant (None for a plain id) and the tenant's own id.
-
-    Nothing is checked: `check_conversation_id` does that.
-    """
-    tenant_id, separator, own = stored.partition(TENANT_SEPARATOR)
-    return (tenant_id, own) if separator else (None, stored)
-
-
-def shown_conversation_id(stored: str | None, tenant_id: str | None) -> str | None:
-    """The conversation id the tenant `tenant_id` knows for a stored one (its own id, without the prefix).
-
-    A stored id of another tenant, or a plain one, is returned as stored.
-    """
-    if stored is None or tenant_id is None:
-        return stored
-    owner, own = split_conversation_id(stored)
-    return own if owner == tenant_id else stored
+    return ConversationId(check_id(value, field, limits))
 
 
 def check_start_delay(value: object, field: str, limits: InputLimits = DEFAULT_LIMITS) -> float:
@@ -408,13 +361,7 @@ def check_turn_input(
     if tenant_id is not None:
         check_id(tenant_id, "tenant_id", limits)
     if conversation_id is not None:
-        owner, _ = split_conversation_id(check_conversation_id(conversation_id, "conversation_id", limits))
-        # Only the tenant a conversation is scoped to may start turns in it: a turn of another
-        # owner would be invisible to that tenant and visible to the wrong one.
-        if owner is not None and owner != tenant_id:
-            raise InputLimitError(
-                "conversation_id", f"a conversation of tenant {tenant_id!r}", f"one of tenant {owner!r}"
-            )
+        check_conversation_id(conversation_id, "conversation_id", limits)
     if metadata is not None:
         check_metadata(limits, metadata, "metadata")
     for index, earlier in enumerate(history or ()):

@@ -7,12 +7,13 @@ implementations live in `agent_runner.in_memory`, durable ones in the
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
 
-from agent_runner.errors import InvalidCursorError, InvalidEventQueryError
+from agent_runner.errors import DefinitionError, InvalidCursorError, InvalidEventQueryError
 from agent_runner.events import AgentEvent
 from agent_runner.messages import AnyMessage, ModelMessage
 from agent_runner.snapshot import AgentTurn, AgentTurnStatus, is_runnable
@@ -80,8 +81,8 @@ class AgentTurnStore(Protocol):
         """
         ...
 
-    def find_active_turn(self, conversation_id: str) -> AgentTurn | None:
-        """Return the conversation's non-terminal turn, or None."""
+    def find_active_turn(self, conversation_id: str, tenant_id: str | None = None) -> AgentTurn | None:
+        """Return the non-terminal turn of the conversation `conversation_id` of `tenant_id`, or None."""
         ...
 
     def request_cancel(self, turn_id: str, reason: str | None = None) -> AgentTurn:
@@ -100,8 +101,13 @@ class AgentTurnStore(Protocol):
         conversation_id: str | None = None,
         parent_turn_id: str | None = None,
         limit: int = 100,
+        tenant_id: str | None = None,
     ) -> list[AgentTurn]:
-        """Return turns matching every given filter, most recently updated first."""
+        """Return turns matching every given filter, most recently updated first.
+
+        A conversation is named by `conversation_id` and `tenant_id` together: two tenants
+        may use the same conversation id.
+        """
         ...
 
     def list_runnable(self, now: datetime, limit: int = 100) -> list[TurnRef]:
@@ -264,19 +270,48 @@ EventScopeKind = Literal["tree", "conversation"]
 
 
 @dataclass(frozen=True, slots=True)
+class ConversationKey:
+    """A conversation as its tenant names it: the tenant (None without tenants) and its own conversation id.
+
+    Two tenants may use the same conversation id: their conversations never meet, because
+    everything kept per conversation (its active turn, ChatMemory, inbox, event log) is
+    keyed by both. Build it once where a request names a conversation and carry it as it is.
+
+    Raises:
+        InvalidEventQueryError: The conversation id is empty or not a string, or the tenant is
+            neither None nor a non-empty string.
+    """
+
+    conversation_id: str
+    tenant_id: str | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.conversation_id, str) or not self.conversation_id:
+            raise InvalidEventQueryError(f"conversation_id must be a non-empty string, got {self.conversation_id!r}")
+        if self.tenant_id is not None and (not isinstance(self.tenant_id, str) or not self.tenant_id):
+            raise InvalidEventQueryError(f"tenant_id must be None or a non-empty string, got {self.tenant_id!r}")
+
+    def __str__(self) -> str:
+        return self.conversation_id if self.tenant_id is None else f"{self.conversation_id} of tenant {self.tenant_id}"
+
+
+@dataclass(frozen=True, slots=True)
 class EventScope:
     """The events one read names: those of a turn tree, or those of a conversation.
 
-    Build it with `EventScope.tree(root_turn_id)` or `EventScope.conversation(conversation_id)`;
-    it is checked once, there, and every reader after that takes it as it is. It is
-    hashable, so it can key what is kept per scope.
+    Build it with `EventScope.tree(root_turn_id)` or `EventScope.conversation(conversation_id,
+    tenant_id)`; it is checked once, there, and every reader after that takes it as it is.
+    It is hashable, so it can key what is kept per scope. A conversation scope carries its
+    tenant: the same conversation id of two tenants names two scopes.
 
     Raises:
-        InvalidEventQueryError: The id is empty (or not a string), or `kind` is neither kind.
+        InvalidEventQueryError: The id is empty (or not a string), `kind` is neither kind, or a
+            tree scope names a tenant.
     """
 
     kind: EventScopeKind
     id: str
+    tenant_id: str | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in ("tree", "conversation"):
@@ -284,6 +319,11 @@ class EventScope:
         if not isinstance(self.id, str) or not self.id:
             name = "root_turn_id" if self.kind == "tree" else "conversation_id"
             raise InvalidEventQueryError(f"{name} must be a non-empty string to read events, got {self.id!r}")
+        if self.tenant_id is not None:
+            if self.kind == "tree":
+                raise InvalidEventQueryError(f"a turn tree's scope names no tenant, got {self.tenant_id!r}")
+            if not isinstance(self.tenant_id, str) or not self.tenant_id:
+                raise InvalidEventQueryError(f"tenant_id must be None or a non-empty string, got {self.tenant_id!r}")
 
     @classmethod
     def tree(cls, root_turn_id: str) -> EventScope:
@@ -291,12 +331,21 @@ class EventScope:
         return cls("tree", root_turn_id)
 
     @classmethod
-    def conversation(cls, conversation_id: str) -> EventScope:
-        """The events of a conversation's root turns and their descendants."""
-        return cls("conversation", conversation_id)
+    def conversation(cls, conversation_id: str, tenant_id: str | None = None) -> EventScope:
+        """The events of a conversation's root turns and their descendants (`tenant_id`: the conversation's tenant)."""
+        return cls("conversation", conversation_id, tenant_id)
+
+    @classmethod
+    def of_conversation(cls, key: ConversationKey) -> EventScope:
+        """The events of the conversation `key`."""
+        return cls("conversation", key.conversation_id, key.tenant_id)
 
     def __str__(self) -> str:
-        return f"{'turn tree' if self.kind == 'tree' else 'conversation'} {self.id!r}"
+        if self.kind == "tree":
+            return f"turn tree {self.id!r}"
+        if self.tenant_id is None:
+            return f"conversation {self.id!r}"
+        return f"conversation {self.id!r} of tenant {self.tenant_id!r}"
 
 
 @runtime_checkable
@@ -430,8 +479,42 @@ class ChatMemory(Protocol):
         ...
 
 
-ChatMemoryProvider = Callable[[str], ChatMemory]
-"""Returns the ChatMemory of a conversation id."""
+ChatMemoryProvider = Callable[..., ChatMemory]
+"""Returns the ChatMemory of a conversation: called with its id, and `tenant_id=` for a tenant's conversation.
+
+A provider that serves no tenants may take the id alone: the runner passes `tenant_id`
+only for the turns of a tenant.
+"""
+
+
+def chat_memory(provider: ChatMemoryProvider, conversation: ConversationKey) -> ChatMemory:
+    """The ChatMemory `provider` keeps for `conversation`.
+
+    Raises:
+        DefinitionError: `conversation` has a tenant and `provider` takes no `tenant_id`.
+    """
+    if conversation.tenant_id is None:
+        return provider(conversation.conversation_id)
+    try:
+        return provider(conversation.conversation_id, tenant_id=conversation.tenant_id)
+    except TypeError:
+        if _takes_tenant(provider):
+            raise
+        raise DefinitionError(
+            f"the chat memory provider {provider!r} takes no tenant_id, so it cannot keep the conversations of "
+            f"tenant {conversation.tenant_id!r} apart from others of the same id; use one that does "
+            "(InMemoryChatMemoryProvider, store.SqlChatMemoryProvider)"
+        ) from None
+
+
+def _takes_tenant(provider: ChatMemoryProvider) -> bool:
+    try:
+        inspect.signature(provider).bind("conversation", tenant_id="tenant")
+    except TypeError:
+        return False
+    except ValueError:  # no signature to read
+        return True
+    return True
 
 
 @dataclass(frozen=True)
@@ -482,18 +565,18 @@ class ConversationGuard(Protocol):
     conversation turn and repairs it from the store when the two disagree.
     """
 
-    def claim(self, conversation_id: str, turn_id: str) -> str:
+    def claim(self, conversation: ConversationKey, turn_id: str) -> str:
         """Mark `turn_id` active if the conversation has no holder; return the holder after the call."""
         ...
 
-    def holder(self, conversation_id: str) -> str | None:
+    def holder(self, conversation: ConversationKey) -> str | None:
         """Return the turn id marked active, or None."""
         ...
 
-    def replace(self, conversation_id: str, expected_holder: str, turn_id: str) -> bool:
+    def replace(self, conversation: ConversationKey, expected_holder: str, turn_id: str) -> bool:
         """Atomically move the mark from `expected_holder` (known to be terminal) to `turn_id`."""
         ...
 
-    def release(self, conversation_id: str, turn_id: str) -> bool:
+    def release(self, conversation: ConversationKey, turn_id: str) -> bool:
         """Clear the mark if `turn_id` holds it; False otherwise."""
         ...

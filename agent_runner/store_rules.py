@@ -160,6 +160,8 @@ def stored_event(event: AgentEvent, turn: AgentTurn, root_conversation_id: str |
         update["root_turn_id"] = turn.root_turn_id
     if event.conversation_id is None and (turn.conversation_id or root_conversation_id) is not None:
         update["conversation_id"] = turn.conversation_id or root_conversation_id
+    if event.tenant_id != turn.tenant_id:
+        update["tenant_id"] = turn.tenant_id
     # Events come from the runner already filed this way: most need no copy.
     return event.model_copy(update=update) if update else event
 
@@ -193,18 +195,22 @@ def prunable(turns: Iterable[AgentTurn], cutoff: datetime) -> set[str]:
 
 def live_scopes(event: AgentEvent) -> tuple[EventScope, ...]:
     """Return the scopes a live event is published to: its turn tree, and its conversation if any."""
-    return event_scopes(event.root_turn_id or event.turn_id, event.conversation_id)
+    return event_scopes(event.root_turn_id or event.turn_id, event.conversation_id, event.tenant_id)
 
 
 @lru_cache(maxsize=4096)
-def event_scopes(root_turn_id: str, conversation_id: str | None) -> tuple[EventScope, ...]:
-    """Return the scopes of an event of the tree `root_turn_id`: the tree, and `conversation_id` unless None.
+def event_scopes(
+    root_turn_id: str, conversation_id: str | None, tenant_id: str | None = None
+) -> tuple[EventScope, ...]:
+    """Return the scopes of an event of the tree `root_turn_id`: the tree, and the conversation unless None.
+
+    `tenant_id` is the conversation's tenant.
 
     Every saved or published event needs its scopes; the ones of the trees running now are
     kept, so a step pays a lookup rather than building and checking them again.
     """
     tree = EventScope.tree(root_turn_id)
-    return (tree,) if conversation_id is None else (tree, EventScope.conversation(conversation_id))
+    return (tree,) if conversation_id is None else (tree, EventScope.conversation(conversation_id, tenant_id))
 
 
 def model_window(messages: Sequence[AnyMessage], count: int) -> list[ModelMessage]:

@@ -19,7 +19,6 @@ from pydantic import ConfigDict, ValidationError, create_model
 
 from agent_runner.errors import AgentRunnerError, DefinitionError, ToolArgumentsError
 from agent_runner.forms import AgentFormDefinition, timeout_delta
-from agent_runner.limits import shown_conversation_id
 from agent_runner.messages import ActionStatus, ToolCall
 from agent_runner.models import ToolSpec
 from agent_runner.operations import OPERATION_KEY
@@ -363,11 +362,11 @@ class AgentToolContext:
     def conversation_id(self) -> str | None:
         """The conversation of the turn (of its root turn for a sub-agent), as the caller named it.
 
-        A tenant's conversations are stored under `"{tenant}/{id}"`; this is the tenant's
-        own `id`, without the prefix (see `tenant_id`). None for a turn outside a conversation.
+        Together with `tenant_id` it names the conversation: two tenants may use the same
+        id. None for a turn outside a conversation.
         """
         turn = self._scope.turn
-        return shown_conversation_id(turn.conversation_id or turn.root_conversation_id, turn.tenant_id)
+        return turn.conversation_id or turn.root_conversation_id
 
     @property
     def approval(self) -> ToolApproval | None:

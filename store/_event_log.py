@@ -45,7 +45,7 @@ from agent_runner.events import AgentEvent
 from agent_runner.persistence import EventScope, EventScopeKind, format_position, parse_position
 from agent_runner.snapshot import AgentTurn
 from store._engine import dialect_insert
-from store.schema import event_conversations, turn_events, turns
+from store.schema import event_conversations, tenant_key, tenant_of, turn_events, turns
 
 MESSAGE_QUEUED_POSITION = 0
 """The tree position of a MESSAGE_QUEUED event (below every position of the tree's own events)."""
@@ -108,10 +108,12 @@ class SqlEventLog:
             .returning(turns.c.event_position)
         )
         bump = dialect_insert(engine, event_conversations).values(
-            conversation_id=sa.bindparam("conversation"), last_position=sa.bindparam("count")
+            tenant_id=sa.bindparam("tenant"),
+            conversation_id=sa.bindparam("conversation"),
+            last_position=sa.bindparam("count"),
         )
         self._bump_conversation = bump.on_conflict_do_update(
-            index_elements=[event_conversations.c.conversation_id],
+            index_elements=[event_conversations.c.tenant_id, event_conversations.c.conversation_id],
             set_={"last_position": event_conversations.c.last_position + bump.excluded.last_position},
         ).returning(event_conversations.c.last_position)
         self._postgres = engine.dialect.name == "postgresql"
@@ -131,9 +133,10 @@ class SqlEventLog:
         tree_last = connection.execute(self._bump_tree, {"root": turn.root_turn_id, "count": len(kept)}).scalar()
         if tree_last is None:
             raise StoreError(missing_root(turn))
+        tenant = tenant_key(turn.tenant_id)
         last = {
             conversation: connection.execute(
-                self._bump_conversation, {"conversation": conversation, "count": count}
+                self._bump_conversation, {"tenant": tenant, "conversation": conversation, "count": count}
             ).scalar_one()
             for conversation, count in claim.conversations
         }
@@ -145,6 +148,7 @@ class SqlEventLog:
                     "turn_id": event.turn_id,
                     "root_turn_id": turn.root_turn_id,
                     "conversation_id": event.conversation_id,
+                    "tenant_id": tenant,
                     "type": event.type.value,
                     "created_at": event.timestamp,
                     "payload": event.model_dump(mode="json", exclude={"cursor"}),
@@ -166,14 +170,16 @@ class SqlEventLog:
         """
         if event.conversation_id is None:
             raise ValueError(f"the message event {event.event_id!r} names no conversation")
+        tenant = tenant_key(event.tenant_id)
         position = connection.execute(
-            self._bump_conversation, {"conversation": event.conversation_id, "count": 1}
+            self._bump_conversation, {"tenant": tenant, "conversation": event.conversation_id, "count": 1}
         ).scalar_one()
         row = {
             "event_id": event.event_id,
             "turn_id": event.turn_id,
             "root_turn_id": event.turn_id,
             "conversation_id": event.conversation_id,
+            "tenant_id": tenant,
             "type": event.type.value,
             "created_at": event.timestamp,
             "payload": event.model_dump(mode="json", exclude={"cursor"}),
@@ -196,10 +202,26 @@ class SqlEventLog:
             else:
                 xid, row_id = legacy
                 start = connection.execute(
-                    self._legacy[scope.kind], {"scope": scope.id, "xid": xid, "row_id": row_id}
+                    self._legacy[scope.kind],
+                    {"scope": scope.id, "tenant": tenant_key(scope.tenant_id), "xid": xid, "row_id": row_id},
                 ).scalar_one()
-        rows = connection.execute(self._reads[scope.kind], {"scope": scope.id, "after": start, "limit": limit}).all()
-        return [AgentEvent.model_validate({**row.payload, "cursor": format_position(row.position)}) for row in rows]
+        rows = connection.execute(
+            self._reads[scope.kind],
+            {"scope": scope.id, "tenant": tenant_key(scope.tenant_id), "after": start, "limit": limit},
+        ).all()
+        # The columns name an event's conversation: the payloads of events stored before the
+        # tenant was kept beside the conversation id carry the id the tenant's name was inside of.
+        return [
+            AgentEvent.model_validate(
+                {
+                    **row.payload,
+                    "conversation_id": row.conversation_id,
+                    "tenant_id": tenant_of(row.tenant_id),
+                    "cursor": format_position(row.position),
+                }
+            )
+            for row in rows
+        ]
 
     def check_cursor(self, cursor: str) -> None:
         """Raise `InvalidCursorError` unless `cursor` is one this log issues (or issued before positions)."""
@@ -241,18 +263,24 @@ def missing_root(turn: AgentTurn) -> str:
     )
 
 
-def _scope_columns(kind: EventScopeKind) -> tuple[sa.Column[Any], sa.Column[Any]]:
+def _scope_columns(kind: EventScopeKind) -> tuple[sa.ColumnElement[bool], sa.Column[Any]]:
+    """Which rows are a scope's (parameters `scope`, and `tenant` for a conversation), and their position column."""
     if kind == "tree":
-        return turn_events.c.root_turn_id, turn_events.c.root_position
-    return turn_events.c.conversation_id, turn_events.c.conversation_position
+        return turn_events.c.root_turn_id == sa.bindparam("scope"), turn_events.c.root_position
+    named = sa.and_(
+        turn_events.c.tenant_id == sa.bindparam("tenant"), turn_events.c.conversation_id == sa.bindparam("scope")
+    )
+    return named, turn_events.c.conversation_position
 
 
 def _read_statement(kind: EventScopeKind) -> sa.Select[Any]:
-    """The page of a scope's events after a position; parameters `scope`, `after`, `limit`."""
-    column, position = _scope_columns(kind)
+    """The page of a scope's events after a position; parameters `scope`, `tenant`, `after`, `limit`."""
+    where, position = _scope_columns(kind)
     return (
-        sa.select(position.label("position"), turn_events.c.payload)
-        .where(column == sa.bindparam("scope"), position > sa.bindparam("after", type_=sa.BigInteger))
+        sa.select(
+            position.label("position"), turn_events.c.payload, turn_events.c.conversation_id, turn_events.c.tenant_id
+        )
+        .where(where, position > sa.bindparam("after", type_=sa.BigInteger))
         .order_by(position)
         .limit(sa.bindparam("limit", type_=sa.Integer))
     )
@@ -262,11 +290,11 @@ def _legacy_statement(kind: EventScopeKind) -> sa.Select[Any]:
     """The position an `<xid>.<id>` cursor stands for in a scope: its last event at or before it (0: none).
 
     Only events written before positions existed have an `xid`, and their positions follow
-    `(xid, id)`; parameters `scope`, `xid`, `row_id`.
+    `(xid, id)`; parameters `scope`, `tenant`, `xid`, `row_id`.
     """
-    column, position = _scope_columns(kind)
+    where, position = _scope_columns(kind)
     return sa.select(sa.func.coalesce(sa.func.max(position), 0)).where(
-        column == sa.bindparam("scope"),
+        where,
         turn_events.c.xid.is_not(None),
         sa.tuple_(turn_events.c.xid, turn_events.c.id)
         <= sa.tuple_(sa.bindparam("xid", type_=sa.BigInteger), sa.bindparam("row_id", type_=sa.BigInteger)),

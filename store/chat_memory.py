@@ -14,10 +14,11 @@ from sqlalchemy.engine import Engine
 from agent_runner.errors import StoreError, VersionConflictError
 from agent_runner.ids import utcnow
 from agent_runner.messages import AnyMessage, AnyMessageAdapter, AnyMessagesAdapter, ModelMessage
+from agent_runner.persistence import ConversationKey
 from agent_runner.store_rules import model_window
 from store._backend import SqlBackend
 from store._engine import UrlOrEngine, dialect_insert, display_url, driver_cursor, translated_errors, writer
-from store.schema import chat_conversations, chat_messages
+from store.schema import chat_conversations, chat_messages, tenant_key
 
 _SINGLE_STATEMENT_MESSAGES = 32
 """Most messages a PostgreSQL append writes in its single statement; more go through a transaction.
@@ -25,7 +26,17 @@ _SINGLE_STATEMENT_MESSAGES = 32
 Each count has a statement of its own (compiled once and cached), so the bound keeps both
 the statements and their parameter lists small."""
 
-_MESSAGE_COLUMNS = ("conversation_id", "seq", "message_id", "role", "model_visible", "version", "payload", "created_at")
+_MESSAGE_COLUMNS = (
+    "tenant_id",
+    "conversation_id",
+    "seq",
+    "message_id",
+    "role",
+    "model_visible",
+    "version",
+    "payload",
+    "created_at",
+)
 
 
 @lru_cache(maxsize=_SINGLE_STATEMENT_MESSAGES)
@@ -35,20 +46,22 @@ def _append_statement(added: int) -> postgresql.Insert:
     A data-modifying CTE reserves the block of sequence numbers on the conversation's
     counter row (taking its row lock, which orders concurrent appenders as the transaction
     did), and the INSERT numbers the messages from the counter's RETURNING. Parameters:
-    `conversation_id`, `added`, `created_at`, and `m<i>_<column>` for each message.
+    `tenant_id`, `conversation_id`, `added`, `created_at`, and `m<i>_<column>` for each message.
     """
     counter = postgresql.insert(chat_conversations).values(
-        conversation_id=sa.bindparam("conversation_id"), last_seq=sa.bindparam("added", type_=sa.Integer)
+        tenant_id=sa.bindparam("tenant_id"),
+        conversation_id=sa.bindparam("conversation_id"),
+        last_seq=sa.bindparam("added", type_=sa.Integer),
     )
     reserved = (
         counter.on_conflict_do_update(
-            index_elements=[chat_conversations.c.conversation_id],
+            index_elements=[chat_conversations.c.tenant_id, chat_conversations.c.conversation_id],
             set_={"last_seq": chat_conversations.c.last_seq + counter.excluded.last_seq},
         )
         .returning(chat_conversations.c.last_seq)
         .cte("reserved")
     )
-    shared = {"conversation_id", "created_at"}
+    shared = {"tenant_id", "conversation_id", "created_at"}
     selects = []
     for index in range(added):
         columns: list[Any] = []
@@ -64,14 +77,14 @@ def _append_statement(added: int) -> postgresql.Insert:
     return (
         postgresql.insert(chat_messages)
         .from_select(list(_MESSAGE_COLUMNS), source)
-        .on_conflict_do_nothing(index_elements=[chat_messages.c.conversation_id, chat_messages.c.message_id])
+        .on_conflict_do_nothing(index_elements=_UNIQUE_MESSAGE)
     )
 
 
 _NEWEST = """\
 SELECT json_agg(newest.payload ORDER BY newest.seq)::text FROM (
     SELECT payload, seq FROM agent_chat_messages
-    WHERE conversation_id = %(conversation_id)s::text{visible}
+    WHERE tenant_id = %(tenant_id)s::text AND conversation_id = %(conversation_id)s::text{visible}
     ORDER BY seq DESC LIMIT %(count)s::integer
 ) AS newest"""
 """The newest messages of a conversation, oldest first, as one JSON array (NULL when there are none).
@@ -83,6 +96,10 @@ stored payloads put together.
 
 _NEWEST_ANY = " ".join(_NEWEST.format(visible="").split())
 _NEWEST_MODEL = " ".join(_NEWEST.format(visible=" AND model_visible").split())
+
+
+_UNIQUE_MESSAGE = [chat_messages.c.tenant_id, chat_messages.c.conversation_id, chat_messages.c.message_id]
+"""A message is unique by its id within its conversation."""
 
 
 def _message_row(message: AnyMessage) -> dict[str, Any]:
@@ -108,10 +125,15 @@ class SqlChatMemory:
         engine: The engine of the chat tables.
         conversation_id: The conversation this memory holds.
         backend: The provider whose connection settings for `engine` to reuse, if any.
+        tenant_id: The conversation's tenant (None without tenants).
     """
 
-    def __init__(self, engine: Engine, conversation_id: str, *, backend: SqlBackend | None = None) -> None:
+    def __init__(
+        self, engine: Engine, conversation_id: str, *, backend: SqlBackend | None = None, tenant_id: str | None = None
+    ) -> None:
         self.conversation_id = conversation_id
+        self.tenant_id = tenant_id
+        self._tenant = tenant_key(tenant_id)
         self._engine = engine
         self._backend = backend if backend is not None and backend.engine is engine else None
         if backend is not None and backend.engine is engine:
@@ -126,7 +148,8 @@ class SqlChatMemory:
         self._single_statement = engine.dialect.name == "postgresql"
 
     def __repr__(self) -> str:
-        return f"SqlChatMemory({display_url(self._engine.url)!r}, {self.conversation_id!r})"
+        tenant = "" if self.tenant_id is None else f", tenant_id={self.tenant_id!r}"
+        return f"SqlChatMemory({display_url(self._engine.url)!r}, {self.conversation_id!r}{tenant})"
 
     def get_messages(self, count: int) -> list[AnyMessage]:
         """Return the newest `count` messages of both kinds, oldest first."""
@@ -146,14 +169,14 @@ class SqlChatMemory:
     def _newest(self, count: int, *, model_only: bool) -> list[AnyMessage]:
         backend = self._backend
         if backend is not None and backend._direct():
-            parameters = {"conversation_id": self.conversation_id, "count": count}
+            parameters = {"tenant_id": self._tenant, "conversation_id": self.conversation_id, "count": count}
             with translated_errors(self._engine, f"reading conversation {self.conversation_id!r}"):
                 with backend._driver.connection() as lent:
                     cursor = driver_cursor(lent)
                     found = cursor.execute(_NEWEST_MODEL if model_only else _NEWEST_ANY, parameters, prepare=True)
                     payloads = found.fetchone()[0]
             return [] if payloads is None else AnyMessagesAdapter.validate_json(payloads)
-        query = sa.select(chat_messages.c.payload).where(chat_messages.c.conversation_id == self.conversation_id)
+        query = sa.select(chat_messages.c.payload).where(*self._names())
         if model_only:
             query = query.where(chat_messages.c.model_visible.is_(True))
         query = query.order_by(chat_messages.c.seq.desc()).limit(count)
@@ -171,12 +194,12 @@ class SqlChatMemory:
         """
         position = (
             sa.select(chat_messages.c.seq)
-            .where(chat_messages.c.conversation_id == self.conversation_id, chat_messages.c.message_id == message_id)
+            .where(*self._names(), chat_messages.c.message_id == message_id)
             .scalar_subquery()
         )
         query = (
             sa.select(chat_messages.c.payload)
-            .where(chat_messages.c.conversation_id == self.conversation_id, chat_messages.c.seq < position)
+            .where(*self._names(), chat_messages.c.seq < position)
             .order_by(chat_messages.c.seq.desc())
             .limit(max(0, count))
         )
@@ -191,9 +214,7 @@ class SqlChatMemory:
 
     def get(self, message_id: str) -> AnyMessage | None:
         """Return the message with this id, or None."""
-        query = sa.select(chat_messages.c.payload).where(
-            chat_messages.c.conversation_id == self.conversation_id, chat_messages.c.message_id == message_id
-        )
+        query = sa.select(chat_messages.c.payload).where(*self._names(), chat_messages.c.message_id == message_id)
         with translated_errors(self._engine, f"reading conversation {self.conversation_id!r}"):
             with self._reader.connect() as connection:
                 payload = connection.execute(query).scalar()
@@ -213,20 +234,26 @@ class SqlChatMemory:
                 # row lock orders concurrent appenders; numbers of skipped duplicates are
                 # simply never used, which keeps the order without renumbering.
                 counter = dialect_insert(connection, chat_conversations).values(
-                    conversation_id=self.conversation_id, last_seq=len(messages)
+                    tenant_id=self._tenant, conversation_id=self.conversation_id, last_seq=len(messages)
                 )
                 counter = counter.on_conflict_do_update(
-                    index_elements=[chat_conversations.c.conversation_id],
+                    index_elements=[chat_conversations.c.tenant_id, chat_conversations.c.conversation_id],
                     set_={"last_seq": chat_conversations.c.last_seq + len(messages)},
                 )
                 last = connection.execute(counter.returning(chat_conversations.c.last_seq)).scalar_one()
                 first = last - len(messages) + 1
                 rows = [
-                    {"conversation_id": self.conversation_id, "seq": seq, **_message_row(message), "created_at": now}
+                    {
+                        "tenant_id": self._tenant,
+                        "conversation_id": self.conversation_id,
+                        "seq": seq,
+                        **_message_row(message),
+                        "created_at": now,
+                    }
                     for seq, message in enumerate(messages, first)
                 ]
                 insert = dialect_insert(connection, chat_messages).on_conflict_do_nothing(
-                    index_elements=[chat_messages.c.conversation_id, chat_messages.c.message_id]
+                    index_elements=_UNIQUE_MESSAGE
                 )
                 connection.execute(insert, rows)
 
@@ -237,6 +264,7 @@ class SqlChatMemory:
         messages are written, as in the transaction it replaces.
         """
         parameters: dict[str, Any] = {
+            "tenant_id": self._tenant,
             "conversation_id": self.conversation_id,
             "added": len(messages),
             "created_at": now,
@@ -245,6 +273,10 @@ class SqlChatMemory:
             parameters.update({f"m{index}_{name}": value for name, value in _message_row(message).items()})
         with self._reader.connect() as connection:
             connection.execute(_append_statement(len(messages)), parameters)
+
+    def _names(self) -> tuple[sa.ColumnElement[bool], sa.ColumnElement[bool]]:
+        """The conditions that select this conversation's rows: its tenant and its id."""
+        return chat_messages.c.tenant_id == self._tenant, chat_messages.c.conversation_id == self.conversation_id
 
     def update(self, message: AnyMessage, expected_version: int) -> AnyMessage:
         """Replace a page message if its stored version is `expected_version`; return it with version + 1.
@@ -260,7 +292,7 @@ class SqlChatMemory:
                 swapped = connection.execute(
                     sa.update(chat_messages)
                     .where(
-                        chat_messages.c.conversation_id == self.conversation_id,
+                        *self._names(),
                         chat_messages.c.message_id == message.id,
                         chat_messages.c.version == expected_version,
                         chat_messages.c.model_visible.is_(False),
@@ -273,7 +305,7 @@ class SqlChatMemory:
                     return updated
             stored = connection.execute(
                 sa.select(chat_messages.c.role, chat_messages.c.model_visible, chat_messages.c.version).where(
-                    chat_messages.c.conversation_id == self.conversation_id,
+                    *self._names(),
                     chat_messages.c.message_id == message.id,
                 )
             ).first()
@@ -285,7 +317,7 @@ class SqlChatMemory:
 
 
 class SqlChatMemoryProvider(SqlBackend):
-    """A `ChatMemoryProvider` over SQL: `provider(conversation_id)` returns that conversation's `SqlChatMemory`.
+    """A `ChatMemoryProvider` over SQL: `provider(conversation_id, tenant_id=...)` returns that conversation's `SqlChatMemory`.
 
     Every memory it returns shares the provider's engine (and connection pool).
 
@@ -297,6 +329,10 @@ class SqlChatMemoryProvider(SqlBackend):
     def __init__(self, url_or_engine: UrlOrEngine) -> None:
         super().__init__(url_or_engine)
 
-    def __call__(self, conversation_id: str) -> SqlChatMemory:
-        """Return the conversation's memory."""
-        return SqlChatMemory(self._engine, conversation_id, backend=self)
+    def __call__(self, conversation_id: str, tenant_id: str | None = None) -> SqlChatMemory:
+        """Return the memory of the conversation `conversation_id` of `tenant_id`."""
+        return SqlChatMemory(self._engine, conversation_id, backend=self, tenant_id=tenant_id)
+
+    def of(self, conversation: ConversationKey) -> SqlChatMemory:
+        """Return the memory of `conversation`."""
+        return self(conversation.conversation_id, conversation.tenant_id)

@@ -26,12 +26,10 @@ from agent_runner import AgentEventType, AgentTurn
 from agent_runner.ids import utcnow
 from store._backend import SqlBackend
 from store._engine import AnyRow, UrlOrEngine, dialect_insert, translated_errors
-from store.schema import idempotency_keys, turn_events
+from store.schema import idempotency_keys, tenant_key, tenant_of, turn_events
 
 RESUME_MARK = "idempotency_id"
 """Key of a resume command's metadata naming the keyed request that sent it; its TURN_RESUMED event keeps it."""
-_NO_TENANT = ""
-"""How a single-tenant server's keys are stored (the tenant is part of the primary key)."""
 
 
 class IdempotencyStatus(StrEnum):
@@ -68,7 +66,7 @@ class IdempotencyRecord:
 
 def _record(row: AnyRow) -> IdempotencyRecord:
     return IdempotencyRecord(
-        tenant_id=row.tenant_id or None,
+        tenant_id=tenant_of(row.tenant_id),
         key=row.idempotency_key,
         fingerprint=row.fingerprint,
         status=IdempotencyStatus(row.status),
@@ -80,7 +78,7 @@ def _record(row: AnyRow) -> IdempotencyRecord:
 
 
 def _where(tenant_id: str | None, key: str) -> sa.ColumnElement[bool]:
-    return sa.and_(idempotency_keys.c.tenant_id == (tenant_id or _NO_TENANT), idempotency_keys.c.idempotency_key == key)
+    return sa.and_(idempotency_keys.c.tenant_id == (tenant_key(tenant_id)), idempotency_keys.c.idempotency_key == key)
 
 
 class IdempotencyKeys(SqlBackend):
@@ -112,7 +110,7 @@ class IdempotencyKeys(SqlBackend):
         insert = (
             dialect_insert(self._engine, idempotency_keys)
             .values(
-                tenant_id=tenant_id or _NO_TENANT,
+                tenant_id=tenant_key(tenant_id),
                 idempotency_key=key,
                 fingerprint=fingerprint,
                 status=IdempotencyStatus.IN_PROGRESS.value,

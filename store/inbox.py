@@ -25,10 +25,19 @@ from sqlalchemy.engine import Connection
 from agent_runner.event_payloads import message_failed, message_queued
 from agent_runner.events import MESSAGE_EVENT_TYPES, AgentEvent, AgentEventType
 from agent_runner.ids import queued_turn_id, utcnow
+from agent_runner.persistence import ConversationKey
 from store._backend import SqlBackend, retention_cutoff
 from store._engine import AnyRow, UrlOrEngine, dialect_insert, translated_errors
 from store._event_log import MESSAGE_FAILED_POSITION, MESSAGE_QUEUED_POSITION, SqlEventLog
-from store.schema import NON_TERMINAL_STATUSES, inbox_conversations, inbox_messages, turn_events, turns
+from store.schema import (
+    NON_TERMINAL_STATUSES,
+    inbox_conversations,
+    inbox_messages,
+    tenant_key,
+    tenant_of,
+    turn_events,
+    turns,
+)
 
 
 class InboxStatus(StrEnum):
@@ -72,9 +81,14 @@ class InboxMessage:
     queued_event: AgentEvent | None = field(default=None, compare=False)
 
     @property
+    def conversation(self) -> ConversationKey:
+        """The conversation the message belongs to: its id and its tenant."""
+        return ConversationKey(self.conversation_id, self.tenant_id)
+
+    @property
     def starts_as(self) -> str:
         """The id of the turn started from the message (named by its events before that turn exists)."""
-        return queued_turn_id(self.conversation_id, self.message_id)
+        return queued_turn_id(self.conversation_id, self.message_id, self.tenant_id)
 
 
 _COLUMNS = (
@@ -101,7 +115,7 @@ def _record(row: AnyRow) -> InboxMessage:
         turn_id=row.turn_id,
         error=row.error,
         agent_id=row.agent_id,
-        tenant_id=row.tenant_id,
+        tenant_id=tenant_of(row.tenant_id),
         metadata=dict(row.turn_metadata or {}),
     )
 
@@ -116,6 +130,7 @@ def _message_event(message: InboxMessage, kind: AgentEventType, data: dict[str, 
         turn_id=turn_id,
         root_turn_id=turn_id,
         conversation_id=message.conversation_id,
+        tenant_id=message.tenant_id,
         data=data,
     )
 
@@ -176,10 +191,10 @@ class Inbox(SqlBackend):
                 # The counter row hands out sequence numbers; its row lock orders concurrent
                 # enqueuers of one conversation. It is also the row claimers lock.
                 counter = dialect_insert(connection, inbox_conversations).values(
-                    conversation_id=conversation_id, last_sequence=1
+                    tenant_id=tenant_key(tenant_id), conversation_id=conversation_id, last_sequence=1
                 )
                 counter = counter.on_conflict_do_update(
-                    index_elements=[inbox_conversations.c.conversation_id],
+                    index_elements=[inbox_conversations.c.tenant_id, inbox_conversations.c.conversation_id],
                     set_={"last_sequence": inbox_conversations.c.last_sequence + 1},
                 )
                 sequence = connection.execute(counter.returning(inbox_conversations.c.last_sequence)).scalar_one()
@@ -195,7 +210,7 @@ class Inbox(SqlBackend):
                         created_at=now,
                         updated_at=now,
                         agent_id=agent_id,
-                        tenant_id=tenant_id,
+                        tenant_id=tenant_key(tenant_id),
                         turn_metadata=dict(metadata) if metadata else None,
                     )
                     .on_conflict_do_nothing(index_elements=[inbox_messages.c.message_id])
@@ -214,7 +229,7 @@ class Inbox(SqlBackend):
         # it is taken before the event log's conversation counter, as by every enqueuer.
         ahead = connection.execute(
             sa.select(sa.func.count()).where(
-                inbox_messages.c.conversation_id == message.conversation_id,
+                *_names(inbox_messages, message.conversation),
                 inbox_messages.c.status.in_([InboxStatus.PENDING.value, InboxStatus.PROCESSING.value]),
                 inbox_messages.c.sequence < message.sequence,
             )
@@ -234,19 +249,19 @@ class Inbox(SqlBackend):
         row = connection.execute(sa.select(*_COLUMNS).where(inbox_messages.c.message_id == message_id)).first()
         return None if row is None else _record(row)
 
-    def claim_next(self, conversation_id: str) -> InboxMessage | None:
+    def claim_next(self, conversation: ConversationKey) -> InboxMessage | None:
         """Move the conversation's oldest PENDING message to PROCESSING and return it.
 
         Returns None when the conversation has no PENDING message, already has one
         PROCESSING, or another process is claiming for it at this very moment.
         """
-        with translated_errors(self._engine, f"claiming from conversation {conversation_id!r}"):
+        with translated_errors(self._engine, f"claiming from conversation {conversation}"):
             with self._writer.begin() as connection:
                 if connection.dialect.name == "postgresql":
-                    return self._claim_locked(connection, conversation_id)
-                return self._claim_guarded(connection, conversation_id)
+                    return self._claim_locked(connection, conversation)
+                return self._claim_guarded(connection, conversation)
 
-    def _claim_locked(self, connection: Connection, conversation_id: str) -> InboxMessage | None:
+    def _claim_locked(self, connection: Connection, conversation: ConversationKey) -> InboxMessage | None:
         # Claimers of one conversation serialize on its counter row. SKIP LOCKED makes a
         # second claimer give up at once instead of queueing behind the first: the first
         # will hand out the next message, and the second has other conversations to serve.
@@ -254,7 +269,7 @@ class Inbox(SqlBackend):
         # message and take the one after it, breaking the order.
         locked = connection.execute(
             sa.select(inbox_conversations.c.conversation_id)
-            .where(inbox_conversations.c.conversation_id == conversation_id)
+            .where(*_names(inbox_conversations, conversation))
             .with_for_update(skip_locked=True)
         ).first()
         if locked is None:
@@ -263,18 +278,12 @@ class Inbox(SqlBackend):
         # was granted, so a message PROCESSING elsewhere is visible here.
         processing = (
             sa.select(sa.literal(1))
-            .where(
-                inbox_messages.c.conversation_id == conversation_id,
-                inbox_messages.c.status == InboxStatus.PROCESSING.value,
-            )
+            .where(*_names(inbox_messages, conversation), inbox_messages.c.status == InboxStatus.PROCESSING.value)
             .exists()
         )
         candidate = connection.execute(
             sa.select(*_COLUMNS, processing.label("busy"))
-            .where(
-                inbox_messages.c.conversation_id == conversation_id,
-                inbox_messages.c.status == InboxStatus.PENDING.value,
-            )
+            .where(*_names(inbox_messages, conversation), inbox_messages.c.status == InboxStatus.PENDING.value)
             .order_by(inbox_messages.c.sequence)
             .limit(1)
         ).first()
@@ -287,21 +296,21 @@ class Inbox(SqlBackend):
         )
         return replace(_record(candidate), status=InboxStatus.PROCESSING)
 
-    def _claim_guarded(self, connection: Connection, conversation_id: str) -> InboxMessage | None:
+    def _claim_guarded(self, connection: Connection, conversation: ConversationKey) -> InboxMessage | None:
         # SQLite runs one writer at a time (this transaction began IMMEDIATE), so a single
         # UPDATE whose WHERE re-checks the conditions is atomic.
         earlier = inbox_messages.alias("earlier")
         other = inbox_messages.alias("other")
         oldest_pending = (
             sa.select(earlier.c.message_id)
-            .where(earlier.c.conversation_id == conversation_id, earlier.c.status == InboxStatus.PENDING.value)
+            .where(*_names(earlier, conversation), earlier.c.status == InboxStatus.PENDING.value)
             .order_by(earlier.c.sequence)
             .limit(1)
             .scalar_subquery()
         )
         processing = (
             sa.select(sa.literal(1))
-            .where(other.c.conversation_id == conversation_id, other.c.status == InboxStatus.PROCESSING.value)
+            .where(*_names(other, conversation), other.c.status == InboxStatus.PROCESSING.value)
             .exists()
         )
         row = connection.execute(
@@ -363,7 +372,7 @@ class Inbox(SqlBackend):
                     self._events.write_message_event(connection, event, MESSAGE_FAILED_POSITION)
                 return row is not None
 
-    def has_waiting(self, conversation_id: str) -> bool:
+    def has_waiting(self, conversation: ConversationKey) -> bool:
         """Whether the conversation has a message that has not started its turn yet (PENDING or PROCESSING).
 
         A new message of such a conversation must queue behind it, even while the
@@ -373,12 +382,12 @@ class Inbox(SqlBackend):
         query = sa.select(
             sa.select(sa.literal(1))
             .where(
-                inbox_messages.c.conversation_id == conversation_id,
+                *_names(inbox_messages, conversation),
                 inbox_messages.c.status.in_([InboxStatus.PENDING.value, InboxStatus.PROCESSING.value]),
             )
             .exists()
         )
-        with translated_errors(self._engine, f"reading the queue of {conversation_id!r}"), self._engine.connect() as c:
+        with translated_errors(self._engine, f"reading the queue of {conversation}"), self._engine.connect() as c:
             return bool(c.execute(query).scalar_one())
 
     def stale_claims(self, claimed_before: datetime, limit: int = 100) -> list[InboxMessage]:
@@ -400,7 +409,7 @@ class Inbox(SqlBackend):
         with translated_errors(self._engine, "listing stale inbox claims"), self._engine.connect() as connection:
             return [_record(row) for row in connection.execute(query)]
 
-    def conversations_ready(self, limit: int = 100) -> list[str]:
+    def conversations_ready(self, limit: int = 100) -> list[ConversationKey]:
         """Return conversations that can start a turn from their inbox, oldest waiting message first.
 
         A conversation is ready when it has a PENDING message, none PROCESSING, and no
@@ -411,25 +420,30 @@ class Inbox(SqlBackend):
         processing = inbox_messages.alias("processing")
         pending = inbox_messages.alias("pending")
         query = (
-            sa.select(pending.c.conversation_id)
+            sa.select(pending.c.tenant_id, pending.c.conversation_id)
             .where(
                 pending.c.status == InboxStatus.PENDING.value,
                 ~sa.select(sa.literal(1))
                 .where(
+                    processing.c.tenant_id == pending.c.tenant_id,
                     processing.c.conversation_id == pending.c.conversation_id,
                     processing.c.status == InboxStatus.PROCESSING.value,
                 )
                 .exists(),
                 ~sa.select(sa.literal(1))
-                .where(turns.c.conversation_id == pending.c.conversation_id, turns.c.status.in_(NON_TERMINAL_STATUSES))
+                .where(
+                    turns.c.tenant_id == pending.c.tenant_id,
+                    turns.c.conversation_id == pending.c.conversation_id,
+                    turns.c.status.in_(NON_TERMINAL_STATUSES),
+                )
                 .exists(),
             )
-            .group_by(pending.c.conversation_id)
-            .order_by(sa.func.min(pending.c.created_at), pending.c.conversation_id)
+            .group_by(pending.c.tenant_id, pending.c.conversation_id)
+            .order_by(sa.func.min(pending.c.created_at), pending.c.conversation_id, pending.c.tenant_id)
             .limit(limit)
         )
         with translated_errors(self._engine, "listing ready conversations"), self._engine.connect() as connection:
-            return list(connection.execute(query).scalars())
+            return [ConversationKey(row.conversation_id, tenant_of(row.tenant_id)) for row in connection.execute(query)]
 
     def prune(self, older_than: timedelta, *, batch_size: int = 500) -> int:
         """Delete the settled messages last changed more than `older_than` ago; return how many.
@@ -458,7 +472,7 @@ class Inbox(SqlBackend):
         """
         message = inbox_messages.c
         query = (
-            sa.select(message.message_id, message.conversation_id)
+            sa.select(message.message_id, message.conversation_id, message.tenant_id)
             .where(message.status == InboxStatus.FAILED.value, message.updated_at < cutoff)
             .limit(batch_size)
         )
@@ -468,7 +482,9 @@ class Inbox(SqlBackend):
             with translated_errors(self._engine, "pruning failed inbox messages"), self._writer.begin() as connection:
                 rows = connection.execute(query).all()
                 if rows:
-                    trees = [queued_turn_id(row.conversation_id, row.message_id) for row in rows]
+                    trees = [
+                        queued_turn_id(row.conversation_id, row.message_id, tenant_of(row.tenant_id)) for row in rows
+                    ]
                     connection.execute(
                         sa.delete(turn_events).where(
                             turn_events.c.root_turn_id.in_(trees), turn_events.c.type.in_(message_events)
@@ -479,3 +495,11 @@ class Inbox(SqlBackend):
             removed += len(rows)
             if len(rows) < batch_size:
                 return removed
+
+
+def _names(table: sa.FromClause, conversation: ConversationKey) -> tuple[sa.ColumnElement[bool], ...]:
+    """The conditions that select the rows of `table` (an inbox table or an alias of one) of a conversation."""
+    return (
+        table.c.tenant_id == tenant_key(conversation.tenant_id),
+        table.c.conversation_id == conversation.conversation_id,
+    )

@@ -7,9 +7,9 @@ read (and changed) in one place:
 |---|---|---|---|
 | `{prefix}:turn:{<turn_id>}:lease` | hash `owner`, `fence` | the lease TTL | `lease_acquire.lua`, `lease_renew.lua`, `lease_release.lua` |
 | `{prefix}:turn:{<turn_id>}:fence` | integer counter | the fence TTL (24 h), renewed by each acquire | `lease_acquire.lua` |
-| `{prefix}:conversation:{<conversation_id>}:active-turn` | string, a turn id | until released | `guard_*.lua` |
+| `{prefix}:conversation:{<conversation>}:active-turn` | string, a turn id | until released | `guard_*.lua` |
 | `{prefix}:turn:{<root_turn_id>}:events` | stream of live events of a turn tree | the live retention after the last publish | `RedisLiveEvents` (`live_publish.lua`) |
-| `{prefix}:conversation:{<conversation_id>}:events` | stream of live events of a conversation | the same | `RedisLiveEvents` (`live_publish.lua`) |
+| `{prefix}:conversation:{<conversation>}:events` | stream of live events of a conversation | the same | `RedisLiveEvents` (`live_publish.lua`) |
 | `{prefix}:model-limit:{<limit key>}` | hash `rpm_tat`, `tpm_tat`, `paused_until`, `vtime` | a minute and the call lease after its last use | `model_limit_*.lua` |
 | `{prefix}:model-limit:{<limit key>}:calls` | sorted set: reservation id by expiry | the same | `model_limit_acquire.lua`, `model_limit_settle.lua` |
 | `{prefix}:model-limit:{<limit key>}:bookings` | sorted set: booking id by slot time | the same | `model_limit_acquire.lua` |
@@ -22,6 +22,11 @@ read (and changed) in one place:
 | `{prefix}:admission:{<queue>}:turns` | hash: turn -> its state and tenant | until it ends, waits for a person, or its lease expires | `admission.lua` |
 | `{prefix}:admission:{<queue>}:waiting:<tenant>` | list of turn ids, oldest first | until admitted | `admission.lua` |
 | `{prefix}:admission:{<queue>}:active:<tenant>` | sorted set: admitted or started turn -> expiry | until it ends, waits for a person, or expires | `admission.lua` |
+
+`<conversation>` names a conversation by its id and its tenant (`conversation_tag`): the id
+alone without a tenant, `<tenant>/<id>` with one. Neither a tenant name nor an id may hold a
+`/`, so the two forms never meet, and the keys of a conversation are the same ones that
+servers which stored the tenant inside the conversation id used.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from agent_runner.persistence import EventScope
+from agent_runner.persistence import ConversationKey, EventScope
 
 DEFAULT_PREFIX = "agent-runner"
 """The namespace of every key unless a deployment chooses another one."""
@@ -80,19 +85,19 @@ class RedisKeys:
         """Return the key of the live event stream of a turn tree (its root and every descendant)."""
         return f"{self.prefix}:turn:{{{_require_id('turn id', root_turn_id)}}}:events"
 
-    def conversation_events(self, conversation_id: str) -> str:
+    def conversation_events(self, conversation: ConversationKey) -> str:
         """Return the key of the live event stream of a conversation."""
-        return f"{self.prefix}:conversation:{{{_require_id('conversation id', conversation_id)}}}:events"
+        return f"{self.prefix}:conversation:{{{conversation_tag(conversation)}}}:events"
 
     def events(self, scope: EventScope) -> str:
         """Return the key of the live event stream of a scope: `turn_events` or `conversation_events`."""
         if scope.kind == "tree":
             return self.turn_events(scope.id)
-        return self.conversation_events(scope.id)
+        return self.conversation_events(ConversationKey(scope.id, scope.tenant_id))
 
-    def active_turn(self, conversation_id: str) -> str:
+    def active_turn(self, conversation: ConversationKey) -> str:
         """Return the key holding the id of the conversation's active turn."""
-        return f"{self.prefix}:conversation:{{{_require_id('conversation id', conversation_id)}}}:active-turn"
+        return f"{self.prefix}:conversation:{{{conversation_tag(conversation)}}}:active-turn"
 
     def model_limit(self, limit_key: str) -> tuple[str, str, str, str, str]:
         """Return the keys of a model limit: its state, concurrent calls, bookings, their fair order and tenant lanes."""
@@ -111,3 +116,9 @@ class RedisKeys:
     def pattern(self) -> str:
         """Return a `SCAN MATCH` pattern matching every key of this namespace and no other."""
         return _GLOB_SPECIAL.sub(r"\\\1", self.prefix) + ":*"
+
+
+def conversation_tag(conversation: ConversationKey) -> str:
+    """The part of a Redis key that names a conversation: its id, after `<tenant>/` for a tenant's."""
+    own = _require_id("conversation id", conversation.conversation_id)
+    return own if conversation.tenant_id is None else f"{conversation.tenant_id}/{own}"

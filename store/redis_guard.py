@@ -6,6 +6,7 @@ from typing import Any
 
 from redis import Redis
 
+from agent_runner.persistence import ConversationKey
 from store._closing import ClosesOnExit
 from store._scripts import RedisScripts
 from store.keys import DEFAULT_PREFIX, RedisKeys
@@ -39,7 +40,7 @@ class RedisConversationGuard(ClosesOnExit):
         self._keys = RedisKeys(prefix)
         self._scripts = RedisScripts(redis_url, client, _SCRIPTS)
 
-    def claim(self, conversation_id: str, turn_id: str) -> str:
+    def claim(self, conversation: ConversationKey, turn_id: str) -> str:
         """Mark `turn_id` active if the conversation has no holder; return the holder after the call.
 
         The claim succeeded when the returned id is `turn_id`.
@@ -47,18 +48,18 @@ class RedisConversationGuard(ClosesOnExit):
         Raises:
             StoreUnavailableError: Redis could not be reached in time.
         """
-        return str(self._scripts.run("guard_claim", [self._keys.active_turn(conversation_id)], [turn_id]))
+        return str(self._scripts.run("guard_claim", [self._keys.active_turn(conversation)], [turn_id]))
 
-    def holder(self, conversation_id: str) -> str | None:
+    def holder(self, conversation: ConversationKey) -> str | None:
         """Return the turn id marked active, or None.
 
         Raises:
             StoreUnavailableError: Redis could not be reached in time.
         """
-        held = self._scripts.run("guard_holder", [self._keys.active_turn(conversation_id)], [])
+        held = self._scripts.run("guard_holder", [self._keys.active_turn(conversation)], [])
         return None if held is None else str(held)
 
-    def replace(self, conversation_id: str, expected_holder: str, turn_id: str) -> bool:
+    def replace(self, conversation: ConversationKey, expected_holder: str, turn_id: str) -> bool:
         """Move the mark from `expected_holder` (known to be terminal) to `turn_id`, atomically.
 
         Returns False, changing nothing, when `expected_holder` does not hold the mark,
@@ -68,17 +69,17 @@ class RedisConversationGuard(ClosesOnExit):
             StoreUnavailableError: Redis could not be reached in time.
         """
         replaced = self._scripts.run(
-            "guard_replace", [self._keys.active_turn(conversation_id)], [expected_holder, turn_id]
+            "guard_replace", [self._keys.active_turn(conversation)], [expected_holder, turn_id]
         )
         return bool(replaced == 1)
 
-    def release(self, conversation_id: str, turn_id: str) -> bool:
+    def release(self, conversation: ConversationKey, turn_id: str) -> bool:
         """Clear the mark if `turn_id` holds it; False otherwise.
 
         Raises:
             StoreUnavailableError: Redis could not be reached in time.
         """
-        released = self._scripts.run("guard_release", [self._keys.active_turn(conversation_id)], [turn_id])
+        released = self._scripts.run("guard_release", [self._keys.active_turn(conversation)], [turn_id])
         return bool(released == 1)
 
     def close(self) -> None:

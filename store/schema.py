@@ -3,6 +3,12 @@
 The Alembic migrations in `store.migrations` create exactly this schema; a test compares
 the migrated database with `metadata`, so a change here needs a new migration.
 
+Conversations: a conversation is named by its tenant and its own id together (two tenants
+may use the same id), so every table that keys by conversation keys by `(tenant_id,
+conversation_id)`, and every lookup by conversation names both. Conversation ids are stored
+as the tenant named them. Without a tenant, `tenant_id` is `NO_TENANT` (`""`): key columns
+cannot be NULL, and a NULL would not be equal to itself in a unique index.
+
 Tables:
     agent_turns: one header row per turn. `version` is the compare-and-swap counter;
         `message_count` says how many rows of `agent_turn_messages` belong to the stored
@@ -69,6 +75,20 @@ recreates the index.
 
 HAS_CONVERSATION = "conversation_id IS NOT NULL"
 """Predicate of the partial index of events by conversation."""
+
+NO_TENANT = ""
+"""The `tenant_id` column value of no tenant (never a tenant name): stores map it to and from None."""
+
+
+def tenant_key(tenant_id: str | None) -> str:
+    """The `tenant_id` column value of the tenant `tenant_id` (None: no tenant)."""
+    return NO_TENANT if tenant_id is None else tenant_id
+
+
+def tenant_of(key: str | None) -> str | None:
+    """The tenant a `tenant_id` column value stands for (None: no tenant)."""
+    return None if key is None or key == NO_TENANT else key
+
 
 TURNS_FILLFACTOR = 75
 """Percent of each `agent_turns` page filled by inserts on PostgreSQL; the rest takes the new
@@ -140,7 +160,8 @@ turns = sa.Table(
     sa.Column("created_at", UtcDateTime, nullable=False),
     sa.Column("updated_at", UtcDateTime, nullable=False),
     sa.Column("state", _json(), nullable=False),
-    sa.Column("tenant_id", sa.String, nullable=True),
+    # The turn's tenant, `NO_TENANT` without one: with `conversation_id`, it names the conversation.
+    sa.Column("tenant_id", sa.String, nullable=False, server_default=NO_TENANT),
     # When the deadline sweep must next look at a waiting turn (its reminder, then its
     # deadline); NULL for every turn without a deadline. Derived from the state on each save.
     sa.Column("wake_at", UtcDateTime, nullable=True),
@@ -154,6 +175,7 @@ turns = sa.Table(
     # every other check still cannot both commit a non-terminal turn.
     sa.Index(
         "ix_agent_turns_active_conversation",
+        "tenant_id",
         "conversation_id",
         unique=True,
         postgresql_where=sa.text(ACTIVE_TURN_PREDICATE),
@@ -197,6 +219,8 @@ turn_events = sa.Table(
     sa.Column("turn_id", sa.String, nullable=False),
     sa.Column("root_turn_id", sa.String, nullable=False),
     sa.Column("conversation_id", sa.String, nullable=True),
+    # The conversation's tenant (`NO_TENANT` without one): an event's conversation is both.
+    sa.Column("tenant_id", sa.String, nullable=False, server_default=NO_TENANT),
     sa.Column("type", sa.String(32), nullable=False),
     sa.Column("created_at", UtcDateTime, nullable=False),
     sa.Column("payload", _json(), nullable=False),
@@ -207,6 +231,7 @@ turn_events = sa.Table(
     # Only events filed under a conversation: the others are never read through one.
     sa.Index(
         "ix_agent_turn_events_conversation_position",
+        "tenant_id",
         "conversation_id",
         "conversation_position",
         unique=True,
@@ -219,6 +244,7 @@ turn_events = sa.Table(
 event_conversations = sa.Table(
     "agent_event_conversations",
     metadata,
+    sa.Column("tenant_id", sa.String, primary_key=True, server_default=NO_TENANT),
     sa.Column("conversation_id", sa.String, primary_key=True),
     sa.Column("last_position", sa.BigInteger, nullable=False),
 )
@@ -226,6 +252,7 @@ event_conversations = sa.Table(
 chat_conversations = sa.Table(
     "agent_chat_conversations",
     metadata,
+    sa.Column("tenant_id", sa.String, primary_key=True, server_default=NO_TENANT),
     sa.Column("conversation_id", sa.String, primary_key=True),
     sa.Column("last_seq", sa.Integer, nullable=False),
 )
@@ -233,6 +260,7 @@ chat_conversations = sa.Table(
 chat_messages = sa.Table(
     "agent_chat_messages",
     metadata,
+    sa.Column("tenant_id", sa.String, primary_key=True, server_default=NO_TENANT),
     sa.Column("conversation_id", sa.String, primary_key=True),
     sa.Column("seq", sa.Integer, primary_key=True),
     sa.Column("message_id", sa.String, nullable=False),
@@ -241,13 +269,16 @@ chat_messages = sa.Table(
     sa.Column("version", sa.Integer, nullable=False),
     sa.Column("payload", _json(), nullable=False),
     sa.Column("created_at", UtcDateTime, nullable=False),
-    sa.UniqueConstraint("conversation_id", "message_id", name="uq_agent_chat_messages_conversation_message"),
-    sa.Index("ix_agent_chat_messages_model_window", "conversation_id", "model_visible", "seq"),
+    sa.UniqueConstraint(
+        "tenant_id", "conversation_id", "message_id", name="uq_agent_chat_messages_conversation_message"
+    ),
+    sa.Index("ix_agent_chat_messages_model_window", "tenant_id", "conversation_id", "model_visible", "seq"),
 )
 
 inbox_conversations = sa.Table(
     "agent_inbox_conversations",
     metadata,
+    sa.Column("tenant_id", sa.String, primary_key=True, server_default=NO_TENANT),
     sa.Column("conversation_id", sa.String, primary_key=True),
     sa.Column("last_sequence", sa.Integer, nullable=False),
 )
@@ -268,10 +299,13 @@ inbox_messages = sa.Table(
     # What the turn started from the message is made of, when the enqueuer said so (the
     # HTTP server does); NULL agent means the workers' AGENT_RUNNER_INBOX_AGENT.
     sa.Column("agent_id", sa.String, nullable=True),
-    sa.Column("tenant_id", sa.String, nullable=True),
+    # The conversation's tenant (`NO_TENANT` without one), which the turn started from the message gets.
+    sa.Column("tenant_id", sa.String, nullable=False, server_default=NO_TENANT),
     sa.Column("turn_metadata", _json(), nullable=True),
-    sa.UniqueConstraint("conversation_id", "sequence", name="uq_agent_inbox_messages_conversation_sequence"),
-    sa.Index("ix_agent_inbox_messages_conversation_status", "conversation_id", "status", "sequence"),
+    sa.UniqueConstraint(
+        "tenant_id", "conversation_id", "sequence", name="uq_agent_inbox_messages_conversation_sequence"
+    ),
+    sa.Index("ix_agent_inbox_messages_conversation_status", "tenant_id", "conversation_id", "status", "sequence"),
     sa.Index("ix_agent_inbox_messages_status_created", "status", "created_at"),
 )
 
@@ -316,10 +350,10 @@ idempotency_keys = sa.Table(
 threads = sa.Table(
     "agent_threads",
     metadata,
-    # The conversation id as stored (with the tenant's prefix), so a thread is its conversation.
+    # A thread is its conversation: (tenant_id, conversation_id), `NO_TENANT` without a tenant.
+    sa.Column("tenant_id", sa.String, primary_key=True, server_default=NO_TENANT),
     sa.Column("conversation_id", sa.String, primary_key=True),
     sa.Column("thread_id", sa.String, nullable=False),
-    sa.Column("tenant_id", sa.String, nullable=True),
     sa.Column("metadata", _json(), nullable=False),
     sa.Column("created_at", UtcDateTime, nullable=False),
     sa.Column("updated_at", UtcDateTime, nullable=False),

@@ -19,10 +19,11 @@ import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import JSONB
 
 from agent_runner.ids import utcnow
+from agent_runner.persistence import ConversationKey
 from agent_runner.snapshot import WAITING_FOR_A_PERSON, AgentTurnStatus
 from store._backend import SqlBackend
 from store._engine import AnyRow, dialect_insert, translated_errors
-from store.schema import NON_TERMINAL_STATUSES, threads, turns
+from store.schema import NON_TERMINAL_STATUSES, tenant_key, tenant_of, threads, turns
 
 ThreadStatus = Literal["idle", "busy", "interrupted", "error"]
 """A thread's status, from its conversation's turns (see `ThreadQuery`)."""
@@ -40,7 +41,7 @@ class ThreadRecord:
     """A stored thread.
 
     Attributes:
-        conversation_id: The conversation as stored (with the tenant's prefix).
+        conversation_id: The conversation, with `tenant_id` (a thread is its conversation).
         thread_id: The id the client knows.
         tenant_id: The owning tenant (None on a single-tenant server).
         metadata: The client's metadata.
@@ -57,12 +58,17 @@ class ThreadRecord:
     updated_at: datetime
     deleted_at: datetime | None
 
+    @property
+    def conversation(self) -> ConversationKey:
+        """The thread's conversation: its id and its tenant."""
+        return ConversationKey(self.conversation_id, self.tenant_id)
+
 
 def _record(row: AnyRow) -> ThreadRecord:
     return ThreadRecord(
         conversation_id=row.conversation_id,
         thread_id=row.thread_id,
-        tenant_id=row.tenant_id,
+        tenant_id=tenant_of(row.tenant_id),
         metadata=dict(row.metadata or {}),
         created_at=row.created_at,
         updated_at=row.updated_at,
@@ -99,11 +105,19 @@ class ThreadQuery:
     descending: bool = True
 
 
+def _thread_turns() -> tuple[sa.ColumnElement[bool], ...]:
+    """The conditions that select the turns of each thread's conversation (its tenant's, with its id)."""
+    return (
+        turns.c.conversation_id == threads.c.conversation_id,
+        turns.c.tenant_id == threads.c.tenant_id,
+    )
+
+
 def _newest_turn() -> Any:
     """The newest turn of each thread's conversation (a correlated subquery), as `status` and `updated_at`."""
     return (
         sa.select(turns.c.status, turns.c.updated_at)
-        .where(turns.c.conversation_id == threads.c.conversation_id)
+        .where(*_thread_turns())
         .order_by(turns.c.created_at.desc(), turns.c.id.desc())
         .limit(1)
         .correlate(threads)
@@ -114,7 +128,7 @@ def status_column() -> sa.ColumnElement[str]:
     """The thread's status (`ThreadStatus`) as an SQL expression over `agent_threads`."""
     active = (
         sa.select(turns.c.status)
-        .where(turns.c.conversation_id == threads.c.conversation_id, turns.c.status.in_(NON_TERMINAL_STATUSES))
+        .where(*_thread_turns(), turns.c.status.in_(NON_TERMINAL_STATUSES))
         .limit(1)
         .correlate(threads)
         .scalar_subquery()
@@ -171,7 +185,7 @@ class ThreadRecords(SqlBackend):
     """
 
     def create(
-        self, conversation_id: str, thread_id: str, tenant_id: str | None, metadata: dict[str, Any]
+        self, conversation: ConversationKey, thread_id: str, metadata: dict[str, Any]
     ) -> tuple[ThreadRecord, bool]:
         """Create the thread unless a record exists; return the stored record and whether this call created it.
 
@@ -182,9 +196,9 @@ class ThreadRecords(SqlBackend):
         insert = (
             dialect_insert(self._engine, threads)
             .values(
-                conversation_id=conversation_id,
+                conversation_id=conversation.conversation_id,
                 thread_id=thread_id,
-                tenant_id=tenant_id,
+                tenant_id=tenant_key(conversation.tenant_id),
                 metadata=metadata,
                 created_at=now,
                 updated_at=now,
@@ -196,17 +210,17 @@ class ThreadRecords(SqlBackend):
         with translated_errors(self._engine, f"creating thread {thread_id!r}"):
             with self._writer.begin() as connection:
                 created = connection.execute(insert).first() is not None
-                row = connection.execute(sa.select(threads).where(threads.c.conversation_id == conversation_id)).one()
+                row = connection.execute(sa.select(threads).where(*_names(conversation))).one()
         return _record(row), created
 
-    def get(self, conversation_id: str) -> ThreadRecord | None:
+    def get(self, conversation: ConversationKey) -> ThreadRecord | None:
         """The thread's record, deleted or not; None when there is none."""
         with translated_errors(self._engine, "reading a thread"), self._engine.connect() as connection:
-            row = connection.execute(sa.select(threads).where(threads.c.conversation_id == conversation_id)).first()
+            row = connection.execute(sa.select(threads).where(*_names(conversation))).first()
         return None if row is None else _record(row)
 
     def _matching(self, query: ThreadQuery) -> sa.Select[Any]:
-        owner = threads.c.tenant_id.is_(None) if query.tenant_id is None else threads.c.tenant_id == query.tenant_id
+        owner = threads.c.tenant_id == tenant_key(query.tenant_id)
         where: list[sa.ColumnElement[bool]] = [owner, threads.c.deleted_at.is_(None)]
         if query.conversation_id is not None:
             where.append(threads.c.conversation_id == query.conversation_id)
@@ -245,10 +259,10 @@ class ThreadRecords(SqlBackend):
         with translated_errors(self._engine, "counting threads"), self._engine.connect() as connection:
             return int(connection.execute(statement).scalar_one())
 
-    def update_metadata(self, conversation_id: str, metadata: dict[str, Any]) -> ThreadRecord | None:
+    def update_metadata(self, conversation: ConversationKey, metadata: dict[str, Any]) -> ThreadRecord | None:
         """Merge `metadata` into the thread's metadata; None when the thread does not exist (or was deleted)."""
         with translated_errors(self._engine, "updating a thread"), self._writer.begin() as connection:
-            where = sa.and_(threads.c.conversation_id == conversation_id, threads.c.deleted_at.is_(None))
+            where = sa.and_(*_names(conversation), threads.c.deleted_at.is_(None))
             row = connection.execute(sa.select(threads).where(where)).first()
             if row is None:
                 return None
@@ -257,13 +271,21 @@ class ThreadRecords(SqlBackend):
             updated = connection.execute(sa.select(threads).where(where)).one()
         return _record(updated)
 
-    def delete(self, conversation_id: str) -> bool:
+    def delete(self, conversation: ConversationKey) -> bool:
         """Mark the thread deleted; False when it did not exist or was deleted already."""
         now = utcnow()
         statement = (
             sa.update(threads)
-            .where(threads.c.conversation_id == conversation_id, threads.c.deleted_at.is_(None))
+            .where(*_names(conversation), threads.c.deleted_at.is_(None))
             .values(deleted_at=now, updated_at=now)
         )
         with translated_errors(self._engine, "deleting a thread"), self._writer.begin() as connection:
             return int(connection.execute(statement).rowcount) == 1
+
+
+def _names(conversation: ConversationKey) -> tuple[sa.ColumnElement[bool], ...]:
+    """The conditions that select a conversation's thread."""
+    return (
+        threads.c.tenant_id == tenant_key(conversation.tenant_id),
+        threads.c.conversation_id == conversation.conversation_id,
+    )

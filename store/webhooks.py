@@ -27,11 +27,10 @@ from typing import Any
 import sqlalchemy as sa
 
 from agent_runner.events import AgentEventType
-from agent_runner.limits import shown_conversation_id
 from agent_runner.suspensions import SuspensionType
 from store._backend import SqlBackend, retention_cutoff
 from store._engine import UrlOrEngine, dialect_insert, translated_errors
-from store.schema import turn_events, turns, webhook_deliveries
+from store.schema import tenant_of, turn_events, turns, webhook_deliveries
 
 
 class WebhookKind(StrEnum):
@@ -270,9 +269,8 @@ def _delivery_row(row: Any, urls: Mapping[WebhookKind, str], now: datetime) -> d
             "turn_id": row.turn_id,
             "root_turn_id": row.root_turn_id,
             "agent_id": row.agent_id,
-            "tenant_id": row.tenant_id,
-            # As the tenant knows it: the stored id carries the tenant as a prefix.
-            "conversation_id": shown_conversation_id(row.conversation_id, row.tenant_id),
+            "tenant_id": tenant_of(row.tenant_id),
+            "conversation_id": row.conversation_id,
             "timestamp": payload.get("timestamp"),
             "data": payload.get("data", {}),
         },

@@ -181,9 +181,6 @@ EXCEPTIONS_NOT_ENDING_IN_ERROR = {
     # Control-flow signals are named for the condition (STYLE.md), not as errors.
     "CancelledMidCall": "a signal that stops a streaming model call whose turn was cancelled",
     "OperationPending": "a signal from a tool: its call started work elsewhere that is not done yet",
-    # TODO: ConversationNotFoundError, with the rework of tenancy in workers/api/tenancy.py (its wire
-    # type stays `ConversationNotFound`).
-    "ConversationNotFound": "renamed with the rework of workers/api/tenancy.py",
 }
 """Exception classes that keep a name without the `Error` suffix, each with its reason; it only shrinks."""
 

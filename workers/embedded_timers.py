@@ -32,6 +32,7 @@ from datetime import datetime, timedelta
 
 from agent_runner import AgentRunner, AgentRunnerError
 from agent_runner.ids import utcnow
+from agent_runner.persistence import ConversationKey
 from store import Inbox
 from workers.schedules import MIN_EXPIRY, Schedule, ScheduleOutcome, fire_schedule, load_schedules
 
@@ -65,7 +66,7 @@ class Scheduler:
         inbox: Inbox,
         schedules: Sequence[Schedule] | Callable[[], Sequence[Schedule]],
         *,
-        notify_inbox: Callable[[str], object] | None = None,
+        notify_inbox: Callable[[ConversationKey], object] | None = None,
         clock: Callable[[], datetime] = utcnow,
         startup_grace: timedelta = STARTUP_GRACE,
         poll: timedelta = MAX_SLEEP,
@@ -185,7 +186,7 @@ def build_scheduler(
     inbox: Inbox,
     spec: str | None,
     *,
-    notify_inbox: Callable[[str], object] | None = None,
+    notify_inbox: Callable[[ConversationKey], object] | None = None,
 ) -> Scheduler:
     """A scheduler of the schedules `AGENT_RUNNER_SCHEDULES` (`spec`) names; with none it never starts a thread.
 

@@ -37,6 +37,7 @@ from agent_runner import (
 from agent_runner.errors import log_failure
 from agent_runner.ids import new_id, queued_turn_id
 from agent_runner.limits import check_reference, check_turn_input
+from agent_runner.persistence import ConversationKey, chat_memory
 from store import Inbox, InboxMessage
 from workers.live import announce
 
@@ -125,9 +126,9 @@ def enqueue_message(
     announce(runner, message.queued_event)
     send_inbox = getattr(runner.dispatcher, "send_inbox", None)
     if callable(send_inbox):
-        send_inbox(conversation_id)
+        send_inbox(message.conversation)
     else:
-        start_next_message(runner, inbox, agent_id, conversation_id)
+        start_next_message(runner, inbox, agent_id, message.conversation)
     return message
 
 
@@ -135,9 +136,9 @@ def start_next_message(
     runner: AgentRunner,
     inbox: Inbox,
     agent_id: str | None,
-    conversation_id: str,
+    conversation: ConversationKey,
     *,
-    ask_again: Callable[[str], object] | None = None,
+    ask_again: Callable[[ConversationKey], object] | None = None,
 ) -> InboxOutcome:
     """Start a turn from the conversation's next PENDING inbox message, if the conversation is free.
 
@@ -153,17 +154,17 @@ def start_next_message(
         runner: Starts the turn (its dispatcher, if any, hands it to the workers).
         inbox: The queue of the conversation.
         agent_id: The agent for messages queued without one; None when there is no default.
-        conversation_id: The conversation to serve.
-        ask_again: Called with the conversation id when the active turn may have ended while
+        conversation: The conversation to serve (its id and tenant).
+        ask_again: Called with the conversation when the active turn may have ended while
             this call held the message, so that someone tries again (for example by sending
             a `dispatch_inbox` message); without it the next sweep does.
 
     Raises:
         StoreUnavailableError: The store could not be reached; the message stays queued.
     """
-    if runner.turn_store.find_active_turn(conversation_id) is not None:
+    if runner.turn_store.find_active_turn(conversation.conversation_id, conversation.tenant_id) is not None:
         return InboxOutcome.BUSY  # the turn's end asks again
-    message = inbox.claim_next(conversation_id)
+    message = inbox.claim_next(conversation)
     if message is None:
         return InboxOutcome.EMPTY
     chosen = message.agent_id or agent_id
@@ -172,7 +173,7 @@ def start_next_message(
         logger.error(
             "inbox message %s of %s names no agent and AGENT_RUNNER_INBOX_AGENT is not set",
             message.message_id,
-            conversation_id,
+            conversation,
         )
         return InboxOutcome.NO_AGENT
     return _start_claimed(runner, inbox, chosen, message, ask_again)
@@ -183,9 +184,9 @@ def _start_claimed(
     inbox: Inbox,
     agent_id: str,
     message: InboxMessage,
-    ask_again: Callable[[str], object] | None,
+    ask_again: Callable[[ConversationKey], object] | None,
 ) -> InboxOutcome:
-    existing = turn_started_from(runner, message.conversation_id, message.message_id)
+    existing = turn_started_from(runner, message.conversation, message.message_id)
     if existing is not None:
         inbox.mark_completed(message.message_id, existing)
         return InboxOutcome.ALREADY_STARTED
@@ -205,8 +206,11 @@ def _start_claimed(
         inbox.release_for_retry(message.message_id)
         # The active turn may have ended while this message was claimed, and its end's
         # request for the next message then found the conversation claimed: ask again.
-        if ask_again is not None and runner.turn_store.find_active_turn(message.conversation_id) is None:
-            ask_again(message.conversation_id)
+        if (
+            ask_again is not None
+            and runner.turn_store.find_active_turn(message.conversation_id, message.tenant_id) is None
+        ):
+            ask_again(message.conversation)
         return InboxOutcome.BUSY
     except AgentRunnerError as exc:
         if exc.retryable:
@@ -233,7 +237,7 @@ def _coalesce(runner: AgentRunner, inbox: Inbox, first: InboxMessage, turn_id: s
     that `settle_stale_claims` puts back: the message may then also start a turn later.
     """
     while True:
-        message = inbox.claim_next(first.conversation_id)
+        message = inbox.claim_next(first.conversation)
         if message is None:
             return
         if (message.agent_id, message.tenant_id) != (first.agent_id, first.tenant_id):
@@ -264,7 +268,7 @@ def settle_stale_claims(runner: AgentRunner, inbox: Inbox, claimed_before: datet
     stale = inbox.stale_claims(claimed_before, limit)
     for claim in stale:
         try:
-            turn_id = turn_started_from(runner, claim.conversation_id, claim.message_id)
+            turn_id = turn_started_from(runner, claim.conversation, claim.message_id)
             if turn_id is not None:
                 inbox.mark_completed(claim.message_id, turn_id)
             else:
@@ -274,7 +278,7 @@ def settle_stale_claims(runner: AgentRunner, inbox: Inbox, claimed_before: datet
     return len(stale)
 
 
-def turn_started_from(runner: AgentRunner, conversation_id: str, message_id: str) -> str | None:
+def turn_started_from(runner: AgentRunner, conversation: ConversationKey, message_id: str) -> str | None:
     """Return the id of the turn started from inbox message `message_id`, or None.
 
     The turn has the id derived from the message, so one read of it answers. A turn
@@ -282,15 +286,19 @@ def turn_started_from(runner: AgentRunner, conversation_id: str, message_id: str
     message into ChatMemory, so one indexed read tells whether there is one, and only then
     are the conversation's turns searched for the first one that carries the message.
     """
-    derived = queued_turn_id(conversation_id, message_id)
+    derived = queued_turn_id(conversation.conversation_id, message_id, conversation.tenant_id)
     try:
         runner.turn_store.get_ref(derived)
         return derived
     except TurnNotFound:
         pass
-    if runner.chat_memory_provider is None or runner.chat_memory_provider(conversation_id).get(message_id) is None:
+    provider = runner.chat_memory_provider
+    if provider is None or chat_memory(provider, conversation).get(message_id) is None:
         return None
-    turns = runner.turn_store.list_turns(conversation_id=conversation_id, limit=_TURNS_SEARCHED)
+    turns = runner.turn_store.list_turns(
+        conversation_id=conversation.conversation_id, tenant_id=conversation.tenant_id, limit=_TURNS_SEARCHED
+    )
+    turns = [t for t in turns if t.tenant_id == conversation.tenant_id]
     carrying = [t for t in turns if any(m.id == message_id for m in t.messages)]
     if not carrying:
         # Projected, so a turn was started from it, but it is beyond the search window.
@@ -326,18 +334,18 @@ class InboxPump:
         self.inbox = inbox
         self.default_agent = default_agent
         self.interval = interval
-        self._pending: queue.SimpleQueue[str | None] = queue.SimpleQueue()
+        self._pending: queue.SimpleQueue[ConversationKey | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
 
     def on_event(self, event: AgentEvent) -> None:
         """Runner listener: a conversation turn ended, so its next message may start."""
         if event.type.is_terminal and event.conversation_id is not None:
-            self.notify(event.conversation_id)
+            self.notify(ConversationKey(event.conversation_id, event.tenant_id))
 
-    def notify(self, conversation_id: str) -> None:
+    def notify(self, conversation: ConversationKey) -> None:
         """Try to start the conversation's next message soon."""
-        self._pending.put(conversation_id)
+        self._pending.put(conversation)
 
     def start(self) -> None:
         """Start the pump thread."""
@@ -368,12 +376,12 @@ class InboxPump:
         except Exception as exc:
             log_failure(logger, exc, "the inbox pump failed; it tries again at the next sweep")
 
-    def serve(self, conversation_id: str) -> None:
+    def serve(self, conversation: ConversationKey) -> None:
         """Start the conversation's next message if it is free."""
-        start_next_message(self.runner, self.inbox, self.default_agent, conversation_id, ask_again=self.notify)
+        start_next_message(self.runner, self.inbox, self.default_agent, conversation, ask_again=self.notify)
 
     def sweep(self) -> None:
         """Settle claims of a process that died mid-start, then serve every idle conversation with a message."""
         settle_stale_claims(self.runner, self.inbox, self.runner.clock() - _STALE_INBOX_CLAIM)
-        for conversation_id in self.inbox.conversations_ready():
-            self.serve(conversation_id)
+        for conversation in self.inbox.conversations_ready():
+            self.serve(conversation)

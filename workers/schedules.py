@@ -54,6 +54,7 @@ from agent_runner import (
 )
 from agent_runner.agent import AGENT_ID_PATTERN
 from agent_runner.ids import utcnow
+from agent_runner.persistence import ConversationKey
 from store import CronRecords, Inbox
 from workers.live import announce
 from workers.settings import SettingsError
@@ -131,8 +132,9 @@ class Schedule:
             nothing, log a warning), `"enqueue"` (queue the input in the conversation's
             inbox) or `"skip"` (start nothing, quietly).
         metadata: JSON data kept with every turn, besides `schedule` and `scheduled_for`.
-        tenant_id: The tenant that owns the turns (schedules made through the HTTP API);
-            `conversation_id` is then the conversation as stored, with the tenant's prefix.
+        tenant_id: The tenant that owns the turns and their conversation (schedules made
+            through the HTTP API). `conversation_id` is the tenant's own id; the form
+            `<tenant>/<id>` of earlier versions is still read as the tenant's `<id>`.
 
     Raises:
         ScheduleError: The definition cannot be used.
@@ -184,6 +186,11 @@ class Schedule:
             raise ScheduleError(f"schedule {name!r}: if_busy={IfBusy(self.if_busy).value!r} needs a conversation_id")
         if self.conversation_id is not None and (not isinstance(self.conversation_id, str) or not self.conversation_id):
             raise ScheduleError(f"schedule {name!r}: conversation_id must be non-empty text")
+        if self.tenant_id is not None and self.conversation_id is not None:
+            # Definitions stored by earlier versions named a tenant's conversation `<tenant>/<id>`.
+            owner, separator, own = self.conversation_id.partition("/")
+            if separator and owner == self.tenant_id and own:
+                object.__setattr__(self, "conversation_id", own)
         try:
             json.dumps(dict(self.metadata))
         except (TypeError, ValueError):
@@ -445,7 +452,7 @@ def fire_schedule(
     schedule: Schedule,
     tick: datetime,
     *,
-    notify_inbox: Callable[[str], object] | None = None,
+    notify_inbox: Callable[[ConversationKey], object] | None = None,
 ) -> ScheduleOutcome:
     """Start (or queue) the turn of one tick of `schedule`, at most once per tick.
 
@@ -478,7 +485,7 @@ def fire_schedule(
         )
         announce(runner, queued.queued_event)
         if notify_inbox is not None:
-            notify_inbox(conversation)
+            notify_inbox(queued.conversation)
         return ScheduleOutcome.QUEUED
     if _exists(runner, turn_id):
         return ScheduleOutcome.DUPLICATE

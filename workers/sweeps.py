@@ -76,8 +76,8 @@ def sweep_inbox(wiring: ProcessBackends) -> int:
     """
     _settle_stuck_claims(wiring)
     conversations = wiring.inbox.conversations_ready(SWEEP_BATCH)
-    for conversation_id in conversations:
-        wiring.dispatcher.send_inbox(conversation_id)
+    for conversation in conversations:
+        wiring.dispatcher.send_inbox(conversation)
     return len(conversations)
 
 

@@ -37,12 +37,19 @@ from agent_runner.event_payloads import suspension_kind
 MASK = "***"
 """What a masked argument value is shown as."""
 
-ConversationDisplay = Callable[[str | None], str | None]
-"""Turns a stored conversation id into the one shown (the HTTP server hides its tenant prefix)."""
+ConversationDisplay = Callable[[AgentTurn], str | None]
+"""How a view names a turn's conversation (the HTTP API: the id its tenant knows)."""
 
 
-def _as_is(conversation_id: str | None) -> str | None:
-    return conversation_id
+def _own_id(turn: AgentTurn) -> str | None:
+    return turn.conversation_id
+
+
+def qualified_conversation(turn: AgentTurn) -> str | None:
+    """A turn's conversation as the command line names it: `<tenant>/<id>` for a tenant's, else its id."""
+    if turn.conversation_id is None or turn.tenant_id is None:
+        return turn.conversation_id
+    return f"{turn.tenant_id}/{turn.conversation_id}"
 
 
 # --- Masking ----------------------------------------------------------------------------------
@@ -181,7 +188,7 @@ def turn_view(
     agent: Agent | None,
     *,
     messages: bool = False,
-    show_conversation: ConversationDisplay = _as_is,
+    show_conversation: ConversationDisplay = _own_id,
 ) -> dict[str, Any]:
     """The JSON view of a turn (the HTTP API's turn view; `agent-runner --json turns show`).
 
@@ -189,14 +196,14 @@ def turn_view(
         turn: The snapshot.
         agent: Its agent, to mask sensitive arguments (None masks every argument).
         messages: Include the turn's messages.
-        show_conversation: Maps the stored conversation id to the one shown.
+        show_conversation: Names the turn's conversation (default: its id).
     """
     mask = agent_mask(agent)
     view: dict[str, Any] = {
         "id": turn.id,
         "agent_id": turn.agent_id,
         "agent_version": turn.agent_version,
-        "conversation_id": show_conversation(turn.conversation_id),
+        "conversation_id": show_conversation(turn),
         "parent_turn_id": turn.parent_turn_id,
         "root_turn_id": turn.root_turn_id,
         "status": turn.status.value,
@@ -230,7 +237,7 @@ def turn_summary(turn: AgentTurn) -> dict[str, Any]:
         "agent_id": turn.agent_id,
         "status": turn.status.value,
         "phase": turn.phase.value,
-        "conversation_id": turn.conversation_id,
+        "conversation_id": qualified_conversation(turn),
         "parent_turn_id": turn.parent_turn_id,
         "version": turn.version,
         "steps": turn.steps,

@@ -8,7 +8,7 @@ from typing import Any
 
 from agent_runner.errors import AgentConversationBusyException, AgentRunnerError, VersionConflictError
 from agent_runner.events import AgentEvent
-from agent_runner.persistence import AgentTurnStore, ConversationGuard
+from agent_runner.persistence import AgentTurnStore, ConversationGuard, ConversationKey
 from agent_runner.snapshot import AgentTurn
 
 logger = logging.getLogger("agent_runner")
@@ -37,7 +37,7 @@ class ConversationGate:
             VersionConflictError: A turn with this id exists.
         """
         save = save if save is not None else self.turn_store.save
-        conversation = turn.conversation_id
+        conversation = None if turn.conversation_id is None else ConversationKey(turn.conversation_id, turn.tenant_id)
         guard = self.guard
         if conversation is None or guard is None:
             return save(turn, -1, events)
@@ -59,15 +59,15 @@ class ConversationGate:
     def release(self, turn: AgentTurn) -> None:
         """Free the conversation of an ended turn in the guard."""
         if turn.conversation_id is not None and self.guard is not None:
-            self._call(self.guard.release, turn.conversation_id, turn.id)
+            self._call(self.guard.release, ConversationKey(turn.conversation_id, turn.tenant_id), turn.id)
 
-    def _claim(self, guard: ConversationGuard, conversation: str, turn_id: str) -> None:
+    def _claim(self, guard: ConversationGuard, conversation: ConversationKey, turn_id: str) -> None:
         holder = self._call(guard.claim, conversation, turn_id)
         if holder is None or holder == turn_id:
             return
-        active = self.turn_store.find_active_turn(conversation)
+        active = self.turn_store.find_active_turn(conversation.conversation_id, conversation.tenant_id)
         if active is not None:
-            raise AgentConversationBusyException(conversation, active.id, active.status)
+            raise AgentConversationBusyException(conversation.conversation_id, active.id, active.status)
         # The holder ended (its release was lost): take the mark over; the store's unique
         # index still decides if two creators race here.
         self._call(guard.replace, conversation, holder, turn_id)

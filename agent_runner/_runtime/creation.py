@@ -16,6 +16,7 @@ from agent_runner.errors import AgentRunnerError, DefinitionError
 from agent_runner.ids import new_id
 from agent_runner.limits import check_id, check_not_before, check_turn_input
 from agent_runner.messages import ModelMessage, UserMessage
+from agent_runner.persistence import ConversationKey
 from agent_runner.snapshot import AgentTurn
 
 logger = logging.getLogger("agent_runner")
@@ -56,8 +57,9 @@ def create(
     if history is not None:
         window = [m for m in history if m.model_visible]
     elif conversation_id is not None:
-        _finish_projection_of_last_turn(ctx, conversation_id)
-        window = ctx.projection.memory(conversation_id).get_model_messages(agent.max_attached_messages)
+        conversation = ConversationKey(conversation_id, tenant_id)
+        _finish_projection_of_last_turn(ctx, conversation)
+        window = ctx.projection.memory(conversation).get_model_messages(agent.max_attached_messages)
     turn_id = turn_id or new_id()
     now = ctx.clock()
     turn = AgentTurn(
@@ -91,7 +93,7 @@ def _resolve_agent(ctx: RunnerContext, agent: Agent | str) -> Agent:
     return ctx.agent_loader.load(agent)
 
 
-def _finish_projection_of_last_turn(ctx: RunnerContext, conversation_id: str) -> None:
+def _finish_projection_of_last_turn(ctx: RunnerContext, conversation: ConversationKey) -> None:
     """Redo the projection of the conversation's last turn if it ended before ChatMemory had it all.
 
     A failed projection is retried after the next save of the turn, but an ended turn has
@@ -101,9 +103,11 @@ def _finish_projection_of_last_turn(ctx: RunnerContext, conversation_id: str) ->
     if ctx.projection.provider is None:
         return
     try:
-        last = ctx.turn_store.list_turns(conversation_id=conversation_id, limit=1)
+        last = ctx.turn_store.list_turns(
+            conversation_id=conversation.conversation_id, tenant_id=conversation.tenant_id, limit=1
+        )
     except AgentRunnerError as exc:
-        logger.warning("could not check the last turn of conversation %s: %s", conversation_id, exc)
+        logger.warning("could not check the last turn of conversation %s: %s", conversation, exc)
         return
     for turn in last:
         unsynced = any(not action.synced for action in turn.page_actions)

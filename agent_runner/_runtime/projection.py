@@ -9,7 +9,14 @@ from agent_runner._cas import AGAIN, retry_on_conflict
 from agent_runner.errors import DefinitionError, VersionConflictError
 from agent_runner.events import AgentEvent
 from agent_runner.messages import SystemMessage
-from agent_runner.persistence import AgentTurnStore, ChatMemory, ChatMemoryProvider, ProjectingTurnStore
+from agent_runner.persistence import (
+    AgentTurnStore,
+    ChatMemory,
+    ChatMemoryProvider,
+    ConversationKey,
+    ProjectingTurnStore,
+    chat_memory,
+)
 from agent_runner.snapshot import AgentTurn, PageAction
 from agent_runner.store_rules import page_message, page_message_update
 
@@ -57,7 +64,7 @@ class Projection:
             known = self._store_projects = (store, projecting)
         return known[1]
 
-    def memory(self, conversation_id: str) -> ChatMemory:
+    def memory(self, conversation: ConversationKey) -> ChatMemory:
         """The ChatMemory of a conversation.
 
         Raises:
@@ -65,7 +72,7 @@ class Projection:
         """
         if self.provider is None:
             raise DefinitionError("conversation turns need AgentRunner(chat_memory_provider=...)")
-        return self.provider(conversation_id)
+        return chat_memory(self.provider, conversation)
 
     def project(self, turn: AgentTurn) -> AgentTurn:
         """Apply what ChatMemory does not show yet of a saved turn; return the turn with its marks moved on.
@@ -84,7 +91,7 @@ class Projection:
         if not new and not unsynced and start == len(turn.messages):
             return turn
         try:
-            memory = self.memory(turn.conversation_id)
+            memory = self.memory(ConversationKey(turn.conversation_id, turn.tenant_id))
             if new:
                 memory.append(new)
             actions = list(turn.page_actions)

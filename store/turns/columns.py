@@ -16,6 +16,7 @@ from enum import Enum
 from typing import Any
 
 from agent_runner.snapshot import AgentTurn
+from store.schema import tenant_key, tenant_of
 
 
 class SaveRule(Enum):
@@ -43,6 +44,8 @@ class Column:
     field: bool = True
     """Whether a load sets the snapshot field of the same name from it (else it is derived from the snapshot)."""
     save: SaveRule = SaveRule.REPLACE
+    loaded: Callable[[Any], Any] | None = None
+    """How a load turns the column value into the field's (None: as it is)."""
 
 
 def _state(turn: AgentTurn) -> Any:
@@ -74,7 +77,8 @@ HEADER: tuple[Column, ...] = (
     _column("next_retry_at", "timestamptz"),
     _column("created_at", "timestamptz"),
     _column("updated_at", "timestamptz"),
-    _column("tenant_id", "text"),
+    # `NO_TENANT` without a tenant: the column keys conversations, with `conversation_id`.
+    Column("tenant_id", "text", lambda turn: tenant_key(turn.tenant_id), loaded=tenant_of),
     # Derived from the suspension on each save, for the deadline sweep's index.
     Column("wake_at", "timestamptz", _attribute("wake_at"), field=False),
     # Every other field of the snapshot, as JSON (messages have a table of their own).
@@ -88,6 +92,11 @@ with the status) and `event_position` (the tree's event counter, see `store._eve
 
 FIELDS: tuple[str, ...] = tuple(column.name for column in HEADER if column.field)
 """The snapshot fields stored in a column of their own."""
+
+LOADED: dict[str, Callable[[Any], Any]] = {
+    column.name: column.loaded for column in HEADER if column.field and column.loaded is not None
+}
+"""The snapshot fields whose column value a load converts, with the conversion."""
 
 STATE_EXCLUDED: set[str] = {*FIELDS, "messages"}
 """Snapshot fields kept outside the `state` JSON: the header columns, and the message table."""

@@ -28,7 +28,7 @@ from agent_runner.snapshot import AgentTurn
 from agent_runner.store_rules import kept_events, saved_snapshot, stored_snapshot
 from store._engine import DriverConnections
 from store._event_log import needs_root_conversation, raise_if_no_tree
-from store.schema import turns
+from store.schema import tenant_key, turns
 from store.turns import postgres
 from store.turns.cache import TurnCache
 from store.turns.columns import STATE_EXCLUDED
@@ -188,7 +188,11 @@ class OneStatementSaves:
         unsynced = [action for action in turn.page_actions if not action.synced]
         if not unsynced:
             return None
-        parameters = {"conversation_id": turn.conversation_id, "ids": [action.message_id for action in unsynced]}
+        parameters = {
+            "tenant": tenant_key(turn.tenant_id),
+            "conversation_id": turn.conversation_id,
+            "ids": [action.message_id for action in unsynced],
+        }
         if self._direct():
             with self._driver.connection() as lent:
                 rows = postgres.cursor(lent).execute(postgres.PAGE_MESSAGES, parameters, prepare=True).fetchall()

@@ -31,6 +31,7 @@ from agent_runner.snapshot import AgentTurn, PageAction
 from agent_runner.store_rules import page_message, page_message_update
 from store._engine import DriverConnection, driver_cursor
 from store._event_log import claim_positions
+from store.schema import tenant_key
 from store.turns.columns import READ, TIMES, WRITTEN, Column, SaveRule
 
 if TYPE_CHECKING:
@@ -55,21 +56,22 @@ root AS (
 
 _CONVERSATION_COUNTERS = """\
 conversations AS (
-    INSERT INTO agent_event_conversations AS c (conversation_id, last_position)
-    SELECT v.value ->> 0, (v.value ->> 1)::bigint
+    INSERT INTO agent_event_conversations AS c (tenant_id, conversation_id, last_position)
+    SELECT %(tenant)s::text, v.value ->> 0, (v.value ->> 1)::bigint
     FROM {tree}, json_array_elements(%(conversations)s::json) WITH ORDINALITY AS v
     ORDER BY v.ordinality
-    ON CONFLICT (conversation_id) DO UPDATE SET last_position = c.last_position + excluded.last_position
+    ON CONFLICT (tenant_id, conversation_id) DO UPDATE SET last_position = c.last_position + excluded.last_position
     RETURNING conversation_id, last_position
 )"""
 
 _EVENTS = """\
 events AS (
     INSERT INTO agent_turn_events (
-        event_id, turn_id, root_turn_id, conversation_id, type, created_at, payload, root_position,
+        event_id, turn_id, root_turn_id, conversation_id, tenant_id, type, created_at, payload, root_position,
         conversation_position
     )
-    SELECT k.value ->> 0, k.value ->> 1, k.value ->> 2, k.value ->> 3, k.value ->> 4, (k.value ->> 5)::timestamptz,
+    SELECT k.value ->> 0, k.value ->> 1, k.value ->> 2, k.value ->> 3, %(tenant)s::text, k.value ->> 4,
+        (k.value ->> 5)::timestamptz,
         ('{{"event_id":' || (k.value -> 0)::text || ',"type":' || (k.value -> 4)::text
             || ',"turn_id":' || (k.value -> 1)::text || ',"root_turn_id":' || (k.value -> 2)::text
             || ',"conversation_id":' || (k.value -> 3)::text || ',"timestamp":' || (k.value -> 6)::text
@@ -83,21 +85,21 @@ events AS (
 
 _CHAT = """\
 chat_block AS (
-    INSERT INTO agent_chat_conversations AS c (conversation_id, last_seq)
-    SELECT %(conversation_id)s::text, %(chat_count)s::integer FROM header
-    ON CONFLICT (conversation_id) DO UPDATE SET last_seq = c.last_seq + excluded.last_seq
+    INSERT INTO agent_chat_conversations AS c (tenant_id, conversation_id, last_seq)
+    SELECT %(tenant)s::text, %(conversation_id)s::text, %(chat_count)s::integer FROM header
+    ON CONFLICT (tenant_id, conversation_id) DO UPDATE SET last_seq = c.last_seq + excluded.last_seq
     RETURNING last_seq
 ), chat AS (
     INSERT INTO agent_chat_messages (
-        conversation_id, seq, message_id, role, model_visible, version, payload, created_at
+        tenant_id, conversation_id, seq, message_id, role, model_visible, version, payload, created_at
     )
-    SELECT %(conversation_id)s::text, chat_block.last_seq - %(chat_count)s::integer + m.ordinality::integer,
+    SELECT %(tenant)s::text, %(conversation_id)s::text, chat_block.last_seq - %(chat_count)s::integer + m.ordinality::integer,
         k.value ->> 0, k.value ->> 1, {visible_version}, m.value, %(updated_at)s::timestamptz
     FROM chat_block,
         json_array_elements(%(chat_keys)s::json) WITH ORDINALITY AS k
         JOIN json_array_elements(%(chat_messages)s::json) WITH ORDINALITY AS m ON m.ordinality = k.ordinality
     ORDER BY k.ordinality
-    ON CONFLICT (conversation_id, message_id) DO NOTHING{returning}
+    ON CONFLICT (tenant_id, conversation_id, message_id) DO NOTHING{returning}
 )"""
 """The projection of a conversation turn's new messages into its ChatMemory, fed by the `header` CTE.
 
@@ -120,7 +122,8 @@ _PAGES = """\
 pages AS (
     UPDATE agent_chat_messages AS p SET version = p.version + 1, payload = u.value -> 3
     FROM header, json_array_elements(%(page_updates)s::json) AS u
-    WHERE p.conversation_id = %(conversation_id)s::text AND p.message_id = u.value ->> 0
+    WHERE p.tenant_id = %(tenant)s::text AND p.conversation_id = %(conversation_id)s::text
+        AND p.message_id = u.value ->> 0
         AND p.role = u.value ->> 1 AND p.version = (u.value ->> 2)::integer AND NOT p.model_visible
     RETURNING p.message_id
 )"""
@@ -315,7 +318,8 @@ def chat_parameters(
 
 PAGE_MESSAGES = (
     "SELECT message_id, payload::text FROM agent_chat_messages"
-    " WHERE conversation_id = %(conversation_id)s::text AND message_id = ANY(%(ids)s::text[])"
+    " WHERE tenant_id = %(tenant)s::text AND conversation_id = %(conversation_id)s::text"
+    " AND message_id = ANY(%(ids)s::text[])"
 )
 """The stored page messages of a save's unsynced page actions (`ids`), as JSON text."""
 
@@ -452,6 +456,8 @@ def save_parameters(
     parameters = {column.name: _parameter(column, turn) for column in WRITTEN if column.name != "state"}
     parameters["version"] = expected_version + 1
     parameters["state"] = state
+    # The tenant of the turn's conversation, where its events and ChatMemory rows are keyed.
+    parameters["tenant"] = tenant_key(turn.tenant_id)
     return {
         **parameters,
         "expected_version": expected_version,

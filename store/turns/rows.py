@@ -9,7 +9,7 @@ from agent_runner.messages import ModelMessage
 from agent_runner.persistence import TurnRef
 from agent_runner.snapshot import AgentTurn, AgentTurnStatus
 from store._engine import AnyRow
-from store.turns.columns import FIELDS, WRITTEN
+from store.turns.columns import FIELDS, LOADED, WRITTEN
 
 
 def header(turn: AgentTurn) -> dict[str, Any]:
@@ -50,6 +50,8 @@ def snapshot_of(values: Mapping[str, Any], messages: list[ModelMessage]) -> Agen
     data = dict(values["state"])
     for name in FIELDS:
         data[name] = values[name]
+    for name, loaded in LOADED.items():
+        data[name] = loaded(data[name])
     data["messages"] = []
     return AgentTurn.model_validate(data).model_copy(update={"messages": messages})
 

@@ -27,7 +27,7 @@ from agent_runner.snapshot import AgentTurn, AgentTurnStatus
 from agent_runner.store_rules import check_fence, kept_events, stored_snapshot
 from store._engine import dialect_insert, writer
 from store._event_log import SqlEventLog, needs_root_conversation
-from store.schema import NON_TERMINAL_STATUSES, turn_messages, turns
+from store.schema import NON_TERMINAL_STATUSES, tenant_key, turn_messages, turns
 from store.turns.cache import TurnCache
 from store.turns.queries import GUARDED_UPDATE
 from store.turns.rows import header, message_rows, new_row
@@ -178,6 +178,7 @@ class TransactionSaves:
             sa.select(turns.c.id, turns.c.status)
             .where(
                 turns.c.conversation_id == turn.conversation_id,
+                turns.c.tenant_id == tenant_key(turn.tenant_id),
                 turns.c.status.in_(NON_TERMINAL_STATUSES),
                 turns.c.id != turn.id,
             )

@@ -31,7 +31,15 @@ from store._backend import retention_cutoff
 from store._engine import AnyRow, UrlOrEngine, translated_errors
 from store._event_log import SqlEventLog
 from store.chat_memory import SqlChatMemoryProvider
-from store.schema import NON_TERMINAL_STATUSES, turn_events, turn_leases, turn_messages, turn_steering, turns
+from store.schema import (
+    NON_TERMINAL_STATUSES,
+    tenant_key,
+    turn_events,
+    turn_leases,
+    turn_messages,
+    turn_steering,
+    turns,
+)
 from store.turns import postgres
 from store.turns.cache import TurnCache
 from store.turns.fast_path import OneStatementSaves
@@ -280,11 +288,15 @@ class SqlAgentTurnStore(SqlSteering):
                 rows = connection.execute(CANCELLED_AMONG, {"turn_ids": list(turn_ids)}).all()
         return {row[0] for row in rows}
 
-    def find_active_turn(self, conversation_id: str) -> AgentTurn | None:
-        """Return the conversation's non-terminal turn, or None."""
+    def find_active_turn(self, conversation_id: str, tenant_id: str | None = None) -> AgentTurn | None:
+        """Return the non-terminal turn of the conversation `conversation_id` of `tenant_id`, or None."""
         query = (
             sa.select(turns)
-            .where(turns.c.conversation_id == conversation_id, turns.c.status.in_(NON_TERMINAL_STATUSES))
+            .where(
+                turns.c.tenant_id == tenant_key(tenant_id),
+                turns.c.conversation_id == conversation_id,
+                turns.c.status.in_(NON_TERMINAL_STATUSES),
+            )
             .limit(1)
         )
         with translated_errors(self._engine, f"finding the active turn of {conversation_id!r}"):

@@ -111,6 +111,17 @@ def test_conversations_are_isolated(chat_memory_provider: ChatMemoryProvider) ->
     assert chat_memory_provider("c-1").get("same") == UserMessage(id="same", content="in c-1")
 
 
+def test_two_tenants_using_one_conversation_id_never_meet(chat_memory_provider: ChatMemoryProvider) -> None:
+    acme, globex = chat_memory_provider("c-1", tenant_id="acme"), chat_memory_provider("c-1", tenant_id="globex")
+    acme.append([UserMessage(id="same", content="from acme")])
+    globex.append([UserMessage(id="same", content="from globex")])
+    assert chat_memory_provider("c-1", tenant_id="acme").get_messages(10) == [
+        UserMessage(id="same", content="from acme")
+    ]
+    assert globex.get("same") == UserMessage(id="same", content="from globex")
+    assert chat_memory_provider("c-1").get_messages(10) == []
+
+
 def test_get_finds_a_message_by_id(chat_memory_provider: ChatMemoryProvider) -> None:
     memory = chat_memory_provider("c-1")
     memory.append(conversation())

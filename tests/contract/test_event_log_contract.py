@@ -191,6 +191,19 @@ def test_conversations_and_trees_are_kept_apart(turn_store: AgentTurnStore) -> N
     assert log.read_events(EventScope.conversation("unknown")) == []
 
 
+def test_two_tenants_using_one_conversation_id_have_their_own_log(turn_store: AgentTurnStore) -> None:
+    # Given turns of two tenants, and of none, in conversations named c-1, each with an event
+    for turn_id, tenant in (("r-a", "acme"), ("r-g", "globex"), ("r-n", None)):
+        turn = make_turn(turn_id, conversation_id="c-1", tenant_id=tenant)
+        turn_store.save(turn, -1, [event(turn, 0)])
+    # Then each conversation numbers its own events from 1, and reads only its own
+    log = log_of(turn_store)
+    for turn_id, tenant in (("r-a", "acme"), ("r-g", "globex"), ("r-n", None)):
+        read = log.read_events(EventScope.conversation("c-1", tenant))
+        assert [(e.event_id, e.cursor, e.tenant_id) for e in read] == [(f"{turn_id}:0:0", "1", tenant)]
+    assert log.read_events(EventScope.conversation("c-1", "other")) == []
+
+
 # --- Reading with cursors -------------------------------------------------------------------------
 
 

@@ -340,6 +340,27 @@ def test_conversations_are_independent_and_children_have_none(turn_store: AgentT
     assert active is not None and active.id == "t-2"
 
 
+def test_two_tenants_using_one_conversation_id_never_meet(turn_store: AgentTurnStore) -> None:
+    # Given an active turn in conversation c-1 of tenant acme
+    turn_store.save(make_turn("t-acme", conversation_id="c-1", tenant_id="acme"), -1)
+    # When tenant globex, and a caller without a tenant, start turns in their own c-1
+    turn_store.save(make_turn("t-globex", conversation_id="c-1", tenant_id="globex"), -1)
+    turn_store.save(make_turn("t-none", conversation_id="c-1"), -1)
+    # Then each conversation has its own active turn, and only its own turns are busy with it
+    found = {tenant: turn_store.find_active_turn("c-1", tenant) for tenant in ("acme", "globex", None, "other")}
+    assert {tenant: None if t is None else t.id for tenant, t in found.items()} == {
+        "acme": "t-acme",
+        "globex": "t-globex",
+        None: "t-none",
+        "other": None,
+    }
+    with pytest.raises(AgentConversationBusyException) as raised:
+        turn_store.save(make_turn("t-acme-2", conversation_id="c-1", tenant_id="acme"), -1)
+    assert raised.value.active_turn_id == "t-acme"
+    listed = turn_store.list_turns(conversation_id="c-1", tenant_id="globex")
+    assert [t.id for t in listed] == ["t-globex"]
+
+
 # --- Cancel flag and lease fence -------------------------------------------------------------
 
 

@@ -163,9 +163,7 @@ def _token_tenant(secret: bytes | None, token: str, tenants: frozenset[str] | No
     # accepts only its own (tenant-less) tokens.
     if (claims.tenant is None) != (tenants is None) or (tenants is not None and claims.tenant not in tenants):
         raise InvalidTokenError("the token is not valid on this server")
-    tenant = Tenant(claims.tenant)
-    conversation = None if claims.conversation_id is None else tenant.stored_conversation(claims.conversation_id)
-    return Tenant(claims.tenant, user=claims.user, conversation=conversation)
+    return Tenant(claims.tenant, user=claims.user, conversation=claims.conversation_id)
 
 
 TenantDep = Annotated[Tenant, Depends(get_tenant)]

@@ -152,10 +152,13 @@ def _limiter(name: str, threads: int) -> anyio.CapacityLimiter:
     return limiter
 
 
-def format_event(event: AgentEvent, tenant: Tenant, mask: ArgumentMask) -> str:
-    """One event in the SSE format, its conversation id as the tenant knows it and its arguments masked."""
-    data = event.model_dump(mode="json")
-    data["conversation_id"] = tenant.shown_conversation(event.conversation_id)
+def format_event(event: AgentEvent, mask: ArgumentMask) -> str:
+    """One event in the SSE format, its arguments masked.
+
+    The tenant is left out: a stream shows the events of one tenant's turns, and its
+    conversation id is the one that tenant named.
+    """
+    data = event.model_dump(mode="json", exclude={"tenant_id"})
     data["data"] = _masked(event.data, mask)
     return f"id: {event.cursor or ''}\nevent: {event.type.value}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n"
 
@@ -302,8 +305,7 @@ def _ends_root(event: AgentEvent, root_turn_id: str | None) -> bool:
 class _Writer:
     """Formats events for one client and remembers whether the root's terminal event went out."""
 
-    def __init__(self, tenant: Tenant, mask: ArgumentMask, root_turn_id: str | None) -> None:
-        self.tenant = tenant
+    def __init__(self, mask: ArgumentMask, root_turn_id: str | None) -> None:
         self.mask = mask
         self.root_turn_id = root_turn_id
         self.root_ended = False
@@ -311,8 +313,8 @@ class _Writer:
     def __call__(self, event: AgentEvent) -> str:
         self.root_ended = self.root_ended or _ends_root(event, self.root_turn_id)
         if _has_arguments(event.data):
-            return format_event(event, self.tenant, self.mask)
-        return _shared_texts.text(event, self.tenant)
+            return format_event(event, self.mask)
+        return _shared_texts.text(event)
 
 
 def _has_arguments(data: dict[str, Any]) -> bool:
@@ -325,22 +327,22 @@ class _SharedTexts:
 
     The streams of a shared follower send the very same event objects, so each event is
     formatted once rather than once per stream. Without arguments the text depends only
-    on the event and on the conversation id the tenant knows, which make the key (the
-    event object by identity, kept alive while its text is).
+    on the event, which makes the key (the event object by identity, kept alive while its
+    text is).
     """
 
     def __init__(self, size: int) -> None:
         self.size = size
-        self._texts: OrderedDict[tuple[int, str | None], tuple[AgentEvent, str]] = OrderedDict()
+        self._texts: OrderedDict[int, tuple[AgentEvent, str]] = OrderedDict()
         self._lock = threading.Lock()
 
-    def text(self, event: AgentEvent, tenant: Tenant) -> str:
-        key = (id(event), tenant.shown_conversation(event.conversation_id))
+    def text(self, event: AgentEvent) -> str:
+        key = id(event)
         with self._lock:
             found = self._texts.get(key)
         if found is not None and found[0] is event:
             return found[1]
-        text = format_event(event, tenant, _no_arguments)
+        text = format_event(event, _no_arguments)
         with self._lock:
             self._texts[key] = (event, text)
             if len(self._texts) > self.size:
@@ -428,7 +430,7 @@ async def _open(runtime: Runtime, tenant: Tenant, scope: EventScope, start: Stre
     stream = _Stream(runtime.events, runtime.fanout, scope, start.cursor)
     # The first page is read before answering, so a bad cursor is a 422 rather than a broken stream.
     first = await stream.read_more()
-    write = _Writer(tenant, catalog_mask(runtime.agent_loader), root_turn_id)
+    write = _Writer(catalog_mask(runtime.agent_loader), root_turn_id)
     if start.follow:
         return _response(_follow(runtime, stream, first, write, root_turn_id))
 
@@ -465,7 +467,7 @@ async def conversation_events(
     conversation_id: ConversationId, runtime: RuntimeDep, tenant: TenantDep, start: StartDep
 ) -> StreamingResponse:
     """Every event of the conversation's turns (and their child turns), as server-sent events."""
-    scope = EventScope.conversation(tenant.reaches(conversation_id))
+    scope = EventScope.of_conversation(tenant.reaches(conversation_id))
     return await _open(runtime, tenant, scope, start)
 
 

@@ -55,7 +55,7 @@ router = APIRouter(prefix="/v1", dependencies=[Depends(get_tenant)], responses=e
 
 def _view(runtime: Runtime, tenant: Tenant, turn: AgentTurn, *, messages: bool = False) -> dict[str, Any]:
     agent = find_agent(runtime.agent_loader, turn)
-    return turn_view(turn, agent, messages=messages, show_conversation=tenant.shown_conversation)
+    return turn_view(turn, agent, messages=messages)
 
 
 def _fingerprint(request: Request, body: BaseModel | None) -> str:

@@ -30,6 +30,7 @@ from starlette.concurrency import run_in_threadpool
 
 import store
 from agent_runner import AgentLoader, AgentRunner, AgentRunnerError, EventFeed, InMemoryLiveEvents
+from agent_runner.persistence import ConversationKey
 from workers.agents import load_agent_loader
 from workers.api.fanout import EventFanout
 from workers.api.server_settings import ApiSettings, WorkerMode
@@ -76,7 +77,7 @@ class Runtime:
     inbox: store.Inbox
     idempotency: store.IdempotencyKeys
     engine: Engine
-    wake_inbox: Callable[[str], object]
+    wake_inbox: Callable[[ConversationKey], object]
     events: EventFeed
     fanout: EventFanout
     checks: dict[str, Callable[[], None]] = field(default_factory=dict)
@@ -263,7 +264,7 @@ def _celery_runtime(settings: ApiSettings, agent_loader: AgentLoader | None) -> 
     feed = EventFeed(wiring.turn_store, live)
 
     def check_redis() -> None:
-        wiring.guard.holder("agent-runner-readiness-probe")
+        wiring.guard.holder(ConversationKey("agent-runner-readiness-probe"))
 
     def check_broker() -> None:
         with celery_app.connection_for_write() as connection:

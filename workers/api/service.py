@@ -26,6 +26,7 @@ from agent_runner import (
 )
 from agent_runner.limits import check_start_delay
 from agent_runner.machine import DECIDER_METADATA_KEYS
+from agent_runner.persistence import ConversationKey
 from workers.api.bodies import CancelRequest, ResumeRequest, StartTurnRequest, resume_fields
 from workers.api.errors import ApiError, InvalidRequestError, TurnEndedError
 from workers.api.runtime import Runtime
@@ -88,13 +89,13 @@ def start_turn(
     Raises:
         AgentNotFound: No such agent (nothing is saved).
         AgentConversationBusyException: The conversation is busy and `if_busy` is `reject`.
-        ConversationNotFound: The request's token is limited to another conversation.
+        ConversationNotFoundError: The request's token is limited to another conversation.
     """
     not_before = start_time(runtime, request.start_after_seconds, "start_after_seconds")
     runtime.agent_loader.load(request.agent_id)
     if request.conversation_id is None and tenant.conversation is not None:
         # A token limited to one conversation starts its turns there (a turn outside it would be out of its reach).
-        request = request.model_copy(update={"conversation_id": tenant.shown_conversation(tenant.conversation)})
+        request = request.model_copy(update={"conversation_id": tenant.conversation})
     conversation = None if request.conversation_id is None else tenant.reaches(request.conversation_id)
     if conversation is not None and request.if_busy == "enqueue" and runtime.inbox.has_waiting(conversation):
         # Earlier messages are still queued (their turn has not started yet, although the
@@ -106,7 +107,7 @@ def start_turn(
             return runtime.runner.start(
                 request.agent_id,
                 UserMessage(id=message_id, content=request.input),
-                conversation_id=conversation,
+                conversation_id=None if conversation is None else conversation.conversation_id,
                 tenant_id=tenant.id,
                 metadata=request.metadata,
                 turn_id=turn_id,
@@ -182,7 +183,9 @@ def start_time(runtime: Runtime, delay_s: float | None, field: str) -> datetime 
     return runtime.runner.clock() + timedelta(seconds=delay) if delay else None
 
 
-def _enqueue(runtime: Runtime, tenant: Tenant, request: StartTurnRequest, conversation: str, message_id: str) -> Queued:
+def _enqueue(
+    runtime: Runtime, tenant: Tenant, request: StartTurnRequest, conversation: ConversationKey, message_id: str
+) -> Queued:
     if request.start_after_seconds:
         # The inbox starts a queued message as soon as the conversation frees; it keeps no start time.
         raise InvalidRequestError(
@@ -190,11 +193,11 @@ def _enqueue(runtime: Runtime, tenant: Tenant, request: StartTurnRequest, conver
             path="/start_after_seconds",
         )
     message = runtime.inbox.enqueue(
-        conversation,
+        conversation.conversation_id,
         message_id,
         request.input,
         agent_id=request.agent_id,
-        tenant_id=tenant.id,
+        tenant_id=conversation.tenant_id,
         metadata=request.metadata,
     )
     # Stored with the message; announced like a save's events, to wake the conversation's followers.
@@ -311,7 +314,9 @@ def list_turns(
     """A page of the tenant's turns, newest first, and the cursor of the next page (None: last page)."""
     before = None if cursor is None else decode_cursor(cursor)
     # A token limited to one conversation lists that one (another one is none of its turns).
-    conversation = tenant.conversation if conversation_id is None else tenant.stored_conversation(conversation_id)
+    conversation = (
+        tenant.conversation if conversation_id is None else tenant.conversation_key(conversation_id).conversation_id
+    )
     page = runtime.turn_store.list_page(
         tenant_id=tenant.id,
         statuses=statuses,
@@ -332,9 +337,9 @@ def conversation_messages(
 
     Raises:
         InvalidRequestError: `before` is not a message of the conversation.
-        ConversationNotFound: The request's token is limited to another conversation.
+        ConversationNotFoundError: The request's token is limited to another conversation.
     """
-    memory = runtime.memories(tenant.reaches(conversation_id))
+    memory = runtime.memories.of(tenant.reaches(conversation_id))
     if before is None:
         return memory.get_messages(limit)
     found = memory.get_messages_before(before, limit)

@@ -1,12 +1,11 @@
 """Who is asking: the tenant behind a request's API key, and what that tenant may see.
 
 With API keys configured, each tenant sees and changes only its own turns (turns carry
-`AgentTurn.tenant_id`), and its conversations are stored under `"{tenant}/{id}"` so that
-two tenants using the same conversation id never share a conversation, its history or
-its inbox (`agent_runner.limits.scoped_conversation_id` builds these ids, and every path
-that carries them accepts them). The prefix never leaves the server: every conversation id
-shown is translated back. Without keys there is one tenant, `None`, that sees everything,
-and conversation ids are stored as given.
+`AgentTurn.tenant_id`), and a conversation is named by its tenant and its id together (a
+`ConversationKey`, built here from the request), so two tenants using the same
+conversation id never share a conversation, its history or its inbox. Conversation ids are
+stored and shown as the tenant named them. Without keys there is one tenant, `None`, that
+sees everything.
 
 A request made with a token (`workers.api.tokens`) also carries the token's end user, and
 may be limited to one conversation: then every other conversation, and every turn outside
@@ -18,12 +17,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from agent_runner import AgentTurn, TurnNotFound
-from agent_runner.limits import scoped_conversation_id, shown_conversation_id
+from agent_runner.limits import check_conversation_id
+from agent_runner.persistence import ConversationKey
 from workers.api.errors import ApiError
 
 
-class ConversationNotFound(ApiError):
+class ConversationNotFoundError(ApiError):
     """A conversation the request's token does not reach (404, like an unknown id)."""
+
+    wire_type = "ConversationNotFound"
 
     def __init__(self, conversation_id: str) -> None:
         super().__init__(404, f"conversation {conversation_id!r} not found")
@@ -36,24 +38,20 @@ class Tenant:
     Attributes:
         id: The tenant.
         user: The end user of the request's token (None for a request made with a key).
-        conversation: The stored id of the one conversation the token reaches (None: all of the tenant's).
+        conversation: The id of the one conversation of the tenant the token reaches (None: all of the tenant's).
     """
 
     id: str | None = None
     user: str | None = None
     conversation: str | None = None
 
-    def stored_conversation(self, conversation_id: str) -> str:
-        """The conversation id under which this tenant's conversation is stored.
+    def conversation_key(self, conversation_id: str) -> ConversationKey:
+        """This tenant's conversation `conversation_id`.
 
         Raises:
             InputLimitError: `conversation_id` breaks the id rules.
         """
-        return scoped_conversation_id(self.id, conversation_id)
-
-    def shown_conversation(self, stored: str | None) -> str | None:
-        """The conversation id this tenant knows for a stored one."""
-        return shown_conversation_id(stored, self.id)
+        return ConversationKey(check_conversation_id(conversation_id), self.id)
 
     def owns(self, turn: AgentTurn, root: AgentTurn | None = None) -> bool:
         """Whether this tenant may see and change `turn`.
@@ -69,7 +67,7 @@ class Tenant:
         if self.conversation is None:
             return True
         bound = root if root is not None and turn.conversation_id is None and root.id == turn.root_turn_id else turn
-        return bound.conversation_id == self.conversation
+        return bound.conversation_id == self.conversation and bound.tenant_id == self.id
 
     def check(self, turn: AgentTurn, root: AgentTurn | None = None) -> AgentTurn:
         """Return `turn` if this tenant owns it (`root`: see `owns`).
@@ -82,13 +80,14 @@ class Tenant:
             raise TurnNotFound(turn.id)
         return turn
 
-    def reaches(self, conversation_id: str) -> str:
-        """The stored id of a conversation this request may read and change.
+    def reaches(self, conversation_id: str) -> ConversationKey:
+        """The conversation `conversation_id` of this tenant, which this request may read and change.
 
         Raises:
-            ConversationNotFound: The request's token is limited to another conversation.
+            InputLimitError: `conversation_id` breaks the id rules.
+            ConversationNotFoundError: The request's token is limited to another conversation.
         """
-        stored = self.stored_conversation(conversation_id)
-        if self.conversation is not None and stored != self.conversation:
-            raise ConversationNotFound(conversation_id)
-        return stored
+        key = self.conversation_key(conversation_id)
+        if self.conversation is not None and key.conversation_id != self.conversation:
+            raise ConversationNotFoundError(conversation_id)
+        return key

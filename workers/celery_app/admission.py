@@ -82,6 +82,7 @@ class TurnAdmission:
             turn_id=turn.id,
             root_turn_id=turn.root_turn_id,
             conversation_id=turn.conversation_id,
+            tenant_id=turn.tenant_id,
             data=body.data(turn.status, turn.version),
         )
         self.announce(event)

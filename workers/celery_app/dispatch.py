@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from agent_runner import AgentEvent, AgentTurn, AgentTurnStatus
 from agent_runner.ids import utcnow
+from agent_runner.persistence import ConversationKey
 from workers.celery_app.names import DISPATCH_INBOX, STEP_TURN
 from workers.celery_app.outbox import MessageOutbox, send_task_or_log
 from workers.settings import WorkerSettings
@@ -86,9 +87,12 @@ class CeleryDispatcher:
                 options["eta"] = eta
         return self._send(STEP_TURN, (turn_id, version), options)
 
-    def send_inbox(self, conversation_id: str) -> bool:
-        """Send `dispatch_inbox(conversation_id)`; False if not sent."""
-        return self._send(DISPATCH_INBOX, (conversation_id,), {"queue": self.queue})
+    def send_inbox(self, conversation: ConversationKey) -> bool:
+        """Send `dispatch_inbox(conversation_id, tenant_id)` for the conversation; False if not sent."""
+        args: tuple[str, ...] = (conversation.conversation_id,)
+        if conversation.tenant_id is not None:
+            args += (conversation.tenant_id,)
+        return self._send(DISPATCH_INBOX, args, {"queue": self.queue})
 
     def _send(self, name: str, args: tuple[Any, ...], options: dict[str, Any]) -> bool:
         if self.outbox is not None:
@@ -108,19 +112,21 @@ class InboxNotifier:
     sent anyway.
     """
 
-    def __init__(self, dispatcher: CeleryDispatcher, has_waiting: Callable[[str], bool] | None = None) -> None:
+    def __init__(
+        self, dispatcher: CeleryDispatcher, has_waiting: Callable[[ConversationKey], bool] | None = None
+    ) -> None:
         self.dispatcher = dispatcher
         self.has_waiting = has_waiting
 
     def __call__(self, event: AgentEvent) -> None:
         """Send `dispatch_inbox` for a terminal event of a conversation turn whose conversation has a message waiting."""
-        conversation_id = event.conversation_id
-        if not event.type.is_terminal or conversation_id is None:
+        if not event.type.is_terminal or event.conversation_id is None:
             return
+        conversation = ConversationKey(event.conversation_id, event.tenant_id)
         if self.has_waiting is not None:
             try:
-                if not self.has_waiting(conversation_id):
+                if not self.has_waiting(conversation):
                     return
             except Exception:
-                logger.warning("could not read the inbox of %s; asking for its next message anyway", conversation_id)
-        self.dispatcher.send_inbox(conversation_id)
+                logger.warning("could not read the inbox of %s; asking for its next message anyway", conversation)
+        self.dispatcher.send_inbox(conversation)

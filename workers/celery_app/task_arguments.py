@@ -14,10 +14,10 @@ import functools
 import inspect
 import logging
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, NewType, TypeVar
 
 from agent_runner import InputLimitError
-from agent_runner.limits import ConversationId, check_conversation_id, check_id, preview
+from agent_runner.limits import ConversationId, check_conversation_id, check_id, check_tenant_id, preview
 
 logger = logging.getLogger("workers.tasks")
 
@@ -28,8 +28,9 @@ def checked_arguments(task_name: str, rejected: T) -> Callable[[Callable[..., T]
     """Make a task function reject deliveries whose arguments do not fit its signature.
 
     Parameters annotated `str` are ids and must follow the id rules (`check_id`);
-    parameters annotated `ConversationId` are stored conversation ids, plain or scoped to a
-    tenant (`check_conversation_id`); parameters annotated `int` must be integers (not
+    parameters annotated `ConversationId` are conversation ids (`check_conversation_id`);
+    parameters annotated `TenantId | None` are tenant names (`check_tenant_id`) or None;
+    parameters annotated `int` must be integers (not
     booleans). The wrapped function keeps
     its name and signature for Celery and for readers.
 
@@ -55,7 +56,19 @@ def checked_arguments(task_name: str, rejected: T) -> Callable[[Callable[..., T]
     return wrap
 
 
-_ID_CHECKS: dict[object, Callable[[object, str], str]] = {str: check_id, ConversationId: check_conversation_id}
+TenantId = NewType("TenantId", str)
+"""A tenant name in a task message (`check_tenant_id`)."""
+
+
+def _check_tenant(value: object, field: str) -> str | None:
+    return None if value is None else check_tenant_id(value, field)
+
+
+_ID_CHECKS: dict[object, Callable[[object, str], str | None]] = {
+    str: check_id,
+    ConversationId: check_conversation_id,
+    TenantId | None: _check_tenant,
+}
 """The check of each id annotation a task parameter may carry."""
 
 

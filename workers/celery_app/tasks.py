@@ -40,13 +40,14 @@ from agent_runner import (
 )
 from agent_runner.leasing import TurnHolder
 from agent_runner.limits import ConversationId
+from agent_runner.persistence import ConversationKey
 from agent_runner.results import Delivery, DeliveryOutcome
 from agent_runner.snapshot import RUNNABLE_STATUSES
 from workers import inbox
 from workers.celery_app.admission import TurnAdmission
 from workers.celery_app.names import DISPATCH_INBOX, STEP_TURN
 from workers.celery_app.process import current
-from workers.celery_app.task_arguments import checked_arguments
+from workers.celery_app.task_arguments import TenantId, checked_arguments
 from workers.inbox import InboxOutcome
 from workers.telemetry import record_lease_takeover
 from workers.wiring import ProcessBackends
@@ -169,7 +170,7 @@ def _step_turn(turn_id: str, version: int) -> str:
 # --- dispatch_inbox ---------------------------------------------------------------------------
 
 
-def start_next_message(wiring: ProcessBackends, conversation_id: str) -> InboxOutcome:
+def start_next_message(wiring: ProcessBackends, conversation: ConversationKey) -> InboxOutcome:
     """Start a turn from the conversation's next PENDING inbox message, if the conversation is free.
 
     See `workers.inbox.start_next_message`; messages queued without an agent are answered
@@ -179,15 +180,15 @@ def start_next_message(wiring: ProcessBackends, conversation_id: str) -> InboxOu
         wiring.runner,
         wiring.inbox,
         wiring.settings.inbox_agent,
-        conversation_id,
+        conversation,
         ask_again=wiring.dispatcher.send_inbox,
     )
 
 
 @checked_arguments(DISPATCH_INBOX, InboxOutcome.REJECTED.value)
-def _dispatch_inbox(conversation_id: ConversationId) -> str:
-    """`dispatch_inbox(conversation_id)`: start a turn from the conversation's next queued message if it is idle."""
-    return start_next_message(current(), conversation_id).value
+def _dispatch_inbox(conversation_id: ConversationId, tenant_id: TenantId | None = None) -> str:
+    """`dispatch_inbox(conversation_id, tenant_id)`: start a turn from the conversation's next queued message if it is idle."""
+    return start_next_message(current(), ConversationKey(conversation_id, tenant_id)).value
 
 
 def register_turn_tasks(app: Celery) -> None:

@@ -64,14 +64,25 @@ def turns() -> None:
 def turns_list(obj: CliContext, statuses: tuple[str, ...], conversation: str | None, limit: int) -> None:
     """List turns, most recently updated first."""
     from agent_runner import AgentTurnStatus
-    from agent_runner.limits import check_conversation_id
+    from agent_runner.limits import check_conversation_id, check_tenant_id
     from workers.views import turn_summary
 
+    tenant_id = None
     if conversation is not None:
-        check_conversation_id(conversation, "--conversation")
+        # TENANT/ID names a tenant's conversation; a plain ID, one without a tenant.
+        owner, separator, own = conversation.partition("/")
+        if separator:
+            tenant_id = check_tenant_id(owner, "--conversation")
+            conversation = own
+        conversation = check_conversation_id(conversation, "--conversation")
     found = obj.turn_store().list_turns(
-        statuses=[AgentTurnStatus(s.upper()) for s in statuses] or None, conversation_id=conversation, limit=limit
+        statuses=[AgentTurnStatus(s.upper()) for s in statuses] or None,
+        conversation_id=conversation,
+        tenant_id=tenant_id,
+        limit=limit,
     )
+    if conversation is not None:
+        found = [turn for turn in found if turn.tenant_id == tenant_id]
 
     def human() -> None:
         if not found:
@@ -98,12 +109,12 @@ def _load(obj: CliContext, turn_id: str) -> AgentTurn:
 @pass_context
 def turns_show(obj: CliContext, turn_id: str) -> None:
     """Show a turn: status, suspension and history (tool arguments are not shown)."""
-    from workers.views import decisions_view, find_agent, history_view, turn_view
+    from workers.views import decisions_view, find_agent, history_view, qualified_conversation, turn_view
 
     turn = _load(obj, turn_id)
     suspension = turn.suspension
     data = {
-        **turn_view(turn, find_agent(obj.loader(), turn)),
+        **turn_view(turn, find_agent(obj.loader(), turn), show_conversation=qualified_conversation),
         "decisions": decisions_view(turn),
         "history": history_view(turn),
     }

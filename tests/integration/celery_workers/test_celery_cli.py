@@ -15,6 +15,7 @@ import time
 import pytest
 
 from agent_runner import AgentTurnStatus
+from agent_runner.persistence import ConversationKey
 from store import InboxStatus
 from tests.helpers.processes import REPO_ROOT
 from tests.integration.celery_workers.celery_cluster import Cluster
@@ -72,7 +73,7 @@ def test_a_cancel_from_the_command_line_frees_the_conversation_in_redis(cluster:
     conversation = "conv-cancel"
     turn = cluster.runner.start("worker-agent", _spec("approval", "cancelled"), conversation_id=conversation)
     cluster.wait_for(lambda: cluster.load(turn.id).status is AgentTurnStatus.WAITING_FOR_APPROVAL, 20, "the approval")
-    assert cluster.wiring.guard.holder(conversation) == turn.id
+    assert cluster.wiring.guard.holder(ConversationKey(conversation)) == turn.id
     queued = enqueue_message(cluster.runner, conversation, "after the cancel", message_id="queued-1")
     assert queued.status is InboxStatus.PENDING
 
@@ -90,18 +91,18 @@ def test_a_cancel_from_the_command_line_frees_the_conversation_in_redis(cluster:
     )
     following = cluster.wiring.inbox.get("queued-1")
     assert following is not None and following.turn_id is not None
-    assert cluster.wiring.guard.holder(conversation) in (following.turn_id, None)
+    assert cluster.wiring.guard.holder(ConversationKey(conversation)) in (following.turn_id, None)
     cluster.wait_for(lambda: cluster.load(following.turn_id or "").is_terminal, 20, "the queued message's turn")
-    assert cluster.wiring.guard.holder(conversation) is None
+    assert cluster.wiring.guard.holder(ConversationKey(conversation)) is None
 
 
 def test_the_mark_of_a_cancelled_turn_is_gone_even_when_nothing_follows(cluster: Cluster) -> None:
     conversation = "conv-alone"
     turn = cluster.runner.start("worker-agent", _spec("approval", "alone"), conversation_id=conversation)
-    assert cluster.wiring.guard.holder(conversation) == turn.id
+    assert cluster.wiring.guard.holder(ConversationKey(conversation)) == turn.id
 
     result = _cli(cluster, "cancel", turn.id)
 
     assert result.returncode == 0, result.stderr
     assert cluster.load(turn.id).status is AgentTurnStatus.CANCELLED
-    assert cluster.wiring.guard.holder(conversation) is None
+    assert cluster.wiring.guard.holder(ConversationKey(conversation)) is None

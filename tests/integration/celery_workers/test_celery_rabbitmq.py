@@ -7,6 +7,7 @@ from collections.abc import Callable
 import pytest
 
 from agent_runner import AgentTurnStatus
+from agent_runner.persistence import ConversationKey
 from store import InboxStatus
 from tests.integration.celery_workers.celery_cluster import Cluster, reachable_rabbitmq_url
 from tests.integration.celery_workers.celery_workload import Scenario, run_workload, scenario
@@ -28,7 +29,7 @@ def test_mixed_turns_and_the_inbox_run_with_rabbitmq_as_the_broker(
     inbox = cluster.wiring.inbox
     for label in ("r1", "r2"):
         inbox.enqueue("conv-rabbit", f"id-{label}", label)
-    cluster.wiring.dispatcher.send_inbox("conv-rabbit")
+    cluster.wiring.dispatcher.send_inbox(ConversationKey("conv-rabbit"))
 
     # When turns of every kind run, one of them retried after a 1 s ETA
     scenarios = [scenario(i) for i in range(7)]

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from agent_runner import AgentTurn, AgentTurnStatus, VersionConflictError
+from agent_runner.persistence import ConversationKey
 from tests.helpers.celery_fleet import WorkerProcess
 from tests.integration.celery_workers.celery_cluster import Cluster
 from workers.celery_app.beat import run_schedule
@@ -97,7 +98,7 @@ def test_a_repeated_tick_of_a_conversation_schedule_keeps_the_redis_mark_of_its_
     tick = schedule.latest_tick(datetime.now(UTC))
     assert run_schedule(cluster.wiring, schedule, tick) is ScheduleOutcome.STARTED
     turn_id = schedule.turn_id(tick)
-    assert cluster.wiring.guard.holder("conv-scheduled") == turn_id
+    assert cluster.wiring.guard.holder(ConversationKey("conv-scheduled")) == turn_id
 
     # When the same tick arrives again (a second beat), racing past the existence check
     with pytest.raises(VersionConflictError):
@@ -105,5 +106,5 @@ def test_a_repeated_tick_of_a_conversation_schedule_keeps_the_redis_mark_of_its_
     assert run_schedule(cluster.wiring, schedule, tick) is ScheduleOutcome.DUPLICATE
 
     # Then the conversation is still marked for the tick's turn, and only that turn exists
-    assert cluster.wiring.guard.holder("conv-scheduled") == turn_id
+    assert cluster.wiring.guard.holder(ConversationKey("conv-scheduled")) == turn_id
     assert [t.id for t in cluster.turn_store.list_turns(conversation_id="conv-scheduled")] == [turn_id]

@@ -13,7 +13,7 @@ import pytest
 
 from agent_runner import AgentRunner, AgentTurn, AgentTurnStatus, AgentTurnStore
 from agent_runner.ids import queued_turn_id
-from agent_runner.persistence import EventScope
+from agent_runner.persistence import ConversationKey, EventScope
 from store import InboxStatus, RedisTurnLease
 from tests.integration.celery_workers.celery_agents import LEDGER_URL_VARIABLE
 from tests.integration.celery_workers.celery_cluster import Cluster
@@ -208,7 +208,7 @@ def test_inbox_sweep_settles_a_claim_left_by_a_worker_that_died(cluster: Cluster
     # Given a message claimed by a dispatcher that died before starting its turn
     inbox = cluster.wiring.inbox
     inbox.enqueue("conv-2", "msg-a", "a")
-    claimed = inbox.claim_next("conv-2")
+    claimed = inbox.claim_next(ConversationKey("conv-2"))
     assert claimed is not None and claimed.status is InboxStatus.PROCESSING
 
     # When the inbox sweep runs at once (a live claim is left alone), then after the claim is

@@ -86,7 +86,7 @@ def test_a_tool_run_by_a_celery_worker_sees_whom_it_acts_for(make_cluster: Calla
     turn = cluster.runner.start(
         "worker-agent",
         _spec("whoami", "who"),
-        conversation_id="acme/c-9",
+        conversation_id="c-9",
         tenant_id="acme",
         metadata={"user_id": "u-7"},
     )

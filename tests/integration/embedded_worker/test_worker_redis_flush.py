@@ -17,6 +17,7 @@ import pytest
 from redis import Redis
 
 from agent_runner import AgentConversationBusyException, AgentRunner, AgentTurnStatus, ToolMessage
+from agent_runner.persistence import ConversationKey
 from agent_runner.worker import AgentWorker
 from store import RedisConversationGuard, RedisTurnLease, SqlAgentTurnStore, SqlChatMemoryProvider
 from tests.helpers.jsonl import read_jsonl
@@ -63,7 +64,7 @@ class ActiveTurnSampler:
 
 def released(guard: RedisConversationGuard, conversation_id: str) -> Callable[[], bool]:
     """A condition for `wait_for`: no turn holds the conversation's guard mark."""
-    return lambda: guard.holder(conversation_id) is None
+    return lambda: guard.holder(ConversationKey(conversation_id)) is None
 
 
 def test_redis_flushed_mid_run_keeps_one_active_turn_per_conversation_and_work_continues(
@@ -109,13 +110,13 @@ def test_redis_flushed_mid_run_keeps_one_active_turn_per_conversation_and_work_c
         fences_before = {c: turns.load(t.id).lease_fence or 0 for c, t in firsts.items()}
         # When Redis loses everything (leases, fence counters, guard marks)
         redis.flushdb()
-        assert all(guards[0].holder(c) is None for c in CONVERSATIONS)
+        assert all(guards[0].holder(ConversationKey(c)) is None for c in CONVERSATIONS)
         # Then the store still refuses a second active turn, and the guard is repaired from it
         for conversation in CONVERSATIONS:
             with pytest.raises(AgentConversationBusyException) as busy:
                 runners[1].start("pauser", "second too early", conversation_id=conversation)
             assert busy.value.active_turn_id == firsts[conversation].id
-            assert guards[1].holder(conversation) == firsts[conversation].id
+            assert guards[1].holder(ConversationKey(conversation)) == firsts[conversation].id
         # And the workers finish the interrupted turns: leases taken after the flush carry
         # fences seeded from the Redis clock, above every fence saved before it
         for conversation, first in firsts.items():

@@ -22,7 +22,7 @@ from agent_runner import (
     StoreUnavailableError,
 )
 from agent_runner.feed import FeedFollower
-from agent_runner.persistence import EventScope, LiveEventChannel
+from agent_runner.persistence import ConversationKey, EventScope, LiveEventChannel
 from store import RedisLiveEvents
 from store.keys import RedisKeys
 from tests.unit.agent_runner.feed_kit import CountingLog
@@ -118,7 +118,31 @@ def test_a_cursor_of_another_shape_is_refused(live: LiveEventChannel, cursor: st
 
 def test_a_scope_reads_the_stream_its_key_names(keys: RedisKeys) -> None:
     assert keys.events(EventScope.tree("r-1")) == keys.turn_events("r-1")
-    assert keys.events(EventScope.conversation("c-1")) == keys.conversation_events("c-1")
+    assert keys.events(EventScope.conversation("c-1")) == keys.conversation_events(ConversationKey("c-1"))
+    # A tenant's conversation has a stream of its own, named as earlier versions named it
+    tenants = keys.events(EventScope.conversation("c-1", "acme"))
+    assert (
+        tenants
+        == keys.conversation_events(ConversationKey("c-1", "acme"))
+        == f"{keys.prefix}:conversation:{{acme/c-1}}:events"
+    )
+    assert tenants != keys.events(EventScope.conversation("c-1")) != keys.events(EventScope.conversation("c-1", "b"))
+
+
+def test_two_tenants_using_one_conversation_id_read_their_own_live_events(live: LiveEventChannel) -> None:
+    for tenant in ("acme", "globex"):
+        live.publish(
+            AgentEvent(
+                event_id=f"e-{tenant}",
+                type=AgentEventType.MODEL_DELTA,
+                turn_id=f"t-{tenant}",
+                conversation_id="c-1",
+                tenant_id=tenant,
+            )
+        )
+    assert [e.event_id for e in live.read(EventScope.conversation("c-1", "acme"))] == ["e-acme"]
+    assert [e.event_id for e in live.read(EventScope.conversation("c-1", "globex"))] == ["e-globex"]
+    assert live.read(EventScope.conversation("c-1")) == []
 
 
 def test_a_feed_merges_the_redis_channel_with_the_durable_log(redis_url: str, keys: RedisKeys) -> None:
@@ -193,7 +217,7 @@ def test_streams_live_under_the_prefix_and_expire_after_the_retention(
 ) -> None:
     with RedisLiveEvents(redis_url, prefix=keys.prefix, retention_s=120) as live:
         live.publish(delta())
-    tree, conversation = keys.turn_events("r-1"), keys.conversation_events("c-1")
+    tree, conversation = keys.turn_events("r-1"), keys.conversation_events(ConversationKey("c-1"))
     assert {k.decode() for k in redis_client.scan_iter(match=keys.pattern())} == {tree, conversation}
     for key in (tree, conversation):
         # Each publish sets the stream to expire the retention after it

@@ -19,6 +19,7 @@ from redis.retry import Retry
 
 import store.keys
 from agent_runner.errors import StoreError, StoreUnavailableError
+from agent_runner.persistence import ConversationKey
 from store.keys import RedisKeys
 from store.redaction import redact_url
 from store.redis_guard import RedisConversationGuard
@@ -63,20 +64,22 @@ def test_every_operation_still_works_after_a_script_flush(
     warm = lease.acquire("turn-warm", "worker-a", 5_000)
     assert warm is not None
     assert lease.renew(warm, 5_000) and lease.release(warm) and lease.holder("turn-warm") is None
-    guard.claim("conv-warm", "turn-a")
-    assert guard.replace("conv-warm", "turn-a", "turn-b") and guard.release("conv-warm", "turn-b")
-    assert guard.holder("conv-warm") is None
-    guard.claim("conv-1", "turn-a")
+    guard.claim(ConversationKey("conv-warm"), "turn-a")
+    assert guard.replace(ConversationKey("conv-warm"), "turn-a", "turn-b") and guard.release(
+        ConversationKey("conv-warm"), "turn-b"
+    )
+    assert guard.holder(ConversationKey("conv-warm")) is None
+    guard.claim(ConversationKey("conv-1"), "turn-a")
 
     steps: list[tuple[str, Callable[[], object], object]] = [
         ("lease_acquire", lambda: (lease.acquire("turn-2", "worker-b", 5_000) or held).owner, "worker-b"),
         ("lease_holder", lambda: lease.holder("turn-1"), held),
         ("lease_renew", lambda: lease.renew(held, 5_000), True),
         ("lease_release", lambda: lease.release(held), True),
-        ("guard_claim", lambda: guard.claim("conv-2", "turn-c"), "turn-c"),
-        ("guard_holder", lambda: guard.holder("conv-1"), "turn-a"),
-        ("guard_replace", lambda: guard.replace("conv-1", "turn-a", "turn-d"), True),
-        ("guard_release", lambda: guard.release("conv-1", "turn-d"), True),
+        ("guard_claim", lambda: guard.claim(ConversationKey("conv-2"), "turn-c"), "turn-c"),
+        ("guard_holder", lambda: guard.holder(ConversationKey("conv-1")), "turn-a"),
+        ("guard_replace", lambda: guard.replace(ConversationKey("conv-1"), "turn-a", "turn-d"), True),
+        ("guard_release", lambda: guard.release(ConversationKey("conv-1"), "turn-d"), True),
     ]
     for name, step, expected in steps:
         # When Redis forgets its scripts (SCRIPT FLUSH, or a restart) right before the call
@@ -123,7 +126,7 @@ def _acquire(url: str) -> object:
 
 def _claim(url: str) -> object:
     with RedisConversationGuard(url) as guard:
-        return guard.claim("conv-1", "turn-1")
+        return guard.claim(ConversationKey("conv-1"), "turn-1")
 
 
 @pytest.mark.parametrize(
@@ -178,7 +181,7 @@ def test_wrong_credentials_raise_a_store_error_that_is_not_retryable(redis_url: 
 
     # When an operation runs
     with RedisConversationGuard(bad_url) as guard, pytest.raises(StoreError) as caught:
-        guard.holder("conv-1")
+        guard.holder(ConversationKey("conv-1"))
 
     # Then the error says so without the password, and repeating it is pointless
     assert not isinstance(caught.value, StoreUnavailableError)
@@ -210,7 +213,7 @@ def test_a_lease_or_guard_needs_a_url_or_a_client() -> None:
 
 def test_every_key_lives_under_the_prefix_and_a_turns_keys_share_a_hash_tag() -> None:
     keys = RedisKeys("tenant-a")
-    built = [keys.turn_lease("turn-1"), keys.turn_fence("turn-1"), keys.active_turn("conv-1")]
+    built = [keys.turn_lease("turn-1"), keys.turn_fence("turn-1"), keys.active_turn(ConversationKey("conv-1"))]
     assert all(key.startswith("tenant-a:") for key in built)
     assert "{turn-1}" in keys.turn_lease("turn-1")
     assert "{turn-1}" in keys.turn_fence("turn-1")
@@ -225,7 +228,7 @@ def test_the_namespace_pattern_matches_its_own_keys_only(redis_client: Redis[Any
     # Given two namespaces whose prefixes differ only where the first has glob characters
     globby = RedisKeys(f"{keys.prefix}*[x]?")
     literal = RedisKeys(f"{keys.prefix}a[x]b")
-    mine, theirs = globby.active_turn("conv-1"), literal.active_turn("conv-1")
+    mine, theirs = globby.active_turn(ConversationKey("conv-1")), literal.active_turn(ConversationKey("conv-1"))
     redis_client.set(mine, "turn-1")
     redis_client.set(theirs, "turn-2")
     try:

@@ -13,6 +13,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from agent_runner import AgentConversationBusyException, AgentTurn
+from agent_runner.persistence import ConversationKey
 from store import Inbox, SqlAgentTurnStore, SqlTurnLease
 from store.schema import inbox_messages
 
@@ -59,7 +60,7 @@ def claim_until_empty(url: str, conversations: list[str], seed: int, start_at: f
             rng.shuffle(order)
             claimed_any = False
             for conversation in order:
-                message = inbox.claim_next(conversation)
+                message = inbox.claim_next(ConversationKey(conversation))
                 if message is None:
                     continue
                 claimed_any = True

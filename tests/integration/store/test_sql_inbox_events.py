@@ -19,8 +19,7 @@ from agent_runner import (
     VersionConflictError,
 )
 from agent_runner.ids import queued_turn_id, utcnow
-from agent_runner.limits import scoped_conversation_id
-from agent_runner.persistence import EventScope
+from agent_runner.persistence import ConversationKey, EventScope
 from store import Inbox, InboxStatus, SqlAgentTurnStore, SqlChatMemoryProvider
 from store.schema import turn_events
 from workers import inbox as inbox_module
@@ -46,31 +45,33 @@ def inbox(runner: AgentRunner) -> Inbox:
     return Inbox(runner.turn_store.engine)  # type: ignore[attr-defined]
 
 
-def conversation_events(runner: AgentRunner, conversation_id: str) -> list[AgentEvent]:
-    return runner.turn_store.read_events(EventScope.conversation(conversation_id))  # type: ignore[attr-defined,no-any-return]
+def conversation_events(runner: AgentRunner, conversation: str | ConversationKey) -> list[AgentEvent]:
+    key = conversation if isinstance(conversation, ConversationKey) else ConversationKey(conversation)
+    return runner.turn_store.read_events(EventScope.of_conversation(key))  # type: ignore[attr-defined,no-any-return]
 
 
 def test_enqueue_writes_one_message_queued_event_at_the_next_conversation_position(
     runner: AgentRunner, inbox: Inbox
 ) -> None:
     # Given a busy conversation of one tenant (its TURN_STARTED is at position 1)
-    acme, globex = scoped_conversation_id("acme", "c-1"), scoped_conversation_id("globex", "c-1")
-    active = runner.start("helper", "working on it", conversation_id=acme, tenant_id="acme")
+    acme, globex = ConversationKey("c-1", "acme"), ConversationKey("c-1", "globex")
+    active = runner.start("helper", "working on it", conversation_id="c-1", tenant_id="acme")
 
     # When two messages are queued behind it, the first one twice
-    first = inbox.enqueue(acme, "m-1", "one more thing", agent_id="helper", tenant_id="acme")
-    again = inbox.enqueue(acme, "m-1", "one more thing", agent_id="helper", tenant_id="acme")
-    second = inbox.enqueue(acme, "m-2", "and this", tenant_id="acme")
+    first = inbox.enqueue("c-1", "m-1", "one more thing", agent_id="helper", tenant_id="acme")
+    again = inbox.enqueue("c-1", "m-1", "one more thing", agent_id="helper", tenant_id="acme")
+    second = inbox.enqueue("c-1", "m-2", "and this", tenant_id="acme")
 
     # Then each got one MESSAGE_QUEUED, in its conversation's order, naming the turn it starts as
     assert again.queued_event is None
     events = conversation_events(runner, acme)
     assert [(e.type, e.turn_id, e.cursor) for e in events] == [
         (E.TURN_STARTED, active.id, "1"),
-        (E.MESSAGE_QUEUED, queued_turn_id(acme, "m-1"), "2"),
-        (E.MESSAGE_QUEUED, queued_turn_id(acme, "m-2"), "3"),
+        (E.MESSAGE_QUEUED, queued_turn_id("c-1", "m-1", "acme"), "2"),
+        (E.MESSAGE_QUEUED, queued_turn_id("c-1", "m-2", "acme"), "3"),
     ]
-    assert second.starts_as == events[2].turn_id != queued_turn_id(globex, "m-2")
+    assert second.starts_as == events[2].turn_id != queued_turn_id("c-1", "m-2", "globex")
+    assert events[1].conversation_id == "c-1" and events[1].tenant_id == "acme"
     assert events[1].data == {
         "message_id": "m-1",
         "sequence": 1,
@@ -109,7 +110,7 @@ def test_a_message_whose_event_cannot_be_written_is_not_queued(runner: AgentRunn
         inbox.enqueue("c-1", "m-1", "hello")
 
     # Then nothing of it was stored: neither the message nor a conversation position
-    assert inbox.get("m-1") is None and not inbox.has_waiting("c-1")
+    assert inbox.get("m-1") is None and not inbox.has_waiting(ConversationKey("c-1"))
     assert conversation_events(runner, "c-1") == []
     queued = inbox.enqueue("c-1", "m-2", "hello")
     assert [e.cursor for e in conversation_events(runner, "c-1")] == ["1"]
@@ -123,7 +124,7 @@ def test_the_turn_of_a_queued_message_has_the_derived_id_and_links_back(runner: 
     runner.run_until_blocked(runner.turn_store.load(active.id))
 
     # When the next message is started
-    assert start_next_message(runner, inbox, None, "c-1") is InboxOutcome.STARTED
+    assert start_next_message(runner, inbox, None, ConversationKey("c-1")) is InboxOutcome.STARTED
 
     # Then its turn has the id its MESSAGE_QUEUED named, and its TURN_STARTED names the message
     derived = queued_turn_id("c-1", "m-1")
@@ -142,7 +143,7 @@ def test_a_message_started_again_does_not_start_a_second_turn(
 ) -> None:
     # Given a message whose turn was started, then put back to PENDING (its claimer died before marking it)
     inbox.enqueue("c-1", "m-1", "hello", agent_id="helper")
-    assert start_next_message(runner, inbox, None, "c-1") is InboxOutcome.STARTED
+    assert start_next_message(runner, inbox, None, ConversationKey("c-1")) is InboxOutcome.STARTED
     derived = queued_turn_id("c-1", "m-1")
     runner.run_until_blocked(runner.turn_store.load(derived))
     with runner.turn_store.engine.begin() as connection:  # type: ignore[attr-defined]
@@ -153,7 +154,7 @@ def test_a_message_started_again_does_not_start_a_second_turn(
     # When the message is started again, the store refuses the second turn of that id
     with pytest.raises(VersionConflictError):
         runner.start("helper", "hello", conversation_id="c-1", turn_id=derived)
-    assert start_next_message(runner, inbox, None, "c-1") is InboxOutcome.ALREADY_STARTED
+    assert start_next_message(runner, inbox, None, ConversationKey("c-1")) is InboxOutcome.ALREADY_STARTED
 
     # Then the message is completed with its one turn
     stored = inbox.get("m-1")
@@ -163,13 +164,13 @@ def test_a_message_started_again_does_not_start_a_second_turn(
 
 def test_a_message_started_again_is_found_by_its_turn_id(runner: AgentRunner, inbox: Inbox) -> None:
     inbox.enqueue("c-1", "m-1", "hello", agent_id="helper")
-    assert start_next_message(runner, inbox, None, "c-1") is InboxOutcome.STARTED
+    assert start_next_message(runner, inbox, None, ConversationKey("c-1")) is InboxOutcome.STARTED
     derived = queued_turn_id("c-1", "m-1")
     runner.run_until_blocked(runner.turn_store.load(derived))
     with runner.turn_store.engine.begin() as connection:  # type: ignore[attr-defined]
         connection.execute(sa.text("UPDATE agent_inbox_messages SET status = 'PENDING', turn_id = NULL"))
-    assert inbox_module.turn_started_from(runner, "c-1", "m-1") == derived
-    assert start_next_message(runner, inbox, None, "c-1") is InboxOutcome.ALREADY_STARTED
+    assert inbox_module.turn_started_from(runner, ConversationKey("c-1"), "m-1") == derived
+    assert start_next_message(runner, inbox, None, ConversationKey("c-1")) is InboxOutcome.ALREADY_STARTED
     assert [t.id for t in runner.turn_store.list_turns(conversation_id="c-1")] == [derived]
 
 
@@ -186,6 +187,6 @@ def test_a_failed_message_gets_one_message_failed_event(runner: AgentRunner, inb
     assert events[1].data == {"message_id": "m-1", "error": "agent not found"}
     # Completing or releasing a message writes nothing
     inbox.enqueue("c-1", "m-2", "fine")
-    assert inbox.claim_next("c-1") is not None and inbox.release_for_retry("m-2")
-    assert inbox.claim_next("c-1") is not None and inbox.mark_completed("m-2", "t-2")
+    assert inbox.claim_next(ConversationKey("c-1")) is not None and inbox.release_for_retry("m-2")
+    assert inbox.claim_next(ConversationKey("c-1")) is not None and inbox.mark_completed("m-2", "t-2")
     assert len(conversation_events(runner, "c-1")) == 3

@@ -13,6 +13,7 @@ from agent_runner import (
     ToolMessage,
     UserMessage,
 )
+from agent_runner.persistence import ConversationKey
 from store import Inbox, SqlAgentTurnStore, SqlChatMemoryProvider
 from tests.integration.store.conftest import ZONED_SQL_DATABASES
 
@@ -91,7 +92,7 @@ def test_awkward_and_large_chat_messages_round_trip_exactly(sql_url: str) -> Non
 def test_awkward_and_large_inbox_content_round_trips_exactly(sql_url: str) -> None:
     with Inbox(sql_url) as inbox:
         queued = inbox.enqueue(AWKWARD, "m-" + AWKWARD[:20], AWKWARD + MEGABYTE)
-        claimed = inbox.claim_next(AWKWARD)
+        claimed = inbox.claim_next(ConversationKey(AWKWARD))
     assert claimed is not None
     assert claimed.content == queued.content == AWKWARD + MEGABYTE
     assert (claimed.message_id, claimed.conversation_id) == ("m-" + AWKWARD[:20], AWKWARD)

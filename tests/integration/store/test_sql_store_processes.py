@@ -11,6 +11,7 @@ from multiprocessing.pool import Pool
 import pytest
 
 from agent_runner import AgentTurn, AgentTurnStatus
+from agent_runner.persistence import ConversationKey
 from store import Inbox, InboxStatus, SqlAgentTurnStore
 from tests.integration.store import racers
 
@@ -88,6 +89,6 @@ def test_a_conversation_turn_blocks_its_inbox_until_it_ends(pg_url: str) -> None
         inbox.enqueue("c-1", "m-1", "first")
         inbox.enqueue("c-2", "m-2", "second")
         turn = turns.save(AgentTurn(id="t-1", agent_id="a", root_turn_id="t-1", conversation_id="c-1"), -1)
-        assert inbox.conversations_ready() == ["c-2"]
+        assert inbox.conversations_ready() == [ConversationKey("c-2")]
         turns.save(turn.model_copy(update={"status": AgentTurnStatus.COMPLETED}), 0)
-        assert inbox.conversations_ready() == ["c-1", "c-2"]
+        assert inbox.conversations_ready() == [ConversationKey("c-1"), ConversationKey("c-2")]

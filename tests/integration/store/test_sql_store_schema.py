@@ -12,16 +12,15 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from alembic.autogenerate import compare_metadata
-from alembic.runtime.migration import MigrationContext
 from sqlalchemy import event
 from sqlalchemy.engine import Connection
 
 import store
 from agent_runner import AgentTurn, AgentTurnStatus
-from agent_runner.persistence import EventScope
+from agent_runner.persistence import ConversationKey, EventScope
 from store.migrations import current_revision, head_revision
 from store.schema import VERSION_TABLE, metadata
+from tests.integration.store.migration_kit import migrated_to, schema_differences
 
 ALL_TABLES = {table.name for table in metadata.sorted_tables}
 
@@ -33,29 +32,6 @@ EMPTY_DATABASES = pytest.mark.parametrize(
     ],
 )
 """Runs a test on an empty SQLite file and on an empty PostgreSQL schema (the fixture named by `database`)."""
-
-
-def migrated_to(engine: sa.Engine, revision: str) -> None:
-    """Migrate the database of `engine` up to `revision` only, as an older version left it."""
-    from alembic import command
-
-    from store._engine import writer
-    from store.migrations import alembic_config
-
-    with writer(engine).begin() as connection:
-        command.upgrade(alembic_config(connection), revision)
-
-
-def schema_differences(url: str) -> list[Any]:
-    engine = store.make_engine(url)
-    try:
-        with engine.connect() as connection:
-            context = MigrationContext.configure(
-                connection, opts={"version_table": VERSION_TABLE, "compare_type": True}
-            )
-            return list(compare_metadata(context, metadata))
-    finally:
-        engine.dispose()
 
 
 def table_names(url: str) -> set[str]:
@@ -78,7 +54,7 @@ def test_the_migrated_schema_equals_the_models(database: str, request: pytest.Fi
     engine = store.make_engine(url)
     try:
         with engine.connect() as connection:
-            assert current_revision(connection) == head_revision() == "0011"
+            assert current_revision(connection) == head_revision() == "0012"
         # And the partial unique index covers exactly the non-terminal statuses
         index = next(
             i
@@ -205,7 +181,7 @@ def test_worker_queries_use_indexes(pg_url: str) -> None:
         turns.list_turns(parent_turn_id="p-1")
         turns.list_turns(statuses=[AgentTurnStatus.RUNNING])
         inbox.conversations_ready()
-        inbox.claim_next("c-1")
+        inbox.claim_next(ConversationKey("c-1"))
         with turns.engine.connect() as connection:
             connection.exec_driver_sql("SET enable_seqscan = off")
             plans = {
@@ -256,7 +232,8 @@ def test_upgrading_from_0001_moves_the_tenant_from_the_state_into_its_column(
             stored: dict[str, str | None] = {
                 row[0]: row[1] for row in connection.execute(sa.text("SELECT id, tenant_id FROM agent_turns"))
             }
-        assert stored == {"t-1": "tenant-a", "t-2": None}
+        # (no tenant is "" in the column since 0012: it keys conversations with their id)
+        assert stored == {"t-1": "tenant-a", "t-2": ""}
     assert schema_differences(url) == []
 
 

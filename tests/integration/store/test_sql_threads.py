@@ -9,6 +9,7 @@ import pytest
 
 from agent_runner import AgentTurn, AgentTurnStatus, UserMessage
 from agent_runner.ids import utcnow
+from agent_runner.persistence import ConversationKey
 from store import SqlAgentTurnStore, ThreadQuery, ThreadRecord, ThreadRecords
 from tests.integration.store.store_kit import recording
 
@@ -45,15 +46,15 @@ def _ids(found: list[ThreadRecord]) -> list[str]:
 
 def test_status_comes_from_the_active_turn_else_the_newest_one(records: ThreadRecords, sql_url: str) -> None:
     for name in ("idle", "busy", "interrupted", "error", "fresh", "recovered"):
-        records.create(f"t1/{name}", name, "t1", {})
-    _turn(sql_url, "i1", "t1/idle", S.COMPLETED, 30)
-    _turn(sql_url, "b1", "t1/busy", S.FAILED, 30)
-    _turn(sql_url, "b2", "t1/busy", S.RUNNING, 10)
-    _turn(sql_url, "w1", "t1/interrupted", S.WAITING_FOR_APPROVAL, 10)
-    _turn(sql_url, "e1", "t1/error", S.COMPLETED, 30)
-    _turn(sql_url, "e2", "t1/error", S.MAX_STEPS_REACHED, 10)
-    _turn(sql_url, "r1", "t1/recovered", S.FAILED, 30)
-    _turn(sql_url, "r2", "t1/recovered", S.CANCELLED, 10)
+        records.create(ConversationKey(f"{name}", "t1"), name, {})
+    _turn(sql_url, "i1", "idle", S.COMPLETED, 30)
+    _turn(sql_url, "b1", "busy", S.FAILED, 30)
+    _turn(sql_url, "b2", "busy", S.RUNNING, 10)
+    _turn(sql_url, "w1", "interrupted", S.WAITING_FOR_APPROVAL, 10)
+    _turn(sql_url, "e1", "error", S.COMPLETED, 30)
+    _turn(sql_url, "e2", "error", S.MAX_STEPS_REACHED, 10)
+    _turn(sql_url, "r1", "recovered", S.FAILED, 30)
+    _turn(sql_url, "r2", "recovered", S.CANCELLED, 10)
     expected = {
         "idle": {"idle", "fresh", "recovered"},
         "busy": {"busy"},
@@ -68,13 +69,13 @@ def test_status_comes_from_the_active_turn_else_the_newest_one(records: ThreadRe
 
 
 def test_metadata_ids_and_tenants_filter(records: ThreadRecords) -> None:
-    records.create("t1/a", "a", "t1", {"team": "red", "n": 1, "vip": True, "tags": ["x"], "note": None})
-    records.create("t1/b", "b", "t1", {"team": "red", "n": 2})
-    records.create("t1/c", "c", "t1", {"team": "blue", "n": "1"})
-    records.create("t2/a", "a", "t2", {"team": "red", "n": 1})
-    records.create("t1/gone", "gone", "t1", {"team": "red"})
-    records.delete("t1/gone")
-    records.create("solo", "solo", None, {"team": "red"})
+    records.create(ConversationKey("a", "t1"), "a", {"team": "red", "n": 1, "vip": True, "tags": ["x"], "note": None})
+    records.create(ConversationKey("b", "t1"), "b", {"team": "red", "n": 2})
+    records.create(ConversationKey("c", "t1"), "c", {"team": "blue", "n": "1"})
+    records.create(ConversationKey("a", "t2"), "a", {"team": "red", "n": 1})
+    records.create(ConversationKey("gone", "t1"), "gone", {"team": "red"})
+    records.delete(ConversationKey("gone", "t1"))
+    records.create(ConversationKey("solo"), "solo", {"team": "red"})
 
     def found(**filters: object) -> set[str]:
         return set(_ids(records.search(ThreadQuery("t1", **filters), limit=100)))  # type: ignore[arg-type]
@@ -91,7 +92,7 @@ def test_metadata_ids_and_tenants_filter(records: ThreadRecords) -> None:
     assert found(metadata={"team": "green"}) == set()
     assert found(metadata={"missing": "red"}) == set()
     assert found(thread_ids=["a", "c", "solo"]) == {"a", "c"}
-    assert found(conversation_id="t1/b") == {"b"}
+    assert found(conversation_id="b") == {"b"}
     # Another tenant, and the single-tenant owner, see only their own
     assert _ids(records.search(ThreadQuery("t2", metadata={"team": "red"}), limit=100)) == ["a"]
     assert records.search(ThreadQuery("t2", thread_ids=["b"]), limit=100) == []
@@ -102,9 +103,9 @@ def test_metadata_ids_and_tenants_filter(records: ThreadRecords) -> None:
 
 def test_pages_neither_repeat_nor_miss_a_thread_and_cost_one_statement(records: ThreadRecords, sql_url: str) -> None:
     for number in range(23):
-        records.create(f"t1/{number:02}", f"{number:02}", "t1", {"kind": "page"})
-    records.create("t2/x", "x", "t2", {"kind": "page"})
-    _turn(sql_url, "late", "t1/05", S.COMPLETED, 0)  # updated last: first by update time
+        records.create(ConversationKey(f"{number:02}", "t1"), f"{number:02}", {"kind": "page"})
+    records.create(ConversationKey("x", "t2"), "x", {"kind": "page"})
+    _turn(sql_url, "late", "05", S.COMPLETED, 0)  # updated last: first by update time
     for sort_by in ("created_at", "updated_at", "thread_id", "status"):
         for descending in (True, False):
             query = ThreadQuery("t1", metadata={"kind": "page"}, sort_by=sort_by, descending=descending)

@@ -42,8 +42,8 @@ class PlainStore:
     def save(self, turn: AgentTurn, expected_version: int, events: Sequence[AgentEvent] = ()) -> AgentTurn:
         return self.inner.save(turn, expected_version, events)
 
-    def find_active_turn(self, conversation_id: str) -> AgentTurn | None:
-        return self.inner.find_active_turn(conversation_id)
+    def find_active_turn(self, conversation_id: str, tenant_id: str | None = None) -> AgentTurn | None:
+        return self.inner.find_active_turn(conversation_id, tenant_id)
 
     def request_cancel(self, turn_id: str, reason: str | None = None) -> AgentTurn:
         return self.inner.request_cancel(turn_id, reason)
@@ -55,9 +55,14 @@ class PlainStore:
         conversation_id: str | None = None,
         parent_turn_id: str | None = None,
         limit: int = 100,
+        tenant_id: str | None = None,
     ) -> list[AgentTurn]:
         return self.inner.list_turns(
-            statuses=statuses, conversation_id=conversation_id, parent_turn_id=parent_turn_id, limit=limit
+            statuses=statuses,
+            conversation_id=conversation_id,
+            parent_turn_id=parent_turn_id,
+            limit=limit,
+            tenant_id=tenant_id,
         )
 
     def list_runnable(self, now: datetime, limit: int = 100) -> list[TurnRef]:

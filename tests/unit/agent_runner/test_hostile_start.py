@@ -140,7 +140,8 @@ def test_nasty_but_valid_input_is_stored_exactly(any_deployment: Deployment) -> 
     assert stored.conversation_id == conversation and stored.tenant_id == "t.1"
     assert stored.metadata == metadata
     assert any_deployment.runner.chat_memory_provider is not None
-    assert any_deployment.runner.chat_memory_provider(conversation).get_messages(10)[0].content == message  # type: ignore[union-attr]
+    memory = any_deployment.runner.chat_memory_provider(conversation, tenant_id="t.1")
+    assert memory.get_messages(10)[0].content == message  # type: ignore[union-attr]
     assert set(sa.inspect(any_deployment.engine).get_table_names()) == tables
 
 

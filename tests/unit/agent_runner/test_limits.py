@@ -47,8 +47,6 @@ from agent_runner.limits import (
     check_reference,
     check_tenant_id,
     check_text,
-    scoped_conversation_id,
-    split_conversation_id,
     storable_text,
 )
 from agent_runner.persistence import AgentTurnStore
@@ -94,47 +92,47 @@ def test_ids_outside_the_character_set_name_the_first_bad_character(value: str, 
     assert found in caught.value.found
 
 
-def test_a_tenants_conversation_id_is_built_checked_and_split_by_one_rule() -> None:
-    scoped = scoped_conversation_id("tenant-a", "c.1:x")
-    assert scoped == "tenant-a/c.1:x" and scoped_conversation_id(None, "c-1") == "c-1"
-    assert split_conversation_id(scoped) == ("tenant-a", "c.1:x") and split_conversation_id("c-1") == (None, "c-1")
-    assert check_conversation_id(scoped) == scoped and check_conversation_id("c-1") == "c-1"
-    # The tenant's own id may be as long as any id; the tenant part follows the tenant rules
-    assert check_conversation_id(f"{'t' * 64}/{'c' * 128}") == f"{'t' * 64}/{'c' * 128}"
+def test_a_conversation_id_follows_the_id_rules_and_a_tenant_the_tenant_rules() -> None:
+    assert check_conversation_id("c.1:x") == "c.1:x" and check_conversation_id("c" * 128) == "c" * 128
     assert check_tenant_id("tenant_B-9") == "tenant_B-9"
 
 
 @pytest.mark.parametrize(
-    ("value", "field", "found"),
+    ("value", "found"),
     [
-        ("a/b/c", "conversation_id", "'/' at position 1"),
-        ("/c-1", "conversation_id", "an empty string in the tenant part"),
-        ("t/", "conversation_id", "an empty string"),
-        ("t.1/c", "conversation_id", "'.' at position 1 in the tenant part"),
-        (f"{'t' * 65}/c", "conversation_id", "65 characters in the tenant part"),
-        (f"t/{'c' * 129}", "conversation_id", "129 characters"),
-        ("t/c\x00", "conversation_id", "U+0000"),
-        (["t/c"], "conversation_id", "a list"),
+        ("t/c", "'/' at position 1"),
+        ("", "an empty string"),
+        ("c" * 129, "129 characters"),
+        ("c\x00", "U+0000"),
+        (["c"], "a list"),
     ],
 )
-def test_scoped_conversation_ids_outside_the_rules_name_the_part_that_breaks_them(
-    value: object, field: str, found: str
-) -> None:
+def test_conversation_ids_outside_the_rules_name_what_breaks_them(value: object, found: str) -> None:
     with pytest.raises(InputLimitError) as caught:
         check_conversation_id(value)
-    assert caught.value.field == field and found in caught.value.found
+    assert caught.value.field == "conversation_id" and found in caught.value.found
 
 
-def test_a_turn_may_start_only_in_a_conversation_of_its_own_tenant() -> None:
-    runner = AgentRunner(chat_memory_provider=InMemoryChatMemoryProvider())
-    agent = Agent(id="a", chat_model=ScriptedChatModel([AiMessage(content="ok")] * 2))
-    mine = runner.run(agent, "hi", conversation_id="tenant-a/c-1", tenant_id="tenant-a")
-    assert mine.status is AgentTurnStatus.COMPLETED and mine.conversation_id == "tenant-a/c-1"
+def test_two_tenants_using_one_conversation_id_never_meet() -> None:
+    memories = InMemoryChatMemoryProvider()
+    runner = AgentRunner(chat_memory_provider=memories)
+    agent = Agent(id="a", chat_model=ScriptedChatModel([AiMessage(content="ok")] * 3))
+    # Given tenant-a holds an active turn in conversation c-1
+    held = runner.start(agent, "from a", conversation_id="c-1", tenant_id="tenant-a")
+    active = runner.turn_store.find_active_turn("c-1", "tenant-a")
+    assert active is not None and active.id == held.id
+    # When tenant-b and a caller without a tenant use the same conversation id, they are not busy
     for tenant in ("tenant-b", None):
-        with pytest.raises(InputLimitError, match="conversation_id") as caught:
-            runner.start(agent, "hi", conversation_id="tenant-a/c-2", tenant_id=tenant)
-        assert caught.value.found == "one of tenant 'tenant-a'"
-    assert runner.turn_store.find_active_turn("tenant-a/c-2") is None
+        done = runner.run(agent, f"from {tenant}", conversation_id="c-1", tenant_id=tenant)
+        assert done.status is AgentTurnStatus.COMPLETED and done.conversation_id == "c-1"
+        assert runner.turn_store.find_active_turn("c-1", tenant) is None
+    # And each conversation's history holds its own messages only
+    shown = {
+        tenant: [getattr(m, "content", None) for m in memories("c-1", tenant_id=tenant).get_messages(10)]
+        for tenant in ("tenant-b", None)
+    }
+    assert shown == {"tenant-b": ["from tenant-b", "ok"], None: ["from None", "ok"]}
+    assert [getattr(m, "content", None) for m in memories("c-1", tenant_id="tenant-a").get_messages(10)] == ["from a"]
 
 
 def test_references_accept_any_storable_text_of_a_model_provider() -> None:

@@ -14,7 +14,9 @@ from agent_runner import (
     AgentToolContext,
     AgentTurnStatus,
     AiMessage,
+    DefinitionError,
     InMemoryChatMemory,
+    InMemoryChatMemoryProvider,
     ScriptedChatModel,
     ToolApproval,
     ToolCall,
@@ -23,7 +25,7 @@ from agent_runner import (
 
 
 def _runner() -> AgentRunner:
-    return AgentRunner(chat_memory_provider=InMemoryChatMemory)
+    return AgentRunner(chat_memory_provider=InMemoryChatMemoryProvider())
 
 
 class Seen:
@@ -55,13 +57,11 @@ def _agent(seen: Seen, *, requires_approval: bool = False) -> Agent:
     return Agent(id="acting", chat_model=model, tools=[act])
 
 
-def test_a_tool_sees_the_turn_metadata_conversation_and_tenant_without_the_stored_prefix() -> None:
-    # Given: a tenant's turn, stored under "<tenant>/<conversation>" as the HTTP server does
+def test_a_tool_sees_the_turn_metadata_conversation_and_tenant() -> None:
+    # Given: a tenant's turn in a conversation of that tenant
     seen = Seen()
     runner = _runner()
-    queued = runner.start(
-        _agent(seen), "go", conversation_id="acme/c-7", tenant_id="acme", metadata={"user_id": "u-42"}
-    )
+    queued = runner.start(_agent(seen), "go", conversation_id="c-7", tenant_id="acme", metadata={"user_id": "u-42"})
     # When: the turn runs its tool
     turn = runner.run_until_blocked(queued)
     # Then: the tool sees the caller's own conversation id, the tenant apart, and the metadata
@@ -137,7 +137,7 @@ def test_a_sub_agent_tool_acts_for_the_parent_turn_caller() -> None:
     )
     lead = Agent(id="lead", chat_model=lead_model, sub_agents=[helper])
     # When: the lead runs for a tenant's user
-    turn = _runner().run(lead, "go", conversation_id="acme/c-2", tenant_id="acme", metadata={"user_id": "u-5"})
+    turn = _runner().run(lead, "go", conversation_id="c-2", tenant_id="acme", metadata={"user_id": "u-5"})
     # Then: the sub-agent's tool sees the same caller and conversation
     assert turn.status is AgentTurnStatus.COMPLETED
     [context] = seen.contexts
@@ -146,3 +146,14 @@ def test_a_sub_agent_tool_acts_for_the_parent_turn_caller() -> None:
         "c-2",
         "acme",
     )
+
+
+def test_a_tenants_turn_needs_a_chat_memory_provider_that_keeps_tenants_apart() -> None:
+    # Given a provider of one memory per conversation id, whatever the tenant
+    runner = AgentRunner(chat_memory_provider=InMemoryChatMemory)
+    # When a tenant's turn starts in a conversation, then it is refused before anything is saved
+    with pytest.raises(DefinitionError, match="takes no tenant_id"):
+        runner.start(_agent(Seen()), "go", conversation_id="c-1", tenant_id="acme")
+    assert runner.turn_store.find_active_turn("c-1", "acme") is None
+    # And a turn without a tenant still uses it
+    assert runner.run(_agent(Seen()), "go", conversation_id="c-1").status is AgentTurnStatus.COMPLETED

@@ -8,10 +8,11 @@ from typing import Any
 import pytest
 
 from agent_runner import Agent, AgentTurn, InputLimitError, ResumeType, ScriptedChatModel, ToolCall, TurnNotFound, tool
+from agent_runner.persistence import ConversationKey
 from workers.api.errors import InvalidRequestError
 from workers.api.guard import check_json, json_depth
 from workers.api.server_settings import ApiKeys, ApiSettings, WorkerMode
-from workers.api.tenancy import Tenant
+from workers.api.tenancy import ConversationNotFoundError, Tenant
 from workers.settings import SettingsError
 from workers.views import (
     ErrorKind,
@@ -123,14 +124,18 @@ def test_an_approval_or_settled_call_keeps_its_reason_in_the_metadata() -> None:
     assert rejected.reason == "no" and rejected.metadata == {}
 
 
-def test_tenants_store_conversations_under_their_name_and_see_only_their_turns() -> None:
+def test_tenants_name_conversations_beside_their_id_and_see_only_their_turns() -> None:
     acme, single = Tenant("acme"), Tenant()
-    assert acme.stored_conversation("c-1") == "acme/c-1" and acme.shown_conversation("acme/c-1") == "c-1"
-    assert single.stored_conversation("c-1") == "c-1" and single.shown_conversation(None) is None
-    # Another tenant's stored id is shown as stored, never cut down to look like one's own
-    assert acme.shown_conversation("globex/c-1") == "globex/c-1"
+    assert acme.conversation_key("c-1") == ConversationKey("c-1", "acme") != single.conversation_key("c-1")
+    assert single.conversation_key("c-1") == ConversationKey("c-1")
     with pytest.raises(InputLimitError):
-        acme.stored_conversation("c/1")
+        acme.conversation_key("c/1")
+    # A token limited to one conversation reaches that one of its own tenant only
+    bound = Tenant("acme", user="u", conversation="c-1")
+    assert bound.reaches("c-1") == ConversationKey("c-1", "acme")
+    with pytest.raises(ConversationNotFoundError):
+        bound.reaches("c-2")
+    assert not bound.owns(AgentTurn(id="t", agent_id="a", tenant_id="globex", conversation_id="c-1"))
     turn = AgentTurn(id="t", agent_id="a", tenant_id="globex")
     assert single.owns(turn) and not acme.owns(turn)
     with pytest.raises(TurnNotFound):
@@ -178,15 +183,17 @@ def test_event_data_shows_the_tenants_conversation_and_masks_arguments() -> None
         type=AgentEventType.TOOL_STARTED,
         turn_id="t1",
         root_turn_id="t1",
-        conversation_id="acme/c-1",
+        conversation_id="c-1",
+        tenant_id="acme",
         data={"tool_call_id": "c1", "tool_name": "call_api", "arguments": {"url": "u", "token": "secret"}},
         cursor="0.1:",
     )
-    text = format_event(event, Tenant("acme"), catalog_mask(Loader()))
+    text = format_event(event, catalog_mask(Loader()))
     lines = text.split("\n")
     assert lines[0] == "id: 0.1:" and lines[1] == "event: TOOL_STARTED" and text.endswith("\n\n")
     data = json.loads(lines[2].removeprefix("data: "))
     assert data["conversation_id"] == "c-1" and data["data"]["arguments"] == {"url": "u", "token": "***"}
+    assert "tenant_id" not in data
 
 
 def test_errors_renamed_to_end_in_error_answer_with_the_type_clients_know() -> None:
@@ -222,6 +229,7 @@ def test_errors_renamed_to_end_in_error_answer_with_the_type_clients_know() -> N
         "RollbackNotSupported": RollbackNotSupportedError("/multitask_strategy"),
         "InvalidCursor": api_error_of(InvalidCursorError("x")),
         "InvalidEventQuery": api_error_of(InvalidEventQueryError("an empty id")),
+        "ConversationNotFound": ConversationNotFoundError("c-1"),
     }
     # Then each answers with the `type` it had before, which clients read
     assert {wire: error.type_name for wire, error in answers.items()} == {wire: wire for wire in answers}

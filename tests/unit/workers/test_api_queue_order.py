@@ -42,9 +42,9 @@ def test_an_enqueued_message_queues_behind_waiting_messages_of_a_free_conversati
     # Given a tenant's conversation with no active turn and a message still waiting in its
     # inbox (its turn ended a moment ago; the next message has not been started yet)
     tenant = Tenant("tenant-a")
-    stored = tenant.stored_conversation("c-1")
-    runtime.inbox.enqueue(stored, "m-1", "first", agent_id="desk", tenant_id=tenant.id)
-    assert runtime.turn_store.find_active_turn(stored) is None
+    conversation = tenant.conversation_key("c-1")
+    runtime.inbox.enqueue("c-1", "m-1", "first", agent_id="desk", tenant_id=tenant.id)
+    assert runtime.turn_store.find_active_turn("c-1", tenant.id) is None
 
     # When a second message arrives with if_busy=enqueue
     outcome = start_turn(runtime, tenant, _request("second"), "m-2")
@@ -52,24 +52,23 @@ def test_an_enqueued_message_queues_behind_waiting_messages_of_a_free_conversati
     # Then it queues behind the first instead of starting ahead of it
     assert outcome == Queued("m-2", "c-1")
     queued = [runtime.inbox.get(m) for m in ("m-1", "m-2")]
-    assert [(m.status, m.conversation_id) for m in queued if m is not None] == [(InboxStatus.PENDING, stored)] * 2
+    assert [(m.status, m.conversation) for m in queued if m is not None] == [(InboxStatus.PENDING, conversation)] * 2
     assert queued[0] is not None and queued[1] is not None and queued[0].sequence < queued[1].sequence
-    assert runtime.turn_store.list_turns(conversation_id=stored) == []
+    assert runtime.turn_store.list_turns(conversation_id="c-1") == []
 
 
 def test_an_enqueued_message_starts_at_once_when_nothing_waits(runtime: Runtime) -> None:
     # Given a free conversation whose earlier queued message has started its turn already
     tenant = Tenant("tenant-a")
-    stored = tenant.stored_conversation("c-1")
-    runtime.inbox.enqueue(stored, "m-1", "first", agent_id="desk", tenant_id=tenant.id)
-    claimed = runtime.inbox.claim_next(stored)
+    runtime.inbox.enqueue("c-1", "m-1", "first", agent_id="desk", tenant_id=tenant.id)
+    claimed = runtime.inbox.claim_next(tenant.conversation_key("c-1"))
     assert claimed is not None and runtime.inbox.mark_completed("m-1", "t-earlier")
     # When a message arrives with if_busy=enqueue, and another of another tenant's same conversation id
     started = start_turn(runtime, tenant, _request("second"), "m-2")
     other = start_turn(runtime, Tenant("tenant-b"), _request("hello"), "m-3")
     # Then both start their turns at once, each in its own tenant's conversation
-    assert isinstance(started, AgentTurn) and started.conversation_id == stored
-    assert isinstance(other, AgentTurn) and other.conversation_id == "tenant-b/c-1"
+    assert isinstance(started, AgentTurn) and (started.tenant_id, started.conversation_id) == ("tenant-a", "c-1")
+    assert isinstance(other, AgentTurn) and (other.tenant_id, other.conversation_id) == ("tenant-b", "c-1")
 
 
 def test_a_keyed_start_repeated_while_messages_wait_answers_with_the_turn_it_started(runtime: Runtime) -> None:
@@ -88,8 +87,8 @@ def test_a_keyed_start_repeated_while_messages_wait_answers_with_the_turn_it_sta
 def test_a_queued_message_is_announced_on_the_live_channel_of_its_conversation_only(runtime: Runtime) -> None:
     # Given a tenant's conversation with a message waiting in its inbox
     tenant = Tenant("tenant-a")
-    stored = tenant.stored_conversation("c-1")
-    runtime.inbox.enqueue(stored, "m-1", "first", agent_id="desk", tenant_id=tenant.id)
+    scope = EventScope.conversation("c-1", tenant.id)
+    runtime.inbox.enqueue("c-1", "m-1", "first", agent_id="desk", tenant_id=tenant.id)
     live = runtime.events.live
     assert live is not None
 
@@ -98,9 +97,8 @@ def test_a_queued_message_is_announced_on_the_live_channel_of_its_conversation_o
     assert start_turn(runtime, tenant, _request("second"), "m-2") == Queued("m-2", "c-1")
 
     # Then its stored MESSAGE_QUEUED was announced once, to the tenant's conversation (a wake-up for followers)
-    [stored_event] = [
-        e for e in runtime.turn_store.read_events(EventScope.conversation(stored)) if e.data["message_id"] == "m-2"
-    ]
-    announced = live.read(EventScope.conversation(stored))
+    [stored_event] = [e for e in runtime.turn_store.read_events(scope) if e.data["message_id"] == "m-2"]
+    announced = live.read(scope)
     assert [(e.event_id, e.type) for e in announced] == [(stored_event.event_id, AgentEventType.MESSAGE_QUEUED)]
-    assert live.read(EventScope.conversation("tenant-b/c-1")) == []
+    assert live.read(EventScope.conversation("c-1", "tenant-b")) == []
+    assert live.read(EventScope.conversation("c-1")) == []

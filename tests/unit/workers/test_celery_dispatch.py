@@ -23,6 +23,7 @@ from agent_runner import (
     Tool,
     ToolCall,
 )
+from agent_runner.persistence import ConversationKey
 from workers.celery_app.dispatch import CeleryDispatcher, InboxNotifier
 from workers.celery_app.middleware import SoftTimeLimitAsRetry
 from workers.settings import WorkerSettings
@@ -116,10 +117,10 @@ def test_the_notifier_asks_only_for_conversations_with_a_message_waiting(caplog:
     # Most conversation turns end with nothing queued: no dispatch_inbox task for those
     waiting = {"c-waiting": True, "c-empty": False}
 
-    def has_waiting(conversation_id: str) -> bool:
-        if conversation_id not in waiting:
+    def has_waiting(conversation: ConversationKey) -> bool:
+        if conversation.conversation_id not in waiting:
             raise StoreUnavailableError("database down")
-        return waiting[conversation_id]
+        return waiting[conversation.conversation_id]
 
     app = RecordingApp()
     notify = InboxNotifier(dispatcher(app), has_waiting)

@@ -84,24 +84,26 @@ def _stored(url: str, turn_id: str) -> AgentTurn:
 
 
 def test_list_filters_by_a_tenants_conversation(url: str) -> None:
-    # Given turns of two tenants in conversations of the same id, stored under each tenant's name
+    # Given turns of two tenants, and of none, in conversations of the same id
     store, memories = SqlAgentTurnStore(url), SqlChatMemoryProvider(url)
     try:
         runner = AgentRunner(turn_store=store, chat_memory_provider=memories)
         turns = {
-            tenant: runner.start(
-                _agent(AiMessage(content="hi")), "hi", conversation_id=f"{tenant}/c-1", tenant_id=tenant
-            )
-            for tenant in ("tenant-a", "tenant-b")
+            tenant: runner.start(_agent(AiMessage(content="hi")), "hi", conversation_id="c-1", tenant_id=tenant)
+            for tenant in ("tenant-a", "tenant-b", None)
         }
     finally:
         store.close()
         memories.close()
-    # When listing one tenant's conversation by its stored id
+    # When listing one tenant's conversation as TENANT/ID, and the one without a tenant as ID
     listed = cli(url, "--json", "turns", "list", "--conversation", "tenant-a/c-1")
-    # Then only that tenant's turn is listed; a malformed scoped id is refused
+    plain = cli(url, "--json", "turns", "list", "--conversation", "c-1")
+    # Then only that conversation's turn is listed, named as it was asked for; a malformed name is refused
     assert listed.returncode == 0, listed.stderr
-    assert [item["id"] for item in json.loads(listed.stdout)] == [turns["tenant-a"].id]
+    assert [(item["id"], item["conversation_id"]) for item in json.loads(listed.stdout)] == [
+        (turns["tenant-a"].id, "tenant-a/c-1")
+    ]
+    assert [(item["id"], item["conversation_id"]) for item in json.loads(plain.stdout)] == [(turns[None].id, "c-1")]
     refused = cli(url, "turns", "list", "--conversation", "tenant-a/c/1")
     assert refused.returncode != 0 and "--conversation" in refused.stderr
 

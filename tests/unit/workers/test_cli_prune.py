@@ -11,6 +11,7 @@ import sqlalchemy as sa
 from click.testing import CliRunner, Result
 
 from agent_runner import AgentEvent, AgentEventType, AgentTurn, AgentTurnStatus
+from agent_runner.persistence import ConversationKey
 from store import Inbox, SqlAgentTurnStore
 from store.schema import inbox_messages
 from workers.cli import main
@@ -41,7 +42,7 @@ def seed(url: str) -> None:
             turns.save(turn, -1, [event])
     with Inbox(url) as inbox:
         inbox.enqueue("c-1", "m-1", "hello")
-        assert inbox.claim_next("c-1") is not None
+        assert inbox.claim_next(ConversationKey("c-1")) is not None
         inbox.mark_completed("m-1", "ended-40d")
         with inbox.engine.begin() as connection:  # marked when its turn started, 40 days ago
             connection.execute(sa.update(inbox_messages).values(updated_at=now - timedelta(days=40)))

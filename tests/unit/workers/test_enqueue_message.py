@@ -24,7 +24,7 @@ from agent_runner import (
     ScriptedChatModel,
     UserMessage,
 )
-from agent_runner.persistence import EventScope
+from agent_runner.persistence import ConversationKey, EventScope
 from store import Inbox, InboxStatus, SqlAgentTurnStore, SqlChatMemoryProvider
 from workers.inbox import enqueue_message, settle_stale_claims, start_next_message
 from workers.live import announce, attach_live
@@ -65,7 +65,7 @@ def test_a_message_for_a_busy_conversation_waits_for_the_turn_to_end(runner: Age
     # Once the active turn ends, the next message starts
     runner.run_until_blocked(runner.turn_store.load(active.id))
     inbox = Inbox(runner.turn_store.engine)  # type: ignore[attr-defined]
-    start_next_message(runner, inbox, None, "c2")
+    start_next_message(runner, inbox, None, ConversationKey("c2"))
     following = runner.turn_store.find_active_turn("c2")
     assert following is not None and following.messages[-1].id == "m-2"
 
@@ -116,7 +116,7 @@ def test_a_message_a_turn_could_never_take_is_refused_before_it_is_queued(
     inbox = Inbox(runner.turn_store.engine)  # type: ignore[attr-defined]
     with pytest.raises(error):
         enqueue_message(runner, "c-bad", content, agent_id="helper", inbox=inbox, **extra)
-    assert inbox.claim_next("c-bad") is None and runner.turn_store.find_active_turn("c-bad") is None
+    assert inbox.claim_next(ConversationKey("c-bad")) is None and runner.turn_store.find_active_turn("c-bad") is None
 
 
 def test_a_runner_without_a_sql_store_needs_an_inbox() -> None:
@@ -129,7 +129,7 @@ def test_stale_claims_are_completed_when_their_turn_started_and_queued_again_oth
     inbox = Inbox(runner.turn_store.engine)  # type: ignore[attr-defined]
     for conversation, message in (("c-started", "m-started"), ("c-lost", "m-lost")):
         inbox.enqueue(conversation, message, "hello", agent_id="helper")
-        assert inbox.claim_next(conversation) is not None
+        assert inbox.claim_next(ConversationKey(conversation)) is not None
     started = runner.start("helper", UserMessage(id="m-started", content="hello"), conversation_id="c-started")
 
     # When the claims are settled while they are young, nothing changes
@@ -150,7 +150,7 @@ def test_the_turn_a_queued_message_starts_names_the_message_in_its_turn_started_
     active = runner.start("helper", "working on it", conversation_id="c3")
     enqueue_message(runner, "c3", "and then this", message_id="m-3", agent_id="helper")
     runner.run_until_blocked(runner.turn_store.load(active.id))
-    start_next_message(runner, Inbox(runner.turn_store.engine), None, "c3")  # type: ignore[attr-defined]
+    start_next_message(runner, Inbox(runner.turn_store.engine), None, ConversationKey("c3"))  # type: ignore[attr-defined]
     started = [e for e in events if e.type is AgentEventType.TURN_STARTED]
     assert [e.data["message_id"] for e in started][-1] == "m-3"
     assert started[-1].turn_id != active.id and started[-1].conversation_id == "c3"
@@ -166,7 +166,7 @@ def test_messages_queued_together_start_one_turn_when_the_inbox_coalesces(runner
     enqueue_message(runner, "c-co", "for another agent", message_id="m-other", agent_id="other", inbox=inbox)
     runner.run_until_blocked(runner.turn_store.load(active.id))
 
-    start_next_message(runner, inbox, None, "c-co")
+    start_next_message(runner, inbox, None, ConversationKey("c-co"))
 
     first = runner.turn_store.find_active_turn("c-co")
     assert first is not None and first.messages[-1].id == "m-co-0"

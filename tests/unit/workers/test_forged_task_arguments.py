@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from agent_runner.persistence import ConversationKey
 from tests.helpers.hostile import SQL_INJECTION
 
 FORGED: list[Any] = [
@@ -29,11 +30,12 @@ FORGED: list[Any] = [
     pytest.param("step", ("t", 1), {"turn_id": "t"}, id="step-twice"),
     pytest.param("inbox", (), {}, id="inbox-no-arguments"),
     pytest.param("inbox", (None,), {}, id="inbox-none"),
-    pytest.param("inbox", ("c", "d"), {}, id="inbox-two"),
+    pytest.param("inbox", ("c", "d", "e"), {}, id="inbox-three"),
     pytest.param("inbox", ("c\ud800",), {}, id="inbox-surrogate"),
-    pytest.param("inbox", ("t/c/d",), {}, id="inbox-two-slashes"),
-    pytest.param("inbox", ("t.1/c",), {}, id="inbox-tenant-outside-the-tenant-rules"),
-    pytest.param("inbox", ("/c",), {}, id="inbox-empty-tenant"),
+    pytest.param("inbox", ("t/c",), {}, id="inbox-tenant-inside-the-id"),
+    pytest.param("inbox", ("c", "t.1"), {}, id="inbox-tenant-outside-the-tenant-rules"),
+    pytest.param("inbox", ("c", ""), {}, id="inbox-empty-tenant"),
+    pytest.param("inbox", ("c", 1), {}, id="inbox-tenant-not-text"),
     pytest.param("sweep_inbox", (1,), {}, id="sweep-inbox-argument"),
     pytest.param("sweep_stale_turns", (), {"x": 1}, id="sweep-stale-keyword"),
     pytest.param("sweep_due_retries", ("now",), {}, id="sweep-retries-argument"),
@@ -47,19 +49,19 @@ def test_a_tenants_conversation_id_passes_the_inbox_tasks_argument_check(
     from workers.inbox import InboxOutcome
 
     # Given a worker whose inbox dispatch is observed (no wiring is built)
-    served: list[str] = []
+    served: list[ConversationKey] = []
 
-    def serve(_wiring: object, conversation_id: str) -> InboxOutcome:
-        served.append(conversation_id)
+    def serve(_wiring: object, conversation: ConversationKey) -> InboxOutcome:
+        served.append(conversation)
         return InboxOutcome.EMPTY
 
     monkeypatch.setattr(tasks, "current", lambda: None)
     monkeypatch.setattr(tasks, "start_next_message", serve)
-    # When dispatch requests arrive for a tenant's conversation and for a plain one
+    # When dispatch requests arrive for a tenant's conversation and for one without a tenant
     with caplog.at_level(logging.WARNING):
-        outcomes = [tasks._dispatch_inbox("tenant-a/c-1"), tasks._dispatch_inbox(conversation_id="c-1")]
-    # Then both reach the dispatch, nothing is rejected and nothing is logged
-    assert outcomes == ["empty", "empty"] and served == ["tenant-a/c-1", "c-1"]
+        outcomes = [tasks._dispatch_inbox("c-1", "tenant-a"), tasks._dispatch_inbox(conversation_id="c-1")]
+    # Then both reach the dispatch, each with its tenant, nothing is rejected and nothing is logged
+    assert outcomes == ["empty", "empty"] and served == [ConversationKey("c-1", "tenant-a"), ConversationKey("c-1")]
     assert caplog.records == []
 
 

@@ -12,6 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 from agent_runner import Agent, AgentRunner, AiMessage, InMemoryAgentLoader, ScriptedChatModel
+from agent_runner.persistence import ConversationKey
 from store import Inbox, SqlAgentTurnStore, SqlChatMemoryProvider
 from workers.api import ApiSettings, create_app
 from workers.cli import main
@@ -36,7 +37,7 @@ class Process:
             agent_loader=InMemoryAgentLoader([agent]),
             chat_memory_provider=SqlChatMemoryProvider(url),
         )
-        self.notified: list[str] = []
+        self.notified: list[ConversationKey] = []
         self.scheduler = Scheduler(self.runner, self.inbox, schedules, notify_inbox=self.notified.append)
 
     def scheduled_ticks(self) -> list[str]:
@@ -122,7 +123,7 @@ def test_a_queued_tick_asks_the_inbox_pump_to_start_it(processes: list[Process],
     process = _process(processes, url, schedule)
 
     assert process.scheduler.check(HOUR) == {"queued": ScheduleOutcome.QUEUED}
-    assert process.notified == ["conv-q"]
+    assert process.notified == [ConversationKey("conv-q")]
     message = process.inbox.get(schedule.turn_id(HOUR))
     assert message is not None and message.content == "check"
 

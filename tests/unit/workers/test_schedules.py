@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from agent_runner import Agent, AgentRunner, AiMessage, InMemoryAgentLoader, InMemoryLiveEvents, ScriptedChatModel
-from agent_runner.persistence import EventScope
+from agent_runner.persistence import ConversationKey, EventScope
 from store import Inbox, SqlAgentTurnStore, SqlChatMemoryProvider
 from workers.celery_app.config import celery_config
 from workers.live import attach_live
@@ -267,7 +267,7 @@ class Fleet:
             agent_loader=InMemoryAgentLoader([agent]),
             chat_memory_provider=SqlChatMemoryProvider(url),
         )
-        self.notified: list[str] = []
+        self.notified: list[ConversationKey] = []
         self.live = InMemoryLiveEvents()
         attach_live(self.runner, self.live.publish)
 
@@ -315,7 +315,7 @@ def test_a_busy_conversation_rejects_skips_or_queues_the_tick(fleet: Fleet) -> N
     queueing = Schedule("chat-queue", "ops-agent", "queued hello", every=60, conversation_id="c", if_busy="enqueue")
     assert fleet.fire(queueing, later) is ScheduleOutcome.QUEUED
     assert fleet.fire(queueing, later) is ScheduleOutcome.DUPLICATE
-    assert fleet.notified == ["c"]
+    assert fleet.notified == [ConversationKey("c")]
 
     queued = fleet.inbox.get(queueing.turn_id(later))
     assert queued is not None and queued.content == "queued hello" and queued.agent_id == "ops-agent"

@@ -181,7 +181,7 @@ def start_run(
         return _resume(runtime, tenant, thread, body)
     if body.input is None:
         raise InvalidRequestError('a run needs input ({"messages": [...]}) or command.resume', path="/input")
-    history = runtime.memories(thread.conversation_id).get_model_messages(HISTORY_MESSAGES)
+    history = runtime.memories.of(thread.conversation).get_model_messages(HISTORY_MESSAGES)
     text = input_text(body.input, history)
     request = StartTurnRequest(
         agent_id=body.assistant_id,
@@ -203,7 +203,7 @@ def start_run(
 
 def _resume(runtime: Runtime, tenant: Tenant, thread: store.ThreadRecord, body: RunCreate) -> StartedRun:
     assert body.command is not None
-    active = runtime.turn_store.find_active_turn(thread.conversation_id)
+    active = runtime.turn_store.find_active_turn(thread.conversation_id, thread.tenant_id)
     if active is None or active.status not in WAITING_FOR_A_PERSON:
         raise ApiError(
             409, f"thread {thread.thread_id!r} has no interrupted run to resume", type_name="NoPendingInterrupt"
@@ -231,11 +231,11 @@ def find_run(runtime: Runtime, thread: store.ThreadRecord, run_id: str) -> Agent
     except TurnNotFound:
         turn = None
     if turn is not None:
-        if turn.conversation_id != thread.conversation_id:
+        if turn.conversation_id != thread.conversation_id or turn.tenant_id != thread.tenant_id:
             raise RecordNotFoundError("run", run_id)
         return turn
     message = runtime.inbox.get(run_id)
-    if message is None or message.conversation_id != thread.conversation_id:
+    if message is None or message.conversation != thread.conversation:
         raise RecordNotFoundError("run", run_id)
     if message.turn_id is not None:
         return runtime.turn_store.load(message.turn_id)

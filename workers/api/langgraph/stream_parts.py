@@ -118,7 +118,7 @@ class RunTranslator:
             # message. Messages the turn added after `root` was read (a worker may be steps
             # ahead of it) are projected after that one, so they are cut off with it.
             own = {m.id for m in root.messages}
-            history = runtime.memories(root.conversation_id).get_model_messages(HISTORY_MESSAGES)
+            history = runtime.memories(root.conversation_id, root.tenant_id).get_model_messages(HISTORY_MESSAGES)
             first = next((index for index, m in enumerate(history) if m.id in own), len(history))
             self._older = list(history[:first])
         self._steps: dict[str, TurnTranslator] = {}

@@ -98,13 +98,13 @@ def create_thread(
 
     Raises:
         ThreadExistsError: The id is taken (409), by a live thread with `raise`, or by a deleted one.
-        ConversationNotFound: The request's token is limited to another conversation (404).
+        ConversationNotFoundError: The request's token is limited to another conversation (404).
     """
     if thread_id is None and tenant.conversation is not None:
-        thread_id = tenant.shown_conversation(tenant.conversation)
+        thread_id = tenant.conversation
         if_exists = "do_nothing"
     chosen = thread_id or new_id()
-    record, created = records.create(tenant.reaches(chosen), chosen, tenant.id, metadata)
+    record, created = records.create(tenant.reaches(chosen), chosen, metadata)
     if created:
         return record
     if record.tenant_id == tenant.id and record.deleted_at is None and if_exists == "do_nothing":
@@ -158,7 +158,7 @@ def thread_view(
     ChatMemory does not hold yet (see `with_unprojected`); a listing of many threads skips
     that read and shows what ChatMemory holds.
     """
-    active = runtime.turn_store.find_active_turn(record.conversation_id)
+    active = runtime.turn_store.find_active_turn(record.conversation_id, record.tenant_id)
     newest = _turns(runtime, record, 1)
     last = newest[0] if newest else None
     view: dict[str, Any] = {
@@ -176,7 +176,7 @@ def thread_view(
     if with_values:
         # The turn before ChatMemory: a projection made between the two reads is then in ChatMemory.
         in_full = runtime.turn_store.load(last.id) if last is not None and newest_in_full else None
-        stored = runtime.memories(record.conversation_id).get_model_messages(HISTORY_MESSAGES)
+        stored = runtime.memories.of(record.conversation).get_model_messages(HISTORY_MESSAGES)
         view["values"] = {"messages": _messages(runtime, record, with_unprojected(stored, in_full))}
     return view
 
@@ -192,9 +192,9 @@ def _checkpoint(record: store.ThreadRecord, checkpoint_id: str | None) -> dict[s
 def thread_state(runtime: Runtime, record: store.ThreadRecord) -> dict[str, Any]:
     """The thread's current state: messages, what runs next, the pending task and its interrupt."""
     newest = newest_turn(runtime, record)
-    stored = runtime.memories(record.conversation_id).get_model_messages(HISTORY_MESSAGES)
+    stored = runtime.memories.of(record.conversation).get_model_messages(HISTORY_MESSAGES)
     messages = with_unprojected(stored, newest)
-    active = runtime.turn_store.find_active_turn(record.conversation_id)
+    active = runtime.turn_store.find_active_turn(record.conversation_id, record.tenant_id)
     interrupts: list[dict[str, Any]] = []
     tasks: list[dict[str, Any]] = []
     next_nodes: list[str] = []
@@ -234,7 +234,7 @@ def thread_history(runtime: Runtime, record: store.ThreadRecord, limit: int) -> 
 
     There are no checkpoints inside a turn: a turn is the unit of history.
     """
-    messages = runtime.memories(record.conversation_id).get_model_messages(HISTORY_MESSAGES)
+    messages = runtime.memories.of(record.conversation).get_model_messages(HISTORY_MESSAGES)
     states = [thread_state(runtime, record)]
     positions = {message.id: index for index, message in enumerate(messages)}
     for turn in _turns(runtime, record, limit):
@@ -339,7 +339,7 @@ async def patch(
 
     def act() -> dict[str, Any]:
         record = load_thread(records, tenant, thread_id)
-        updated = records.update_metadata(record.conversation_id, body.metadata)
+        updated = records.update_metadata(record.conversation, body.metadata)
         if updated is None:
             raise ThreadNotFoundError(thread_id)
         return thread_view(runtime, updated)
@@ -353,10 +353,10 @@ async def delete(thread_id: ThreadId, runtime: RuntimeDep, tenant: TenantDep, re
 
     def act() -> None:
         record = load_thread(records, tenant, thread_id)
-        active = runtime.turn_store.find_active_turn(record.conversation_id)
+        active = runtime.turn_store.find_active_turn(record.conversation_id, record.tenant_id)
         if active is not None:
             runtime.runner.cancel(active.id, "thread deleted")
-        records.delete(record.conversation_id)
+        records.delete(record.conversation)
 
     await run_in_threadpool(act)
     return Response(status_code=204)

@@ -192,7 +192,7 @@ def _act(
 def _is_stored(runtime: Runtime, tenant: Tenant, conversation_id: str, client_message_id: str) -> bool:
     """Whether the conversation holds the client's message: sent before, or shown by a MESSAGES_SNAPSHOT."""
     stored = chat.stored_message_id(tenant, conversation_id, client_message_id)
-    memory = runtime.memories(tenant.reaches(conversation_id))
+    memory = runtime.memories.of(tenant.reaches(conversation_id))
     return any(m.id in (stored, client_message_id) for m in memory.get_messages(SNAPSHOT_MESSAGES))
 
 
@@ -307,7 +307,7 @@ class _Events:
 
 def snapshot_messages(runtime: Runtime, tenant: Tenant, conversation_id: str) -> list[dict[str, Any]]:
     """The conversation's model messages as AG-UI messages (arguments masked), oldest first."""
-    memory = runtime.memories(tenant.reaches(conversation_id))
+    memory = runtime.memories.of(tenant.reaches(conversation_id))
     mask = catalog_mask(runtime.agent_loader)
     out: list[dict[str, Any]] = []
     for message in memory.get_messages(SNAPSHOT_MESSAGES):
@@ -347,7 +347,8 @@ async def _run(
         # A reconnect: what the conversation holds, then its active turn from where it is.
         messages = await run_in_threadpool(snapshot_messages, runtime, tenant, body.thread_id)
         yield writer.sse({"type": "MESSAGES_SNAPSHOT", "messages": messages})
-        turn = await run_in_threadpool(runtime.turn_store.find_active_turn, tenant.reaches(body.thread_id))
+        thread = tenant.reaches(body.thread_id)
+        turn = await run_in_threadpool(runtime.turn_store.find_active_turn, thread.conversation_id, thread.tenant_id)
         if turn is None or not tenant.owns(turn):
             yield writer.sse(writer.finished({"type": "success"}))
             return

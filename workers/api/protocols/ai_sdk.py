@@ -193,7 +193,7 @@ class _Chunks:
 
     def __init__(self, tenant: Tenant, turn: AgentTurn, *, approval_responses: bool) -> None:
         self.turn = turn
-        self.conversation_id = tenant.shown_conversation(turn.conversation_id)
+        self.conversation_id = turn.conversation_id
         self.approval_responses = approval_responses
         self.denied: set[str] = set()
 

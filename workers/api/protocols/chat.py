@@ -105,7 +105,8 @@ def stored_message_id(tenant: Tenant, conversation_id: str, client_message_id: s
 
 def active_turn(runtime: Runtime, tenant: Tenant, agent_id: str, conversation_id: str) -> AgentTurn | None:
     """The conversation's active (not ended) turn of this agent, if any."""
-    turn = runtime.turn_store.find_active_turn(tenant.reaches(conversation_id))
+    conversation = tenant.reaches(conversation_id)
+    turn = runtime.turn_store.find_active_turn(conversation.conversation_id, conversation.tenant_id)
     if turn is None or not tenant.owns(turn) or turn.agent_id != agent_id:
         return None
     return turn
@@ -151,8 +152,10 @@ def send_message(
         ConversationBusyError: The conversation has an active turn that is not asking a question (409),
             and `steer` is off.
     """
-    stored_conversation = tenant.reaches(conversation_id)
-    for turn in runtime.turn_store.list_turns(conversation_id=stored_conversation, limit=1):
+    conversation = tenant.reaches(conversation_id)
+    for turn in runtime.turn_store.list_turns(
+        conversation_id=conversation.conversation_id, tenant_id=conversation.tenant_id, limit=1
+    ):
         if tenant.owns(turn) and any(isinstance(m, UserMessage) and m.id == message_id for m in turn.messages):
             return Started(turn, None)
     waiting = active_turn(runtime, tenant, agent_id, conversation_id)
@@ -165,7 +168,7 @@ def send_message(
     ):
         return decide(runtime, tenant, waiting, Decision("", "input", content=text), channel, ids)
     # Steering, the stream continues the active turn from here (it reads the message at its next model call).
-    busy = runtime.turn_store.find_active_turn(stored_conversation) if steer else None
+    busy = runtime.turn_store.find_active_turn(conversation.conversation_id, conversation.tenant_id) if steer else None
     after = None if busy is None else feed_position(runtime, busy.id)
     request = StartTurnRequest(
         agent_id=agent_id,
@@ -332,7 +335,10 @@ def _earlier(runtime: Runtime, tenant: Tenant, conversation_id: str, ids: Reques
     mark = ids.marks.get(RESUME_MARK)
     if mark is None:
         return None
-    for turn in runtime.turn_store.list_turns(conversation_id=tenant.reaches(conversation_id), limit=1):
+    conversation = tenant.reaches(conversation_id)
+    for turn in runtime.turn_store.list_turns(
+        conversation_id=conversation.conversation_id, tenant_id=conversation.tenant_id, limit=1
+    ):
         if tenant.owns(turn) and runtime.idempotency.is_resume_applied(turn, mark):
             return Started(turn, _before_resume(runtime, turn.id, mark))
     return None
