@@ -1,4 +1,4 @@
-"""Upgrading to 0012 from a database written by earlier versions, which stored a tenant's conversation as `<tenant>/<id>`.
+"""Upgrading to 0011 from a database written by earlier versions, which stored a tenant's conversation as `<tenant>/<id>`.
 
 The database is built at revision 0009 and filled with rows as those versions wrote them:
 three conversations named `c-1` (tenant `acme`'s, tenant `globex`'s and one without a
