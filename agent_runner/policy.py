@@ -1,10 +1,13 @@
-"""Execution limits, retry schedule and close-out message templates."""
+"""Execution limits, the retry schedule (which errors it retries, how long it waits) and close-out message templates."""
 
 from __future__ import annotations
 
+import math
 import random
 import string
 from collections.abc import Mapping
+from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
 from typing import Any, ClassVar, Protocol
 
 from pydantic import Field, field_validator, model_validator
@@ -70,6 +73,54 @@ class RetryPolicy(PositionalModel):
         if retry_after is not None and retry_after > delay:
             delay = float(retry_after)
         return delay
+
+    def delay_after(
+        self, error: BaseException, attempt: int, extra: tuple[type[BaseException], ...] = ()
+    ) -> float | None:
+        """Seconds to wait after `error` ended attempt number `attempt`, or None when `error` is not transient.
+
+        The wait the callee asked for (`RecoverableError.retry_after`) wins when it is longer
+        than the backoff; `extra` is a tool's own `retry_on`.
+        """
+        if not self.is_transient(error, extra):
+            return None
+        return self.backoff(attempt, error.retry_after if isinstance(error, RecoverableError) else None)
+
+
+def parse_retry_after(headers: Mapping[str, str], now: datetime | None = None) -> float | None:
+    """Return the wait a response asks for, in seconds, or None when it asks for none.
+
+    Reads `retry-after-ms` (sent by OpenAI) and then `Retry-After`, which holds either
+    seconds or an HTTP date. A date in the past means no wait (0.0); an unreadable value
+    is ignored.
+    """
+    milliseconds = _non_negative_float(headers.get("retry-after-ms"))
+    if milliseconds is not None:
+        return milliseconds / 1000
+    value = headers.get("retry-after")
+    if value is None:
+        return None
+    seconds = _non_negative_float(value)
+    if seconds is not None:
+        return seconds
+    try:
+        when = parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:
+        # RFC 9110 dates are always GMT; the parser leaves "-0000" dates naive.
+        when = when.replace(tzinfo=UTC)
+    return max(0.0, (when - (now or datetime.now(UTC))).total_seconds())
+
+
+def _non_negative_float(value: str | None) -> float | None:
+    if value is None:
+        return None
+    try:
+        number = float(value)
+    except ValueError:
+        return None
+    return number if math.isfinite(number) and number >= 0 else None
 
 
 def _override(base: RetryPolicy, fields: Mapping[str, Any], agent_id: str) -> RetryPolicy:

@@ -18,7 +18,7 @@ from agent_runner._runtime.context import RunnerContext
 from agent_runner._runtime.reentry import is_driving
 from agent_runner._runtime.saving import save, terminal_event
 from agent_runner._runtime.waiting import abandon_calls
-from agent_runner.errors import AgentRunnerError, RecoverableError, VersionConflictError
+from agent_runner.errors import AgentRunnerError, VersionConflictError
 from agent_runner.limits import check_id, check_text
 from agent_runner.policy import RetryPolicy
 from agent_runner.results import AgentStepResult
@@ -119,9 +119,8 @@ def failed_call(
     if isinstance(exc, VersionConflictError):
         raise exc
     description = f"{type(exc).__name__}: {exc}"
-    if retry.is_transient(exc, retry_on):
-        retry_after = exc.retry_after if isinstance(exc, RecoverableError) else None
-        delay = retry.backoff(turn.attempt + 1, retry_after)
+    delay = retry.delay_after(exc, turn.attempt + 1, retry_on)
+    if delay is not None:
         scheduled = machine.schedule_retry(turn, description, delay, retry, ctx.clock())
         if scheduled is not None:
             saved = save(ctx, scheduled, expected, payloads.retry_scheduled(scheduled, description))

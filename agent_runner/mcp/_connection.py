@@ -20,6 +20,7 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import ValidationError
 
 from agent_runner.errors import AgentRunnerError, RecoverableError, ToolError
+from agent_runner.policy import parse_retry_after
 
 T = TypeVar("T")
 
@@ -53,7 +54,7 @@ async def connected(
     async def note(response: httpx2.Response) -> None:
         if response.status_code >= 400:
             refusal.status = response.status_code
-            refusal.retry_after = _seconds(response.headers.get("retry-after"))
+            refusal.retry_after = parse_retry_after(response.headers)
 
     try:
         if isinstance(address, StdioServerParameters):
@@ -156,13 +157,3 @@ def is_rejected_state(exc: BaseException) -> bool:
         return False
     data = leaf.data
     return isinstance(data, dict) and data.get("reason") == "invalid_request_state"
-
-
-def _seconds(value: str | None) -> float | None:
-    if value is None:
-        return None
-    try:
-        seconds = float(value)
-    except ValueError:
-        return None
-    return seconds if seconds >= 0 else None

@@ -1,19 +1,15 @@
 """What every provider adapter shares, without any provider's SDK.
 
-Failure sorting (which HTTP statuses a later call may not hit again), the server's
-Retry-After, tool-call arguments that are not a JSON object kept for the model to correct,
+Failure sorting (which HTTP statuses a later call may not hit again), tool-call arguments that are not a JSON object kept for the model to correct,
 text made storable, and prices.
 """
 
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import AsyncIterable, Callable, Collection, Iterable, Mapping
-from datetime import UTC, datetime
 from decimal import Decimal
-from email.utils import parsedate_to_datetime
-from typing import Any, Final, Literal, NoReturn, Self, TypeVar
+from typing import Any, ClassVar, Final, Literal, NoReturn, Self, TypeVar
 
 from agent_runner.errors import AgentRunnerError, DefinitionError, InputLimitError, RecoverableError
 from agent_runner.ids import new_id
@@ -28,6 +24,7 @@ from agent_runner.limits import (
 )
 from agent_runner.messages import ToolCall
 from agent_runner.models import ChatRequest, ChatResponse, ProviderChatModel
+from agent_runner.policy import parse_retry_after
 from agent_runner.tools import INVALID_ARGUMENTS_KEY
 from agent_runner.usage import Usage
 
@@ -65,42 +62,6 @@ def status_failure(status: int, message: str, headers: Mapping[str, str]) -> Age
     if status in _RETRYABLE_STATUS or status >= 500:
         return RecoverableError(message, retry_after=parse_retry_after(headers), rate_limited=status == 429)
     return ModelAPIError(status, message)
-
-
-def parse_retry_after(headers: Mapping[str, str], now: datetime | None = None) -> float | None:
-    """Return the wait a response asks for, in seconds, or None when it asks for none.
-
-    Reads `retry-after-ms` (sent by OpenAI) and then `Retry-After`, which holds either
-    seconds or an HTTP date. A date in the past means no wait (0.0); an unreadable value
-    is ignored.
-    """
-    milliseconds = _non_negative_float(headers.get("retry-after-ms"))
-    if milliseconds is not None:
-        return milliseconds / 1000
-    value = headers.get("retry-after")
-    if value is None:
-        return None
-    seconds = _non_negative_float(value)
-    if seconds is not None:
-        return seconds
-    try:
-        when = parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return None
-    if when.tzinfo is None:
-        # RFC 9110 dates are always GMT; the parser leaves "-0000" dates naive.
-        when = when.replace(tzinfo=UTC)
-    return max(0.0, (when - (now or datetime.now(UTC))).total_seconds())
-
-
-def _non_negative_float(value: str | None) -> float | None:
-    if value is None:
-        return None
-    try:
-        number = float(value)
-    except ValueError:
-        return None
-    return number if math.isfinite(number) and number >= 0 else None
 
 
 def parse_tool_arguments(text: str, limits: InputLimits = DEFAULT_LIMITS) -> dict[str, Any]:
@@ -374,6 +335,11 @@ class SdkChatModel(ProviderChatModel):
     _owns_client: bool = False
     _async_client: Any = None
     _owns_async_client: bool = False
+    _base_url: str
+    _reserved_settings: ClassVar[Collection[str]] = ()
+    """Settings the adapter fills itself, refused when given."""
+    _settings_hint: ClassVar[str] = "pass fields the SDK does not know in extra_body={...}"
+    """Where settings the SDK call does not take belong instead."""
     model: str
     stream: bool
     price: tuple[float, float] | None
@@ -386,13 +352,27 @@ class SdkChatModel(ProviderChatModel):
         price: tuple[float, float] | None,
         rate_limit_key: str | None,
         limits: InputLimits | None,
+        settings: Mapping[str, Any],
+        known_settings: Collection[str] | None,
     ) -> None:
+        """Check the arguments every adapter takes (see `check_settings`, `check_price`) and keep them."""
+        check_settings(type(self).__name__, settings, self._reserved_settings, known_settings, self._settings_hint)
         check_price(price)
         self._init_rate_limit_key(model, rate_limit_key)
         self.model = model
         self.stream = stream
         self.price = price
         self.limits = limits if limits is not None else DEFAULT_LIMITS
+
+    def _use_clients(self, client: Any, owned: bool, async_client: Any = None, max_retries: int = 0) -> None:
+        """Keep the SDK client (`owned`: built here, so `close()` closes it) and the async client given, if any.
+
+        The async client given gets the same SDK-level retries as the sync one.
+        """
+        self._client = client
+        self._owns_client = owned
+        self._async_client = async_client.with_options(max_retries=max_retries) if async_client is not None else None
+        self._base_url = str(client.base_url)
 
     def close(self) -> None:
         """Close the HTTP connections of the client built here (an injected client is left open)."""

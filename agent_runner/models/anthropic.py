@@ -34,7 +34,6 @@ from agent_runner.models import ChatRequest, ChatResponse, ToolSpec
 from agent_runner.models._adapter import (
     ModelAPIError,
     OneCallChatModel,
-    check_settings,
     model_text,
     model_tool_call,
     priced,
@@ -83,6 +82,7 @@ class AnthropicChatModel(OneCallChatModel):
     """
 
     provider = "anthropic"
+    _reserved_settings = _RESERVED_SETTINGS
 
     def __init__(
         self,
@@ -101,30 +101,23 @@ class AnthropicChatModel(OneCallChatModel):
         limits: InputLimits | None = None,
         **settings: Any,
     ) -> None:
-        check_settings(
-            "AnthropicChatModel",
-            settings,
-            _RESERVED_SETTINGS,
-            inspect.signature(Messages.create).parameters,
-            "pass fields the SDK does not know in extra_body={...}",
+        self._init_adapter(
+            model, stream, price, rate_limit_key, limits, settings, inspect.signature(Messages.create).parameters
         )
-        self._init_adapter(model, stream, price, rate_limit_key, limits)
         if client is not None:
             refuse_with_client("AnthropicChatModel", {"api_key": api_key, "base_url": base_url, "timeout": timeout})
-            self._client = client.with_options(max_retries=max_retries)
+            self._use_clients(client.with_options(max_retries=max_retries), False, async_client, max_retries)
         else:
             read, connect = timeouts(timeout)
-            self._client = anthropic.Anthropic(
+            built = anthropic.Anthropic(
                 api_key=api_key,
                 base_url=base_url,
                 max_retries=max_retries,
                 timeout=anthropic.Timeout(read, connect=connect),
             )
-            self._owns_client = True
+            self._use_clients(built, True, async_client, max_retries)
         self.cache = cache
-        self._async_client = async_client.with_options(max_retries=max_retries) if async_client is not None else None
         self.settings: dict[str, Any] = {"max_tokens": DEFAULT_MAX_TOKENS, **settings}
-        self._base_url = str(self._client.base_url)
 
     def request_arguments(self, request: ChatRequest) -> dict[str, Any]:
         """The keyword arguments of `messages.create` for `request` (without `stream`)."""

@@ -35,7 +35,6 @@ from agent_runner.models._adapter import (
     ModelAPIError,
     SdkChatModel,
     arelay_stream,
-    check_settings,
     model_text,
     model_tool_call,
     priced,
@@ -91,6 +90,8 @@ class GeminiChatModel(SdkChatModel):
     """
 
     provider = "google"
+    _reserved_settings = _RESERVED_SETTINGS
+    _settings_hint = "give fields of GenerateContentConfig"
     part_provider: Final = "gemini"
     """The `ProviderPart.provider` of the thought signatures this adapter keeps."""
 
@@ -106,14 +107,9 @@ class GeminiChatModel(SdkChatModel):
         limits: InputLimits | None = None,
         **settings: Any,
     ) -> None:
-        check_settings(
-            "GeminiChatModel",
-            settings,
-            _RESERVED_SETTINGS,
-            types.GenerateContentConfig.model_fields,
-            "give fields of GenerateContentConfig",
+        self._init_adapter(
+            model, stream, price, rate_limit_key, limits, settings, types.GenerateContentConfig.model_fields
         )
-        self._init_adapter(model, stream, price, rate_limit_key, limits)
         if client is not None:
             refuse_with_client("GeminiChatModel", {"api_key": api_key})
             self._client = client

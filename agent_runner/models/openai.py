@@ -35,10 +35,8 @@ from agent_runner.models._adapter import (
     DEFAULT_TIMEOUT,
     ModelAPIError,
     SdkChatModel,
-    check_settings,
     model_text,
     model_tool_call,
-    parse_retry_after,
     parse_tool_arguments,
     priced,
     relay_stream,
@@ -47,6 +45,7 @@ from agent_runner.models._adapter import (
 )
 from agent_runner.models._openai_common import OpenAIFailures, openai_client
 from agent_runner.models.openai_responses import OpenAIResponsesModel
+from agent_runner.policy import parse_retry_after
 from agent_runner.tools import INVALID_ARGUMENTS_KEY
 from agent_runner.usage import Usage
 
@@ -95,6 +94,8 @@ class OpenAIChatModel(OpenAIFailures, SdkChatModel):
     """
 
     provider = "openai"
+    _reserved_settings = _RESERVED_SETTINGS
+    _settings_hint = "pass parameters that only some servers understand in extra_body={...}"
     _answer = _ANSWER
 
     def __init__(
@@ -112,19 +113,9 @@ class OpenAIChatModel(OpenAIFailures, SdkChatModel):
         rate_limit_key: str | None = None,
         **settings: Any,
     ) -> None:
-        check_settings(
-            "OpenAIChatModel",
-            settings,
-            _RESERVED_SETTINGS,
-            _known_settings(),
-            "pass parameters that only some servers understand in extra_body={...}",
-        )
-        self._init_adapter(model, stream, price, rate_limit_key, limits)
-        self._client, self._owns_client = openai_client(
-            "OpenAIChatModel", client, api_key, base_url, timeout, max_retries
-        )
+        self._init_adapter(model, stream, price, rate_limit_key, limits, settings, _known_settings())
+        self._use_clients(*openai_client("OpenAIChatModel", client, api_key, base_url, timeout, max_retries))
         self.settings: dict[str, Any] = settings
-        self._base_url = str(self._client.base_url)
 
     def generate(self, request: ChatRequest) -> ChatResponse:
         """Call the model once and return its message and usage.

@@ -26,7 +26,6 @@ from agent_runner.messages import AiMessage, ModelMessage, ProviderPart, SystemM
 from agent_runner.models import ChatRequest, ChatResponse, ToolSpec
 from agent_runner.models._adapter import (
     OneCallChatModel,
-    check_settings,
     model_text,
     model_tool_call,
     priced,
@@ -73,6 +72,7 @@ class OpenAIResponsesModel(OpenAIFailures, OneCallChatModel):
     """
 
     provider = "openai"
+    _reserved_settings = _RESERVED_SETTINGS
     _answer = _ANSWER
     part_provider: Final = "openai_responses"
     """The `ProviderPart.provider` of the reasoning items this adapter keeps."""
@@ -99,24 +99,19 @@ class OpenAIResponsesModel(OpenAIFailures, OneCallChatModel):
                 "OpenAIResponsesModel(background=True) is not available yet: background calls need a durable "
                 "wait that holds no thread; leave background=False"
             )
-        check_settings(
-            "OpenAIResponsesModel",
-            settings,
-            _RESERVED_SETTINGS,
-            inspect.signature(Responses.create).parameters,
-            "pass fields the SDK does not know in extra_body={...}",
+        self._init_adapter(
+            model, stream, price, rate_limit_key, limits, settings, inspect.signature(Responses.create).parameters
         )
-        self._init_adapter(model, stream, price, rate_limit_key, limits)
-        self._client, self._owns_client = openai_client(
-            "OpenAIResponsesModel", client, api_key, base_url, timeout, max_retries
+        self._use_clients(
+            *openai_client("OpenAIResponsesModel", client, api_key, base_url, timeout, max_retries),
+            async_client,
+            max_retries,
         )
         self.background = background
-        self._async_client = async_client.with_options(max_retries=max_retries) if async_client is not None else None
         include = list(settings.pop("include", None) or [])
         if _ENCRYPTED_REASONING not in include:
             include.append(_ENCRYPTED_REASONING)
         self.settings: dict[str, Any] = {"store": False, **settings, "include": include}
-        self._base_url = str(self._client.base_url)
 
     def request_arguments(self, request: ChatRequest) -> dict[str, Any]:
         """The keyword arguments of `responses.create` for `request` (without `stream`)."""

@@ -62,6 +62,25 @@ def test_backoff_jitter_stays_within_its_fraction() -> None:
     assert len(set(delays)) > 1
 
 
+class _ToolClientDropped(Exception):
+    pass
+
+
+def test_delay_after_sorts_the_error_and_lets_a_longer_retry_after_win() -> None:
+    # Given a schedule without jitter: 1 s, then 2 s
+    retry = RetryPolicy(initial_backoff=1.0, multiplier=2.0, jitter=0.0)
+    # Then a deterministic error gets no wait at all, and a transient one the backoff of its attempt
+    assert retry.delay_after(ValueError("bad input"), 1) is None
+    assert retry.delay_after(RecoverableError("busy"), 2) == 2.0
+    assert retry.delay_after(TimeoutError(), 1) == 1.0
+    # And the callee's wait wins only when it is longer than the backoff
+    assert retry.delay_after(RecoverableError("busy", retry_after=30.0), 1) == 30.0
+    assert retry.delay_after(RecoverableError("busy", retry_after=0.5), 2) == 2.0
+    # And a tool's own transient exception types count only when given
+    assert retry.delay_after(_ToolClientDropped(), 1) is None
+    assert retry.delay_after(_ToolClientDropped(), 1, (_ToolClientDropped,)) == 1.0
+
+
 def test_a_recoverable_model_error_schedules_a_retry_after_the_initial_backoff() -> None:
     # Given: a model that times out once
     clock = FakeClock()
