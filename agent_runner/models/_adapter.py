@@ -117,6 +117,24 @@ def model_tool_call(call_id: str | None, name: str, arguments: str, limits: Inpu
     return ToolCall(id=call_id or f"call_{new_id()}", name=name, arguments=parse_tool_arguments(arguments, limits))
 
 
+def joined_by_role(entries: Iterable[tuple[str, list[dict[str, Any]]]], field: str) -> list[dict[str, Any]]:
+    """`(role, items)` pairs as the API's turns: consecutive items of one role join one turn under `field`.
+
+    APIs that want the roles to alternate (Anthropic's Messages, Gemini's contents) refuse two
+    turns of one role in a row, which a tool result after a user message would otherwise make.
+    Pairs without items are left out.
+    """
+    turns: list[dict[str, Any]] = []
+    for role, items in entries:
+        if not items:
+            continue
+        if turns and turns[-1]["role"] == role:
+            turns[-1][field].extend(items)
+        else:
+            turns.append({"role": role, field: items})
+    return turns
+
+
 def sent_arguments(call: ToolCall) -> str:
     """A call's arguments as JSON text, also for a call kept under `INVALID_ARGUMENTS_KEY`.
 

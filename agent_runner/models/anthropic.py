@@ -34,6 +34,7 @@ from agent_runner.models import ChatRequest, ChatResponse, ToolSpec
 from agent_runner.models._adapter import (
     ModelAPIError,
     OneCallChatModel,
+    joined_by_role,
     model_text,
     model_tool_call,
     priced,
@@ -321,16 +322,7 @@ def _to_anthropic_tool(spec: ToolSpec) -> dict[str, Any]:
 
 def _to_anthropic_messages(messages: Iterable[ModelMessage]) -> list[dict[str, Any]]:
     """The history as Messages API turns; consecutive blocks of one role join one turn, as the API requires."""
-    turns: list[dict[str, Any]] = []
-    for message in messages:
-        role, blocks = _blocks(message)
-        if not blocks:
-            continue
-        if turns and turns[-1]["role"] == role:
-            turns[-1]["content"].extend(blocks)
-        else:
-            turns.append({"role": role, "content": blocks})
-    return turns
+    return joined_by_role((_blocks(message) for message in messages), "content")
 
 
 def _blocks(message: ModelMessage) -> tuple[str, list[dict[str, Any]]]:

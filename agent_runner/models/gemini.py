@@ -35,6 +35,7 @@ from agent_runner.models._adapter import (
     ModelAPIError,
     SdkChatModel,
     arelay_stream,
+    joined_by_role,
     model_text,
     model_tool_call,
     priced,
@@ -294,16 +295,7 @@ def _to_declaration(spec: ToolSpec) -> dict[str, Any]:
 
 def _to_contents(messages: Iterable[ModelMessage], part_provider: str) -> list[dict[str, Any]]:
     """The history as Gemini contents; consecutive parts of one role join one content."""
-    contents: list[dict[str, Any]] = []
-    for message in messages:
-        role, parts = _parts(message, part_provider)
-        if not parts:
-            continue
-        if contents and contents[-1]["role"] == role:
-            contents[-1]["parts"].extend(parts)
-        else:
-            contents.append({"role": role, "parts": parts})
-    return contents
+    return joined_by_role((_parts(message, part_provider) for message in messages), "parts")
 
 
 def _parts(message: ModelMessage, part_provider: str) -> tuple[str, list[dict[str, Any]]]:
