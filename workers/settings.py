@@ -143,8 +143,11 @@ class WebhookSettings:
         )
 
     def backoff(self, attempts: int) -> timedelta:
-        """The wait after the `attempts`-th failed attempt."""
-        return timedelta(seconds=min(self.backoff_s * 2 ** (attempts - 1), self.max_backoff_s))
+        """The wait after the `attempts`-th failed attempt: the retry schedule's backoff, doubling, without jitter."""
+        schedule = RetryPolicy(
+            initial_backoff=self.backoff_s, multiplier=2.0, max_backoff=self.max_backoff_s, jitter=0.0
+        )
+        return timedelta(seconds=schedule.backoff(attempts))
 
 
 def parse_webhook_urls(spec: str) -> dict[str, str]:
