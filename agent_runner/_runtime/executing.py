@@ -232,7 +232,7 @@ def _ask_model(
     except OperationPending as pending:
         if limits is not None:
             limits.done(chat_model, None, None)
-        return waiting.wait_for_model(ctx, turn, name, pending, expected)
+        return waiting.wait_for_model(ctx, turn, name, None, pending, expected)
     except CancelledMidCall:
         if limits is not None:
             limits.done(chat_model, None, None)
@@ -263,7 +263,7 @@ def _poll_model(
     try:
         return waiting.poll_model(chat_model, polled)
     except OperationPending as pending:
-        return waiting.wait_for_model(ctx, turn, name, pending, expected)
+        return waiting.wait_for_model(ctx, turn, name, polled, pending, expected)
     except Exception as exc:
         return failed(None, exc)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from datetime import timedelta
+from typing import Any
 
 from agent_runner import event_payloads as payloads
 from agent_runner import machine
@@ -44,17 +45,22 @@ def wait(
     ctx: RunnerContext, turn: AgentTurn, call: ToolCall, pending: OperationPending, expected: int
 ) -> AgentStepResult:
     """Save the turn RETRY_SCHEDULED until the next poll (no retry attempt used), the handle in its tool state."""
-    return _wait(ctx, turn, call.id, call.name, pending, expected)
+    return _wait(ctx, turn, call.id, call.name, turn.tool_state.get(call.id, {}), pending, expected)
 
 
 def wait_for_model(
-    ctx: RunnerContext, turn: AgentTurn, model: str, pending: OperationPending, expected: int
+    ctx: RunnerContext,
+    turn: AgentTurn,
+    model: str,
+    polled: dict[str, Any] | None,
+    pending: OperationPending,
+    expected: int,
 ) -> AgentStepResult:
-    """`wait` for a model call that runs elsewhere: the next step polls it instead of calling the model."""
-    return _wait(ctx, turn, MODEL_CALL, model, pending, expected)
+    """`wait` for a model call that runs elsewhere (`polled`: the wait's state so far, None when just started)."""
+    return _wait(ctx, turn, MODEL_CALL, model, polled or {}, pending, expected)
 
 
-def model_operation(turn: AgentTurn) -> tuple[dict[str, object] | None, AgentTurn]:
+def model_operation(turn: AgentTurn) -> tuple[dict[str, Any] | None, AgentTurn]:
     """The handle of the turn's model call that runs elsewhere (or None), and the turn without it."""
     state = turn.tool_state.get(MODEL_CALL)
     if state is None:
@@ -63,7 +69,7 @@ def model_operation(turn: AgentTurn) -> tuple[dict[str, object] | None, AgentTur
     return state, turn.model_copy(update={"tool_state": rest})
 
 
-def poll_model(chat_model: object, state: dict[str, object]) -> ChatResponse:
+def poll_model(chat_model: object, state: dict[str, Any]) -> ChatResponse:
     """Ask `chat_model` to read the model call it started elsewhere; raises `OperationPending` while it runs."""
     poll = getattr(chat_model, "poll_operation", None)
     if poll is None:
@@ -80,10 +86,15 @@ def poll_model(chat_model: object, state: dict[str, object]) -> ChatResponse:
 
 
 def _wait(
-    ctx: RunnerContext, turn: AgentTurn, key: str, name: str, pending: OperationPending, expected: int
+    ctx: RunnerContext,
+    turn: AgentTurn,
+    key: str,
+    name: str,
+    state: dict[str, Any],
+    pending: OperationPending,
+    expected: int,
 ) -> AgentStepResult:
     now = ctx.clock()
-    state = turn.tool_state.get(key, {})
     polls = int(state.get(POLLS_KEY, 0))
     due = now + timedelta(seconds=next_poll(polls, pending.poll_after))
     message = f"waiting for {name} ({pending.status}); next look at {due.isoformat()}"
@@ -115,7 +126,7 @@ def abandon_calls(ctx: RunnerContext, turn: AgentTurn) -> None:
             logger.exception("turn %s: the tool of call %s could not be told that the turn ended", turn.id, call_id)
 
 
-def _abandon_model_call(ctx: RunnerContext, turn: AgentTurn, state: dict[str, object]) -> None:
+def _abandon_model_call(ctx: RunnerContext, turn: AgentTurn, state: dict[str, Any]) -> None:
     """Cancel the model call the turn waited for (a background response), so that it stops costing."""
     try:
         cancel = getattr(ctx.agent_for(turn).chat_model, "cancel_operation", None)

@@ -1,0 +1,69 @@
+"""A turn whose model answers in the background (`OpenAIResponsesModel(background=True)`), as each process builds it.
+
+`python -m tests.helpers.background_turns <store url> <server url> <turn id>` picks the
+waiting turn up in a fresh process, polls it until it settles (on the real clock) and
+prints its final status and output.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+from datetime import datetime
+
+from agent_runner import (
+    Agent,
+    AgentExecutionPolicy,
+    AgentRunner,
+    AgentTurn,
+    AgentTurnStatus,
+    AgentTurnStore,
+    InMemoryAgentLoader,
+    RetryPolicy,
+    tool,
+)
+from agent_runner.models.openai import OpenAIResponsesModel
+
+
+@tool
+def weather(city: str) -> str:
+    """The weather in a city."""
+    return f"sunny in {city}"
+
+
+def runner_for(
+    server_url: str, turns: AgentTurnStore, clock: Callable[[], datetime] | None = None
+) -> tuple[AgentRunner, Agent]:
+    model = OpenAIResponsesModel("o4-mini", api_key="k", base_url=server_url, background=True)
+    agent = Agent(id="forecaster", chat_model=model, tools=[weather])
+    policy = AgentExecutionPolicy(retry=RetryPolicy(jitter=0))
+    loader = InMemoryAgentLoader([agent])
+    if clock is None:
+        return AgentRunner(turn_store=turns, agent_loader=loader, policy=policy), agent
+    return AgentRunner(turn_store=turns, agent_loader=loader, policy=policy, clock=clock), agent
+
+
+def settle(runner: AgentRunner, turn: AgentTurn, timeout: float = 30.0) -> AgentTurn:
+    """Step the turn whenever its next poll (or retry) is due, on the real clock."""
+    deadline = time.monotonic() + timeout
+    while turn.status is AgentTurnStatus.RETRY_SCHEDULED:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"turn {turn.id} still waits after {timeout} s")
+        if turn.next_retry_at is not None:
+            time.sleep(max(0.0, (turn.next_retry_at - runner.clock()).total_seconds()))
+        turn = runner.run_until_blocked(runner.restore(turn.id))
+    return turn
+
+
+def main(store_url: str, server_url: str, turn_id: str) -> None:
+    import store
+
+    with store.SqlAgentTurnStore(store_url) as turns:
+        runner, _ = runner_for(server_url, turns)
+        turn = settle(runner, runner.restore(turn_id))
+        print(turn.status.value, turn.final_output)
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:4])
