@@ -6,9 +6,6 @@ does (`tests.helpers.background_responses`); it counts creations, reads and canc
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from collections.abc import Iterator
 
 import pytest
@@ -19,8 +16,8 @@ from tests.helpers import responses_wire as wire
 from tests.helpers.background_responses import SERVER_ERROR, BackgroundResponses, Outcome
 from tests.helpers.background_turns import runner_for
 from tests.helpers.fake_openai import FakeChatServer
-from tests.helpers.processes import REPO_ROOT, with_tests_importable
-from tests.unit.agent_runner.turn_kit import FakeClock
+from tests.helpers.processes import run_module
+from tests.unit.agent_runner.turn_kit import FakeClock, poll_until_settled
 
 S = AgentTurnStatus
 CALL = wire.function_call("call_1", "weather", '{"city": "Paris"}')
@@ -44,6 +41,15 @@ def script(responses: BackgroundResponses, *outcomes: Outcome) -> None:
     responses.__init__(*outcomes)  # type: ignore[misc]
 
 
+def started(sqlite_url: str, server: FakeChatServer) -> AgentTurn:
+    """A turn run until it waits for its first background response, by a runner that is gone after."""
+    with store.SqlAgentTurnStore(sqlite_url) as turns:
+        runner, agent = runner_for(server.base_url, turns)
+        turn = runner.run(agent, "Weather?")
+    assert_waits_for_the_model(turn, "resp_bg_1")
+    return turn
+
+
 def assert_waits_for_the_model(turn: AgentTurn, response_id: str, attempt: int = 0) -> None:
     """The turn waits for the response (no attempt used by the wait), its id in the snapshot."""
     assert turn.status is S.RETRY_SCHEDULED, turn.error
@@ -63,13 +69,7 @@ def test_a_background_turn_completes_with_a_tool_call_over_two_steps(
         runner.add_event_listener(events.append)
         turn = runner.run(agent, "Weather in Paris?")
         assert_waits_for_the_model(turn, "resp_bg_1")
-        delays = []
-        while turn.status is S.RETRY_SCHEDULED:
-            assert turn.next_retry_at is not None
-            delays.append((turn.next_retry_at - clock()).total_seconds())
-            assert runner.run_until_blocked(turn).status is S.RETRY_SCHEDULED, "not due yet: nothing runs"
-            clock.advance(delays[-1])
-            turn = runner.run_until_blocked(runner.restore(turn.id))
+        turn, delays = poll_until_settled(runner, clock, turn, lambda waiting: None)
 
     assert turn.status is S.COMPLETED, turn.error
     assert turn.final_output == "Sunny in Paris."
@@ -94,19 +94,9 @@ def test_another_process_reads_the_same_response_after_the_first_is_gone(
     sqlite_url: str, server: FakeChatServer, responses: BackgroundResponses
 ) -> None:
     script(responses, Outcome([wire.text("Sunny.")], polls=2))
-    with store.SqlAgentTurnStore(sqlite_url) as turns:
-        runner, agent = runner_for(server.base_url, turns)
-        turn = runner.run(agent, "Weather?")
-    assert_waits_for_the_model(turn, "resp_bg_1")
+    turn = started(sqlite_url, server)
 
-    finished = subprocess.run(
-        [sys.executable, "-m", "tests.helpers.background_turns", sqlite_url, server.base_url, turn.id],
-        env=with_tests_importable(os.environ),
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    finished = run_module("tests.helpers.background_turns", sqlite_url, server.base_url, turn.id)
 
     assert finished.returncode == 0, finished.stderr
     assert finished.stdout.split(maxsplit=1) == ["COMPLETED", "Sunny.\n"]
@@ -117,11 +107,9 @@ def test_a_turn_cancelled_while_it_waits_cancels_the_response(
     sqlite_url: str, server: FakeChatServer, responses: BackgroundResponses
 ) -> None:
     script(responses, Outcome([wire.text("Sunny.")], polls=5))
+    turn = started(sqlite_url, server)
     with store.SqlAgentTurnStore(sqlite_url) as turns:
-        runner, agent = runner_for(server.base_url, turns)
-        turn = runner.run(agent, "Weather?")
-        assert_waits_for_the_model(turn, "resp_bg_1")
-
+        runner, _ = runner_for(server.base_url, turns)
         cancelled = runner.cancel(turn.id, "not needed")
 
     assert cancelled.status is S.CANCELLED
