@@ -11,6 +11,7 @@ import sys
 import time
 from collections.abc import Callable
 from datetime import datetime
+from typing import Any
 
 from agent_runner import (
     Agent,
@@ -33,15 +34,15 @@ def weather(city: str) -> str:
 
 
 def runner_for(
-    server_url: str, turns: AgentTurnStore, clock: Callable[[], datetime] | None = None
+    server_url: str, turns: AgentTurnStore, clock: Callable[[], datetime] | None = None, **options: Any
 ) -> tuple[AgentRunner, Agent]:
+    """The runner (`options`: more of `AgentRunner`'s arguments) and its agent on a background model."""
     model = OpenAIResponsesModel("o4-mini", api_key="k", base_url=server_url, background=True)
     agent = Agent(id="forecaster", chat_model=model, tools=[weather])
     policy = AgentExecutionPolicy(retry=RetryPolicy(jitter=0))
-    loader = InMemoryAgentLoader([agent])
-    if clock is None:
-        return AgentRunner(turn_store=turns, agent_loader=loader, policy=policy), agent
-    return AgentRunner(turn_store=turns, agent_loader=loader, policy=policy, clock=clock), agent
+    if clock is not None:
+        options["clock"] = clock
+    return AgentRunner(turn_store=turns, agent_loader=InMemoryAgentLoader([agent]), policy=policy, **options), agent
 
 
 def settle(runner: AgentRunner, turn: AgentTurn, timeout: float = 30.0) -> AgentTurn:

@@ -12,6 +12,7 @@ import pytest
 
 import store
 from agent_runner import AgentEventType, AgentTurn, AgentTurnStatus, AiMessage, SuspensionType, ToolMessage
+from agent_runner.model_limits import InProcessModelLimiter, ModelLimit
 from tests.helpers import responses_wire as wire
 from tests.helpers.background_responses import SERVER_ERROR, BackgroundResponses, Outcome
 from tests.helpers.background_turns import runner_for
@@ -137,4 +138,26 @@ def test_a_failed_response_is_retried_per_the_retry_policy_with_a_new_response(
         turn = runner.run_until_blocked(runner.restore(turn.id))
 
     assert turn.status is S.COMPLETED and turn.final_output == "Sunny.", turn.error
+    assert len(responses.created) == 2
+
+
+def test_polls_are_not_model_calls_for_the_shared_limits(
+    sqlite_url: str, server: FakeChatServer, responses: BackgroundResponses
+) -> None:
+    script(responses, Outcome([CALL], polls=2), Outcome([wire.text("Sunny.")], polls=0))
+    clock = FakeClock()
+    limiter = InProcessModelLimiter({"openai:o4-mini": ModelLimit(rpm=1)}, clock=lambda: clock.now.timestamp())
+    reasons: list[str] = []
+    with store.SqlAgentTurnStore(sqlite_url) as turns:
+        runner, agent = runner_for(server.base_url, turns, clock, model_limiter=limiter)
+        turn = runner.run(agent, "Weather?")
+        turn, delays = poll_until_settled(
+            runner, clock, turn, lambda waiting: reasons.append(waiting.suspension.metadata["reason"])
+        )
+
+    assert turn.status is S.COMPLETED, turn.error
+    # Three looks at the first response within the minute went by the limit of one call a
+    # minute; the second response waited for the minute to pass since the first started
+    assert reasons == ["operation"] * 3 + ["model_limit", "operation"]
+    assert sum(delays[:3]) == 7.0 and 60.0 <= sum(delays[:4]) < 61.0
     assert len(responses.created) == 2
