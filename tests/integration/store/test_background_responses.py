@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import pytest
 
 import store
-from agent_runner import AgentEventType, AgentTurn, AgentTurnStatus, AiMessage, SuspensionType, ToolMessage
+from agent_runner import AgentEvent, AgentEventType, AgentTurn, AgentTurnStatus, AiMessage, SuspensionType, ToolMessage
 from agent_runner.model_limits import InProcessModelLimiter, ModelLimit
 from tests.helpers import responses_wire as wire
 from tests.helpers.background_responses import SERVER_ERROR, BackgroundResponses, Outcome
@@ -66,7 +66,7 @@ def test_a_background_turn_completes_with_a_tool_call_over_two_steps(
     clock = FakeClock()
     with store.SqlAgentTurnStore(sqlite_url) as turns:
         runner, agent = runner_for(server.base_url, turns, clock)
-        events = []
+        events: list[AgentEvent] = []
         runner.add_event_listener(events.append)
         turn = runner.run(agent, "Weather in Paris?")
         assert_waits_for_the_model(turn, "resp_bg_1")
@@ -148,12 +148,15 @@ def test_polls_are_not_model_calls_for_the_shared_limits(
     clock = FakeClock()
     limiter = InProcessModelLimiter({"openai:o4-mini": ModelLimit(rpm=1)}, clock=lambda: clock.now.timestamp())
     reasons: list[str] = []
+
+    def seen(waiting: AgentTurn) -> None:
+        assert waiting.suspension is not None
+        reasons.append(waiting.suspension.metadata["reason"])
+
     with store.SqlAgentTurnStore(sqlite_url) as turns:
         runner, agent = runner_for(server.base_url, turns, clock, model_limiter=limiter)
         turn = runner.run(agent, "Weather?")
-        turn, delays = poll_until_settled(
-            runner, clock, turn, lambda waiting: reasons.append(waiting.suspension.metadata["reason"])
-        )
+        turn, delays = poll_until_settled(runner, clock, turn, seen)
 
     assert turn.status is S.COMPLETED, turn.error
     # Three looks at the first response within the minute went by the limit of one call a
