@@ -1,5 +1,7 @@
 """A turn whose model answers in the background (`OpenAIResponsesModel(background=True)`), as each process builds it.
 
+Celery workers load the agent with `LOADER`, the fake provider's URL in `URL_ENV`.
+
 `python -m tests.helpers.background_turns <store url> <server url> <turn id>` picks the
 waiting turn up in a fresh process, polls it until it settles (on the real clock) and
 prints its final status and output.
@@ -7,6 +9,7 @@ prints its final status and output.
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -26,6 +29,9 @@ from agent_runner import (
 )
 from agent_runner.models.openai import OpenAIResponsesModel
 
+URL_ENV = "BACKGROUND_RESPONSES_URL"
+LOADER = "tests.helpers.background_turns:build_loader"
+
 
 @tool
 def weather(city: str) -> str:
@@ -33,12 +39,21 @@ def weather(city: str) -> str:
     return f"sunny in {city}"
 
 
+def forecaster(server_url: str) -> Agent:
+    """The agent, on a background model at `server_url`."""
+    model = OpenAIResponsesModel("o4-mini", api_key="k", base_url=server_url, background=True)
+    return Agent(id="forecaster", chat_model=model, tools=[weather])
+
+
+def build_loader() -> InMemoryAgentLoader:
+    return InMemoryAgentLoader([forecaster(os.environ[URL_ENV])])
+
+
 def runner_for(
     server_url: str, turns: AgentTurnStore, clock: Callable[[], datetime] | None = None, **options: Any
 ) -> tuple[AgentRunner, Agent]:
     """The runner (`options`: more of `AgentRunner`'s arguments) and its agent on a background model."""
-    model = OpenAIResponsesModel("o4-mini", api_key="k", base_url=server_url, background=True)
-    agent = Agent(id="forecaster", chat_model=model, tools=[weather])
+    agent = forecaster(server_url)
     policy = AgentExecutionPolicy(retry=RetryPolicy(jitter=0))
     if clock is not None:
         options["clock"] = clock
