@@ -162,6 +162,16 @@ class OpenAIResponsesModel(OpenAIFailures, OneCallChatModel):
             raise_translated(exc, self._reading_failure)
         return self._settle(started)
 
+    async def agenerate(self, request: ChatRequest) -> ChatResponse:
+        """`generate` on the SDK's async client; with `background`, it too starts the response and raises `OperationPending`."""
+        if not self.background:
+            return await super().agenerate(request)
+        try:
+            started = await self._async().responses.create(background=True, **self.request_arguments(request))
+        except Exception as exc:
+            raise_translated(exc, self._reading_failure)
+        return self._settle(started.to_dict())
+
     def poll_operation(self, handle: Mapping[str, Any]) -> ChatResponse:
         """Read the background response `handle` names (`GET /responses/{id}`): its answer once it has ended.
 

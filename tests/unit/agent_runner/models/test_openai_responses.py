@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from typing import Any
 
@@ -145,7 +146,7 @@ def test_a_bad_request_fails_for_good_without_the_key(server: FakeChatServer, ma
 def test_a_background_response_is_started_once_then_read_by_its_id_until_it_completes(
     server: FakeChatServer, make_model: ModelFactory
 ) -> None:
-    responses = BackgroundResponses(Outcome([wire.REASONING, wire.text("Sunny.")], polls=1))
+    responses = BackgroundResponses(Outcome([wire.REASONING, wire.text("Sunny.")], polls=1), Outcome())
     server._answer = responses
     model = make_model(background=True)
     # Starting it answers with the response id instead of the answer
@@ -164,6 +165,10 @@ def test_a_background_response_is_started_once_then_read_by_its_id_until_it_comp
     assert (answer.usage.input_tokens, answer.usage.output_tokens, answer.usage.reasoning_tokens) == (40, 20, 12)
     assert [r.path for r in server.requests] == ["/v1/responses", *["/v1/responses/resp_bg_1"] * 2]
     assert len(responses.created) == 1 and responses.reads == 2
+    # The async call starts one the same way
+    with pytest.raises(OperationPending) as started_async:
+        asyncio.run(model.agenerate(ask(UserMessage("Lyon?"))))
+    assert started_async.value.handle == {"response_id": "resp_bg_2"} and responses.created[1]["background"] is True
 
 
 def test_a_failed_background_response_is_sorted_as_a_failed_call_and_a_cancel_reaches_the_server(
