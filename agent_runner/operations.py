@@ -6,6 +6,12 @@ the next poll is due, whichever process picks the turn up runs the tool again, w
 the handle (`AgentToolContext.current().get_tool_state()["operation"]`) and asks how the
 work goes: still running (raise `OperationPending` again), done (return the result), or
 failed (raise `ToolError`). A turn cancelled meanwhile calls the tool's `cancel_operation`.
+
+A chat model can do the same for its answer (a background response): its `generate` raises
+`OperationPending`, the turn waits the same way, and each poll calls the model's
+`poll_operation(handle)` (the answer, or `OperationPending` again) instead of `generate`; a
+turn that ends meanwhile calls its `cancel_operation(handle)`. Polls are not model calls: they
+do not count against the shared model limits.
 """
 
 from __future__ import annotations

@@ -101,7 +101,8 @@ def step_once(ctx: RunnerContext, turn: AgentTurn) -> AgentStepResult:
             # while, so that clients can tell a queued turn from a running one.
             running = save(ctx, running, expected, payloads.turn_running())
             expected = running.version
-        if isinstance(plan, machine.CallModel):
+        if isinstance(plan, machine.CallModel) and waiting.MODEL_CALL not in running.tool_state:
+            # Not while a model call runs elsewhere: its answer is to the history it was sent.
             steered = steering.apply_pending(ctx, running, expected)
             if steered is not running:
                 running, expected = steered, steered.version
@@ -162,10 +163,11 @@ def _terminate(
         logger.warning("turn %s: the final answer failed, it ends with the close-out: %s", turn.id, exc)
         return AgentStepResult(turn=finish(ctx, turn, status, reason, expected_version=expected), error=exc)
 
+    polled, turn = waiting.model_operation(turn)
     closed = turn.model_copy(update={"messages": machine.closed_calls(turn, reason, ctx.policy)})
     ask = UserMessage(id=f"{turn.id}-final-answer", content=final.prompt(reason))
     fields = {"messages": [*_request_messages(closed, agent), ask], "tools": []}
-    response = _ask_model(ctx, turn, agent, fields, expected, previous, failed)
+    response = _ask_model(ctx, turn, agent, fields, expected, previous, failed, polled)
     if isinstance(response, AgentStepResult):
         return response
     message = machine.storable_message(response.message, ctx.policy.limits)
@@ -195,15 +197,22 @@ def _ask_model(
     expected: int,
     previous: AgentSuspension | None,
     failed: ModelFailed,
+    polled: dict[str, Any] | None = None,
 ) -> ChatResponse | AgentStepResult:
     """One model call under the shared limits, through the `wrap_model` middleware; or the step's outcome without one.
 
     `request_fields`: the request's messages and tools. Without capacity the turn waits; a
-    cancel while the answer streams in ends it; an exception is `failed`'s to handle.
+    cancel while the answer streams in ends it; an exception is `failed`'s to handle. A
+    model that started its answer elsewhere (`OperationPending`) makes the turn wait for
+    it; with `polled` (that wait's state) the model is asked to read it instead of called,
+    outside the shared limits (a poll is not a model call).
     """
     if agent.chat_model is None:
         raise DefinitionError(f"agent {agent.id!r} has no chat_model")
     chat_model = agent.chat_model
+    name = str(getattr(chat_model, "model", type(chat_model).__name__))
+    if polled is not None:
+        return _poll_model(ctx, turn, chat_model, name, polled, expected, failed)
     sink = DeltaSink(ctx, turn)
     retry = ctx.policy.retry_for(agent)
     limits = limiting.gate(ctx, turn, request_fields["messages"], request_fields["tools"], previous, retry)
@@ -216,10 +225,14 @@ def _ask_model(
         response = ChatResponse(message=raw) if isinstance(raw, AiMessage) else raw
         if not isinstance(response, ChatResponse):
             raise DefinitionError(f"chat model returned {type(response).__name__}, expected ChatResponse")
-    except limiting.LimitWaitError as waiting:
+    except limiting.LimitWaitError as limit_wait:
         if limits is not None:
-            limits.done(chat_model, None, waiting)
-        return limiting.must_wait(ctx, turn, limits, waiting, expected)
+            limits.done(chat_model, None, limit_wait)
+        return limiting.must_wait(ctx, turn, limits, limit_wait, expected)
+    except OperationPending as pending:
+        if limits is not None:
+            limits.done(chat_model, None, None)
+        return waiting.wait_for_model(ctx, turn, name, None, pending, expected)
     except CancelledMidCall:
         if limits is not None:
             limits.done(chat_model, None, None)
@@ -235,6 +248,24 @@ def _ask_model(
     if limits is not None:
         limits.done(chat_model, response.usage, None)
     return response
+
+
+def _poll_model(
+    ctx: RunnerContext,
+    turn: AgentTurn,
+    chat_model: object,
+    name: str,
+    polled: dict[str, Any],
+    expected: int,
+    failed: ModelFailed,
+) -> ChatResponse | AgentStepResult:
+    """Read the answer the model works on elsewhere: it, another wait, or `failed`'s outcome."""
+    try:
+        return waiting.poll_model(chat_model, polled)
+    except OperationPending as pending:
+        return waiting.wait_for_model(ctx, turn, name, polled, pending, expected)
+    except Exception as exc:
+        return failed(None, exc)
 
 
 def _call_model(
@@ -253,7 +284,9 @@ def _call_model(
             return failed_call(ctx, turn, exc, expected, ctx.policy.retry_for(agent))
     tools = [*agent.tool_specs(), *listed_specs(turn.listed_tools)] if turn.listed_tools else agent.tool_specs()
     fields = {"messages": _request_messages(turn, agent), "tools": tools}
-    response = _ask_model(ctx, turn, agent, fields, expected, previous, failed)
+    # Dropped from the turn whatever the poll finds: an answer or a failure ends the wait.
+    polled, turn = waiting.model_operation(turn)
+    response = _ask_model(ctx, turn, agent, fields, expected, previous, failed, polled)
     if isinstance(response, AgentStepResult):
         return response
     # Messages that came while the model answered: a final answer does not end the turn then.

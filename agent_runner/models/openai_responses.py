@@ -8,6 +8,11 @@ its reasoning across tool calls instead of starting over.
 
 Failures are sorted as `OpenAIChatModel` sorts them; a `response.failed` or `error` event
 whose code is transient (server error, rate limit) is recoverable too.
+
+With `background=True` the response runs on the provider's side (`background: true`, which
+needs `store: true`): `generate` starts it and raises `OperationPending` with its id instead
+of waiting, the runner saves the id and waits without a thread, and each poll reads the
+response by id (`poll_operation`); a turn that ends meanwhile cancels it (`cancel_operation`).
 """
 
 from __future__ import annotations
@@ -25,14 +30,17 @@ from agent_runner.limits import InputLimits
 from agent_runner.messages import AiMessage, ModelMessage, ProviderPart, SystemMessage, ToolMessage, UserMessage
 from agent_runner.models import ChatRequest, ChatResponse, ToolSpec
 from agent_runner.models._adapter import (
+    ModelAPIError,
     OneCallChatModel,
     model_text,
     model_tool_call,
     priced,
+    raise_translated,
     sent_arguments,
     stream_cut,
 )
 from agent_runner.models._openai_common import OpenAIFailures, openai_client, stream_failure
+from agent_runner.operations import OperationPending
 from agent_runner.usage import Usage
 
 _RESERVED_SETTINGS: Final = frozenset({"model", "input", "tools", "stream", "background"})
@@ -40,6 +48,9 @@ _ENCRYPTED_REASONING: Final = "reasoning.encrypted_content"
 _ANSWER: Final = "a Responses API answer"
 # A response that ended (possibly cut by max_output_tokens) is an answer; a failed one is not.
 _FINAL_EVENTS: Final = frozenset({"response.completed", "response.incomplete"})
+_RUNNING: Final = frozenset({"queued", "in_progress"})
+RESPONSE_ID_KEY: Final = "response_id"
+"""Key of the response id in the handle of a background response (see `agent_runner.operations`)."""
 
 
 class OpenAIResponsesModel(OpenAIFailures, OneCallChatModel):
@@ -52,9 +63,10 @@ class OpenAIResponsesModel(OpenAIFailures, OneCallChatModel):
         client: A ready `openai.OpenAI` client to use instead of building one; then
             `api_key`, `base_url` and `timeout` must be left unset. It is not closed by `close()`.
         stream: Stream the answer and pass each text delta to `ChatRequest.on_delta`.
-        background: Not available yet: a background response would be started, its id saved
-            in the snapshot, and the turn would wait for it without holding a thread. Passing
-            True raises `DefinitionError`.
+        background: Start each response in the background and let the turn wait for it
+            without holding a thread: the response id is saved in the snapshot and read again
+            on a backing-off schedule (1 s doubling up to 60 s) until it ends. Needs `store=True`
+            (the default then) and no `stream`.
         async_client: A ready `openai.AsyncOpenAI` for `agenerate` (by default one is built
             on first use from the sync client's key, URL and timeouts).
         timeout: Read timeout in seconds of the client built here.
@@ -64,11 +76,11 @@ class OpenAIResponsesModel(OpenAIFailures, OneCallChatModel):
         rate_limit_key: The shared provider limit its calls count against (default `"openai:<model>"`).
         limits: Bounds on what the answer may put in the snapshot (default: `InputLimits()`).
         **settings: Passed to `responses.create` unchanged (`reasoning`, `max_output_tokens`,
-            `instructions`, `tool_choice`, ...). `store` defaults to False and `include` always
-            asks for the encrypted reasoning.
+            `instructions`, `tool_choice`, ...). `store` defaults to False (True with
+            `background`) and `include` always asks for the encrypted reasoning.
 
     Raises:
-        DefinitionError: Conflicting arguments, unknown settings, or `background=True`.
+        DefinitionError: Conflicting arguments or unknown settings.
     """
 
     provider = "openai"
@@ -94,10 +106,10 @@ class OpenAIResponsesModel(OpenAIFailures, OneCallChatModel):
         limits: InputLimits | None = None,
         **settings: Any,
     ) -> None:
-        if background:
+        if background and (stream or settings.get("store") is False):
             raise DefinitionError(
-                "OpenAIResponsesModel(background=True) is not available yet: background calls need a durable "
-                "wait that holds no thread; leave background=False"
+                "OpenAIResponsesModel(background=True) cannot stream and needs store=True "
+                "(the provider keeps a background response to be read later); drop stream=True and store=False"
             )
         self._init_adapter(
             model, stream, price, rate_limit_key, limits, settings, inspect.signature(Responses.create).parameters
@@ -111,7 +123,7 @@ class OpenAIResponsesModel(OpenAIFailures, OneCallChatModel):
         include = list(settings.pop("include", None) or [])
         if _ENCRYPTED_REASONING not in include:
             include.append(_ENCRYPTED_REASONING)
-        self.settings: dict[str, Any] = {"store": False, **settings, "include": include}
+        self.settings: dict[str, Any] = {"store": background, **settings, "include": include}
 
     def request_arguments(self, request: ChatRequest) -> dict[str, Any]:
         """The keyword arguments of `responses.create` for `request` (without `stream`)."""
@@ -125,7 +137,67 @@ class OpenAIResponsesModel(OpenAIFailures, OneCallChatModel):
         return arguments
 
     def __repr__(self) -> str:
-        return f"OpenAIResponsesModel(model={self.model!r}, base_url={self._base_url!r}, stream={self.stream})"
+        return f"OpenAIResponsesModel(model={self.model!r}, base_url={self._base_url!r}, stream={self.stream}" + (
+            ", background=True)" if self.background else ")"
+        )
+
+    def generate(self, request: ChatRequest) -> ChatResponse:
+        """Call the model once; with `background`, start the response and raise `OperationPending` with its id.
+
+        Raises:
+            OperationPending: (background only) The response runs; poll it with `poll_operation`.
+            RecoverableError: Timeout, connection failure, 408, 409, 429, 5xx, or a transient failure.
+            ModelAPIError: Any other failure of the API, or an answer that cannot be read.
+        """
+        if not self.background:
+            return super().generate(request)
+        try:
+            started = self._client.responses.create(background=True, **self.request_arguments(request)).to_dict()
+        except Exception as exc:
+            raise_translated(exc, self._reading_failure)
+        return self._settle(started)
+
+    async def agenerate(self, request: ChatRequest) -> ChatResponse:
+        """`generate` on the SDK's async client; with `background`, it too starts the response and raises `OperationPending`."""
+        if not self.background:
+            return await super().agenerate(request)
+        try:
+            started = await self._async().responses.create(background=True, **self.request_arguments(request))
+        except Exception as exc:
+            raise_translated(exc, self._reading_failure)
+        return self._settle(started.to_dict())
+
+    def poll_operation(self, handle: Mapping[str, Any]) -> ChatResponse:
+        """Read the background response `handle` names (`GET /responses/{id}`): its answer once it has ended.
+
+        Raises:
+            OperationPending: It is still queued or in progress.
+            RecoverableError: It failed for a transient reason, or the read itself failed so.
+            ModelAPIError: It failed or was cancelled, or the read failed for another reason.
+        """
+        try:
+            response = self._client.responses.retrieve(str(handle[RESPONSE_ID_KEY])).to_dict()
+        except Exception as exc:
+            raise_translated(exc, self._reading_failure)
+        return self._settle(response)
+
+    def cancel_operation(self, handle: Mapping[str, Any]) -> None:
+        """Cancel the background response `handle` names (`POST /responses/{id}/cancel`)."""
+        try:
+            self._client.responses.cancel(str(handle[RESPONSE_ID_KEY]))
+        except Exception as exc:
+            raise_translated(exc, self._reading_failure)
+
+    def _settle(self, response: dict[str, Any]) -> ChatResponse:
+        status = response.get("status")
+        if status in _RUNNING:
+            raise OperationPending({RESPONSE_ID_KEY: response["id"]}, status=str(status))
+        if status == "cancelled":
+            raise ModelAPIError(None, f"{self._where}: the background response {response.get('id')} was cancelled")
+        try:
+            return self._read(response)
+        except (AttributeError, KeyError, TypeError, ValueError) as exc:
+            raise self._unreadable(exc) from exc
 
     def _create(self, client: Any, arguments: dict[str, Any], stream: bool) -> Any:
         return client.responses.create(stream=stream, **arguments)

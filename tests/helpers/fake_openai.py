@@ -39,6 +39,7 @@ class RecordedRequest:
     path: str
     headers: dict[str, str]
     body: dict[str, Any]
+    """The JSON body; empty for a GET."""
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -48,8 +49,14 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         raw = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+        self._answer(json.loads(raw) if raw else {})
+
+    def do_GET(self) -> None:
+        self._answer({})
+
+    def _answer(self, body: dict[str, Any]) -> None:
         fake = self.server.fake
-        reply = fake.take(RecordedRequest(self.path, {k.lower(): v for k, v in self.headers.items()}, json.loads(raw)))
+        reply = fake.take(RecordedRequest(self.path, {k.lower(): v for k, v in self.headers.items()}, body))
         try:
             if reply.delay:
                 fake.stopping.wait(reply.delay)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
@@ -21,6 +23,18 @@ def with_tests_importable(env: Mapping[str, str]) -> dict[str, str]:
     """
     path = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
     return {**env, "PYTHONPATH": path}
+
+
+def run_module(module: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """Run `python -m module args...` in a fresh interpreter from the repository root; its output as text."""
+    return subprocess.run(
+        [sys.executable, "-m", module, *args],
+        env=with_tests_importable(os.environ),
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def signal_group(pgid: int, signum: int) -> None:

@@ -7,17 +7,13 @@ the provider parts of both reasoned steps back verbatim.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
 
 import store
 from agent_runner import AgentResumeCommand, AgentTurnStatus, AiMessage, SuspensionType
 from tests.helpers import provider_turns as scenario
 from tests.helpers.fake_openai import FakeChatServer
-from tests.helpers.processes import REPO_ROOT, with_tests_importable
+from tests.helpers.processes import run_module
 
 S = AgentTurnStatus
 
@@ -51,14 +47,8 @@ def test_a_turn_with_a_retry_a_form_and_an_approval_resumes_in_another_process(p
             assert len(reasoned) == 2
         # When another process loads the turn from the database and approves
         deploy_call = scenario.DEPLOY_CALL[provider]
-        finished = subprocess.run(
-            [sys.executable, "-m", "tests.helpers.provider_turns", provider, store_url, server.root_url, turn.id]
-            + [deploy_call],
-            env=with_tests_importable(os.environ),
-            cwd=REPO_ROOT,
-            capture_output=True,
-            text=True,
-            timeout=120,
+        finished = run_module(
+            "tests.helpers.provider_turns", provider, store_url, server.root_url, turn.id, deploy_call
         )
         assert finished.returncode == 0, finished.stderr
         # Then the turn completed there, and its last call sent both steps' parts back as received

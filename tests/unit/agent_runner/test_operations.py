@@ -11,6 +11,7 @@ from agent_runner import (
     AgentExecutionPolicy,
     AgentRunner,
     AgentToolContext,
+    AgentTurn,
     AgentTurnStatus,
     AiMessage,
     InMemoryAgentTurnStore,
@@ -23,7 +24,7 @@ from agent_runner import (
     ToolMessage,
 )
 from agent_runner.operations import next_poll
-from tests.unit.agent_runner.turn_kit import FakeClock
+from tests.unit.agent_runner.turn_kit import FakeClock, poll_until_settled
 
 S = AgentTurnStatus
 
@@ -74,17 +75,12 @@ def test_the_turn_waits_without_a_retry_attempt_and_polls_back_off_until_the_wor
     jobs = Jobs(polls_needed=3)
     runner, agent, clock, events = build(jobs)
 
-    turn = runner.run(agent, "render q3")
-    delays = []
-    while turn.status is S.RETRY_SCHEDULED:
+    def waits(turn: AgentTurn) -> None:
         assert turn.suspension is not None and turn.suspension.type is SuspensionType.RETRY
         assert turn.suspension.metadata["reason"] == "operation" and turn.attempt == 0
         assert turn.tool_state["c1"]["operation"] == {"job": "job-1", "report": "q3"}
-        assert turn.next_retry_at is not None
-        delays.append((turn.next_retry_at - clock()).total_seconds())
-        assert runner.run_until_blocked(turn).status is S.RETRY_SCHEDULED, "not due yet: nothing runs"
-        clock.advance(delays[-1])
-        turn = runner.run_until_blocked(runner.restore(turn.id))
+
+    turn, delays = poll_until_settled(runner, clock, runner.run(agent, "render q3"), waits)
 
     assert turn.status is S.COMPLETED, turn.error
     assert delays == [1.0, 2.0, 4.0]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
@@ -18,6 +18,7 @@ from agent_runner import (
     AgentRunner,
     AgentToolContext,
     AgentTurn,
+    AgentTurnStatus,
     AgentUserInputTool,
     AiMessage,
     AnyMessage,
@@ -93,6 +94,24 @@ class FakeClock:
 
     def advance(self, seconds: float) -> None:
         self.now += timedelta(seconds=seconds)
+
+
+def poll_until_settled(
+    runner: AgentRunner, clock: FakeClock, turn: AgentTurn, check: Callable[[AgentTurn], None]
+) -> tuple[AgentTurn, list[float]]:
+    """Move `clock` to each due poll of a turn that waits for work elsewhere and step it; the waits seen.
+
+    `check` is called on each waiting snapshot; stepping before a poll is due must do nothing.
+    """
+    delays = []
+    while turn.status is AgentTurnStatus.RETRY_SCHEDULED:
+        check(turn)
+        assert turn.next_retry_at is not None
+        delays.append((turn.next_retry_at - clock()).total_seconds())
+        assert runner.run_until_blocked(turn).status is AgentTurnStatus.RETRY_SCHEDULED, "not due yet: nothing runs"
+        clock.advance(delays[-1])
+        turn = runner.run_until_blocked(runner.restore(turn.id))
+    return turn, delays
 
 
 MISSHAPEN_EVENTS: list[tuple[AgentEvent, str]] = []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from typing import Any
 
@@ -11,8 +12,10 @@ from agent_runner.errors import DefinitionError, RecoverableError
 from agent_runner.messages import ModelMessage, SystemMessage, ToolMessage, UserMessage
 from agent_runner.models import ChatRequest, ToolSpec
 from agent_runner.models.openai import ModelAPIError, OpenAIResponsesModel
+from agent_runner.operations import OperationPending
 from agent_runner.tools import INVALID_ARGUMENTS_KEY
 from tests.helpers import responses_wire as wire
+from tests.helpers.background_responses import SERVER_ERROR, BackgroundResponses, Outcome
 from tests.helpers.fake_openai import FakeChatServer, Reply
 
 WEATHER = ToolSpec("weather", "The weather in a city.", {"type": "object", "properties": {"city": {"type": "string"}}})
@@ -140,9 +143,64 @@ def test_a_bad_request_fails_for_good_without_the_key(server: FakeChatServer, ma
     assert "sk-test-key" not in str(raised.value)
 
 
-def test_background_calls_are_refused_at_construction_until_they_can_wait_without_a_thread() -> None:
-    with pytest.raises(DefinitionError, match=r"\(background=True\) is not available yet"):
-        OpenAIResponsesModel("o4-mini", api_key="k", background=True)
+def test_a_background_response_is_started_once_then_read_by_its_id_until_it_completes(
+    server: FakeChatServer, make_model: ModelFactory
+) -> None:
+    responses = BackgroundResponses(Outcome([wire.REASONING, wire.text("Sunny.")], polls=1), Outcome())
+    server._answer = responses
+    model = make_model(background=True)
+    # Starting it answers with the response id instead of the answer
+    with pytest.raises(OperationPending) as started:
+        model.generate(ask(UserMessage("Paris?")))
+    assert started.value.handle == {"response_id": "resp_bg_1"} and started.value.status == "queued"
+    [created] = responses.created
+    assert created["background"] is True and created["store"] is True
+    assert "reasoning.encrypted_content" in created["include"] and "stream" not in created
+    # Reading it while it runs asks for another look; once completed it is the answer
+    with pytest.raises(OperationPending) as running:
+        model.poll_operation(started.value.handle)
+    assert running.value.status == "in_progress"
+    answer = model.poll_operation(started.value.handle)
+    assert answer.message.content == "Sunny." and answer.message.parts_of("openai_responses") == [wire.REASONING]
+    assert (answer.usage.input_tokens, answer.usage.output_tokens, answer.usage.reasoning_tokens) == (40, 20, 12)
+    assert [r.path for r in server.requests] == ["/v1/responses", *["/v1/responses/resp_bg_1"] * 2]
+    assert len(responses.created) == 1 and responses.reads == 2
+    # The async call starts one the same way
+    with pytest.raises(OperationPending) as started_async:
+        asyncio.run(model.agenerate(ask(UserMessage("Lyon?"))))
+    assert started_async.value.handle == {"response_id": "resp_bg_2"} and responses.created[1]["background"] is True
+
+
+def test_a_failed_background_response_is_sorted_as_a_failed_call_and_a_cancel_reaches_the_server(
+    server: FakeChatServer, make_model: ModelFactory
+) -> None:
+    denied = {"code": "invalid_prompt", "message": "Invalid prompt."}
+    responses = BackgroundResponses(Outcome(polls=0, error=SERVER_ERROR), Outcome(polls=0, error=denied), Outcome())
+    server._answer = responses
+    model = make_model(background=True)
+    handles = []
+    for _ in range(3):
+        with pytest.raises(OperationPending) as started:
+            model.generate(ask(UserMessage("hi")))
+        handles.append(started.value.handle)
+    with pytest.raises(RecoverableError):
+        model.poll_operation(handles[0])
+    with pytest.raises(ModelAPIError, match="Invalid prompt"):
+        model.poll_operation(handles[1])
+    model.cancel_operation(handles[2])
+    assert responses.cancels == ["resp_bg_3"]
+    with pytest.raises(ModelAPIError, match="cancelled"):
+        model.poll_operation(handles[2])
+    with pytest.raises(ModelAPIError) as unknown:
+        model.poll_operation({"response_id": "resp_gone"})
+    assert unknown.value.status_code == 404
+
+
+def test_background_responses_cannot_stream_or_go_unstored() -> None:
+    with pytest.raises(DefinitionError, match="cannot stream"):
+        OpenAIResponsesModel("o4-mini", api_key="k", background=True, stream=True)
+    with pytest.raises(DefinitionError, match="store=True"):
+        OpenAIResponsesModel("o4-mini", api_key="k", background=True, store=False)
 
 
 def test_settings_the_adapter_owns_or_the_sdk_does_not_know_are_refused() -> None:
