@@ -80,3 +80,16 @@ def test_requests_without_a_valid_key_are_refused(server: ApiServer) -> None:
     with httpx.Client(base_url=server.url) as anonymous:
         assert anonymous.post("/a2a/desk", json=rpc("GetTask", {"id": "x"})).status_code == 401
     assert post(server, rpc("GetTask", {"id": "x"}), "not-a-key").status_code == 401
+
+
+def test_a_message_sent_again_answers_the_same_task(server: ApiServer) -> None:
+    params = send_params({"text": "only once"})
+    first = post(server, rpc("SendMessage", params)).json()["result"]["task"]
+    again = post(server, rpc("SendMessage", params)).json()["result"]["task"]
+    assert again["id"] == first["id"] and again["contextId"] == first["contextId"]
+    assert again["status"]["state"] == "TASK_STATE_COMPLETED"
+    # A message that would start a second turn in a context whose turn waits for a person is refused.
+    waiting = post(server, rpc("SendMessage", send_params({"text": "ticket"}))).json()["result"]["task"]
+    assert waiting["status"]["state"] == "TASK_STATE_INPUT_REQUIRED"
+    busy = post(server, rpc("SendMessage", send_params({"text": "more"}, contextId=waiting["contextId"])))
+    assert error_code(busy) == -32602 and waiting["id"] in busy.text

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import uuid
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
@@ -27,6 +26,7 @@ from workers.api.auth import RuntimeDep, TenantDep, get_tenant
 from workers.api.bodies import ID_PATTERN, CancelRequest
 from workers.api.errors import ApiError, TurnEndedError, api_error_of
 from workers.api.event_streams import KEEPALIVE_S
+from workers.api.idempotency_header import request_id
 from workers.api.protocols import chat, steps
 from workers.api.runtime import Runtime
 from workers.api.tenancy import Tenant
@@ -145,7 +145,9 @@ def _act(runtime: Runtime, tenant: Tenant, agent_id: str, params: dict[str, Any]
         return _answer_task(runtime, tenant, agent_id, incoming)
     if not incoming.text.strip():
         raise RpcError(wire.INVALID_PARAMS, "a message that starts a task needs a text part")
-    conversation_id = incoming.context_id or uuid.uuid4().hex
+    # A browser token limited to one conversation starts its tasks there. A new context is
+    # named after the message, so the same message sent again finds the task it started.
+    conversation_id = incoming.context_id or tenant.conversation or request_id(tenant, f"a2a:{incoming.message_id}")
     message_id = chat.stored_message_id(tenant, conversation_id, incoming.message_id)
     steer = incoming.metadata.get("ifBusy") == "steer"
     return chat.send_message(
