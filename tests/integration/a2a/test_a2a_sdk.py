@@ -114,6 +114,10 @@ def test_a_form_asks_for_input_and_its_answer_completes_the_task(server: ApiServ
         async with connect(server, "desk", KEY_A, streaming=False) as client:
             task = await send(client, message("ticket please"))
             assert task.status.state == TaskState.TASK_STATE_INPUT_REQUIRED
+            # A subscription to a task that waits for input shows it and ends.
+            async with connect(server, "desk", KEY_A, streaming=True) as streaming:
+                shown = await collect(streaming.subscribe(SubscribeToTaskRequest(id=task.id)))
+            assert [e.task.status.state for e in shown] == [TaskState.TASK_STATE_INPUT_REQUIRED]
             asked = data_of(task.status.message.parts[-1])
             assert asked["form"]["key"] == "ticket_details"
             assert asked["form"]["schema"]["required"] == ["system", "scope"]

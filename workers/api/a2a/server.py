@@ -262,8 +262,9 @@ def _sse(request_id: Any, result: dict[str, Any]) -> str:
 
 async def _stream(runtime: Runtime, request_id: Any, turn: AgentTurn, after: Any) -> AsyncIterator[str]:
     """The task first, then text as artifact updates and each status change, until the turn ends or asks for input."""
-    yield _sse(request_id, {"task": await run_in_threadpool(_view, runtime, turn)})
-    if turn.is_terminal:
+    first = await run_in_threadpool(_view, runtime, turn)
+    yield _sse(request_id, {"task": first})
+    if first["status"]["state"] in wire.STREAM_ENDS:
         return
     ids = {"taskId": turn.id, **({"contextId": turn.conversation_id} if turn.conversation_id else {})}
     translator = steps.TurnTranslator(turn.id, chat.turn_content(runtime, turn))

@@ -42,6 +42,11 @@ _STATES = {
     AgentTurnStatus.CANCELLED: "TASK_STATE_CANCELED",
 }
 
+STREAM_ENDS = frozenset(
+    {"TASK_STATE_INPUT_REQUIRED", "TASK_STATE_COMPLETED", "TASK_STATE_FAILED", "TASK_STATE_CANCELED"}
+)
+"""The task states a stream ends at: the task ended, or waits for an answer that comes in another request."""
+
 
 class RpcError(Exception):
     """A JSON-RPC error answer: `code` is a JSON-RPC or A2A error code."""
