@@ -3,71 +3,26 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import uuid
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any, cast
 
 import httpx
 import pytest
-from a2a.client import Client, ClientConfig, ClientFactory
-from a2a.helpers import get_data_parts, new_data_part
 from a2a.types import (
     CancelTaskRequest,
     GetTaskRequest,
-    Message,
-    Part,
-    Role,
-    SendMessageRequest,
     StreamResponse,
     SubscribeToTaskRequest,
-    Task,
     TaskState,
 )
 from a2a.utils.errors import InvalidParamsError, TaskNotCancelableError, TaskNotFoundError, UnsupportedOperationError
 
 from tests.helpers.api_server import ApiServer
+from tests.integration.a2a.a2a_client import collect, connect, data_of, message, send
 from tests.integration.a2a.conftest import KEY_A, KEY_B
 from tests.integration.langgraph.langgraph_agents import story
 
 pytestmark = pytest.mark.integration
-
-
-@contextlib.asynccontextmanager
-async def connect(server: ApiServer, agent_id: str, key: str, *, streaming: bool) -> AsyncIterator[Client]:
-    """The SDK's client of the agent, from its card, sending `key` (the HTTP client it shares is closed after)."""
-    async with httpx.AsyncClient(headers={"Authorization": f"Bearer {key}"}, timeout=30) as http:
-        factory = ClientFactory(ClientConfig(httpx_client=http, streaming=streaming))
-        client = await factory.create_from_url(f"{server.url}/a2a/{agent_id}")
-        try:
-            yield client
-        finally:
-            await client.close()
-
-
-def message(text: str | None = None, *, data: dict[str, Any] | None = None, **ids: str) -> SendMessageRequest:
-    parts = []
-    if text is not None:
-        parts.append(Part(text=text))
-    if data is not None:
-        parts.append(new_data_part(data))
-    return SendMessageRequest(message=Message(message_id=uuid.uuid4().hex, role=Role.ROLE_USER, parts=parts, **ids))
-
-
-async def send(client: Client, request: SendMessageRequest) -> Task:
-    """The task a blocking SendMessage answers."""
-    answers = [answer async for answer in client.send_message(request)]
-    assert len(answers) == 1 and answers[0].HasField("task"), answers
-    return answers[0].task
-
-
-async def collect(stream: AsyncIterator[StreamResponse]) -> list[StreamResponse]:
-    return [event async for event in stream]
-
-
-def data_of(part: Part) -> dict[str, Any]:
-    found: dict[str, Any] = get_data_parts([part])[0]
-    return found
 
 
 def run(coroutine: Any) -> Any:

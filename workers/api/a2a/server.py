@@ -27,6 +27,7 @@ from workers.api.bodies import ID_PATTERN, CancelRequest
 from workers.api.errors import ApiError, TurnEndedError, api_error_of
 from workers.api.event_streams import KEEPALIVE_S
 from workers.api.idempotency_header import request_id
+from workers.api.openapi import error_responses
 from workers.api.protocols import chat, steps
 from workers.api.runtime import Runtime
 from workers.api.tenancy import Tenant
@@ -41,7 +42,28 @@ AgentId = Annotated[str, Path(pattern=ID_PATTERN, max_length=128, description="T
 
 A2A_PREFIX = "/a2a/"
 
-router = APIRouter(prefix="/a2a", tags=["a2a"], dependencies=[Depends(get_tenant)])
+router = APIRouter(prefix="/a2a", tags=["a2a"], dependencies=[Depends(get_tenant)], responses=error_responses(401, 503))
+
+_RPC_BODY: dict[str, Any] = {
+    "requestBody": {
+        "required": True,
+        "description": "A JSON-RPC 2.0 request (`jsonrpc`, `id`, `method`, `params`); anything else is a JSON-RPC error.",
+        "content": {"application/json": {"schema": {}}},
+    }
+}
+_RPC_ANSWERS: dict[int | str, dict[str, Any]] = {
+    200: {
+        "description": (
+            "A JSON-RPC 2.0 answer (`result` or `error`; every failure is an error answer), or for "
+            "SendStreamingMessage and SubscribeToTask server-sent events, each a JSON-RPC answer."
+        ),
+        "content": {
+            "application/json": {"schema": {"type": "object"}},
+            "text/event-stream": {"schema": {"type": "string"}},
+        },
+    },
+    **error_responses(422),
+}
 
 
 def _agent(runtime: Runtime, agent_id: str) -> Any:
@@ -51,7 +73,11 @@ def _agent(runtime: Runtime, agent_id: str) -> Any:
         raise RpcError(wire.INVALID_PARAMS, f"no agent {agent_id!r}") from None
 
 
-@router.get("/{agent_id}/.well-known/agent-card.json", summary="The agent card of an agent")
+@router.get(
+    "/{agent_id}/.well-known/agent-card.json",
+    summary="The agent card of an agent",
+    responses={200: {"content": {"application/json": {"schema": {"type": "object"}}}}, **error_responses(404, 422)},
+)
 def agent_card(agent_id: AgentId, request: Request, runtime: RuntimeDep, tenant: TenantDep) -> JSONResponse:
     """The A2A agent card: name, description, a skill per tool, streaming, and the JSON-RPC URL."""
     try:
@@ -92,7 +118,13 @@ def _rpc_error(error: BaseException) -> RpcError:
     return RpcError(wire.INTERNAL_ERROR, "the request could not be served")
 
 
-@router.post("/{agent_id}", summary="A2A JSON-RPC endpoint of an agent")
+@router.post(
+    "/{agent_id}",
+    summary="A2A JSON-RPC endpoint of an agent",
+    response_class=Response,
+    responses=_RPC_ANSWERS,
+    openapi_extra=_RPC_BODY,
+)
 async def rpc(agent_id: AgentId, request: Request, runtime: RuntimeDep, tenant: TenantDep) -> Response:
     """JSON-RPC 2.0: SendMessage, SendStreamingMessage, GetTask, CancelTask, SubscribeToTask."""
     try:
