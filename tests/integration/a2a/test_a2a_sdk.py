@@ -3,18 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections.abc import AsyncGenerator
 from typing import Any, cast
 
 import httpx
 import pytest
-from a2a.types import (
-    CancelTaskRequest,
-    GetTaskRequest,
-    StreamResponse,
-    SubscribeToTaskRequest,
-    TaskState,
-)
+from a2a.types import CancelTaskRequest, GetTaskRequest, StreamResponse, SubscribeToTaskRequest, TaskState
 from a2a.utils.errors import InvalidParamsError, TaskNotCancelableError, TaskNotFoundError, UnsupportedOperationError
 
 from tests.helpers.api_server import ApiServer
@@ -161,5 +156,25 @@ def test_another_tenant_never_finds_the_task(server: ApiServer) -> None:
                     await call
             with pytest.raises(TaskNotFoundError):
                 await send(b, message(data={"approved": True}, task_id=task.id))
+
+    run(scenario())
+
+
+def test_a_browser_token_reaches_its_conversation_only(server: ApiServer) -> None:
+    mine = f"mine-{uuid.uuid4().hex}"
+    with server.client(KEY_A) as backend:
+        token = backend.post("/v1/tokens", json={"user": "ann", "conversation_id": mine}).json()["token"]
+
+    async def scenario() -> None:
+        async with connect(server, "desk", KEY_A, streaming=False) as tenant:
+            elsewhere = await send(tenant, message("elsewhere"))
+        async with connect(server, "desk", token, streaming=False) as browser:
+            # A message naming no context starts its task in the token's conversation.
+            task = await send(browser, message("from the browser"))
+            assert task.context_id == mine and task.status.state == TaskState.TASK_STATE_COMPLETED
+            with pytest.raises(TaskNotFoundError):
+                await browser.get_task(GetTaskRequest(id=elsewhere.id))
+            with pytest.raises(TaskNotFoundError):
+                await send(browser, message("there", context_id=elsewhere.context_id))
 
     run(scenario())

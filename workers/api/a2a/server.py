@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
@@ -18,7 +19,7 @@ from fastapi import APIRouter, Depends, Path, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
-from agent_runner import AgentNotFound, AgentTurn, TurnNotFound
+from agent_runner import Agent, AgentNotFound, AgentTurn, TurnNotFound
 from workers.api import service
 from workers.api.a2a import wire
 from workers.api.a2a.wire import RpcError
@@ -33,6 +34,8 @@ from workers.api.runtime import Runtime
 from workers.api.tenancy import Tenant
 from workers.views import find_agent
 
+_log = logging.getLogger(__name__)
+
 CHANNEL = "a2a"
 CANCEL_REASON = "canceled by the A2A client"
 BLOCKING_WAIT_S = 60.0
@@ -45,11 +48,12 @@ A2A_PREFIX = "/a2a/"
 router = APIRouter(prefix="/a2a", tags=["a2a"], dependencies=[Depends(get_tenant)], responses=error_responses(401, 503))
 
 _RPC_BODY: dict[str, Any] = {
+    "x-jsonrpc": True,  # its refusals are JSON-RPC error answers (HTTP 200), not the API's error shape
     "requestBody": {
         "required": True,
         "description": "A JSON-RPC 2.0 request (`jsonrpc`, `id`, `method`, `params`); anything else is a JSON-RPC error.",
         "content": {"application/json": {"schema": {}}},
-    }
+    },
 }
 _RPC_ANSWERS: dict[int | str, dict[str, Any]] = {
     200: {
@@ -66,7 +70,7 @@ _RPC_ANSWERS: dict[int | str, dict[str, Any]] = {
 }
 
 
-def _agent(runtime: Runtime, agent_id: str) -> Any:
+def _agent(runtime: Runtime, agent_id: str) -> Agent:
     try:
         return runtime.agent_loader.load(agent_id)
     except AgentNotFound:
@@ -114,8 +118,11 @@ def _rpc_error(error: BaseException) -> RpcError:
     if api.status == 404:
         return RpcError(wire.TASK_NOT_FOUND, api.message)
     if api.status in (400, 409, 413, 422):
-        return RpcError(wire.INVALID_PARAMS, api.message, {"type": api.type_name, "details": api.details} or None)
-    return RpcError(wire.INTERNAL_ERROR, "the request could not be served")
+        return RpcError(wire.INVALID_PARAMS, api.message, {"type": api.type_name, "details": api.details})
+    if api.status < 500:
+        return RpcError(wire.INVALID_REQUEST, api.message, {"type": api.type_name})
+    _log.error("A2A request failed", exc_info=error)
+    return RpcError(wire.INTERNAL_ERROR, api.message if api.status == 503 else "the request could not be served")
 
 
 @router.post(
