@@ -62,6 +62,9 @@ def test_bad_messages_are_invalid_params(server: ApiServer) -> None:
         nested = {"inner": nested}
     assert error_code(post(server, rpc("SendMessage", send_params({"text": "hi"}, {"data": nested})))) == -32602
     assert error_code(post(server, rpc("SendMessage", send_params({"url": "file:///etc/passwd"})))) == -32602
+    # Past what any route takes (1 MiB, 64 levels): refused before parsing, still as JSON-RPC errors.
+    assert error_code(post(server, None, raw=b"[" * 100_000 + b"]" * 100_000)) == -32600
+    assert error_code(post(server, rpc("SendMessage", send_params({"text": "x" * 1_100_000})))) == -32600
     assert error_code(post(server, rpc("SendMessage", send_params({"text": "hi"}, contextId="../../etc")))) == -32602
 
 
