@@ -129,3 +129,17 @@ def running_server(
         yield server
     finally:
         server.stop()
+
+
+TENANT_A_KEY = "key-a-0123456789"
+TENANT_B_KEY = "key-b-9876543210"
+TWO_TENANTS = {
+    "AGENT_RUNNER_API_KEYS": f"tenant-a:{TENANT_A_KEY},tenant-b:{TENANT_B_KEY}",
+    "AGENT_RUNNER_TOKEN_SECRET": "a-test-secret-of-enough-length-0123456789",
+}
+"""The settings of a server with the tenants `tenant-a` and `tenant-b` (their keys above), and browser tokens on."""
+
+
+def two_tenants_server(agents: str, workdir: Path) -> Iterator[ApiServer]:
+    """A server of `agents` with the tenants of `TWO_TENANTS` (a generator for fixtures, like `running_server`)."""
+    yield from running_server(agents, workdir, None, None, **TWO_TENANTS)

@@ -11,6 +11,7 @@ from fastapi.responses import FileResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 
 from agent_runner import AgentLoader
+from workers.api.a2a import A2A_PREFIX, guard_refusal
 from workers.api.access_log import redact_access_log
 from workers.api.auth import HANDLE_STATE, get_handle
 from workers.api.bodies import ErrorResponse, HealthView, ReadyView
@@ -91,13 +92,14 @@ def create_app(
             {"name": "tokens", "description": "Short-lived tokens for browsers."},
             {"name": "ai-sdk", "description": "The AI SDK's `useChat` (UI message stream) over turns."},
             {"name": "ag-ui", "description": "AG-UI runs (`HttpAgent`) over turns."},
+            {"name": "a2a", "description": "Each agent as an A2A 1.0 agent (JSON-RPC) with its agent card."},
             {"name": "health", "description": "Liveness and readiness probes."},
         ],
     )
     app.state.settings = final
     setattr(app.state, HANDLE_STATE, handle)
     install_error_handlers(app)
-    app.add_middleware(RequestGuard)
+    app.add_middleware(RequestGuard, renderers={A2A_PREFIX: guard_refusal})
     add_cors(app, final.cors_origins)  # last: outermost, so that error answers carry its headers too
     for api_router in API_ROUTERS:
         app.include_router(api_router)

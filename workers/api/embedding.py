@@ -36,6 +36,8 @@ from fastapi.responses import Response
 
 from agent_runner import AgentLoader, AgentRunnerError
 from workers.api import auth, event_streams, routes
+from workers.api.a2a import A2A_PREFIX, guard_refusal
+from workers.api.a2a import router as a2a_router
 from workers.api.auth import HANDLE_STATE
 from workers.api.errors import ApiError, api_error_of, render, validation_response
 from workers.api.guard import RequestGuard
@@ -44,11 +46,19 @@ from workers.api.protocols import ag_ui, ai_sdk
 from workers.api.runtime import RuntimeHandle
 from workers.api.server_settings import ApiSettings, WorkerMode, default_worker_mode
 
-API_ROUTERS = (routes.router, event_streams.router, auth.router, ai_sdk.router, ag_ui.router, langgraph_router)
+API_ROUTERS = (
+    routes.router,
+    event_streams.router,
+    auth.router,
+    ai_sdk.router,
+    ag_ui.router,
+    langgraph_router,
+    a2a_router,
+)
 """The routers of the API, in the order they are added (a new router of the API goes here).
 
 All are under `/v1` except the LangGraph API's (`/assistants`, `/threads`, `/runs`), which
-LangGraph clients expect at the server's root."""
+LangGraph clients expect at the server's root, and A2A's (`/a2a/{agent_id}`)."""
 
 
 def prepare_settings(
@@ -124,6 +134,7 @@ def include_api(
     host.include_router(api, prefix=prefix)
     event_streams.document_event_schemas(host)
     host.add_middleware(RequestGuard, path_prefix=f"{prefix}/v1/")
+    host.add_middleware(RequestGuard, path_prefix=f"{prefix}{A2A_PREFIX}", renderers={"": guard_refusal})
     _render_api_errors(host)
     return handle
 

@@ -15,8 +15,10 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Callable, Mapping
 from typing import Any
 
+from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from workers.api.errors import ApiError, InvalidRequestError, PayloadTooLargeError, render
@@ -107,15 +109,23 @@ class RequestGuard:
         max_depth: Deepest accepted JSON nesting.
         path_prefix: Check only requests whose path starts with this (in a host application
             that has the API's routes beside its own); empty: every request.
+        renderers: How a refusal is told on paths starting with each key, for protocols whose
+            errors have a shape of their own (JSON-RPC); elsewhere the API's error body.
     """
 
     def __init__(
-        self, app: ASGIApp, max_body_bytes: int = MAX_BODY_BYTES, max_depth: int = MAX_JSON_DEPTH, path_prefix: str = ""
+        self,
+        app: ASGIApp,
+        max_body_bytes: int = MAX_BODY_BYTES,
+        max_depth: int = MAX_JSON_DEPTH,
+        path_prefix: str = "",
+        renderers: Mapping[str, Callable[[ApiError], Response]] | None = None,
     ) -> None:
         self.app = app
         self.max_body_bytes = max_body_bytes
         self.max_depth = max_depth
         self.path_prefix = path_prefix
+        self.renderers = dict(renderers or {})
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Check the request, then pass it on with its body replayed."""
@@ -131,7 +141,9 @@ class RequestGuard:
             if body:
                 check_json(body, self.max_depth)
         except ApiError as error:
-            await render(error)(scope, receive, send)
+            path = app_path(scope)
+            renderer = next((r for prefix, r in self.renderers.items() if path.startswith(prefix)), render)
+            await renderer(error)(scope, receive, send)
             return
         replayed = False
 

@@ -227,25 +227,40 @@ def test_other_content_types_and_methods_are_4xx(server: ApiServer, database_url
 BAD_BODIES: list[tuple[str, bytes]] = [("empty", b""), ("not JSON", b"{not json"), ("null", b"null")]
 
 
-def body_operations(document: dict[str, Any]) -> list[tuple[str, str, bool]]:
-    """Every operation of the OpenAPI document that can carry a body: method, path, and whether it needs one."""
+def body_operations(document: dict[str, Any]) -> list[tuple[str, str, bool, bool]]:
+    """Every operation of the OpenAPI document that can carry a body: method, path, whether it needs one,
+    and whether it is a JSON-RPC endpoint (`x-jsonrpc`), whose refusals are JSON-RPC error answers."""
     operations = []
     for path, methods in document["paths"].items():
         for method, operation in methods.items():
             if method in ("post", "put", "patch"):
                 needs_body = bool(operation.get("requestBody", {}).get("required", False))
-                operations.append((method.upper(), path, needs_body))
+                operations.append((method.upper(), path, needs_body, bool(operation.get("x-jsonrpc"))))
     return operations
+
+
+def is_json_rpc_refusal(response: httpx.Response) -> bool:
+    """A JSON-RPC 2.0 error answer to a body that is no request: a parse error or an invalid request."""
+    try:
+        answer = response.json()
+    except ValueError:
+        return False
+    return (
+        response.status_code == 200
+        and answer.get("jsonrpc") == "2.0"
+        and "result" not in answer
+        and answer["error"]["code"] in (-32700, -32600)
+    )
 
 
 def test_empty_non_json_and_null_bodies_are_4xx_on_every_route(server: ApiServer, database_url: str) -> None:
     # Given every route of the server that can take a body, read from its OpenAPI document
     with server.client() as client:
         operations = body_operations(client.get("/openapi.json").json())
-        assert ("PATCH", "/runs/crons/{cron_id}") in {(method, path) for method, path, _ in operations}
+        assert ("PATCH", "/runs/crons/{cron_id}") in {(method, path) for method, path, _, _ in operations}
         before = database_state(database_url)
         problems = []
-        for method, path, needs_body in operations:
+        for method, path, needs_body, json_rpc in operations:
             # Ids of the right shape that name nothing: the body is judged before any lookup
             url = re.sub(r"\{[^}]+\}", "missing-1", path)
             for name, body in BAD_BODIES:
@@ -254,6 +269,11 @@ def test_empty_non_json_and_null_bodies_are_4xx_on_every_route(server: ApiServer
                     response = client.request(method, url, content=body, headers={"Content-Type": "application/json"})
                 except httpx.TransportError as exc:
                     problems.append(f"{method} {path} ({name}): the connection failed: {exc!r}")
+                    continue
+                if json_rpc:
+                    # Then a JSON-RPC endpoint answers with a JSON-RPC error, as its protocol says
+                    if not is_json_rpc_refusal(response):
+                        problems.append(f"{method} {path} ({name}): {response.status_code} {response.text[:200]}")
                     continue
                 # Then a body it needs, and any body that is not JSON, is refused with a 4xx
                 # in the error shape; a route whose body is optional may take an empty or

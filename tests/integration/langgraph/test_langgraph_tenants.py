@@ -11,23 +11,18 @@ import httpx
 import pytest
 from langgraph_sdk import get_sync_client
 
-from tests.helpers.api_server import ApiServer, running_server
+from tests.helpers.api_server import TENANT_A_KEY, TENANT_B_KEY, ApiServer, two_tenants_server
 from tests.integration.langgraph.langgraph_agents import AGENTS
 
 pytestmark = pytest.mark.integration
 
-KEY_A = "key-a-0123456789"
-KEY_B = "key-b-9876543210"
+KEY_A = TENANT_A_KEY
+KEY_B = TENANT_B_KEY
 
 
 @pytest.fixture(scope="module")
 def server(server_dir: Path) -> Iterator[ApiServer]:
-    yield from running_server(
-        AGENTS,
-        server_dir,
-        AGENT_RUNNER_API_KEYS=f"tenant-a:{KEY_A},tenant-b:{KEY_B}",
-        AGENT_RUNNER_TOKEN_SECRET="a-test-secret-of-enough-length-0123456789",
-    )
+    yield from two_tenants_server(AGENTS, server_dir)
 
 
 @pytest.fixture
