@@ -35,7 +35,7 @@ import pytest
 import sqlalchemy as sa
 
 from agent_runner import AgentTurnStatus
-from store.schema import inbox_messages, turns
+from store.schema import NO_TENANT, inbox_messages, turns
 from tests.helpers.api_server import ApiServer
 from tests.helpers.celery_fleet import WorkerProcess
 from tests.integration.celery_workers import ops_agents
@@ -396,7 +396,7 @@ def _check_turns(cluster: Cluster, server: ApiServer, accepted: Accepted, url: s
     check_ledger(cluster, expected, optional)
 
     # The schedule's ticks ran too (the only turns without a tenant here), none visible to the tenants
-    ticks_query = sa.select(turns.c.id, turns.c.status).where(turns.c.tenant_id.is_(None))
+    ticks_query = sa.select(turns.c.id, turns.c.status).where(turns.c.tenant_id == NO_TENANT)
     cluster.wait_for(
         lambda: all(status in TERMINAL for _, status in _sql(url, ticks_query)), 60, "the scheduled turns to end"
     )
