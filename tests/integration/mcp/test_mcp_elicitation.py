@@ -65,6 +65,7 @@ def test_a_two_round_form_survives_a_new_process_and_a_server_restart(
     assert turn.status is S.COMPLETED, turn.error
     assert [m.content for m in tool_results(turn)] == ["booked 3 nights in Oslo for ann"]
     assert turn.tool_state == {}
+    assert mcp_server.bookings() == {f"{turn.id}:call-1": 1}
 
 
 def test_a_request_state_the_server_no_longer_accepts_asks_the_person_again(mcp_server: MCPServerProcess) -> None:
