@@ -6,6 +6,8 @@ reaches the server on the retried call, and the server books once.
 
 from __future__ import annotations
 
+import shutil
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,6 +20,7 @@ from tests.clients.node_flows import run_flow
 from tests.helpers.api_server import ApiServer, running_server
 from tests.helpers.mcp_agents import LOADER, URL_ENV
 from tests.helpers.mcp_server import DATES_FORM, DESTINATION_FORM, MCPServerProcess
+from tests.helpers.node import json_lines
 
 pytestmark = pytest.mark.integration
 
@@ -42,16 +45,40 @@ def flow(clients: Path, server: ApiServer, name: str) -> list[dict[str, Any]]:
     return run_flow(clients, server, "mcp_flows.mjs", name, KEY_A)
 
 
+@pytest.fixture(scope="module")
+def ai_6_scripts(clients: Path, ai_sdk_6: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The flow scripts beside the packages of `ai` 6 (what `npm install ai` gives on Node.js 20)."""
+    folder = tmp_path_factory.mktemp("ai6")
+    (folder / "node_modules").symlink_to(ai_sdk_6 / "node_modules")
+    for script in ("mcp_flows.mjs", "chat.mjs"):
+        shutil.copy(clients / script, folder / script)
+    return folder
+
+
+def flow_on_ai_6(scripts: Path, server: ApiServer, name: str) -> list[dict[str, Any]]:
+    node = shutil.which("node")
+    assert node is not None, "the client-protocol tests need Node.js 20"
+    done = subprocess.run(
+        [node, "mcp_flows.mjs", name, server.url, KEY_A], cwd=scripts, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-3000:] + server.output()
+    return json_lines(done.stdout)
+
+
 def _turn_of(view: dict[str, Any]) -> str:
     turn_id = view["metadata"]["turnId"]
     assert isinstance(turn_id, str)
     return turn_id
 
 
+@pytest.mark.parametrize("version", ["ai-7", "ai-6"])
 def test_the_ai_sdk_answers_two_forms_and_the_server_books_once(
-    clients: Path, server: ApiServer, mcp_server: MCPServerProcess
+    clients: Path, server: ApiServer, mcp_server: MCPServerProcess, version: str, request: pytest.FixtureRequest
 ) -> None:
-    asked, asked_again, done = flow(clients, server, "aisdk-form")
+    if version == "ai-6":
+        asked, asked_again, done = flow_on_ai_6(request.getfixturevalue("ai_6_scripts"), server, "aisdk-form")
+    else:
+        asked, asked_again, done = flow(clients, server, "aisdk-form")
     # The server's first question shows as a form on the waiting call
     assert asked["form"]["schema"] == DESTINATION_FORM and asked["form"]["message"] == "Where to?"
     assert asked["callId"] == "call-1" and asked["callState"] == "input-available"
@@ -73,10 +100,14 @@ def test_the_ai_sdk_shows_a_url_question_and_goes_on_when_the_person_is_done(cli
     assert done["text"] == "done: account linked" and done["metadata"]["status"] == "COMPLETED"
 
 
+@pytest.mark.parametrize("version", ["ai-7", "ai-6"])
 def test_the_ai_sdk_declines_a_question_and_the_model_reads_the_servers_answer(
-    clients: Path, server: ApiServer, mcp_server: MCPServerProcess
+    clients: Path, server: ApiServer, mcp_server: MCPServerProcess, version: str, request: pytest.FixtureRequest
 ) -> None:
-    asked, done = flow(clients, server, "aisdk-decline")
+    if version == "ai-6":
+        asked, done = flow_on_ai_6(request.getfixturevalue("ai_6_scripts"), server, "aisdk-decline")
+    else:
+        asked, done = flow(clients, server, "aisdk-decline")
     assert asked["form"]["schema"] == DESTINATION_FORM
     assert done["status"] == "ready" and done["error"] is None, done
     assert done["text"] == "failed: booking declined by the user"

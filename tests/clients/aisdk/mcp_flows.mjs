@@ -1,7 +1,7 @@
 // An MCP server's questions answered through the AI SDK's chat and AG-UI's `HttpAgent`.
 // Usage: node mcp_flows.mjs <flow> <base url> <key>; prints one JSON object per result.
 // The agent `mcp-agent` calls the tool named in the user's text (a JSON object), call id `call-1`.
-import { HttpAgent } from '@ag-ui/client';
+// The AI SDK flows import only `ai`, so they also run beside the `ai` 6 packages of ../aisdk6.
 import { Chat, lastAssistant, print, text, transport, until } from './chat.mjs';
 
 const [flow, baseUrl, key] = process.argv.slice(2);
@@ -84,6 +84,7 @@ const flows = {
 
   // The same two forms as AG-UI interrupts, then a URL question.
   async agui() {
+    const { HttpAgent } = await import('@ag-ui/client');
     const threadId = `mcp-agui-${Date.now()}`;
     const agent = new HttpAgent({ url: `${baseUrl}/v1/agents/${agentId}/ag-ui`, headers: { Authorization: `Bearer ${key}` }, threadId });
     agent.addMessage({ id: `u-${Date.now()}`, role: 'user', content: ask('book_trip', { traveller: 'cy' }) });
