@@ -181,8 +181,8 @@ def goals(sections: dict[str, Any]) -> list[Goal]:
             )
         )
     import admission
-    import model_limits
     import mcp_overhead
+    import model_limits
     import model_overhead
 
     found += [Goal(*goal) for goal in model_limits.goals(sections.get("model_limits"))]
@@ -898,8 +898,8 @@ def render(everything: dict[str, Any], docs: Path) -> None:
     if "durable" in sections or "resume" in sections:
         parts += ["## 5. Peers: LangGraph", peers_section(sections.get("durable"), sections.get("resume"))]
     import admission
-    import model_limits
     import mcp_overhead
+    import model_limits
     import model_overhead
     from latency import SECTION_TITLE, section
 

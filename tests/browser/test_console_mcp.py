@@ -19,7 +19,7 @@ from selenium.webdriver.remote.webelement import WebElement
 from tests.browser.browser_kit import console_errors, control, screenshot, wait_for
 from tests.helpers.api_server import ApiServer, running_server
 from tests.helpers.mcp_agents import LOADER, URL_ENV, ask
-from tests.helpers.mcp_server import DATES_FORM, DESTINATION_FORM, MCPServerProcess
+from tests.helpers.mcp_server import DATES_FORM, DESTINATION_FORM, MCPServerProcess, running_mcp_server
 
 pytestmark = pytest.mark.integration
 
@@ -28,11 +28,7 @@ TIMEOUT = 30.0
 
 @pytest.fixture(scope="module")
 def mcp_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MCPServerProcess]:
-    server = MCPServerProcess(tmp_path_factory.mktemp("mcp")).start()
-    try:
-        yield server
-    finally:
-        server.stop()
+    yield from running_mcp_server(tmp_path_factory.mktemp("mcp"))
 
 
 @pytest.fixture(scope="module")

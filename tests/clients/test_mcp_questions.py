@@ -19,7 +19,7 @@ from tests.clients.conftest import API_KEYS, KEY_A
 from tests.clients.node_flows import run_flow
 from tests.helpers.api_server import ApiServer, running_server
 from tests.helpers.mcp_agents import LOADER, URL_ENV
-from tests.helpers.mcp_server import DATES_FORM, DESTINATION_FORM, MCPServerProcess
+from tests.helpers.mcp_server import DATES_FORM, DESTINATION_FORM, MCPServerProcess, running_mcp_server
 from tests.helpers.node import json_lines
 
 pytestmark = pytest.mark.integration
@@ -27,18 +27,13 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture(scope="module")
 def mcp_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MCPServerProcess]:
-    server = MCPServerProcess(tmp_path_factory.mktemp("mcp")).start()
-    try:
-        yield server
-    finally:
-        server.stop()
+    yield from running_mcp_server(tmp_path_factory.mktemp("mcp"))
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory, mcp_server: MCPServerProcess) -> Iterator[ApiServer]:
-    yield from running_server(
-        LOADER, tmp_path_factory.mktemp("api"), AGENT_RUNNER_API_KEYS=API_KEYS, **{URL_ENV: mcp_server.url}
-    )
+    env = {"AGENT_RUNNER_API_KEYS": API_KEYS, URL_ENV: mcp_server.url}
+    yield from running_server(LOADER, tmp_path_factory.mktemp("api"), None, None, **env)
 
 
 def flow(clients: Path, server: ApiServer, name: str) -> list[dict[str, Any]]:

@@ -32,6 +32,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -393,6 +394,15 @@ class MCPServerProcess:
         """How many times `delete_record` ran, per idempotency key."""
         path = self.state_dir / "executions.json"
         return json.loads(path.read_text()) if path.exists() else {}
+
+
+def running_mcp_server(state_dir: Path) -> Iterator[MCPServerProcess]:
+    """Start the server with its state in `state_dir`; stop it when resumed (a generator for fixtures)."""
+    server = MCPServerProcess(state_dir).start()
+    try:
+        yield server
+    finally:
+        server.stop()
 
 
 def main() -> None:
