@@ -152,12 +152,23 @@ class AgentFormRequiredException(AgentRunnerError):
     with the suspension and read back with `AgentToolContext.current().get_tool_state()` when
     the tool runs again with the answer, and it may then ask for the next form. Without
     `state`, a second request for the same call is a `FormProtocolError`.
+
+    A person may decline a form (`AgentResumeCommand.reject_tool(call_id, reason)`). With
+    `takes_decline`, the tool then runs again and reads `AgentToolContext.current().form_declined`
+    (to tell a service that asked, say); without it, the call is answered with an error
+    ToolMessage saying the user declined, and the model goes on.
     """
 
     def __init__(
-        self, form: AgentFormDefinition, message: str | None = None, *, state: dict[str, Any] | None = None
+        self,
+        form: AgentFormDefinition,
+        message: str | None = None,
+        *,
+        state: dict[str, Any] | None = None,
+        takes_decline: bool = False,
     ) -> None:
         self.form = form
         self.state = state
+        self.takes_decline = takes_decline
         self.message = message or form.description or f"please fill in the form {form.key!r}"
         super().__init__(f"the tool needs the form {form.key!r} to be filled in")

@@ -241,6 +241,8 @@ def page_message(payload: dict[str, Any], status: ActionStatus, decision: dict[s
 def page_message_update(stored: AnyMessage, action: PageAction) -> AgentActionMessage | AgentFormMessage | None:
     """The stored page message with the action's status and decision, or None when there is nothing to change.
 
+    A form that is pending again takes the action's form too (a tool asked its next question).
+
     Every other field stays as stored (a concurrent edit is kept), so the result replaces
     `stored` by compare-and-swap on `stored.version` only. None when `stored` already shows
     the action's state, or is not a page message.
@@ -248,5 +250,10 @@ def page_message_update(stored: AnyMessage, action: PageAction) -> AgentActionMe
     if not isinstance(stored, AgentActionMessage | AgentFormMessage):
         return None
     data = {**stored.model_dump(mode="json", by_alias=True), "status": action.status, **action.decision}
+    if isinstance(stored, AgentFormMessage) and action.status is ActionStatus.PENDING:
+        # A tool asking the next question on the same call (an MCP server's second form):
+        # the card shows that form, undecided.
+        data.update({k: action.payload[k] for k in ("form_key", "description", "schema") if k in action.payload})
+        data.update({"decided_by": None, "decided_at": None, "reason": None})
     updated = type(stored).model_validate(data)
     return None if updated == stored else updated

@@ -213,7 +213,12 @@ class AgentResumeCommand(FrozenModel):
 
     @classmethod
     def reject_tool(cls, tool_call_id: str, reason: str = "rejected by the user") -> AgentResumeCommand:
-        """Reject the pending call; the model is told the reason and answers."""
+        """Reject the pending call; the model is told the reason and answers.
+
+        For a call waiting for a form, this declines the form: a tool that takes declines
+        (an MCP server's question, say) runs again and tells whoever asked; otherwise the
+        model is told the user declined.
+        """
         return cls(type=ResumeType.REJECT_TOOL, tool_call_id=tool_call_id, reason=reason)
 
     @classmethod

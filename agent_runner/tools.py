@@ -398,6 +398,15 @@ class AgentToolContext:
         """The form data the user submitted for this call, or `{}` when none was submitted."""
         return dict(self._scope.submitted_form_data)
 
+    @property
+    def form_declined(self) -> bool:
+        """Whether the person declined the form this call last asked for (see `AgentFormRequiredException`)."""
+        call_id = self._scope.tool_call.id
+        return any(
+            a.action_id == call_id and a.kind == "form" and a.status is ActionStatus.REJECTED
+            for a in self._scope.turn.page_actions
+        )
+
     def get_tool_state(self) -> dict[str, Any]:
         """The state this call kept when it last asked for a form (see `AgentFormRequiredException`), or `{}`."""
         return copy.deepcopy(self._scope.turn.tool_state.get(self._scope.tool_call.id, {}))

@@ -181,12 +181,14 @@ def goals(sections: dict[str, Any]) -> list[Goal]:
             )
         )
     import admission
+    import mcp_overhead
     import model_limits
     import model_overhead
 
     found += [Goal(*goal) for goal in model_limits.goals(sections.get("model_limits"))]
     found += [Goal(*goal) for goal in admission.goals(sections.get("admission"))]
     found += [Goal(*goal) for goal in model_overhead.goals(sections.get("model_overhead"))]
+    found += [Goal(*goal) for goal in mcp_overhead.goals(sections.get("mcp_overhead"))]
     return found
 
 
@@ -896,6 +898,7 @@ def render(everything: dict[str, Any], docs: Path) -> None:
     if "durable" in sections or "resume" in sections:
         parts += ["## 5. Peers: LangGraph", peers_section(sections.get("durable"), sections.get("resume"))]
     import admission
+    import mcp_overhead
     import model_limits
     import model_overhead
     from latency import SECTION_TITLE, section
@@ -909,6 +912,7 @@ def render(everything: dict[str, Any], docs: Path) -> None:
         ("model_limits", model_limits.SECTION_TITLE, model_limits.section),
         ("admission", admission.SECTION_TITLE, admission.section),
         ("model_overhead", model_overhead.SECTION_TITLE, model_overhead.section),
+        ("mcp_overhead", mcp_overhead.SECTION_TITLE, mcp_overhead.section),
     ):
         if name in sections:
             parts += [title, render_section(sections[name])]

@@ -41,6 +41,7 @@ SECTIONS = (
     "model_limits",
     "admission",
     "model_overhead",
+    "mcp_overhead",
 )
 SECTION_TIMEOUT_S = 900
 

@@ -364,7 +364,9 @@ def _execute_tool(
             return AgentStepResult(turn=failed, error=error)
         if exc.state is not None:
             turn = turn.model_copy(update={"tool_state": {**turn.tool_state, call.id: exc.state}})
-        plan = machine.form_suspension(turn, call, exc.form, machine.FORM_SOURCE_TOOL, exc.message)
+        plan = machine.form_suspension(
+            turn, call, exc.form, machine.FORM_SOURCE_TOOL, exc.message, takes_decline=exc.takes_decline
+        )
         suspended = machine.apply_suspension(turn, plan, ctx.clock(), reminder=ctx.policy.deadline_reminder)
         return AgentStepResult(turn=save(ctx, suspended, expected, suspended_event(ctx, suspended)))
     except Exception as exc:

@@ -19,6 +19,8 @@ from agent_runner.tools import INVALID_ARGUMENTS_KEY, AgentUserInputTool, Tool
 
 FORM_SOURCE_USER_INPUT_TOOL = "request_user_input"
 FORM_SOURCE_TOOL = "tool"
+TAKES_DECLINE_KEY = "takes_decline"
+"""Suspension metadata of a tool's form whose tool runs again when the person declines it."""
 
 
 @dataclass(frozen=True)
@@ -193,14 +195,29 @@ def _plan_user_input(turn: AgentTurn, tool: AgentUserInputTool, call: ToolCall) 
     return form_suspension(turn, call, form, FORM_SOURCE_USER_INPUT_TOOL, form.description)
 
 
-def form_suspension(turn: AgentTurn, call: ToolCall, form: AgentFormDefinition, source: str, message: str) -> Suspend:
-    """Suspend for a form, freezing its full definition (schema included) into the snapshot."""
+def form_suspension(
+    turn: AgentTurn,
+    call: ToolCall,
+    form: AgentFormDefinition,
+    source: str,
+    message: str,
+    *,
+    takes_decline: bool = False,
+) -> Suspend:
+    """Suspend for a form, freezing its full definition (schema included) into the snapshot.
+
+    With `takes_decline`, a declined form runs the tool again (it tells whoever asked); else
+    the decline answers the call.
+    """
+    metadata: dict[str, Any] = {"form_source": source, "tool_name": call.name, "form_key": form.key}
+    if takes_decline:
+        metadata[TAKES_DECLINE_KEY] = True
     suspension = AgentSuspension(
         type=SuspensionType.USER_INPUT,
         correlation_id=call.id,
         message=message or f"Please fill in the form {form.key!r}.",
         resume_phase=Phase.TOOLS,
-        metadata={"form_source": source, "tool_name": call.name, "form_key": form.key},
+        metadata=metadata,
         form=form,
     )
     payload: dict[str, Any] = {

@@ -13,7 +13,7 @@ from agent_runner.forms import validate_form_data
 from agent_runner.limits import MAX_JSON_DEPTH
 from agent_runner.machine._decisions import decide_action, noted_reason
 from agent_runner.machine._ids import next_message_id
-from agent_runner.machine._plans import FORM_SOURCE_TOOL
+from agent_runner.machine._plans import FORM_SOURCE_TOOL, TAKES_DECLINE_KEY
 from agent_runner.machine._results import apply_tool_result
 from agent_runner.machine._transitions import TRANSITIONS, transition
 from agent_runner.messages import ActionStatus, ToolCall, UserMessage
@@ -75,7 +75,8 @@ _TOOL_DECISIONS = frozenset(t for t in SuspensionType if t.is_tool_decision)
 FITS: dict[ResumeType, frozenset[SuspensionType]] = {
     ResumeType.USER_INPUT: frozenset({SuspensionType.USER_INPUT}),
     ResumeType.APPROVE_TOOL: _TOOL_DECISIONS,
-    ResumeType.REJECT_TOOL: _TOOL_DECISIONS,
+    # A form on a tool call is declined by rejecting the call (checked in `_reject`).
+    ResumeType.REJECT_TOOL: _TOOL_DECISIONS | {SuspensionType.USER_INPUT},
     ResumeType.TOOL_RESULT: frozenset({SuspensionType.TOOL_OUTCOME_UNKNOWN}),
     ResumeType.EDIT_TOOL: frozenset({SuspensionType.TOOL_APPROVAL}),
     ResumeType.CHILD_COMPLETED: frozenset({SuspensionType.CHILD_AGENT}),
@@ -161,8 +162,28 @@ def _approve(r: _Resume) -> AgentTurn:
 
 
 def _reject(r: _Resume) -> AgentTurn:
-    """Answer the waiting call with an error: rejected, or failed when its outcome was unknown."""
+    """Answer the waiting call with an error: rejected, failed when its outcome was unknown, or its form declined."""
+    if r.suspension.type is SuspensionType.USER_INPUT:
+        return _decline_form(r)
     return _decide_approval(r.turn, _check_call_id(r.turn, r.suspension, r.command), False, r)
+
+
+def _decline_form(r: _Resume) -> AgentTurn:
+    """The person declines the form of the waiting call: its tool hears of it, or the model does."""
+    turn, suspension, command, now = r.turn, r.suspension, r.command, r.now
+    if suspension.correlation_id is None or suspension.form is None:
+        raise InvalidResumeCommand(
+            f"turn {turn.id!r} asked a plain-text question; there is no form to decline", turn_id=turn.id
+        )
+    call = _check_call_id(turn, suspension, command)
+    reason = command.reason or "declined by the user"
+    actions = decide_action(turn, call.id, ActionStatus.REJECTED, command, now, reason)
+    if suspension.metadata.get(TAKES_DECLINE_KEY):
+        # The tool runs again and reads the decline from its context (`form_declined`).
+        form_data = {k: v for k, v in turn.form_data.items() if k != call.id}
+        return _run_call(turn, now, actions, form_data=form_data)
+    content = f"The user declined the form {suspension.form.key!r}: {reason}"
+    return _answer_call(turn, call, content, True, now, actions)
 
 
 def _tool_result(r: _Resume) -> AgentTurn:

@@ -88,7 +88,7 @@ async def call_tool(target: CallTarget, arguments: dict[str, Any], context: Agen
     state = context.get_tool_state()
     if OPERATION_KEY in state:
         return await _poll_task(target, state[OPERATION_KEY])
-    responses, request_state = _answers(state, context.get_submitted_form_data())
+    responses, request_state = _answers(state, context.get_submitted_form_data(), context.form_declined)
     meta = cast(RequestParamsMeta, {IDEMPOTENCY_META_KEY: context.get_idempotency_key()})
     note = ""
 
@@ -156,12 +156,16 @@ async def cancel_task(target: CallTarget, handle: Mapping[str, Any]) -> None:
         await tasks.cancel(client.session, handle, target.timeout)
 
 
-def _answers(state: Mapping[str, Any], data: dict[str, Any]) -> tuple[InputResponses | None, str | None]:
-    """The responses and request state of the round the person just answered (none on a first call)."""
+def _answers(
+    state: Mapping[str, Any], data: dict[str, Any], declined: bool
+) -> tuple[InputResponses | None, str | None]:
+    """The responses and request state of the round the person just answered or declined (none on a first call)."""
     key = state.get("input_key")
     if not isinstance(key, str):
         return None, None
-    if state.get("mode") == "url":
+    if declined:
+        answer = ElicitResult(action="decline")
+    elif state.get("mode") == "url":
         answer = ElicitResult(action="accept" if data.get("done") else "decline")
     else:
         answer = ElicitResult(action="accept", content=data)
@@ -193,7 +197,7 @@ def _question(listed: ListedTool, result: InputRequiredResult, round_number: int
         mode = "url"
     state: dict[str, Any] = {"request_state": result.request_state, "input_key": key, "mode": mode}
     state["round"] = round_number
-    return AgentFormRequiredException(form, message, state=state)
+    return AgentFormRequiredException(form, message, state=state, takes_decline=True)
 
 
 def unshowable(schema: Any) -> str | None:

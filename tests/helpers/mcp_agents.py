@@ -46,6 +46,6 @@ def answer(request: ChatRequest) -> AiMessage:
 
 
 def build_loader() -> InMemoryAgentLoader:
-    tools = ["book_trip", "whoami", "delete_record", "long_job"]
+    tools = ["book_trip", "link_account", "whoami", "delete_record", "long_job"]
     toolset = MCPToolset(os.environ[URL_ENV], headers=credentials, include=tools, timeout=20)
     return InMemoryAgentLoader([Agent(id="mcp-agent", chat_model=ScriptedChatModel(answer), tools=[toolset])])

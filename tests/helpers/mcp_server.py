@@ -10,7 +10,8 @@ streamable HTTP at `http://127.0.0.1:N/mcp`. Its tools:
 - `executions` (read-only): those counts;
 - `flaky` (read-only): answers HTTP 503 with `Retry-After: 1` to its first `fail_times` calls
   per `key`, then succeeds;
-- `book_trip`: asks two forms, one after the other (an `InputRequiredResult` each), then books;
+- `book_trip`: asks two forms, one after the other (an `InputRequiredResult` each), then books
+  (counting its bookings per idempotency key in `DIR/bookings.json`);
 - `link_account`: asks the person to open a link (a URL elicitation), then answers;
 - `progress`: reports progress twice, then answers;
 - `long_job` (with the tasks extension): answers a task at once, done `seconds` later
@@ -31,6 +32,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -173,6 +175,11 @@ def _add_questions(server: MCPServer, state_dir: Path) -> None:
                 input_requests={"dates": ElicitRequest(params=ask)}, request_state=json.dumps(state)
             )
         text = f"booked {state['dates']['nights']} nights in {state['destination']['city']} for {traveller}"
+        key = str(dict(ctx.request_context.meta or {}).get(IDEMPOTENCY_META_KEY))
+        bookings_file = state_dir / "bookings.json"
+        bookings = json.loads(bookings_file.read_text()) if bookings_file.exists() else {}
+        bookings[key] = bookings.get(key, 0) + 1
+        bookings_file.write_text(json.dumps(bookings))
         return CallToolResult(content=[TextContent(text=text)])
 
     @server.tool()
@@ -378,10 +385,24 @@ class MCPServerProcess:
         path = self.state_dir / "started"
         return path.read_text().split() if path.exists() else []
 
+    def bookings(self) -> dict[str, int]:
+        """How many times `book_trip` booked, per idempotency key."""
+        path = self.state_dir / "bookings.json"
+        return json.loads(path.read_text()) if path.exists() else {}
+
     def executions(self) -> dict[str, int]:
         """How many times `delete_record` ran, per idempotency key."""
         path = self.state_dir / "executions.json"
         return json.loads(path.read_text()) if path.exists() else {}
+
+
+def running_mcp_server(state_dir: Path) -> Iterator[MCPServerProcess]:
+    """Start the server with its state in `state_dir`; stop it when resumed (a generator for fixtures)."""
+    server = MCPServerProcess(state_dir).start()
+    try:
+        yield server
+    finally:
+        server.stop()
 
 
 def main() -> None:

@@ -118,7 +118,7 @@ class ApproveRequest(_Resume):
 
 
 class RejectRequest(_Resume):
-    """Reject a waiting tool call (for a call whose outcome is unknown: fail it)."""
+    """Reject a waiting tool call (for a call whose outcome is unknown: fail it; for a form: decline it)."""
 
     action: Literal["reject"]
     tool_call_id: ToolCallId

@@ -7,23 +7,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.mcp_server import MCPServerProcess
+from tests.helpers.mcp_server import MCPServerProcess, running_mcp_server
 
 
 @pytest.fixture
 def mcp_server(tmp_path: Path) -> Iterator[MCPServerProcess]:
-    server = MCPServerProcess(tmp_path).start()
-    try:
-        yield server
-    finally:
-        server.stop()
+    yield from running_mcp_server(tmp_path)
 
 
 @pytest.fixture(scope="module")
 def module_mcp_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MCPServerProcess]:
     """One server for a whole test module, for tests that never stop or restart it."""
-    server = MCPServerProcess(tmp_path_factory.mktemp("mcp")).start()
-    try:
-        yield server
-    finally:
-        server.stop()
+    yield from running_mcp_server(tmp_path_factory.mktemp("mcp"))

@@ -65,6 +65,7 @@ def test_a_two_round_form_survives_a_new_process_and_a_server_restart(
     assert turn.status is S.COMPLETED, turn.error
     assert [m.content for m in tool_results(turn)] == ["booked 3 nights in Oslo for ann"]
     assert turn.tool_state == {}
+    assert mcp_server.bookings() == {f"{turn.id}:call-1": 1}
 
 
 def test_a_request_state_the_server_no_longer_accepts_asks_the_person_again(mcp_server: MCPServerProcess) -> None:
@@ -131,3 +132,32 @@ def test_a_turn_cancelled_while_a_question_waits_tells_the_server(mcp_server: MC
 
     assert cancelled.status is S.CANCELLED
     assert mcp_server.refused_questions() == ["dates:cancel"]
+
+
+def test_a_declined_question_tells_the_server_and_the_model_reads_its_answer(mcp_server: MCPServerProcess) -> None:
+    model = Model(("book_trip", {"traveller": "eve"}))
+    runner = runner_for(agent_with(model, MCPToolset(mcp_server.url)))
+    turn = runner.run("mcp-agent", "book")
+    turn = runner.resume(turn.id, AgentResumeCommand.user_input("call-1", {"city": "Turin"}))
+    assert turn.status is S.WAITING_FOR_USER
+
+    turn = runner.resume(turn.id, AgentResumeCommand.reject_tool("call-1", "not this time"))
+
+    assert turn.status is S.COMPLETED, turn.error
+    assert mcp_server.refused_questions() == ["dates:decline"]
+    [message] = tool_results(turn)
+    assert (message.content, message.is_error) == ("booking declined by the user", True)
+    assert turn.final_output == "done: booking declined by the user"
+    [card] = [a for a in turn.page_actions if a.action_id == "call-1"]
+    assert card.status.value == "REJECTED" and card.decision["reason"] == "not this time"
+    assert turn.tool_state == {} and turn.form_data == {}
+
+
+def test_a_url_question_is_declined_by_rejecting_its_call(mcp_server: MCPServerProcess) -> None:
+    runner = runner_for(agent_with(Model(("link_account", {})), MCPToolset(mcp_server.url)))
+    turn = runner.run("mcp-agent", "link")
+    with pytest.raises(InvalidResumeCommand, match="waits on tool call 'call-1', not 'call-9'"):
+        runner.resume(turn.id, AgentResumeCommand.reject_tool("call-9"))
+    turn = runner.resume(turn.id, AgentResumeCommand.reject_tool("call-1"))
+    [message] = tool_results(turn)
+    assert (message.content, message.is_error) == ("sign-in decline", True)

@@ -102,3 +102,21 @@ def test_each_tenants_calls_carry_its_own_credentials(server: ApiServer) -> None
         "tenant-a": {"authorization": "Bearer key-of-tenant-a", "tenant": "tenant-a"},
         "tenant-b": {"authorization": "Bearer key-of-tenant-b", "tenant": "tenant-b"},
     }
+
+
+def test_a_question_declined_through_the_http_api_reaches_the_server_and_the_model(
+    server: ApiServer, module_mcp_server: MCPServerProcess
+) -> None:
+    with server.client(KEY_A) as client:
+        created = client.post(
+            "/v1/turns", json={"agent_id": "mcp-agent", "input": ask("book_trip", traveller="cy")}
+        ).json()
+        settled(client, created["id"])
+        resume = f"/v1/turns/{created['id']}/resume"
+        declined = client.post(resume, json={"action": "reject", "tool_call_id": "call-1", "reason": "no trips"})
+        assert declined.status_code == 202, declined.text
+        done = settled(client, created["id"], declined.json()["version"])
+
+    assert done["status"] == "COMPLETED", done
+    assert done["final_output"] == "failed: booking declined by the user"
+    assert "destination:decline" in module_mcp_server.refused_questions()

@@ -222,3 +222,48 @@ def test_form_data_for_request_user_input_becomes_the_tool_message_and_the_turn_
     assert json.loads(message.content) == VALID_TICKET and not message.is_error
     assert turn.phase is Phase.MODEL and turn.pending_tool_calls == []
     assert runner.step(turn).response is not None
+
+
+def test_a_declined_form_of_a_tool_that_takes_no_declines_is_answered_for_the_model_without_a_rerun() -> None:
+    # Given: the tool waiting for its form
+    shipper = Shipper()
+    runner, model, turn_id = _shipping_turn(shipper)
+    # When: the person declines it
+    turn = runner.resume(turn_id, AgentResumeCommand.reject_tool("s1", "I will pick it up"))
+    # Then: the tool did not run again; the model read the decline and answered
+    assert shipper.starts == [{}] and shipper.shipped == []
+    [message] = tool_messages(turn)
+    assert message.is_error
+    assert message.content == "The user declined the form 'shipping_address': I will pick it up"
+    assert turn.status is S.COMPLETED and model.calls == 2
+    [card] = [a for a in turn.page_actions if a.action_id == "s1"]
+    assert card.status.value == "REJECTED"
+
+
+def test_a_tool_that_takes_declines_runs_again_and_reads_that_its_form_was_declined() -> None:
+    seen: list[tuple[bool, dict[str, Any]]] = []
+
+    @tool
+    def ship(order_id: str) -> str:
+        """Ship an order."""
+        ctx = AgentToolContext.current()
+        seen.append((ctx.form_declined, ctx.get_submitted_form_data()))
+        if ctx.form_declined:
+            return f"{order_id} kept for pick-up"
+        raise AgentFormRequiredException(SHIPPING_FORM, takes_decline=True, state={"asked": 1})
+
+    model = ScriptedChatModel(
+        [AiMessage(tool_calls=[ToolCall(id="s1", name="ship", arguments={"order_id": "O-2"})]), AiMessage(content="ok")]
+    )
+    runner = AgentRunner(clock=FakeClock())
+    turn = runner.run(Agent(id="shop", chat_model=model, tools=[ship]), "ship O-2")
+    assert turn.status is S.WAITING_FOR_USER
+    with pytest.raises(InvalidResumeCommand, match="waits on tool call 's1', not 'other'"):
+        runner.resume(turn.id, AgentResumeCommand.reject_tool("other"))
+
+    turn = runner.resume(turn.id, AgentResumeCommand.reject_tool("s1"))
+
+    assert seen == [(False, {}), (True, {})]
+    [message] = tool_messages(turn)
+    assert (message.content, message.is_error) == ("O-2 kept for pick-up", False)
+    assert turn.status is S.COMPLETED and turn.tool_state == {}

@@ -49,7 +49,8 @@ def _assert_rejected_without_change(sc: TicketScenario, turn_id: str, command: A
 
 WRONG_FOR_FORM: dict[str, AgentResumeCommand] = {
     "approve": AgentResumeCommand.approve_tool("c1"),
-    "reject": AgentResumeCommand.reject_tool("c1"),
+    # Rejecting the call declines its form (see test_forms_flow); another call's id does not fit.
+    "decline of another call": AgentResumeCommand.reject_tool("c0"),
     "retry": AgentResumeCommand.retry(),
     "child": AgentResumeCommand.child_completed("some-child"),
     "plain text": AgentResumeCommand.user_input("just text"),

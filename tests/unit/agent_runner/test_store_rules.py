@@ -7,7 +7,9 @@ on its own would hide a rule that broke, so the rules are pinned here as well.
 from __future__ import annotations
 
 from agent_runner import AgentEvent, AgentEventType, AgentTurn
-from agent_runner.store_rules import kept_events, saved_snapshot
+from agent_runner.messages import ActionStatus, AgentFormMessage
+from agent_runner.snapshot import PageAction
+from agent_runner.store_rules import kept_events, page_message_update, saved_snapshot
 
 E = AgentEventType
 
@@ -41,3 +43,26 @@ def test_a_saved_snapshot_takes_the_stored_cancel_values_and_fence() -> None:
     fenced = turn.model_copy(update={"lease_fence": 9, "cancel_requested": True})
     again = saved_snapshot(fenced, 5, cancel_requested=False, cancel_reason=None, lease_fence=7)
     assert (again.cancel_requested, again.cancel_reason, again.lease_fence) == (True, None, 9)
+
+
+def test_a_form_pending_again_on_the_same_call_shows_its_new_question_undecided() -> None:
+    first = {"role": "agent_form", "id": "t-action-c1", "turn_id": "t", "action_id": "c1", "form_key": "where"}
+    stored = AgentFormMessage.model_validate(
+        {
+            **first,
+            "version": 3,
+            "description": "Where to?",
+            "schema": {"type": "object"},
+            "status": "SUBMITTED",
+            "decided_by": "ann",
+            "decided_at": "2026-12-07T10:00:00Z",
+        }
+    )
+    second = {**first, "form_key": "nights", "description": "How many nights?", "schema": {"type": "object", "x": 1}}
+    action = PageAction(message_id="t-action-c1", action_id="c1", kind="form", payload=second)
+
+    updated = page_message_update(stored, action)
+
+    assert isinstance(updated, AgentFormMessage) and updated.version == 3
+    assert (updated.form_key, updated.description, updated.schema) == ("nights", "How many nights?", second["schema"])
+    assert (updated.status, updated.decided_by, updated.decided_at) == (ActionStatus.PENDING, None, None)

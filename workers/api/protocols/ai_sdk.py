@@ -132,6 +132,10 @@ def _decision(body: ChatRequest, turn: AgentTurn) -> chat.Decision:
             if not isinstance(output, dict):
                 raise InvalidRequestError("the form data must be a JSON object", path=f"{path}/output")
             return chat.Decision(call_id, "form", data=output)
+        if state == "output-error" and suspension.form is not None:
+            # `addToolOutput({state: "output-error", errorText})`: the person declined the form.
+            error = part.get("errorText")
+            return chat.Decision(call_id, "reject", reason=error if isinstance(error, str) and error else None)
         raise chat.NothingToAnswerError(
             body.id, f"the part of call {call_id!r} is in state {state!r}, which answers nothing the turn waits for"
         )
