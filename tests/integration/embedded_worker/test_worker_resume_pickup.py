@@ -113,8 +113,13 @@ def test_an_in_process_resume_to_completion_is_three_statements_on_postgresql(
             runner.submit_resume(waiting[1].id, approval(waiting[1]))
             assert completed[waiting[1].id].wait(10)
             time.sleep(0.1)  # anything the worker sends after the completion counts too
-        # Then the turn completed in three statements: the resume's save, the tool step's and the model step's
-        assert len(driver_statements) == 3, driver_statements
+        # Then the turn completed in three saves: the resume's, the tool step's and the model step's;
+        # beside them, three reads of its steering messages (before the model call, after an answer
+        # that would end the turn, and when it ended, for messages to hand on)
+        steering = [text for text in driver_statements if "FROM agent_turn_steering" in text]
+        saves = [text for text in driver_statements if text not in steering]
+        assert len(saves) == 3, driver_statements
+        assert len(steering) == 3, driver_statements
         assert turns.load(waiting[1].id).status is AgentTurnStatus.COMPLETED
         assert refunded == ["0", "0"]
 
