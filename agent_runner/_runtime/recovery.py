@@ -28,10 +28,18 @@ from agent_runner.snapshot import AgentTurn, AgentTurnStatus
 
 logger = logging.getLogger("agent_runner")
 
+RESEEDED_GAP = 1000
+"""A fence gap larger than this is a reseeded counter (Redis seeds a lost one from its clock in
+microseconds), not holders that died: a thousand acquisitions without a save do not happen."""
+
 
 def is_takeover(turn: AgentTurn, fence: int) -> bool:
     """Whether the holder of `fence`, picking up `turn`, takes it over from holders that died without a save."""
     if turn.status is not AgentTurnStatus.RUNNING or turn.lease_fence is None or fence <= turn.lease_fence:
+        return False
+    if fence - turn.lease_fence > RESEEDED_GAP:
+        # The lease backend lost its counters (a Redis flush) and seeded new fences from its
+        # clock: the gap says nothing about holders that died, and the last one may live on.
         return False
     if turn.lease_fence < fence - 1:
         return True
