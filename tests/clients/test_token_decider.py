@@ -90,13 +90,32 @@ def _approve_ag_ui(browser: httpx.Client, conversation: str, turn_id: str, call_
     assert response.status_code == 200, response.text
 
 
+def _approve_a2a(browser: httpx.Client, conversation: str, turn_id: str, call_id: str) -> None:
+    message = {
+        "messageId": uuid.uuid4().hex,
+        "role": "ROLE_USER",
+        "taskId": turn_id,
+        "contextId": conversation,
+        "parts": [{"data": {"approved": True}}],
+        "metadata": CLAIMED,
+    }
+    body = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "SendMessage",
+        "params": {"message": message, "configuration": {"returnImmediately": True}, "metadata": CLAIMED},
+    }
+    response = browser.post("/a2a/assistant", json=body)
+    assert response.status_code == 200 and "result" in response.json(), response.text
+
+
 Approve = Callable[[httpx.Client, str, str, str], None]
 
 
 @pytest.mark.parametrize(
     "approve",
-    [_approve_v1, _approve_langgraph, _approve_ai_sdk, _approve_ag_ui],
-    ids=["v1", "langgraph", "ai-sdk", "ag-ui"],
+    [_approve_v1, _approve_langgraph, _approve_ai_sdk, _approve_ag_ui, _approve_a2a],
+    ids=["v1", "langgraph", "ai-sdk", "ag-ui", "a2a"],
 )
 def test_the_tokens_user_decides_on_every_route_family(server: ApiServer, approve: Approve) -> None:
     conversation = f"c-decider-{uuid.uuid4().hex[:8]}"

@@ -70,8 +70,8 @@ def test_preflights_allow_every_method_of_the_api_and_the_langgraph_key_header(s
 
 @pytest.mark.parametrize(
     "path",
-    ["/v1/turns", "/threads/t-1/runs/stream", "/v1/agents/desk/ai-sdk/chat", "/v1/agents/desk/ag-ui"],
-    ids=["v1", "langgraph", "ai-sdk", "ag-ui"],
+    ["/v1/turns", "/threads/t-1/runs/stream", "/v1/agents/desk/ai-sdk/chat", "/v1/agents/desk/ag-ui", "/a2a/desk"],
+    ids=["v1", "langgraph", "ai-sdk", "ag-ui", "a2a"],
 )
 def test_every_route_family_answers_the_preflight_of_a_page_on_another_origin(server: ApiServer, path: str) -> None:
     with server.client() as client:

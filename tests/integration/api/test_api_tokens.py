@@ -185,9 +185,12 @@ def test_a_stream_takes_a_token_in_the_query_but_never_a_key(server: ApiServer) 
         # A key is never taken from the URL
         error = assert_error(browser.get("/v1/agents", params={"access_token": KEY_A}), 401, "Unauthorized")
         assert "access_token" in error["message"]
+        # Whatever the route family answers, its request line is logged the same way
+        browser.get("/a2a/any-agent/.well-known/agent-card.json", params={"access_token": token})
     # Neither the key nor the token is written to the access log, which shows the requests
     log = server.log.read_text(errors="replace")
     assert "access_token=***" in log and f"/v1/turns/{turn['id']}/events?access_token=***" in log
+    assert "/a2a/any-agent/.well-known/agent-card.json?access_token=***" in log
     assert KEY_A not in log and token not in log and token.split(".")[1] not in log
 
 
