@@ -154,7 +154,7 @@ def _to_conversation(ctx: RunnerContext, ended: AgentTurn, messages: list[Steeri
     queue = queue_of(ctx)
     assert queue is not None
     for _ in range(_HAND_ON_ATTEMPTS):
-        active = ctx.turn_store.find_active_turn(conversation)
+        active = ctx.turn_store.find_active_turn(conversation, ended.tenant_id)
         if active is not None:
             for message in messages:
                 queue.accept_steering(active.id, message.message_id, message.text, ctx.clock())

@@ -267,6 +267,21 @@ def test_a_message_for_an_ended_conversation_turn_starts_the_next_turn(fresh_run
     assert texts == ["hi", "one more thing"]
 
 
+def test_a_message_for_a_tenants_ended_turn_stays_in_that_tenants_conversation(fresh_runner: RunnerFactory) -> None:
+    script = ScriptedChatModel([AiMessage("acme's answer"), AiMessage("acme's second answer")])
+    agent = Agent("a", chat_model=script)
+    runner = fresh_runner(agent)
+    # Another tenant (here: none) has an active turn in a conversation of the same id
+    other = runner.start(agent, "someone else's", conversation_id="conv")
+    ended = runner.run(agent, "hi", conversation_id="conv", tenant_id="acme")
+    assert ended.status is S.COMPLETED
+
+    taken = runner.steer(ended.id, "one more thing", message_id="late")
+    assert taken.id not in (ended.id, other.id)
+    assert (taken.conversation_id, taken.tenant_id) == ("conv", "acme")
+    assert runner.turn_store.load(other.id).steered_message_ids == []
+
+
 def test_a_message_for_an_ended_turn_outside_a_conversation_is_refused(fresh_runner: RunnerFactory) -> None:
     agent = Agent("a", chat_model=ScriptedChatModel([AiMessage("done")]))
     ended = fresh_runner(agent).run(agent, "hi")
